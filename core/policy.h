@@ -1,0 +1,96 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace jobbroker {
+
+// Values match proto/jobbroker/v1/policy.proto's Jitter.
+enum class Jitter : int { kNone = 1, kFull = 2, kEqual = 3 };
+
+struct RetryPolicy {
+  int max_attempts = 5;  // attempts in total, the first included
+  absl::Duration initial_backoff = absl::Seconds(1);
+  double backoff_multiplier = 2.0;
+  absl::Duration max_backoff = absl::Minutes(5);
+  Jitter jitter = Jitter::kFull;
+
+  // Wait before attempt `failed_attempt + 1`, before jitter:
+  // min(max_backoff, initial_backoff * multiplier^(failed_attempt-1)).
+  absl::Duration BaseBackoff(int failed_attempt) const;
+  // BaseBackoff scaled by the jitter mode; `uniform` is a draw from [0, 1).
+  absl::Duration Backoff(int failed_attempt, double uniform) const;
+
+  bool operator==(const RetryPolicy&) const = default;
+};
+
+struct Retention {
+  int64_t max_count = 0;
+  absl::Duration max_age = absl::ZeroDuration();
+  bool operator==(const Retention&) const = default;
+};
+
+struct RateLimit {
+  double per_second = 0;  // 0 = no limit
+  int burst = 0;
+  bool operator==(const RateLimit&) const = default;
+};
+
+// A queue's effective policy: every field has a value. Defaults are DESIGN.md's.
+struct QueuePolicy {
+  int max_concurrency = 0;  // 0 = unlimited
+  int max_concurrency_per_key = 0;
+  RetryPolicy retry;
+  absl::Duration lease_duration = absl::Seconds(30);
+  absl::Duration dedup_ttl = absl::Hours(24);
+  Retention completed_retention{1000, absl::Hours(24)};
+  Retention failed_retention{10000, absl::Hours(24 * 7)};
+  int64_t max_length = 0;  // 0 = unlimited
+  RateLimit rate_limit;
+  bool paused = false;
+
+  bool operator==(const QueuePolicy&) const = default;
+};
+
+// A partial policy: set fields override the layer below (built-in defaults <- config default
+// <- config per-queue <- run-time changes). Mirrors the optional fields of the API's QueuePolicy.
+struct PolicyOverride {
+  std::optional<int> max_concurrency;
+  std::optional<int> max_concurrency_per_key;
+  std::optional<int> max_attempts;
+  std::optional<absl::Duration> initial_backoff;
+  std::optional<double> backoff_multiplier;
+  std::optional<absl::Duration> max_backoff;
+  std::optional<Jitter> jitter;
+  std::optional<absl::Duration> lease_duration;
+  std::optional<absl::Duration> dedup_ttl;
+  std::optional<int64_t> completed_max_count;
+  std::optional<absl::Duration> completed_max_age;
+  std::optional<int64_t> failed_max_count;
+  std::optional<absl::Duration> failed_max_age;
+  std::optional<int64_t> max_length;
+  std::optional<double> rate_per_second;
+  std::optional<int> rate_burst;
+  std::optional<bool> paused;
+
+  // Copies every field set in `top` over this one.
+  void MergeFrom(const PolicyOverride& top);
+  // `base` with the fields set here replaced.
+  QueuePolicy ApplyTo(QueuePolicy base) const;
+  bool empty() const { return *this == PolicyOverride{}; }
+
+  bool operator==(const PolicyOverride&) const = default;
+};
+
+// Bounds of lease lengths a worker or producer may ask for.
+inline constexpr absl::Duration kMinLeaseDuration = absl::Milliseconds(100);
+inline constexpr absl::Duration kMaxLeaseDuration = absl::Hours(12);
+
+// kInvalidArgument naming the first out-of-range field (e.g. "policy.retry.max_attempts must be
+// at least 1"); `prefix` is put before field names.
+absl::Status ValidatePolicy(const QueuePolicy& policy, const char* prefix = "policy");
+
+}  // namespace jobbroker
