@@ -10,7 +10,14 @@
 namespace jobbroker {
 
 // Values match the wire enums of proto/jobbroker/v1/job.proto, so conversion is a cast.
-enum class JobState : int { kReady = 1, kScheduled = 2, kActive = 3, kCompleted = 4, kFailed = 5, kCancelled = 6 };
+enum class JobState : int {
+  kReady = 1,
+  kScheduled = 2,
+  kActive = 3,
+  kCompleted = 4,
+  kFailed = 5,
+  kCancelled = 6
+};
 enum class FailReason : int { kNone = 0, kPermanent = 1, kAttemptsExhausted = 2 };
 enum class AttemptOutcome : int {
   kRunning = 0,

@@ -17,7 +17,7 @@ struct Transition {
   std::vector<Job> put_jobs;  // whole records; a later put of the same id wins
   std::vector<std::string> delete_jobs;
   std::vector<DedupEntry> put_dedup;
-  std::vector<std::pair<std::string, std::string>> delete_dedup;  // (queue, key)
+  std::vector<std::pair<std::string, std::string>> delete_dedup;     // (queue, key)
   std::vector<std::pair<std::string, PolicyOverride>> put_policies;  // run-time overrides by queue
   std::vector<std::string> delete_policies;
 

@@ -1,0 +1,207 @@
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+#include "core/commit_pipeline.h"
+#include "core/job.h"
+#include "core/policy.h"
+#include "core/requests.h"
+#include "core/store.h"
+
+namespace jobbroker {
+
+struct BrokerOptions {
+  // Policy layers under the run-time changes: the config file's default_policy and its per-queue
+  // policies (built-in defaults below both).
+  PolicyOverride default_policy;
+  std::map<std::string, PolicyOverride> queue_policies;
+  // Draws from [0, 1) for retry jitter. Unset: absl::BitGen. Tests pin it.
+  std::function<double()> uniform;
+  // Called (without the broker's lock) when a deadline earlier than the last Tick() result
+  // appeared, so a ticker sleeping until then can wake early. May be unset.
+  std::function<void()> wake;
+  // How the pipeline writes: inline for tests, background (group commit) for the server.
+  CommitPipeline::Mode commit_mode = CommitPipeline::Mode::kBackground;
+  // At most this much time-driven work (expiries, promotions, removals) per Tick.
+  int tick_batch = 1000;
+};
+
+template <typename T>
+using Done = absl::AnyInvocable<void(T)>;
+
+// Broker owns every job's state machine, the queue indexes, leases, retries, dedup keys and
+// policies. Thread-safe: one mutex guards memory; durability happens outside it in the
+// CommitPipeline (group commit), and every reply waits until its transition is durable.
+// `store` and `clock` are borrowed and must outlive the broker.
+//
+// Each operation comes in two forms: asynchronous (the `done` callback runs exactly once, on
+// some thread, after the change is durable or refused) for the server, and a blocking one for
+// tests and tools. Status codes: kInvalidArgument names the bad field; kNotFound for an unknown
+// job or queue; kFailedPrecondition for a stale lease or a job in the wrong state;
+// kAlreadyExists for a dedup key held with another payload; kResourceExhausted for a full
+// queue or an oversized field; kUnavailable while shutting down or after a storage failure.
+class Broker {
+ public:
+  // Recovers every job from `store`, rebuilds the indexes, and turns leases that ran out while
+  // the broker was down into failed attempts (LEASE_EXPIRED, with backoff). kDataLoss if a
+  // record is corrupt; kInvalidArgument if a policy in `options` is out of range.
+  static absl::StatusOr<std::unique_ptr<Broker>> Open(Store& store, const Clock& clock,
+                                                      BrokerOptions options);
+  ~Broker();
+  Broker(const Broker&) = delete;
+  Broker& operator=(const Broker&) = delete;
+
+  // All or nothing: either every spec is enqueued (or deduplicated) or none is.
+  void EnqueueBatch(std::vector<EnqueueSpec> specs,
+                    Done<absl::StatusOr<std::vector<EnqueueResult>>> done);
+  // Leases up to spec.max_jobs ready jobs. With `wait` > 0 and none ready, waits for one up to
+  // `wait`, then answers with an empty list. Returns a handle for CancelWait (0 if answered).
+  uint64_t Lease(LeaseSpec spec, absl::Duration wait,
+                 Done<absl::StatusOr<std::vector<LeasedJob>>> done);
+  // Ends a waiting Lease early: its `done` gets kCancelled. False if it had already answered.
+  bool CancelWait(uint64_t waiter);
+  void Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>> done);
+  void Ack(AckSpec spec, Done<absl::Status> done);
+  void Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done);
+  void Release(ReleaseSpec spec, Done<absl::Status> done);
+  // READY/SCHEDULED: CANCELLED at once. ACTIVE: sets cancel_requested. Terminal:
+  // kFailedPrecondition.
+  void CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done);
+  // Merges `policy` into the queue's run-time override (after dropping it if `reset`), persists
+  // it and returns the queue. Creates the queue if new.
+  void UpdateQueuePolicy(std::string queue, PolicyOverride policy, bool reset,
+                         Done<absl::StatusOr<QueueInfo>> done);
+
+  // Blocking forms.
+  absl::StatusOr<EnqueueResult> Enqueue(EnqueueSpec spec);
+  absl::StatusOr<std::vector<EnqueueResult>> EnqueueBatch(std::vector<EnqueueSpec> specs);
+  absl::StatusOr<std::vector<LeasedJob>> Lease(LeaseSpec spec);
+  absl::StatusOr<HeartbeatResult> Heartbeat(HeartbeatSpec spec);
+  absl::Status Ack(AckSpec spec);
+  absl::StatusOr<FailResult> Fail(FailSpec spec);
+  absl::Status Release(ReleaseSpec spec);
+  absl::StatusOr<Job> CancelJob(std::string job_id);
+  absl::StatusOr<QueueInfo> UpdateQueuePolicy(std::string queue, PolicyOverride policy,
+                                              bool reset = false);
+
+  // Reads (no durability wait).
+  absl::StatusOr<Job> GetJob(const std::string& job_id);
+  absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec);
+  absl::StatusOr<QueueInfo> GetQueue(const std::string& queue);
+  std::vector<QueueInfo> ListQueues();
+
+  // Does all time-driven work that is due (lease expiry, delayed and backoff jobs coming due,
+  // long-poll time-outs, retention, dedup key expiry) and returns when it next needs to run.
+  absl::Time Tick();
+
+  // Stops leasing: waiting Leases answer empty, new mutations get kUnavailable. Reads still work.
+  void Shutdown();
+
+  // Waits until everything appended so far is durable.
+  absl::Status Flush();
+
+  // Number of store writes so far (group commit shows as fewer writes than operations).
+  uint64_t store_writes() const { return pipeline_.writes(); }
+
+ private:
+  struct Waiter;
+  struct QueueState;
+  struct Effects;
+  // Orders jobs by deadline or due time; the seq breaks ties and identifies the job.
+  using TimeKey = std::pair<absl::Time, uint64_t>;
+
+  Broker(Store& store, const Clock& clock, BrokerOptions options);
+  absl::Status Recover();
+
+  // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
+  uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
+  // The common shape of a mutating operation.
+  template <typename T, typename Op>
+  void Run(Done<absl::StatusOr<T>> done, Op op);
+
+  QueueState& Queue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  QueueState* FindQueue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  QueuePolicy EffectivePolicy(const std::string& queue, const PolicyOverride& runtime) const;
+  Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Index maintenance: every change of a job's state, run_at or lease goes through these.
+  void Index(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unindex(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveJob(Job& job, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Lease expiry and due scheduled jobs (bounded by tick_batch). Runs before every operation so
+  // each sees a consistent present.
+  void ProcessDue(absl::Time now, Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLease(Job& job, absl::Time now, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A failed attempt (error or lease expiry): schedule a retry or end the job.
+  void EndAttemptFailed(Job& job, absl::Time now, AttemptOutcome outcome, std::string error,
+                        std::optional<absl::Duration> retry_after)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcome, std::string error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Retention(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireDedup(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  int Leasable(QueueState& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LeasedJob LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Transition& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<LeasedJob> LeaseMany(QueueState& q, const LeaseSpec& spec, absl::Time now,
+                                   Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands ready jobs of `q` to its waiting Leases, oldest waiter first.
+  void ServeWaiters(QueueState& q, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::StatusOr<std::vector<EnqueueResult>> EnqueueLocked(std::vector<EnqueueSpec>& specs,
+                                                           absl::Time now, Transition& t,
+                                                           Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `spec` names, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
+  absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  QueueInfo InfoLocked(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time NextDeadlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double Uniform() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeWake(absl::Time before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Store& store_;
+  const Clock& clock_;
+  const BrokerOptions options_;
+  CommitPipeline pipeline_;
+
+  mutable absl::Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time next_wake_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Job*> jobs_by_seq_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<QueueState>> queues_ ABSL_GUARDED_BY(mu_);
+  absl::btree_set<TimeKey> scheduled_ ABSL_GUARDED_BY(mu_);  // (run_at, seq)
+  absl::btree_set<TimeKey> leases_ ABSL_GUARDED_BY(mu_);     // (lease_deadline, seq)
+  absl::flat_hash_map<std::pair<std::string, std::string>, DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
+  absl::btree_set<std::tuple<absl::Time, std::string, std::string>> dedup_expiry_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::btree_set<std::pair<absl::Time, uint64_t>> waiter_deadlines_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace jobbroker

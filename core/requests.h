@@ -1,0 +1,122 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job.h"
+#include "core/policy.h"
+
+namespace jobbroker {
+
+// Arguments and results of the Broker's operations, free of any wire format.
+
+struct EnqueueSpec {
+  std::string queue;
+  std::string payload;
+  std::map<std::string, std::string> headers;
+  int32_t priority = 0;
+  std::optional<absl::Duration> delay;
+  std::optional<absl::Time> run_at;  // at most one of delay and run_at
+  std::string dedup_key;
+  std::optional<absl::Duration> dedup_ttl;               // unset = the queue's
+  int max_attempts = 0;                                  // 0 = the queue's
+  absl::Duration lease_duration = absl::ZeroDuration();  // zero = the queue's
+  std::string concurrency_key;
+};
+
+struct EnqueueResult {
+  std::string job_id;
+  bool deduplicated = false;
+};
+
+struct LeaseSpec {
+  std::string queue;
+  std::string worker_id;
+  int max_jobs = 1;
+  absl::Duration lease_duration = absl::ZeroDuration();  // zero = the job's, else the queue's
+};
+
+// One attempt, as handed to a worker.
+struct LeasedJob {
+  std::string job_id;
+  std::string lease_id;
+  std::string queue;
+  std::string payload;
+  std::map<std::string, std::string> headers;
+  int attempt = 0;
+  int max_attempts = 0;
+  absl::Time lease_deadline;
+  std::string idempotency_key;
+  std::string checkpoint;
+  absl::Time enqueued_at;
+};
+
+struct HeartbeatSpec {
+  std::string job_id;
+  std::string lease_id;
+  absl::Duration extend_by = absl::ZeroDuration();  // zero = the lease's own length
+  std::optional<std::string> checkpoint;
+};
+
+struct HeartbeatResult {
+  absl::Time lease_deadline;
+  bool cancel_requested = false;
+};
+
+struct AckSpec {
+  std::string job_id;
+  std::string lease_id;
+  std::string result;
+};
+
+struct FailSpec {
+  std::string job_id;
+  std::string lease_id;
+  std::string error;
+  bool permanent = false;
+  std::optional<absl::Duration> retry_after;  // replaces the computed backoff
+};
+
+struct FailResult {
+  JobState state = JobState::kScheduled;
+  absl::Time next_attempt_at = absl::InfinitePast();  // set when kScheduled
+};
+
+struct ReleaseSpec {
+  std::string job_id;
+  std::string lease_id;
+};
+
+struct ListJobsSpec {
+  std::string queue;
+  std::optional<JobState> state;  // unset = every state
+  int page_size = 100;
+  std::string page_token;
+  bool newest_first = false;
+};
+
+struct ListJobsResult {
+  std::vector<Job> jobs;
+  std::string next_page_token;  // empty on the last page
+};
+
+struct QueueInfo {
+  std::string name;
+  QueuePolicy policy;
+  std::map<JobState, int64_t> counts;  // every state present, zero included
+  absl::Duration oldest_ready_age = absl::ZeroDuration();
+};
+
+// Limits on what a request may carry.
+inline constexpr size_t kMaxQueueNameBytes = 128;
+inline constexpr size_t kMaxKeyBytes = 256;  // dedup_key, concurrency_key, worker_id, ids
+inline constexpr size_t kMaxPayloadBytes = 4 << 20;
+inline constexpr size_t kMaxHeaderBytes = 64 << 10;  // all names and values together
+inline constexpr int kMaxLeaseBatch = 1000;          // max_jobs, batch size, page size
+inline constexpr int kMaxAttemptsLimit = 1000;
+
+}  // namespace jobbroker

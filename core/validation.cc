@@ -1,0 +1,109 @@
+#include "core/validation.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace jobbroker {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", why));
+}
+
+absl::Status ValidateKey(absl::string_view value, absl::string_view field, bool required) {
+  if (required && value.empty()) return Invalid(field, "is required");
+  if (value.size() > kMaxKeyBytes)
+    return Invalid(field, absl::StrCat("is ", value.size(), " bytes; the limit is ", kMaxKeyBytes));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLeaseLength(absl::Duration d, absl::string_view field) {
+  if (d < absl::ZeroDuration()) return Invalid(field, "must not be negative");
+  if (d != absl::ZeroDuration() && (d < kMinLeaseDuration || d > kMaxLeaseDuration))
+    return Invalid(field, "must be between 100ms and 12h (or unset)");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateQueueName(absl::string_view name, absl::string_view field) {
+  if (name.empty()) return Invalid(field, "is required");
+  if (name.size() > kMaxQueueNameBytes)
+    return Invalid(
+        field, absl::StrCat("is ", name.size(), " characters; the limit is ", kMaxQueueNameBytes));
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-') {
+      return Invalid(field, "may contain only letters, digits and . _ : -");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
+  if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
+  if (spec.payload.size() > kMaxPayloadBytes)
+    return absl::ResourceExhaustedError(absl::StrCat("payload is ", spec.payload.size(),
+                                                     " bytes; the limit is ", kMaxPayloadBytes));
+  size_t header_bytes = 0;
+  for (const auto& [k, v] : spec.headers) {
+    if (k.empty()) return Invalid("headers", "must not have an empty name");
+    header_bytes += k.size() + v.size();
+  }
+  if (header_bytes > kMaxHeaderBytes)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "headers are ", header_bytes, " bytes in all; the limit is ", kMaxHeaderBytes));
+  if (spec.delay.has_value() && spec.run_at.has_value())
+    return Invalid("delay", "and run_at are exclusive: set at most one");
+  if (spec.delay.has_value() && *spec.delay < absl::ZeroDuration())
+    return Invalid("delay", "must not be negative");
+  if (absl::Status s = ValidateKey(spec.dedup_key, "dedup_key", false); !s.ok()) return s;
+  if (spec.dedup_ttl.has_value() && *spec.dedup_ttl < absl::ZeroDuration())
+    return Invalid("dedup_ttl", "must not be negative");
+  if (spec.dedup_ttl.has_value() && spec.dedup_key.empty())
+    return Invalid("dedup_ttl", "needs a dedup_key");
+  if (spec.max_attempts < 0 || spec.max_attempts > kMaxAttemptsLimit)
+    return Invalid("max_attempts",
+                   absl::StrCat("must be between 0 (the queue's) and ", kMaxAttemptsLimit));
+  if (absl::Status s = ValidateLeaseLength(spec.lease_duration, "lease_duration"); !s.ok())
+    return s;
+  return ValidateKey(spec.concurrency_key, "concurrency_key", false);
+}
+
+absl::Status ValidateLeaseSpec(const LeaseSpec& spec) {
+  if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
+  if (absl::Status s = ValidateKey(spec.worker_id, "worker_id", true); !s.ok()) return s;
+  if (spec.max_jobs < 0 || spec.max_jobs > kMaxLeaseBatch)
+    return Invalid("max_jobs", absl::StrCat("must be between 0 and ", kMaxLeaseBatch));
+  return ValidateLeaseLength(spec.lease_duration, "lease_duration");
+}
+
+absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_id) {
+  if (absl::Status s = ValidateKey(job_id, "job_id", true); !s.ok()) return s;
+  return ValidateKey(lease_id, "lease_id", true);
+}
+
+absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec) {
+  if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
+  if (spec.checkpoint.has_value() && spec.checkpoint->size() > kMaxPayloadBytes)
+    return absl::ResourceExhaustedError(absl::StrCat("checkpoint is ", spec.checkpoint->size(),
+                                                     " bytes; the limit is ", kMaxPayloadBytes));
+  return ValidateLeaseLength(spec.extend_by, "extend_by");
+}
+
+absl::Status ValidateAckSpec(const AckSpec& spec) {
+  if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
+  if (spec.result.size() > kMaxPayloadBytes)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("result is ", spec.result.size(), " bytes; the limit is ", kMaxPayloadBytes));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateFailSpec(const FailSpec& spec) {
+  if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
+  if (spec.retry_after.has_value() && *spec.retry_after < absl::ZeroDuration())
+    return Invalid("retry_after", "must not be negative");
+  return absl::OkStatus();
+}
+
+}  // namespace jobbroker

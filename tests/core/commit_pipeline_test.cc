@@ -1,0 +1,110 @@
+#include "core/commit_pipeline.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "storage/memory_store.h"
+
+namespace jobbroker {
+namespace {
+
+// Holds its first Write until released, so a test can pile appends up behind it.
+class GatedStore : public Store {
+ public:
+  absl::Status Write(absl::Span<const Transition> t) override {
+    if (calls_.fetch_add(1) == 0) {
+      entered_.Notify();
+      release_.WaitForNotification();
+    }
+    batch_sizes_.push_back(t.size());
+    return inner_.Write(t);
+  }
+  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+
+  MemoryStore inner_;
+  std::atomic<int> calls_{0};
+  absl::Notification entered_, release_;
+  std::vector<size_t> batch_sizes_;  // only the writer thread touches it
+};
+
+Transition PutJob(const std::string& id, const std::string& payload) {
+  Transition t;
+  t.put_jobs.push_back(Job{.id = id, .queue = "q", .payload = payload});
+  return t;
+}
+
+TEST(CommitPipelineTest, AppendsWaitingBehindAWriteShareTheNextOne) {
+  GatedStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  uint64_t first = pipeline.Append(PutJob("a", "1"));
+  store.entered_.WaitForNotification();
+  std::atomic<int> durable{0};
+  uint64_t last = 0;
+  for (int i = 0; i < 10; ++i) {
+    last = pipeline.Append(PutJob(absl::StrCat("b", i), "x"));
+    pipeline.WhenDurable(last, [&](absl::Status s) {
+      EXPECT_TRUE(s.ok());
+      durable.fetch_add(1);
+    });
+  }
+  EXPECT_EQ(durable.load(), 0) << "nothing is reported durable before it is written";
+  store.release_.Notify();
+  ASSERT_TRUE(pipeline.WaitDurable(last).ok());
+  EXPECT_GT(last, first);
+  EXPECT_EQ(durable.load(), 10);
+  EXPECT_EQ(pipeline.writes(), 2u) << "ten appends behind one write take one more write";
+  EXPECT_EQ(store.batch_sizes_.back(), 10u);
+}
+
+TEST(CommitPipelineTest, LaterTransitionsOfTheSameJobWin) {
+  MemoryStore store;
+  {
+    CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+    uint64_t seq = 0;
+    for (int i = 0; i < 100; ++i) seq = pipeline.Append(PutJob("j", std::to_string(i)));
+    ASSERT_TRUE(pipeline.WaitDurable(seq).ok());
+  }
+  EXPECT_EQ(store.FindJob("j")->payload, "99");
+}
+
+TEST(CommitPipelineTest, ConcurrentWritersAreAllMadeDurable) {
+  MemoryStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  std::mutex order_mu;  // Append's order is the caller's to keep; the broker holds its mutex
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        uint64_t seq;
+        {
+          std::lock_guard<std::mutex> lock(order_mu);
+          seq = pipeline.Append(PutJob(absl::StrCat(t, "-", i), "p"));
+        }
+        ASSERT_TRUE(pipeline.WaitDurable(seq).ok());
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(store.job_count(), 400u);
+}
+
+TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
+  MemoryStore store;
+  store.FailWritesAfter(1);
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kInline);
+  EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("a", ""))).ok());
+  uint64_t failed = pipeline.Append(PutJob("b", ""));
+  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  store.FailWritesAfter(-1);
+  uint64_t after = pipeline.Append(PutJob("c", ""));
+  EXPECT_EQ(pipeline.WaitDurable(after).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(pipeline.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(store.FindJob("c").has_value()) << "nothing is written after a failure";
+}
+
+}  // namespace
+}  // namespace jobbroker

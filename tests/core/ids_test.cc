@@ -1,0 +1,44 @@
+#include "core/ids.h"
+
+#include <set>
+
+#include "core/job.h"
+#include "gtest/gtest.h"
+
+namespace jobbroker {
+namespace {
+
+TEST(IdsTest, JobIdsAreUniqueAndSortByTime) {
+  absl::BitGen gen;
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {
+    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000), gen);
+    EXPECT_EQ(id.size(), 26u);
+    EXPECT_TRUE(seen.insert(id).second);
+  }
+  EXPECT_LT(NewJobId(absl::FromUnixMillis(1000), gen), NewJobId(absl::FromUnixMillis(2000), gen));
+}
+
+TEST(IdsTest, LeaseIdsNameTheAttempt) {
+  absl::BitGen gen;
+  std::string id = NewLeaseId(3, gen);
+  EXPECT_EQ(id.substr(0, 2), "3-");
+  EXPECT_NE(NewLeaseId(3, gen), id);
+}
+
+TEST(JobTest, TruncateUtf8NeverSplitsACharacter) {
+  std::string text = "ab\xC3\xA9";  // "abé": é is two bytes
+  EXPECT_EQ(TruncateUtf8(text, 3), "ab");
+  EXPECT_EQ(TruncateUtf8(text, 4), text);
+  EXPECT_EQ(TruncateUtf8(std::string(5000, 'x'), kMaxErrorBytes).size(), kMaxErrorBytes);
+}
+
+TEST(JobTest, PayloadHashIsStable) {
+  // Persisted in dedup records: it must never change between builds.
+  EXPECT_EQ(PayloadHash(""), 14695981039346656037ull);
+  EXPECT_EQ(PayloadHash("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_NE(PayloadHash("a"), PayloadHash("b"));
+}
+
+}  // namespace
+}  // namespace jobbroker
