@@ -12,7 +12,9 @@
 
 namespace jobbroker {
 
-// The durable changes of one broker state transition. Applied all or nothing.
+// The durable changes of one broker state transition. Applied all or nothing. Inside one
+// Transition the fields apply in declaration order (job puts, job deletes, dedup puts, dedup
+// deletes, policy puts, policy deletes), so a later put of the same key wins.
 struct Transition {
   std::vector<Job> put_jobs;  // whole records; a later put of the same id wins
   std::vector<std::string> delete_jobs;
@@ -43,10 +45,12 @@ class Store {
   virtual ~Store() = default;
 
   // Applies `transitions` in order as one atomic, durable write: when it returns OK, all of them
-  // survive a crash; on error, none was applied (the caller must stop writing).
+  // survive a crash. On error the outcome is unknown (a failed fsync may leave the batch in the
+  // log): the caller must stop writing and acknowledge nothing of it.
   virtual absl::Status Write(absl::Span<const Transition> transitions) = 0;
 
-  // Visits every stored job, dedup entry and policy override. kDataLoss for a corrupt record.
+  // Visits every stored policy override, then dedup entry, then job, each in key order.
+  // kDataLoss for a corrupt record.
   virtual absl::Status Recover(RecoveryVisitor& visitor) = 0;
 };
 

@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "core/job.h"
+#include "core/policy.h"
+#include "core/store.h"
+
+namespace jobbroker {
+
+// A Store that keeps everything in process memory: for tests and benchmarks, never for data that
+// must survive the process. Its contents outlive any Broker built over it, so a test can destroy
+// a broker, build a new one over the same MemoryStore and Recover() what the first one wrote —
+// the in-process stand-in for a restart.
+//
+// Semantics match RocksDbStore (tests/storage/store_conformance_test.cc holds both to them):
+// transitions apply in order; inside one Transition, its fields apply in declaration order (all
+// puts of jobs, then job deletes, then dedup puts, dedup deletes, policy puts, policy deletes),
+// so a later put of the same key wins and a delete after a put of the same key removes it.
+// Recover visits policies, then dedup entries, then jobs, each in key order.
+//
+// Thread-safe (a stricter promise than Store's).
+class MemoryStore final : public Store {
+ public:
+  MemoryStore() = default;
+  MemoryStore(const MemoryStore&) = delete;
+  MemoryStore& operator=(const MemoryStore&) = delete;
+
+  // OK, or kInvalidArgument (nothing applied) if a dedup put or delete names a queue containing
+  // '\0' (RocksDbStore cannot key it), or kUnavailable (nothing applied) once FailWritesAfter's
+  // budget is spent.
+  absl::Status Write(absl::Span<const Transition> transitions) override;
+  // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
+  absl::Status Recover(RecoveryVisitor& visitor) override;
+
+  // Fault injection (LevelDB SpecialEnv style): after `n` more successful Write calls (an empty
+  // span counts), every Write returns kUnavailable("injected write failure") and applies nothing.
+  // n = 0 fails the next write; a negative n turns injection off again.
+  void FailWritesAfter(int n);
+
+  // Inspection for tests: the stored job, if any; counts of stored records; Write calls that
+  // returned OK.
+  std::optional<Job> FindJob(absl::string_view id) const;
+  size_t job_count() const;
+  size_t dedup_count() const;
+  size_t policy_count() const;
+  int64_t successful_writes() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
+  // Write calls left before injected failures start; negative = never.
+  int writes_before_failure_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t successful_writes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace jobbroker

@@ -1,0 +1,284 @@
+#include "storage/record_codec.h"
+
+#include <climits>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "storage/record.pb.h"
+
+namespace jobbroker {
+namespace {
+
+constexpr int64_t kMinMicros = std::numeric_limits<int64_t>::min();
+constexpr int64_t kMaxMicros = std::numeric_limits<int64_t>::max();
+
+// The infinities are mapped by hand: absl::FromUnixMicros(INT64_MIN) is a finite time, so without
+// the sentinel every "not yet" time (InfinitePast) would come back as a date in 290,000 BC.
+int64_t TimeToMicros(absl::Time t) {
+  if (t == absl::InfinitePast()) return kMinMicros;
+  if (t == absl::InfiniteFuture()) return kMaxMicros;
+  return absl::ToUnixMicros(t);
+}
+
+absl::Time MicrosToTime(int64_t us) {
+  if (us == kMinMicros) return absl::InfinitePast();
+  if (us == kMaxMicros) return absl::InfiniteFuture();
+  return absl::FromUnixMicros(us);
+}
+
+int64_t DurationToMicros(absl::Duration d) {
+  if (d == absl::InfiniteDuration()) return kMaxMicros;
+  if (d == -absl::InfiniteDuration()) return kMinMicros;
+  return absl::ToInt64Microseconds(d);
+}
+
+absl::Duration MicrosToDuration(int64_t us) {
+  if (us == kMaxMicros) return absl::InfiniteDuration();
+  if (us == kMinMicros) return -absl::InfiniteDuration();
+  return absl::Microseconds(us);
+}
+
+template <typename Message>
+absl::Status Parse(const char* record, absl::string_view bytes, Message& msg) {
+  if (bytes.size() > static_cast<size_t>(INT_MAX) ||
+      !msg.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    return absl::DataLossError(absl::StrCat(record, " does not parse (", bytes.size(), " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Version 0 is what an empty or foreign value parses to, so it is refused like a newer one:
+// neither can be read with confidence.
+absl::Status CheckVersion(const char* record, uint32_t version, uint32_t newest) {
+  if (version == 0) {
+    return absl::DataLossError(absl::StrCat(record, " has no format_version"));
+  }
+  if (version > newest) {
+    return absl::DataLossError(absl::StrCat(record, " format_version ", version,
+                                            " is newer than this build reads (", newest, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BadEnum(const char* record, const char* field, int32_t value) {
+  return absl::DataLossError(absl::StrCat(record, " has unknown ", field, " ", value));
+}
+
+absl::StatusOr<JobState> ToJobState(int32_t v) {
+  if (v < static_cast<int32_t>(JobState::kReady) ||
+      v > static_cast<int32_t>(JobState::kCancelled)) {
+    return BadEnum("JobRecord", "state", v);
+  }
+  return static_cast<JobState>(v);
+}
+
+absl::StatusOr<FailReason> ToFailReason(int32_t v) {
+  if (v < static_cast<int32_t>(FailReason::kNone) ||
+      v > static_cast<int32_t>(FailReason::kAttemptsExhausted)) {
+    return BadEnum("JobRecord", "fail_reason", v);
+  }
+  return static_cast<FailReason>(v);
+}
+
+absl::StatusOr<AttemptOutcome> ToAttemptOutcome(int32_t v) {
+  if (v < static_cast<int32_t>(AttemptOutcome::kRunning) ||
+      v > static_cast<int32_t>(AttemptOutcome::kLeaseExpired)) {
+    return BadEnum("JobRecord", "attempts.outcome", v);
+  }
+  return static_cast<AttemptOutcome>(v);
+}
+
+absl::StatusOr<Jitter> ToJitter(int32_t v) {
+  if (v < static_cast<int32_t>(Jitter::kNone) || v > static_cast<int32_t>(Jitter::kEqual)) {
+    return BadEnum("PolicyRecord", "jitter", v);
+  }
+  return static_cast<Jitter>(v);
+}
+
+}  // namespace
+
+// Keep EncodeJob, DecodeJob and JobRecord in step with every member of Job; the codec and
+// conformance tests build a Job with every field set to catch a forgotten one.
+std::string EncodeJob(const Job& job) {
+  storage::JobRecord r;
+  r.set_format_version(kJobRecordFormatVersion);
+  r.set_id(job.id);
+  r.set_queue(job.queue);
+  r.set_state(static_cast<int32_t>(job.state));
+  r.set_payload(job.payload);
+  for (const auto& [key, value] : job.headers) {
+    storage::HeaderRecord* h = r.add_headers();
+    h->set_key(key);
+    h->set_value(value);
+  }
+  r.set_priority(job.priority);
+  r.set_seq(job.seq);
+  r.set_attempt(job.attempt);
+  r.set_max_attempts(job.max_attempts);
+  r.set_dedup_key(job.dedup_key);
+  r.set_concurrency_key(job.concurrency_key);
+  r.set_created_at_us(TimeToMicros(job.created_at));
+  r.set_run_at_us(TimeToMicros(job.run_at));
+  r.set_lease_duration_us(DurationToMicros(job.lease_duration));
+  r.set_lease_id(job.lease_id);
+  r.set_worker_id(job.worker_id);
+  r.set_lease_deadline_us(TimeToMicros(job.lease_deadline));
+  r.set_lease_length_us(DurationToMicros(job.lease_length));
+  r.set_cancel_requested(job.cancel_requested);
+  r.set_last_error(job.last_error);
+  r.set_fail_reason(static_cast<int32_t>(job.fail_reason));
+  for (const AttemptRecord& a : job.attempts) {
+    storage::AttemptRecord* ar = r.add_attempts();
+    ar->set_attempt(a.attempt);
+    ar->set_worker_id(a.worker_id);
+    ar->set_started_at_us(TimeToMicros(a.started_at));
+    ar->set_ended_at_us(TimeToMicros(a.ended_at));
+    ar->set_outcome(static_cast<int32_t>(a.outcome));
+    ar->set_error(a.error);
+  }
+  r.set_result(job.result);
+  r.set_checkpoint(job.checkpoint);
+  r.set_completed_at_us(TimeToMicros(job.completed_at));
+  return r.SerializeAsString();
+}
+
+absl::StatusOr<Job> DecodeJob(absl::string_view bytes) {
+  storage::JobRecord r;
+  BROKER_RETURN_IF_ERROR(Parse("JobRecord", bytes, r));
+  BROKER_RETURN_IF_ERROR(CheckVersion("JobRecord", r.format_version(), kJobRecordFormatVersion));
+
+  Job job;
+  job.id = r.id();
+  job.queue = r.queue();
+  absl::StatusOr<JobState> state = ToJobState(r.state());
+  if (!state.ok()) return state.status();
+  job.state = *state;
+  job.payload = r.payload();
+  for (const storage::HeaderRecord& h : r.headers()) {
+    if (!job.headers.emplace(h.key(), h.value()).second) {
+      return absl::DataLossError(
+          absl::StrCat("JobRecord has header \"", absl::CHexEscape(h.key()), "\" twice"));
+    }
+  }
+  job.priority = r.priority();
+  job.seq = r.seq();
+  job.attempt = r.attempt();
+  job.max_attempts = r.max_attempts();
+  job.dedup_key = r.dedup_key();
+  job.concurrency_key = r.concurrency_key();
+  job.created_at = MicrosToTime(r.created_at_us());
+  job.run_at = MicrosToTime(r.run_at_us());
+  job.lease_duration = MicrosToDuration(r.lease_duration_us());
+  job.lease_id = r.lease_id();
+  job.worker_id = r.worker_id();
+  job.lease_deadline = MicrosToTime(r.lease_deadline_us());
+  job.lease_length = MicrosToDuration(r.lease_length_us());
+  job.cancel_requested = r.cancel_requested();
+  job.last_error = r.last_error();
+  absl::StatusOr<FailReason> fail_reason = ToFailReason(r.fail_reason());
+  if (!fail_reason.ok()) return fail_reason.status();
+  job.fail_reason = *fail_reason;
+  job.attempts.reserve(r.attempts_size());
+  for (const storage::AttemptRecord& ar : r.attempts()) {
+    AttemptRecord a;
+    a.attempt = ar.attempt();
+    a.worker_id = ar.worker_id();
+    a.started_at = MicrosToTime(ar.started_at_us());
+    a.ended_at = MicrosToTime(ar.ended_at_us());
+    absl::StatusOr<AttemptOutcome> outcome = ToAttemptOutcome(ar.outcome());
+    if (!outcome.ok()) return outcome.status();
+    a.outcome = *outcome;
+    a.error = ar.error();
+    job.attempts.push_back(std::move(a));
+  }
+  job.result = r.result();
+  job.checkpoint = r.checkpoint();
+  job.completed_at = MicrosToTime(r.completed_at_us());
+  return job;
+}
+
+std::string EncodeDedup(const DedupEntry& entry) {
+  storage::DedupRecord r;
+  r.set_format_version(kDedupRecordFormatVersion);
+  r.set_job_id(entry.job_id);
+  r.set_expires_at_us(TimeToMicros(entry.expires_at));
+  r.set_payload_hash(entry.payload_hash);
+  return r.SerializeAsString();
+}
+
+absl::StatusOr<DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
+                                       absl::string_view bytes) {
+  storage::DedupRecord r;
+  BROKER_RETURN_IF_ERROR(Parse("DedupRecord", bytes, r));
+  BROKER_RETURN_IF_ERROR(
+      CheckVersion("DedupRecord", r.format_version(), kDedupRecordFormatVersion));
+  DedupEntry entry;
+  entry.queue = std::string(queue);
+  entry.key = std::string(key);
+  entry.job_id = r.job_id();
+  entry.expires_at = MicrosToTime(r.expires_at_us());
+  entry.payload_hash = r.payload_hash();
+  return entry;
+}
+
+std::string EncodePolicy(const PolicyOverride& p) {
+  storage::PolicyRecord r;
+  r.set_format_version(kPolicyRecordFormatVersion);
+  if (p.max_concurrency) r.set_max_concurrency(*p.max_concurrency);
+  if (p.max_concurrency_per_key) r.set_max_concurrency_per_key(*p.max_concurrency_per_key);
+  if (p.max_attempts) r.set_max_attempts(*p.max_attempts);
+  if (p.initial_backoff) r.set_initial_backoff_us(DurationToMicros(*p.initial_backoff));
+  if (p.backoff_multiplier) r.set_backoff_multiplier(*p.backoff_multiplier);
+  if (p.max_backoff) r.set_max_backoff_us(DurationToMicros(*p.max_backoff));
+  if (p.jitter) r.set_jitter(static_cast<int32_t>(*p.jitter));
+  if (p.lease_duration) r.set_lease_duration_us(DurationToMicros(*p.lease_duration));
+  if (p.dedup_ttl) r.set_dedup_ttl_us(DurationToMicros(*p.dedup_ttl));
+  if (p.completed_max_count) r.set_completed_max_count(*p.completed_max_count);
+  if (p.completed_max_age) r.set_completed_max_age_us(DurationToMicros(*p.completed_max_age));
+  if (p.failed_max_count) r.set_failed_max_count(*p.failed_max_count);
+  if (p.failed_max_age) r.set_failed_max_age_us(DurationToMicros(*p.failed_max_age));
+  if (p.max_length) r.set_max_length(*p.max_length);
+  if (p.rate_per_second) r.set_rate_per_second(*p.rate_per_second);
+  if (p.rate_burst) r.set_rate_burst(*p.rate_burst);
+  if (p.paused) r.set_paused(*p.paused);
+  return r.SerializeAsString();
+}
+
+absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
+  storage::PolicyRecord r;
+  BROKER_RETURN_IF_ERROR(Parse("PolicyRecord", bytes, r));
+  BROKER_RETURN_IF_ERROR(
+      CheckVersion("PolicyRecord", r.format_version(), kPolicyRecordFormatVersion));
+  PolicyOverride p;
+  if (r.has_max_concurrency()) p.max_concurrency = r.max_concurrency();
+  if (r.has_max_concurrency_per_key()) p.max_concurrency_per_key = r.max_concurrency_per_key();
+  if (r.has_max_attempts()) p.max_attempts = r.max_attempts();
+  if (r.has_initial_backoff_us()) p.initial_backoff = MicrosToDuration(r.initial_backoff_us());
+  if (r.has_backoff_multiplier()) p.backoff_multiplier = r.backoff_multiplier();
+  if (r.has_max_backoff_us()) p.max_backoff = MicrosToDuration(r.max_backoff_us());
+  if (r.has_jitter()) {
+    absl::StatusOr<Jitter> jitter = ToJitter(r.jitter());
+    if (!jitter.ok()) return jitter.status();
+    p.jitter = *jitter;
+  }
+  if (r.has_lease_duration_us()) p.lease_duration = MicrosToDuration(r.lease_duration_us());
+  if (r.has_dedup_ttl_us()) p.dedup_ttl = MicrosToDuration(r.dedup_ttl_us());
+  if (r.has_completed_max_count()) p.completed_max_count = r.completed_max_count();
+  if (r.has_completed_max_age_us()) {
+    p.completed_max_age = MicrosToDuration(r.completed_max_age_us());
+  }
+  if (r.has_failed_max_count()) p.failed_max_count = r.failed_max_count();
+  if (r.has_failed_max_age_us()) p.failed_max_age = MicrosToDuration(r.failed_max_age_us());
+  if (r.has_max_length()) p.max_length = r.max_length();
+  if (r.has_rate_per_second()) p.rate_per_second = r.rate_per_second();
+  if (r.has_rate_burst()) p.rate_burst = r.rate_burst();
+  if (r.has_paused()) p.paused = r.paused();
+  return p;
+}
+
+}  // namespace jobbroker

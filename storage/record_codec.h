@@ -1,0 +1,40 @@
+#pragma once
+
+// Converts core records to and from the versioned on-disk format of storage/record.proto.
+// Encoding never fails; decoding returns kDataLoss for anything it cannot trust, so that a
+// corrupt or too-new record stops recovery instead of being half-read.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/job.h"
+#include "core/policy.h"
+
+namespace jobbroker {
+
+// The format_version each encoder writes and the newest each decoder reads.
+inline constexpr uint32_t kJobRecordFormatVersion = 1;
+inline constexpr uint32_t kDedupRecordFormatVersion = 1;
+inline constexpr uint32_t kPolicyRecordFormatVersion = 1;
+
+// Times are stored in whole microseconds: a finite time with a sub-microsecond part reads back
+// rounded down to the microsecond (absl::ToUnixMicros). InfinitePast/InfiniteFuture and
+// +/-InfiniteDuration round-trip exactly.
+std::string EncodeJob(const Job& job);
+// kDataLoss if `bytes` do not parse, carry no or a newer format_version, or hold an enum value
+// this build does not know; the message says which.
+absl::StatusOr<Job> DecodeJob(absl::string_view bytes);
+
+// The queue and key are not encoded: they are the store's key.
+std::string EncodeDedup(const DedupEntry& entry);
+// kDataLoss as for DecodeJob. `queue` and `key` are copied into the result.
+absl::StatusOr<DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
+                                       absl::string_view bytes);
+
+std::string EncodePolicy(const PolicyOverride& policy);
+// kDataLoss as for DecodeJob.
+absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes);
+
+}  // namespace jobbroker

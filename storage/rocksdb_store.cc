@@ -1,0 +1,293 @@
+#include "storage/rocksdb_store.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/status_macros.h"
+#include "rocksdb/db.h"
+#include "rocksdb/iterator.h"
+#include "rocksdb/options.h"
+#include "rocksdb/snapshot.h"
+#include "rocksdb/status.h"
+#include "rocksdb/utilities/table_properties_collectors.h"
+#include "rocksdb/write_batch.h"
+#include "storage/record_codec.h"
+
+namespace jobbroker {
+namespace {
+
+// Maps RocksDB's codes onto the canonical ones by who should act: I/O trouble is kUnavailable
+// (the operator fixes the disk, the caller retries later), corruption is kDataLoss.
+absl::Status FromRocksDb(const rocksdb::Status& s, absl::string_view context) {
+  if (s.ok()) return absl::OkStatus();
+  std::string message = absl::StrCat(context, ": ", s.ToString());
+  switch (s.code()) {
+    case rocksdb::Status::kOk:
+      return absl::OkStatus();
+    case rocksdb::Status::kNotFound:
+      return absl::NotFoundError(message);
+    case rocksdb::Status::kCorruption:
+      return absl::DataLossError(message);
+    case rocksdb::Status::kNotSupported:
+      return absl::UnimplementedError(message);
+    case rocksdb::Status::kInvalidArgument:
+      return absl::InvalidArgumentError(message);
+    case rocksdb::Status::kIOError:
+    case rocksdb::Status::kShutdownInProgress:
+    case rocksdb::Status::kBusy:
+    case rocksdb::Status::kTryAgain:
+      return absl::UnavailableError(message);
+    case rocksdb::Status::kTimedOut:
+    case rocksdb::Status::kExpired:
+      return absl::DeadlineExceededError(message);
+    case rocksdb::Status::kAborted:
+      return absl::AbortedError(message);
+    case rocksdb::Status::kCompactionTooLarge:
+      return absl::ResourceExhaustedError(message);
+    case rocksdb::Status::kMergeInProgress:
+    case rocksdb::Status::kIncomplete:
+    case rocksdb::Status::kColumnFamilyDropped:
+      return absl::InternalError(message);
+    default:
+      return absl::UnknownError(message);
+  }
+}
+
+absl::string_view View(const rocksdb::Slice& s) { return absl::string_view(s.data(), s.size()); }
+
+// A NUL in the queue would make queue + '\0' + key ambiguous, and a delete could then hit
+// another queue's entry.
+absl::Status CheckDedupQueue(const std::string& queue) {
+  if (queue.find('\0') == std::string::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("dedup entry queue \"", absl::CHexEscape(queue), "\" contains a NUL byte"));
+}
+
+std::string DedupKey(const std::string& queue, const std::string& key) {
+  std::string out;
+  out.reserve(queue.size() + 1 + key.size());
+  out.append(queue);
+  out.push_back('\0');
+  out.append(key);
+  return out;
+}
+
+absl::Status RecordError(const char* column_family, absl::string_view key,
+                         const absl::Status& cause) {
+  return absl::Status(cause.code(), absl::StrCat(column_family, " record \"", absl::CHexEscape(key),
+                                                 "\": ", cause.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
+                                                                 RocksDbStoreOptions opts) {
+  rocksdb::DBOptions db_options;
+  db_options.create_if_missing = true;
+  db_options.create_missing_column_families = true;
+  // Flushes and compactions get their own threads instead of RocksDB's default of one shared
+  // one, so a compaction does not hold up the flush that a write stall is waiting for.
+  db_options.IncreaseParallelism(opts.background_threads);
+  // With four column families the WAL can only be recycled once each has flushed the data it
+  // holds; policies and dedup fill their memtables slowly and would otherwise pin old WAL files.
+  // The cap forces those flushes and so bounds WAL replay at restart.
+  db_options.max_total_wal_size = opts.max_total_wal_size;
+  // RocksDB's default, stated because durability depends on it: after kill -9 or a power cut,
+  // replay stops at a torn WAL tail (a write that was never acknowledged) and keeps every synced
+  // write before it, instead of refusing to open.
+  db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
+  // The info LOG of a long-running broker would otherwise grow and rotate without bound.
+  db_options.max_log_file_size = size_t{16} << 20;
+  db_options.keep_log_file_num = 5;
+
+  rocksdb::ColumnFamilyOptions base;
+  base.write_buffer_size = opts.write_buffer_size;
+  // Level compaction (the default style) with level sizes derived from the last level: steadier
+  // space use for a data set that grows and shrinks as queues fill and drain.
+  base.level_compaction_dynamic_level_bytes = true;
+  // No Bloom filter: the broker keeps its indexes in memory and only scans the store at start,
+  // so point lookups, which filters speed up, never happen.
+
+  // jobs and dedup churn: every key is deleted soon after it is written, leaving tombstones that
+  // the start-up scan must step over. Compact an SST file early when deletes are dense in it
+  // (5,000 in any 10,000 consecutive entries, or half of the file).
+  rocksdb::ColumnFamilyOptions churn = base;
+  churn.table_properties_collector_factories.push_back(
+      rocksdb::NewCompactOnDeletionCollectorFactory(10000, 5000, 0.5));
+
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
+      {rocksdb::kDefaultColumnFamilyName, base},
+      {kRocksDbJobsColumnFamily, churn},
+      {kRocksDbDedupColumnFamily, churn},
+      {kRocksDbPoliciesColumnFamily, base},
+  };
+  // RocksDB refuses to open a database without naming all its column families. A newer build may
+  // have added some; open them too so that the format check below, not that refusal, answers.
+  // Listing fails for a database that does not exist yet, which is fine: Open creates it.
+  std::vector<std::string> existing;
+  if (rocksdb::DB::ListColumnFamilies(db_options, dir, &existing).ok()) {
+    for (const std::string& name : existing) {
+      bool known = std::any_of(descriptors.begin(), descriptors.end(),
+                               [&](const auto& d) { return d.name == name; });
+      if (!known) descriptors.emplace_back(name, base);
+    }
+  }
+
+  rocksdb::DB* raw_db = nullptr;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &raw_db);
+  if (!s.ok()) return FromRocksDb(s, absl::StrCat("open ", dir));
+
+  // From here the store owns the database, so an error below closes it again.
+  std::unique_ptr<RocksDbStore> store(new RocksDbStore(dir));
+  store->db_.reset(raw_db);
+  store->handles_ = std::move(handles);
+  store->meta_ = store->handles_[0];
+  store->jobs_ = store->handles_[1];
+  store->dedup_ = store->handles_[2];
+  store->policies_ = store->handles_[3];
+  BROKER_RETURN_IF_ERROR(store->CheckFormat());
+  return store;
+}
+
+RocksDbStore::RocksDbStore(std::string dir) : dir_(std::move(dir)) {}
+
+absl::Status RocksDbStore::CheckFormat() {
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_, kRocksDbFormatKey, &value);
+  if (s.IsNotFound()) {
+    // A new database, or one whose creation stopped before the marker was written: both are
+    // empty. Data without a marker is someone else's; refuse rather than mix ours into it.
+    for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), handle));
+      it->SeekToFirst();
+      BROKER_RETURN_IF_ERROR(FromRocksDb(it->status(), absl::StrCat("scan ", dir_)));
+      if (it->Valid()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            dir_, " holds a database without a jobbroker format marker; refusing to use it"));
+      }
+    }
+    rocksdb::WriteOptions write_options;
+    write_options.sync = true;
+    return FromRocksDb(db_->Put(write_options, meta_, kRocksDbFormatKey,
+                                std::to_string(kRocksDbStoreFormatVersion)),
+                       absl::StrCat("write format marker in ", dir_));
+  }
+  BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read format marker in ", dir_)));
+
+  int version = 0;
+  if (!absl::SimpleAtoi(value, &version) || version <= 0) {
+    return absl::DataLossError(absl::StrCat("format marker in ", dir_, " is unreadable: \"",
+                                            absl::CHexEscape(value), "\""));
+  }
+  if (version > kRocksDbStoreFormatVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store in ", dir_, " has format ", version, ", newer than this build reads (",
+                     kRocksDbStoreFormatVersion, "); upgrade jobbroker"));
+  }
+  return absl::OkStatus();
+}
+
+RocksDbStore::~RocksDbStore() {
+  if (db_ == nullptr) return;
+  // RocksDB requires every handle Open returned to be destroyed before the DB is deleted.
+  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+    db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+  }
+  // Every acknowledged write was synced, so a failed Close loses nothing; there is no one left
+  // to report it to.
+  db_->Close().PermitUncheckedError();
+  db_.reset();
+}
+
+absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
+  rocksdb::WriteBatch batch;
+  auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
+  for (const Transition& t : transitions) {
+    for (const Job& job : t.put_jobs) {
+      BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, job.id, EncodeJob(job))));
+    }
+    for (const std::string& id : t.delete_jobs) {
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, id)));
+    }
+    for (const DedupEntry& d : t.put_dedup) {
+      BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
+      BROKER_RETURN_IF_ERROR(add(batch.Put(dedup_, DedupKey(d.queue, d.key), EncodeDedup(d))));
+    }
+    for (const auto& [queue, key] : t.delete_dedup) {
+      BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(queue, key))));
+    }
+    for (const auto& [queue, policy] : t.put_policies) {
+      BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, queue, EncodePolicy(policy))));
+    }
+    for (const std::string& queue : t.delete_policies) {
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, queue)));
+    }
+  }
+  // Nothing to make durable: every earlier write was already synced.
+  if (batch.Count() == 0) return absl::OkStatus();
+
+  rocksdb::WriteOptions write_options;
+  write_options.sync = true;  // the promise: OK means on disk (DESIGN.md, delivery semantics)
+  return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
+}
+
+absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
+  // One snapshot for all column families, so the three scans see the same instant.
+  rocksdb::ManagedSnapshot snapshot(db_.get());
+  rocksdb::ReadOptions read_options;
+  read_options.snapshot = snapshot.snapshot();
+  // Each block is read once at start; caching it would only evict what serving needs later.
+  read_options.fill_cache = false;
+
+  auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name,
+                  auto&& visit) -> absl::Status {
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, handle));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      absl::string_view key = View(it->key());
+      absl::Status s = visit(key, View(it->value()));
+      if (!s.ok()) return RecordError(name, key, s);
+    }
+    return FromRocksDb(it->status(), absl::StrCat("scan ", name, " in ", dir_));
+  };
+
+  BROKER_RETURN_IF_ERROR(scan(policies_, kRocksDbPoliciesColumnFamily,
+                              [&](absl::string_view key, absl::string_view value) {
+                                absl::StatusOr<PolicyOverride> policy = DecodePolicy(value);
+                                if (!policy.ok()) return policy.status();
+                                visitor.OnPolicy(std::string(key), *std::move(policy));
+                                return absl::OkStatus();
+                              }));
+  BROKER_RETURN_IF_ERROR(
+      scan(dedup_, kRocksDbDedupColumnFamily, [&](absl::string_view key, absl::string_view value) {
+        size_t sep = key.find('\0');
+        if (sep == absl::string_view::npos) {
+          return absl::DataLossError("key has no NUL between queue and dedup key");
+        }
+        absl::StatusOr<DedupEntry> entry =
+            DecodeDedup(key.substr(0, sep), key.substr(sep + 1), value);
+        if (!entry.ok()) return entry.status();
+        visitor.OnDedup(*std::move(entry));
+        return absl::OkStatus();
+      }));
+  BROKER_RETURN_IF_ERROR(
+      scan(jobs_, kRocksDbJobsColumnFamily, [&](absl::string_view key, absl::string_view value) {
+        absl::StatusOr<Job> job = DecodeJob(value);
+        if (!job.ok()) return job.status();
+        if (job->id != key) {
+          return absl::DataLossError(
+              absl::StrCat("record holds job \"", absl::CHexEscape(job->id), "\""));
+        }
+        visitor.OnJob(*std::move(job));
+        return absl::OkStatus();
+      }));
+  return absl::OkStatus();
+}
+
+}  // namespace jobbroker

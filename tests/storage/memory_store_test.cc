@@ -1,0 +1,83 @@
+// MemoryStore's test hooks; its Store behaviour is covered by store_conformance_test.cc.
+
+#include "storage/memory_store.h"
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "tests/storage/storage_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using storage_test::Dedup;
+using storage_test::RecordingVisitor;
+using storage_test::SimpleJob;
+
+Transition PutJob(const std::string& id) {
+  Transition t;
+  t.put_jobs = {SimpleJob(id)};
+  return t;
+}
+
+absl::Status WriteOne(MemoryStore& store, const Transition& t) { return store.Write({&t, 1}); }
+
+TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothing) {
+  MemoryStore store;
+  store.FailWritesAfter(2);
+  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(store.Write({}).code(), absl::StatusCode::kOk);  // an empty write counts too
+
+  absl::Status failed = WriteOne(store, PutJob("b"));
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(failed.message(), "injected write failure");
+  EXPECT_EQ(WriteOne(store, PutJob("c")).code(), absl::StatusCode::kUnavailable);
+
+  EXPECT_EQ(store.job_count(), 1u);
+  EXPECT_TRUE(store.FindJob("a").has_value());
+  EXPECT_FALSE(store.FindJob("b").has_value());
+  EXPECT_EQ(store.successful_writes(), 2);
+}
+
+TEST(MemoryStoreTest, FailWritesAfterZeroFailsTheNextWriteAndNegativeHeals) {
+  MemoryStore store;
+  store.FailWritesAfter(0);
+  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kUnavailable);
+  store.FailWritesAfter(-1);
+  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(store.job_count(), 1u);
+}
+
+TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
+  MemoryStore store;
+  ASSERT_EQ(WriteOne(store, PutJob("keep")).code(), absl::StatusCode::kOk);
+  store.FailWritesAfter(0);
+  Transition del;
+  del.delete_jobs = {"keep"};
+  Transition put = PutJob("new");
+  put.put_dedup = {Dedup("q", "k", "new")};
+  put.put_policies = {{"q", PolicyOverride{}}};
+  EXPECT_EQ(store.Write({del, put}).code(), absl::StatusCode::kUnavailable);
+
+  EXPECT_EQ(store.FindJob("keep"), SimpleJob("keep"));
+  EXPECT_EQ(store.job_count(), 1u);
+  EXPECT_EQ(store.dedup_count(), 0u);
+  EXPECT_EQ(store.policy_count(), 0u);
+}
+
+// The store is the state that survives a "restart": a second reader sees what the first wrote.
+TEST(MemoryStoreTest, ContentsOutliveTheirReaders) {
+  MemoryStore store;
+  ASSERT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
+  {
+    RecordingVisitor first;
+    ASSERT_EQ(store.Recover(first).code(), absl::StatusCode::kOk);
+    EXPECT_EQ(first.jobs.size(), 1u);
+  }
+  RecordingVisitor second;
+  ASSERT_EQ(store.Recover(second).code(), absl::StatusCode::kOk);
+  ASSERT_EQ(second.jobs.size(), 1u);
+  EXPECT_EQ(second.jobs[0], SimpleJob("a"));
+}
+
+}  // namespace
+}  // namespace jobbroker

@@ -1,0 +1,191 @@
+#include "storage/record_codec.h"
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/record.pb.h"
+#include "tests/storage/storage_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using storage_test::Dedup;
+using storage_test::FullJob;
+using storage_test::FullPolicy;
+using storage_test::SimpleJob;
+using ::testing::HasSubstr;
+
+TEST(RecordCodecTest, FullJobRoundTrips) {
+  Job job = FullJob();
+  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, job);
+}
+
+TEST(RecordCodecTest, DefaultJobRoundTrips) {
+  Job job;  // every time InfinitePast, every duration zero, no attempts
+  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, job);
+}
+
+TEST(RecordCodecTest, InfinitiesRoundTrip) {
+  Job job = SimpleJob("j");
+  job.created_at = absl::InfinitePast();
+  job.run_at = absl::InfiniteFuture();
+  job.lease_duration = absl::InfiniteDuration();
+  job.lease_length = -absl::InfiniteDuration();
+  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->created_at, absl::InfinitePast());
+  EXPECT_EQ(decoded->run_at, absl::InfiniteFuture());
+  EXPECT_EQ(decoded->lease_duration, absl::InfiniteDuration());
+  EXPECT_EQ(decoded->lease_length, -absl::InfiniteDuration());
+}
+
+// The format stores microseconds (see record_codec.h): finer parts are dropped, not rounded up.
+TEST(RecordCodecTest, SubMicrosecondPartsAreTruncated) {
+  Job job = SimpleJob("j");
+  job.created_at = absl::FromUnixMicros(1700000000000001) + absl::Nanoseconds(999);
+  job.lease_duration = absl::Microseconds(5) + absl::Nanoseconds(999);
+  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->created_at, absl::FromUnixMicros(1700000000000001));
+  EXPECT_EQ(decoded->lease_duration, absl::Microseconds(5));
+}
+
+TEST(RecordCodecTest, WritesCurrentFormatVersion) {
+  storage::JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(FullJob())));
+  EXPECT_EQ(record.format_version(), kJobRecordFormatVersion);
+  EXPECT_EQ(kJobRecordFormatVersion, 1u);
+}
+
+TEST(RecordCodecTest, GarbageJobBytesAreDataLoss) {
+  absl::StatusOr<Job> decoded = DecodeJob("\xff\xff\xff\xff not a record");
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("JobRecord does not parse"));
+}
+
+TEST(RecordCodecTest, TruncatedJobRecordIsDataLoss) {
+  std::string bytes = EncodeJob(FullJob());
+  absl::StatusOr<Job> decoded = DecodeJob(absl::string_view(bytes).substr(0, bytes.size() - 3));
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(RecordCodecTest, EmptyBytesAreDataLossForMissingVersion) {
+  absl::StatusOr<Job> decoded = DecodeJob("");
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("no format_version"));
+}
+
+TEST(RecordCodecTest, NewerJobFormatIsDataLoss) {
+  storage::JobRecord record;
+  record.set_format_version(99);
+  record.set_id("j");
+  record.set_state(static_cast<int32_t>(JobState::kReady));
+  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("format_version 99"));
+}
+
+TEST(RecordCodecTest, UnknownJobStateIsDataLoss) {
+  storage::JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
+  record.set_state(42);
+  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("state 42"));
+}
+
+TEST(RecordCodecTest, UnknownAttemptOutcomeIsDataLoss) {
+  storage::JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(FullJob())));
+  record.mutable_attempts(0)->set_outcome(-1);
+  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("attempts.outcome -1"));
+}
+
+TEST(RecordCodecTest, DuplicateHeaderIsDataLoss) {
+  storage::JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
+  for (int i = 0; i < 2; ++i) {
+    storage::HeaderRecord* h = record.add_headers();
+    h->set_key("k");
+    h->set_value("v");
+  }
+  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+}
+
+// A field added later without a version bump (allowed by record.proto's rules) is ignored.
+TEST(RecordCodecTest, UnknownFieldOfSameVersionIsIgnored) {
+  Job job = FullJob();
+  std::string bytes = EncodeJob(job);
+  bytes += std::string("\xa0\x06\x01", 3);  // field 100, varint 1
+  absl::StatusOr<Job> decoded = DecodeJob(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, job);
+}
+
+TEST(RecordCodecTest, DedupRoundTripsWithQueueAndKeyFromArguments) {
+  DedupEntry entry = Dedup("emails", std::string("k\0ey", 4), "job-1");
+  entry.payload_hash = 0xfedcba9876543210ULL;
+  absl::StatusOr<DedupEntry> decoded = DecodeDedup(entry.queue, entry.key, EncodeDedup(entry));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, entry);
+}
+
+TEST(RecordCodecTest, DedupGarbageAndNewerVersionAreDataLoss) {
+  EXPECT_EQ(DecodeDedup("q", "k", "\xff\xff\xff").status().code(), absl::StatusCode::kDataLoss);
+  storage::DedupRecord record;
+  record.set_format_version(99);
+  absl::StatusOr<DedupEntry> decoded = DecodeDedup("q", "k", record.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("DedupRecord format_version 99"));
+}
+
+TEST(RecordCodecTest, FullPolicyRoundTrips) {
+  PolicyOverride policy = FullPolicy();
+  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, policy);
+}
+
+// Fields set to zero or false must stay set: "0 = unlimited" is a choice, not "use the default".
+TEST(RecordCodecTest, PolicyKeepsSetZeroValuesAndUnsetFields) {
+  PolicyOverride policy;
+  policy.max_concurrency = 0;
+  policy.paused = false;
+  policy.initial_backoff = absl::ZeroDuration();
+  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, policy);
+  EXPECT_FALSE(decoded->max_attempts.has_value());
+
+  absl::StatusOr<PolicyOverride> empty = DecodePolicy(EncodePolicy(PolicyOverride{}));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_TRUE(empty->empty());
+}
+
+TEST(RecordCodecTest, PolicyGarbageNewerVersionAndBadJitterAreDataLoss) {
+  EXPECT_EQ(DecodePolicy("\xff\xff\xff").status().code(), absl::StatusCode::kDataLoss);
+
+  storage::PolicyRecord newer;
+  newer.set_format_version(99);
+  EXPECT_EQ(DecodePolicy(newer.SerializeAsString()).status().code(), absl::StatusCode::kDataLoss);
+
+  storage::PolicyRecord bad_jitter;
+  bad_jitter.set_format_version(kPolicyRecordFormatVersion);
+  bad_jitter.set_jitter(0);
+  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(bad_jitter.SerializeAsString());
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded.status().message(), HasSubstr("jitter 0"));
+}
+
+}  // namespace
+}  // namespace jobbroker

@@ -1,0 +1,302 @@
+// RocksDbStore specifics: durability across close/reopen, the format marker, and how corruption
+// on disk is reported. Behaviour shared with MemoryStore is in store_conformance_test.cc.
+
+#include "storage/rocksdb_store.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "rocksdb/db.h"
+#include "rocksdb/options.h"
+#include "storage/record_codec.h"
+#include "tests/storage/storage_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using storage_test::Dedup;
+using storage_test::FullJob;
+using storage_test::FullPolicy;
+using storage_test::RecordingVisitor;
+using storage_test::ScopedTempDir;
+using storage_test::SimpleJob;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+// A plain RocksDB handle on a closed store's directory, to inspect or tamper with its records.
+class RawDb {
+ public:
+  explicit RawDb(const std::string& dir) {
+    rocksdb::DBOptions options;
+    options.create_if_missing = true;
+    options.create_missing_column_families = true;
+    std::vector<std::string> names;
+    if (!rocksdb::DB::ListColumnFamilies(options, dir, &names).ok()) {
+      names = {rocksdb::kDefaultColumnFamilyName};
+    }
+    std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+    for (const std::string& name : names)
+      descriptors.emplace_back(name, rocksdb::ColumnFamilyOptions());
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::Open(options, dir, descriptors, &handles_, &db);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    db_.reset(db);
+    names_ = names;
+  }
+  ~RawDb() {
+    if (db_ == nullptr) return;
+    for (rocksdb::ColumnFamilyHandle* h : handles_) {
+      EXPECT_TRUE(db_->DestroyColumnFamilyHandle(h).ok());
+    }
+    EXPECT_TRUE(db_->Close().ok());
+  }
+
+  rocksdb::ColumnFamilyHandle* Cf(const std::string& name) {
+    for (size_t i = 0; i < names_.size(); ++i) {
+      if (names_[i] == name) return handles_[i];
+    }
+    rocksdb::ColumnFamilyHandle* h = nullptr;
+    EXPECT_TRUE(db_->CreateColumnFamily(rocksdb::ColumnFamilyOptions(), name, &h).ok());
+    names_.push_back(name);
+    handles_.push_back(h);
+    return h;
+  }
+  void Put(const std::string& cf, const std::string& key, const std::string& value) {
+    rocksdb::WriteOptions w;
+    w.sync = true;
+    ASSERT_TRUE(db_->Put(w, Cf(cf), key, value).ok());
+  }
+  std::string Get(const std::string& cf, const std::string& key) {
+    std::string value;
+    EXPECT_TRUE(db_->Get(rocksdb::ReadOptions(), Cf(cf), key, &value).ok());
+    return value;
+  }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<std::string> names_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+};
+
+class RocksDbStoreTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<RocksDbStore> OpenOk() {
+    absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? *std::move(store) : nullptr;
+  }
+
+  // Writes `t` through a fresh store and closes it again.
+  void WriteAndClose(const Transition& t) {
+    std::unique_ptr<RocksDbStore> store = OpenOk();
+    ASSERT_NE(store, nullptr);
+    ASSERT_EQ(store->Write({&t, 1}).code(), absl::StatusCode::kOk);
+  }
+
+  ScopedTempDir tmp_;
+  const std::string path_ = tmp_.Sub("db");
+};
+
+TEST_F(RocksDbStoreTest, WriteReopenRecover) {
+  std::vector<Job> jobs;
+  for (int i = 0; i < 200; ++i) {
+    Job job = i % 10 == 0 ? FullJob(absl::StrCat("job-", i)) : SimpleJob(absl::StrCat("job-", i));
+    job.seq = i;
+    jobs.push_back(job);
+  }
+  {
+    std::unique_ptr<RocksDbStore> store = OpenOk();
+    ASSERT_NE(store, nullptr);
+    // Many small writes, as the broker makes them, and one that deletes half of the jobs.
+    for (const Job& job : jobs) {
+      Transition t;
+      t.put_jobs = {job};
+      t.put_dedup = {Dedup("q", job.id, job.id)};
+      ASSERT_EQ(store->Write({&t, 1}).code(), absl::StatusCode::kOk);
+    }
+    Transition cleanup;
+    for (int i = 0; i < 200; i += 2) {
+      cleanup.delete_jobs.push_back(jobs[i].id);
+      cleanup.delete_dedup.emplace_back("q", jobs[i].id);
+    }
+    cleanup.put_policies = {{"q", FullPolicy()}};
+    ASSERT_EQ(store->Write({&cleanup, 1}).code(), absl::StatusCode::kOk);
+  }  // closed here
+
+  std::unique_ptr<RocksDbStore> reopened = OpenOk();
+  ASSERT_NE(reopened, nullptr);
+  RecordingVisitor r;
+  ASSERT_EQ(reopened->Recover(r).code(), absl::StatusCode::kOk);
+
+  std::vector<Job> want_jobs;
+  std::vector<DedupEntry> want_dedup;
+  for (int i = 1; i < 200; i += 2) {
+    want_jobs.push_back(jobs[i]);
+    want_dedup.push_back(Dedup("q", jobs[i].id, jobs[i].id));
+  }
+  auto by_id = [](const Job& a, const Job& b) { return a.id < b.id; };
+  std::sort(want_jobs.begin(), want_jobs.end(), by_id);
+  std::sort(want_dedup.begin(), want_dedup.end(),
+            [](const DedupEntry& a, const DedupEntry& b) { return a.key < b.key; });
+  EXPECT_EQ(r.jobs, want_jobs);
+  EXPECT_EQ(r.dedup, want_dedup);
+  EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+}
+
+TEST_F(RocksDbStoreTest, CreationWritesFormatMarker) {
+  OpenOk();
+  RawDb raw(path_);
+  EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey),
+            std::to_string(kRocksDbStoreFormatVersion));
+}
+
+TEST_F(RocksDbStoreTest, OpenRefusesNewerFormat) {
+  OpenOk();
+  {
+    RawDb raw(path_);
+    raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey,
+            std::to_string(kRocksDbStoreFormatVersion + 1));
+  }
+  absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("has format 2"));
+}
+
+// A newer build may add a column family; the format check must still be what answers.
+TEST_F(RocksDbStoreTest, OpenRefusesNewerFormatWithExtraColumnFamily) {
+  OpenOk();
+  {
+    RawDb raw(path_);
+    raw.Put("added_by_v2", "x", "y");
+    raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "2");
+  }
+  EXPECT_EQ(RocksDbStore::Open(path_).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(RocksDbStoreTest, OpenRefusesUnreadableFormatMarker) {
+  OpenOk();
+  {
+    RawDb raw(path_);
+    raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "one");
+  }
+  absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(store.status().message(), HasSubstr("unreadable"));
+}
+
+TEST_F(RocksDbStoreTest, OpenRefusesForeignDatabase) {
+  {
+    RawDb raw(path_);
+    raw.Put(rocksdb::kDefaultColumnFamilyName, "someone-else", "data");
+  }
+  absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("without a jobbroker format marker"));
+}
+
+TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryIsUnavailable) {
+  std::unique_ptr<RocksDbStore> first = OpenOk();
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(RocksDbStore::Open(path_).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RocksDbStoreTest, CorruptJobRecordIsDataLossNamingTheKey) {
+  Transition t;
+  t.put_jobs = {SimpleJob("good")};
+  WriteAndClose(t);
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbJobsColumnFamily, "bad-job", "\xff\xff\xff\xff garbage");
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  absl::Status s = store->Recover(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("jobs record \"bad-job\""));
+  EXPECT_THAT(s.message(), HasSubstr("JobRecord does not parse"));
+}
+
+TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsDataLoss) {
+  WriteAndClose(Transition{});
+  {
+    RawDb raw(path_);
+    // A valid record of a format this build does not know.
+    std::string bytes = EncodeJob(SimpleJob("j"));
+    bytes += std::string("\x08\x63", 2);  // format_version = 99; the last value parsed wins
+    raw.Put(kRocksDbJobsColumnFamily, "j", bytes);
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  absl::Status s = store->Recover(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("jobs record \"j\": JobRecord format_version 99"));
+}
+
+TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsDataLoss) {
+  WriteAndClose(Transition{});
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbJobsColumnFamily, "key", EncodeJob(SimpleJob("other")));
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  absl::Status s = store->Recover(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("jobs record \"key\": record holds job \"other\""));
+}
+
+TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsDataLoss) {
+  WriteAndClose(Transition{});
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbDedupColumnFamily, "no-separator", EncodeDedup(Dedup("q", "k", "j")));
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  absl::Status s = store->Recover(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("dedup record \"no-separator\""));
+}
+
+TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsDataLoss) {
+  WriteAndClose(Transition{});
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbPoliciesColumnFamily, "q", "\xff\xff");
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  absl::Status s = store->Recover(r);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(s.message(), HasSubstr("policies record \"q\""));
+}
+
+// The on-disk layout is a contract with older data and with tools: check it directly.
+TEST_F(RocksDbStoreTest, RecordsUseTheDocumentedKeys) {
+  Transition t;
+  t.put_jobs = {SimpleJob("j")};
+  t.put_dedup = {Dedup("q", "k", "j")};
+  t.put_policies = {{"q", FullPolicy()}};
+  WriteAndClose(t);
+  RawDb raw(path_);
+  EXPECT_EQ(raw.Get(kRocksDbJobsColumnFamily, "j"), EncodeJob(SimpleJob("j")));
+  EXPECT_EQ(raw.Get(kRocksDbDedupColumnFamily, std::string("q\0k", 3)),
+            EncodeDedup(Dedup("q", "k", "j")));
+  EXPECT_EQ(raw.Get(kRocksDbPoliciesColumnFamily, "q"), EncodePolicy(FullPolicy()));
+}
+
+}  // namespace
+}  // namespace jobbroker

@@ -1,0 +1,289 @@
+// One suite, run against every Store: the broker must not be able to tell them apart.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/memory_store.h"
+#include "storage/rocksdb_store.h"
+#include "tests/storage/storage_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using storage_test::Dedup;
+using storage_test::FullJob;
+using storage_test::FullPolicy;
+using storage_test::RecordingVisitor;
+using storage_test::ScopedTempDir;
+using storage_test::SimpleJob;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::Pair;
+
+// Each backend provides: store(), and Reopen() to simulate a broker restart over the same data.
+class MemoryBackend {
+ public:
+  static constexpr char kName[] = "MemoryStore";
+  Store& store() { return store_; }
+  void Reopen() {}  // a MemoryStore outlives the broker; nothing to do
+
+ private:
+  MemoryStore store_;
+};
+
+class RocksDbBackend {
+ public:
+  static constexpr char kName[] = "RocksDbStore";
+  RocksDbBackend() { Open(); }
+  Store& store() { return *store_; }
+  void Reopen() {
+    store_.reset();  // closes the DB and releases the directory lock
+    Open();
+  }
+
+ private:
+  void Open() {
+    auto store = RocksDbStore::Open(dir_.Sub("db"));
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+  }
+
+  ScopedTempDir dir_;  // declared first: removed after the store is closed
+  std::unique_ptr<RocksDbStore> store_;
+};
+
+template <typename Backend>
+class StoreConformanceTest : public ::testing::Test {
+ protected:
+  Store& store() { return backend_.store(); }
+  void Reopen() { backend_.Reopen(); }
+
+  absl::Status Write(std::vector<Transition> transitions) { return store().Write(transitions); }
+  absl::Status Write(Transition t) { return store().Write({&t, 1}); }
+
+  RecordingVisitor Recover() {
+    RecordingVisitor visitor;
+    absl::Status s = store().Recover(visitor);
+    EXPECT_TRUE(s.ok()) << s;
+    return visitor;
+  }
+
+  Backend backend_;
+};
+
+struct BackendNames {
+  template <typename Backend>
+  static std::string GetName(int) {
+    return Backend::kName;
+  }
+};
+
+using Backends = ::testing::Types<MemoryBackend, RocksDbBackend>;
+TYPED_TEST_SUITE(StoreConformanceTest, Backends, BackendNames);
+
+TYPED_TEST(StoreConformanceTest, EmptyStoreRecoversNothing) {
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.events, IsEmpty());
+}
+
+TYPED_TEST(StoreConformanceTest, EmptySpanAndEmptyTransitionAreOk) {
+  EXPECT_EQ(this->store().Write({}).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(this->Write(Transition{}).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(this->Write(std::vector<Transition>(3)).code(), absl::StatusCode::kOk);
+  EXPECT_THAT(this->Recover().events, IsEmpty());
+}
+
+TYPED_TEST(StoreConformanceTest, WritesAndRecoversJobs) {
+  Transition t;
+  t.put_jobs = {SimpleJob("b"), SimpleJob("a", "other"), SimpleJob("c")};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  // Key order, whatever the write order.
+  EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("a", "other"), SimpleJob("b"), SimpleJob("c")));
+}
+
+TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
+  Transition t;
+  t.put_jobs = {FullJob()};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  RecordingVisitor r = this->Recover();
+  ASSERT_EQ(r.jobs.size(), 1u);
+  EXPECT_EQ(r.jobs[0], FullJob());
+
+  this->Reopen();
+  r = this->Recover();
+  ASSERT_EQ(r.jobs.size(), 1u);
+  EXPECT_EQ(r.jobs[0], FullJob());
+}
+
+TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
+  Transition t;
+  // An empty key and a key holding NUL bytes are legal: only the queue must be NUL-free.
+  t.put_dedup = {Dedup("q2", "k", "j1"), Dedup("q", std::string("k\0x", 3), "j2"),
+                 Dedup("q", "", "j3"), Dedup("q", "k", "j4")};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.dedup,
+              ElementsAre(Dedup("q", "", "j3"), Dedup("q", "k", "j4"),
+                          Dedup("q", std::string("k\0x", 3), "j2"), Dedup("q2", "k", "j1")));
+}
+
+TYPED_TEST(StoreConformanceTest, WritesAndRecoversPolicies) {
+  PolicyOverride paused;
+  paused.paused = true;
+  Transition t;
+  t.put_policies = {{"reports", FullPolicy()}, {"emails", paused}, {"empty", PolicyOverride{}}};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.policies, ElementsAre(Pair("emails", paused), Pair("empty", PolicyOverride{}),
+                                      Pair("reports", FullPolicy())));
+}
+
+TYPED_TEST(StoreConformanceTest, RecoverVisitsPoliciesThenDedupThenJobs) {
+  Transition t;
+  t.put_jobs = {SimpleJob("a")};
+  t.put_dedup = {Dedup("q", "k", "a")};
+  t.put_policies = {{"q", FullPolicy()}};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  EXPECT_THAT(this->Recover().events, ElementsAre("policy:q", "dedup:q/k", "job:a"));
+}
+
+TYPED_TEST(StoreConformanceTest, LaterPutOfSameIdInOneWriteWins) {
+  Job first = SimpleJob("j", "q", "first");
+  Job second = SimpleJob("j", "q", "second");
+  Job third = SimpleJob("j", "q", "third");
+  second.state = JobState::kActive;
+  third.state = JobState::kCompleted;
+
+  // Twice in one transition, then again in a later transition of the same Write.
+  Transition t1;
+  t1.put_jobs = {first, second};
+  t1.put_dedup = {Dedup("q", "k", "old")};
+  t1.put_policies = {{"q", PolicyOverride{}}};
+  Transition t2;
+  t2.put_jobs = {third};
+  t2.put_dedup = {Dedup("q", "k", "new")};
+  t2.put_policies = {{"q", FullPolicy()}};
+  ASSERT_EQ(this->Write({t1, t2}).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.jobs, ElementsAre(third));
+  EXPECT_THAT(r.dedup, ElementsAre(Dedup("q", "k", "new")));
+  EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+}
+
+TYPED_TEST(StoreConformanceTest, DeletesRemoveRecords) {
+  Transition put;
+  put.put_jobs = {SimpleJob("a"), SimpleJob("b")};
+  put.put_dedup = {Dedup("q", "k1", "a"), Dedup("q", "k2", "b")};
+  put.put_policies = {{"q", FullPolicy()}, {"r", FullPolicy()}};
+  ASSERT_EQ(this->Write(put).code(), absl::StatusCode::kOk);
+
+  Transition del;
+  del.delete_jobs = {"a", "never-existed"};
+  del.delete_dedup = {{"q", "k1"}, {"nope", "k2"}};
+  del.delete_policies = {"r", "missing"};
+  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("b")));
+  EXPECT_THAT(r.dedup, ElementsAre(Dedup("q", "k2", "b")));
+  EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+}
+
+// Inside one Transition the fields apply in declaration order: puts before deletes.
+TYPED_TEST(StoreConformanceTest, DeleteInSameTransitionBeatsPut) {
+  Transition t;
+  t.put_jobs = {SimpleJob("a"), SimpleJob("b")};
+  t.delete_jobs = {"a"};
+  t.put_dedup = {Dedup("q", "k", "a")};
+  t.delete_dedup = {{"q", "k"}};
+  t.put_policies = {{"q", FullPolicy()}};
+  t.delete_policies = {"q"};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("b")));
+  EXPECT_THAT(r.dedup, IsEmpty());
+  EXPECT_THAT(r.policies, IsEmpty());
+}
+
+// Transitions apply in order, so a put in a later transition revives a deleted key.
+TYPED_TEST(StoreConformanceTest, SeveralTransitionsInOneWriteApplyInOrder) {
+  Transition enqueue;
+  enqueue.put_jobs = {SimpleJob("a"), SimpleJob("b")};
+  enqueue.put_dedup = {Dedup("q", "k", "a")};
+  Transition finish;
+  finish.delete_jobs = {"a"};
+  finish.delete_dedup = {{"q", "k"}};
+  Transition requeue;
+  requeue.put_jobs = {SimpleJob("a", "q", "again")};
+  Transition lease;
+  Job leased = SimpleJob("b");
+  leased.state = JobState::kActive;
+  leased.attempt = 1;
+  lease.put_jobs = {leased};
+  ASSERT_EQ(this->Write({enqueue, finish, requeue, lease}).code(), absl::StatusCode::kOk);
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("a", "q", "again"), leased));
+  EXPECT_THAT(r.dedup, IsEmpty());
+}
+
+TYPED_TEST(StoreConformanceTest, RecordsSurviveReopen) {
+  Transition t;
+  t.put_jobs = {FullJob("x"), SimpleJob("y")};
+  t.put_dedup = {Dedup("q", "k", "x")};
+  t.put_policies = {{"q", FullPolicy()}};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  Transition del;
+  del.delete_jobs = {"y"};
+  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
+
+  this->Reopen();
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.jobs, ElementsAre(FullJob("x")));
+  EXPECT_THAT(r.dedup, ElementsAre(Dedup("q", "k", "x")));
+  EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+
+  // And the reopened store takes writes.
+  Transition more;
+  more.put_jobs = {SimpleJob("z")};
+  ASSERT_EQ(this->Write(more).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(this->Recover().jobs.size(), 2u);
+}
+
+TYPED_TEST(StoreConformanceTest, RecoverCanRunTwice) {
+  Transition t;
+  t.put_jobs = {SimpleJob("a")};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  EXPECT_THAT(this->Recover().events, ElementsAre("job:a"));
+  EXPECT_THAT(this->Recover().events, ElementsAre("job:a"));
+}
+
+// A NUL in a dedup queue cannot be keyed unambiguously; the whole Write is refused.
+TYPED_TEST(StoreConformanceTest, NulInDedupQueueIsRefusedAndNothingApplied) {
+  Transition good;
+  good.put_jobs = {SimpleJob("a")};
+  Transition bad_put;
+  bad_put.put_dedup = {Dedup(std::string("q\0r", 3), "k", "a")};
+  EXPECT_EQ(this->Write({good, bad_put}).code(), absl::StatusCode::kInvalidArgument);
+
+  Transition bad_delete;
+  bad_delete.delete_dedup = {{std::string("q\0r", 3), "k"}};
+  EXPECT_EQ(this->Write({good, bad_delete}).code(), absl::StatusCode::kInvalidArgument);
+
+  EXPECT_THAT(this->Recover().events, IsEmpty());
+}
+
+}  // namespace
+}  // namespace jobbroker
