@@ -1,0 +1,160 @@
+#include "server/broker_service.h"
+
+#include <atomic>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/convert.h"
+#include "server/grpc_status.h"
+
+namespace jobbroker {
+namespace {
+
+// A long-poll Lease. The broker may answer from any thread, even before Lease() returns, so the
+// waiter handle lives in shared state that outlives the reactor rather than in the reactor.
+class LeaseReactor final : public grpc::ServerUnaryReactor {
+ public:
+  LeaseReactor(jobbroker::Broker& broker, v1::LeaseResponse* resp)
+      : broker_(broker), resp_(resp), waiter_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+
+  void Start(LeaseSpec spec, absl::Duration wait) {
+    auto waiter = waiter_;
+    uint64_t id =
+        broker_.Lease(std::move(spec), wait, [this](absl::StatusOr<std::vector<LeasedJob>> jobs) {
+          if (jobs.ok()) {
+            for (const LeasedJob& j : *jobs) ToProto(j, resp_->add_jobs());
+          }
+          Finish(ToGrpcStatus(jobs.status()));  // may delete this
+        });
+    waiter->store(id);
+  }
+
+  // The client went away: stop waiting, so no job is leased to nobody.
+  void OnCancel() override { broker_.CancelWait(waiter_->load()); }
+  void OnDone() override { delete this; }
+
+ private:
+  jobbroker::Broker& broker_;
+  v1::LeaseResponse* resp_;
+  std::shared_ptr<std::atomic<uint64_t>> waiter_;
+};
+
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,
+                                                 const v1::EnqueueRequest* req,
+                                                 v1::EnqueueResponse* resp) {
+  absl::StatusOr<EnqueueSpec> spec = FromProto(*req);
+  if (!spec.ok()) return Refuse(ctx, spec.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::vector<EnqueueSpec> one;
+  one.push_back(std::move(*spec));
+  broker_.EnqueueBatch(std::move(one),
+                       [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+                         if (r.ok()) {
+                           resp->set_job_id(r->front().job_id);
+                           resp->set_deduplicated(r->front().deduplicated);
+                         }
+                         reactor->Finish(ToGrpcStatus(r.status()));
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContext* ctx,
+                                                      const v1::EnqueueBatchRequest* req,
+                                                      v1::EnqueueBatchResponse* resp) {
+  std::vector<EnqueueSpec> specs;
+  specs.reserve(req->jobs_size());
+  for (int i = 0; i < req->jobs_size(); ++i) {
+    absl::StatusOr<EnqueueSpec> spec = FromProto(req->jobs(i));
+    if (!spec.ok())
+      return Refuse(ctx, absl::Status(spec.status().code(),
+                                      absl::StrCat("jobs[", i, "].", spec.status().message())));
+    specs.push_back(std::move(*spec));
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.EnqueueBatch(std::move(specs),
+                       [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+                         if (r.ok()) {
+                           for (const EnqueueResult& e : *r) {
+                             v1::EnqueueResponse* out = resp->add_results();
+                             out->set_job_id(e.job_id);
+                             out->set_deduplicated(e.deduplicated);
+                           }
+                         }
+                         reactor->Finish(ToGrpcStatus(r.status()));
+                       });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
+                                               const v1::LeaseRequest* req,
+                                               v1::LeaseResponse* resp) {
+  absl::StatusOr<LeaseSpec> spec = FromProto(*req);
+  if (!spec.ok()) return Refuse(ctx, spec.status());
+  absl::Duration wait = absl::ZeroDuration();
+  if (req->has_wait()) {
+    absl::StatusOr<absl::Duration> w = FromProto(req->wait(), "wait");
+    if (!w.ok()) return Refuse(ctx, w.status());
+    wait = *w;
+  }
+  auto* reactor = new LeaseReactor(broker_, resp);
+  reactor->Start(std::move(*spec), wait);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                   const v1::HeartbeatRequest* req,
+                                                   v1::HeartbeatResponse* resp) {
+  absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
+  if (!spec.ok()) return Refuse(ctx, spec.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.Heartbeat(std::move(*spec), [reactor, resp](absl::StatusOr<HeartbeatResult> r) {
+    if (r.ok()) {
+      if (HasTime(r->lease_deadline)) ToProto(r->lease_deadline, resp->mutable_lease_deadline());
+      resp->set_cancel_requested(r->cancel_requested);
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
+                                             const v1::AckRequest* req, v1::AckResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.Ack(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
+                                              const v1::FailRequest* req, v1::FailResponse* resp) {
+  absl::StatusOr<FailSpec> spec = FromProto(*req);
+  if (!spec.ok()) return Refuse(ctx, spec.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.Fail(std::move(*spec), [reactor, resp](absl::StatusOr<FailResult> r) {
+    if (r.ok()) {
+      resp->set_state(static_cast<v1::JobState>(r->state));
+      if (HasTime(r->next_attempt_at)) ToProto(r->next_attempt_at, resp->mutable_next_attempt_at());
+    }
+    reactor->Finish(ToGrpcStatus(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ctx,
+                                                 const v1::ReleaseRequest* req,
+                                                 v1::ReleaseResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.Release(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
+}  // namespace jobbroker

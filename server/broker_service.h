@@ -1,0 +1,36 @@
+#pragma once
+
+#include "core/broker.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+
+namespace jobbroker {
+
+// The Broker gRPC service: convert, call core, map the status, finish. Handlers never block:
+// each reply is finished from the broker's callback once the change is durable, and a long-poll
+// Lease holds no thread while it waits. `broker` is borrowed and must outlive the service.
+class BrokerService final : public v1::Broker::CallbackService {
+ public:
+  explicit BrokerService(Broker& broker) : broker_(broker) {}
+
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
+                                    v1::EnqueueResponse* resp) override;
+  grpc::ServerUnaryReactor* EnqueueBatch(grpc::CallbackServerContext* ctx,
+                                         const v1::EnqueueBatchRequest* req,
+                                         v1::EnqueueBatchResponse* resp) override;
+  grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx, const v1::LeaseRequest* req,
+                                  v1::LeaseResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
+                                v1::AckResponse* resp) override;
+  grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const v1::FailRequest* req,
+                                 v1::FailResponse* resp) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+                                    v1::ReleaseResponse* resp) override;
+
+ private:
+  jobbroker::Broker& broker_;
+};
+
+}  // namespace jobbroker

@@ -1,0 +1,44 @@
+#include "server/flags.h"
+
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace jobbroker {
+
+absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
+  ServerFlags flags;
+  std::map<absl::string_view, std::string*> values = {
+      {"--listen", &flags.listen},
+      {"--http-listen", &flags.http_listen},
+      {"--data-dir", &flags.data_dir},
+      {"--config", &flags.config},
+  };
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      flags.help = true;
+      continue;
+    }
+    absl::string_view name = arg;
+    std::optional<std::string> value;
+    if (size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = std::string(arg.substr(eq + 1));
+    }
+    auto it = values.find(name);
+    if (it == values.end()) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
+    if (!value.has_value()) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+      value = argv[++i];
+    }
+    if (value->empty() && name != "--config")
+      return absl::InvalidArgumentError(absl::StrCat(name, " must not be empty"));
+    *it->second = std::move(*value);
+  }
+  return flags;
+}
+
+}  // namespace jobbroker

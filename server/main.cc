@@ -1,0 +1,125 @@
+// jobbroker: the server binary. Wires the concrete parts together (the only place that names
+// RocksDbStore and RealClock), serves until SIGTERM or SIGINT, then shuts down gracefully.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "core/broker.h"
+#include "core/clock.h"
+#include "server/admin_service.h"
+#include "server/broker_service.h"
+#include "server/config.h"
+#include "server/flags.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "server/ticker.h"
+#include "storage/rocksdb_store.h"
+
+namespace jobbroker {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payloads
+constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
+
+int Fatal(const std::string& what) {
+  std::cerr << "jobbroker: " << what << std::endl;
+  return 1;
+}
+
+std::string WithPort(const std::string& address, int port) {
+  return address.substr(0, address.rfind(':') + 1) + std::to_string(port);
+}
+
+int Run(int argc, char** argv) {
+  absl::StatusOr<ServerFlags> flags = ParseFlags(argc, argv);
+  if (!flags.ok()) return Fatal(std::string(flags.status().message()) + "\n" + kUsage);
+  if (flags->help) {
+    std::cout << kUsage;
+    return 0;
+  }
+
+  // Signals are taken by sigwait on this thread, so every thread started below inherits the
+  // block and none is interrupted mid-write.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  BrokerOptions options;
+  if (!flags->config.empty()) {
+    absl::StatusOr<ServerPolicies> config = LoadServerConfig(flags->config);
+    if (!config.ok()) return Fatal(std::string(config.status().message()));
+    options.default_policy = config->default_policy;
+    options.queue_policies = config->queues;
+  }
+
+  std::error_code ec;
+  std::filesystem::create_directories(flags->data_dir, ec);
+  if (ec) return Fatal("--data-dir " + flags->data_dir + ": " + ec.message());
+  absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(flags->data_dir);
+  if (!store.ok()) return Fatal("--data-dir: " + std::string(store.status().message()));
+
+  RealClock clock;
+  Ticker ticker;
+  options.commit_mode = CommitPipeline::Mode::kBackground;
+  options.wake = [&ticker] { ticker.Wake(); };
+  absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Open(**store, clock, options);
+  if (!broker.ok()) {
+    std::string where = flags->config.empty() ? "" : flags->config + ": ";
+    return Fatal(where + std::string(broker.status().message()));
+  }
+  ticker.Start(**broker);
+
+  BrokerService broker_service(**broker);
+  AdminService admin_service(**broker);
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(flags->listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.RegisterService(&broker_service);
+  builder.RegisterService(&admin_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0)
+    return Fatal("--listen: cannot listen on " + flags->listen);
+
+  BrokerCollector collector(**broker);
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(flags->http_listen, {&collector});
+  if (!http.ok()) return Fatal(std::string(http.status().message()));
+
+  std::printf("jobbroker: serving grpc=%s http=%s\n", WithPort(flags->listen, grpc_port).c_str(),
+              WithPort(flags->http_listen, (*http)->port()).c_str());
+  std::fflush(stdout);
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  std::cerr << "jobbroker: signal " << sig << ", shutting down" << std::endl;
+
+  // Stop leasing and answer long polls, let in-flight RPCs finish, flush, exit 0.
+  (*http)->SetServing(false);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  (*broker)->Shutdown();
+  server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainTimeout));
+  absl::Status flushed = (*broker)->Flush();
+  ticker.Stop();
+  http->reset();
+  broker->reset();
+  store->reset();
+  if (!flushed.ok()) return Fatal("flush at shutdown failed: " + std::string(flushed.message()));
+  std::cerr << "jobbroker: stopped cleanly" << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace jobbroker
+
+int main(int argc, char** argv) { return jobbroker::Run(argc, argv); }
