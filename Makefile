@@ -1,0 +1,34 @@
+# Thin wrapper over CMake. `make run` and `make test` install what is missing first.
+BUILD ?= build
+JOBS ?= 2
+DATA ?= ./data
+SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
+
+.PHONY: deps build run test bench format format-check clean
+
+deps:
+	scripts/install-deps.sh
+
+build: deps
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD) -j$(JOBS)
+
+# The broker with its embedded defaults: gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080.
+run: build
+	$(BUILD)/server/jobbroker --listen 127.0.0.1:7070 --http-listen 127.0.0.1:8080 --data-dir $(DATA)
+
+# Every test: style, unit, storage, and end-to-end against the real binary.
+test: build format-check
+	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
+
+bench: build
+	bench/run.sh $(BUILD)
+
+format:
+	clang-format -i $(SOURCES)
+
+format-check:
+	clang-format --dry-run --Werror $(SOURCES)
+
+clean:
+	rm -rf $(BUILD)
