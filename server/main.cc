@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <thread>
 
 #include "core/broker.h"
 #include "core/clock.h"
@@ -25,7 +26,8 @@ namespace jobbroker {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payloads
-constexpr absl::Duration kDrainTimeout = absl::Seconds(10);
+// Replies are already computed when the drain starts; this bounds only their delivery.
+constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
 
 int Fatal(const std::string& what) {
   std::cerr << "jobbroker: " << what << std::endl;
@@ -107,11 +109,15 @@ int Run(int argc, char** argv) {
   // Stop leasing and answer long polls, let in-flight RPCs finish, flush, exit 0.
   (*http)->SetServing(false);
   server->GetHealthCheckService()->SetServingStatus(false);
-  (*broker)->Shutdown();
-  server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainTimeout));
+  (*broker)->Shutdown();  // from here every change is refused with UNAVAILABLE
+  // Every change accepted before is durable after this, and its reply has been handed to gRPC.
   absl::Status flushed = (*broker)->Flush();
+  // civetweb takes up to a second to notice its stop; let it do so while gRPC drains.
+  std::thread http_stop([&http] { http->reset(); });
+  // The drain only has to deliver replies; idle client connections must not hold it up.
+  server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainTimeout));
   ticker.Stop();
-  http->reset();
+  http_stop.join();
   broker->reset();
   store->reset();
   if (!flushed.ok()) return Fatal("flush at shutdown failed: " + std::string(flushed.message()));

@@ -1,0 +1,579 @@
+// jobbroker-bench: load against a running broker over its public gRPC API.
+//
+//   jobbroker-bench enqueue   [--concurrency N] [--jobs N] [--payload-bytes N]
+//   jobbroker-bench e2e       [--workers N] [--jobs N] [--concurrency N]
+//   jobbroker-bench e2e-mixed [--workers N] [--concurrency N] [--jobs N]
+//   common: --address HOST:PORT (127.0.0.1:7070) --queue NAME --channels N --timeout SECONDS
+//
+// enqueue:   N producer threads, each a blocking unary Enqueue loop. Every Enqueue waits for its
+//            synced WAL write, so concurrency 1 measures fsync latency and higher concurrency
+//            measures group commit.
+// e2e:       preloads --jobs jobs (EnqueueBatch, not timed), then --workers threads loop
+//            Lease(max_jobs 1) -> Ack until all are done; reports the lease+ack phase.
+// e2e-mixed: producers and workers at the same time; reports jobs/s from the first enqueue to
+//            the last ack, and the enqueue-to-ack latency of each job.
+//
+// Each run prints one human line and one JSON line (prefixed by nothing, starting with '{').
+// Exit code 0 when every job went through, 1 on errors or timeout, 2 on bad usage.
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+
+namespace jobbroker::bench {
+namespace {
+
+namespace v1 = ::jobbroker::v1;
+
+// The header a mixed run uses to carry each job's enqueue time to the worker.
+constexpr char kEnqueuedAtHeader[] = "bench-enqueued-at-ns";
+constexpr int64_t kMaxErrors = 100;
+
+struct Flags {
+  std::string mode;
+  std::string address = "127.0.0.1:7070";
+  std::string queue;  // empty: a fresh name per run
+  int concurrency = 16;
+  int workers = 16;
+  int64_t jobs = 20000;
+  int payload_bytes = 100;
+  int channels = 4;
+  int batch = 100;
+  double timeout_seconds = 300;
+};
+
+void Usage(FILE* out) {
+  std::fprintf(out,
+               "usage: jobbroker-bench enqueue|e2e|e2e-mixed [flags]\n"
+               "  --address HOST:PORT   broker gRPC address (default 127.0.0.1:7070)\n"
+               "  --concurrency N       producer threads (default 16)\n"
+               "  --workers N           worker threads for e2e modes (default 16)\n"
+               "  --jobs N              jobs per run (default 20000)\n"
+               "  --payload-bytes N     payload size (default 100)\n"
+               "  --queue NAME          queue to use (default: a fresh name per run)\n"
+               "  --channels N          gRPC connections to spread threads over (default 4)\n"
+               "  --batch N             EnqueueBatch size for the e2e preload (default 100)\n"
+               "  --timeout SECONDS     give up after this long (default 300)\n");
+}
+
+bool ParseInt(const char* text, int64_t min, int64_t* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (errno != 0 || end == text || *end != '\0' || v < min) return false;
+  *out = v;
+  return true;
+}
+
+// Hand-rolled: Debian's Abseil ships absl/flags in a form that is awkward to link standalone.
+bool ParseFlags(int argc, char** argv, Flags* flags) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      Usage(stdout);
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) != 0) {
+      if (!flags->mode.empty()) {
+        std::fprintf(stderr, "unexpected argument: %s\n", arg.c_str());
+        return false;
+      }
+      flags->mode = arg;
+      continue;
+    }
+    std::string value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      std::fprintf(stderr, "%s needs a value\n", arg.c_str());
+      return false;
+    }
+    int64_t n = 0;
+    auto as_int = [&](int64_t min) {
+      if (ParseInt(value.c_str(), min, &n)) return true;
+      std::fprintf(stderr, "%s: not an integer >= %lld: %s\n", arg.c_str(),
+                   static_cast<long long>(min), value.c_str());
+      return false;
+    };
+    if (arg == "--mode") {
+      flags->mode = value;
+    } else if (arg == "--address") {
+      flags->address = value;
+    } else if (arg == "--queue") {
+      flags->queue = value;
+    } else if (arg == "--concurrency") {
+      if (!as_int(1)) return false;
+      flags->concurrency = static_cast<int>(n);
+    } else if (arg == "--workers") {
+      if (!as_int(1)) return false;
+      flags->workers = static_cast<int>(n);
+    } else if (arg == "--jobs") {
+      if (!as_int(1)) return false;
+      flags->jobs = n;
+    } else if (arg == "--payload-bytes") {
+      if (!as_int(0)) return false;
+      flags->payload_bytes = static_cast<int>(n);
+    } else if (arg == "--channels") {
+      if (!as_int(1)) return false;
+      flags->channels = static_cast<int>(n);
+    } else if (arg == "--batch") {
+      if (!as_int(1)) return false;
+      flags->batch = static_cast<int>(std::min<int64_t>(n, 1000));
+    } else if (arg == "--timeout") {
+      if (!as_int(1)) return false;
+      flags->timeout_seconds = static_cast<double>(n);
+    } else {
+      std::fprintf(stderr, "unknown flag: %s\n", arg.c_str());
+      return false;
+    }
+  }
+  if (flags->mode != "enqueue" && flags->mode != "e2e" && flags->mode != "e2e-mixed") {
+    std::fprintf(stderr, "mode must be enqueue, e2e or e2e-mixed\n");
+    return false;
+  }
+  return true;
+}
+
+// A few independent connections: one HTTP/2 connection serialises on one client thread and one
+// server poller, which would cap high concurrency at what a single connection does.
+class Channels {
+ public:
+  Channels(const std::string& address, int n) {
+    for (int i = 0; i < n; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetMaxSendMessageSize(64 << 20);
+      channels_.push_back(
+          grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    }
+  }
+  std::unique_ptr<v1::Broker::Stub> BrokerStub(int i) const {
+    return v1::Broker::NewStub(channels_[static_cast<size_t>(i) % channels_.size()]);
+  }
+  // Fails fast with a readable message when nothing listens at the address.
+  bool WaitConnected(absl::Duration timeout) const {
+    for (const auto& c : channels_) {
+      if (!c->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+};
+
+// Latency samples from many threads, merged once at the end.
+class Latencies {
+ public:
+  void Add(std::vector<int64_t> micros) {
+    absl::MutexLock lock(&mu_);
+    all_.insert(all_.end(), micros.begin(), micros.end());
+  }
+  // Percentile `p` (0..100) in milliseconds; 0 without samples.
+  double PercentileMs(double p) {
+    absl::MutexLock lock(&mu_);
+    if (all_.empty()) return 0;
+    if (!sorted_) {
+      std::sort(all_.begin(), all_.end());
+      sorted_ = true;
+    }
+    const size_t i = std::min(all_.size() - 1,
+                              static_cast<size_t>(p / 100.0 * static_cast<double>(all_.size())));
+    return static_cast<double>(all_[i]) / 1000.0;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<int64_t> all_ ABSL_GUARDED_BY(mu_);
+  bool sorted_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Counts failed calls and remembers the first one's status for the report.
+class Errors {
+ public:
+  void Record(const grpc::Status& s, const char* what) {
+    if (count_.fetch_add(1) == 0) {
+      absl::MutexLock lock(&mu_);
+      first_ = absl::StrCat(what, ": code ", s.error_code(), ": ", s.error_message());
+    }
+  }
+  int64_t count() const { return count_.load(); }
+  std::string first() {
+    absl::MutexLock lock(&mu_);
+    return first_;
+  }
+
+ private:
+  std::atomic<int64_t> count_{0};
+  absl::Mutex mu_;
+  std::string first_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Report {
+  std::string mode;
+  int concurrency = 0;
+  int workers = 0;
+  int64_t jobs = 0;
+  int64_t done = 0;
+  double seconds = 0;
+  double p50_ms = 0;
+  double p99_ms = 0;
+  std::string latency_of;  // what the percentiles measure
+  int64_t errors = 0;
+  std::string first_error;
+  bool timed_out = false;
+};
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += absl::StrFormat("\\u%04x", c);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+void Print(const Report& r, const Flags& flags) {
+  const double rate = r.seconds > 0 ? static_cast<double>(r.done) / r.seconds : 0;
+  std::printf(
+      "%-9s concurrency=%d workers=%d jobs=%lld done=%lld seconds=%.3f jobs_per_sec=%.1f "
+      "%s_p50_ms=%.2f %s_p99_ms=%.2f errors=%lld%s\n",
+      r.mode.c_str(), r.concurrency, r.workers, static_cast<long long>(r.jobs),
+      static_cast<long long>(r.done), r.seconds, rate, r.latency_of.c_str(), r.p50_ms,
+      r.latency_of.c_str(), r.p99_ms, static_cast<long long>(r.errors),
+      r.timed_out ? " TIMED_OUT" : "");
+  std::printf(
+      "{\"mode\":\"%s\",\"address\":\"%s\",\"concurrency\":%d,\"workers\":%d,\"jobs\":%lld,"
+      "\"done\":%lld,\"payload_bytes\":%d,\"seconds\":%.4f,\"jobs_per_sec\":%.1f,"
+      "\"latency_of\":\"%s\",\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"errors\":%lld,"
+      "\"timed_out\":%s,\"first_error\":\"%s\"}\n",
+      r.mode.c_str(), JsonEscape(flags.address).c_str(), r.concurrency, r.workers,
+      static_cast<long long>(r.jobs), static_cast<long long>(r.done), flags.payload_bytes,
+      r.seconds, rate, r.latency_of.c_str(), r.p50_ms, r.p99_ms, static_cast<long long>(r.errors),
+      r.timed_out ? "true" : "false", JsonEscape(r.first_error).c_str());
+  std::fflush(stdout);
+}
+
+grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& fn,
+                  absl::Duration timeout = absl::Seconds(30)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return fn(&ctx);
+}
+
+class Bench {
+ public:
+  explicit Bench(Flags flags)
+      : flags_(std::move(flags)),
+        channels_(flags_.address, flags_.channels),
+        payload_(static_cast<size_t>(flags_.payload_bytes), 'p'),
+        deadline_(absl::Now() + absl::Seconds(flags_.timeout_seconds)) {
+    if (flags_.queue.empty()) {
+      flags_.queue =
+          absl::StrCat("bench-", flags_.mode, "-", getpid(), "-", absl::ToUnixMillis(absl::Now()));
+    }
+  }
+
+  int Run() {
+    if (!channels_.WaitConnected(absl::Seconds(10))) {
+      std::fprintf(stderr, "cannot connect to %s\n", flags_.address.c_str());
+      return 1;
+    }
+    Report r;
+    if (flags_.mode == "enqueue") {
+      r = RunEnqueue();
+    } else if (flags_.mode == "e2e") {
+      r = RunE2e();
+    } else {
+      r = RunMixed();
+    }
+    Print(r, flags_);
+    if (!r.first_error.empty()) std::fprintf(stderr, "first error: %s\n", r.first_error.c_str());
+    return r.done == r.jobs && r.errors == 0 ? 0 : 1;
+  }
+
+ private:
+  // True once the run should stop: past --timeout, or aborted.
+  bool TimedOut() const { return abort_.load() || absl::Now() >= deadline_; }
+
+  // Counts a failed call; a broker that keeps failing ends the run instead of spinning on errors
+  // until the timeout.
+  void RecordError(Errors* errors, const grpc::Status& s, const char* what) {
+    errors->Record(s, what);
+    if (errors->count() >= kMaxErrors) abort_.store(true);
+  }
+
+  // `threads` producers share `next` and enqueue single jobs until `jobs` are claimed.
+  std::vector<std::thread> StartProducers(int threads, std::atomic<int64_t>* next,
+                                          std::atomic<int64_t>* enqueued, Latencies* latencies,
+                                          Errors* errors, bool stamp) {
+    std::vector<std::thread> producers;
+    for (int t = 0; t < threads; ++t) {
+      producers.emplace_back([=, this] {
+        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
+        std::vector<int64_t> micros;
+        v1::EnqueueRequest req;
+        req.set_queue(flags_.queue);
+        req.set_payload(payload_);
+        while (next->fetch_add(1) < flags_.jobs && !TimedOut()) {
+          const absl::Time start = absl::Now();
+          if (stamp) {
+            (*req.mutable_headers())[kEnqueuedAtHeader] = absl::StrCat(absl::ToUnixNanos(start));
+          }
+          v1::EnqueueResponse resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->Enqueue(ctx, req, &resp); });
+          if (!s.ok()) {
+            RecordError(errors, s, "Enqueue");
+            continue;
+          }
+          micros.push_back(absl::ToInt64Microseconds(absl::Now() - start));
+          enqueued->fetch_add(1);
+        }
+        latencies->Add(std::move(micros));
+      });
+    }
+    return producers;
+  }
+
+  // Workers lease one job at a time and ack it, until `target` jobs are acked (or time runs
+  // out). `*finished` is when the last ack completed. With `stamp`, latencies are enqueue-to-ack
+  // (from the job's header); else they are one Lease+Ack cycle.
+  std::vector<std::thread> StartWorkers(std::atomic<int64_t>* acked, absl::Mutex* finished_mu,
+                                        absl::Time* finished, Latencies* latencies, Errors* errors,
+                                        bool stamp) {
+    std::vector<std::thread> workers;
+    for (int t = 0; t < flags_.workers; ++t) {
+      workers.emplace_back([=, this] {
+        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
+        std::vector<int64_t> micros;
+        v1::LeaseRequest req;
+        req.set_queue(flags_.queue);
+        req.set_worker_id(absl::StrCat("bench-worker-", t));
+        req.set_max_jobs(1);
+        // A short long-poll: no busy loop when the queue is momentarily empty, and a quick exit
+        // once the last job is done.
+        req.mutable_wait()->set_nanos(200 * 1000 * 1000);
+        while (acked->load() < flags_.jobs && !TimedOut()) {
+          const absl::Time start = absl::Now();
+          v1::LeaseResponse resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->Lease(ctx, req, &resp); });
+          if (!s.ok()) {
+            RecordError(errors, s, "Lease");
+            continue;
+          }
+          for (const v1::LeasedJob& job : resp.jobs()) {
+            v1::AckRequest ack;
+            ack.set_job_id(job.job_id());
+            ack.set_lease_id(job.lease_id());
+            v1::AckResponse ack_resp;
+            s = Call([&](grpc::ClientContext* ctx) { return stub->Ack(ctx, ack, &ack_resp); });
+            if (!s.ok()) {
+              RecordError(errors, s, "Ack");
+              continue;
+            }
+            const absl::Time now = absl::Now();
+            absl::Time from = start;
+            if (stamp) {
+              auto it = job.headers().find(kEnqueuedAtHeader);
+              int64_t ns = 0;
+              if (it != job.headers().end() && ParseInt(it->second.c_str(), 0, &ns)) {
+                from = absl::FromUnixNanos(ns);
+              }
+            }
+            micros.push_back(absl::ToInt64Microseconds(now - from));
+            if (acked->fetch_add(1) + 1 == flags_.jobs) {
+              absl::MutexLock lock(finished_mu);
+              *finished = now;
+            }
+          }
+        }
+        latencies->Add(std::move(micros));
+      });
+    }
+    return workers;
+  }
+
+  Report RunEnqueue() {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> enqueued{0};
+    Latencies latencies;
+    Errors errors;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> producers =
+        StartProducers(flags_.concurrency, &next, &enqueued, &latencies, &errors, false);
+    for (std::thread& t : producers) t.join();
+    Report r;
+    r.mode = "enqueue";
+    r.concurrency = flags_.concurrency;
+    r.jobs = flags_.jobs;
+    r.done = enqueued.load();
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.latency_of = "enqueue";
+    r.p50_ms = latencies.PercentileMs(50);
+    r.p99_ms = latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  // Preloads all jobs with EnqueueBatch from `concurrency` threads; returns how many went in.
+  int64_t Preload(Errors* errors) {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> enqueued{0};
+    std::vector<std::thread> threads;
+    const absl::Time start = absl::Now();
+    for (int t = 0; t < flags_.concurrency; ++t) {
+      threads.emplace_back([&, t] {
+        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
+        while (!TimedOut()) {
+          const int64_t first = next.fetch_add(flags_.batch);
+          if (first >= flags_.jobs) break;
+          const int64_t n = std::min<int64_t>(flags_.batch, flags_.jobs - first);
+          v1::EnqueueBatchRequest req;
+          for (int64_t i = 0; i < n; ++i) {
+            v1::EnqueueRequest* job = req.add_jobs();
+            job->set_queue(flags_.queue);
+            job->set_payload(payload_);
+          }
+          v1::EnqueueBatchResponse resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->EnqueueBatch(ctx, req, &resp); });
+          if (!s.ok()) {
+            RecordError(errors, s, "EnqueueBatch");
+            continue;
+          }
+          enqueued.fetch_add(n);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    std::fprintf(stderr, "preloaded %lld jobs into %s in %.3f s (%.0f jobs/s, batches of %d)\n",
+                 static_cast<long long>(enqueued.load()), flags_.queue.c_str(), seconds,
+                 seconds > 0 ? static_cast<double>(enqueued.load()) / seconds : 0, flags_.batch);
+    return enqueued.load();
+  }
+
+  Report RunE2e() {
+    Errors errors;
+    Report r;
+    r.mode = "e2e";
+    r.concurrency = flags_.workers;
+    r.workers = flags_.workers;
+    r.jobs = flags_.jobs;
+    r.latency_of = "lease_ack";
+    if (Preload(&errors) != flags_.jobs) {
+      r.errors = errors.count();
+      r.first_error = errors.first();
+      r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+      return r;
+    }
+    std::atomic<int64_t> acked{0};
+    absl::Mutex finished_mu;
+    absl::Time finished = absl::InfiniteFuture();
+    Latencies latencies;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> workers =
+        StartWorkers(&acked, &finished_mu, &finished, &latencies, &errors, false);
+    for (std::thread& t : workers) t.join();
+    absl::MutexLock lock(&finished_mu);
+    r.done = acked.load();
+    r.seconds = absl::ToDoubleSeconds(
+        (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
+    r.p50_ms = latencies.PercentileMs(50);
+    r.p99_ms = latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  Report RunMixed() {
+    Errors errors;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> enqueued{0};
+    std::atomic<int64_t> acked{0};
+    absl::Mutex finished_mu;
+    absl::Time finished = absl::InfiniteFuture();
+    Latencies enqueue_latencies;
+    Latencies e2e_latencies;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> workers =
+        StartWorkers(&acked, &finished_mu, &finished, &e2e_latencies, &errors, true);
+    std::vector<std::thread> producers =
+        StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, true);
+    for (std::thread& t : producers) t.join();
+    if (enqueued.load() != flags_.jobs) {
+      // Some enqueues failed: the workers would wait for jobs that never come.
+      abort_.store(true);
+    }
+    for (std::thread& t : workers) t.join();
+    Report r;
+    r.mode = "e2e-mixed";
+    r.concurrency = flags_.concurrency;
+    r.workers = flags_.workers;
+    r.jobs = flags_.jobs;
+    absl::MutexLock lock(&finished_mu);
+    r.done = acked.load();
+    r.seconds = absl::ToDoubleSeconds(
+        (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
+    r.latency_of = "enqueue_to_ack";
+    r.p50_ms = e2e_latencies.PercentileMs(50);
+    r.p99_ms = e2e_latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  Flags flags_;
+  const Channels channels_;
+  const std::string payload_;
+  const absl::Time deadline_;
+  // Set to stop every thread early: too many errors, or jobs that will never arrive.
+  std::atomic<bool> abort_{false};
+};
+
+}  // namespace
+}  // namespace jobbroker::bench
+
+int main(int argc, char** argv) {
+  jobbroker::bench::Flags flags;
+  if (!jobbroker::bench::ParseFlags(argc, argv, &flags)) {
+    jobbroker::bench::Usage(stderr);
+    return 2;
+  }
+  return jobbroker::bench::Bench(std::move(flags)).Run();
+}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Runs the standard benchmark set against a freshly started broker:
+#   enqueue with concurrency 1 (each Enqueue waits for its own fsync) and 64 (group commit),
+#   e2e with 16 workers (preload, then Lease+Ack), and e2e-mixed (producers and workers at once).
+# The broker gets a temp data dir and free ports (read from its "serving" line), and is stopped
+# with SIGTERM at the end; a non-zero exit status from it fails the script.
+#
+# Environment: BUILD_DIR (default: ../build next to this script), JOBS (20000),
+# SERIAL_JOBS (3000, for concurrency 1), PAYLOAD_BYTES (100), RESULTS (a file to append the JSON
+# lines to; default: none), TMPDIR (where the data dir goes: put it on the disk you measure).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+build_dir="${BUILD_DIR:-$here/../build}"
+broker="$build_dir/server/jobbroker"
+bench="$build_dir/bench/jobbroker-bench"
+jobs="${JOBS:-20000}"
+serial_jobs="${SERIAL_JOBS:-3000}"
+payload="${PAYLOAD_BYTES:-100}"
+
+for f in "$broker" "$bench"; do
+  if [[ ! -x "$f" ]]; then
+    echo "run.sh: $f not built (cmake --build $build_dir --target jobbroker jobbroker-bench)" >&2
+    exit 2
+  fi
+done
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-bench.XXXXXX")"
+broker_pid=""
+cleanup() {
+  if [[ -n "$broker_pid" ]] && kill -0 "$broker_pid" 2>/dev/null; then
+    kill -KILL "$broker_pid" 2>/dev/null || true
+    wait "$broker_pid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+"$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" \
+  >"$tmp/stdout" 2>"$tmp/stderr" &
+broker_pid=$!
+
+# Wait for the serving line (port 0: the line is the only way to learn the port).
+address=""
+for _ in $(seq 1 300); do
+  address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/stdout" | head -n 1)"
+  [[ -n "$address" ]] && break
+  if ! kill -0 "$broker_pid" 2>/dev/null; then
+    echo "run.sh: broker exited before serving; stderr:" >&2
+    cat "$tmp/stderr" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+if [[ -z "$address" ]]; then
+  echo "run.sh: broker did not print its serving line within 30 s; stderr:" >&2
+  cat "$tmp/stderr" >&2
+  exit 1
+fi
+echo "broker pid $broker_pid serving at $address, data in $tmp/data" >&2
+
+out="$tmp/results.jsonl"
+run() {
+  echo "+ jobbroker-bench $*" >&2
+  "$bench" --address "$address" --payload-bytes "$payload" "$@" | tee -a "$tmp/bench.out"
+}
+status=0
+run enqueue --concurrency 1 --jobs "$serial_jobs" || status=1
+run enqueue --concurrency 64 --jobs "$jobs" || status=1
+run e2e --workers 16 --concurrency 16 --jobs "$jobs" || status=1
+run e2e-mixed --workers 16 --concurrency 16 --jobs "$jobs" || status=1
+grep '^{' "$tmp/bench.out" >"$out" || true
+if [[ -n "${RESULTS:-}" ]]; then
+  cat "$out" >>"$RESULTS"
+fi
+
+kill -TERM "$broker_pid"
+broker_status=0
+wait "$broker_pid" || broker_status=$?
+broker_pid=""
+echo "broker exited with status $broker_status after SIGTERM" >&2
+if [[ "$broker_status" -ne 0 ]]; then
+  echo "run.sh: broker stderr:" >&2
+  tail -n 50 "$tmp/stderr" >&2
+  status=1
+fi
+exit "$status"
