@@ -39,8 +39,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const v1::LeasedJob& job = leased.jobs(0);
-  std::cout << "working on " << job.job_id() << " attempt " << job.attempt()
-            << " idempotency_key " << job.idempotency_key() << ": " << job.payload() << "\n";
+  std::cout << "working on " << job.job_id() << " attempt " << job.attempt() << " idempotency_key "
+            << job.idempotency_key() << ": " << job.payload() << "\n";
   v1::AckRequest ack;
   ack.set_job_id(job.job_id());
   ack.set_lease_id(job.lease_id());
