@@ -22,7 +22,7 @@ test: build format-check
 	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
 
 bench: build
-	bench/run.sh $(BUILD)
+	BUILD_DIR=$(BUILD) bench/run.sh
 
 format:
 	clang-format -i $(SOURCES)
