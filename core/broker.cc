@@ -169,28 +169,18 @@ void Broker::Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Stat
                         });
 }
 
-template <typename T, typename Op>
-void Broker::Run(Done<absl::StatusOr<T>> done, Op op) {
-  Effects fx;
-  absl::StatusOr<T> result;
-  uint64_t seq = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    absl::Status storage = pipeline_.status();
-    if (shutting_down_) {
-      result = absl::UnavailableError("the broker is shutting down");
-    } else if (!storage.ok()) {
-      result = absl::UnavailableError(
-          absl::StrCat("the broker stopped writing after a storage error: ", storage.message()));
-    } else {
-      absl::Time now = clock_.Now();
-      Transition t;
-      ProcessDue(now, t, fx);
-      result = op(now, t, fx);
-      seq = CommitLocked(std::move(t));
-    }
-    if (next_wake_ == absl::InfinitePast()) fx.wake = true;
-  }
+absl::Status Broker::RefusalLocked() {
+  if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
+  absl::Status storage = pipeline_.status();
+  if (!storage.ok())
+    return absl::UnavailableError(
+        absl::StrCat("the broker stopped writing after a storage error: ", storage.message()));
+  return absl::OkStatus();
+}
+
+template <typename T>
+void Broker::Reply(uint64_t seq, Effects fx, Done<absl::StatusOr<T>> done,
+                   absl::StatusOr<T> result) {
   Finish(seq, std::move(fx),
          [done = std::move(done), result = std::move(result)](absl::Status written) mutable {
            if (written.ok()) {
@@ -200,6 +190,27 @@ void Broker::Run(Done<absl::StatusOr<T>> done, Op op) {
                  absl::StrCat("the change could not be made durable: ", written.message())));
            }
          });
+}
+
+template <typename T, typename Op>
+void Broker::Run(Done<absl::StatusOr<T>> done, Op op) {
+  Effects fx;
+  absl::StatusOr<T> result;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status refused = RefusalLocked(); !refused.ok()) {
+      result = refused;
+    } else {
+      absl::Time now = clock_.Now();
+      Transition t;
+      ProcessDue(now, t, fx);
+      result = op(now, t, fx);
+      seq = CommitLocked(std::move(t));
+    }
+    if (next_wake_ == absl::InfinitePast()) fx.wake = true;
+  }
+  Reply<T>(seq, std::move(fx), std::move(done), std::move(result));
 }
 
 Broker::QueueState& Broker::Queue(const std::string& name) {
@@ -676,12 +687,8 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
   absl::StatusOr<std::vector<LeasedJob>> result;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status storage = pipeline_.status();
-    if (shutting_down_) {
-      result = absl::UnavailableError("the broker is shutting down");
-    } else if (!storage.ok()) {
-      result = absl::UnavailableError(
-          absl::StrCat("the broker stopped writing after a storage error: ", storage.message()));
+    if (absl::Status refused = RefusalLocked(); !refused.ok()) {
+      result = refused;
     } else {
       absl::Time now = clock_.Now();
       Transition t;
@@ -709,18 +716,10 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
     if (next_wake_ == absl::InfinitePast()) fx.wake = true;
   }
   if (waiter_id != 0) {
-    Finish(seq, std::move(fx), nullptr);
+    Finish(seq, std::move(fx), nullptr);  // the waiter's own answer comes later
     return waiter_id;
   }
-  Finish(seq, std::move(fx),
-         [done = std::move(done), result = std::move(result)](absl::Status written) mutable {
-           if (written.ok()) {
-             done(std::move(result));
-           } else {
-             done(absl::UnavailableError(
-                 absl::StrCat("the lease could not be made durable: ", written.message())));
-           }
-         });
+  Reply<std::vector<LeasedJob>>(seq, std::move(fx), std::move(done), std::move(result));
   return 0;
 }
 

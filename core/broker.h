@@ -133,6 +133,11 @@ class Broker {
   // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
   uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
+  // Why no change can be made now (shutting down, or the store failed), or OK.
+  absl::Status RefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers `done` with `result` once `seq` is durable (or with the write's failure).
+  template <typename T>
+  void Reply(uint64_t seq, Effects fx, Done<absl::StatusOr<T>> done, absl::StatusOr<T> result);
   // The common shape of a mutating operation.
   template <typename T, typename Op>
   void Run(Done<absl::StatusOr<T>> done, Op op);
