@@ -1012,6 +1012,7 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
                      JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
     info.counts[s] = q.count(s);
   }
+  info.waiting_leases = static_cast<int64_t>(q.waiters.size());
   if (!q.ready_by_seq.empty())
     info.oldest_ready_age = now - jobs_by_seq_.at(*q.ready_by_seq.begin())->created_at;
   return info;

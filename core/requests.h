@@ -109,6 +109,7 @@ struct QueueInfo {
   QueuePolicy policy;
   std::map<JobState, int64_t> counts;  // every state present, zero included
   absl::Duration oldest_ready_age = absl::ZeroDuration();
+  int64_t waiting_leases = 0;  // long-poll Leases parked on the queue
 };
 
 // Limits on what a request may carry.

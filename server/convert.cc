@@ -270,6 +270,7 @@ void ToProto(const QueueInfo& q, v1::QueueInfo* out) {
   ToProto(q.policy, out->mutable_policy());
   for (const auto& [state, n] : q.counts) (*out->mutable_counts())[JobStateName(state)] = n;
   ToProto(q.oldest_ready_age, out->mutable_oldest_ready_age());
+  out->set_waiting_leases(q.waiting_leases);
 }
 
 }  // namespace jobbroker

@@ -13,6 +13,10 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
                                "Age of the oldest READY job of each queue (0 when none).",
                                prometheus::MetricType::Gauge,
                                {}};
+  prometheus::MetricFamily waiting{"jobbroker_waiting_leases",
+                                   "Long-poll Leases waiting for a job (idle workers).",
+                                   prometheus::MetricType::Gauge,
+                                   {}};
   for (const QueueInfo& q : broker_.ListQueues()) {
     for (const auto& [state, n] : q.counts) {
       prometheus::ClientMetric m;
@@ -26,6 +30,8 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
     m.label = {{"queue", q.name}};
     m.gauge.value = absl::ToDoubleSeconds(q.oldest_ready_age);
     age.metric.push_back(std::move(m));
+    m.gauge.value = static_cast<double>(q.waiting_leases);
+    waiting.metric.push_back(std::move(m));
   }
   prometheus::MetricFamily writes{"jobbroker_store_writes_total",
                                   "Synced store writes (one per group commit).",
@@ -34,7 +40,7 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
   prometheus::ClientMetric w;
   w.counter.value = static_cast<double>(broker_.store_writes());
   writes.metric.push_back(std::move(w));
-  return {std::move(jobs), std::move(age), std::move(writes)};
+  return {std::move(jobs), std::move(age), std::move(waiting), std::move(writes)};
 }
 
 }  // namespace jobbroker

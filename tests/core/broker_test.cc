@@ -533,8 +533,10 @@ TEST_F(BrokerTest, WaitingLeaseTimesOutEmptyOrIsCancelled) {
   clock_.Advance(absl::Seconds(4));
   broker_->Tick();
   EXPECT_FALSE(got.has_value());
+  EXPECT_EQ(broker_->GetQueue("q")->waiting_leases, 1);
   clock_.Advance(absl::Seconds(1));
   broker_->Tick();
+  EXPECT_EQ(broker_->GetQueue("q")->waiting_leases, 0);
   ASSERT_TRUE(got.has_value());
   ASSERT_TRUE(got->ok());
   EXPECT_TRUE((*got)->empty());

@@ -184,6 +184,36 @@ TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
   EXPECT_EQ(jobs.size(), static_cast<size_t>(kWaiters));
 }
 
+TEST_F(ServerTest, AnAbandonedLongPollTakesNoJob) {
+  // The client gives up (its deadline) long before the wait would end; the broker must drop the
+  // waiter, or the next job would be leased to nobody and sit ACTIVE until its lease ran out.
+  auto stub = broker_->NewBrokerStub();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::LeaseRequest req;
+  req.set_queue("abandoned");
+  req.set_worker_id("gone");
+  req.mutable_wait()->set_seconds(60);
+  v1::LeaseResponse resp;
+  grpc::Status s = stub->Lease(&ctx, req, &resp);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The server learns of the cancellation a moment after the client; without it the waiter
+  // would stay for its whole 60 s wait.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        v1::QueueInfo info;
+        return client_->GetQueue("abandoned", &info).ok() && info.waiting_leases() == 0;
+      },
+      absl::Seconds(30)));
+
+  std::string id = client_->MustEnqueue("abandoned", "job");
+  v1::Job job = client_->MustGetJob(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_READY);
+  std::vector<v1::LeasedJob> leased = client_->MustLease("abandoned", "present", 1);
+  ASSERT_EQ(leased.size(), 1u);
+  EXPECT_EQ(leased[0].job_id(), id);
+}
+
 TEST_F(ServerTest, ConcurrentEnqueuesShareFsyncs) {
   constexpr int kThreads = 64;
   constexpr int kPerThread = 40;
