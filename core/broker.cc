@@ -18,11 +18,23 @@ namespace jobbroker {
 
 using LeaseDone = Done<absl::StatusOr<std::vector<LeasedJob>>>;
 
-struct Broker::Waiter {
+// A long-poll Lease (waits once, for up to spec.max_jobs jobs of spec.queue) or a Work stream
+// (stays, holds up to max_in_flight jobs from any of its queues).
+struct Broker::Consumer {
   uint64_t id = 0;
-  LeaseSpec spec;
+  bool stream = false;
+  LeaseSpec spec;  // worker_id and lease_duration for both; queue and max_jobs for a long poll
+  // Long poll.
   absl::Time deadline;
   LeaseDone done;
+  // Stream.
+  std::vector<std::string> queues;
+  int max_in_flight = 1;
+  int in_flight = 0;
+  std::shared_ptr<StreamSink> sink;
+  absl::flat_hash_set<std::string> enlisted;  // queues whose line it stands in
+
+  bool has_slot() const { return in_flight < max_in_flight; }
 };
 
 struct Broker::QueueState {
@@ -36,7 +48,7 @@ struct Broker::QueueState {
   absl::btree_set<TimeKey> completed;      // (completed_at, seq), for retention
   absl::btree_set<TimeKey> dead;           // FAILED and CANCELLED, for retention
   std::array<int64_t, 7> counts{};         // indexed by JobState
-  std::deque<uint64_t> waiters;            // long-poll Leases, oldest first
+  std::deque<uint64_t> consumers;          // long polls and streams with a free slot, in turn
 
   int64_t count(JobState s) const { return counts[static_cast<int>(s)]; }
   int64_t live() const {
@@ -51,7 +63,18 @@ struct Broker::Effects {
     std::vector<LeasedJob> jobs;
   };
   std::vector<Delivery> deliveries;  // answers to waiting Leases
-  bool wake = false;                 // an earlier deadline appeared: wake the ticker
+  struct Push {
+    std::shared_ptr<StreamSink> sink;
+    LeasedJob job;
+  };
+  std::vector<Push> pushes;  // jobs for streams
+  struct Notice {
+    std::shared_ptr<StreamSink> sink;
+    std::string job_id;
+  };
+  std::vector<Notice> lost;       // leases that ran out under a stream
+  std::vector<Notice> cancelled;  // cancel requests for jobs a stream holds
+  bool wake = false;              // an earlier deadline appeared: wake the ticker
 };
 
 namespace {
@@ -142,7 +165,7 @@ absl::Status Broker::Recover() {
     absl::Time now = clock_.Now();
     int budget = std::numeric_limits<int>::max();
     while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
-      ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t);
+      ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t, fx);
     }
     seq = CommitLocked(std::move(t));
   }
@@ -158,15 +181,23 @@ void Broker::Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Stat
   if (fx.wake && options_.wake) options_.wake();
   pipeline_.WhenDurable(seq,
                         [fx = std::move(fx), done = std::move(done)](absl::Status written) mutable {
-                          for (Effects::Delivery& d : fx.deliveries) {
-                            if (written.ok()) {
-                              d.done(std::move(d.jobs));
-                            } else {
-                              d.done(written);
-                            }
-                          }
+                          Deliver(fx, written);
                           if (done) done(std::move(written));
                         });
+}
+
+void Broker::Deliver(Effects& fx, const absl::Status& written) {
+  for (Effects::Delivery& d : fx.deliveries) {
+    if (written.ok()) {
+      d.done(std::move(d.jobs));
+    } else {
+      d.done(written);
+    }
+  }
+  if (!written.ok()) return;  // nothing was leased, lost or cancelled after all
+  for (Effects::Push& p : fx.pushes) p.sink->PushJob(std::move(p.job));
+  for (Effects::Notice& n : fx.lost) n.sink->LeaseLost(std::move(n.job_id));
+  for (Effects::Notice& n : fx.cancelled) n.sink->CancelRequested(std::move(n.job_id));
 }
 
 absl::Status Broker::RefusalLocked() {
@@ -318,7 +349,7 @@ void Broker::ProcessDue(absl::Time now, Transition& t, Effects& fx) {
   absl::flat_hash_set<QueueState*> touched;
   while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
     Job& job = *jobs_by_seq_.at(leases_.begin()->second);
-    ExpireLease(job, now, t);
+    ExpireLease(job, now, t, fx);
     touched.insert(&Queue(job.queue));
   }
   // A job coming due is not persisted: recovery promotes a SCHEDULED job whose run_at passed.
@@ -329,7 +360,7 @@ void Broker::ProcessDue(absl::Time now, Transition& t, Effects& fx) {
     Index(job);
     touched.insert(&Queue(job.queue));
   }
-  for (QueueState* q : touched) ServeWaiters(*q, now, t, fx);
+  for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
 }
 
 void Broker::FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcome,
@@ -341,7 +372,7 @@ void Broker::FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcom
   rec.error = std::move(error);
 }
 
-void Broker::ExpireLease(Job& job, absl::Time now, Transition& t) {
+void Broker::ExpireLease(Job& job, absl::Time now, Transition& t, Effects& fx) {
   Unindex(job);
   std::string error = absl::StrCat("lease expired: worker ", job.worker_id,
                                    " did not ack, fail or heartbeat in time");
@@ -350,6 +381,8 @@ void Broker::ExpireLease(Job& job, absl::Time now, Transition& t) {
   EndAttemptFailed(job, now, AttemptOutcome::kLeaseExpired, std::move(error), std::nullopt);
   Index(job);
   t.put_jobs.push_back(job);
+  // After the state change, so the freed slot can take this very job if it is due again.
+  EndHold(job, /*lost=*/true, now, t, fx);
 }
 
 void Broker::EndAttemptFailed(Job& job, absl::Time now, AttemptOutcome outcome, std::string error,
@@ -443,12 +476,10 @@ absl::Time Broker::Tick() {
     int budget = options_.tick_batch;
     while (!waiter_deadlines_.empty() && waiter_deadlines_.begin()->first <= now && budget-- > 0) {
       uint64_t id = waiter_deadlines_.begin()->second;
-      waiter_deadlines_.erase(waiter_deadlines_.begin());
-      auto it = waiters_.find(id);
-      QueueState& q = Queue(it->second->spec.queue);
-      q.waiters.erase(std::find(q.waiters.begin(), q.waiters.end(), id));
+      auto it = consumers_.find(id);
+      Delist(*it->second);
       fx.deliveries.push_back({std::move(it->second->done), {}});
-      waiters_.erase(it);
+      consumers_.erase(it);
     }
     if (!shutting_down_ && pipeline_.status().ok()) {
       Retention(now, t, budget);
@@ -597,7 +628,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     touched.insert(&q);
     jobs_.emplace(job.id, std::move(owned));
   }
-  for (QueueState* q : touched) ServeWaiters(*q, now, t, fx);
+  for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
   return results;
 }
 
@@ -661,15 +692,66 @@ std::vector<LeasedJob> Broker::LeaseMany(QueueState& q, const LeaseSpec& spec, a
   return out;
 }
 
-void Broker::ServeWaiters(QueueState& q, absl::Time now, Transition& t, Effects& fx) {
-  while (!q.waiters.empty() && Leasable(q) > 0) {
-    uint64_t id = q.waiters.front();
-    q.waiters.pop_front();
-    auto it = waiters_.find(id);
-    Waiter& w = *it->second;
-    waiter_deadlines_.erase({w.deadline, id});
-    fx.deliveries.push_back({std::move(w.done), LeaseMany(q, w.spec, now, t)});
-    waiters_.erase(it);
+void Broker::ServeConsumers(QueueState& q, absl::Time now, Transition& t, Effects& fx) {
+  while (!q.consumers.empty() && Leasable(q) > 0) {
+    uint64_t id = q.consumers.front();
+    q.consumers.pop_front();
+    auto it = consumers_.find(id);
+    Consumer& c = *it->second;
+    if (!c.stream) {
+      waiter_deadlines_.erase({c.deadline, id});
+      fx.deliveries.push_back({std::move(c.done), LeaseMany(q, c.spec, now, t)});
+      consumers_.erase(it);
+      continue;
+    }
+    c.enlisted.erase(q.name);
+    if (!c.has_slot()) continue;
+    LeaseSpec spec{q.name, c.spec.worker_id, 1, c.spec.lease_duration};
+    Job& job = *jobs_by_seq_.at(q.ready.begin()->second);
+    fx.pushes.push_back({c.sink, LeaseOne(job, spec, now, t)});
+    holders_[job.seq] = id;
+    ++c.in_flight;
+    if (c.has_slot()) {  // one job per turn: back of the line
+      q.consumers.push_back(id);
+      c.enlisted.insert(q.name);
+    }
+  }
+}
+
+void Broker::Enlist(Consumer& stream, absl::Time now, Transition& t, Effects& fx) {
+  for (const std::string& name : stream.queues) {
+    if (!stream.has_slot()) return;
+    if (!stream.enlisted.insert(name).second) continue;
+    QueueState& q = Queue(name);
+    q.consumers.push_back(stream.id);
+    ServeConsumers(q, now, t, fx);
+  }
+}
+
+void Broker::EndHold(const Job& job, bool lost, absl::Time now, Transition& t, Effects& fx) {
+  auto held = holders_.find(job.seq);
+  if (held == holders_.end()) return;
+  uint64_t id = held->second;
+  holders_.erase(held);
+  auto it = consumers_.find(id);
+  if (it == consumers_.end()) return;  // the stream has ended since
+  Consumer& stream = *it->second;
+  --stream.in_flight;
+  if (lost) fx.lost.push_back({stream.sink, job.id});
+  Enlist(stream, now, t, fx);
+}
+
+void Broker::Delist(Consumer& c) {
+  auto leave = [&](const std::string& name) {
+    QueueState& q = Queue(name);
+    q.consumers.erase(std::find(q.consumers.begin(), q.consumers.end(), c.id));
+  };
+  if (c.stream) {
+    for (const std::string& name : c.enlisted) leave(name);
+    c.enlisted.clear();
+  } else {
+    leave(c.spec.queue);
+    waiter_deadlines_.erase({c.deadline, c.id});
   }
 }
 
@@ -694,20 +776,20 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
       Transition t;
       ProcessDue(now, t, fx);
       QueueState& q = Queue(spec.queue);
-      // Earlier waiters of the queue go first; ProcessDue served them if it could.
-      std::vector<LeasedJob> jobs;
-      if (q.waiters.empty()) jobs = LeaseMany(q, spec, now, t);
+      // Jobs still leasable here found no consumer with room in line (ServeConsumers runs
+      // whenever jobs become leasable), so taking them directly is fair.
+      std::vector<LeasedJob> jobs = LeaseMany(q, spec, now, t);
       if (jobs.empty() && wait > absl::ZeroDuration()) {
-        waiter_id = next_waiter_id_++;
-        auto w = std::make_unique<Waiter>();
+        waiter_id = next_consumer_id_++;
+        auto w = std::make_unique<Consumer>();
         w->id = waiter_id;
         w->spec = std::move(spec);
         w->deadline = now + wait;
         w->done = std::move(done);
         waiter_deadlines_.emplace(w->deadline, waiter_id);
         MaybeWake(w->deadline);
-        q.waiters.push_back(waiter_id);
-        waiters_.emplace(waiter_id, std::move(w));
+        q.consumers.push_back(waiter_id);
+        consumers_.emplace(waiter_id, std::move(w));
       } else {
         result = std::move(jobs);
       }
@@ -727,17 +809,95 @@ bool Broker::CancelWait(uint64_t waiter) {
   LeaseDone done;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiters_.find(waiter);
-    if (it == waiters_.end()) return false;
-    Waiter& w = *it->second;
-    QueueState& q = Queue(w.spec.queue);
-    q.waiters.erase(std::find(q.waiters.begin(), q.waiters.end(), waiter));
-    waiter_deadlines_.erase({w.deadline, waiter});
-    done = std::move(w.done);
-    waiters_.erase(it);
+    auto it = consumers_.find(waiter);
+    if (it == consumers_.end() || it->second->stream) return false;
+    Delist(*it->second);
+    done = std::move(it->second->done);
+    consumers_.erase(it);
   }
   done(absl::CancelledError("the lease request was cancelled"));
   return true;
+}
+
+absl::StatusOr<uint64_t> Broker::Subscribe(SubscribeSpec spec, std::shared_ptr<StreamSink> sink) {
+  if (spec.queues.empty()) return absl::InvalidArgumentError("queues must name at least one queue");
+  if (spec.queues.size() > static_cast<size_t>(kMaxSubscribedQueues))
+    return absl::InvalidArgumentError(
+        absl::StrCat("queues names ", spec.queues.size(), "; the limit is ", kMaxSubscribedQueues));
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < spec.queues.size(); ++i) {
+    BROKER_RETURN_IF_ERROR(ValidateQueueName(spec.queues[i], absl::StrCat("queues[", i, "]")));
+    if (!seen.insert(spec.queues[i]).second)
+      return absl::InvalidArgumentError(absl::StrCat("queues[", i, "] repeats ", spec.queues[i]));
+  }
+  if (spec.max_in_flight < 0 || spec.max_in_flight > kMaxInFlight)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_in_flight must be between 0 and ", kMaxInFlight));
+  BROKER_RETURN_IF_ERROR(
+      ValidateLeaseSpec(LeaseSpec{spec.queues[0], spec.worker_id, 1, spec.lease_duration}));
+
+  Effects fx;
+  uint64_t seq = 0;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    BROKER_RETURN_IF_ERROR(RefusalLocked());
+    absl::Time now = clock_.Now();
+    Transition t;
+    ProcessDue(now, t, fx);
+    id = next_consumer_id_++;
+    auto c = std::make_unique<Consumer>();
+    c->id = id;
+    c->stream = true;
+    c->spec.worker_id = std::move(spec.worker_id);
+    c->spec.lease_duration = spec.lease_duration;
+    c->queues = std::move(spec.queues);
+    c->max_in_flight = std::max(spec.max_in_flight, 1);
+    c->sink = std::move(sink);
+    Consumer& stream = *c;
+    consumers_.emplace(id, std::move(c));
+    Enlist(stream, now, t, fx);
+    seq = CommitLocked(std::move(t));
+    if (next_wake_ == absl::InfinitePast()) fx.wake = true;
+  }
+  Finish(seq, std::move(fx), nullptr);
+  return id;
+}
+
+absl::Status Broker::SetFlow(uint64_t stream, int max_in_flight) {
+  if (max_in_flight < 0 || max_in_flight > kMaxInFlight)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_in_flight must be between 0 and ", kMaxInFlight));
+  Effects fx;
+  uint64_t seq = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = consumers_.find(stream);
+    if (it == consumers_.end() || !it->second->stream)
+      return absl::NotFoundError("the stream has not subscribed");
+    BROKER_RETURN_IF_ERROR(RefusalLocked());
+    absl::Time now = clock_.Now();
+    Transition t;
+    ProcessDue(now, t, fx);
+    Consumer& c = *it->second;
+    c.max_in_flight = max_in_flight;
+    if (!c.has_slot()) {
+      Delist(c);  // drained or full: out of every line until a slot frees
+    } else {
+      Enlist(c, now, t, fx);
+    }
+    seq = CommitLocked(std::move(t));
+  }
+  Finish(seq, std::move(fx), nullptr);
+  return absl::OkStatus();
+}
+
+void Broker::Unsubscribe(uint64_t stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = consumers_.find(stream);
+  if (it == consumers_.end() || !it->second->stream) return;
+  Delist(*it->second);
+  consumers_.erase(it);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -811,7 +971,8 @@ void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
               job.completed_at = now;
               Index(job);
               t.put_jobs.push_back(job);
-              ServeWaiters(Queue(job.queue), now, t, fx);  // a concurrency slot may have freed
+              EndHold(job, /*lost=*/false, now, t, fx);
+              ServeConsumers(Queue(job.queue), now, t, fx);  // a concurrency slot may have freed
               return true;
             });
 }
@@ -841,7 +1002,8 @@ void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
           EndAttemptFailed(job, now, outcome, std::move(error), spec.retry_after);
           Index(job);
           t.put_jobs.push_back(job);
-          ServeWaiters(Queue(job.queue), now, t, fx);
+          EndHold(job, /*lost=*/false, now, t, fx);
+          ServeConsumers(Queue(job.queue), now, t, fx);
           return answer();
         }
         const AttemptRecord* last =
@@ -899,7 +1061,8 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
               job.run_at = now;
               Index(job);
               t.put_jobs.push_back(job);
-              ServeWaiters(Queue(job.queue), now, t, fx);
+              EndHold(job, /*lost=*/false, now, t, fx);
+              ServeConsumers(Queue(job.queue), now, t, fx);
               return true;
             });
 }
@@ -910,7 +1073,7 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
 void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
   if (job_id.empty()) return done(absl::InvalidArgumentError("job_id is required"));
   Run<Job>(std::move(done),
-           [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects&)
+           [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<Job> {
                  Job* job = FindJob(job_id);
                  if (job == nullptr)
@@ -920,7 +1083,12 @@ void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
                        "job ", job_id, " has already ended (", JobStateName(job->state), ")"));
                  Unindex(*job);
                  if (job->state == JobState::kActive) {
-                   job->cancel_requested = true;  // the worker learns it from its next heartbeat
+                   // The worker learns it from its next heartbeat, or at once on its stream.
+                   job->cancel_requested = true;
+                   if (auto held = holders_.find(job->seq); held != holders_.end()) {
+                     auto c = consumers_.find(held->second);
+                     if (c != consumers_.end()) fx.cancelled.push_back({c->second->sink, job->id});
+                   }
                  } else {
                    job->state = JobState::kCancelled;
                    job->completed_at = now;
@@ -936,26 +1104,26 @@ void Broker::UpdateQueuePolicy(std::string queue, PolicyOverride policy, bool re
   if (absl::Status s = ValidateQueueName(queue); !s.ok()) return done(s);
   Run<QueueInfo>(std::move(done),
                  [this, queue = std::move(queue), policy = std::move(policy), reset](
-                     absl::Time now, Transition& t,
-                     Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<QueueInfo> {
-                   QueueState* existing = FindQueue(queue);
-                   PolicyOverride runtime =
-                       reset || existing == nullptr ? PolicyOverride{} : existing->runtime;
-                   runtime.MergeFrom(policy);
-                   QueuePolicy effective = EffectivePolicy(queue, runtime);
-                   BROKER_RETURN_IF_ERROR(ValidatePolicy(effective, "policy"));
-                   QueueState& q = Queue(queue);
-                   q.runtime = runtime;
-                   q.policy = effective;
-                   if (runtime.empty()) {
-                     t.delete_policies.push_back(queue);
-                   } else {
-                     t.put_policies.emplace_back(queue, runtime);
-                   }
-                   ServeWaiters(q, now, t,
-                                fx);  // a resumed queue or a larger max_concurrency may lease now
-                   return InfoLocked(q, now);
-                 });
+                     absl::Time now, Transition& t, Effects& fx)
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<QueueInfo> {
+                       QueueState* existing = FindQueue(queue);
+                       PolicyOverride runtime =
+                           reset || existing == nullptr ? PolicyOverride{} : existing->runtime;
+                       runtime.MergeFrom(policy);
+                       QueuePolicy effective = EffectivePolicy(queue, runtime);
+                       BROKER_RETURN_IF_ERROR(ValidatePolicy(effective, "policy"));
+                       QueueState& q = Queue(queue);
+                       q.runtime = runtime;
+                       q.policy = effective;
+                       if (runtime.empty()) {
+                         t.delete_policies.push_back(queue);
+                       } else {
+                         t.put_policies.emplace_back(queue, runtime);
+                       }
+                       // A resumed queue or a larger max_concurrency may lease now.
+                       ServeConsumers(q, now, t, fx);
+                       return InfoLocked(q, now);
+                     });
 }
 
 absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
@@ -1012,7 +1180,7 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
                      JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
     info.counts[s] = q.count(s);
   }
-  info.waiting_leases = static_cast<int64_t>(q.waiters.size());
+  info.waiting_leases = static_cast<int64_t>(q.consumers.size());
   if (!q.ready_by_seq.empty())
     info.oldest_ready_age = now - jobs_by_seq_.at(*q.ready_by_seq.begin())->created_at;
   return info;
@@ -1036,15 +1204,24 @@ std::vector<QueueInfo> Broker::ListQueues() {
 
 void Broker::Shutdown() {
   std::vector<LeaseDone> waiting;
+  std::vector<std::shared_ptr<StreamSink>> streams;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (auto& [id, w] : waiters_) waiting.push_back(std::move(w->done));
-    waiters_.clear();
+    for (auto& [id, c] : consumers_) {
+      if (c->stream) {
+        streams.push_back(std::move(c->sink));
+      } else {
+        waiting.push_back(std::move(c->done));
+      }
+    }
+    consumers_.clear();
+    holders_.clear();
     waiter_deadlines_.clear();
-    for (auto& [name, q] : queues_) q->waiters.clear();
+    for (auto& [name, q] : queues_) q->consumers.clear();
   }
   for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});
+  for (auto& sink : streams) sink->End(absl::UnavailableError("the broker is shutting down"));
 }
 
 absl::Status Broker::Flush() {

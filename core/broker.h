@@ -24,6 +24,7 @@
 #include "core/policy.h"
 #include "core/requests.h"
 #include "core/store.h"
+#include "core/stream_sink.h"
 
 namespace jobbroker {
 
@@ -77,6 +78,18 @@ class Broker {
                  Done<absl::StatusOr<std::vector<LeasedJob>>> done);
   // Ends a waiting Lease early: its `done` gets kCancelled. False if it had already answered.
   bool CancelWait(uint64_t waiter);
+
+  // Work streams. Subscribe registers a stream that the broker pushes jobs to, through `sink`,
+  // the moment one is ready in any of its queues and it has fewer than max_in_flight unended
+  // jobs; streams and long polls of a queue take turns, one job per turn. Returns the stream's
+  // handle. kInvalidArgument names a bad field.
+  absl::StatusOr<uint64_t> Subscribe(SubscribeSpec spec, std::shared_ptr<StreamSink> sink);
+  // Changes a stream's max_in_flight; 0 drains it (no new jobs). kNotFound for an unknown
+  // stream.
+  absl::Status SetFlow(uint64_t stream, int max_in_flight);
+  // The stream ended: no more pushes. Its leases stay and run out unless acked (DESIGN.md: a
+  // broken connection must not duplicate work).
+  void Unsubscribe(uint64_t stream);
   void Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>> done);
   void Ack(AckSpec spec, Done<absl::Status> done);
   void Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done);
@@ -121,7 +134,7 @@ class Broker {
   uint64_t store_writes() const { return pipeline_.writes(); }
 
  private:
-  struct Waiter;
+  struct Consumer;
   struct QueueState;
   struct Effects;
   // Orders jobs by deadline or due time; the seq breaks ties and identifies the job.
@@ -133,6 +146,8 @@ class Broker {
   // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
   uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
+  // Answers long polls and tells streams what `fx` holds, once its transition is `written`.
+  static void Deliver(Effects& fx, const absl::Status& written);
   // Why no change can be made now (shutting down, or the store failed), or OK.
   absl::Status RefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `done` with `result` once `seq` is durable (or with the write's failure).
@@ -155,7 +170,8 @@ class Broker {
   // Lease expiry and due scheduled jobs (bounded by tick_batch). Runs before every operation so
   // each sees a consistent present.
   void ProcessDue(absl::Time now, Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireLease(Job& job, absl::Time now, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLease(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A failed attempt (error or lease expiry): schedule a retry or end the job.
   void EndAttemptFailed(Job& job, absl::Time now, AttemptOutcome outcome, std::string error,
                         std::optional<absl::Duration> retry_after)
@@ -170,9 +186,19 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<LeasedJob> LeaseMany(QueueState& q, const LeaseSpec& spec, absl::Time now,
                                    Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands ready jobs of `q` to its waiting Leases, oldest waiter first.
-  void ServeWaiters(QueueState& q, absl::Time now, Transition& t, Effects& fx)
+  // Hands leasable jobs of `q` to its consumers in turn: a long poll takes its jobs and leaves,
+  // a stream takes one job and goes to the back while it has a free slot.
+  void ServeConsumers(QueueState& q, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a stream with a free slot in line in each of its queues, and serves them.
+  void Enlist(Consumer& stream, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` leaves ACTIVE: the stream that holds it (if any) gets its slot back, and is told the
+  // lease is lost if `lost`.
+  void EndHold(const Job& job, bool lost, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a consumer from its queues' lines.
+  void Delist(Consumer& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<std::vector<EnqueueResult>> EnqueueLocked(std::vector<EnqueueSpec>& specs,
                                                            absl::Time now, Transition& t,
@@ -195,7 +221,7 @@ class Broker {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_consumer_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time next_wake_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Job*> jobs_by_seq_ ABSL_GUARDED_BY(mu_);
@@ -205,7 +231,10 @@ class Broker {
   absl::flat_hash_map<std::pair<std::string, std::string>, DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<std::tuple<absl::Time, std::string, std::string>> dedup_expiry_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Waiter>> waiters_ ABSL_GUARDED_BY(mu_);
+  // Long polls and Work streams, by handle.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Consumer>> consumers_ ABSL_GUARDED_BY(mu_);
+  // Which stream holds an ACTIVE job it was pushed (by job seq).
+  absl::flat_hash_map<uint64_t, uint64_t> holders_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<std::pair<absl::Time, uint64_t>> waiter_deadlines_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -33,6 +33,14 @@ struct EnqueueResult {
   bool deduplicated = false;
 };
 
+// The first message of a Work stream.
+struct SubscribeSpec {
+  std::vector<std::string> queues;  // at least one
+  std::string worker_id;
+  int max_in_flight = 1;  // unacknowledged pushed jobs at once; 0 means 1
+  absl::Duration lease_duration = absl::ZeroDuration();  // zero = the job's, else the queue's
+};
+
 struct LeaseSpec {
   std::string queue;
   std::string worker_id;
@@ -109,7 +117,9 @@ struct QueueInfo {
   QueuePolicy policy;
   std::map<JobState, int64_t> counts;  // every state present, zero included
   absl::Duration oldest_ready_age = absl::ZeroDuration();
-  int64_t waiting_leases = 0;  // long-poll Leases parked on the queue
+  // Idle capacity waiting for the queue's next job: long-poll Leases and Work streams with a
+  // free slot.
+  int64_t waiting_leases = 0;
 };
 
 // Limits on what a request may carry.
@@ -119,5 +129,7 @@ inline constexpr size_t kMaxPayloadBytes = 4 << 20;
 inline constexpr size_t kMaxHeaderBytes = 64 << 10;  // all names and values together
 inline constexpr int kMaxLeaseBatch = 1000;          // max_jobs, batch size, page size
 inline constexpr int kMaxAttemptsLimit = 1000;
+inline constexpr int kMaxInFlight = 1000;         // per Work stream
+inline constexpr int kMaxSubscribedQueues = 100;  // per Work stream
 
 }  // namespace jobbroker

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
 #include "server/grpc_status.h"
+#include "server/work_stream.h"
 
 namespace jobbroker {
 namespace {
@@ -155,6 +156,11 @@ grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ct
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.Release(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
   return reactor;
+}
+
+grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(
+    grpc::CallbackServerContext*) {
+  return WorkStream::Start(broker_);
 }
 
 }  // namespace jobbroker

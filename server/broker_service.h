@@ -28,6 +28,9 @@ class BrokerService final : public v1::Broker::CallbackService {
                                  v1::FailResponse* resp) override;
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
                                     v1::ReleaseResponse* resp) override;
+  // The streaming worker protocol: see server/work_stream.h.
+  grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* Work(
+      grpc::CallbackServerContext* ctx) override;
 
  private:
   jobbroker::Broker& broker_;

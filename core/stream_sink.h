@@ -1,0 +1,26 @@
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "core/requests.h"
+
+namespace jobbroker {
+
+// Where the broker sends what it pushes to one Work stream. The broker calls it without its
+// lock held, after the leases it pushes are durable, possibly from several threads at once:
+// implementations serialise and must not block (queue the message and return).
+class StreamSink {
+ public:
+  virtual ~StreamSink() = default;
+  // A job leased to this stream.
+  virtual void PushJob(LeasedJob job) = 0;
+  // A lease this stream held ran out: the worker must stop working on the job.
+  virtual void LeaseLost(std::string job_id) = 0;
+  // An operator cancelled a job this stream holds.
+  virtual void CancelRequested(std::string job_id) = 0;
+  // The broker is shutting down: no more pushes; end the stream with `status`.
+  virtual void End(absl::Status status) = 0;
+};
+
+}  // namespace jobbroker

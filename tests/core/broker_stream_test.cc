@@ -1,0 +1,252 @@
+// Work streams in core: push on arrival, max_in_flight, turns across streams and long polls,
+// lost leases, flow control, cancellation notices.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/core/broker_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using Code = absl::StatusCode;
+
+// Records what the broker pushes to one stream.
+class RecordingSink : public StreamSink {
+ public:
+  void PushJob(LeasedJob job) override {
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(std::move(job));
+  }
+  void LeaseLost(std::string job_id) override {
+    absl::MutexLock lock(&mu_);
+    lost_.push_back(std::move(job_id));
+  }
+  void CancelRequested(std::string job_id) override {
+    absl::MutexLock lock(&mu_);
+    cancelled_.push_back(std::move(job_id));
+  }
+  void End(absl::Status status) override {
+    absl::MutexLock lock(&mu_);
+    ended_ = status;
+  }
+
+  std::vector<LeasedJob> jobs() {
+    absl::MutexLock lock(&mu_);
+    return jobs_;
+  }
+  std::vector<std::string> job_ids() {
+    std::vector<std::string> ids;
+    for (const LeasedJob& j : jobs()) ids.push_back(j.job_id);
+    return ids;
+  }
+  std::vector<std::string> lost() {
+    absl::MutexLock lock(&mu_);
+    return lost_;
+  }
+  std::vector<std::string> cancelled() {
+    absl::MutexLock lock(&mu_);
+    return cancelled_;
+  }
+  std::optional<absl::Status> ended() {
+    absl::MutexLock lock(&mu_);
+    return ended_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<LeasedJob> jobs_;
+  std::vector<std::string> lost_, cancelled_;
+  std::optional<absl::Status> ended_;
+};
+
+class BrokerStreamTest : public BrokerFixture {
+ protected:
+  uint64_t Subscribe(const std::shared_ptr<RecordingSink>& sink, std::vector<std::string> queues,
+                     int max_in_flight, absl::Duration lease = absl::ZeroDuration(),
+                     const std::string& worker = "streamer") {
+    auto id =
+        broker_->Subscribe(SubscribeSpec{std::move(queues), worker, max_in_flight, lease}, sink);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : 0;
+  }
+
+  void Ack(const LeasedJob& j) {
+    ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+  }
+};
+
+TEST_F(BrokerStreamTest, AJobIsPushedTheMomentItIsEnqueued) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"emails"}, 4);
+  EXPECT_THAT(sink->jobs(), IsEmpty());
+  std::string id = Enqueue("emails", "hi");
+  ASSERT_EQ(sink->jobs().size(), 1u);
+  LeasedJob j = sink->jobs()[0];
+  EXPECT_EQ(j.job_id, id);
+  EXPECT_EQ(j.payload, "hi");
+  EXPECT_EQ(j.attempt, 1);
+  EXPECT_EQ(Get(id).state, JobState::kActive);
+  EXPECT_EQ(Get(id).worker_id, "streamer");
+}
+
+TEST_F(BrokerStreamTest, JobsWaitingAtSubscribeArePushedAtOnce) {
+  std::string a = Enqueue("q", "a");
+  std::string b = Enqueue("q", "b", /*priority=*/9);
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 10);
+  EXPECT_THAT(sink->job_ids(), ElementsAre(b, a));
+}
+
+TEST_F(BrokerStreamTest, NeverMoreThanMaxInFlightUnended) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 2);
+  for (int i = 0; i < 5; ++i) Enqueue("q");
+  ASSERT_EQ(sink->jobs().size(), 2u);
+  Ack(sink->jobs()[0]);
+  ASSERT_EQ(sink->jobs().size(), 3u) << "an ack frees a slot and the next job is pushed";
+  ASSERT_TRUE(Fail(sink->jobs()[1], "x").ok());
+  ASSERT_EQ(sink->jobs().size(), 4u) << "a fail frees a slot too";
+  ASSERT_TRUE(broker_->Release(ReleaseSpec{sink->jobs()[2].job_id, sink->jobs()[2].lease_id}).ok());
+  EXPECT_EQ(sink->jobs().size(), 5u) << "and a release";
+}
+
+TEST_F(BrokerStreamTest, JobsAreSpreadAcrossStreams) {
+  auto a = std::make_shared<RecordingSink>();
+  auto b = std::make_shared<RecordingSink>();
+  auto c = std::make_shared<RecordingSink>();
+  Subscribe(a, {"q"}, 10, {}, "a");
+  Subscribe(b, {"q"}, 10, {}, "b");
+  Subscribe(c, {"q"}, 10, {}, "c");
+  for (int i = 0; i < 9; ++i) Enqueue("q");
+  EXPECT_EQ(a->jobs().size(), 3u);
+  EXPECT_EQ(b->jobs().size(), 3u);
+  EXPECT_EQ(c->jobs().size(), 3u);
+}
+
+TEST_F(BrokerStreamTest, StreamsAndLongPollsTakeTurns) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 10);
+  std::optional<absl::StatusOr<std::vector<LeasedJob>>> polled;
+  broker_->Lease(LeaseSpec{"q", "poller", 1, {}}, absl::Seconds(30),
+                 [&](absl::StatusOr<std::vector<LeasedJob>> r) { polled = r; });
+  std::string first = Enqueue("q");
+  std::string second = Enqueue("q");
+  EXPECT_THAT(sink->job_ids(), ElementsAre(first));
+  ASSERT_TRUE(polled.has_value() && polled->ok());
+  EXPECT_EQ((*polled)->at(0).job_id, second);
+}
+
+TEST_F(BrokerStreamTest, MaxConcurrencyHoldsAcrossStreamsAndUnaryLeases) {
+  PolicyOverride p;
+  p.max_concurrency = 2;
+  ASSERT_TRUE(broker_->UpdateQueuePolicy("q", p).ok());
+  for (int i = 0; i < 5; ++i) Enqueue("q");
+  LeasedJob unary = LeaseOne("q");
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 5);
+  EXPECT_EQ(sink->jobs().size(), 1u);
+  EXPECT_EQ(Leasable("q"), 0u);
+  Ack(unary);
+  EXPECT_EQ(sink->jobs().size(), 2u) << "the slot the unary worker freed goes to the stream";
+  EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kActive], 2);
+}
+
+TEST_F(BrokerStreamTest, AnExpiredLeaseIsReportedLostAndItsSlotReused) {
+  uniform_ = 0;  // retry at once
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 1, absl::Seconds(5));
+  std::string a = Enqueue("q", "a");
+  std::string b = Enqueue("q", "b");
+  ASSERT_THAT(sink->job_ids(), ElementsAre(a));
+  clock_.Advance(absl::Seconds(5));
+  broker_->Tick();
+  EXPECT_THAT(sink->lost(), ElementsAre(a));
+  // The freed slot takes the next job in line: `a` (retried at once, and older) before `b`.
+  ASSERT_EQ(sink->jobs().size(), 2u);
+  EXPECT_EQ(sink->jobs()[1].job_id, a);
+  EXPECT_EQ(sink->jobs()[1].attempt, 2);
+}
+
+TEST_F(BrokerStreamTest, FlowZeroDrainsAndFlowUpResumes) {
+  auto sink = std::make_shared<RecordingSink>();
+  uint64_t id = Subscribe(sink, {"q"}, 2);
+  ASSERT_TRUE(broker_->SetFlow(id, 0).ok());
+  Enqueue("q");
+  EXPECT_THAT(sink->jobs(), IsEmpty());
+  EXPECT_EQ(broker_->GetQueue("q")->waiting_leases, 0);
+  ASSERT_TRUE(broker_->SetFlow(id, 1).ok());
+  EXPECT_EQ(sink->jobs().size(), 1u);
+  EXPECT_EQ(broker_->SetFlow(id + 100, 1).code(), Code::kNotFound);
+  EXPECT_EQ(broker_->SetFlow(id, -1).code(), Code::kInvalidArgument);
+}
+
+TEST_F(BrokerStreamTest, AnEndedStreamGetsNothingAndItsLeasesRunOut) {
+  uniform_ = 0;
+  auto gone = std::make_shared<RecordingSink>();
+  uint64_t id = Subscribe(gone, {"q"}, 1, absl::Seconds(5), "gone");
+  std::string a = Enqueue("q");
+  broker_->Unsubscribe(id);
+  Enqueue("q");
+  EXPECT_EQ(gone->jobs().size(), 1u);
+  EXPECT_EQ(Get(a).state, JobState::kActive) << "a broken stream does not end its leases";
+
+  auto next = std::make_shared<RecordingSink>();
+  Subscribe(next, {"q"}, 5, absl::Minutes(5), "next");
+  clock_.Advance(absl::Seconds(5));
+  broker_->Tick();
+  EXPECT_THAT(gone->lost(), IsEmpty()) << "nothing is sent to an ended stream";
+  std::vector<LeasedJob> got = next->jobs();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[1].job_id, a);
+  EXPECT_EQ(got[1].attempt, 2);
+}
+
+TEST_F(BrokerStreamTest, OneStreamServesSeveralQueues) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"a", "b"}, 10);
+  std::string in_a = Enqueue("a");
+  std::string in_b = Enqueue("b");
+  EXPECT_THAT(sink->job_ids(), ElementsAre(in_a, in_b));
+}
+
+TEST_F(BrokerStreamTest, CancellingAHeldJobIsPushedToItsStream) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 1);
+  std::string id = Enqueue("q");
+  ASSERT_TRUE(broker_->CancelJob(id).ok());
+  EXPECT_THAT(sink->cancelled(), ElementsAre(id));
+}
+
+TEST_F(BrokerStreamTest, ShutdownEndsStreams) {
+  auto sink = std::make_shared<RecordingSink>();
+  Subscribe(sink, {"q"}, 1);
+  broker_->Shutdown();
+  ASSERT_TRUE(sink->ended().has_value());
+  EXPECT_EQ(sink->ended()->code(), Code::kUnavailable);
+}
+
+TEST_F(BrokerStreamTest, BadSubscribeNamesTheField) {
+  auto sink = std::make_shared<RecordingSink>();
+  auto none = broker_->Subscribe(SubscribeSpec{{}, "w", 1, {}}, sink);
+  EXPECT_EQ(none.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("queues"));
+  auto bad = broker_->Subscribe(SubscribeSpec{{"ok", "no spaces"}, "w", 1, {}}, sink);
+  EXPECT_THAT(bad.status().message(), HasSubstr("queues[1]"));
+  auto twice = broker_->Subscribe(SubscribeSpec{{"a", "a"}, "w", 1, {}}, sink);
+  EXPECT_THAT(twice.status().message(), HasSubstr("repeats"));
+  auto worker = broker_->Subscribe(SubscribeSpec{{"a"}, "", 1, {}}, sink);
+  EXPECT_THAT(worker.status().message(), HasSubstr("worker_id"));
+  auto flight = broker_->Subscribe(SubscribeSpec{{"a"}, "w", 5000, {}}, sink);
+  EXPECT_THAT(flight.status().message(), HasSubstr("max_in_flight"));
+  EXPECT_TRUE(broker_->ListQueues().empty()) << "a refused subscribe creates no queue";
+}
+
+}  // namespace
+}  // namespace jobbroker

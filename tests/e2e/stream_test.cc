@@ -1,0 +1,256 @@
+// Broker.Work, the streaming worker protocol, against the real binary.
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/broker_client.h"
+#include "tests/testing/broker_process.h"
+#include "tests/testing/work_stream_client.h"
+
+namespace jobbroker::testing {
+namespace {
+
+namespace v1 = ::jobbroker::v1;
+using ::grpc::StatusCode;
+
+// Retries due almost at once and exactly, so lease-expiry tests wait little.
+constexpr char kConfig[] = R"({
+  "defaultPolicy": {
+    "retry": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "0.1s",
+              "jitter": "JITTER_NONE"}
+  }
+})";
+
+class StreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    BrokerProcessOptions options;
+    options.config_json = kConfig;
+    auto broker = BrokerProcess::Start(options);
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    broker_ = *std::move(broker);
+    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
+    stub_ = broker_->NewBrokerStub();
+  }
+
+  std::unique_ptr<WorkStreamClient> NewStream() {
+    return std::make_unique<WorkStreamClient>(*stub_);
+  }
+
+  std::unique_ptr<BrokerProcess> broker_;
+  std::unique_ptr<BrokerClient> client_;
+  std::unique_ptr<v1::Broker::Stub> stub_;
+};
+
+TEST_F(StreamTest, AJobEnqueuedToAnIdleWorkerIsPushed) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"emails"}, 1), StatusCode::OK);
+  std::string id = client_->MustEnqueue("emails", "welcome");
+  // The push rides on the enqueue's own transition: by the time Enqueue returned, the job was
+  // leased to the stream. The worker never asked again.
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_ACTIVE);
+  std::optional<v1::LeasedJob> job = stream->NextJob();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->job_id(), id);
+  EXPECT_EQ(job->payload(), "welcome");
+  EXPECT_EQ(job->attempt(), 1);
+  EXPECT_EQ(job->idempotency_key(), id);
+  EXPECT_EQ(stream->Ack(*job), StatusCode::OK);
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
+}
+
+TEST_F(StreamTest, MaxInFlightIsRespected) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 2), StatusCode::OK);
+  for (int i = 0; i < 5; ++i) client_->MustEnqueue("q", absl::StrCat(i));
+  std::map<std::string, int64_t> counts = client_->Counts("q");
+  EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 2);
+  EXPECT_EQ(counts["JOB_STATE_READY"], 3);
+  std::optional<v1::LeasedJob> first = stream->NextJob();
+  std::optional<v1::LeasedJob> second = stream->NextJob();
+  ASSERT_TRUE(first && second);
+  ASSERT_EQ(stream->Ack(*first), StatusCode::OK);
+  std::optional<v1::LeasedJob> third = stream->NextJob();
+  ASSERT_TRUE(third.has_value()) << "an ack frees a slot";
+  counts = client_->Counts("q");
+  EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 2);
+  EXPECT_EQ(counts["JOB_STATE_READY"], 2);
+}
+
+TEST_F(StreamTest, JobsAreSpreadOverSeveralStreams) {
+  std::vector<std::unique_ptr<WorkStreamClient>> streams;
+  for (int i = 0; i < 3; ++i) {
+    streams.push_back(NewStream());
+    ASSERT_EQ(streams.back()->Subscribe({"q"}, 10, absl::ZeroDuration(), absl::StrCat("w", i)),
+              StatusCode::OK);
+  }
+  for (int i = 0; i < 9; ++i) client_->MustEnqueue("q", absl::StrCat(i));
+  std::set<std::string> seen;
+  for (auto& s : streams) {
+    for (int i = 0; i < 3; ++i) {
+      std::optional<v1::LeasedJob> job = s->NextJob();
+      ASSERT_TRUE(job.has_value()) << "each of three streams gets three of nine jobs";
+      seen.insert(job->job_id());
+    }
+    EXPECT_EQ(s->pending_jobs(), 0u);
+  }
+  EXPECT_EQ(seen.size(), 9u);
+}
+
+TEST_F(StreamTest, MaxConcurrencyHoldsAcrossStreamsAndUnaryWorkers) {
+  v1::UpdateQueuePolicyRequest policy;
+  policy.set_queue("limited");
+  policy.mutable_policy()->set_max_concurrency(2);
+  v1::QueueInfo info;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(client_->admin().UpdateQueuePolicy(&ctx, policy, &info).ok());
+  for (int i = 0; i < 4; ++i) client_->MustEnqueue("limited", absl::StrCat(i));
+  std::optional<v1::LeasedJob> unary = client_->LeaseOne("limited", "unary-worker");
+  ASSERT_TRUE(unary.has_value());
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"limited"}, 5), StatusCode::OK);
+  ASSERT_TRUE(stream->NextJob().has_value());
+  EXPECT_EQ(client_->Counts("limited")["JOB_STATE_ACTIVE"], 2);
+  EXPECT_FALSE(client_->LeaseOne("limited", "unary-2", absl::ZeroDuration()).has_value());
+  client_->MustAck(*unary);
+  std::optional<v1::LeasedJob> freed = stream->NextJob();
+  ASSERT_TRUE(freed.has_value()) << "the unary worker's slot goes to the stream";
+  EXPECT_EQ(client_->Counts("limited")["JOB_STATE_ACTIVE"], 2);
+}
+
+TEST_F(StreamTest, AnExpiredLeaseIsReportedLost) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 1, absl::Milliseconds(500)), StatusCode::OK);
+  std::string id = client_->MustEnqueue("q");
+  ASSERT_TRUE(stream->NextJob().has_value());
+  std::optional<std::string> lost = stream->NextLeaseLost(absl::Seconds(30));
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(*lost, id);
+}
+
+TEST_F(StreamTest, FlowZeroDrains) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 5), StatusCode::OK);
+  ASSERT_EQ(stream->Flow(0), StatusCode::OK);
+  std::string id = client_->MustEnqueue("q");
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY)
+      << "a drained stream gets nothing";
+  ASSERT_EQ(stream->Flow(1), StatusCode::OK);
+  std::optional<v1::LeasedJob> job = stream->NextJob();
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->job_id(), id);
+}
+
+TEST_F(StreamTest, ABrokenStreamsLeaseRunsOutAndAnotherWorkerGetsAttempt2) {
+  auto dying = NewStream();
+  ASSERT_EQ(dying->Subscribe({"q"}, 1, absl::Seconds(1), "dying"), StatusCode::OK);
+  std::string id = client_->MustEnqueue("q", "work");
+  std::optional<v1::LeasedJob> first = dying->NextJob();
+  ASSERT_TRUE(first.has_value());
+  dying->Cancel();  // the worker's connection dies mid-job
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_ACTIVE)
+      << "a broken stream does not end its leases";
+
+  auto survivor = NewStream();
+  ASSERT_EQ(survivor->Subscribe({"q"}, 1, absl::ZeroDuration(), "survivor"), StatusCode::OK);
+  std::optional<v1::LeasedJob> second = survivor->NextJob(absl::Seconds(30));
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->job_id(), id);
+  EXPECT_EQ(second->attempt(), 2);
+  EXPECT_EQ(survivor->Ack(*second), StatusCode::OK);
+  v1::Job job = client_->MustGetJob(id);
+  ASSERT_EQ(job.attempts_size(), 2);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
+  EXPECT_EQ(job.attempts(0).worker_id(), "dying");
+  EXPECT_EQ(job.attempts(1).worker_id(), "survivor");
+}
+
+TEST_F(StreamTest, HeartbeatFailAndReleaseAreAnsweredOnTheStream) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 1, absl::Seconds(30)), StatusCode::OK);
+  std::string id = client_->MustEnqueue("q");
+  std::optional<v1::LeasedJob> job = stream->NextJob();
+  ASSERT_TRUE(job.has_value());
+
+  v1::WorkRequest hb;
+  hb.mutable_heartbeat()->set_job_id(id);
+  hb.mutable_heartbeat()->set_lease_id(job->lease_id());
+  hb.mutable_heartbeat()->set_checkpoint("halfway");
+  v1::WorkResult r = stream->Call(hb);
+  EXPECT_EQ(r.code(), 0) << r.message();
+  EXPECT_TRUE(r.has_lease_deadline());
+  EXPECT_EQ(client_->MustGetJob(id).checkpoint(), "halfway");
+
+  v1::WorkRequest release;
+  release.mutable_release()->set_job_id(id);
+  release.mutable_release()->set_lease_id(job->lease_id());
+  EXPECT_EQ(stream->Call(release).code(), 0);
+  std::optional<v1::LeasedJob> again = stream->NextJob();
+  ASSERT_TRUE(again.has_value()) << "released, it comes back to the free slot";
+  EXPECT_EQ(again->attempt(), 1) << "a release counts no attempt";
+  EXPECT_EQ(again->checkpoint(), "halfway");
+
+  v1::WorkRequest fail;
+  fail.mutable_fail()->set_job_id(id);
+  fail.mutable_fail()->set_lease_id(again->lease_id());
+  fail.mutable_fail()->set_error("bad input");
+  fail.mutable_fail()->set_permanent(true);
+  EXPECT_EQ(stream->Call(fail).code(), 0);
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_FAILED);
+
+  // A stale lease is refused with the reason, on the stream too.
+  v1::WorkResult stale = stream->Call(hb);
+  EXPECT_EQ(stale.code(), StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(stale.message().empty());
+}
+
+TEST_F(StreamTest, CancellingAHeldJobIsPushed) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 1), StatusCode::OK);
+  std::string id = client_->MustEnqueue("q");
+  ASSERT_TRUE(stream->NextJob().has_value());
+  v1::Job cancelled;
+  ASSERT_TRUE(client_->CancelJob(id, &cancelled).ok());
+  std::optional<std::string> notice = stream->NextCancel();
+  ASSERT_TRUE(notice.has_value());
+  EXPECT_EQ(*notice, id);
+}
+
+TEST_F(StreamTest, BadRequestsGetAResultNamingTheField) {
+  auto stream = NewStream();
+  EXPECT_EQ(stream->Flow(1), StatusCode::FAILED_PRECONDITION) << "flow before subscribe";
+  v1::WorkRequest bad;
+  bad.mutable_subscribe()->set_worker_id("w");
+  v1::WorkResult r = stream->Call(bad);
+  EXPECT_EQ(r.code(), StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.message(), ::testing::HasSubstr("queues"));
+  v1::WorkResult empty = stream->Call(v1::WorkRequest());
+  EXPECT_EQ(empty.code(), StatusCode::INVALID_ARGUMENT);
+  ASSERT_EQ(stream->Subscribe({"q"}, 1), StatusCode::OK);
+  EXPECT_EQ(stream->Subscribe({"q"}, 1), StatusCode::FAILED_PRECONDITION) << "subscribe twice";
+}
+
+TEST_F(StreamTest, AHalfClosedStreamFinishesOk) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 1), StatusCode::OK);
+  EXPECT_TRUE(stream->Close().ok());
+  std::string id = client_->MustEnqueue("q");
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY);
+}
+
+TEST_F(StreamTest, ShutdownEndsStreamsWithUnavailable) {
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"q"}, 1), StatusCode::OK);
+  absl::StatusOr<int> code = broker_->Terminate();
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  grpc::Status end = stream->Close();
+  EXPECT_EQ(end.error_code(), StatusCode::UNAVAILABLE) << end.error_message();
+}
+
+}  // namespace
+}  // namespace jobbroker::testing
