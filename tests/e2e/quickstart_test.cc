@@ -1,15 +1,23 @@
-// The README's quickstart program, run as a user would, against the real broker.
+// The README's example programs, run as a user would, against the real broker.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
 
 namespace jobbroker::testing {
 namespace {
 
-TEST(QuickstartTest, EnqueuesWorksAndCompletesAJob) {
+namespace v1 = ::jobbroker::v1;
+
+TEST(ExamplesTest, QuickstartEnqueuesWorksAndCompletesAJob) {
   auto broker = BrokerProcess::Start();
   ASSERT_TRUE(broker.ok()) << broker.status();
   std::string command = std::string(QUICKSTART_BINARY) + " " + (*broker)->address() + " 2>&1";
@@ -22,6 +30,34 @@ TEST(QuickstartTest, EnqueuesWorksAndCompletesAJob) {
   EXPECT_EQ(status, 0) << text;
   EXPECT_THAT(text, ::testing::HasSubstr("idempotency_key welcome-ada"));
   EXPECT_THAT(text, ::testing::HasSubstr("is JOB_STATE_COMPLETED"));
+}
+
+TEST(ExamplesTest, EmailWorkerWorksJobsAndStopsOnSigterm) {
+  auto broker = BrokerProcess::Start();
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  BrokerClient client((*broker)->NewChannel());
+  std::string good = client.MustEnqueue("emails", "ada@example.com");
+  std::string bad = client.MustEnqueue("emails", "not-an-address");
+
+  // The example reads the broker's address from JOBBROKER_ADDRESS, as every client does.
+  std::string env_address = "JOBBROKER_ADDRESS=" + (*broker)->address();
+  std::vector<char*> env = {env_address.data(), nullptr};
+  std::string binary = EMAIL_WORKER_BINARY;
+  char* argv[] = {binary.data(), nullptr};
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, binary.c_str(), nullptr, nullptr, argv, env.data()), 0);
+  bool done = PollUntil(
+      [&] {
+        return client.MustGetJob(good).state() == v1::JOB_STATE_COMPLETED &&
+               client.MustGetJob(bad).state() == v1::JOB_STATE_FAILED;
+      },
+      absl::Seconds(30));
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(client.MustGetJob(bad).fail_reason(), v1::FAIL_REASON_PERMANENT);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 #include "tests/testing/broker_process.h"
 
 #include <fcntl.h>
-#include <google/protobuf/wrappers.pb.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -14,7 +12,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <future>
 #include <sstream>
 #include <utility>
 
@@ -22,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "jobbroker/health.h"
 
 #ifndef JOBBROKER_BINARY
 #error "JOBBROKER_BINARY must name the jobbroker binary under test"
@@ -399,22 +397,9 @@ std::shared_ptr<grpc::Channel> NewChannel(const std::string& address) {
 
 grpc::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
                          int* serving_status, absl::Duration timeout) {
-  // grpc.health.v1 messages are not installed with Debian's gRPC, but they are wire-compatible
-  // with two well-known types: HealthCheckRequest{string service = 1} is a StringValue, and
-  // HealthCheckResponse{ServingStatus status = 1} (a varint) is an Int32Value.
-  grpc::TemplatedGenericStub<google::protobuf::StringValue, google::protobuf::Int32Value> stub(
-      channel);
-  google::protobuf::StringValue request;
-  request.set_value(service);
-  google::protobuf::Int32Value response;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  std::promise<grpc::Status> done;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
-  grpc::Status status = done.get_future().get();
-  if (status.ok() && serving_status != nullptr) *serving_status = response.value();
-  return status;
+  return client::CheckHealth(&ctx, channel, service, serving_status);
 }
 
 }  // namespace jobbroker::testing

@@ -164,7 +164,8 @@ absl::StatusOr<ExitResult> RunBrokerToExit(const TempDir& dir, const std::vector
 std::shared_ptr<grpc::Channel> NewChannel(const std::string& address);
 
 // Calls grpc.health.v1.Health/Check for `service` ("" = the whole server). On OK, sets
-// `*serving_status` to the HealthCheckResponse.ServingStatus value (1 = SERVING).
+// `*serving_status` to the HealthCheckResponse.ServingStatus value (1 = SERVING). A deadline on
+// top of the client library's client::CheckHealth.
 grpc::Status CheckHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
                          int* serving_status, absl::Duration timeout = absl::Seconds(10));
 

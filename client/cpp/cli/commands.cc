@@ -1,0 +1,135 @@
+#include "client/cpp/cli/commands.h"
+
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "client/cpp/cli/usage.h"
+
+namespace jobbroker::cli {
+
+const std::vector<FlagSpec>& GlobalFlags() {
+  static const auto* const kFlags = new std::vector<FlagSpec>{
+      {"--address", "HOST:PORT", "the broker (default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070)"},
+      {"--json", "", "machine-readable output: proto3 JSON"},
+      {"--timeout", "DURATION", "deadline of each call (default 10s)"},
+      {"--help", "", "show help"},
+  };
+  return *kFlags;
+}
+
+const std::vector<Command>& Commands() {
+  static const auto* const kCommands = new std::vector<Command>{
+      {
+          .name = "enqueue",
+          .args_usage = "QUEUE [PAYLOAD]",
+          .summary = "add a job; prints its id",
+          .details = "The payload is PAYLOAD, or the contents of --file, or stdin when PAYLOAD\n"
+                     "is - (or absent and stdin is not a terminal). Prints the job id, with\n"
+                     "\"(deduplicated)\" when --dedup-key matched an existing job; with --json\n"
+                     "{\"jobId\":...,\"deduplicated\":...}. Unset options take the queue's "
+                     "policy.",
+          .min_args = 1,
+          .max_args = 2,
+          .flags =
+              {
+                  {"--file", "PATH", "read the payload from this file"},
+                  {"--header", "K=V", "a header for the worker (repeatable)", true},
+                  {"--priority", "N", "higher runs first (default 0)"},
+                  {"--delay", "DURATION", "run no earlier than this long from now"},
+                  {"--run-at", "TIME", "run no earlier than this RFC 3339 time"},
+                  {"--dedup-key", "KEY", "a second enqueue with this key returns this job"},
+                  {"--dedup-ttl", "DURATION", "how long the dedup key blocks duplicates"},
+                  {"--max-attempts", "N", "attempts in total, the first included"},
+                  {"--lease-duration", "DURATION", "lease length when the worker names none"},
+                  {"--concurrency-key", "KEY", "group for max_concurrency_per_key (a tenant)"},
+              },
+          .run = RunEnqueue,
+      },
+      {
+          .name = "get",
+          .args_usage = "JOB",
+          .summary = "show a job: state, attempts, errors, times",
+          .details = "With --json, the Job message as proto3 JSON (payload in base64).",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunGet,
+      },
+      {
+          .name = "list",
+          .args_usage = "QUEUE",
+          .summary = "list a queue's jobs, oldest first",
+          .details = "Columns: id, state, attempt/max attempts, priority, age, last error.\n"
+                     "With --json, a JSON array of Job messages.",
+          .min_args = 1,
+          .max_args = 1,
+          .flags =
+              {
+                  {"--state", "STATE",
+                   "only jobs in this state: ready|scheduled|active|completed|failed|cancelled"},
+                  {"--limit", "N", "at most this many jobs (default 100)"},
+                  {"--newest-first", "", "newest jobs first"},
+              },
+          .run = RunList,
+      },
+      {
+          .name = "cancel",
+          .args_usage = "JOB",
+          .summary = "cancel a job (an active job's worker is told to stop)",
+          .details = "A ready or scheduled job is cancelled at once. An active one gets\n"
+                     "cancel_requested: its worker is told, and the job ends as CANCELLED\n"
+                     "unless the worker completes it. With --json, the Job as proto3 JSON.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunCancel,
+      },
+      {
+          .name = "queues",
+          .summary = "list queues: jobs by state, oldest ready job, waiting workers",
+          .details = "With --json, a JSON array of QueueInfo messages.",
+          .run = RunQueues,
+      },
+      {
+          .name = "policy get",
+          .args_usage = "QUEUE",
+          .summary = "print a queue's effective policy (JSON)",
+          .details = "Always proto3 JSON of QueuePolicy, every field set.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunPolicyGet,
+      },
+      {
+          .name = "policy set",
+          .args_usage = "QUEUE JSON",
+          .summary = "change a queue's policy; prints the new effective one",
+          .details =
+              "JSON holds the QueuePolicy fields to change, e.g. '{\"maxConcurrency\":5}'\n"
+              "or '{\"retry\":{\"maxAttempts\":3,\"initialBackoff\":\"2s\"}}'; other fields\n"
+              "keep their values. JSON - reads it from stdin. The change is persisted.",
+          .min_args = 2,
+          .max_args = 2,
+          .flags = {{"--reset", "", "drop the queue's earlier run-time changes first"}},
+          .run = RunPolicySet,
+      },
+      {
+          .name = "health",
+          .summary = "check that the broker is serving (exit 0 and SERVING if so)",
+          .run = RunHealth,
+      },
+  };
+  return *kCommands;
+}
+
+int UsageError(const CommandContext& ctx, const std::string& message) {
+  ctx.io.err << "error: " << message << "\n" << UsageLine(ctx.command) << "\n";
+  return kExitUsage;
+}
+
+int BrokerError(const CommandContext& ctx, const absl::Status& status) {
+  ctx.io.err << "error: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+             << "\n";
+  const bool unreachable = status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kDeadlineExceeded;
+  return unreachable ? kExitUnreachable : kExitRefused;
+}
+
+}  // namespace jobbroker::cli

@@ -1,0 +1,211 @@
+// enqueue, get, list, cancel: the commands about jobs.
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cpp/cli/commands.h"
+#include "client/cpp/cli/format.h"
+#include "client/cpp/cli/job_view.h"
+#include "client/cpp/cli/table.h"
+#include "jobbroker/proto_time.h"
+
+namespace jobbroker::cli {
+namespace {
+
+constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kDefaultListLimit = 100;
+// The broker's largest page.
+constexpr int64_t kMaxPageSize = 1000;
+constexpr size_t kMaxErrorInList = 50;
+
+std::string ReadAll(std::istream& in) {
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The payload: the argument, --file, or stdin (see the command's details).
+absl::StatusOr<std::string> ReadPayload(const CommandContext& ctx) {
+  const std::vector<std::string>& pos = ctx.args.positional;
+  const std::optional<std::string> file = ctx.args.Get("--file");
+  if (file.has_value()) {
+    if (pos.size() > 1) {
+      return absl::InvalidArgumentError("give the payload as PAYLOAD or with --file, not both");
+    }
+    std::ifstream in(*file, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--file: cannot open ", *file, ": ", std::strerror(errno)));
+    }
+    std::string payload = ReadAll(in);
+    if (in.bad()) return absl::InvalidArgumentError(absl::StrCat("--file: cannot read ", *file));
+    return payload;
+  }
+  if (pos.size() > 1 && pos[1] != "-") return pos[1];
+  // An absent PAYLOAD on a terminal means an empty payload, rather than waiting for typing.
+  if (pos.size() > 1 || !ctx.io.in_is_terminal) return ReadAll(ctx.io.in);
+  return std::string();
+}
+
+// EnqueueOptions from the flags; INVALID_ARGUMENT naming the bad one.
+absl::StatusOr<client::EnqueueOptions> ParseEnqueueOptions(const ParsedArgs& args) {
+  client::EnqueueOptions options;
+  for (const std::string& header : args.GetAll("--header")) {
+    const size_t eq = header.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--header: \"", header, "\" is not KEY=VALUE"));
+    }
+    options.headers[header.substr(0, eq)] = header.substr(eq + 1);
+  }
+  if (auto v = args.Get("--priority")) {
+    absl::StatusOr<int64_t> n = ParseIntValue("--priority", *v, kInt32Min, kInt32Max);
+    if (!n.ok()) return n.status();
+    options.priority = static_cast<int32_t>(*n);
+  }
+  if (args.Has("--delay") && args.Has("--run-at")) {
+    return absl::InvalidArgumentError("give --delay or --run-at, not both");
+  }
+  if (auto v = args.Get("--delay")) {
+    absl::StatusOr<absl::Duration> d = ParseDurationValue("--delay", *v);
+    if (!d.ok()) return d.status();
+    options.delay = *d;
+  }
+  if (auto v = args.Get("--run-at")) {
+    absl::StatusOr<absl::Time> t = ParseTimeValue("--run-at", *v);
+    if (!t.ok()) return t.status();
+    options.run_at = *t;
+  }
+  options.dedup_key = args.Get("--dedup-key").value_or("");
+  if (auto v = args.Get("--dedup-ttl")) {
+    absl::StatusOr<absl::Duration> d = ParseDurationValue("--dedup-ttl", *v);
+    if (!d.ok()) return d.status();
+    options.dedup_ttl = *d;
+  }
+  if (auto v = args.Get("--max-attempts")) {
+    // The broker checks the range that makes sense; here only that it is a number.
+    absl::StatusOr<int64_t> n = ParseIntValue("--max-attempts", *v, kInt32Min, kInt32Max);
+    if (!n.ok()) return n.status();
+    options.max_attempts = static_cast<int>(*n);
+  }
+  if (auto v = args.Get("--lease-duration")) {
+    absl::StatusOr<absl::Duration> d = ParseDurationValue("--lease-duration", *v);
+    if (!d.ok()) return d.status();
+    options.lease_duration = *d;
+  }
+  options.concurrency_key = args.Get("--concurrency-key").value_or("");
+  return options;
+}
+
+}  // namespace
+
+int RunEnqueue(CommandContext& ctx) {
+  absl::StatusOr<client::EnqueueOptions> options = ParseEnqueueOptions(ctx.args);
+  if (!options.ok()) return UsageError(ctx, std::string(options.status().message()));
+  absl::StatusOr<std::string> payload = ReadPayload(ctx);
+  if (!payload.ok()) return UsageError(ctx, std::string(payload.status().message()));
+
+  absl::StatusOr<client::Enqueued> enqueued =
+      ctx.client.Enqueue(ctx.args.positional[0], *payload, *options);
+  if (!enqueued.ok()) return BrokerError(ctx, enqueued.status());
+  if (ctx.json) {
+    v1::EnqueueResponse resp;
+    resp.set_job_id(enqueued->job_id);
+    resp.set_deduplicated(enqueued->deduplicated);
+    ctx.io.out << ToJson(resp) << "\n";
+  } else {
+    ctx.io.out << enqueued->job_id << (enqueued->deduplicated ? " (deduplicated)" : "") << "\n";
+  }
+  return kExitOk;
+}
+
+int RunGet(CommandContext& ctx) {
+  absl::StatusOr<v1::Job> job = ctx.client.GetJob(ctx.args.positional[0]);
+  if (!job.ok()) return BrokerError(ctx, job.status());
+  ctx.io.out << (ctx.json ? ToJson(*job) + "\n" : FormatJob(*job, absl::Now()));
+  return kExitOk;
+}
+
+int RunList(CommandContext& ctx) {
+  v1::ListJobsRequest req;
+  req.set_queue(ctx.args.positional[0]);
+  if (auto v = ctx.args.Get("--state")) {
+    absl::StatusOr<v1::JobState> state = ParseState(*v);
+    if (!state.ok()) return UsageError(ctx, std::string(state.status().message()));
+    req.set_state(*state);
+  }
+  int64_t limit = kDefaultListLimit;
+  if (auto v = ctx.args.Get("--limit")) {
+    absl::StatusOr<int64_t> n = ParseIntValue("--limit", *v, 1, kInt32Max);
+    if (!n.ok()) return UsageError(ctx, std::string(n.status().message()));
+    limit = *n;
+  }
+  req.set_newest_first(ctx.args.Has("--newest-first"));
+
+  std::vector<v1::Job> jobs;
+  bool cut_short = false;
+  while (true) {
+    req.set_page_size(
+        static_cast<int32_t>(std::min(kMaxPageSize, limit - static_cast<int64_t>(jobs.size()))));
+    absl::StatusOr<v1::ListJobsResponse> page = ctx.client.ListJobs(req);
+    if (!page.ok()) return BrokerError(ctx, page.status());
+    for (const v1::Job& job : page->jobs()) {
+      if (static_cast<int64_t>(jobs.size()) < limit) jobs.push_back(job);
+    }
+    if (page->next_page_token().empty()) break;
+    if (static_cast<int64_t>(jobs.size()) >= limit) {
+      cut_short = true;
+      break;
+    }
+    req.set_page_token(page->next_page_token());
+  }
+
+  if (ctx.json) {
+    std::vector<std::string> items;
+    items.reserve(jobs.size());
+    for (const v1::Job& job : jobs) items.push_back(ToJson(job));
+    ctx.io.out << "[" << absl::StrJoin(items, ",") << "]\n";
+    return kExitOk;
+  }
+  const absl::Time now = absl::Now();
+  Table table({"ID", "STATE", "ATTEMPT", "PRIORITY", "AGE", "LAST ERROR"});
+  table.AlignRight(3);
+  for (const v1::Job& job : jobs) {
+    table.AddRow({job.id(), StateName(job.state()),
+                  absl::StrCat(job.attempt(), "/", job.max_attempts()),
+                  absl::StrCat(job.priority()),
+                  client::IsSet(job.created_at())
+                      ? FormatAge(now - client::FromProtoTimestamp(job.created_at()))
+                      : "-",
+                  OneLine(job.last_error(), kMaxErrorInList)});
+  }
+  ctx.io.out << table.Render();
+  // On stderr, so that the table on stdout stays clean for other tools.
+  if (cut_short) ctx.io.err << "(stopped at --limit " << limit << "; there may be more)\n";
+  return kExitOk;
+}
+
+int RunCancel(CommandContext& ctx) {
+  absl::StatusOr<v1::Job> job = ctx.client.CancelJob(ctx.args.positional[0]);
+  if (!job.ok()) return BrokerError(ctx, job.status());
+  if (ctx.json) {
+    ctx.io.out << ToJson(*job) << "\n";
+  } else if (job->state() == v1::JOB_STATE_CANCELLED) {
+    ctx.io.out << job->id() << " CANCELLED\n";
+  } else {
+    ctx.io.out << job->id() << " " << StateName(job->state())
+               << ": cancel requested; its worker is told to stop\n";
+  }
+  return kExitOk;
+}
+
+}  // namespace jobbroker::cli

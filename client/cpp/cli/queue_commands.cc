@@ -1,0 +1,86 @@
+// queues, policy get, policy set, health: the commands about queues and the broker.
+#include <google/protobuf/util/json_util.h>
+
+#include <iterator>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cpp/cli/commands.h"
+#include "client/cpp/cli/format.h"
+#include "client/cpp/cli/table.h"
+
+namespace jobbroker::cli {
+namespace {
+
+int64_t Count(const v1::QueueInfo& info, v1::JobState state) {
+  auto it = info.counts().find(v1::JobState_Name(state));
+  return it == info.counts().end() ? 0 : it->second;
+}
+
+}  // namespace
+
+int RunQueues(CommandContext& ctx) {
+  absl::StatusOr<std::vector<v1::QueueInfo>> queues = ctx.client.ListQueues();
+  if (!queues.ok()) return BrokerError(ctx, queues.status());
+  if (ctx.json) {
+    std::vector<std::string> items;
+    items.reserve(queues->size());
+    for (const v1::QueueInfo& info : *queues) items.push_back(ToJson(info));
+    ctx.io.out << "[" << absl::StrJoin(items, ",") << "]\n";
+    return kExitOk;
+  }
+  Table table({"QUEUE", "READY", "SCHEDULED", "ACTIVE", "COMPLETED", "FAILED", "CANCELLED",
+               "OLDEST READY", "WAITING WORKERS"});
+  for (size_t c = 1; c < 9; ++c) table.AlignRight(c);
+  for (const v1::QueueInfo& info : *queues) {
+    table.AddRow({info.name(), absl::StrCat(Count(info, v1::JOB_STATE_READY)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_SCHEDULED)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_ACTIVE)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_COMPLETED)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_FAILED)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_CANCELLED)),
+                  FormatAge(info.oldest_ready_age()), absl::StrCat(info.waiting_leases())});
+  }
+  ctx.io.out << table.Render();
+  return kExitOk;
+}
+
+int RunPolicyGet(CommandContext& ctx) {
+  absl::StatusOr<v1::QueueInfo> info = ctx.client.GetQueue(ctx.args.positional[0]);
+  if (!info.ok()) return BrokerError(ctx, info.status());
+  ctx.io.out << ToJson(info->policy(), /*pretty=*/true) << "\n";
+  return kExitOk;
+}
+
+int RunPolicySet(CommandContext& ctx) {
+  std::string json = ctx.args.positional[1];
+  if (json == "-") {
+    json.assign(std::istreambuf_iterator<char>(ctx.io.in), std::istreambuf_iterator<char>());
+  }
+  v1::UpdateQueuePolicyRequest req;
+  req.set_queue(ctx.args.positional[0]);
+  req.set_reset(ctx.args.Has("--reset"));
+  // Unknown fields are refused: a typo must not silently change nothing.
+  const auto parsed = google::protobuf::util::JsonStringToMessage(json, req.mutable_policy());
+  if (!parsed.ok()) {
+    return UsageError(ctx, absl::StrCat("JSON is not a QueuePolicy: ", parsed.message().ToString(),
+                                        " (fields are lowerCamelCase, e.g. "
+                                        "{\"maxConcurrency\":5})"));
+  }
+  absl::StatusOr<v1::QueueInfo> info = ctx.client.UpdateQueuePolicy(req);
+  if (!info.ok()) return BrokerError(ctx, info.status());
+  ctx.io.out << ToJson(info->policy(), /*pretty=*/true) << "\n";
+  return kExitOk;
+}
+
+int RunHealth(CommandContext& ctx) {
+  absl::Status health = ctx.client.Health();
+  if (!health.ok()) return BrokerError(ctx, health);
+  ctx.io.out << (ctx.json ? R"({"status":"SERVING"})" : "SERVING") << "\n";
+  return kExitOk;
+}
+
+}  // namespace jobbroker::cli

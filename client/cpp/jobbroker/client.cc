@@ -1,0 +1,227 @@
+#include "jobbroker/client.h"
+
+#include <grpc/grpc.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "jobbroker/health.h"
+#include "jobbroker/proto_time.h"
+
+namespace jobbroker::client {
+namespace {
+
+constexpr char kFallbackAddress[] = "127.0.0.1:7070";
+constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
+constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
+// The broker accepts messages this large; payloads themselves are limited to 4 MiB, but a batch
+// or a page of jobs can be bigger.
+constexpr int kMaxMessageBytes = 64 << 20;
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  // grpc::StatusCode and absl::StatusCode share the canonical numbering.
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// UNAVAILABLE: the broker is down, restarting or draining. DEADLINE_EXCEEDED: this attempt ran
+// out of time, perhaps after the broker acted on it, which is why only calls that are safe to
+// repeat get here.
+bool IsTransient(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+}
+
+std::shared_ptr<grpc::Channel> Dial(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC's reconnect backoff starts at 1 s (up to 120 s), and a call made while it runs fails at
+  // once with UNAVAILABLE. Keep it in step with our own retry waits, so that a retry after a
+  // broker restart finds the channel reconnecting rather than still backing off. Not
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: despite its name it is the connect timeout (20 s), and a
+  // short one would fail connects to a slow or distant broker.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+// Runs `call` (a function of a fresh grpc::ClientContext* that returns grpc::Status) with the
+// per-attempt deadline, retrying transient failures when `retryable`.
+template <typename Call>
+absl::Status Run(const ClientOptions& options, bool retryable, Call call) {
+  const int attempts = retryable ? std::max(1, options.max_attempts) : 1;
+  absl::Duration wait = kFirstBackoff;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext ctx;
+    if (options.timeout != absl::InfiniteDuration()) {
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    }
+    absl::Status status = FromGrpc(call(&ctx));
+    if (status.ok() || attempt >= attempts || !IsTransient(status.code())) return status;
+    if (options.on_retry) options.on_retry(attempt, status, wait);
+    absl::SleepFor(wait);
+    wait = std::min(wait * 2, kMaxBackoff);
+  }
+}
+
+Enqueued FromProto(const v1::EnqueueResponse& resp) {
+  return Enqueued{.job_id = resp.job_id(), .deduplicated = resp.deduplicated()};
+}
+
+}  // namespace
+
+std::string DefaultAddress() {
+  const char* env = std::getenv("JOBBROKER_ADDRESS");
+  return env != nullptr && *env != '\0' ? env : kFallbackAddress;
+}
+
+v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::string& payload,
+                                      const EnqueueOptions& options) {
+  v1::EnqueueRequest req;
+  req.set_queue(queue);
+  req.set_payload(payload);
+  req.mutable_headers()->insert(options.headers.begin(), options.headers.end());
+  req.set_priority(options.priority);
+  if (options.delay.has_value()) *req.mutable_delay() = ToProtoDuration(*options.delay);
+  if (options.run_at.has_value()) *req.mutable_run_at() = ToProtoTimestamp(*options.run_at);
+  req.set_dedup_key(options.dedup_key);
+  if (options.dedup_ttl.has_value()) {
+    *req.mutable_dedup_ttl() = ToProtoDuration(*options.dedup_ttl);
+  }
+  req.set_max_attempts(options.max_attempts);
+  if (options.lease_duration.has_value()) {
+    *req.mutable_lease_duration() = ToProtoDuration(*options.lease_duration);
+  }
+  req.set_concurrency_key(options.concurrency_key);
+  return req;
+}
+
+Client::Client(ClientOptions options) : options_(std::move(options)) {
+  if (options_.address.empty()) options_.address = DefaultAddress();
+  channel_ = options_.channel != nullptr ? options_.channel : Dial(options_.address);
+  broker_ = v1::Broker::NewStub(channel_);
+  admin_ = v1::Admin::NewStub(channel_);
+}
+
+absl::StatusOr<Enqueued> Client::Enqueue(const std::string& queue, const std::string& payload,
+                                         const EnqueueOptions& options) {
+  return Enqueue(MakeEnqueueRequest(queue, payload, options));
+}
+
+absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request) {
+  v1::EnqueueResponse resp;
+  absl::Status s = Run(options_, !request.dedup_key().empty(), [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return broker_->Enqueue(ctx, request, &resp);
+  });
+  if (!s.ok()) return s;
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::vector<Enqueued>> Client::EnqueueBatch(const v1::EnqueueBatchRequest& request) {
+  // A retry repeats the whole batch; only dedup keys make that harmless, and only if every job
+  // has one.
+  const bool retryable =
+      !request.jobs().empty() &&
+      std::all_of(request.jobs().begin(), request.jobs().end(),
+                  [](const v1::EnqueueRequest& job) { return !job.dedup_key().empty(); });
+  v1::EnqueueBatchResponse resp;
+  absl::Status s = Run(options_, retryable, [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return broker_->EnqueueBatch(ctx, request, &resp);
+  });
+  if (!s.ok()) return s;
+  std::vector<Enqueued> results;
+  results.reserve(resp.results_size());
+  for (const v1::EnqueueResponse& r : resp.results()) results.push_back(FromProto(r));
+  return results;
+}
+
+absl::StatusOr<v1::Job> Client::GetJob(const std::string& job_id) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    job.Clear();
+    return admin_->GetJob(ctx, req, &job);
+  });
+  if (!s.ok()) return s;
+  return job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& request) {
+  v1::ListJobsResponse resp;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return admin_->ListJobs(ctx, request, &resp);
+  });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::Job> Client::CancelJob(const std::string& job_id) {
+  v1::CancelJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  // Not retried: after a lost reply the repeat would answer FAILED_PRECONDITION (the job has
+  // already ended), hiding that the cancel worked.
+  absl::Status s = Run(options_, /*retryable=*/false,
+                       [&](grpc::ClientContext* ctx) { return admin_->CancelJob(ctx, req, &job); });
+  if (!s.ok()) return s;
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::QueueInfo>> Client::ListQueues() {
+  v1::ListQueuesRequest req;
+  v1::ListQueuesResponse resp;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return admin_->ListQueues(ctx, req, &resp);
+  });
+  if (!s.ok()) return s;
+  return std::vector<v1::QueueInfo>(resp.queues().begin(), resp.queues().end());
+}
+
+absl::StatusOr<v1::QueueInfo> Client::GetQueue(const std::string& queue) {
+  v1::GetQueueRequest req;
+  req.set_queue(queue);
+  v1::QueueInfo info;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    info.Clear();
+    return admin_->GetQueue(ctx, req, &info);
+  });
+  if (!s.ok()) return s;
+  return info;
+}
+
+absl::StatusOr<v1::QueueInfo> Client::UpdateQueuePolicy(
+    const v1::UpdateQueuePolicyRequest& request) {
+  v1::QueueInfo info;
+  // Safe to repeat: the same fields set to the same values (after the same reset) end in the
+  // same policy.
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    info.Clear();
+    return admin_->UpdateQueuePolicy(ctx, request, &info);
+  });
+  if (!s.ok()) return s;
+  return info;
+}
+
+absl::Status Client::Health() {
+  int serving = kHealthUnknown;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    return CheckHealth(ctx, channel_, "", &serving);
+  });
+  if (!s.ok()) return s;
+  if (serving != kHealthServing) {
+    // It answered, but is not taking work (e.g. shutting down): as good as unavailable.
+    return absl::UnavailableError(
+        absl::StrCat("health check answered ", HealthStatusName(serving)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace jobbroker::client

@@ -1,0 +1,100 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+
+namespace grpc {
+class Channel;
+}
+
+namespace jobbroker::client {
+
+struct ClientOptions {
+  // "host:port". Default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
+  std::string address;
+  // Deadline of each call attempt.
+  absl::Duration timeout = absl::Seconds(10);
+  // Attempts for calls that are safe to repeat, when the broker is UNAVAILABLE (restarting,
+  // draining) or the attempt hit its deadline. Waits 100 ms, 200 ms, 400 ms, ... between them
+  // (at most 5 s each). Values below 1 mean 1.
+  int max_attempts = 5;
+  // Called before each retry's wait with the attempt that failed (1-based), its status and the
+  // wait that follows; for logging and metrics. Runs on the calling thread.
+  std::function<void(int attempt, const absl::Status& status, absl::Duration wait)> on_retry;
+  // Use this channel instead of dialing `address` (tests, custom credentials).
+  std::shared_ptr<grpc::Channel> channel;
+};
+
+// The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
+std::string DefaultAddress();
+
+// Options of one Enqueue; unset fields take the queue's policy.
+struct EnqueueOptions {
+  std::map<std::string, std::string> headers;
+  int32_t priority = 0;
+  std::optional<absl::Duration> delay;
+  std::optional<absl::Time> run_at;
+  // Makes Enqueue safe to retry: a repeat returns the first job (deduplicated = true).
+  std::string dedup_key;
+  std::optional<absl::Duration> dedup_ttl;
+  int max_attempts = 0;
+  std::optional<absl::Duration> lease_duration;
+  std::string concurrency_key;
+};
+
+struct Enqueued {
+  std::string job_id;
+  bool deduplicated = false;
+};
+
+// A producer's and operator's handle on one broker. Thread-safe; cheap calls share one channel.
+//
+// Errors come back as absl::Status with the broker's code and message (INVALID_ARGUMENT names
+// the bad field, NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
+// UNAVAILABLE). Calls that are safe to repeat are retried on UNAVAILABLE and DEADLINE_EXCEEDED
+// (reads, policy changes, and Enqueue/EnqueueBatch only when every job has a dedup_key: without
+// one a retry after a lost reply would enqueue the job twice).
+class Client {
+ public:
+  explicit Client(ClientOptions options = {});
+
+  absl::StatusOr<Enqueued> Enqueue(const std::string& queue, const std::string& payload,
+                                   const EnqueueOptions& options = {});
+  absl::StatusOr<Enqueued> Enqueue(const v1::EnqueueRequest& request);
+  // All or nothing.
+  absl::StatusOr<std::vector<Enqueued>> EnqueueBatch(const v1::EnqueueBatchRequest& request);
+
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::QueueInfo>> ListQueues();
+  absl::StatusOr<v1::QueueInfo> GetQueue(const std::string& queue);
+  absl::StatusOr<v1::QueueInfo> UpdateQueuePolicy(const v1::UpdateQueuePolicyRequest& request);
+  // OK when the broker answers the standard health check with SERVING.
+  absl::Status Health();
+
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Broker::Stub> broker_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+};
+
+// Builds the EnqueueRequest that Client::Enqueue(queue, payload, options) sends.
+v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::string& payload,
+                                      const EnqueueOptions& options);
+
+}  // namespace jobbroker::client

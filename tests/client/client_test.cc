@@ -1,0 +1,377 @@
+// The C++ client library (client/cpp/jobbroker/client.h) against the real broker binary: options
+// reach the broker, errors keep the broker's code and message, and retries happen exactly for
+// the calls that are safe to repeat.
+#include "jobbroker/client.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "jobbroker/proto_time.h"
+#include "tests/testing/broker_client.h"
+#include "tests/testing/broker_process.h"
+
+namespace jobbroker::client {
+namespace {
+
+namespace v1 = ::jobbroker::v1;
+using ::jobbroker::testing::BrokerClient;
+using ::jobbroker::testing::BrokerProcess;
+using ::jobbroker::testing::BrokerProcessOptions;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+using ::testing::UnorderedElementsAre;
+
+// A TCP port of 127.0.0.1, held for the test so that nothing else takes it. Not listening,
+// connects are refused: a broker that is down. Listening but never accepting, TCP connects but
+// gRPC's handshake never completes: a hung broker, whose calls run into their deadline.
+class Socket {
+ public:
+  explicit Socket(bool listen) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = 0;
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    if (listen) {
+      EXPECT_EQ(::listen(fd_, 16), 0);
+    }
+  }
+  ~Socket() { close(fd_); }
+
+  Socket(const Socket&) = delete;
+  Socket& operator=(const Socket&) = delete;
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Records every on_retry call.
+struct RetryLog {
+  absl::Mutex mu;
+  std::vector<std::pair<int, absl::Duration>> waits ABSL_GUARDED_BY(mu);
+  std::vector<absl::StatusCode> codes ABSL_GUARDED_BY(mu);
+
+  void Attach(ClientOptions& options) {
+    options.on_retry = [this](int attempt, const absl::Status& status, absl::Duration wait) {
+      absl::MutexLock lock(&mu);
+      waits.emplace_back(attempt, wait);
+      codes.push_back(status.code());
+    };
+  }
+  std::vector<std::pair<int, absl::Duration>> Waits() {
+    absl::MutexLock lock(&mu);
+    return waits;
+  }
+  std::vector<absl::StatusCode> Codes() {
+    absl::MutexLock lock(&mu);
+    return codes;
+  }
+};
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start();
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    broker_ = *std::move(broker);
+    client_ = std::make_unique<Client>(ClientOptions{.address = broker_->address()});
+    raw_ = std::make_unique<BrokerClient>(broker_->NewChannel());
+  }
+
+  std::unique_ptr<BrokerProcess> broker_;
+  std::unique_ptr<Client> client_;
+  // The generated stubs, for what the client library does not do (leasing).
+  std::unique_ptr<BrokerClient> raw_;
+};
+
+TEST_F(ClientTest, EnqueueOptionsRoundTripThroughGetJob) {
+  EnqueueOptions options;
+  options.headers = {{"trace", "abc"}, {"content-type", "application/json"}};
+  options.priority = 7;
+  options.delay = absl::Minutes(10);
+  options.dedup_key = "order-42";
+  options.dedup_ttl = absl::Hours(1);
+  options.max_attempts = 3;
+  options.lease_duration = absl::Seconds(45);
+  options.concurrency_key = "tenant-a";
+  absl::StatusOr<Enqueued> enqueued = client_->Enqueue("orders", R"({"id":42})", options);
+  ASSERT_TRUE(enqueued.ok()) << enqueued.status();
+  EXPECT_FALSE(enqueued->deduplicated);
+
+  absl::StatusOr<v1::Job> job = client_->GetJob(enqueued->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), enqueued->job_id);
+  EXPECT_EQ(job->queue(), "orders");
+  EXPECT_EQ(job->payload(), R"({"id":42})");
+  EXPECT_THAT(job->headers(),
+              UnorderedElementsAre(Pair("trace", "abc"), Pair("content-type", "application/json")));
+  EXPECT_EQ(job->priority(), 7);
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(FromProtoTimestamp(job->run_at()) - FromProtoTimestamp(job->created_at()),
+            absl::Minutes(10));
+  EXPECT_EQ(job->dedup_key(), "order-42");
+  EXPECT_EQ(job->idempotency_key(), "order-42");
+  EXPECT_EQ(job->max_attempts(), 3);
+  EXPECT_EQ(job->concurrency_key(), "tenant-a");
+}
+
+TEST_F(ClientTest, RunAtAndLeaseDurationReachTheBroker) {
+  const absl::Time run_at = absl::FromUnixSeconds(4102444800);  // 2100-01-01
+  absl::StatusOr<Enqueued> later = client_->Enqueue("orders", "later", {.run_at = run_at});
+  ASSERT_TRUE(later.ok()) << later.status();
+  absl::StatusOr<v1::Job> job = client_->GetJob(later->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_EQ(FromProtoTimestamp(job->run_at()), run_at);
+
+  // The job's lease_duration applies when the worker names none.
+  absl::StatusOr<Enqueued> now =
+      client_->Enqueue("orders", "now", {.lease_duration = absl::Seconds(45)});
+  ASSERT_TRUE(now.ok()) << now.status();
+  std::optional<v1::LeasedJob> leased = raw_->LeaseOne("orders", "worker-1");
+  ASSERT_TRUE(leased.has_value());
+  ASSERT_EQ(leased->job_id(), now->job_id);
+  job = client_->GetJob(now->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->attempts_size(), 1);
+  EXPECT_EQ(
+      FromProtoTimestamp(job->lease_deadline()) - FromProtoTimestamp(job->attempts(0).started_at()),
+      absl::Seconds(45));
+}
+
+TEST_F(ClientTest, EnqueueWithTheSameDedupKeyReturnsTheFirstJob) {
+  absl::StatusOr<Enqueued> first = client_->Enqueue("emails", "hi", {.dedup_key = "welcome-ada"});
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<Enqueued> again = client_->Enqueue("emails", "hi", {.dedup_key = "welcome-ada"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->job_id, first->job_id);
+  EXPECT_FALSE(first->deduplicated);
+  EXPECT_TRUE(again->deduplicated);
+
+  absl::StatusOr<Enqueued> other =
+      client_->Enqueue("emails", "another payload", {.dedup_key = "welcome-ada"});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists) << other.status();
+  EXPECT_THAT(other.status().message(), HasSubstr(first->job_id));
+}
+
+TEST_F(ClientTest, ErrorsKeepTheBrokersCodeAndMessage) {
+  absl::StatusOr<Enqueued> bad = client_->Enqueue("", "x");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_THAT(bad.status().message(), HasSubstr("queue"));
+  // Word for word what the stub gets.
+  v1::EnqueueRequest req;
+  req.set_payload("x");
+  v1::EnqueueResponse resp;
+  EXPECT_EQ(std::string(bad.status().message()), raw_->Enqueue(req, &resp).error_message());
+
+  absl::StatusOr<v1::Job> missing = client_->GetJob("no-such-job");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_THAT(missing.status().message(), HasSubstr("no-such-job"));
+
+  absl::StatusOr<v1::QueueInfo> no_queue = client_->GetQueue("never-used");
+  EXPECT_EQ(no_queue.status().code(), absl::StatusCode::kNotFound) << no_queue.status();
+}
+
+TEST_F(ClientTest, BatchListQueuesPolicyAndCancel) {
+  v1::EnqueueBatchRequest batch;
+  for (int i = 0; i < 3; ++i) {
+    v1::EnqueueRequest* job = batch.add_jobs();
+    *job = MakeEnqueueRequest("reports", "report-" + std::to_string(i),
+                              {.dedup_key = "report-" + std::to_string(i)});
+  }
+  absl::StatusOr<std::vector<Enqueued>> ids = client_->EnqueueBatch(batch);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->size(), 3u);
+
+  v1::ListJobsRequest list;
+  list.set_queue("reports");
+  list.set_page_size(2);
+  absl::StatusOr<v1::ListJobsResponse> page = client_->ListJobs(list);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->jobs_size(), 2);
+  EXPECT_EQ(page->jobs(0).id(), (*ids)[0].job_id);
+  EXPECT_FALSE(page->next_page_token().empty());
+
+  absl::StatusOr<std::vector<v1::QueueInfo>> queues = client_->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  ASSERT_EQ(queues->size(), 1u);
+  EXPECT_EQ((*queues)[0].name(), "reports");
+  EXPECT_EQ((*queues)[0].counts().at("JOB_STATE_READY"), 3);
+
+  v1::UpdateQueuePolicyRequest update;
+  update.set_queue("reports");
+  update.mutable_policy()->set_max_concurrency(5);
+  absl::StatusOr<v1::QueueInfo> updated = client_->UpdateQueuePolicy(update);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_EQ(updated->policy().max_concurrency(), 5);
+  absl::StatusOr<v1::QueueInfo> info = client_->GetQueue("reports");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->policy().max_concurrency(), 5);
+
+  absl::StatusOr<v1::Job> cancelled = client_->CancelJob((*ids)[2].job_id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  absl::StatusOr<v1::Job> twice = client_->CancelJob((*ids)[2].job_id);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition) << twice.status();
+}
+
+TEST_F(ClientTest, HealthIsOkWhileServing) {
+  EXPECT_TRUE(client_->Health().ok()) << client_->Health();
+}
+
+TEST_F(ClientTest, DefaultAddressComesFromTheEnvironment) {
+  ASSERT_EQ(setenv("JOBBROKER_ADDRESS", broker_->address().c_str(), 1), 0);
+  EXPECT_EQ(DefaultAddress(), broker_->address());
+  Client from_env;
+  EXPECT_EQ(from_env.options().address, broker_->address());
+  EXPECT_TRUE(from_env.Health().ok());
+  ASSERT_EQ(unsetenv("JOBBROKER_ADDRESS"), 0);
+  EXPECT_EQ(DefaultAddress(), "127.0.0.1:7070");
+}
+
+// Retries, on an address that refuses connections: every attempt is UNAVAILABLE.
+class ClientRetryTest : public ::testing::Test {
+ protected:
+  Client NewClient(int max_attempts = 5) {
+    ClientOptions options{.address = closed_.address(), .max_attempts = max_attempts};
+    log_.Attach(options);
+    return Client(std::move(options));
+  }
+
+  const Socket closed_{/*listen=*/false};
+  RetryLog log_;
+};
+
+TEST_F(ClientRetryTest, ReadsRetryUnavailableWithDoublingWaitsThenGiveUp) {
+  Client client = NewClient();
+  absl::StatusOr<v1::Job> job = client.GetJob("any");
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnavailable) << job.status();
+  EXPECT_THAT(log_.Waits(),
+              ElementsAre(Pair(1, absl::Milliseconds(100)), Pair(2, absl::Milliseconds(200)),
+                          Pair(3, absl::Milliseconds(400)), Pair(4, absl::Milliseconds(800))));
+  EXPECT_THAT(log_.Codes(), ::testing::Each(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(ClientRetryTest, EnqueueIsRetriedOnlyWithADedupKey) {
+  Client client = NewClient(3);
+  absl::StatusOr<Enqueued> plain = client.Enqueue("q", "p");
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kUnavailable) << plain.status();
+  EXPECT_THAT(log_.Waits(), ::testing::IsEmpty());
+
+  absl::StatusOr<Enqueued> keyed = client.Enqueue("q", "p", {.dedup_key = "k"});
+  EXPECT_EQ(keyed.status().code(), absl::StatusCode::kUnavailable) << keyed.status();
+  EXPECT_THAT(log_.Waits(),
+              ElementsAre(Pair(1, absl::Milliseconds(100)), Pair(2, absl::Milliseconds(200))));
+}
+
+TEST_F(ClientRetryTest, BatchIsRetriedOnlyWhenEveryJobHasADedupKey) {
+  Client client = NewClient(2);
+  v1::EnqueueBatchRequest batch;
+  *batch.add_jobs() = MakeEnqueueRequest("q", "a", {.dedup_key = "a"});
+  *batch.add_jobs() = MakeEnqueueRequest("q", "b", {});
+  EXPECT_EQ(client.EnqueueBatch(batch).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log_.Waits(), ::testing::IsEmpty());
+
+  batch.mutable_jobs(1)->set_dedup_key("b");
+  EXPECT_EQ(client.EnqueueBatch(batch).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log_.Waits(), ElementsAre(Pair(1, absl::Milliseconds(100))));
+}
+
+TEST_F(ClientRetryTest, CancelIsNotRetriedButPolicyChangesAndHealthAre) {
+  Client client = NewClient(2);
+  EXPECT_EQ(client.CancelJob("any").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log_.Waits(), ::testing::IsEmpty());
+
+  v1::UpdateQueuePolicyRequest update;
+  update.set_queue("q");
+  EXPECT_EQ(client.UpdateQueuePolicy(update).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.Health().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.ListQueues().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(log_.Waits().size(), 3u);
+}
+
+TEST_F(ClientRetryTest, MaxAttemptsBelowOneMeansOneAttempt) {
+  Client client = NewClient(0);
+  EXPECT_EQ(client.GetJob("any").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log_.Waits(), ::testing::IsEmpty());
+}
+
+TEST(ClientDeadlineTest, EachAttemptGetsTheTimeoutAndDeadlineExceededIsRetried) {
+  // The port accepts TCP but never speaks HTTP/2, so each attempt waits out its deadline.
+  const Socket silent(/*listen=*/true);
+  RetryLog log;
+  ClientOptions options{
+      .address = silent.address(), .timeout = absl::Milliseconds(200), .max_attempts = 2};
+  log.Attach(options);
+  Client client(std::move(options));
+  EXPECT_EQ(client.GetJob("any").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(log.Codes(), ElementsAre(absl::StatusCode::kDeadlineExceeded));
+  // Without a dedup key a timed-out enqueue may have happened: not repeated.
+  EXPECT_EQ(client.Enqueue("q", "p").status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(log.Codes().size(), 1u);
+}
+
+TEST(ClientRestartTest, DedupEnqueueIssuedWhileTheBrokerIsDownSucceedsOnceItIsBack) {
+  absl::StatusOr<std::unique_ptr<BrokerProcess>> first = BrokerProcess::Start();
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string address = (*first)->address();
+
+  std::atomic<int> retries{0};
+  absl::Notification retrying;
+  ClientOptions options{.address = address, .max_attempts = 12};
+  options.on_retry = [&](int, const absl::Status&, absl::Duration) {
+    if (retries.fetch_add(1) == 0) retrying.Notify();
+  };
+  Client client(std::move(options));
+  absl::StatusOr<Enqueued> original = client.Enqueue("orders", "order 7", {.dedup_key = "order-7"});
+  ASSERT_TRUE(original.ok()) << original.status();
+
+  (*first)->Kill9();
+  absl::StatusOr<Enqueued> repeated;
+  std::thread producer(
+      [&] { repeated = client.Enqueue("orders", "order 7", {.dedup_key = "order-7"}); });
+  // Restart only once the call has failed at least once, so the retry is what succeeds.
+  retrying.WaitForNotification();
+
+  // The same data dir on the same port: the client keeps dialing the address it was given.
+  BrokerProcessOptions again{.data_dir = (*first)->data_dir(), .extra_args = {"--listen", address}};
+  absl::StatusOr<std::unique_ptr<BrokerProcess>> second = BrokerProcess::Start(again);
+  if (!second.ok()) {
+    producer.join();
+    // Another process took the freed port in between: nothing about the client to learn.
+    if (absl::StrContains(second.status().message(), "cannot listen")) {
+      GTEST_SKIP() << "port " << address << " was taken: " << second.status();
+    }
+    FAIL() << second.status();
+  }
+  producer.join();
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_EQ(repeated->job_id, original->job_id);
+  EXPECT_TRUE(repeated->deduplicated);
+  EXPECT_GE(retries.load(), 1);
+}
+
+}  // namespace
+}  // namespace jobbroker::client
