@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,10 +35,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "jobbroker/worker.h"
 
 namespace jobbroker::bench {
 namespace {
@@ -58,12 +61,18 @@ struct Flags {
   int payload_bytes = 100;
   int channels = 4;
   int batch = 100;
+  int in_flight = 16;  // stream modes: jobs each streaming worker holds at once
+  double rate = 1000;  // latency mode: enqueues per second
   double timeout_seconds = 300;
 };
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: jobbroker-bench enqueue|e2e|e2e-mixed [flags]\n"
+               "usage: jobbroker-bench enqueue|e2e|e2e-mixed|stream|latency [flags]\n"
+               "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
+               "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
+               "  latency: one idle streaming worker, enqueues at --rate per second; time\n"
+               "          from Enqueue returning (and from its send) to the job's arrival\n"
                "  --address HOST:PORT   broker gRPC address (default 127.0.0.1:7070)\n"
                "  --concurrency N       producer threads (default 16)\n"
                "  --workers N           worker threads for e2e modes (default 16)\n"
@@ -72,6 +81,8 @@ void Usage(FILE* out) {
                "  --queue NAME          queue to use (default: a fresh name per run)\n"
                "  --channels N          gRPC connections to spread threads over (default 4)\n"
                "  --batch N             EnqueueBatch size for the e2e preload (default 100)\n"
+               "  --in-flight N         stream modes: jobs each worker holds (default 16)\n"
+               "  --rate N              latency mode: enqueues per second (default 1000)\n"
                "  --timeout SECONDS     give up after this long (default 300)\n");
 }
 
@@ -141,6 +152,12 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (arg == "--batch") {
       if (!as_int(1)) return false;
       flags->batch = static_cast<int>(std::min<int64_t>(n, 1000));
+    } else if (arg == "--in-flight") {
+      if (!as_int(1)) return false;
+      flags->in_flight = static_cast<int>(n);
+    } else if (arg == "--rate") {
+      if (!as_int(1)) return false;
+      flags->rate = static_cast<double>(n);
     } else if (arg == "--timeout") {
       if (!as_int(1)) return false;
       flags->timeout_seconds = static_cast<double>(n);
@@ -149,8 +166,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       return false;
     }
   }
-  if (flags->mode != "enqueue" && flags->mode != "e2e" && flags->mode != "e2e-mixed") {
-    std::fprintf(stderr, "mode must be enqueue, e2e or e2e-mixed\n");
+  if (flags->mode != "enqueue" && flags->mode != "e2e" && flags->mode != "e2e-mixed" &&
+      flags->mode != "stream" && flags->mode != "latency") {
+    std::fprintf(stderr, "mode must be enqueue, e2e, e2e-mixed, stream or latency\n");
     return false;
   }
   return true;
@@ -313,6 +331,10 @@ class Bench {
       r = RunEnqueue();
     } else if (flags_.mode == "e2e") {
       r = RunE2e();
+    } else if (flags_.mode == "stream") {
+      r = RunStream();
+    } else if (flags_.mode == "latency") {
+      r = RunLatency();
     } else {
       r = RunMixed();
     }
@@ -552,6 +574,135 @@ class Bench {
     r.latency_of = "enqueue_to_ack";
     r.p50_ms = e2e_latencies.PercentileMs(50);
     r.p99_ms = e2e_latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  // Streaming workers as users run them: the client library's Worker, a no-op handler.
+  std::vector<std::unique_ptr<client::Worker>> StartStreamWorkers(
+      int n, const std::function<void(client::JobContext&)>& on_job) {
+    std::vector<std::unique_ptr<client::Worker>> workers;
+    for (int i = 0; i < n; ++i) {
+      client::WorkerOptions o;
+      o.address = flags_.address;
+      o.worker_id = absl::StrCat("bench-stream-", i);
+      o.concurrency = flags_.in_flight;
+      auto w = std::make_unique<client::Worker>(o);
+      w->Handle(flags_.queue, [on_job](client::JobContext& job) {
+        on_job(job);
+        return absl::OkStatus();
+      });
+      absl::Status s = w->Start();
+      if (!s.ok()) std::fprintf(stderr, "worker start: %s\n", s.ToString().c_str());
+      workers.push_back(std::move(w));
+    }
+    return workers;
+  }
+
+  // Enqueue -> push -> ack with `workers` streaming workers while producers enqueue.
+  Report RunStream() {
+    Errors errors;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> enqueued{0};
+    std::atomic<int64_t> handled{0};
+    Latencies enqueue_latencies;
+    absl::Notification all_handled;
+    auto workers = StartStreamWorkers(flags_.workers, [&](client::JobContext&) {
+      if (handled.fetch_add(1) + 1 == flags_.jobs) all_handled.Notify();
+    });
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> producers =
+        StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, false);
+    for (std::thread& t : producers) t.join();
+    all_handled.WaitForNotificationWithDeadline(deadline_);
+    // Stop waits for the last acks to be answered: the run ends when the broker has them all.
+    for (auto& w : workers) w->Stop(absl::Seconds(30));
+    const absl::Time end = absl::Now();
+    int64_t acked = 0;
+    for (auto& w : workers) acked += w->stats().acked;
+    Report r;
+    r.mode = "stream";
+    r.concurrency = flags_.concurrency;
+    r.workers = flags_.workers;
+    r.jobs = flags_.jobs;
+    r.done = acked;
+    r.seconds = absl::ToDoubleSeconds(end - start);
+    r.latency_of = "enqueue";
+    r.p50_ms = enqueue_latencies.PercentileMs(50);
+    r.p99_ms = enqueue_latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = end >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  // One idle streaming worker; one producer sends at a fixed rate. Latency: from Enqueue
+  // returning to the job's arrival in the handler (a push may even arrive first: both follow
+  // the same fsync; such samples count as 0), and from the Enqueue's send.
+  Report RunLatency() {
+    Errors errors;
+    absl::Mutex mu;
+    std::map<std::string, absl::Time> sent, returned, arrived;
+    absl::Notification all_arrived;
+    auto workers = StartStreamWorkers(1, [&](client::JobContext& job) {
+      absl::Time now = absl::Now();
+      absl::MutexLock lock(&mu);
+      arrived[job.job_id()] = now;
+      if (static_cast<int64_t>(arrived.size()) == flags_.jobs) all_arrived.Notify();
+    });
+    std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(0);
+    v1::EnqueueRequest req;
+    req.set_queue(flags_.queue);
+    req.set_payload(payload_);
+    const absl::Duration interval = absl::Seconds(1) / flags_.rate;
+    const absl::Time start = absl::Now();
+    for (int64_t i = 0; i < flags_.jobs && !TimedOut(); ++i) {
+      absl::Time due = start + interval * i;
+      if (absl::Time now = absl::Now(); now < due) absl::SleepFor(due - now);
+      const absl::Time send = absl::Now();
+      v1::EnqueueResponse resp;
+      grpc::Status s =
+          Call([&](grpc::ClientContext* ctx) { return stub->Enqueue(ctx, req, &resp); });
+      const absl::Time back = absl::Now();
+      if (!s.ok()) {
+        RecordError(&errors, s, "Enqueue");
+        continue;
+      }
+      absl::MutexLock lock(&mu);
+      sent[resp.job_id()] = send;
+      returned[resp.job_id()] = back;
+    }
+    all_arrived.WaitForNotificationWithDeadline(deadline_);
+    for (auto& w : workers) w->Stop(absl::Seconds(30));
+    Latencies from_return, from_send;
+    std::vector<int64_t> r_us, s_us;
+    {
+      absl::MutexLock lock(&mu);
+      for (const auto& [id, at] : arrived) {
+        if (!returned.count(id)) continue;
+        r_us.push_back(std::max<int64_t>(0, absl::ToInt64Microseconds(at - returned[id])));
+        s_us.push_back(absl::ToInt64Microseconds(at - sent[id]));
+      }
+    }
+    from_return.Add(std::move(r_us));
+    from_send.Add(std::move(s_us));
+    std::fprintf(stderr, "latency from the Enqueue's send: p50 %.2f ms, p99 %.2f ms\n",
+                 from_send.PercentileMs(50), from_send.PercentileMs(99));
+    Report r;
+    r.mode = "latency";
+    r.concurrency = 1;
+    r.workers = 1;
+    r.jobs = flags_.jobs;
+    {
+      absl::MutexLock lock(&mu);
+      r.done = static_cast<int64_t>(arrived.size());
+    }
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.latency_of = "return_to_arrival";
+    r.p50_ms = from_return.PercentileMs(50);
+    r.p99_ms = from_return.PercentileMs(99);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the standard benchmark set against a freshly started broker:
 #   enqueue with concurrency 1 (each Enqueue waits for its own fsync) and 64 (group commit),
-#   e2e with 16 workers (preload, then Lease+Ack), and e2e-mixed (producers and workers at once).
+#   e2e with 16 workers (preload, then Lease+Ack), e2e-mixed (producers and workers at once),
+#   stream with 1, 4 and 16 streaming workers (enqueue -> push -> ack), and latency (enqueue
+#   return -> arrival at an idle streaming worker, at 1,000 enqueues/s).
 # The broker gets a temp data dir and free ports (read from its "serving" line), and is stopped
 # with SIGTERM at the end; a non-zero exit status from it fails the script.
 #
@@ -69,6 +71,10 @@ run enqueue --concurrency 1 --jobs "$serial_jobs" || status=1
 run enqueue --concurrency 64 --jobs "$jobs" || status=1
 run e2e --workers 16 --concurrency 16 --jobs "$jobs" || status=1
 run e2e-mixed --workers 16 --concurrency 16 --jobs "$jobs" || status=1
+for w in 1 4 16; do
+  run stream --workers "$w" --concurrency 64 --jobs "$jobs" || status=1
+done
+run latency --rate 1000 --jobs "$serial_jobs" || status=1
 grep '^{' "$tmp/bench.out" >"$out" || true
 if [[ -n "${RESULTS:-}" ]]; then
   cat "$out" >>"$RESULTS"
