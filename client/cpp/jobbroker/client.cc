@@ -34,20 +34,6 @@ bool IsTransient(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
 }
 
-std::shared_ptr<grpc::Channel> Dial(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  // gRPC's reconnect backoff starts at 1 s (up to 120 s), and a call made while it runs fails at
-  // once with UNAVAILABLE. Keep it in step with our own retry waits, so that a retry after a
-  // broker restart finds the channel reconnecting rather than still backing off. Not
-  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: despite its name it is the connect timeout (20 s), and a
-  // short one would fail connects to a slow or distant broker.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-
 // Runs `call` (a function of a fresh grpc::ClientContext* that returns grpc::Status) with the
 // per-attempt deadline, retrying transient failures when `retryable`.
 template <typename Call>
@@ -78,6 +64,21 @@ std::string DefaultAddress() {
   return env != nullptr && *env != '\0' ? env : kFallbackAddress;
 }
 
+std::shared_ptr<grpc::Channel> DialBroker(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // gRPC's reconnect backoff starts at 1 s (up to 120 s), and a call made while it runs fails at
+  // once with UNAVAILABLE. Keep it in step with our own retry waits, so that a retry after a
+  // broker restart finds the channel reconnecting rather than still backing off. Not
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: despite its name it is the connect timeout (20 s), and a
+  // short one would fail connects to a slow or distant broker.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  return grpc::CreateCustomChannel(address.empty() ? DefaultAddress() : address,
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
 v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::string& payload,
                                       const EnqueueOptions& options) {
   v1::EnqueueRequest req;
@@ -101,7 +102,7 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   if (options_.address.empty()) options_.address = DefaultAddress();
-  channel_ = options_.channel != nullptr ? options_.channel : Dial(options_.address);
+  channel_ = options_.channel != nullptr ? options_.channel : DialBroker(options_.address);
   broker_ = v1::Broker::NewStub(channel_);
   admin_ = v1::Admin::NewStub(channel_);
 }

@@ -38,6 +38,11 @@ struct ClientOptions {
 // The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
 std::string DefaultAddress();
 
+// A channel to the broker at `address` (empty: DefaultAddress()) with the settings every
+// client here uses: 64 MiB messages, and reconnects that back off from 100 ms to at most 2 s, so
+// a broker that restarts is found again within seconds.
+std::shared_ptr<grpc::Channel> DialBroker(const std::string& address);
+
 // Options of one Enqueue; unset fields take the queue's policy.
 struct EnqueueOptions {
   std::map<std::string, std::string> headers;

@@ -92,10 +92,7 @@ class Worker::Impl {
     if (options_.concurrency < 1) options_.concurrency = 1;
     if (options_.prefetch < 0) options_.prefetch = 0;
     channel_ = options_.channel;
-    if (channel_ == nullptr) {
-      std::string address = options_.address.empty() ? DefaultAddress() : options_.address;
-      channel_ = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    }
+    if (channel_ == nullptr) channel_ = DialBroker(options_.address);
     stub_ = v1::Broker::NewStub(channel_);
   }
 
