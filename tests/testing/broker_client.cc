@@ -9,30 +9,6 @@ namespace jobbroker::testing {
 
 namespace v1 = ::jobbroker::v1;
 
-google::protobuf::Duration ToProto(absl::Duration d) {
-  google::protobuf::Duration out;
-  const int64_t seconds = absl::IDivDuration(d, absl::Seconds(1), &d);
-  out.set_seconds(seconds);
-  out.set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(d)));
-  return out;
-}
-
-google::protobuf::Timestamp ToProtoTime(absl::Time t) {
-  const timespec ts = absl::ToTimespec(t);
-  google::protobuf::Timestamp out;
-  out.set_seconds(ts.tv_sec);
-  out.set_nanos(static_cast<int32_t>(ts.tv_nsec));
-  return out;
-}
-
-absl::Time FromProto(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-absl::Duration FromProto(const google::protobuf::Duration& d) {
-  return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
-}
-
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK:

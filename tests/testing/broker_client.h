@@ -16,15 +16,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
+#include "jobbroker/proto_time.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 
 namespace jobbroker::testing {
 
-google::protobuf::Duration ToProto(absl::Duration d);
-google::protobuf::Timestamp ToProtoTime(absl::Time t);
-absl::Time FromProto(const google::protobuf::Timestamp& t);
-absl::Duration FromProto(const google::protobuf::Duration& d);
+// Short names for the client library's time conversions, used all over the tests.
+inline google::protobuf::Duration ToProto(absl::Duration d) { return client::ToProtoDuration(d); }
+inline google::protobuf::Timestamp ToProtoTime(absl::Time t) { return client::ToProtoTimestamp(t); }
+inline absl::Time FromProto(const google::protobuf::Timestamp& t) {
+  return client::FromProtoTimestamp(t);
+}
+inline absl::Duration FromProto(const google::protobuf::Duration& d) {
+  return client::FromProtoDuration(d);
+}
 
 // "NOT_FOUND" etc., for failure messages.
 std::string CodeName(grpc::StatusCode code);

@@ -1,6 +1,7 @@
 #include "tests/testing/work_stream_client.h"
 
 #include "absl/time/clock.h"
+#include "jobbroker/proto_time.h"
 
 namespace jobbroker::testing {
 
@@ -84,11 +85,8 @@ grpc::StatusCode WorkStreamClient::Subscribe(const std::vector<std::string>& que
   for (const std::string& q : queues) s->add_queues(q);
   s->set_worker_id(worker_id);
   s->set_max_in_flight(max_in_flight);
-  if (lease_duration > absl::ZeroDuration()) {
-    s->mutable_lease_duration()->set_seconds(absl::ToInt64Seconds(lease_duration));
-    s->mutable_lease_duration()->set_nanos(static_cast<int32_t>(absl::ToInt64Nanoseconds(
-        lease_duration - absl::Seconds(absl::ToInt64Seconds(lease_duration)))));
-  }
+  if (lease_duration > absl::ZeroDuration())
+    *s->mutable_lease_duration() = client::ToProtoDuration(lease_duration);
   return static_cast<grpc::StatusCode>(Call(std::move(r)).code());
 }
 
