@@ -1,0 +1,143 @@
+// Broker: Enqueue and EnqueueBatch (all or nothing, dedup keys, max_length).
+#include "absl/strings/str_cat.h"
+#include "core/broker_internal.h"
+#include "core/ids.h"
+#include "core/status_macros.h"
+#include "core/validation.h"
+
+namespace jobbroker {
+
+void Broker::EnqueueBatch(std::vector<EnqueueSpec> specs,
+                          Done<absl::StatusOr<std::vector<EnqueueResult>>> done) {
+  if (specs.empty()) {
+    done(absl::InvalidArgumentError("jobs must hold at least one job"));
+    return;
+  }
+  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch)) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("jobs holds ", specs.size(), " jobs; the limit is ", kMaxLeaseBatch)));
+    return;
+  }
+  for (size_t i = 0; i < specs.size(); ++i) {
+    absl::Status s = ValidateEnqueueSpec(specs[i]);
+    if (!s.ok()) {
+      if (specs.size() > 1) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
+      done(s);
+      return;
+    }
+  }
+  Run<std::vector<EnqueueResult>>(
+      std::move(done),
+      [this, specs = std::move(specs)](absl::Time now, Transition& t,
+                                       Effects& fx) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return EnqueueLocked(specs, now, t, fx);
+      });
+}
+
+absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<EnqueueSpec>& specs,
+                                                                 absl::Time now, Transition& t,
+                                                                 Effects& fx) {
+  // First decide everything without changing anything, so a refusal changes nothing.
+  struct Plan {
+    int duplicate_of = -1;        // index of an earlier job of this batch with the same key
+    std::string existing_job_id;  // a stored job holding the key
+  };
+  std::vector<Plan> plan(specs.size());
+  std::map<std::pair<std::string, std::string>, size_t> batch_keys;
+  std::map<std::string, int64_t> new_live;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const EnqueueSpec& s = specs[i];
+    std::string where = specs.size() > 1 ? absl::StrCat("jobs[", i, "].") : "";
+    if (!s.dedup_key.empty()) {
+      auto key = std::make_pair(s.queue, s.dedup_key);
+      uint64_t hash = PayloadHash(s.payload);
+      if (auto it = batch_keys.find(key); it != batch_keys.end()) {
+        if (PayloadHash(specs[it->second].payload) != hash)
+          return absl::AlreadyExistsError(
+              absl::StrCat(where, "dedup_key \"", s.dedup_key, "\" is used by jobs[", it->second,
+                           "] of the same batch with a different payload"));
+        plan[i].duplicate_of = static_cast<int>(it->second);
+        continue;
+      }
+      if (auto it = dedup_.find(key); it != dedup_.end()) {
+        const DedupEntry& e = it->second;
+        const Job* holder = FindJob(e.job_id);
+        bool held = now < e.expires_at || (holder != nullptr && !IsTerminal(holder->state));
+        if (held) {
+          if (e.payload_hash != hash)
+            return absl::AlreadyExistsError(absl::StrCat(where, "dedup_key \"", s.dedup_key,
+                                                         "\" is held by job ", e.job_id,
+                                                         " with a different payload"));
+          plan[i].existing_job_id = e.job_id;
+          continue;
+        }
+      }
+      batch_keys.emplace(std::move(key), i);
+    }
+    ++new_live[s.queue];
+  }
+  for (const auto& [name, added] : new_live) {
+    // FindQueue, not Queue: a refused batch must not even create a queue.
+    QueueState* q = FindQueue(name);
+    int64_t live = q == nullptr ? 0 : q->live();
+    int64_t max_length = q == nullptr ? EffectivePolicy(name, {}).max_length : q->policy.max_length;
+    if (max_length > 0 && live + added > max_length)
+      return absl::ResourceExhaustedError(absl::StrCat("queue ", name, " is full: ", live,
+                                                       " jobs are not finished and max_length is ",
+                                                       max_length));
+  }
+
+  std::vector<EnqueueResult> results(specs.size());
+  absl::flat_hash_set<QueueState*> touched;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    EnqueueSpec& s = specs[i];
+    if (plan[i].duplicate_of >= 0) {
+      results[i] = {results[plan[i].duplicate_of].job_id, true};
+      continue;
+    }
+    if (!plan[i].existing_job_id.empty()) {
+      results[i] = {plan[i].existing_job_id, true};
+      continue;
+    }
+    QueueState& q = Queue(s.queue);
+    auto owned = std::make_unique<Job>();
+    Job& job = *owned;
+    job.id = NewJobId(now, gen_);
+    job.queue = s.queue;
+    job.payload = std::move(s.payload);
+    job.headers = std::move(s.headers);
+    job.priority = s.priority;
+    job.seq = next_seq_++;
+    job.max_attempts = s.max_attempts > 0 ? s.max_attempts : q.policy.retry.max_attempts;
+    job.dedup_key = std::move(s.dedup_key);
+    job.concurrency_key = std::move(s.concurrency_key);
+    job.created_at = now;
+    job.lease_duration = s.lease_duration;
+    job.run_at = now;
+    if (s.delay.has_value()) job.run_at = now + *s.delay;
+    if (s.run_at.has_value()) job.run_at = std::max(now, *s.run_at);
+    job.state = job.run_at > now ? JobState::kScheduled : JobState::kReady;
+
+    if (!job.dedup_key.empty()) {
+      DedupEntry e{job.queue, job.dedup_key, job.id, now + s.dedup_ttl.value_or(q.policy.dedup_ttl),
+                   PayloadHash(job.payload)};
+      auto key = std::make_pair(job.queue, job.dedup_key);
+      if (auto old = dedup_.find(key); old != dedup_.end())
+        dedup_expiry_.erase({old->second.expires_at, job.queue, job.dedup_key});
+      dedup_expiry_.emplace(e.expires_at, job.queue, job.dedup_key);
+      t.put_dedup.push_back(e);
+      dedup_.insert_or_assign(std::move(key), std::move(e));
+    }
+    results[i] = {job.id, false};
+    jobs_by_seq_.emplace(job.seq, &job);
+    q.all.insert(job.seq);
+    Index(job);
+    t.put_jobs.push_back(job);
+    touched.insert(&q);
+    jobs_.emplace(job.id, std::move(owned));
+  }
+  for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
+  return results;
+}
+
+}  // namespace jobbroker
