@@ -159,15 +159,19 @@ void Broker::Index(Job& job) {
   QueueState& q = Queue(job.queue);
   ++q.counts[static_cast<int>(job.state)];
   switch (job.state) {
-    case JobState::kReady:
-      q.ready.emplace(-static_cast<int64_t>(job.priority), job.seq);
+    case JobState::kReady: {
+      QueueState::Group& g = q.groups[job.concurrency_key];
+      g.ready.emplace(-static_cast<int64_t>(job.priority), job.seq);
+      q.Offer(job.concurrency_key, g);
       q.ready_by_seq.insert(job.seq);
       break;
+    }
     case JobState::kScheduled:
       scheduled_.emplace(job.run_at, job.seq);
       MaybeWake(job.run_at);
       break;
     case JobState::kActive:
+      ++q.groups[job.concurrency_key].active;
       leases_.emplace(job.lease_deadline, job.seq);
       MaybeWake(job.lease_deadline);
       break;
@@ -186,15 +190,21 @@ void Broker::Unindex(Job& job) {
   --q.counts[static_cast<int>(job.state)];
   switch (job.state) {
     case JobState::kReady:
-      q.ready.erase({-static_cast<int64_t>(job.priority), job.seq});
+      q.groups[job.concurrency_key].ready.erase({-static_cast<int64_t>(job.priority), job.seq});
+      q.MaybeForget(job.concurrency_key);
       q.ready_by_seq.erase(job.seq);
       break;
     case JobState::kScheduled:
       scheduled_.erase({job.run_at, job.seq});
       break;
-    case JobState::kActive:
+    case JobState::kActive: {
+      QueueState::Group& g = q.groups[job.concurrency_key];
+      --g.active;
+      q.Offer(job.concurrency_key, g);  // its key may start another job now
+      q.MaybeForget(job.concurrency_key);
       leases_.erase({job.lease_deadline, job.seq});
       break;
+    }
     case JobState::kCompleted:
       q.completed.erase({job.completed_at, job.seq});
       break;
@@ -332,6 +342,7 @@ absl::Time Broker::NextDeadlineLocked() {
                 (p.failed_retention.max_count > 0 &&
                  static_cast<int64_t>(q->dead.size()) > p.failed_retention.max_count);
     if (over) next = absl::InfinitePast();
+    if (absl::Time refill = RefillTime(*q); refill < next) next = refill;
   }
   return next;
 }
@@ -345,6 +356,11 @@ absl::Time Broker::Tick() {
     absl::Time now = clock_.Now();
     Transition t;
     ProcessDue(now, t, fx);
+    // Rate-limited queues whose bucket refilled serve whoever waits for them.
+    for (auto& [name, q] : queues_) {
+      if (q->policy.rate_limit.per_second > 0 && !q->consumers.empty())
+        ServeConsumers(*q, now, t, fx);
+    }
     int budget = options_.tick_batch;
     while (!waiter_deadlines_.empty() && waiter_deadlines_.begin()->first <= now && budget-- > 0) {
       uint64_t id = waiter_deadlines_.begin()->second;

@@ -181,7 +181,19 @@ class Broker {
   void Retention(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireDedup(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  int Leasable(QueueState& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `q` may lease a job now: not paused, under max_concurrency and the rate limit, and
+  // some key with a ready job has room under max_concurrency_per_key.
+  bool CanLease(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leases the next job in turn (CanLease must be true); returns it and its seq.
+  std::pair<LeasedJob, uint64_t> LeaseNext(QueueState& q, const LeaseSpec& spec, absl::Time now,
+                                           Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the rate limit of `q` next lets a waiting consumer have a job; InfiniteFuture if no
+  // one waits on it.
+  absl::Time RefillTime(const QueueState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tops up the rate-limit token bucket of `q` to `now`.
+  void Refill(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a policy change: a fresh token bucket, and keys that now have room back in turn.
+  void PolicyChanged(QueueState& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   LeasedJob LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Transition& t)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<LeasedJob> LeaseMany(QueueState& q, const LeaseSpec& spec, absl::Time now,

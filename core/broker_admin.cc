@@ -52,6 +52,7 @@ void Broker::UpdateQueuePolicy(std::string queue, PolicyOverride policy, bool re
                        QueueState& q = Queue(queue);
                        q.runtime = runtime;
                        q.policy = effective;
+                       PolicyChanged(q);
                        if (runtime.empty()) {
                          t.delete_policies.push_back(queue);
                        } else {

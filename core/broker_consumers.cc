@@ -8,13 +8,68 @@
 
 namespace jobbroker {
 
-int Broker::Leasable(QueueState& q) {
-  if (q.policy.paused || shutting_down_) return 0;
-  int64_t n = static_cast<int64_t>(q.ready.size());
-  if (q.policy.max_concurrency > 0)
-    n = std::min<int64_t>(
-        n, std::max<int64_t>(0, q.policy.max_concurrency - q.count(JobState::kActive)));
-  return static_cast<int>(std::min<int64_t>(n, std::numeric_limits<int>::max()));
+void Broker::Refill(QueueState& q, absl::Time now) {
+  const RateLimit& r = q.policy.rate_limit;
+  if (r.per_second <= 0) return;
+  // Without a burst, up to one second's worth (at least one lease) may go at once.
+  const double cap = r.burst > 0 ? r.burst : std::max(1.0, r.per_second);
+  if (q.tokens_at == absl::InfinitePast()) {
+    q.tokens = cap;
+  } else if (now > q.tokens_at) {
+    q.tokens = std::min(cap, q.tokens + absl::ToDoubleSeconds(now - q.tokens_at) * r.per_second);
+  }
+  q.tokens_at = now;
+}
+
+absl::Time Broker::RefillTime(const QueueState& q) const {
+  const double rate = q.policy.rate_limit.per_second;
+  if (rate <= 0 || q.tokens >= 1 || q.consumers.empty() || q.count(JobState::kReady) == 0)
+    return absl::InfiniteFuture();
+  return q.tokens_at + absl::Seconds((1 - q.tokens) / rate);
+}
+
+bool Broker::CanLease(QueueState& q, absl::Time now) {
+  if (q.policy.paused || shutting_down_) return false;
+  if (q.policy.max_concurrency > 0 && q.count(JobState::kActive) >= q.policy.max_concurrency)
+    return false;
+  if (q.policy.rate_limit.per_second > 0) {
+    Refill(q, now);
+    if (q.tokens < 1) return false;
+  }
+  // Drop ring entries that went stale (their jobs were taken or their key filled up).
+  while (!q.ring.empty()) {
+    const std::string& key = q.ring.front();
+    auto g = q.groups.find(key);
+    if (g != q.groups.end() && !g->second.ready.empty() && q.HasRoom(key, g->second)) return true;
+    std::string stale = key;
+    q.ring.pop_front();
+    if (g != q.groups.end()) g->second.in_ring = false;
+    q.MaybeForget(stale);
+  }
+  return false;
+}
+
+std::pair<LeasedJob, uint64_t> Broker::LeaseNext(QueueState& q, const LeaseSpec& spec,
+                                                 absl::Time now, Transition& t) {
+  std::string key = std::move(q.ring.front());
+  q.ring.pop_front();
+  QueueState::Group& g = q.groups.at(key);
+  g.in_ring = false;
+  Job& job = *jobs_by_seq_.at(g.ready.begin()->second);
+  const uint64_t seq = job.seq;
+  LeasedJob leased = LeaseOne(job, spec, now, t);
+  if (q.policy.rate_limit.per_second > 0) {
+    q.tokens -= 1;
+    MaybeWake(RefillTime(q));  // consumers left waiting are served when a token is back
+  }
+  // One job per turn: the key goes to the back of the ring if it may run more.
+  if (auto it = q.groups.find(key); it != q.groups.end()) q.Offer(key, it->second);
+  return {std::move(leased), seq};
+}
+
+void Broker::PolicyChanged(QueueState& q) {
+  q.tokens_at = absl::InfinitePast();               // a new rate starts with a full bucket
+  for (auto& [key, g] : q.groups) q.Offer(key, g);  // a larger per-key limit frees keys
 }
 
 LeasedJob Broker::LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Transition& t) {
@@ -55,18 +110,15 @@ LeasedJob Broker::LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Tran
 
 std::vector<LeasedJob> Broker::LeaseMany(QueueState& q, const LeaseSpec& spec, absl::Time now,
                                          Transition& t) {
-  int n = std::min(std::max(spec.max_jobs, 1), Leasable(q));
+  const int n = std::max(spec.max_jobs, 1);
   std::vector<LeasedJob> out;
-  out.reserve(n);
-  for (int i = 0; i < n; ++i) {
-    Job& job = *jobs_by_seq_.at(q.ready.begin()->second);
-    out.push_back(LeaseOne(job, spec, now, t));
-  }
+  while (static_cast<int>(out.size()) < n && CanLease(q, now))
+    out.push_back(LeaseNext(q, spec, now, t).first);
   return out;
 }
 
 void Broker::ServeConsumers(QueueState& q, absl::Time now, Transition& t, Effects& fx) {
-  while (!q.consumers.empty() && Leasable(q) > 0) {
+  while (!q.consumers.empty() && CanLease(q, now)) {
     uint64_t id = q.consumers.front();
     q.consumers.pop_front();
     auto it = consumers_.find(id);
@@ -80,9 +132,9 @@ void Broker::ServeConsumers(QueueState& q, absl::Time now, Transition& t, Effect
     c.enlisted.erase(q.name);
     if (!c.has_slot()) continue;
     LeaseSpec spec{q.name, c.spec.worker_id, 1, c.spec.lease_duration};
-    Job& job = *jobs_by_seq_.at(q.ready.begin()->second);
-    fx.pushes.push_back({c.sink, LeaseOne(job, spec, now, t)});
-    holders_[job.seq] = id;
+    auto [leased, seq] = LeaseNext(q, spec, now, t);
+    fx.pushes.push_back({c.sink, std::move(leased)});
+    holders_[seq] = id;
     ++c.in_flight;
     if (c.has_slot()) {  // one job per turn: back of the line
       q.consumers.push_back(id);

@@ -43,8 +43,19 @@ struct Broker::QueueState {
   std::string name;
   PolicyOverride runtime;  // persisted run-time changes
   QueuePolicy policy;      // effective: built-ins <- config <- runtime
-  // READY jobs: higher priority first, then FIFO (priority negated so begin() is next).
-  absl::btree_set<std::pair<int64_t, uint64_t>> ready;
+  // READY jobs, grouped by concurrency_key ("" = none). Groups take turns (`ring`), so one busy
+  // key cannot starve the others; inside a group, higher priority first, then FIFO (priority
+  // negated so begin() is next).
+  struct Group {
+    absl::btree_set<std::pair<int64_t, uint64_t>> ready;
+    int64_t active = 0;    // ACTIVE jobs of the key, for max_concurrency_per_key
+    bool in_ring = false;  // queued in `ring`
+  };
+  absl::flat_hash_map<std::string, Group> groups;
+  std::deque<std::string> ring;  // groups that may have a leasable job, in turn
+  // rate_limit's token bucket; tokens_at = InfinitePast: full at the next look.
+  double tokens = 0;
+  absl::Time tokens_at = absl::InfinitePast();
   absl::btree_set<uint64_t> ready_by_seq;  // oldest READY job, for its age
   absl::btree_set<uint64_t> all;           // every job of the queue, for listing
   absl::btree_set<TimeKey> completed;      // (completed_at, seq), for retention
@@ -53,6 +64,24 @@ struct Broker::QueueState {
   std::deque<uint64_t> consumers;          // long polls and streams with a free slot, in turn
 
   int64_t count(JobState s) const { return counts[static_cast<int>(s)]; }
+  // May `key` start another job? The unkeyed group ("") is exempt from the per-key limit.
+  bool HasRoom(const std::string& key, const Group& g) const {
+    return key.empty() || policy.max_concurrency_per_key <= 0 ||
+           g.active < policy.max_concurrency_per_key;
+  }
+  // Puts `key` at the back of the ring if it has a ready job and room, and is not there yet.
+  void Offer(const std::string& key, Group& g) {
+    if (g.in_ring || g.ready.empty() || !HasRoom(key, g)) return;
+    g.in_ring = true;
+    ring.push_back(key);
+  }
+  // Drops a group that holds nothing.
+  void MaybeForget(const std::string& key) {
+    auto it = groups.find(key);
+    if (it != groups.end() && it->second.ready.empty() && it->second.active == 0 &&
+        !it->second.in_ring)
+      groups.erase(it);
+  }
   int64_t live() const {
     return count(JobState::kReady) + count(JobState::kScheduled) + count(JobState::kActive);
   }
