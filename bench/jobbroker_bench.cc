@@ -61,8 +61,10 @@ struct Flags {
   int payload_bytes = 100;
   int channels = 4;
   int batch = 100;
-  int in_flight = 16;  // stream modes: jobs each streaming worker holds at once
-  double rate = 1000;  // latency mode: enqueues per second
+  int in_flight = 16;   // stream modes: jobs each streaming worker holds at once
+  int64_t preload = 0;  // backlog mode: ready jobs waiting before the measured Lease+Acks
+  int64_t keys = 0;     // backlog mode: distinct concurrency keys of the preloaded jobs
+  double rate = 1000;   // latency mode: enqueues per second
   double timeout_seconds = 300;
 };
 
@@ -71,6 +73,8 @@ void Usage(FILE* out) {
                "usage: jobbroker-bench enqueue|e2e|e2e-mixed|stream|latency [flags]\n"
                "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
                "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
+               "  backlog: preload --preload jobs (over --keys concurrency keys), then time\n"
+               "          --jobs Lease+Ack cycles by --workers unary workers\n"
                "  latency: one idle streaming worker, enqueues at --rate per second; time\n"
                "          from Enqueue returning (and from its send) to the job's arrival\n"
                "  --address HOST:PORT   broker gRPC address (default 127.0.0.1:7070)\n"
@@ -82,6 +86,8 @@ void Usage(FILE* out) {
                "  --channels N          gRPC connections to spread threads over (default 4)\n"
                "  --batch N             EnqueueBatch size for the e2e preload (default 100)\n"
                "  --in-flight N         stream modes: jobs each worker holds (default 16)\n"
+               "  --preload N           backlog mode: ready jobs before measuring (default 0)\n"
+               "  --keys N              backlog mode: concurrency keys of those jobs (default 0)\n"
                "  --rate N              latency mode: enqueues per second (default 1000)\n"
                "  --timeout SECONDS     give up after this long (default 300)\n");
 }
@@ -155,6 +161,12 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (arg == "--in-flight") {
       if (!as_int(1)) return false;
       flags->in_flight = static_cast<int>(n);
+    } else if (arg == "--preload") {
+      if (!as_int(0)) return false;
+      flags->preload = n;
+    } else if (arg == "--keys") {
+      if (!as_int(0)) return false;
+      flags->keys = n;
     } else if (arg == "--rate") {
       if (!as_int(1)) return false;
       flags->rate = static_cast<double>(n);
@@ -167,8 +179,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     }
   }
   if (flags->mode != "enqueue" && flags->mode != "e2e" && flags->mode != "e2e-mixed" &&
-      flags->mode != "stream" && flags->mode != "latency") {
-    std::fprintf(stderr, "mode must be enqueue, e2e, e2e-mixed, stream or latency\n");
+      flags->mode != "stream" && flags->mode != "latency" && flags->mode != "backlog") {
+    std::fprintf(stderr, "mode must be enqueue, e2e, e2e-mixed, stream, latency or backlog\n");
     return false;
   }
   return true;
@@ -335,6 +347,8 @@ class Bench {
       r = RunStream();
     } else if (flags_.mode == "latency") {
       r = RunLatency();
+    } else if (flags_.mode == "backlog") {
+      r = RunBacklog();
     } else {
       r = RunMixed();
     }
@@ -471,7 +485,10 @@ class Bench {
   }
 
   // Preloads all jobs with EnqueueBatch from `concurrency` threads; returns how many went in.
-  int64_t Preload(Errors* errors) {
+  // Preloads `count` jobs (all of --jobs if negative); with --keys, spread over that many
+  // concurrency keys.
+  int64_t Preload(Errors* errors, int64_t count = -1) {
+    if (count < 0) count = flags_.jobs;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> enqueued{0};
     std::vector<std::thread> threads;
@@ -481,13 +498,15 @@ class Bench {
         std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
         while (!TimedOut()) {
           const int64_t first = next.fetch_add(flags_.batch);
-          if (first >= flags_.jobs) break;
-          const int64_t n = std::min<int64_t>(flags_.batch, flags_.jobs - first);
+          if (first >= count) break;
+          const int64_t n = std::min<int64_t>(flags_.batch, count - first);
           v1::EnqueueBatchRequest req;
           for (int64_t i = 0; i < n; ++i) {
             v1::EnqueueRequest* job = req.add_jobs();
             job->set_queue(flags_.queue);
             job->set_payload(payload_);
+            if (flags_.keys > 0)
+              job->set_concurrency_key(absl::StrCat("key-", (first + i) % flags_.keys));
           }
           v1::EnqueueBatchResponse resp;
           grpc::Status s =
@@ -506,6 +525,43 @@ class Bench {
                  static_cast<long long>(enqueued.load()), flags_.queue.c_str(), seconds,
                  seconds > 0 ? static_cast<double>(enqueued.load()) / seconds : 0, flags_.batch);
     return enqueued.load();
+  }
+
+  // Lease+Ack cost behind a backlog: --preload ready jobs wait (the measured jobs are among
+  // them), and --workers unary workers take --jobs of them. Leasing is O(log n): this shows it.
+  Report RunBacklog() {
+    Errors errors;
+    Report r;
+    r.mode = "backlog";
+    r.concurrency = flags_.workers;
+    r.workers = flags_.workers;
+    r.jobs = flags_.jobs;
+    r.latency_of = "lease_ack";
+    const int64_t total = std::max(flags_.preload, flags_.jobs);
+    if (Preload(&errors, total) != total) {
+      r.errors = errors.count();
+      r.first_error = errors.first();
+      return r;
+    }
+    std::atomic<int64_t> acked{0};
+    absl::Mutex finished_mu;
+    absl::Time finished = absl::InfiniteFuture();
+    Latencies latencies;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> workers =
+        StartWorkers(&acked, &finished_mu, &finished, &latencies, &errors, false);
+    for (std::thread& t : workers) t.join();
+    absl::MutexLock lock(&finished_mu);
+    r.done = acked.load();
+    r.seconds = absl::ToDoubleSeconds(
+        (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
+    r.p50_ms = latencies.PercentileMs(50);
+    r.p99_ms = latencies.PercentileMs(99);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    std::fprintf(stderr, "backlog of %lld ready jobs over %lld keys\n",
+                 static_cast<long long>(total), static_cast<long long>(flags_.keys));
+    return r;
   }
 
   Report RunE2e() {
