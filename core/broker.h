@@ -102,6 +102,45 @@ class Broker {
   void UpdateQueuePolicy(std::string queue, PolicyOverride policy, bool reset,
                          Done<absl::StatusOr<QueueInfo>> done);
 
+  // Admin: moving jobs by hand, pausing and purging queues. Unknown jobs and queues are kNotFound
+  // (unlike UpdateQueuePolicy, none of these creates a queue).
+  //
+  // A FAILED or CANCELLED job back to READY, due now: attempt counter 0, fail_reason, lease and
+  // cancel_requested cleared. last_error, the checkpoint and the attempt history stay; new
+  // attempts are appended, numbered from 1 again. A dedup key that was freed meanwhile is held
+  // again while the job runs (if no other job took it). kFailedPrecondition names the state of a
+  // job that is neither FAILED nor CANCELLED.
+  void RetryJob(std::string job_id, Done<absl::StatusOr<Job>> done);
+  // Bulk redrive: what RetryJob does, for the jobs of spec.queue in spec.state that had ended
+  // when the call started, oldest ended first, at most spec.limit. Runs as batches of at most
+  // kRetryBatch jobs, one transition each; the next batch starts once the previous one is
+  // durable, so other calls run in between and the redrive goes at the pace of the disk.
+  // dry_run counts without changing anything. kInvalidArgument names a bad field. If the broker
+  // shuts down or fails to write midway, the error says how many were retried before it.
+  void RetryJobs(RetryJobsSpec spec, Done<absl::StatusOr<RetryJobsResult>> done);
+  // Removes a job that is not ACTIVE (kFailedPrecondition: cancel it first). Its dedup key stays
+  // held until its TTL has passed, as after retention.
+  void DeleteJob(std::string job_id, Done<absl::Status> done);
+  // Sets the queue's run-time `paused` policy (persisted, as UpdateQueuePolicy with `paused`
+  // does) and returns the queue.
+  void SetQueuePaused(std::string queue, bool paused, Done<absl::StatusOr<QueueInfo>> done);
+  // Removes the queue's jobs in `states` (empty: COMPLETED, FAILED and CANCELLED) that were
+  // enqueued before the call started; returns how many. In batches of at most kPurgeBatch
+  // removals, one transition each, like RetryJobs. kInvalidArgument (naming `states`) for
+  // ACTIVE. Dedup keys stay held until their TTL, as after retention.
+  //
+  // RetryJobs and PurgeQueue continue from the pipeline's completion callbacks. After Shutdown()
+  // they answer kUnavailable at their next batch; Shutdown() then Flush() (what the server does)
+  // ends them, and must come before the broker is destroyed while one may be running.
+  void PurgeQueue(std::string queue, std::vector<JobState> states,
+                  Done<absl::StatusOr<int64_t>> done);
+  // Blocking forms of the admin calls above.
+  absl::StatusOr<Job> RetryJob(std::string job_id);
+  absl::StatusOr<RetryJobsResult> RetryJobs(RetryJobsSpec spec);
+  absl::Status DeleteJob(std::string job_id);
+  absl::StatusOr<QueueInfo> SetQueuePaused(std::string queue, bool paused);
+  absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<JobState> states = {});
+
   // Blocking forms.
   absl::StatusOr<EnqueueResult> Enqueue(EnqueueSpec spec);
   absl::StatusOr<std::vector<EnqueueResult>> EnqueueBatch(std::vector<EnqueueSpec> specs);
@@ -164,6 +203,9 @@ class Broker {
 
   // Index maintenance: every change of a job's state, run_at or lease goes through these.
   void Index(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job just finished into `finished`: make sure the ticker runs the retention sweep in time.
+  void WakeForRetention(const absl::btree_set<TimeKey>& finished, const ::jobbroker::Retention& r,
+                        absl::Time ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Unindex(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveJob(Job& job, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -223,6 +265,19 @@ class Broker {
   absl::Time NextDeadlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Uniform() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeWake(absl::Time before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Admin helpers (broker_admin.cc).
+  struct Batches;
+  // Merges `policy` into the queue's run-time override (after dropping it if `reset`), creating
+  // the queue if new; kInvalidArgument if the result is out of range.
+  absl::StatusOr<QueueInfo> ChangePolicyLocked(const std::string& queue,
+                                               const PolicyOverride& policy, bool reset,
+                                               absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A FAILED or CANCELLED `job` back to READY (see RetryJob); the caller serves consumers.
+  void RetryLocked(Job& job, absl::Time now, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `batches` one transition at a time until its step says it is done (see RetryJobs).
+  void RunBatches(std::shared_ptr<Batches> batches);
 
   Store& store_;
   const Clock& clock_;

@@ -120,6 +120,21 @@ struct QueueInfo {
   // Idle capacity waiting for the queue's next job: long-poll Leases and Work streams with a
   // free slot.
   int64_t waiting_leases = 0;
+  int64_t active = 0;  // counts[kActive]
+  int64_t dead = 0;    // counts[kFailed]
+};
+
+// Bulk redrive: jobs of `queue` in `state` back to READY.
+struct RetryJobsSpec {
+  std::string queue;
+  JobState state = JobState::kFailed;  // kFailed or kCancelled
+  bool dry_run = false;                // only count
+  int64_t limit = 0;                   // at most this many jobs; 0 = kDefaultRetryLimit
+};
+
+struct RetryJobsResult {
+  int64_t matched = 0;  // jobs retried, or with dry_run those that would be
+  int64_t retried = 0;  // 0 with dry_run
 };
 
 // Limits on what a request may carry.
@@ -129,7 +144,16 @@ inline constexpr size_t kMaxPayloadBytes = 4 << 20;
 inline constexpr size_t kMaxHeaderBytes = 64 << 10;  // all names and values together
 inline constexpr int kMaxLeaseBatch = 1000;          // max_jobs, batch size, page size
 inline constexpr int kMaxAttemptsLimit = 1000;
-inline constexpr int kMaxInFlight = 1000;         // per Work stream
-inline constexpr int kMaxSubscribedQueues = 100;  // per Work stream
+inline constexpr int kMaxInFlight = 1000;            // per Work stream
+inline constexpr int kMaxSubscribedQueues = 100;     // per Work stream
+inline constexpr int64_t kDefaultRetryLimit = 1000;  // RetryJobsSpec::limit of 0
+inline constexpr int64_t kMaxRetryLimit = 100000;
+
+// Bulk admin work (redrive, purge) is cut into transitions of at most this many changed jobs,
+// and looks at no more than kBulkVisitsPerBatch jobs per transition, so that it holds the
+// broker's mutex briefly and other calls run between its batches.
+inline constexpr int kRetryBatch = 500;
+inline constexpr int kPurgeBatch = 1000;
+inline constexpr int kBulkVisitsPerBatch = 10000;
 
 }  // namespace jobbroker

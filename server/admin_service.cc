@@ -1,6 +1,8 @@
 #include "server/admin_service.h"
 
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "server/convert.h"
 #include "server/grpc_status.h"
@@ -46,6 +48,56 @@ grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* c
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ctx,
+                                                 const v1::RetryJobRequest* req,
+                                                 v1::RetryJobResponse* resp) {
+  const bool one = !req->job_id().empty();
+  const bool bulk = !req->queue().empty();
+  if (one && bulk)
+    return Answer(ctx, absl::InvalidArgumentError(
+                           "job_id and queue are exclusive: set job_id to retry one job, or queue "
+                           "to retry the queue's failed (or cancelled) jobs"));
+  if (!one && !bulk)
+    return Answer(ctx, absl::InvalidArgumentError(
+                           "job_id or queue is required: job_id retries one job, queue the "
+                           "queue's failed (or cancelled) jobs"));
+  if (one) {
+    // Refused rather than ignored: a caller who set them meant a bulk retry.
+    if (req->state() != v1::JOB_STATE_UNSPECIFIED || req->dry_run() || req->limit() != 0)
+      return Answer(ctx, absl::InvalidArgumentError(
+                             "state, dry_run and limit apply only with queue, not with job_id"));
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    broker_.RetryJob(req->job_id(), [reactor, resp](absl::StatusOr<Job> job) {
+      if (job.ok()) {
+        ToProto(*job, resp->mutable_job());
+        resp->set_matched(1);
+        resp->set_retried(1);
+      }
+      reactor->Finish(ToGrpcStatus(job.status()));
+    });
+    return reactor;
+  }
+  absl::StatusOr<RetryJobsSpec> spec = FromProto(*req);
+  if (!spec.ok()) return Answer(ctx, spec.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.RetryJobs(std::move(*spec), [reactor, resp](absl::StatusOr<RetryJobsResult> result) {
+    if (result.ok()) {
+      resp->set_matched(result->matched);
+      resp->set_retried(result->retried);
+    }
+    reactor->Finish(ToGrpcStatus(result.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* ctx,
+                                                  const v1::DeleteJobRequest* req,
+                                                  v1::DeleteJobResponse*) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.DeleteJob(req->job_id(), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* ctx,
                                                    const v1::ListQueuesRequest*,
                                                    v1::ListQueuesResponse* resp) {
@@ -72,6 +124,43 @@ grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerCo
                               if (info.ok()) ToProto(*info, resp);
                               reactor->Finish(ToGrpcStatus(info.status()));
                             });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::PauseQueue(grpc::CallbackServerContext* ctx,
+                                                   const v1::PauseQueueRequest* req,
+                                                   v1::QueueInfo* resp) {
+  return SetPaused(ctx, req->queue(), /*paused=*/true, resp);
+}
+
+grpc::ServerUnaryReactor* AdminService::ResumeQueue(grpc::CallbackServerContext* ctx,
+                                                    const v1::ResumeQueueRequest* req,
+                                                    v1::QueueInfo* resp) {
+  return SetPaused(ctx, req->queue(), /*paused=*/false, resp);
+}
+
+grpc::ServerUnaryReactor* AdminService::SetPaused(grpc::CallbackServerContext* ctx,
+                                                  const std::string& queue, bool paused,
+                                                  v1::QueueInfo* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.SetQueuePaused(queue, paused, [reactor, resp](absl::StatusOr<QueueInfo> info) {
+    if (info.ok()) ToProto(*info, resp);
+    reactor->Finish(ToGrpcStatus(info.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::PurgeQueue(grpc::CallbackServerContext* ctx,
+                                                   const v1::PurgeQueueRequest* req,
+                                                   v1::PurgeQueueResponse* resp) {
+  absl::StatusOr<std::vector<JobState>> states = FromProto(*req);
+  if (!states.ok()) return Answer(ctx, states.status());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  broker_.PurgeQueue(req->queue(), std::move(*states),
+                     [reactor, resp](absl::StatusOr<int64_t> purged) {
+                       if (purged.ok()) resp->set_purged(*purged);
+                       reactor->Finish(ToGrpcStatus(purged.status()));
+                     });
   return reactor;
 }
 

@@ -1,13 +1,15 @@
 #pragma once
 
+#include <string>
+
 #include "core/broker.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 
 namespace jobbroker {
 
-// The Admin gRPC service. Reads answer at once; changes answer once durable. RPCs not listed
-// here (RetryJob, DeleteJob, PauseQueue, ResumeQueue, PurgeQueue) answer UNIMPLEMENTED for now.
-// `broker` is borrowed and must outlive the service.
+// The Admin gRPC service. Reads answer at once; changes answer once durable (bulk ones, a
+// RetryJob with `queue` and PurgeQueue, once their last batch is). `broker` is borrowed and must
+// outlive the service.
 class AdminService final : public v1::Admin::CallbackService {
  public:
   explicit AdminService(Broker& broker) : broker_(broker) {}
@@ -19,6 +21,12 @@ class AdminService final : public v1::Admin::CallbackService {
                                      v1::ListJobsResponse* resp) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req, v1::Job* resp) override;
+  grpc::ServerUnaryReactor* RetryJob(grpc::CallbackServerContext* ctx,
+                                     const v1::RetryJobRequest* req,
+                                     v1::RetryJobResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
   grpc::ServerUnaryReactor* ListQueues(grpc::CallbackServerContext* ctx,
                                        const v1::ListQueuesRequest* req,
                                        v1::ListQueuesResponse* resp) override;
@@ -27,8 +35,21 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
                                               const v1::UpdateQueuePolicyRequest* req,
                                               v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* PauseQueue(grpc::CallbackServerContext* ctx,
+                                       const v1::PauseQueueRequest* req,
+                                       v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* ResumeQueue(grpc::CallbackServerContext* ctx,
+                                        const v1::ResumeQueueRequest* req,
+                                        v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* PurgeQueue(grpc::CallbackServerContext* ctx,
+                                       const v1::PurgeQueueRequest* req,
+                                       v1::PurgeQueueResponse* resp) override;
 
  private:
+  // PauseQueue and ResumeQueue.
+  grpc::ServerUnaryReactor* SetPaused(grpc::CallbackServerContext* ctx, const std::string& queue,
+                                      bool paused, v1::QueueInfo* resp);
+
   Broker& broker_;
 };
 

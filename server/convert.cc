@@ -134,6 +134,31 @@ absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
   return s;
 }
 
+absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req) {
+  RetryJobsSpec s;
+  s.queue = req.queue();
+  if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
+    if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_CANCELLED)
+      return Invalid("state", "is not a known JobState");
+    s.state = static_cast<JobState>(req.state());
+  }
+  s.dry_run = req.dry_run();
+  s.limit = req.limit();
+  return s;
+}
+
+absl::StatusOr<std::vector<JobState>> FromProto(const v1::PurgeQueueRequest& req) {
+  std::vector<JobState> states;
+  for (int i = 0; i < req.states_size(); ++i) {
+    int state = req.states(i);
+    if (state < v1::JOB_STATE_READY || state > v1::JOB_STATE_CANCELLED)
+      return Invalid(absl::StrCat("states[", i, "]"),
+                     "is not a known JobState (leave states empty for every terminal state)");
+    states.push_back(static_cast<JobState>(state));
+  }
+  return states;
+}
+
 absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field) {
   PolicyOverride o;
   auto duration = [&](const google::protobuf::Duration& d, absl::string_view name,
@@ -271,6 +296,8 @@ void ToProto(const QueueInfo& q, v1::QueueInfo* out) {
   for (const auto& [state, n] : q.counts) (*out->mutable_counts())[JobStateName(state)] = n;
   ToProto(q.oldest_ready_age, out->mutable_oldest_ready_age());
   out->set_waiting_leases(q.waiting_leases);
+  out->set_active(q.active);
+  out->set_dead(q.dead);
 }
 
 }  // namespace jobbroker

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <vector>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -36,6 +38,10 @@ AckSpec FromProto(const v1::AckRequest& req);
 absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req);
 ReleaseSpec FromProto(const v1::ReleaseRequest& req);
 absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req);
+// The bulk form of RetryJob (queue set); an unset state means JOB_STATE_FAILED.
+absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req);
+// PurgeQueueRequest.states; JOB_STATE_UNSPECIFIED and unknown values are refused, by index.
+absl::StatusOr<std::vector<JobState>> FromProto(const v1::PurgeQueueRequest& req);
 // `field` prefixes field names in errors ("policy", "default_policy", "queues[\"q\"]").
 absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field);
 

@@ -464,6 +464,167 @@ TEST_F(CliTest, CancelEndsAJobAndRefusesTwice) {
   EXPECT_TRUE(job.cancel_requested());
 }
 
+// Jobs of `queue` that failed for good (one attempt each), oldest first.
+std::vector<std::string> FailJobs(BrokerClient& client, const std::string& queue, int n) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) {
+    v1::EnqueueRequest req;
+    req.set_queue(queue);
+    req.set_payload(absl::StrCat("job-", i));
+    req.set_max_attempts(1);
+    client.MustEnqueue(req);
+    std::optional<v1::LeasedJob> leased = client.LeaseOne(queue, "worker-1");
+    EXPECT_TRUE(leased.has_value());
+    if (!leased.has_value()) break;
+    v1::FailRequest fail;
+    fail.set_job_id(leased->job_id());
+    fail.set_lease_id(leased->lease_id());
+    fail.set_error("boom");
+    v1::FailResponse failed;
+    EXPECT_THAT(client.Fail(fail, &failed), IsOk());
+    ids.push_back(leased->job_id());
+  }
+  return ids;
+}
+
+TEST_F(CliTest, RetryPutsAJobBackAndRefusesTwice) {
+  const std::string id = FailJobs(*client_, "r", 1)[0];
+  CliResult r = Cli({"retry", id});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, id + " READY\n");
+  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY);
+
+  r = Cli({"retry", id});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(StartsWith("error: FAILED_PRECONDITION: "), HasSubstr("READY")));
+
+  const std::string cancelled = CliEnqueue({"r", "x"});
+  ASSERT_EQ(Cli({"cancel", cancelled}).exit_code, 0);
+  r = Cli({"retry", cancelled, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  v1::RetryJobResponse resp = FromJson<v1::RetryJobResponse>(r.out);
+  EXPECT_EQ(resp.job().id(), cancelled);
+  EXPECT_EQ(resp.job().state(), v1::JOB_STATE_READY);
+  EXPECT_EQ(resp.retried(), 1);
+
+  r = Cli({"retry", "01NOSUCHJOB"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: "));
+}
+
+TEST_F(CliTest, RetryQueueRedrivesDryRunLimitAndCancelled) {
+  FailJobs(*client_, "dead", 3);
+  const std::string cancelled = CliEnqueue({"dead", "x"});
+  ASSERT_EQ(Cli({"cancel", cancelled}).exit_code, 0);
+
+  CliResult r = Cli({"retry", "--queue", "dead", "--dry-run"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "would retry 3 failed jobs of dead (dry run: nothing changed)\n");
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(client_->Counts("dead").at("JOB_STATE_FAILED"), 3);
+
+  r = Cli({"retry", "--queue", "dead", "--limit", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "retried 2 failed jobs of dead\n");
+  EXPECT_THAT(r.err, HasSubstr("limit of 2"));  // there may be more
+  EXPECT_EQ(client_->Counts("dead").at("JOB_STATE_FAILED"), 1);
+
+  r = Cli({"retry", "--queue", "dead", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  v1::RetryJobResponse resp = FromJson<v1::RetryJobResponse>(r.out);
+  EXPECT_EQ(resp.matched(), 1);
+  EXPECT_EQ(resp.retried(), 1);
+  EXPECT_FALSE(resp.has_job());
+
+  r = Cli({"retry", "--queue", "dead", "--state", "cancelled"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "retried 1 cancelled job of dead\n");
+  EXPECT_EQ(client_->Counts("dead"), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 4}}));
+
+  r = Cli({"retry", "--queue", "never-used"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: "));
+  r = Cli({"retry", "--queue", "dead", "--limit", "100001"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(StartsWith("error: INVALID_ARGUMENT: "), HasSubstr("limit")));
+}
+
+TEST_F(CliTest, DeleteRemovesAJobButNotAnActiveOne) {
+  const std::string id = CliEnqueue({"d", "x"});
+  CliResult r = Cli({"delete", id});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, id + " deleted\n");
+  r = Cli({"delete", id});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: "));
+
+  const std::string active = CliEnqueue({"d", "y"});
+  ASSERT_TRUE(client_->LeaseOne("d", "worker-1").has_value());
+  r = Cli({"delete", active});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(StartsWith("error: FAILED_PRECONDITION: "), HasSubstr("cancel")));
+
+  const std::string other = CliEnqueue({"d", "z"});
+  r = Cli({"delete", other, "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "{}\n");
+}
+
+TEST_F(CliTest, PauseAndResume) {
+  CliEnqueue({"p", "x"});
+  CliResult r = Cli({"pause", "p"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "p paused\n");
+  EXPECT_THAT(client_->MustLease("p", "worker-1"), IsEmpty());
+
+  r = Cli({"pause", "p", "--json"});  // again: still paused, no error
+  ASSERT_EQ(r.exit_code, 0) << r;
+  v1::QueueInfo info = FromJson<v1::QueueInfo>(r.out);
+  EXPECT_EQ(info.name(), "p");
+  EXPECT_TRUE(info.policy().paused());
+  EXPECT_EQ(info.counts().at("JOB_STATE_READY"), 1);
+
+  r = Cli({"resume", "p"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "p resumed\n");
+  EXPECT_THAT(client_->MustLease("p", "worker-1"), SizeIs(1));
+  r = Cli({"pause", "p"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "p paused (1 active jobs run on)\n");
+
+  for (const char* command : {"pause", "resume"}) {
+    r = Cli({command, "never-used"});
+    EXPECT_EQ(r.exit_code, 1) << r;
+    EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: ")) << command;
+  }
+}
+
+TEST_F(CliTest, PurgeRemovesEndedJobsOrTheStatesNamed) {
+  FailJobs(*client_, "old", 2);
+  const std::string cancelled = CliEnqueue({"old", "c"});
+  ASSERT_EQ(Cli({"cancel", cancelled}).exit_code, 0);
+  CliEnqueue({"old", "ready"});
+  CliEnqueue({"old", "later", "--delay", "1h"});
+
+  CliResult r = Cli({"purge", "old"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "purged 3 jobs (COMPLETED, FAILED, CANCELLED) from old\n");
+  EXPECT_EQ(client_->Counts("old"),
+            (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}, {"JOB_STATE_SCHEDULED", 1}}));
+
+  r = Cli({"purge", "old", "--state", "ready", "--state", "scheduled", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(FromJson<v1::PurgeQueueResponse>(r.out).purged(), 2);
+  EXPECT_THAT(client_->Counts("old"), IsEmpty());
+
+  r = Cli({"purge", "old", "--state", "active"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, AllOf(StartsWith("error: INVALID_ARGUMENT: "), HasSubstr("states")));
+  r = Cli({"purge", "never-used"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, StartsWith("error: NOT_FOUND: "));
+}
+
 TEST_F(CliTest, BrokerRefusalsExitOneWithCodeAndMessage) {
   CliResult r = Cli({"get", "no-such-job"});
   EXPECT_EQ(r.exit_code, 1) << r;
@@ -498,6 +659,19 @@ TEST_F(CliTest, BadCommandLinesExitTwoAndSendNothing) {
       {"policy"},
       {"health", "--timeout", "soon"},
       {"--json=1", "health"},
+      {"retry"},
+      {"retry", "some-id", "--queue", "q"},
+      {"retry", "some-id", "--dry-run"},
+      {"retry", "--queue", "q", "--state", "ready"},
+      {"retry", "--queue", "q", "--state", "nope"},
+      {"retry", "--queue", "q", "--limit", "0"},
+      {"retry", "--queue"},
+      {"delete"},
+      {"delete", "a", "b"},
+      {"pause"},
+      {"resume", "q", "extra"},
+      {"purge"},
+      {"purge", "q", "--state", "finished"},
   };
   for (const std::vector<std::string>& args : bad) {
     CliResult r = Cli(args);
@@ -524,8 +698,13 @@ TEST_F(CliTest, UnreachableBrokerExitsThree) {
   ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
   const std::string closed = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
 
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {"health"}, {"enqueue", "q", "x"}, {"get", "some-id"}, {"queues"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"health"},
+                                             {"enqueue", "q", "x"},
+                                             {"get", "some-id"},
+                                             {"queues"},
+                                             {"delete", "some-id"},
+                                             {"pause", "q"}}) {
     std::vector<std::string> full = {"--address", closed, "--timeout", "2s"};
     full.insert(full.end(), args.begin(), args.end());
     CliResult r = RunCli(full, "", {});
@@ -547,9 +726,11 @@ TEST_F(CliTest, HelpListsCommandsFlagsAndExitCodes) {
        std::vector<std::vector<std::string>>{{"help"}, {"--help"}, {"-h"}}) {
     CliResult r = RunCli(args, "", {});
     EXPECT_EQ(r.exit_code, 0) << r;
-    for (const char* word : {"enqueue QUEUE [PAYLOAD]", "get JOB", "list QUEUE", "cancel JOB",
-                             "queues", "policy get QUEUE", "policy set QUEUE JSON", "health",
-                             "--address", "--json", "--timeout", "Exit codes", "1.5s"}) {
+    for (const char* word :
+         {"enqueue QUEUE [PAYLOAD]", "get JOB", "list QUEUE", "cancel JOB",
+          "retry JOB | --queue QUEUE", "delete JOB", "queues", "pause QUEUE", "resume QUEUE",
+          "purge QUEUE", "policy get QUEUE", "policy set QUEUE JSON", "health", "--address",
+          "--json", "--timeout", "Exit codes", "1.5s"}) {
       EXPECT_THAT(r.out, HasSubstr(word)) << absl::StrJoin(args, " ");
     }
   }
@@ -565,6 +746,13 @@ TEST_F(CliTest, HelpListsCommandsFlagsAndExitCodes) {
   EXPECT_THAT(r.out,
               AllOf(HasSubstr("--state"), HasSubstr("--limit"), HasSubstr("--newest-first")));
   EXPECT_THAT(r.out, Not(HasSubstr("--dedup-key")));
+  r = RunCli({"help", "retry"}, "", {});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("--queue"), HasSubstr("--state"), HasSubstr("--dry-run"),
+                           HasSubstr("--limit")));
+  r = RunCli({"purge", "--help"}, "", {});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("--state"), HasSubstr("repeatable")));
 }
 
 }  // namespace

@@ -194,7 +194,7 @@ TEST_F(ClientTest, ErrorsKeepTheBrokersCodeAndMessage) {
   EXPECT_EQ(no_queue.status().code(), absl::StatusCode::kNotFound) << no_queue.status();
 }
 
-TEST_F(ClientTest, BatchListQueuesPolicyAndCancel) {
+TEST_F(ClientTest, BatchListQueuesPolicyCancelAndTheOtherAdminCalls) {
   v1::EnqueueBatchRequest batch;
   for (int i = 0; i < 3; ++i) {
     v1::EnqueueRequest* job = batch.add_jobs();
@@ -230,11 +230,27 @@ TEST_F(ClientTest, BatchListQueuesPolicyAndCancel) {
   ASSERT_TRUE(info.ok()) << info.status();
   EXPECT_EQ(info->policy().max_concurrency(), 5);
 
+  absl::StatusOr<v1::QueueInfo> paused = client_->PauseQueue("reports");
+  ASSERT_TRUE(paused.ok()) << paused.status();
+  EXPECT_TRUE(paused->policy().paused());
+  absl::StatusOr<v1::QueueInfo> resumed = client_->ResumeQueue("reports");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->policy().paused());
+
   absl::StatusOr<v1::Job> cancelled = client_->CancelJob((*ids)[2].job_id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
   absl::StatusOr<v1::Job> twice = client_->CancelJob((*ids)[2].job_id);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition) << twice.status();
+
+  absl::StatusOr<v1::Job> retried = client_->RetryJob((*ids)[2].job_id);
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->state(), v1::JOB_STATE_READY);
+  EXPECT_TRUE(client_->DeleteJob((*ids)[2].job_id).ok());
+  EXPECT_EQ(client_->DeleteJob((*ids)[2].job_id).code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<int64_t> purged = client_->PurgeQueue("reports", {v1::JOB_STATE_READY});
+  ASSERT_TRUE(purged.ok()) << purged.status();
+  EXPECT_EQ(*purged, 2);
 }
 
 TEST_F(ClientTest, HealthIsOkWhileServing) {
@@ -309,6 +325,22 @@ TEST_F(ClientRetryTest, CancelIsNotRetriedButPolicyChangesAndHealthAre) {
   EXPECT_EQ(client.UpdateQueuePolicy(update).status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(client.Health().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(client.ListQueues().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(log_.Waits().size(), 3u);
+}
+
+TEST_F(ClientRetryTest, RetryAndDeleteAreNotRetriedButPauseResumeAndPurgeAre) {
+  Client client = NewClient(2);
+  // A repeat after a lost reply would be refused and hide that the first one worked.
+  EXPECT_EQ(client.RetryJob("any").status().code(), absl::StatusCode::kUnavailable);
+  v1::RetryJobRequest bulk;
+  bulk.set_queue("q");
+  EXPECT_EQ(client.RetryJob(bulk).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.DeleteJob("any").code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(log_.Waits(), ::testing::IsEmpty());
+
+  EXPECT_EQ(client.PauseQueue("q").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.ResumeQueue("q").status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(client.PurgeQueue("q").status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(log_.Waits().size(), 3u);
 }
 

@@ -141,6 +141,44 @@ grpc::Status BrokerClient::CancelJob(const std::string& job_id, v1::Job* job) {
   return admin_->CancelJob(&ctx, req, job);
 }
 
+grpc::Status BrokerClient::RetryJob(const v1::RetryJobRequest& req, v1::RetryJobResponse* resp) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return admin_->RetryJob(&ctx, req, resp);
+}
+
+grpc::Status BrokerClient::DeleteJob(const std::string& job_id) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  v1::DeleteJobResponse resp;
+  return admin_->DeleteJob(&ctx, req, &resp);
+}
+
+grpc::Status BrokerClient::PauseQueue(const std::string& queue, v1::QueueInfo* info) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::PauseQueueRequest req;
+  req.set_queue(queue);
+  return admin_->PauseQueue(&ctx, req, info);
+}
+
+grpc::Status BrokerClient::ResumeQueue(const std::string& queue, v1::QueueInfo* info) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  v1::ResumeQueueRequest req;
+  req.set_queue(queue);
+  return admin_->ResumeQueue(&ctx, req, info);
+}
+
+grpc::Status BrokerClient::PurgeQueue(const v1::PurgeQueueRequest& req,
+                                      v1::PurgeQueueResponse* resp) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  return admin_->PurgeQueue(&ctx, req, resp);
+}
+
 std::string BrokerClient::MustEnqueue(const std::string& queue, const std::string& payload) {
   v1::EnqueueRequest req;
   req.set_queue(queue);

@@ -87,6 +87,13 @@ class BrokerClient {
   grpc::Status UpdateQueuePolicy(const jobbroker::v1::UpdateQueuePolicyRequest& req,
                                  jobbroker::v1::QueueInfo* info);
   grpc::Status CancelJob(const std::string& job_id, jobbroker::v1::Job* job);
+  grpc::Status RetryJob(const jobbroker::v1::RetryJobRequest& req,
+                        jobbroker::v1::RetryJobResponse* resp);
+  grpc::Status DeleteJob(const std::string& job_id);
+  grpc::Status PauseQueue(const std::string& queue, jobbroker::v1::QueueInfo* info);
+  grpc::Status ResumeQueue(const std::string& queue, jobbroker::v1::QueueInfo* info);
+  grpc::Status PurgeQueue(const jobbroker::v1::PurgeQueueRequest& req,
+                          jobbroker::v1::PurgeQueueResponse* resp);
 
   // Enqueues `payload` on `queue`; returns the job id.
   std::string MustEnqueue(const std::string& queue, const std::string& payload = "payload");

@@ -83,10 +83,74 @@ const std::vector<Command>& Commands() {
           .run = RunCancel,
       },
       {
+          .name = "retry",
+          .args_usage = "JOB | --queue QUEUE",
+          .summary = "put a failed or cancelled job (or a queue's) back to ready",
+          .details =
+              "retry JOB: the job runs again from attempt 1; its error and attempt history\n"
+              "are kept. retry --queue QUEUE: every failed job of QUEUE (--state cancelled:\n"
+              "every cancelled one), oldest first, up to --limit; --dry-run only counts them.\n"
+              "With --json, the RetryJobResponse as proto3 JSON.",
+          .min_args = 0,
+          .max_args = 1,
+          .flags =
+              {
+                  {"--queue", "QUEUE", "retry this queue's jobs instead of one JOB"},
+                  {"--state", "STATE", "with --queue: failed (default) or cancelled"},
+                  {"--dry-run", "", "with --queue: count the jobs, change nothing"},
+                  {"--limit", "N", "with --queue: at most this many jobs (default 1000)"},
+              },
+          .run = RunRetry,
+      },
+      {
+          .name = "delete",
+          .args_usage = "JOB",
+          .summary = "remove a job that is not active",
+          .details = "An active job is refused: cancel it first. Its dedup key keeps blocking\n"
+                     "duplicates until its TTL ends. With --json, {} (DeleteJobResponse).",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunDelete,
+      },
+      {
           .name = "queues",
           .summary = "list queues: jobs by state, oldest ready job, waiting workers",
           .details = "With --json, a JSON array of QueueInfo messages.",
           .run = RunQueues,
+      },
+      {
+          .name = "pause",
+          .args_usage = "QUEUE",
+          .summary = "stop leasing from a queue (enqueues are still accepted)",
+          .details = "Persisted, like 'policy set QUEUE {\"paused\":true}'. Active jobs run on.\n"
+                     "With --json, the QueueInfo as proto3 JSON.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunPause,
+      },
+      {
+          .name = "resume",
+          .args_usage = "QUEUE",
+          .summary = "lease from a paused queue again",
+          .details = "With --json, the QueueInfo as proto3 JSON.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunResume,
+      },
+      {
+          .name = "purge",
+          .args_usage = "QUEUE",
+          .summary = "remove a queue's ended jobs (or those in --state); prints how many",
+          .details = "Without --state: completed, failed and cancelled jobs. Ready and scheduled\n"
+                     "jobs go only when named; active ones never (cancel them first). With\n"
+                     "--json, the PurgeQueueResponse as proto3 JSON.",
+          .min_args = 1,
+          .max_args = 1,
+          .flags = {{"--state", "STATE",
+                     "purge jobs in this state (repeatable): "
+                     "ready|scheduled|completed|failed|cancelled",
+                     true}},
+          .run = RunPurge,
       },
       {
           .name = "policy get",

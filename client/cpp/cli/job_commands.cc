@@ -1,4 +1,4 @@
-// enqueue, get, list, cancel: the commands about jobs.
+// enqueue, get, list, cancel, retry, delete: the commands about jobs.
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/cpp/cli/commands.h"
@@ -28,6 +29,8 @@ constexpr int64_t kDefaultListLimit = 100;
 // The broker's largest page.
 constexpr int64_t kMaxPageSize = 1000;
 constexpr size_t kMaxErrorInList = 50;
+// RetryJobRequest.limit of 0.
+constexpr int64_t kDefaultRetryLimit = 1000;
 
 std::string ReadAll(std::istream& in) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -205,6 +208,74 @@ int RunCancel(CommandContext& ctx) {
     ctx.io.out << job->id() << " " << StateName(job->state())
                << ": cancel requested; its worker is told to stop\n";
   }
+  return kExitOk;
+}
+
+int RunRetry(CommandContext& ctx) {
+  const std::optional<std::string> queue = ctx.args.Get("--queue");
+  const bool has_job = !ctx.args.positional.empty();
+  if (has_job == queue.has_value()) {
+    return UsageError(
+        ctx, has_job ? "give JOB or --queue, not both" : "give the JOB to retry, or --queue QUEUE");
+  }
+  v1::RetryJobRequest req;
+  if (has_job) {
+    for (const char* flag : {"--state", "--dry-run", "--limit"}) {
+      if (ctx.args.Has(flag)) return UsageError(ctx, absl::StrCat(flag, " needs --queue"));
+    }
+    req.set_job_id(ctx.args.positional[0]);
+  } else {
+    req.set_queue(*queue);
+    if (auto v = ctx.args.Get("--state")) {
+      absl::StatusOr<v1::JobState> state = ParseState(*v);
+      if (state.ok() && *state != v1::JOB_STATE_FAILED && *state != v1::JOB_STATE_CANCELLED) {
+        state = absl::InvalidArgumentError("--state: only failed or cancelled jobs are retried");
+      }
+      if (!state.ok()) return UsageError(ctx, std::string(state.status().message()));
+      req.set_state(*state);
+    }
+    req.set_dry_run(ctx.args.Has("--dry-run"));
+    if (auto v = ctx.args.Get("--limit")) {
+      // The broker checks its maximum; here only that it is a count.
+      absl::StatusOr<int64_t> n = ParseIntValue("--limit", *v, 1, kInt32Max);
+      if (!n.ok()) return UsageError(ctx, std::string(n.status().message()));
+      req.set_limit(static_cast<int32_t>(*n));
+    }
+  }
+
+  absl::StatusOr<v1::RetryJobResponse> resp = ctx.client.RetryJob(req);
+  if (!resp.ok()) return BrokerError(ctx, resp.status());
+  if (ctx.json) {
+    ctx.io.out << ToJson(*resp) << "\n";
+    return kExitOk;
+  }
+  if (has_job) {
+    ctx.io.out << resp->job().id() << " " << StateName(resp->job().state()) << "\n";
+    return kExitOk;
+  }
+  const std::string what = absl::StrCat(
+      absl::AsciiStrToLower(
+          StateName(req.state() == v1::JOB_STATE_UNSPECIFIED ? v1::JOB_STATE_FAILED : req.state())),
+      " job", resp->matched() == 1 ? "" : "s", " of ", req.queue());
+  if (req.dry_run()) {
+    ctx.io.out << "would retry " << resp->matched() << " " << what
+               << " (dry run: nothing changed)\n";
+  } else {
+    ctx.io.out << "retried " << resp->retried() << " " << what << "\n";
+  }
+  // The broker stops at the limit (its default when --limit is absent): say there may be more.
+  const int64_t limit = req.limit() == 0 ? kDefaultRetryLimit : req.limit();
+  if (resp->matched() >= limit) {
+    ctx.io.err << "(stopped at the limit of " << limit << "; there may be more: run it again)\n";
+  }
+  return kExitOk;
+}
+
+int RunDelete(CommandContext& ctx) {
+  const std::string& id = ctx.args.positional[0];
+  absl::Status deleted = ctx.client.DeleteJob(id);
+  if (!deleted.ok()) return BrokerError(ctx, deleted);
+  ctx.io.out << (ctx.json ? ToJson(v1::DeleteJobResponse()) : id + " deleted") << "\n";
   return kExitOk;
 }
 

@@ -1,4 +1,5 @@
-// queues, policy get, policy set, health: the commands about queues and the broker.
+// queues, pause, resume, purge, policy get, policy set, health: the commands about queues and
+// the broker.
 #include <google/protobuf/util/json_util.h>
 
 #include <iterator>
@@ -45,6 +46,50 @@ int RunQueues(CommandContext& ctx) {
                   FormatAge(info.oldest_ready_age()), absl::StrCat(info.waiting_leases())});
   }
   ctx.io.out << table.Render();
+  return kExitOk;
+}
+
+int RunPause(CommandContext& ctx) {
+  absl::StatusOr<v1::QueueInfo> info = ctx.client.PauseQueue(ctx.args.positional[0]);
+  if (!info.ok()) return BrokerError(ctx, info.status());
+  if (ctx.json) {
+    ctx.io.out << ToJson(*info) << "\n";
+  } else {
+    ctx.io.out << info->name() << " paused";
+    // Pausing stops new leases only; say so when some jobs are still running.
+    if (info->active() > 0) ctx.io.out << " (" << info->active() << " active jobs run on)";
+    ctx.io.out << "\n";
+  }
+  return kExitOk;
+}
+
+int RunResume(CommandContext& ctx) {
+  absl::StatusOr<v1::QueueInfo> info = ctx.client.ResumeQueue(ctx.args.positional[0]);
+  if (!info.ok()) return BrokerError(ctx, info.status());
+  ctx.io.out << (ctx.json ? ToJson(*info) : info->name() + " resumed") << "\n";
+  return kExitOk;
+}
+
+int RunPurge(CommandContext& ctx) {
+  std::vector<v1::JobState> states;
+  std::vector<std::string> names;
+  for (const std::string& text : ctx.args.GetAll("--state")) {
+    absl::StatusOr<v1::JobState> state = ParseState(text);
+    if (!state.ok()) return UsageError(ctx, std::string(state.status().message()));
+    states.push_back(*state);
+    names.push_back(StateName(*state));
+  }
+  if (names.empty()) names = {"COMPLETED", "FAILED", "CANCELLED"};
+  absl::StatusOr<int64_t> purged = ctx.client.PurgeQueue(ctx.args.positional[0], states);
+  if (!purged.ok()) return BrokerError(ctx, purged.status());
+  if (ctx.json) {
+    v1::PurgeQueueResponse resp;
+    resp.set_purged(*purged);
+    ctx.io.out << ToJson(resp) << "\n";
+  } else {
+    ctx.io.out << "purged " << *purged << " job" << (*purged == 1 ? "" : "s") << " ("
+               << absl::StrJoin(names, ", ") << ") from " << ctx.args.positional[0] << "\n";
+  }
   return kExitOk;
 }
 

@@ -175,6 +175,34 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& job_id) {
   return job;
 }
 
+absl::StatusOr<v1::Job> Client::RetryJob(const std::string& job_id) {
+  v1::RetryJobRequest req;
+  req.set_job_id(job_id);
+  absl::StatusOr<v1::RetryJobResponse> resp = RetryJob(req);
+  if (!resp.ok()) return resp.status();
+  return resp->job();
+}
+
+absl::StatusOr<v1::RetryJobResponse> Client::RetryJob(const v1::RetryJobRequest& request) {
+  v1::RetryJobResponse resp;
+  // Not retried: after a lost reply the repeat would answer FAILED_PRECONDITION (the job is
+  // READY now) or, in bulk, find nothing left and answer retried = 0.
+  absl::Status s = Run(options_, /*retryable=*/false, [&](grpc::ClientContext* ctx) {
+    return admin_->RetryJob(ctx, request, &resp);
+  });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest req;
+  req.set_job_id(job_id);
+  v1::DeleteJobResponse resp;
+  // Not retried: after a lost reply the repeat would answer NOT_FOUND.
+  return Run(options_, /*retryable=*/false,
+             [&](grpc::ClientContext* ctx) { return admin_->DeleteJob(ctx, req, &resp); });
+}
+
 absl::StatusOr<std::vector<v1::QueueInfo>> Client::ListQueues() {
   v1::ListQueuesRequest req;
   v1::ListQueuesResponse resp;
@@ -209,6 +237,46 @@ absl::StatusOr<v1::QueueInfo> Client::UpdateQueuePolicy(
   });
   if (!s.ok()) return s;
   return info;
+}
+
+absl::StatusOr<v1::QueueInfo> Client::PauseQueue(const std::string& queue) {
+  v1::PauseQueueRequest req;
+  req.set_queue(queue);
+  v1::QueueInfo info;
+  // Safe to repeat: pausing a paused queue leaves it paused.
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    info.Clear();
+    return admin_->PauseQueue(ctx, req, &info);
+  });
+  if (!s.ok()) return s;
+  return info;
+}
+
+absl::StatusOr<v1::QueueInfo> Client::ResumeQueue(const std::string& queue) {
+  v1::ResumeQueueRequest req;
+  req.set_queue(queue);
+  v1::QueueInfo info;
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    info.Clear();
+    return admin_->ResumeQueue(ctx, req, &info);
+  });
+  if (!s.ok()) return s;
+  return info;
+}
+
+absl::StatusOr<int64_t> Client::PurgeQueue(const std::string& queue,
+                                           const std::vector<v1::JobState>& states) {
+  v1::PurgeQueueRequest req;
+  req.set_queue(queue);
+  for (v1::JobState state : states) req.add_states(state);
+  v1::PurgeQueueResponse resp;
+  // Safe to repeat: a second purge removes what the first did not get to.
+  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
+    resp.Clear();
+    return admin_->PurgeQueue(ctx, req, &resp);
+  });
+  if (!s.ok()) return s;
+  return resp.purged();
 }
 
 absl::Status Client::Health() {

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -67,8 +68,10 @@ struct Enqueued {
 // Errors come back as absl::Status with the broker's code and message (INVALID_ARGUMENT names
 // the bad field, NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
 // UNAVAILABLE). Calls that are safe to repeat are retried on UNAVAILABLE and DEADLINE_EXCEEDED
-// (reads, policy changes, and Enqueue/EnqueueBatch only when every job has a dedup_key: without
-// one a retry after a lost reply would enqueue the job twice).
+// (reads, policy changes, pause, resume, purge, and Enqueue/EnqueueBatch only when every job has
+// a dedup_key: without one a retry after a lost reply would enqueue the job twice). CancelJob,
+// RetryJob and DeleteJob are not retried: after a lost reply the repeat would be refused
+// (FAILED_PRECONDITION, NOT_FOUND) and hide that the first one worked.
 class Client {
  public:
   explicit Client(ClientOptions options = {});
@@ -82,9 +85,22 @@ class Client {
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
+  // A FAILED or CANCELLED job back to READY; returns it.
+  absl::StatusOr<v1::Job> RetryJob(const std::string& job_id);
+  // Either form of RetryJob; with `queue` the bulk redrive (`matched`, `retried`).
+  absl::StatusOr<v1::RetryJobResponse> RetryJob(const v1::RetryJobRequest& request);
+  // Removes a job that is not ACTIVE.
+  absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::QueueInfo>> ListQueues();
   absl::StatusOr<v1::QueueInfo> GetQueue(const std::string& queue);
   absl::StatusOr<v1::QueueInfo> UpdateQueuePolicy(const v1::UpdateQueuePolicyRequest& request);
+  // Stop (Pause) or restart (Resume) leasing from a queue; returns the queue.
+  absl::StatusOr<v1::QueueInfo> PauseQueue(const std::string& queue);
+  absl::StatusOr<v1::QueueInfo> ResumeQueue(const std::string& queue);
+  // Removes the queue's jobs in `states` (empty: every terminal state); returns how many. After
+  // a retry (a lost reply) the count is only the repeat's.
+  absl::StatusOr<int64_t> PurgeQueue(const std::string& queue,
+                                     const std::vector<v1::JobState>& states = {});
   // OK when the broker answers the standard health check with SERVING.
   absl::Status Health();
 
