@@ -177,12 +177,21 @@ void Broker::Index(Job& job) {
       break;
     case JobState::kCompleted:
       q.completed.emplace(job.completed_at, job.seq);
+      WakeForRetention(q.completed, q.policy.completed_retention, job.completed_at);
       break;
     case JobState::kFailed:
     case JobState::kCancelled:
       q.dead.emplace(job.completed_at, job.seq);
+      WakeForRetention(q.dead, q.policy.failed_retention, job.completed_at);
       break;
   }
+}
+
+void Broker::WakeForRetention(const absl::btree_set<TimeKey>& finished,
+                              const ::jobbroker::Retention& r, absl::Time ended) {
+  // Over the count: the sweep is due now. Under an age limit: when this job gets too old.
+  if (r.max_count > 0 && static_cast<int64_t>(finished.size()) > r.max_count) MaybeWake(ended);
+  if (r.max_age > absl::ZeroDuration()) MaybeWake(ended + r.max_age);
 }
 
 void Broker::Unindex(Job& job) {
@@ -312,12 +321,13 @@ void Broker::ExpireDedup(absl::Time now, Transition& t, int& budget) {
     auto [when, queue, key] = *dedup_expiry_.begin();
     dedup_expiry_.erase(dedup_expiry_.begin());
     auto it = dedup_.find(std::make_pair(queue, key));
-    if (it == dedup_.end() || it->second.expires_at != when) continue;  // replaced since
+    // Gone, or claimed again since with a later expiry: nothing to do for this entry.
+    if (it == dedup_.end() || it->second.expires_at > now) continue;
     const Job* job = FindJob(it->second.job_id);
     if (job != nullptr && !IsTerminal(job->state)) {
-      // The key holds at least until its job ends; look again later.
+      // The key holds at least until its job ends (Enqueue checks that itself); this only
+      // frees the memory, so looking again in a minute is soon enough.
       dedup_expiry_.emplace(now + absl::Minutes(1), queue, key);
-      it->second.expires_at = now + absl::Minutes(1);
       continue;
     }
     t.delete_dedup.emplace_back(queue, key);

@@ -125,6 +125,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       if (auto old = dedup_.find(key); old != dedup_.end())
         dedup_expiry_.erase({old->second.expires_at, job.queue, job.dedup_key});
       dedup_expiry_.emplace(e.expires_at, job.queue, job.dedup_key);
+      MaybeWake(e.expires_at);
       t.put_dedup.push_back(e);
       dedup_.insert_or_assign(std::move(key), std::move(e));
     }

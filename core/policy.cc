@@ -85,7 +85,8 @@ absl::Status ValidatePolicy(const QueuePolicy& p, const char* prefix) {
   };
   if (p.max_concurrency < 0) return bad("max_concurrency", "must not be negative");
   if (p.max_concurrency_per_key < 0) return bad("max_concurrency_per_key", "must not be negative");
-  if (p.retry.max_attempts < 1) return bad("retry.max_attempts", "must be at least 1");
+  if (p.retry.max_attempts < 1 || p.retry.max_attempts > 1000)
+    return bad("retry.max_attempts", "must be between 1 and 1000");
   if (p.retry.initial_backoff < absl::ZeroDuration())
     return bad("retry.initial_backoff", "must not be negative");
   if (!(p.retry.backoff_multiplier >= 1.0) || !std::isfinite(p.retry.backoff_multiplier))

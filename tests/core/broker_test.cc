@@ -384,6 +384,38 @@ TEST_F(BrokerTest, DedupKeyIsFreeAfterTtlOnceTheJobEnded) {
   EXPECT_NE(fresh->job_id, first);
 }
 
+TEST_F(BrokerTest, DedupKeyIsFreeOnceItsJobEndsEvenAfterASweepSawItRunning) {
+  EnqueueSpec s{.queue = "q", .payload = "p"};
+  s.dedup_key = "k";
+  s.dedup_ttl = absl::Minutes(10);
+  std::string first = broker_->Enqueue(s)->job_id;
+  LeasedJob j = LeaseOne("q", "w", absl::Hours(1));
+  clock_.Advance(absl::Minutes(11));
+  broker_->Tick();  // the sweep finds the TTL over but the job running: the key stays
+  EXPECT_TRUE(broker_->Enqueue(s)->deduplicated);
+  ASSERT_TRUE(broker_->Ack(AckSpec{first, j.lease_id, ""}).ok());
+  EXPECT_FALSE(broker_->Enqueue(s)->deduplicated) << "free the moment the job ended";
+}
+
+TEST_F(BrokerTest, AFinishedJobWakesTheTickerForRetention) {
+  int wakes = 0;
+  BrokerOptions o = Options();
+  o.wake = [&wakes] { ++wakes; };
+  broker_.reset();
+  broker_ = *Broker::Open(store_, clock_, o);
+  PolicyOverride p;
+  p.completed_max_count = 1;
+  p.completed_max_age = absl::Hours(1);
+  ASSERT_TRUE(broker_->UpdateQueuePolicy("q", p).ok());
+  Enqueue("q");
+  LeasedJob j = LeaseOne("q", "w", absl::Hours(5));
+  EXPECT_EQ(broker_->Tick(), clock_.Now() + absl::Hours(5)) << "the lease is the next deadline";
+  wakes = 0;
+  ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+  EXPECT_EQ(wakes, 1) << "the job must be swept at 1 h, before the ticker's planned 5 h";
+  EXPECT_EQ(broker_->Tick(), clock_.Now() + absl::Hours(1));
+}
+
 TEST_F(BrokerTest, DedupKeyOutlivesItsJobUntilTheTtl) {
   PolicyOverride keep_none;
   keep_none.completed_max_count = 1;

@@ -82,6 +82,9 @@ TEST(ValidatePolicyTest, NamesTheBadField) {
   EXPECT_THAT(s.message(), HasSubstr("queues[\"q\"].retry.max_attempts"));
 
   p = QueuePolicy{};
+  p.retry.max_attempts = 1001;
+  EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("retry.max_attempts"));
+  p = QueuePolicy{};
   p.lease_duration = absl::Milliseconds(10);
   EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("policy.lease_duration"));
   p = QueuePolicy{};
