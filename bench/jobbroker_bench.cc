@@ -531,49 +531,24 @@ class Bench {
   // Lease+Ack cost behind a backlog: --preload ready jobs wait (the measured jobs are among
   // them), and --workers unary workers take --jobs of them. Leasing is O(log n): this shows it.
   Report RunBacklog() {
-    Errors errors;
-    Report r;
-    r.mode = "backlog";
-    r.concurrency = flags_.workers;
-    r.workers = flags_.workers;
-    r.jobs = flags_.jobs;
-    r.latency_of = "lease_ack";
     const int64_t total = std::max(flags_.preload, flags_.jobs);
-    if (Preload(&errors, total) != total) {
-      r.errors = errors.count();
-      r.first_error = errors.first();
-      return r;
-    }
-    std::atomic<int64_t> acked{0};
-    absl::Mutex finished_mu;
-    absl::Time finished = absl::InfiniteFuture();
-    Latencies latencies;
-    const absl::Time start = absl::Now();
-    std::vector<std::thread> workers =
-        StartWorkers(&acked, &finished_mu, &finished, &latencies, &errors, false);
-    for (std::thread& t : workers) t.join();
-    absl::MutexLock lock(&finished_mu);
-    r.done = acked.load();
-    r.seconds = absl::ToDoubleSeconds(
-        (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
-    r.p50_ms = latencies.PercentileMs(50);
-    r.p99_ms = latencies.PercentileMs(99);
-    r.errors = errors.count();
-    r.first_error = errors.first();
     std::fprintf(stderr, "backlog of %lld ready jobs over %lld keys\n",
                  static_cast<long long>(total), static_cast<long long>(flags_.keys));
-    return r;
+    return RunPreloaded("backlog", total);
   }
 
-  Report RunE2e() {
+  Report RunE2e() { return RunPreloaded("e2e", flags_.jobs); }
+
+  // Preloads `preload` jobs, then --workers unary workers Lease+Ack --jobs of them.
+  Report RunPreloaded(const char* mode, int64_t preload) {
     Errors errors;
     Report r;
-    r.mode = "e2e";
+    r.mode = mode;
     r.concurrency = flags_.workers;
     r.workers = flags_.workers;
     r.jobs = flags_.jobs;
     r.latency_of = "lease_ack";
-    if (Preload(&errors) != flags_.jobs) {
+    if (Preload(&errors, preload) != preload) {
       r.errors = errors.count();
       r.first_error = errors.first();
       r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;

@@ -251,6 +251,10 @@ class Broker {
   // lease is lost if `lost`.
   void EndHold(const Job& job, bool lost, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` (unindexed) just left ACTIVE by an ack, fail or release: index and persist it, give its
+  // stream its slot back, and hand the queue's freed slot to whoever waits.
+  void Settle(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a consumer from its queues' lines.
   void Delist(Consumer& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

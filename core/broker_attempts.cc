@@ -73,10 +73,7 @@ void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
               job.fail_reason = FailReason::kNone;
               job.result = std::move(spec.result);
               job.completed_at = now;
-              Index(job);
-              t.put_jobs.push_back(job);
-              EndHold(job, /*lost=*/false, now, t, fx);
-              ServeConsumers(Queue(job.queue), now, t, fx);  // a concurrency slot may have freed
+              Settle(job, now, t, fx);
               return true;
             });
 }
@@ -104,10 +101,7 @@ void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
           Unindex(job);
           FinishAttemptRecord(job, now, outcome, error);
           EndAttemptFailed(job, now, outcome, std::move(error), spec.retry_after);
-          Index(job);
-          t.put_jobs.push_back(job);
-          EndHold(job, /*lost=*/false, now, t, fx);
-          ServeConsumers(Queue(job.queue), now, t, fx);
+          Settle(job, now, t, fx);
           return answer();
         }
         const AttemptRecord* last =
@@ -163,12 +157,16 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
               job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
               if (job.state == JobState::kCancelled) job.completed_at = now;
               job.run_at = now;
-              Index(job);
-              t.put_jobs.push_back(job);
-              EndHold(job, /*lost=*/false, now, t, fx);
-              ServeConsumers(Queue(job.queue), now, t, fx);
+              Settle(job, now, t, fx);
               return true;
             });
+}
+
+void Broker::Settle(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  Index(job);
+  t.put_jobs.push_back(job);
+  EndHold(job, /*lost=*/false, now, t, fx);
+  ServeConsumers(Queue(job.queue), now, t, fx);  // a concurrency slot may have freed
 }
 
 }  // namespace jobbroker
