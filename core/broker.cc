@@ -13,7 +13,13 @@ Broker::Broker(Store& store, const Clock& clock, BrokerOptions options)
     : store_(store),
       clock_(clock),
       options_(std::move(options)),
-      pipeline_(store, options_.commit_mode) {}
+      observer_(options_.observer != nullptr ? *options_.observer : NoObserver()),
+      pipeline_(store, options_.commit_mode, &clock, options_.observer) {}
+
+BrokerObserver& Broker::NoObserver() {
+  static BrokerObserver* const none = new BrokerObserver();
+  return *none;
+}
 
 Broker::~Broker() { Shutdown(); }
 
@@ -42,9 +48,11 @@ absl::Status Broker::Recover() {
       policies.emplace_back(std::move(queue), std::move(policy));
     }
   } found;
+  const absl::Time started = clock_.Now();
   BROKER_RETURN_IF_ERROR(store_.Recover(found));
 
   uint64_t seq;
+  size_t expired = 0;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [name, unused] : options_.queue_policies) Queue(name);
@@ -76,10 +84,13 @@ absl::Status Broker::Recover() {
     int budget = std::numeric_limits<int>::max();
     while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
       ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t, fx);
+      ++expired;
     }
     seq = CommitLocked(std::move(t));
   }
-  return pipeline_.WaitDurable(seq);
+  BROKER_RETURN_IF_ERROR(pipeline_.WaitDurable(seq));
+  observer_.Recovered(found.jobs.size(), expired, clock_.Now() - started);
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,6 +272,7 @@ void Broker::FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcom
   rec.ended_at = now;
   rec.outcome = outcome;
   rec.error = std::move(error);
+  observer_.AttemptEnded(job, outcome, std::max(now - rec.started_at, absl::ZeroDuration()));
 }
 
 void Broker::ExpireLease(Job& job, absl::Time now, Transition& t, Effects& fx) {
@@ -295,6 +307,20 @@ void Broker::EndAttemptFailed(Job& job, absl::Time now, AttemptOutcome outcome, 
     absl::Duration wait = retry_after.value_or(retry.Backoff(job.attempt, Uniform()));
     job.run_at = now + wait;
     job.state = wait > absl::ZeroDuration() ? JobState::kScheduled : JobState::kReady;
+  }
+  switch (job.state) {
+    case JobState::kScheduled:
+    case JobState::kReady:
+      observer_.Retried(job);
+      break;
+    case JobState::kFailed:
+      observer_.Dead(job);
+      break;
+    case JobState::kCancelled:
+      observer_.Cancelled(job);
+      break;
+    default:
+      break;
   }
 }
 

@@ -21,6 +21,7 @@
 #include "core/clock.h"
 #include "core/commit_pipeline.h"
 #include "core/job.h"
+#include "core/observer.h"
 #include "core/policy.h"
 #include "core/requests.h"
 #include "core/store.h"
@@ -38,6 +39,9 @@ struct BrokerOptions {
   // Called (without the broker's lock) when a deadline earlier than the last Tick() result
   // appeared, so a ticker sleeping until then can wake early. May be unset.
   std::function<void()> wake;
+  // Told of every job transition worth counting or logging; borrowed, must outlive the broker.
+  // Unset: nobody listens.
+  BrokerObserver* observer = nullptr;
   // How the pipeline writes: inline for tests, background (group commit) for the server.
   CommitPipeline::Mode commit_mode = CommitPipeline::Mode::kBackground;
   // At most this much time-driven work (expiries, promotions, removals) per Tick.
@@ -180,6 +184,7 @@ class Broker {
   using TimeKey = std::pair<absl::Time, uint64_t>;
 
   Broker(Store& store, const Clock& clock, BrokerOptions options);
+  static BrokerObserver& NoObserver();
   absl::Status Recover();
 
   // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
@@ -286,6 +291,7 @@ class Broker {
   Store& store_;
   const Clock& clock_;
   const BrokerOptions options_;
+  BrokerObserver& observer_;  // options_.observer, or one that ignores everything
   CommitPipeline pipeline_;
 
   mutable absl::Mutex mu_;

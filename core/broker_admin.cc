@@ -56,6 +56,7 @@ void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
                  } else {
                    job->state = JobState::kCancelled;
                    job->completed_at = now;
+                   observer_.Cancelled(*job);
                  }
                  Index(*job);
                  t.put_jobs.push_back(*job);

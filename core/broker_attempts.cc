@@ -125,6 +125,7 @@ void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
           job.state = JobState::kFailed;
           job.fail_reason = FailReason::kPermanent;
           job.completed_at = now;
+          observer_.Dead(job);
         }
         Index(job);
         t.put_jobs.push_back(job);
@@ -157,6 +158,8 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
               job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
               if (job.state == JobState::kCancelled) job.completed_at = now;
               job.run_at = now;
+              observer_.Released(job);
+              if (job.state == JobState::kCancelled) observer_.Cancelled(job);
               Settle(job, now, t, fx);
               return true;
             });

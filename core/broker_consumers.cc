@@ -73,6 +73,8 @@ void Broker::PolicyChanged(QueueState& q) {
 }
 
 LeasedJob Broker::LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Transition& t) {
+  // Ready since run_at (its enqueue, delay or backoff end, or its release).
+  const absl::Duration waited = std::max(now - job.run_at, absl::ZeroDuration());
   Unindex(job);
   job.state = JobState::kActive;
   ++job.attempt;
@@ -92,6 +94,7 @@ LeasedJob Broker::LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Tran
     job.attempts.erase(job.attempts.begin());
   Index(job);
   t.put_jobs.push_back(job);
+  observer_.Leased(job, waited);
 
   LeasedJob leased;
   leased.job_id = job.id;

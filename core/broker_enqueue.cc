@@ -93,10 +93,12 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     EnqueueSpec& s = specs[i];
     if (plan[i].duplicate_of >= 0) {
       results[i] = {results[plan[i].duplicate_of].job_id, true};
+      observer_.Enqueued(s.queue, results[i].job_id, true);
       continue;
     }
     if (!plan[i].existing_job_id.empty()) {
       results[i] = {plan[i].existing_job_id, true};
+      observer_.Enqueued(s.queue, results[i].job_id, true);
       continue;
     }
     QueueState& q = Queue(s.queue);
@@ -129,6 +131,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       t.put_dedup.push_back(e);
       dedup_.insert_or_assign(std::move(key), std::move(e));
     }
+    observer_.Enqueued(job.queue, job.id, false);
     results[i] = {job.id, false};
     jobs_by_seq_.emplace(job.seq, &job);
     q.all.insert(job.seq);

@@ -6,7 +6,9 @@
 
 namespace jobbroker {
 
-CommitPipeline::CommitPipeline(Store& store, Mode mode) : store_(store), mode_(mode) {
+CommitPipeline::CommitPipeline(Store& store, Mode mode, const Clock* clock,
+                               BrokerObserver* observer)
+    : store_(store), mode_(mode), clock_(clock), observer_(observer) {
   if (mode_ == Mode::kBackground) writer_ = std::thread([this] { WriterLoop(); });
 }
 
@@ -99,7 +101,10 @@ void CommitPipeline::WriteAndNotify(std::vector<Transition> batch, uint64_t last
   }
   // After a failed write memory is ahead of disk; writing later transitions on top could persist
   // a state that never existed, so nothing more is written.
+  const absl::Time start = clock_ != nullptr ? clock_->Now() : absl::InfinitePast();
   absl::Status status = broken ? absl::OkStatus() : store_.Write(batch);
+  if (observer_ != nullptr && clock_ != nullptr && !broken)
+    observer_->Committed(batch.size(), clock_->Now() - start);
   std::vector<Callback> ready;
   {
     absl::MutexLock lock(&mu_);

@@ -8,6 +8,8 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/clock.h"
+#include "core/observer.h"
 #include "core/store.h"
 
 namespace jobbroker {
@@ -33,7 +35,9 @@ class CommitPipeline {
   };
   using Callback = absl::AnyInvocable<void(absl::Status)>;
 
-  CommitPipeline(Store& store, Mode mode);
+  // `clock` times each write for `observer` (both borrowed; observer may be null).
+  CommitPipeline(Store& store, Mode mode, const Clock* clock = nullptr,
+                 BrokerObserver* observer = nullptr);
   ~CommitPipeline();  // writes what is pending, then stops the writer
   CommitPipeline(const CommitPipeline&) = delete;
   CommitPipeline& operator=(const CommitPipeline&) = delete;
@@ -63,6 +67,8 @@ class CommitPipeline {
 
   Store& store_;
   const Mode mode_;
+  const Clock* const clock_;
+  BrokerObserver* const observer_;
   mutable absl::Mutex mu_;
   absl::CondVar work_cv_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

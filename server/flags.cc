@@ -11,10 +11,10 @@ namespace jobbroker {
 absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   ServerFlags flags;
   std::map<absl::string_view, std::string*> values = {
-      {"--listen", &flags.listen},
-      {"--http-listen", &flags.http_listen},
-      {"--data-dir", &flags.data_dir},
-      {"--config", &flags.config},
+      {"--listen", &flags.listen},       {"--http-listen", &flags.http_listen},
+      {"--data-dir", &flags.data_dir},   {"--config", &flags.config},
+      {"--log-level", &flags.log_level}, {"--log-format", &flags.log_format},
+      {"--metrics", &flags.metrics},
   };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];

@@ -11,7 +11,10 @@ struct ServerFlags {
   std::string listen = "127.0.0.1:7070";       // gRPC
   std::string http_listen = "127.0.0.1:8080";  // /metrics, /healthz
   std::string data_dir = "./data";
-  std::string config;  // optional ServerConfig JSON file
+  std::string config;               // optional ServerConfig JSON file
+  std::string log_level = "info";   // debug | info | warn | error
+  std::string log_format = "json";  // json | text
+  std::string metrics = "on";       // on | off (off: no job/RPC/WAL metrics, for measuring cost)
   bool help = false;
 };
 
@@ -25,6 +28,9 @@ inline constexpr char kUsage[] =
     "  --listen       gRPC address (default 127.0.0.1:7070; port 0 picks a free port)\n"
     "  --http-listen  /metrics and /healthz (default 127.0.0.1:8080)\n"
     "  --data-dir     where jobs are kept (default ./data)\n"
-    "  --config       policies, proto3 JSON of jobbroker.v1.ServerConfig\n";
+    "  --config       policies, proto3 JSON of jobbroker.v1.ServerConfig\n"
+    "  --log-level    debug | info | warn | error (default info)\n"
+    "  --log-format   json | text (default json: one object per line on stderr)\n"
+    "  --metrics      on | off (default on; off drops job, RPC and WAL metrics)\n";
 
 }  // namespace jobbroker

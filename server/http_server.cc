@@ -21,7 +21,7 @@ void Reply(::mg_connection* conn, int code, const char* reason, const char* type
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     const std::string& address, std::vector<const prometheus::Collectable*> collectables) {
   std::unique_ptr<HttpServer> server(new HttpServer());
-  server->collectables_ = std::move(collectables);
+  for (const prometheus::Collectable* c : collectables) server->AddCollectable(c);
   const char* options[] = {"listening_ports", address.c_str(), "num_threads", "4", nullptr};
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, options);
@@ -29,6 +29,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", address));
   mg_set_request_handler(server->ctx_, "/healthz", &HttpServer::HandleHealth, server.get());
   mg_set_request_handler(server->ctx_, "/metrics", &HttpServer::HandleMetrics, server.get());
+  mg_set_request_handler(server->ctx_, "/readyz", &HttpServer::HandleReady, server.get());
   mg_server_port ports[4];
   int n = mg_get_server_ports(server->ctx_, 4, ports);
   if (n < 1) return absl::InternalError("--http-listen: no listening port");
@@ -49,9 +50,25 @@ int HttpServer::HandleHealth(::mg_connection* conn, void* self) {
   return 200;
 }
 
+int HttpServer::HandleReady(::mg_connection* conn, void* self) {
+  auto* server = static_cast<HttpServer*>(self);
+  if (server->ready_.load() && server->serving_.load()) {
+    Reply(conn, 200, "OK", "text/plain", "ready\n");
+  } else {
+    Reply(conn, 503, "Service Unavailable", "text/plain", "not ready\n");
+  }
+  return 200;
+}
+
 int HttpServer::HandleMetrics(::mg_connection* conn, void* self) {
+  auto* server = static_cast<HttpServer*>(self);
+  std::vector<const prometheus::Collectable*> collectables;
+  {
+    absl::MutexLock lock(&server->mu_);
+    collectables = server->collectables_;
+  }
   std::vector<prometheus::MetricFamily> families;
-  for (const prometheus::Collectable* c : static_cast<HttpServer*>(self)->collectables_) {
+  for (const prometheus::Collectable* c : collectables) {
     for (auto& f : c->Collect()) families.push_back(std::move(f));
   }
   Reply(conn, 200, "OK", "text/plain; version=0.0.4",

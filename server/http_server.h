@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
 
 struct mg_context;
@@ -13,9 +14,10 @@ struct mg_connection;
 
 namespace jobbroker {
 
-// The HTTP side (--http-listen): GET /healthz (200 "ok" while serving, 503 while shutting
-// down) and GET /metrics (Prometheus text format). Collectables are borrowed and must outlive
-// the server.
+// The HTTP side (--http-listen): GET /healthz (liveness: 200 "ok" until shutdown starts),
+// GET /readyz (200 once SetReady(true): recovery finished and gRPC serves; 503 before and
+// while shutting down) and GET /metrics (Prometheus text format). It starts before recovery so
+// liveness answers during a long one. Collectables are borrowed and must outlive the server.
 class HttpServer {
  public:
   // Listens on `address` ("host:port"; port 0 picks a free one).
@@ -27,16 +29,25 @@ class HttpServer {
 
   int port() const { return port_; }
   void SetServing(bool serving) { serving_.store(serving); }
+  void SetReady(bool ready) { ready_.store(ready); }
+  // Adds a collectable to /metrics (e.g. once the broker exists).
+  void AddCollectable(const prometheus::Collectable* c) {
+    absl::MutexLock lock(&mu_);
+    collectables_.push_back(c);
+  }
 
  private:
   HttpServer() = default;
   static int HandleHealth(::mg_connection* conn, void* self);
   static int HandleMetrics(::mg_connection* conn, void* self);
+  static int HandleReady(::mg_connection* conn, void* self);
 
   ::mg_context* ctx_ = nullptr;
   int port_ = 0;
   std::atomic<bool> serving_{true};
-  std::vector<const prometheus::Collectable*> collectables_;
+  std::atomic<bool> ready_{false};
+  absl::Mutex mu_;
+  std::vector<const prometheus::Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace jobbroker

@@ -11,14 +11,21 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "core/broker.h"
 #include "core/clock.h"
+#include "prometheus/registry.h"
 #include "server/admin_service.h"
 #include "server/broker_service.h"
 #include "server/config.h"
 #include "server/flags.h"
 #include "server/http_server.h"
+#include "server/log.h"
+#include "server/log_observer.h"
 #include "server/metrics.h"
+#include "server/metrics_observer.h"
+#include "server/process_metrics.h"
+#include "server/rpc_metrics.h"
 #include "server/ticker.h"
 #include "storage/rocksdb_store.h"
 
@@ -29,6 +36,8 @@ constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payload
 // Replies are already computed when the drain starts; this bounds only their delivery.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
 
+// A start that fails prints one plain line, for the person at the terminal (and the tests);
+// everything after the start is structured (server/log.h).
 int Fatal(const std::string& what) {
   std::cerr << "jobbroker: " << what << std::endl;
   return 1;
@@ -45,6 +54,16 @@ int Run(int argc, char** argv) {
     std::cout << kUsage;
     return 0;
   }
+  LogLevel log_level;
+  LogFormat log_format;
+  if (!ParseLogLevel(flags->log_level, &log_level))
+    return Fatal("--log-level must be debug, info, warn or error");
+  if (!ParseLogFormat(flags->log_format, &log_format))
+    return Fatal("--log-format must be json or text");
+  if (flags->metrics != "on" && flags->metrics != "off")
+    return Fatal("--metrics must be on or off");
+  const bool metrics_on = flags->metrics == "on";
+  Log::Configure(log_level, log_format);
 
   // Signals are taken by sigwait on this thread, so every thread started below inherits the
   // block and none is interrupted mid-write.
@@ -62,16 +81,30 @@ int Run(int argc, char** argv) {
     options.queue_policies = config->queues;
   }
 
+  // HTTP first: liveness answers while recovery runs; readiness once it is done.
+  prometheus::Registry registry;
+  ProcessCollector process;
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(flags->http_listen, {&registry, &process});
+  if (!http.ok()) return Fatal(std::string(http.status().message()));
+
   std::error_code ec;
   std::filesystem::create_directories(flags->data_dir, ec);
   if (ec) return Fatal("--data-dir " + flags->data_dir + ": " + ec.message());
+  Log::Write(LogLevel::kInfo, "starting", {{"data_dir", flags->data_dir}});
   absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(flags->data_dir);
   if (!store.ok()) return Fatal("--data-dir: " + std::string(store.status().message()));
 
   RealClock clock;
   Ticker ticker;
+  MetricsObserver metrics(registry);
+  LogObserver log_observer;
+  std::vector<BrokerObserver*> observers = {&log_observer};
+  if (metrics_on) observers.push_back(&metrics);
+  TeeObserver observer(observers);
   options.commit_mode = CommitPipeline::Mode::kBackground;
   options.wake = [&ticker] { ticker.Wake(); };
+  options.observer = &observer;
   absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Open(**store, clock, options);
   if (!broker.ok()) {
     std::string where = flags->config.empty() ? "" : flags->config + ": ";
@@ -89,22 +122,37 @@ int Run(int argc, char** argv) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);
+  if (metrics_on) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> rpc;
+    rpc.push_back(std::make_unique<RpcMetricsFactory>(registry));
+    builder.experimental().SetInterceptorCreators(std::move(rpc));
+  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0)
     return Fatal("--listen: cannot listen on " + flags->listen);
 
   BrokerCollector collector(**broker);
-  absl::StatusOr<std::unique_ptr<HttpServer>> http =
-      HttpServer::Start(flags->http_listen, {&collector});
-  if (!http.ok()) return Fatal(std::string(http.status().message()));
+  RocksDbStore& rocks = **store;
+  FunctionGauges storage({
+      {"jobbroker_rocksdb_live_data_bytes", "RocksDB's estimate of live data, in bytes.",
+       [&rocks] { return static_cast<double>(rocks.LiveDataBytes()); }},
+      {"jobbroker_rocksdb_pending_compaction_bytes",
+       "Bytes RocksDB estimates compaction still has to rewrite; growing = compaction lags.",
+       [&rocks] { return static_cast<double>(rocks.PendingCompactionBytes()); }},
+  });
+  (*http)->AddCollectable(&collector);
+  (*http)->AddCollectable(&storage);
+  (*http)->SetReady(true);
 
-  std::printf("jobbroker: serving grpc=%s http=%s\n", WithPort(flags->listen, grpc_port).c_str(),
-              WithPort(flags->http_listen, (*http)->port()).c_str());
+  const std::string grpc_address = WithPort(flags->listen, grpc_port);
+  const std::string http_address = WithPort(flags->http_listen, (*http)->port());
+  Log::Write(LogLevel::kInfo, "serving", {{"grpc", grpc_address}, {"http", http_address}});
+  std::printf("jobbroker: serving grpc=%s http=%s\n", grpc_address.c_str(), http_address.c_str());
   std::fflush(stdout);
 
   int sig = 0;
   sigwait(&signals, &sig);
-  std::cerr << "jobbroker: signal " << sig << ", shutting down" << std::endl;
+  Log::Write(LogLevel::kInfo, "shutting_down", {{"signal", absl::StrCat(sig)}});
 
   // Stop leasing and answer long polls, let in-flight RPCs finish, flush, exit 0.
   (*http)->SetServing(false);
@@ -120,8 +168,11 @@ int Run(int argc, char** argv) {
   http_stop.join();
   broker->reset();
   store->reset();
-  if (!flushed.ok()) return Fatal("flush at shutdown failed: " + std::string(flushed.message()));
-  std::cerr << "jobbroker: stopped cleanly" << std::endl;
+  if (!flushed.ok()) {
+    Log::Write(LogLevel::kError, "flush_failed", {{"reason", std::string(flushed.message())}});
+    return 1;
+  }
+  Log::Write(LogLevel::kInfo, "stopped");
   return 0;
 }
 

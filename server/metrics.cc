@@ -6,32 +6,49 @@
 
 namespace jobbroker {
 
+std::vector<prometheus::MetricFamily> FunctionGauges::Collect() const {
+  std::vector<prometheus::MetricFamily> out;
+  for (const Gauge& g : gauges_) {
+    prometheus::MetricFamily f{g.name, g.help, prometheus::MetricType::Gauge, {}};
+    prometheus::ClientMetric m;
+    m.gauge.value = g.value();
+    f.metric.push_back(std::move(m));
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
-  prometheus::MetricFamily jobs{
-      "jobbroker_jobs", "Jobs by queue and state.", prometheus::MetricType::Gauge, {}};
-  prometheus::MetricFamily age{"jobbroker_oldest_ready_age_seconds",
-                               "Age of the oldest READY job of each queue (0 when none).",
-                               prometheus::MetricType::Gauge,
-                               {}};
-  prometheus::MetricFamily waiting{"jobbroker_waiting_leases",
-                                   "Long-poll Leases waiting for a job (idle workers).",
-                                   prometheus::MetricType::Gauge,
-                                   {}};
+  auto family = [](const char* name, const char* help) {
+    return prometheus::MetricFamily{name, help, prometheus::MetricType::Gauge, {}};
+  };
+  prometheus::MetricFamily jobs = family("jobbroker_jobs", "Jobs by queue and state.");
+  prometheus::MetricFamily age =
+      family("jobbroker_oldest_ready_age_seconds",
+             "Age of the oldest READY job of each queue (0 when none): workers missing or too few "
+             "when it grows.");
+  prometheus::MetricFamily waiting =
+      family("jobbroker_waiting_leases",
+             "Idle capacity waiting for jobs: long-poll Leases and Work streams with a free slot.");
+  prometheus::MetricFamily active = family("jobbroker_active_leases", "Jobs leased right now.");
+  prometheus::MetricFamily dead = family("jobbroker_dead_jobs", "Jobs in the dead (FAILED) set.");
+  auto gauge = [](prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
+                  double value) {
+    prometheus::ClientMetric m;
+    m.label = std::move(labels);
+    m.gauge.value = value;
+    f.metric.push_back(std::move(m));
+  };
   for (const QueueInfo& q : broker_.ListQueues()) {
     for (const auto& [state, n] : q.counts) {
-      prometheus::ClientMetric m;
       // "JOB_STATE_READY" -> "ready"
       std::string name = absl::AsciiStrToLower(std::string(JobStateName(state)).substr(10));
-      m.label = {{"queue", q.name}, {"state", name}};
-      m.gauge.value = static_cast<double>(n);
-      jobs.metric.push_back(std::move(m));
+      gauge(jobs, {{"queue", q.name}, {"state", name}}, static_cast<double>(n));
     }
-    prometheus::ClientMetric m;
-    m.label = {{"queue", q.name}};
-    m.gauge.value = absl::ToDoubleSeconds(q.oldest_ready_age);
-    age.metric.push_back(std::move(m));
-    m.gauge.value = static_cast<double>(q.waiting_leases);
-    waiting.metric.push_back(std::move(m));
+    gauge(age, {{"queue", q.name}}, absl::ToDoubleSeconds(q.oldest_ready_age));
+    gauge(waiting, {{"queue", q.name}}, static_cast<double>(q.waiting_leases));
+    gauge(active, {{"queue", q.name}}, static_cast<double>(q.counts.at(JobState::kActive)));
+    gauge(dead, {{"queue", q.name}}, static_cast<double>(q.counts.at(JobState::kFailed)));
   }
   prometheus::MetricFamily writes{"jobbroker_store_writes_total",
                                   "Synced store writes (one per group commit).",
@@ -40,7 +57,9 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
   prometheus::ClientMetric w;
   w.counter.value = static_cast<double>(broker_.store_writes());
   writes.metric.push_back(std::move(w));
-  return {std::move(jobs), std::move(age), std::move(waiting), std::move(writes)};
+  std::vector<prometheus::MetricFamily> out;
+  for (auto* f : {&jobs, &age, &waiting, &active, &dead, &writes}) out.push_back(std::move(*f));
+  return out;
 }
 
 }  // namespace jobbroker

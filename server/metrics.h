@@ -1,5 +1,7 @@
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "core/broker.h"
@@ -7,6 +9,21 @@
 #include "prometheus/metric_family.h"
 
 namespace jobbroker {
+
+// Gauges computed at scrape time by the given functions (e.g. storage estimates).
+class FunctionGauges final : public prometheus::Collectable {
+ public:
+  struct Gauge {
+    std::string name;
+    std::string help;
+    std::function<double()> value;
+  };
+  explicit FunctionGauges(std::vector<Gauge> gauges) : gauges_(std::move(gauges)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::vector<Gauge> gauges_;
+};
 
 // Gauges read from the broker at scrape time (jobs by queue and state, oldest ready age), so
 // they can never drift from the truth. `broker` is borrowed and must outlive the collector.

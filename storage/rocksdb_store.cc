@@ -238,6 +238,24 @@ absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
   return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
 }
 
+uint64_t RocksDbStore::LiveDataBytes() const {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, "rocksdb.estimate-live-data-size", &v)) total += v;
+  }
+  return total;
+}
+
+uint64_t RocksDbStore::PendingCompactionBytes() const {
+  uint64_t total = 0;
+  for (rocksdb::ColumnFamilyHandle* h : handles_) {
+    uint64_t v = 0;
+    if (db_->GetIntProperty(h, "rocksdb.estimate-pending-compaction-bytes", &v)) total += v;
+  }
+  return total;
+}
+
 absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
   // One snapshot for all column families, so the three scans see the same instant.
   rocksdb::ManagedSnapshot snapshot(db_.get());

@@ -78,6 +78,11 @@ class RocksDbStore final : public Store {
   // reports corruption; the visitor may have seen earlier records by then.
   absl::Status Recover(RecoveryVisitor& visitor) override;
 
+  // RocksDB's estimates over every column family, for metrics: bytes of live data, and bytes
+  // that compaction still has to rewrite (a growing figure means compaction cannot keep up).
+  uint64_t LiveDataBytes() const;
+  uint64_t PendingCompactionBytes() const;
+
   const std::string& dir() const { return dir_; }
 
  private:

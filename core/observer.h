@@ -1,0 +1,81 @@
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/job.h"
+
+namespace jobbroker {
+
+// What the broker tells the outside about its work; metrics and logs hang on it (the
+// prometheus-cpp exporter and the logger live in server/, so core stays free of both).
+//
+// The broker calls these with its lock held, right after the change they describe was
+// decided, so implementations must be quick (an atomic increment, a short write) and must not
+// call back into the broker. Committed() is called from the commit pipeline's writer thread.
+// Every method has an empty default.
+class BrokerObserver {
+ public:
+  virtual ~BrokerObserver() = default;
+
+  // A job was created, or an Enqueue was answered with an existing job (`deduplicated`).
+  virtual void Enqueued(const std::string& /*queue*/, const std::string& /*job_id*/,
+                        bool /*deduplicated*/) {}
+  // An attempt started; `waited` is how long the job had been ready (schedule-to-start).
+  virtual void Leased(const Job& /*job*/, absl::Duration /*waited*/) {}
+  // An attempt ended with `outcome` after running for `ran`.
+  virtual void AttemptEnded(const Job& /*job*/, AttemptOutcome /*outcome*/,
+                            absl::Duration /*ran*/) {}
+  // A failed attempt was given another one at job.run_at.
+  virtual void Retried(const Job& /*job*/) {}
+  // The job died (FAILED); job.fail_reason and job.last_error say why.
+  virtual void Dead(const Job& /*job*/) {}
+  virtual void Cancelled(const Job& /*job*/) {}
+  // A worker gave the job back unstarted.
+  virtual void Released(const Job& /*job*/) {}
+  // The broker finished recovering `jobs` jobs from the store in `took`, turning
+  // `expired_leases` leases that ran out while it was down into failed attempts.
+  virtual void Recovered(size_t /*jobs*/, size_t /*expired_leases*/, absl::Duration /*took*/) {}
+  // One synced store write of `transitions` transitions took `took`.
+  virtual void Committed(size_t /*transitions*/, absl::Duration /*took*/) {}
+};
+
+// Passes every event on to each of `observers` (borrowed), in order.
+class TeeObserver final : public BrokerObserver {
+ public:
+  explicit TeeObserver(std::vector<BrokerObserver*> observers) : observers_(std::move(observers)) {}
+  void Enqueued(const std::string& queue, const std::string& job_id, bool dedup) override {
+    for (BrokerObserver* o : observers_) o->Enqueued(queue, job_id, dedup);
+  }
+  void Leased(const Job& job, absl::Duration waited) override {
+    for (BrokerObserver* o : observers_) o->Leased(job, waited);
+  }
+  void AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) override {
+    for (BrokerObserver* o : observers_) o->AttemptEnded(job, outcome, ran);
+  }
+  void Retried(const Job& job) override {
+    for (BrokerObserver* o : observers_) o->Retried(job);
+  }
+  void Dead(const Job& job) override {
+    for (BrokerObserver* o : observers_) o->Dead(job);
+  }
+  void Cancelled(const Job& job) override {
+    for (BrokerObserver* o : observers_) o->Cancelled(job);
+  }
+  void Released(const Job& job) override {
+    for (BrokerObserver* o : observers_) o->Released(job);
+  }
+  void Recovered(size_t jobs, size_t expired, absl::Duration took) override {
+    for (BrokerObserver* o : observers_) o->Recovered(jobs, expired, took);
+  }
+  void Committed(size_t transitions, absl::Duration took) override {
+    for (BrokerObserver* o : observers_) o->Committed(transitions, took);
+  }
+
+ private:
+  const std::vector<BrokerObserver*> observers_;
+};
+
+}  // namespace jobbroker
