@@ -103,7 +103,7 @@ void CommitPipeline::WriteAndNotify(std::vector<Transition> batch, uint64_t last
   // a state that never existed, so nothing more is written.
   const absl::Time start = clock_ != nullptr ? clock_->Now() : absl::InfinitePast();
   absl::Status status = broken ? absl::OkStatus() : store_.Write(batch);
-  if (observer_ != nullptr && clock_ != nullptr && !broken)
+  if (observer_ != nullptr && clock_ != nullptr && !broken && status.ok())
     observer_->Committed(batch.size(), clock_->Now() - start);
   std::vector<Callback> ready;
   {
@@ -115,6 +115,7 @@ void CommitPipeline::WriteAndNotify(std::vector<Transition> batch, uint64_t last
       for (auto it = waiters_.begin(); it != end; ++it) ready.push_back(std::move(it->second));
       waiters_.erase(waiters_.begin(), end);
     } else {
+      if (error_.ok() && observer_ != nullptr) observer_->StoreFailed(status);
       if (error_.ok()) error_ = status;
       status = error_;
       for (auto& [seq, cb] : waiters_) ready.push_back(std::move(cb));

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/job.h"
 
@@ -40,6 +41,8 @@ class BrokerObserver {
   virtual void Recovered(size_t /*jobs*/, size_t /*expired_leases*/, absl::Duration /*took*/) {}
   // One synced store write of `transitions` transitions took `took`.
   virtual void Committed(size_t /*transitions*/, absl::Duration /*took*/) {}
+  // A store write failed: the broker refuses every change from now on, until a restart.
+  virtual void StoreFailed(const absl::Status& /*status*/) {}
 };
 
 // Passes every event on to each of `observers` (borrowed), in order.
@@ -72,6 +75,9 @@ class TeeObserver final : public BrokerObserver {
   }
   void Committed(size_t transitions, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Committed(transitions, took);
+  }
+  void StoreFailed(const absl::Status& status) override {
+    for (BrokerObserver* o : observers_) o->StoreFailed(status);
   }
 
  private:

@@ -96,4 +96,10 @@ void LogObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration t
               {"took_ms", absl::StrCat(absl::ToInt64Milliseconds(took))}});
 }
 
+void LogObserver::StoreFailed(const absl::Status& status) {
+  Log::Write(LogLevel::kError, "store_write_failed",
+             {{"reason", status.ToString()},
+              {"effect", "every change is refused with UNAVAILABLE until a restart"}});
+}
+
 }  // namespace jobbroker

@@ -17,6 +17,7 @@ class LogObserver final : public BrokerObserver {
   void Cancelled(const Job& job) override;
   void Released(const Job& job) override;
   void Recovered(size_t jobs, size_t expired_leases, absl::Duration took) override;
+  void StoreFailed(const absl::Status& status) override;
 };
 
 }  // namespace jobbroker

@@ -59,7 +59,11 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r)
                     .Add({}, kSyncSeconds)),
       wal_batch_(Histogram(r, "jobbroker_wal_batch_transitions",
                            "State transitions made durable by one synced store write.")
-                     .Add({}, kBatch)) {}
+                     .Add({}, kBatch)),
+      store_failures_(Counter(r, "jobbroker_store_write_failures_total",
+                              "Failed store writes; after one the broker refuses every change "
+                              "until it is restarted.")
+                          .Add({})) {}
 
 MetricsObserver::~MetricsObserver() = default;
 
@@ -137,5 +141,7 @@ void MetricsObserver::Committed(size_t transitions, absl::Duration took) {
   wal_sync_.Observe(absl::ToDoubleSeconds(took));
   wal_batch_.Observe(static_cast<double>(transitions));
 }
+
+void MetricsObserver::StoreFailed(const absl::Status&) { store_failures_.Increment(); }
 
 }  // namespace jobbroker

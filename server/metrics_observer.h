@@ -32,6 +32,7 @@ class MetricsObserver final : public BrokerObserver {
   void Cancelled(const Job& job) override;
   void Released(const Job& job) override;
   void Committed(size_t transitions, absl::Duration took) override;
+  void StoreFailed(const absl::Status& status) override;
 
  private:
   struct QueueMetrics;
@@ -49,6 +50,7 @@ class MetricsObserver final : public BrokerObserver {
   prometheus::Family<prometheus::Histogram>& run_;
   prometheus::Histogram& wal_sync_;
   prometheus::Histogram& wal_batch_;
+  prometheus::Counter& store_failures_;
   absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> queues_;
 };
 

@@ -92,10 +92,21 @@ TEST(CommitPipelineTest, ConcurrentWritersAreAllMadeDurable) {
   EXPECT_EQ(store.job_count(), 400u);
 }
 
+// Counts what the pipeline reports.
+class CountingObserver : public BrokerObserver {
+ public:
+  void Committed(size_t transitions, absl::Duration) override { committed += transitions; }
+  void StoreFailed(const absl::Status&) override { ++failures; }
+  size_t committed = 0;
+  int failures = 0;
+};
+
 TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
   MemoryStore store;
   store.FailWritesAfter(1);
-  CommitPipeline pipeline(store, CommitPipeline::Mode::kInline);
+  FakeClock clock(absl::FromUnixSeconds(1000));
+  CountingObserver observer;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kInline, &clock, &observer);
   EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("a", ""))).ok());
   uint64_t failed = pipeline.Append(PutJob("b", ""));
   EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
@@ -104,6 +115,8 @@ TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
   EXPECT_EQ(pipeline.WaitDurable(after).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(pipeline.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(store.FindJob("c").has_value()) << "nothing is written after a failure";
+  EXPECT_EQ(observer.committed, 1u);
+  EXPECT_EQ(observer.failures, 1) << "the failure is reported once";
 }
 
 }  // namespace
