@@ -8,6 +8,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev clang-format
+  prometheus  # /usr/bin/prometheus and promtool, for tests/observability
 )
 
 missing=()

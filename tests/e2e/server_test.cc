@@ -1,12 +1,8 @@
 // The server around the broker: reflection, HTTP /healthz and /metrics, long polls that hold no
 // thread, and group commit as seen from outside.
-#include <arpa/inet.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/sync_stream.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <set>
@@ -24,40 +20,13 @@
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/http_client.h"
 
 namespace jobbroker::testing {
 namespace {
 
 namespace v1 = ::jobbroker::v1;
 using ::testing::HasSubstr;
-
-// A plain HTTP/1.1 GET over a loopback socket; returns the whole response (status line,
-// headers, body), or "" if the connection failed.
-std::string HttpGet(const std::string& address, const std::string& path) {
-  std::vector<std::string> host_port = absl::StrSplit(address, ':');
-  int port = 0;
-  if (host_port.size() != 2 || !absl::SimpleAtoi(host_port[1], &port)) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  inet_pton(AF_INET, host_port[0].c_str(), &addr.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address, "\r\nConnection: close\r\n\r\n");
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return "";
-  }
-  std::string response;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) response.append(buf, n);
-  close(fd);
-  return response;
-}
 
 // The value of the first sample line that starts with `series` in Prometheus text, or -1.
 double Sample(const std::string& metrics, const std::string& series) {

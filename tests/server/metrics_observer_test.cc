@@ -1,0 +1,120 @@
+// Metric updates per transition: a real broker (fake clock, memory store) drives the
+// MetricsObserver, and the registry's samples are read back.
+#include "server/metrics_observer.h"
+
+#include <map>
+#include <string>
+
+#include "core/broker.h"
+#include "core/clock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "storage/memory_store.h"
+
+namespace jobbroker {
+namespace {
+
+// name{label=value,...} -> value, for counters, and histogram _count samples.
+std::map<std::string, double> Samples(prometheus::Registry& registry) {
+  std::map<std::string, double> out;
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::string key = f.name;
+      if (f.type == prometheus::MetricType::Histogram) key += "_count";
+      std::string labels;
+      for (const prometheus::ClientMetric::Label& l : m.label)
+        labels += (labels.empty() ? "" : ",") + l.name + "=" + l.value;
+      if (!labels.empty()) key += "{" + labels + "}";
+      out[key] = f.type == prometheus::MetricType::Histogram
+                     ? static_cast<double>(m.histogram.sample_count)
+                     : m.counter.value;
+    }
+  }
+  return out;
+}
+
+class MetricsObserverTest : public ::testing::Test {
+ protected:
+  MetricsObserverTest() : clock_(absl::FromUnixSeconds(1'800'000'000)), metrics_(registry_) {
+    BrokerOptions o;
+    o.commit_mode = CommitPipeline::Mode::kInline;
+    o.observer = &metrics_;
+    o.uniform = [] { return 0.5; };
+    broker_ = *Broker::Open(store_, clock_, o);
+  }
+
+  LeasedJob LeaseOne(const std::string& queue, absl::Duration lease = absl::Seconds(30)) {
+    return broker_->Lease(LeaseSpec{queue, "w", 1, lease})->front();
+  }
+
+  FakeClock clock_;
+  MemoryStore store_;
+  prometheus::Registry registry_;
+  MetricsObserver metrics_;
+  std::unique_ptr<Broker> broker_;
+};
+
+TEST_F(MetricsObserverTest, EachTransitionCountsOnce) {
+  EnqueueSpec dedup{.queue = "q", .payload = "p"};
+  dedup.dedup_key = "k";
+  ASSERT_TRUE(broker_->Enqueue(dedup).ok());
+  ASSERT_TRUE(broker_->Enqueue(dedup).ok());  // deduplicated
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+
+  clock_.Advance(absl::Seconds(2));
+  LeasedJob acked = LeaseOne("q");
+  clock_.Advance(absl::Seconds(3));
+  ASSERT_TRUE(broker_->Ack(AckSpec{acked.job_id, acked.lease_id, ""}).ok());
+  LeasedJob retried = LeaseOne("q");
+  ASSERT_TRUE(broker_->Fail(FailSpec{retried.job_id, retried.lease_id, "x", false, {}}).ok());
+  LeasedJob dead = LeaseOne("q");
+  ASSERT_TRUE(broker_->Fail(FailSpec{dead.job_id, dead.lease_id, "bad", true, {}}).ok());
+  LeasedJob released = LeaseOne("q");
+  ASSERT_TRUE(broker_->Release(ReleaseSpec{released.job_id, released.lease_id}).ok());
+  LeasedJob expired = LeaseOne("q", absl::Seconds(1));
+  clock_.Advance(absl::Seconds(1));
+  broker_->Tick();
+  std::string waiting =
+      broker_->Enqueue(EnqueueSpec{.queue = "q", .delay = absl::Hours(1)})->job_id;
+  ASSERT_TRUE(broker_->CancelJob(waiting).ok());
+
+  std::map<std::string, double> s = Samples(registry_);
+  EXPECT_EQ(s["jobbroker_enqueued_total{queue=q}"], 6);
+  EXPECT_EQ(s["jobbroker_deduplicated_total{queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_leased_total{queue=q}"], 5);
+  EXPECT_EQ(s["jobbroker_attempts_total{outcome=completed,queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_attempts_total{outcome=error,queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_attempts_total{outcome=permanent_error,queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_attempts_total{outcome=lease_expired,queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_retried_total{queue=q}"], 2) << "the error and the lease expiry";
+  EXPECT_EQ(s["jobbroker_dead_total{queue=q,reason=permanent}"], 1);
+  EXPECT_EQ(s["jobbroker_dead_total{queue=q,reason=attempts_exhausted}"], 0);
+  EXPECT_EQ(s["jobbroker_released_total{queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_cancelled_total{queue=q}"], 1);
+  EXPECT_EQ(s["jobbroker_schedule_to_start_seconds_count{queue=q}"], 5);
+  EXPECT_EQ(s["jobbroker_run_seconds_count{queue=q}"], 4);
+  EXPECT_GT(s["jobbroker_wal_sync_seconds_count"], 0) << "every commit is timed";
+}
+
+TEST_F(MetricsObserverTest, HistogramsMeasureOnTheBrokersClock) {
+  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+  clock_.Advance(absl::Seconds(7));  // waited 7 s in READY
+  LeasedJob j = LeaseOne("q");
+  clock_.Advance(absl::Seconds(2));  // ran 2 s
+  ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+  int seen = 0;
+  for (const prometheus::MetricFamily& f : registry_.Collect()) {
+    if (f.name == "jobbroker_schedule_to_start_seconds") {
+      EXPECT_DOUBLE_EQ(f.metric.at(0).histogram.sample_sum, 7);
+      ++seen;
+    }
+    if (f.name == "jobbroker_run_seconds") {
+      EXPECT_DOUBLE_EQ(f.metric.at(0).histogram.sample_sum, 2);
+      ++seen;
+    }
+  }
+  EXPECT_EQ(seen, 2);
+}
+
+}  // namespace
+}  // namespace jobbroker
