@@ -25,29 +25,13 @@
 #error "JOBBROKER_BINARY must name the jobbroker binary under test"
 #endif
 
+#include "tests/testing/process_util.h"
+
 namespace jobbroker::testing {
 namespace {
 
 constexpr char kServingPrefix[] = "jobbroker: serving ";
 constexpr int kMaxMessageBytes = 64 << 20;
-
-absl::Status ErrnoError(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Exit code of a wait status: the code itself, or 128 + signal like a shell reports it.
-int ExitCodeOf(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return -1;
-}
 
 // Everything the child needs, built before fork(): after fork only async-signal-safe calls are
 // allowed in the child, since the test process has other threads (gRPC's among them).
@@ -93,30 +77,6 @@ absl::StatusOr<pid_t> Spawn(ExecPlan& plan, int stdout_fd) {
     _exit(127);
   }
   return pid;
-}
-
-// Waits up to `timeout` for `pid` to exit; returns the raw wait status.
-absl::StatusOr<int> WaitPid(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 && errno != EINTR) return ErrnoError("waitpid");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("pid ", pid, " still running after ", absl::FormatDuration(timeout)));
-    }
-    // Polling is fine here: this only runs while a process is shutting down.
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-}
-
-void KillAndReap(pid_t pid) {
-  kill(pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
 }
 
 }  // namespace

@@ -15,26 +15,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/testing/process_util.h"
 
 namespace jobbroker::testing {
 namespace {
-
-absl::Status ErrnoError(absl::string_view what) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));
-}
-
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-int ExitCodeOf(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return -1;
-}
 
 // Forks and execs `argv` with stdin from `stdin_path` and stdout+stderr appended to
 // `output_path`. Everything the child touches is prepared before fork(): the test process has
@@ -69,30 +53,6 @@ absl::StatusOr<pid_t> Spawn(std::vector<std::string>& argv, const std::string& s
   return pid;
 }
 
-// Waits up to `timeout` for `pid`; the raw wait status, or DEADLINE_EXCEEDED.
-absl::StatusOr<int> WaitPid(pid_t pid, absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    int status = 0;
-    const pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
-    if (r < 0 && errno != EINTR) return ErrnoError("waitpid");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("pid ", pid, " still running after ", absl::FormatDuration(timeout)));
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-}
-
-int KillAndReap(pid_t pid) {
-  kill(pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  return ExitCodeOf(status);
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(std::vector<std::string> argv,
@@ -122,7 +82,7 @@ absl::StatusOr<int> ChildProcess::Stop(absl::Duration grace) {
   }
   kill(pid_, SIGTERM);
   absl::StatusOr<int> status = WaitPid(pid_, grace);
-  exit_code_ = status.ok() ? ExitCodeOf(*status) : KillAndReap(pid_);
+  exit_code_ = status.ok() ? ExitCodeOf(*status) : ExitCodeOf(KillAndReap(pid_));
   pid_ = -1;
   return exit_code_;
 }
