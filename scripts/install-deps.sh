@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages jobbroker needs to build and test, only when some are missing.
 # Runs as root (CI, containers) or through sudo.
+#
+#   scripts/install-deps.sh          # what building and running the broker needs
+#   scripts/install-deps.sh --tests  # also what the tests of every client language need
 set -euo pipefail
 
 packages=(
@@ -10,6 +13,18 @@ packages=(
   libgtest-dev libgmock-dev clang-format
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
 )
+if [ "${1:-}" = "--tests" ]; then
+  # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
+  packages+=(ruby ruby-grpc ruby-grpc-tools)
+  # The other languages' toolchains come with the machine (Go, Node.js with npm, JDK with Maven,
+  # Rust with cargo, CPython); their packages are installed from each client's lock file.
+  for tool in go node npm java mvn cargo python3; do
+    command -v "$tool" >/dev/null || {
+      echo "install-deps: '$tool' is not on PATH; the client tests need it (see README.md)" >&2
+      exit 1
+    }
+  done
+fi
 
 missing=()
 for p in "${packages[@]}"; do
