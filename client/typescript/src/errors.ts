@@ -1,0 +1,80 @@
+import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
+
+/** gRPC status codes (google.rpc.Code), as `JobBrokerError.code` carries them. */
+export { GrpcStatus as Status };
+
+/** The name of a gRPC status code: "INVALID_ARGUMENT" for 3. */
+export function statusName(code: number): string {
+  return (GrpcStatus as unknown as Record<number, string>)[code] ?? `CODE_${code}`;
+}
+
+/**
+ * What every failed call of `Client` throws: the broker's (or the transport's) gRPC status.
+ * `code` is a `Status` value (e.g. `Status.INVALID_ARGUMENT`), `details` the broker's message.
+ */
+export class JobBrokerError extends Error {
+  override readonly name = "JobBrokerError";
+  /** The gRPC status code (google.rpc.Code). */
+  readonly code: number;
+  /** The status's message, without the code prefix. */
+  readonly details: string;
+
+  constructor(code: number, details: string, options?: { cause?: unknown }) {
+    super(`${statusName(code)}: ${details}`, options);
+    this.code = code;
+    this.details = details;
+  }
+
+  /** The code's name, e.g. "FAILED_PRECONDITION". */
+  get codeName(): string {
+    return statusName(this.code);
+  }
+}
+
+/** Turns a grpc-js error into a JobBrokerError (anything else is returned unchanged). */
+export function fromServiceError(err: unknown): unknown {
+  const e = err as Partial<ServiceError> | null;
+  if (e && typeof e === "object" && typeof e.code === "number") {
+    return new JobBrokerError(e.code, e.details ?? e.message ?? "", { cause: err });
+  }
+  return err;
+}
+
+/**
+ * Thrown by a handler: the job fails with no retry and dies with FAIL_REASON_PERMANENT (a bad
+ * address, a validation error: something another attempt cannot fix).
+ */
+export class PermanentError extends Error {
+  override readonly name = "PermanentError";
+}
+
+/**
+ * Thrown by a handler: the attempt fails and the next one starts after `delayMs` instead of the
+ * queue's computed backoff (a provider's Retry-After).
+ */
+export class RetryAfterError extends Error {
+  override readonly name = "RetryAfterError";
+  constructor(
+    readonly delayMs: number,
+    message = `retry after ${delayMs} ms`,
+  ) {
+    super(message);
+  }
+}
+
+/** `throw retryAfter(30_000, "rate limited")`: shorthand for `new RetryAfterError(...)`. */
+export function retryAfter(delayMs: number, message?: string): RetryAfterError {
+  return new RetryAfterError(delayMs, message);
+}
+
+/** Why a job context's `signal` was aborted. */
+export class JobCancelledError extends Error {
+  override readonly name = "JobCancelledError";
+  constructor(
+    /** "lease-lost", "cancel-requested" or "shutdown". */
+    readonly reason: "lease-lost" | "cancel-requested" | "shutdown",
+    message: string,
+  ) {
+    super(message);
+  }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the TypeScript client's packages from its lock file, generates the protobuf code,
+# builds the client and the sign-up example, and runs every test against the real broker
+# ($JOBBROKER_BIN, default <repo>/build/server/jobbroker). Needs node 20+, npm and protoc.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+example="$root/examples/typescript/signup"
+export JOBBROKER_BIN="${JOBBROKER_BIN:-$root/build/server/jobbroker}"
+
+if [[ ! -x "$JOBBROKER_BIN" ]]; then
+  echo "test.sh: no broker binary at $JOBBROKER_BIN (build the C++ tree or set JOBBROKER_BIN)" >&2
+  exit 1
+fi
+
+# npm ci, skipped when node_modules was installed from this very lock file.
+install() {
+  local dir="$1" stamp="$1/node_modules/.installed-from-lock"
+  local want
+  want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    echo "test.sh: $dir: node_modules is up to date"
+    return
+  fi
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$want" >"$stamp"
+}
+
+install "$here"
+(cd "$here" && npm run --silent build)
+install "$example"
+(cd "$example" && npm run --silent build)
+cd "$here"
+npm test --silent

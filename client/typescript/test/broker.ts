@@ -1,0 +1,104 @@
+// Starts the real jobbroker binary for a test: port 0, a fresh data dir, optional config.
+import { spawn, type ChildProcess } from "node:child_process";
+import { createWriteStream, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import readline from "node:readline";
+
+/** <repo root>, from this file's place: dist/test/ or test/ under client/typescript. */
+export function repoRoot(): string {
+  let dir = __dirname;
+  while (path.basename(dir) !== "typescript" || path.basename(path.dirname(dir)) !== "client") {
+    const up = path.dirname(dir);
+    if (up === dir) throw new Error(`cannot find client/typescript above ${__dirname}`);
+    dir = up;
+  }
+  return path.resolve(dir, "../..");
+}
+
+export function brokerBinary(): string {
+  return process.env.JOBBROKER_BIN || path.join(repoRoot(), "build/server/jobbroker");
+}
+
+export interface BrokerOptions {
+  config?: unknown;
+  /** Reuse this data dir (a restart); default a fresh temp dir. */
+  dataDir?: string;
+  /** "127.0.0.1:PORT"; default port 0. */
+  listen?: string;
+}
+
+export class Broker {
+  private exited: Promise<number | null>;
+  private constructor(
+    readonly proc: ChildProcess,
+    readonly address: string,
+    readonly dataDir: string,
+    readonly tempDir: string,
+  ) {
+    this.exited = new Promise((resolve) => {
+      if (proc.exitCode !== null) resolve(proc.exitCode);
+      else proc.once("exit", (code) => resolve(code));
+    });
+  }
+
+  static async start(options: BrokerOptions = {}, tempDir?: string): Promise<Broker> {
+    const dir = tempDir ?? mkdtempSync(path.join(os.tmpdir(), "jobbroker-ts-"));
+    const dataDir = options.dataDir ?? path.join(dir, "data");
+    const args = ["--listen", options.listen ?? "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", dataDir, "--log-level", "warn"];
+    if (options.config !== undefined) {
+      const config = path.join(dir, "config.json");
+      writeFileSync(config, JSON.stringify(options.config));
+      args.push("--config", config);
+    }
+    const proc = spawn(brokerBinary(), args, { stdio: ["ignore", "pipe", "pipe"] });
+    const log = createWriteStream(path.join(dir, "broker.log"), { flags: "a" });
+    proc.stderr!.pipe(log);
+    const lines = readline.createInterface({ input: proc.stdout! });
+    const address = await new Promise<string>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error("the broker did not report its address within 30 s")), 30_000);
+      proc.once("error", (e) => { clearTimeout(timer); reject(e); });
+      proc.once("exit", (code) => { clearTimeout(timer); reject(new Error(`the broker exited with ${code}; see ${dir}/broker.log`)); });
+      lines.on("line", (line) => {
+        const m = /^jobbroker: serving grpc=(\S+)/.exec(line);
+        if (m) { clearTimeout(timer); resolve(m[1]); }
+      });
+    });
+    lines.on("line", () => {}); // keep draining stdout
+    return new Broker(proc, address, dataDir, dir);
+  }
+
+  /** SIGTERM (graceful); resolves with the exit code. */
+  async stop(): Promise<number | null> {
+    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill("SIGTERM");
+    return this.exited;
+  }
+
+  /** SIGKILL. */
+  async kill(): Promise<void> {
+    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill("SIGKILL");
+    await this.exited;
+  }
+
+  /** stop() and remove the temp dir. */
+  async dispose(): Promise<void> {
+    await this.stop();
+    rmSync(this.tempDir, { recursive: true, force: true });
+  }
+}
+
+/** Polls `fn` every 50 ms until it returns a truthy value; gives up after `timeoutMs`. */
+export async function eventually<T>(fn: () => Promise<T> | T, what: string, timeoutMs = 30_000): Promise<NonNullable<T>> {
+  const giveUp = Date.now() + timeoutMs;
+  let last: unknown;
+  for (;;) {
+    try {
+      const v = await fn();
+      if (v) return v as NonNullable<T>;
+    } catch (e) {
+      last = e;
+    }
+    if (Date.now() > giveUp) throw new Error(`gave up waiting for ${what}${last ? `: ${String(last)}` : ""}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
