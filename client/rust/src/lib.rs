@@ -1,0 +1,384 @@
+//! Rust client for jobbroker, a durable job broker spoken to over gRPC.
+//!
+//! The API is the tonic code generated from `proto/jobbroker/v1/*.proto`, re-exported under
+//! [`v1`]: [`v1::broker_client::BrokerClient`] (producers and workers) and
+//! [`v1::admin_client::AdminClient`] (operators), plus every message and enum. On top of it
+//! this crate adds a thin layer:
+//!
+//! * [`Client`]: one channel, both services, and short-hands for the common calls.
+//! * [`job`]: an [`v1::EnqueueRequest`] for a queue and payload, other fields defaulted.
+//! * [`WorkStream`]: the `Work` stream with request ids and result routing done for you; every
+//!   request returns the broker's [`v1::WorkResult`] (or a [`Status`] carrying its code).
+//!
+//! Errors are [`tonic::Status`]; compare `status.code()` with [`Code`] (e.g.
+//! `Code::InvalidArgument` for a malformed request, `Code::FailedPrecondition` for a stale
+//! lease).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{mpsc, oneshot};
+use tonic::transport::{Channel, Endpoint};
+
+pub use prost_types;
+pub use tonic;
+pub use tonic::{Code, Status};
+
+/// Generated messages, enums and clients of the `jobbroker.v1` proto package.
+pub mod v1 {
+    #![allow(missing_docs)]
+    tonic::include_proto!("jobbroker.v1");
+}
+
+use v1::work_request::Request;
+use v1::work_response::Response;
+
+/// The generated Broker client over a tonic channel.
+pub type BrokerClient = v1::broker_client::BrokerClient<Channel>;
+/// The generated Admin client over a tonic channel.
+pub type AdminClient = v1::admin_client::AdminClient<Channel>;
+
+/// Both services of one broker over one HTTP/2 channel. Cheap to clone; clones share the
+/// channel. Safe to use from many tasks.
+#[derive(Clone, Debug)]
+pub struct Client {
+    broker: BrokerClient,
+    admin: AdminClient,
+}
+
+/// Turns `host:port` into `http://host:port`; addresses with a scheme are kept.
+fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+    let uri = if addr.contains("://") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(uri)
+}
+
+impl Client {
+    /// Connects to `addr` (`host:port` or `http://host:port`). Fails if the broker cannot be
+    /// reached now.
+    pub async fn connect(addr: &str) -> Result<Self, tonic::transport::Error> {
+        Ok(Self::from_channel(endpoint(addr)?.connect().await?))
+    }
+
+    /// Like [`Client::connect`], but connects on first use and reconnects after failures;
+    /// fails only for a malformed address.
+    pub fn connect_lazy(addr: &str) -> Result<Self, tonic::transport::Error> {
+        Ok(Self::from_channel(endpoint(addr)?.connect_lazy()))
+    }
+
+    /// Wraps a channel the caller configured (TLS, timeouts, ...).
+    pub fn from_channel(channel: Channel) -> Self {
+        Self {
+            broker: BrokerClient::new(channel.clone()),
+            admin: AdminClient::new(channel),
+        }
+    }
+
+    /// The generated Broker client (a clone sharing this client's channel).
+    pub fn broker(&self) -> BrokerClient {
+        self.broker.clone()
+    }
+
+    /// The generated Admin client (a clone sharing this client's channel).
+    pub fn admin(&self) -> AdminClient {
+        self.admin.clone()
+    }
+
+    /// Enqueues one job; see [`job`] to build the request. `INVALID_ARGUMENT` names a malformed
+    /// field, `ALREADY_EXISTS` means the dedup key is held by a job with another payload.
+    pub async fn enqueue(
+        &self,
+        request: v1::EnqueueRequest,
+    ) -> Result<v1::EnqueueResponse, Status> {
+        Ok(self.broker().enqueue(request).await?.into_inner())
+    }
+
+    /// Enqueues 1 to 1000 jobs, all or nothing; one result per job, in order.
+    pub async fn enqueue_batch(
+        &self,
+        jobs: Vec<v1::EnqueueRequest>,
+    ) -> Result<Vec<v1::EnqueueResponse>, Status> {
+        let request = v1::EnqueueBatchRequest { jobs };
+        Ok(self
+            .broker()
+            .enqueue_batch(request)
+            .await?
+            .into_inner()
+            .results)
+    }
+
+    /// The job as the Admin service shows it (state, attempts, fail reason, checkpoint, ...).
+    /// `NOT_FOUND` for an unknown id.
+    pub async fn get_job(&self, job_id: &str) -> Result<v1::Job, Status> {
+        let request = v1::GetJobRequest {
+            job_id: job_id.to_string(),
+        };
+        Ok(self.admin().get_job(request).await?.into_inner())
+    }
+
+    /// Opens a `Work` stream and subscribes. Returns once the broker accepted the subscription;
+    /// a refusal (e.g. `INVALID_ARGUMENT` for a bad queue name) is returned as its status.
+    /// Pushed jobs and notices arrive on the returned receiver, which ends with
+    /// [`WorkEvent::Closed`]. Must be called inside a Tokio runtime (it spawns the reader).
+    pub async fn work(
+        &self,
+        subscribe: v1::SubscribeRequest,
+    ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stream = WorkStream {
+            shared: Arc::new(Shared {
+                tx: Mutex::new(Some(tx)),
+                next_id: AtomicU64::new(1),
+                pending: Mutex::new(HashMap::new()),
+                end: Mutex::new(None),
+            }),
+        };
+        let subscribed = stream.start(Request::Subscribe(subscribe))?;
+        let responses = self
+            .broker()
+            .work(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
+        stream.finish(subscribed).await?;
+        Ok((stream, events_rx))
+    }
+}
+
+/// An [`v1::EnqueueRequest`] for `queue` and `payload`, every other field at its default; set
+/// more with struct update syntax:
+///
+/// ```
+/// let request = jobbroker::v1::EnqueueRequest {
+///     dedup_key: "welcome:user_7".into(),
+///     priority: 5,
+///     ..jobbroker::job("emails", b"{\"user\":7}")
+/// };
+/// assert_eq!(request.queue, "emails");
+/// ```
+pub fn job(queue: &str, payload: impl Into<Vec<u8>>) -> v1::EnqueueRequest {
+    v1::EnqueueRequest {
+        queue: queue.to_string(),
+        payload: payload.into(),
+        ..Default::default()
+    }
+}
+
+/// A protobuf Duration for a std one (saturating at i64::MAX seconds).
+pub fn duration(d: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// What a `Work` stream delivers besides the results of requests.
+// Jobs are by far the most common event; boxing them would only add an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum WorkEvent {
+    /// A job pushed to this worker: answer it with ack, fail or release.
+    Job(v1::LeasedJob),
+    /// The lease of this job ran out: stop working on it and do not ack.
+    LeaseLost(String),
+    /// An operator cancelled this job: stop and ack or fail it.
+    CancelRequested(String),
+    /// The stream ended: `None` when the broker closed it cleanly, else the status it ended
+    /// with. Always the last event.
+    Closed(Option<Status>),
+}
+
+struct Shared {
+    tx: Mutex<Option<mpsc::UnboundedSender<v1::WorkRequest>>>,
+    next_id: AtomicU64,
+    pending: Mutex<HashMap<u64, oneshot::Sender<v1::WorkResult>>>,
+    end: Mutex<Option<Status>>,
+}
+
+/// The sending half of a `Work` stream. Cheap to clone; safe to use from many tasks. Each call
+/// sends one request and waits for the broker's result for it: a non-OK result comes back as
+/// a [`Status`] with the broker's code; if the stream ends first, the status it ended with
+/// (or `UNAVAILABLE`).
+#[derive(Clone)]
+pub struct WorkStream {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for WorkStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkStream").finish_non_exhaustive()
+    }
+}
+
+impl WorkStream {
+    /// Extends the lease of `job` by its own duration; with `checkpoint`, also saves it. The
+    /// result carries the new `lease_deadline` and `cancel_requested`. `FAILED_PRECONDITION`
+    /// when the lease is gone.
+    pub async fn heartbeat(
+        &self,
+        job: &v1::LeasedJob,
+        checkpoint: Option<Vec<u8>>,
+    ) -> Result<v1::WorkResult, Status> {
+        self.request(Request::Heartbeat(v1::HeartbeatRequest {
+            job_id: job.job_id.clone(),
+            lease_id: job.lease_id.clone(),
+            extend_by: None,
+            checkpoint,
+        }))
+        .await
+    }
+
+    /// Completes `job`, keeping `result` with it.
+    pub async fn ack(
+        &self,
+        job: &v1::LeasedJob,
+        result: Vec<u8>,
+    ) -> Result<v1::WorkResult, Status> {
+        self.request(Request::Ack(v1::AckRequest {
+            job_id: job.job_id.clone(),
+            lease_id: job.lease_id.clone(),
+            result,
+        }))
+        .await
+    }
+
+    /// Fails this attempt of `job`. It is retried after the queue's backoff (or after
+    /// `retry_after`), unless `permanent` or no attempts are left: then it is FAILED.
+    pub async fn fail(
+        &self,
+        job: &v1::LeasedJob,
+        error: &str,
+        permanent: bool,
+        retry_after: Option<std::time::Duration>,
+    ) -> Result<v1::WorkResult, Status> {
+        self.request(Request::Fail(v1::FailRequest {
+            job_id: job.job_id.clone(),
+            lease_id: job.lease_id.clone(),
+            error: error.to_string(),
+            permanent,
+            retry_after: retry_after.map(duration),
+        }))
+        .await
+    }
+
+    /// Gives `job` back unstarted: READY again, no attempt counted.
+    pub async fn release(&self, job: &v1::LeasedJob) -> Result<v1::WorkResult, Status> {
+        self.request(Request::Release(v1::ReleaseRequest {
+            job_id: job.job_id.clone(),
+            lease_id: job.lease_id.clone(),
+        }))
+        .await
+    }
+
+    /// Changes how many unanswered jobs the broker may push; 0 drains (nothing more is pushed).
+    pub async fn flow(&self, max_in_flight: i32) -> Result<v1::WorkResult, Status> {
+        self.request(Request::Flow(v1::FlowRequest { max_in_flight }))
+            .await
+    }
+
+    /// Sends any request and waits for its result.
+    pub async fn request(&self, request: Request) -> Result<v1::WorkResult, Status> {
+        let waiter = self.start(request)?;
+        self.finish(waiter).await
+    }
+
+    /// Half-closes the stream: no more requests can be sent (they fail with `UNAVAILABLE`).
+    /// Results of requests already sent still arrive; the broker then ends the stream, which
+    /// shows as [`WorkEvent::Closed`].
+    pub fn close(&self) {
+        self.shared.tx.lock().unwrap().take();
+    }
+
+    fn start(&self, request: Request) -> Result<oneshot::Receiver<v1::WorkResult>, Status> {
+        let request_id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let (result_tx, result_rx) = oneshot::channel();
+        self.shared
+            .pending
+            .lock()
+            .unwrap()
+            .insert(request_id, result_tx);
+        let sent = match self.shared.tx.lock().unwrap().as_ref() {
+            Some(tx) => tx
+                .send(v1::WorkRequest {
+                    request_id,
+                    request: Some(request),
+                })
+                .is_ok(),
+            None => false,
+        };
+        if !sent {
+            self.shared.pending.lock().unwrap().remove(&request_id);
+            return Err(self.end_status());
+        }
+        Ok(result_rx)
+    }
+
+    async fn finish(
+        &self,
+        waiter: oneshot::Receiver<v1::WorkResult>,
+    ) -> Result<v1::WorkResult, Status> {
+        match waiter.await {
+            Ok(result) if result.code == 0 => Ok(result),
+            Ok(result) => Err(Status::new(Code::from_i32(result.code), result.message)),
+            Err(_) => Err(self.end_status()),
+        }
+    }
+
+    fn end_status(&self) -> Status {
+        self.shared
+            .end
+            .lock()
+            .unwrap()
+            .clone()
+            .unwrap_or_else(|| Status::unavailable("work stream closed"))
+    }
+}
+
+async fn read_responses(
+    mut responses: tonic::Streaming<v1::WorkResponse>,
+    shared: Arc<Shared>,
+    events: mpsc::UnboundedSender<WorkEvent>,
+) {
+    let end = loop {
+        match responses.message().await {
+            Ok(Some(message)) => match message.response {
+                Some(Response::Result(result)) => {
+                    let waiter = shared.pending.lock().unwrap().remove(&result.request_id);
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(result);
+                    }
+                }
+                Some(Response::Job(job)) => {
+                    let _ = events.send(WorkEvent::Job(job));
+                }
+                Some(Response::LeaseLost(lost)) => {
+                    let _ = events.send(WorkEvent::LeaseLost(lost.job_id));
+                }
+                Some(Response::CancelRequested(notice)) => {
+                    let _ = events.send(WorkEvent::CancelRequested(notice.job_id));
+                }
+                None => {}
+            },
+            Ok(None) => break None,
+            Err(status) => break Some(status),
+        }
+    };
+    *shared.end.lock().unwrap() = Some(
+        end.clone()
+            .unwrap_or_else(|| Status::unavailable("work stream closed")),
+    );
+    // Nothing more can be answered: fail the waiting requests and refuse new ones.
+    shared.tx.lock().unwrap().take();
+    shared.pending.lock().unwrap().clear();
+    let _ = events.send(WorkEvent::Closed(end));
+}
+
+/// The README's code blocks are compiled as doc tests, so they stay correct.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

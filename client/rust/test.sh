@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds the Rust client and runs its tests against the real broker binary
+# ($JOBBROKER_BIN, default <repo>/build/server/jobbroker). Needs rustup's cargo and protoc
+# (Debian protobuf-compiler; $PROTOC is respected).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+export CARGO_BUILD_JOBS="${CARGO_BUILD_JOBS:-2}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+installed="$(rustup component list --installed 2>/dev/null || true)"
+if grep -q '^rustfmt' <<<"$installed"; then
+  echo "== cargo fmt --check"
+  cargo fmt --check
+else
+  echo "== rustfmt not installed: skipping cargo fmt --check"
+fi
+
+echo "== cargo build"
+# --all-targets also builds examples/worker, which tests/worker_example.rs runs.
+cargo build --locked -j2 --all-targets
+
+if grep -q '^clippy' <<<"$installed"; then
+  echo "== cargo clippy"
+  cargo clippy --locked -j2 --all-targets -- -D warnings
+else
+  echo "== clippy not installed: skipping cargo clippy"
+fi
+
+echo "== cargo test (doc tests: the README's snippets compile)"
+cargo test --locked -j2 --doc
+echo "== cargo test (integration tests against the real broker)"
+cargo test --locked -j2 --lib --tests

@@ -1,0 +1,171 @@
+//! Starts the real jobbroker binary for a test: fresh data dir, ports chosen by the OS.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use jobbroker::Client;
+use jobbroker::v1::JobState;
+
+/// The retries queue: 3 attempts, 50 ms backoff without jitter, 1 s lease.
+pub const FAST_RETRIES: &str = r#"{"queues": {"retries": {"retry": {"maxAttempts": 3, "initialBackoff": "0.05s", "jitter": "JITTER_NONE"}, "leaseDuration": "1s"}}}"#;
+
+/// Generous "give up" bound for waiting on the broker; never an assertion about speed.
+pub const GIVE_UP: Duration = Duration::from_secs(30);
+
+/// The repository root, from this crate's location (client/rust).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A fresh empty directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let dir = std::env::temp_dir().join(format!(
+            "jobbroker-rust-{tag}-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running broker; killed (SIGKILL) on drop unless stopped before.
+pub struct Broker {
+    child: Child,
+    pub addr: String,
+    pub dir: TempDir,
+}
+
+impl Broker {
+    pub fn start() -> Self {
+        Self::start_with_config(None)
+    }
+
+    pub fn start_with_config(config: Option<&str>) -> Self {
+        let bin = std::env::var_os("JOBBROKER_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("build/server/jobbroker"));
+        assert!(
+            bin.exists(),
+            "broker binary not found at {} (set JOBBROKER_BIN)",
+            bin.display()
+        );
+        let dir = TempDir::new("broker");
+        let data = dir.0.join("data");
+        let mut command = Command::new(&bin);
+        command
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--http-listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--log-level")
+            .arg("warn");
+        if let Some(config) = config {
+            let path = dir.0.join("config.json");
+            std::fs::write(&path, config).unwrap();
+            command.arg("--config").arg(path);
+        }
+        let mut child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+
+        // Read stdout until the ready line, then keep draining both pipes so they never fill.
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            for line in lines.by_ref() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.strip_prefix("jobbroker: serving grpc=") {
+                    let addr = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    let _ = ready_tx.send(addr);
+                    break;
+                }
+            }
+            for _ in lines {}
+        });
+        let mut stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = stderr.read_to_end(&mut sink);
+            if !sink.is_empty() {
+                eprint!("[broker] {}", String::from_utf8_lossy(&sink));
+            }
+        });
+        let addr = match ready_rx.recv_timeout(GIVE_UP) {
+            Ok(addr) => addr,
+            Err(_) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("broker did not print its serving line");
+            }
+        };
+        Broker { child, addr, dir }
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(&self.addr)
+            .await
+            .expect("connect to broker")
+    }
+
+    /// SIGTERM and wait; returns the exit code.
+    pub fn stop(mut self) -> Option<i32> {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Polls Admin.GetJob until the job is in `state`; panics after GIVE_UP.
+pub async fn wait_for_state(client: &Client, job_id: &str, state: JobState) -> jobbroker::v1::Job {
+    let give_up = tokio::time::Instant::now() + GIVE_UP;
+    loop {
+        let job = client.get_job(job_id).await.expect("get job");
+        if job.state == state as i32 {
+            return job;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "job {job_id} never reached {state:?}; it is {:?}",
+            JobState::try_from(job.state)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
