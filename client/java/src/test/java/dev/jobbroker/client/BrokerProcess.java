@@ -1,0 +1,177 @@
+package dev.jobbroker.client;
+
+import dev.jobbroker.v1.Job;
+import dev.jobbroker.v1.JobState;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.net.URISyntaxException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Predicate;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import java.util.stream.Stream;
+
+/** The real broker binary, started on free ports with a fresh data directory. */
+final class BrokerProcess implements AutoCloseable {
+  private static final Pattern READY =
+      Pattern.compile("jobbroker: serving grpc=(\\S+) http=(\\S+)");
+
+  private final Path dataDir;
+  private final String grpcTarget;
+  private Process process;
+  final JobBrokerClient client;
+
+  private BrokerProcess(Process process, Path dataDir, String grpcTarget) {
+    this.process = process;
+    this.dataDir = dataDir;
+    this.grpcTarget = grpcTarget;
+    this.client = JobBrokerClient.connect(grpcTarget);
+  }
+
+  /** Starts the broker with {@code configJson} (proto3 JSON of ServerConfig) or none if null. */
+  static BrokerProcess start(String configJson) throws IOException {
+    Path dataDir = Files.createTempDirectory("jobbroker-java-test");
+    if (configJson != null) {
+      Files.writeString(dataDir.resolve("config.json"), configJson);
+    }
+    Launched l = launch(dataDir, "127.0.0.1:0");
+    return new BrokerProcess(l.process, dataDir, l.target);
+  }
+
+  /**
+   * Stops the broker (SIGTERM) and starts it again on the same port and data directory, as an
+   * operator's restart would. The client reconnects by itself.
+   */
+  void restart() throws Exception {
+    stopProcess();
+    process = launch(dataDir, grpcTarget).process;
+  }
+
+  private record Launched(Process process, String target) {}
+
+  private static Launched launch(Path dataDir, String listen) throws IOException {
+    List<String> cmd = new ArrayList<>();
+    cmd.add(brokerBinary().toString());
+    cmd.addAll(
+        List.of(
+            "--listen", listen,
+            "--http-listen", "127.0.0.1:0",
+            "--data-dir", dataDir.resolve("data").toString(),
+            "--log-level", "warn"));
+    Path config = dataDir.resolve("config.json");
+    if (Files.exists(config)) {
+      cmd.add("--config");
+      cmd.add(config.toString());
+    }
+    Path stderr = dataDir.resolve("stderr.log");
+    Process p =
+        new ProcessBuilder(cmd)
+            .redirectError(ProcessBuilder.Redirect.appendTo(stderr.toFile()))
+            .start();
+    // Never leave a broker behind, even when the test JVM is stopped early.
+    Runtime.getRuntime().addShutdownHook(new Thread(p::destroyForcibly));
+    // Read stdout until the ready line, then keep draining it so the pipe never fills.
+    CompletableFuture<String> target = new CompletableFuture<>();
+    Thread reader =
+        new Thread(
+            () -> {
+              try (BufferedReader r =
+                  new BufferedReader(
+                      new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8))) {
+                String line;
+                while ((line = r.readLine()) != null) {
+                  Matcher m = READY.matcher(line);
+                  if (m.find()) {
+                    target.complete(m.group(1));
+                  }
+                }
+              } catch (IOException ignored) {
+                // the broker went away
+              }
+              target.completeExceptionally(new IOException("broker exited before it was ready"));
+            },
+            "broker-stdout");
+    reader.setDaemon(true);
+    reader.start();
+    try {
+      return new Launched(p, target.get(30, TimeUnit.SECONDS));
+    } catch (Exception e) {
+      p.destroyForcibly();
+      throw new IOException(
+          "broker did not start: " + e + "\nstderr:\n" + Files.readString(stderr), e);
+    }
+  }
+
+  /** $JOBBROKER_BIN, else build/server/jobbroker under the repository root. */
+  static Path brokerBinary() {
+    String env = System.getenv("JOBBROKER_BIN");
+    if (env != null && !env.isEmpty()) {
+      return Path.of(env);
+    }
+    return repoRoot().resolve("build/server/jobbroker");
+  }
+
+  /** The repository root, found from where this test's classes are (not from the cwd). */
+  static Path repoRoot() {
+    try {
+      Path p =
+          Path.of(BrokerProcess.class.getProtectionDomain().getCodeSource().getLocation().toURI());
+      for (; p != null; p = p.getParent()) {
+        if (Files.isDirectory(p.resolve("proto/jobbroker/v1"))) {
+          return p;
+        }
+      }
+    } catch (URISyntaxException e) {
+      throw new IllegalStateException(e);
+    }
+    throw new IllegalStateException("repository root not found above the test classes");
+  }
+
+  String target() {
+    return grpcTarget;
+  }
+
+  /** Polls Admin.GetJob until {@code done} holds; fails after {@code giveUp}. */
+  Job awaitJob(String jobId, Predicate<Job> done, Duration giveUp) throws InterruptedException {
+    long deadline = System.nanoTime() + giveUp.toNanos();
+    Job job = client.getJob(jobId);
+    while (!done.test(job)) {
+      if (System.nanoTime() > deadline) {
+        throw new AssertionError("job never reached the expected state; last seen:\n" + job);
+      }
+      Thread.sleep(50);
+      job = client.getJob(jobId);
+    }
+    return job;
+  }
+
+  Job awaitState(String jobId, JobState state) throws InterruptedException {
+    return awaitJob(jobId, j -> j.getState() == state, Duration.ofSeconds(30));
+  }
+
+  private void stopProcess() throws InterruptedException {
+    process.destroy(); // SIGTERM: graceful
+    if (!process.waitFor(15, TimeUnit.SECONDS)) {
+      process.destroyForcibly();
+      process.waitFor(15, TimeUnit.SECONDS);
+    }
+  }
+
+  @Override
+  public void close() throws Exception {
+    client.close();
+    stopProcess();
+    try (Stream<Path> files = Files.walk(dataDir)) {
+      files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+    }
+  }
+}
