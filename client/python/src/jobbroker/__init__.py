@@ -1,0 +1,103 @@
+"""Python client of jobbroker, a durable job broker: producer and admin calls (Client) and a
+worker helper with heartbeats, retries, graceful shutdown and durable steps (Worker).
+
+The generated protobuf modules are in jobbroker.v1 (broker_pb2, admin_pb2, job_pb2, ...).
+"""
+
+from .client import Client, EnqueueResult, NewJob, default_address, default_worker_id
+from .errors import (
+    AbortedError,
+    AlreadyExistsError,
+    CancelledError,
+    DataLossError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    JobBrokerError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+    UnknownError,
+    error_from_code,
+)
+from .v1 import admin_pb2, broker_pb2, job_pb2, policy_pb2, steps_pb2
+from .v1.job_pb2 import (
+    ATTEMPT_OUTCOME_COMPLETED,
+    ATTEMPT_OUTCOME_ERROR,
+    ATTEMPT_OUTCOME_LEASE_EXPIRED,
+    ATTEMPT_OUTCOME_PERMANENT_ERROR,
+    FAIL_REASON_ATTEMPTS_EXHAUSTED,
+    FAIL_REASON_PERMANENT,
+    JOB_STATE_ACTIVE,
+    JOB_STATE_CANCELLED,
+    JOB_STATE_COMPLETED,
+    JOB_STATE_FAILED,
+    JOB_STATE_READY,
+    JOB_STATE_SCHEDULED,
+)
+from .worker import (
+    Handler,
+    JobContext,
+    PermanentError,
+    RetryAfter,
+    StepCheckpointError,
+    Worker,
+    WorkerStats,
+)
+
+__all__ = [
+    "Client",
+    "EnqueueResult",
+    "NewJob",
+    "default_address",
+    "default_worker_id",
+    "Worker",
+    "WorkerStats",
+    "JobContext",
+    "Handler",
+    "PermanentError",
+    "RetryAfter",
+    "StepCheckpointError",
+    "JobBrokerError",
+    "AbortedError",
+    "AlreadyExistsError",
+    "CancelledError",
+    "DataLossError",
+    "DeadlineExceededError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "NotFoundError",
+    "OutOfRangeError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "UnknownError",
+    "error_from_code",
+    "admin_pb2",
+    "broker_pb2",
+    "job_pb2",
+    "policy_pb2",
+    "steps_pb2",
+    "JOB_STATE_READY",
+    "JOB_STATE_SCHEDULED",
+    "JOB_STATE_ACTIVE",
+    "JOB_STATE_COMPLETED",
+    "JOB_STATE_FAILED",
+    "JOB_STATE_CANCELLED",
+    "FAIL_REASON_PERMANENT",
+    "FAIL_REASON_ATTEMPTS_EXHAUSTED",
+    "ATTEMPT_OUTCOME_COMPLETED",
+    "ATTEMPT_OUTCOME_ERROR",
+    "ATTEMPT_OUTCOME_PERMANENT_ERROR",
+    "ATTEMPT_OUTCOME_LEASE_EXPIRED",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,743 @@
+"""The worker helper: runs handlers for jobs pushed over one Broker.Work stream."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import datetime as _dt
+import inspect
+import json
+import logging
+import signal
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from google.protobuf.unknown_fields import UnknownFieldSet
+
+from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
+from .client import default_address, default_worker_id
+from .errors import JobBrokerError, error_from_code, error_from_rpc
+from .v1 import broker_pb2, broker_pb2_grpc, steps_pb2
+
+__all__ = [
+    "Worker",
+    "WorkerStats",
+    "JobContext",
+    "Handler",
+    "PermanentError",
+    "RetryAfter",
+    "StepCheckpointError",
+]
+
+_log = logging.getLogger("jobbroker.worker")
+
+_OK = 0
+_NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
+_FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+
+# Stream ends after which the worker reconnects; any other code is the caller's mistake
+# (e.g. INVALID_ARGUMENT for a bad queue name) and ends Worker.run with that error.
+_RETRYABLE = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+T = TypeVar("T")
+# A handler gets the JobContext. An `async def` runs on the worker's event loop; a plain
+# function runs in a thread of the worker's own pool (use JobContext.step_sync there).
+Handler = Callable[["JobContext"], Any]
+
+
+class PermanentError(Exception):
+    """Raise it from a handler to fail the job with no retry: it dies FAILED with
+    FAIL_REASON_PERMANENT (a bad address, invalid input: nothing another attempt can fix)."""
+
+
+class RetryAfter(Exception):
+    """Raise it from a handler to fail the attempt and have the next one start after `delay`
+    (seconds or a timedelta) instead of the queue's computed backoff (a provider's 429)."""
+
+    def __init__(self, delay: DurationLike, message: str = "") -> None:
+        self.delay = delay
+        super().__init__(message or f"retry after {delay}")
+
+
+class StepCheckpointError(Exception):
+    """The job's checkpoint is not a jobbroker.v1.StepCheckpoint (something other than the
+    durable steps saved it), so steps cannot be resumed from it. The attempt fails."""
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """Attempts this worker finished, by outcome."""
+
+    acked: int = 0
+    failed: int = 0
+    released: int = 0
+    reconnects: int = 0
+
+
+class _Held:
+    """A job this worker holds: waiting for a handler slot, or running."""
+
+    def __init__(self, job: broker_pb2.LeasedJob, lease: float) -> None:
+        self.job = job
+        self.lease = lease  # seconds, as granted: deadline - arrival
+        self.lost = False  # the broker says the lease is gone: heartbeats stop
+        self.no_ack = False  # a durable step's checkpoint was refused: never ack this attempt
+        self.ctx: JobContext | None = None
+        self.heartbeats: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Pending:
+    """A request waiting for its WorkResult."""
+
+    def __init__(self, req: broker_pb2.WorkRequest, fut: asyncio.Future[Any], resend: bool):
+        self.req = req
+        self.future: asyncio.Future[broker_pb2.WorkResult] = fut
+        # Acks, fails, releases and checkpoints go out again on the next stream if this one
+        # ends unanswered: they are idempotent per lease.
+        self.resend = resend
+
+
+class JobContext:
+    """What a handler sees of the job it runs: one attempt.
+
+    `cancelled` turns true (and `cancel_event` is set) once an operator cancelled the job, its
+    lease was lost, or the worker is stopping past its grace period: stop soon.
+    """
+
+    def __init__(self, worker: Worker, held: _Held) -> None:
+        self._worker = worker
+        self._held = held
+        self._job = held.job
+        self.cancel_event = asyncio.Event()
+        self._steps: dict[str, bytes] | None = None
+        self._checkpoint = steps_pb2.StepCheckpoint()
+        self._step_names: set[str] = set()
+
+    @property
+    def job_id(self) -> str:
+        return self._job.job_id
+
+    @property
+    def lease_id(self) -> str:
+        return self._job.lease_id
+
+    @property
+    def queue(self) -> str:
+        return self._job.queue
+
+    @property
+    def payload(self) -> bytes:
+        return self._job.payload
+
+    @property
+    def text(self) -> str:
+        """The payload as UTF-8 text."""
+        return self._job.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload decoded as JSON."""
+        return json.loads(self._job.payload)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return dict(self._job.headers)
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first attempt; attempt == max_attempts is the last chance."""
+        return self._job.attempt
+
+    @property
+    def max_attempts(self) -> int:
+        return self._job.max_attempts
+
+    @property
+    def idempotency_key(self) -> str:
+        """The same for every attempt: pass it to side effects' providers so a repeat (after a
+        crash between the side effect and the ack) is harmless."""
+        return self._job.idempotency_key
+
+    @property
+    def checkpoint(self) -> bytes:
+        """The checkpoint the job arrived with (a serialized StepCheckpoint, or empty)."""
+        return self._job.checkpoint
+
+    @property
+    def enqueued_at(self) -> _dt.datetime:
+        return from_timestamp(self._job.enqueued_at)
+
+    @property
+    def lease_deadline(self) -> _dt.datetime:
+        """The deadline the lease arrived with (heartbeats extend it)."""
+        return from_timestamp(self._job.lease_deadline)
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def _cancel(self) -> None:
+        self.cancel_event.set()
+
+    # --- durable steps ---------------------------------------------------------------------
+
+    async def step(self, name: str, fn: Callable[[], T | Awaitable[T]]) -> Any:
+        """Runs `fn` once per job, across attempts and worker processes.
+
+        If an earlier attempt finished a step named `name`, returns its saved result without
+        calling `fn`. Otherwise calls `fn` (an async function is awaited; a plain one runs in a
+        worker thread), saves its JSON-encoded value in the job's checkpoint, waits until the
+        broker has stored it, and returns the value as JSON decodes it (so a first run and a
+        replay return the same thing). An exception from `fn` propagates (the attempt fails;
+        finished steps stay saved). Raises ValueError for a name used twice in one attempt,
+        TypeError for a value JSON cannot encode, StepCheckpointError for a checkpoint that is
+        not a StepCheckpoint, and a JobBrokerError (FailedPreconditionError) if the lease is gone
+        so the step could not be saved: the attempt is then not acked.
+        """
+        found, value = self._replay(name)
+        if found:
+            return value
+        if inspect.iscoroutinefunction(fn):
+            value = await fn()
+        else:
+            loop = asyncio.get_running_loop()
+            value = await loop.run_in_executor(self._worker._executor(), fn)
+            if inspect.isawaitable(value):
+                value = await value
+        return await self._record(name, value)
+
+    def step_sync(self, name: str, fn: Callable[[], T]) -> Any:
+        """step() for a plain (non-async) handler, which runs in a worker thread: `fn` runs
+        in the calling thread. Do not call it from the event loop's thread."""
+        found, value = self._replay(name)
+        if found:
+            return value
+        value = fn()
+        loop = self._worker._loop
+        assert loop is not None
+        return asyncio.run_coroutine_threadsafe(self._record(name, value), loop).result()
+
+    def _load_steps(self) -> dict[str, bytes]:
+        if self._steps is not None:
+            return self._steps
+        data = self._job.checkpoint
+        try:
+            self._checkpoint.ParseFromString(data)
+            malformed = len(UnknownFieldSet(self._checkpoint)) > 0 or any(
+                len(UnknownFieldSet(s)) > 0 or not s.name for s in self._checkpoint.steps
+            )
+        except Exception as err:  # DecodeError and friends
+            malformed = True
+            cause: BaseException | None = err
+        else:
+            cause = None
+        if malformed:
+            raise StepCheckpointError(
+                f"job {self.job_id}: its checkpoint ({len(data)} bytes) is not a "
+                "jobbroker.v1.StepCheckpoint, so durable steps cannot resume from it"
+            ) from cause
+        self._steps = {s.name: s.result for s in self._checkpoint.steps}
+        return self._steps
+
+    def _replay(self, name: str) -> tuple[bool, Any]:
+        if not name:
+            raise ValueError("a durable step needs a non-empty name")
+        if name in self._step_names:
+            raise ValueError(
+                f"durable step {name!r} was used twice in one attempt: step names must be unique "
+                "within a job"
+            )
+        self._step_names.add(name)
+        steps = self._load_steps()
+        if name in steps:
+            return True, json.loads(steps[name].decode("utf-8"))
+        return False, None
+
+    async def _record(self, name: str, value: Any) -> Any:
+        encoded = json.dumps(value, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        steps = self._load_steps()
+        self._checkpoint.steps.add(name=name, result=encoded)
+        steps[name] = encoded
+        await self._worker._save_checkpoint(
+            self._held, self._checkpoint.SerializeToString(), name
+        )
+        return json.loads(encoded)
+
+
+class Worker:
+    """Runs handlers for jobs pushed over one Broker.Work stream.
+
+        worker = Worker("127.0.0.1:7070", concurrency=4)
+
+        @worker.handler("emails")
+        async def send(job: JobContext) -> None:
+            await send_email(job.json(), idempotency_key=job.idempotency_key)
+
+        await worker.run()  # until SIGTERM/SIGINT or worker.stop()
+
+    A handler that returns acks the job (its return value, if not None, is kept as the job's
+    result: bytes, str, or JSON). One that raises fails the attempt with the exception's text
+    (retried after the queue's backoff), except PermanentError (no retry) and RetryAfter (retry
+    after the given delay). Heartbeats go out every third of the lease while a job is held.
+
+    `concurrency`: handlers at once. `prefetch`: jobs held ready beyond that (they hold leases
+    while they wait; a graceful stop gives them back). `lease_duration`: asked for each job
+    (None = the job's, else the queue's). `grace`: seconds running handlers get to finish after
+    a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling.
+    `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        concurrency: int = 1,
+        prefetch: int = 0,
+        lease_duration: DurationLike | None = None,
+        worker_id: str | None = None,
+        grace: float = 30.0,
+        reconnect_initial: float = 0.1,
+        reconnect_max: float = 5.0,
+        handle_signals: bool = True,
+        channel: grpc.aio.Channel | None = None,
+    ) -> None:
+        self.address = address or default_address()
+        self.concurrency = max(1, concurrency)
+        self.prefetch = max(0, prefetch)
+        self.lease_duration = lease_duration
+        self.worker_id = worker_id or default_worker_id()
+        self.grace = grace
+        self.reconnect_initial = reconnect_initial
+        self.reconnect_max = reconnect_max
+        self.handle_signals = handle_signals
+        self.stats = WorkerStats()
+        self._given_channel = channel
+        self._handlers: dict[str, Handler] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._held: dict[str, _Held] = {}
+        self._queued: deque[_Held] = deque()
+        self._running: set[str] = set()
+        self._pending: dict[int, _Pending] = {}
+        self._next_request_id = 1
+        self._out: asyncio.Queue[broker_pb2.WorkRequest | None] | None = None
+        self._call: Any = None
+        self._stopping = False
+        self._closing = False
+        self._stop_event: asyncio.Event | None = None
+        self._close_event: asyncio.Event | None = None
+
+    # --- registration ----------------------------------------------------------------------
+
+    def handle(self, queue: str, fn: Handler) -> None:
+        """Registers the handler of `queue`. Call before run()."""
+        self._handlers[queue] = fn
+
+    def handler(self, queue: str) -> Callable[[Handler], Handler]:
+        """Decorator form of handle()."""
+
+        def register(fn: Handler) -> Handler:
+            self.handle(queue, fn)
+            return fn
+
+        return register
+
+    # --- running ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Asks run() to stop gracefully. Safe from any thread and from signal handlers."""
+        loop, event = self._loop, self._stop_event
+        if loop is None or event is None:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            event.set()
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop: nothing runs any more
+                loop.call_soon_threadsafe(event.set)
+
+    async def run(self) -> None:
+        """Connects, takes jobs, and returns after a graceful stop (stop(), SIGTERM, SIGINT):
+        no new jobs, unstarted ones released, running handlers get `grace` seconds, their acks
+        are answered, the stream closes.
+
+        A broker that cannot be reached is not an error: the worker reconnects with backoff.
+        Raises the broker's refusal of the subscription (InvalidArgumentError for a bad queue
+        name) and RuntimeError when no handler is registered.
+        """
+        if not self._handlers:
+            raise RuntimeError("register a handler with handle() or @handler() before run()")
+        if self._loop is not None:
+            raise RuntimeError("this worker is already running")
+        self._reset()
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._stop_event = asyncio.Event()
+        self._close_event = asyncio.Event()
+        channel = self._given_channel or grpc.aio.insecure_channel(self.address)
+        self._stub = broker_pb2_grpc.BrokerStub(channel)
+        signals = self._install_signals(loop)
+        conn = asyncio.create_task(self._connection_loop(), name="jobbroker-worker-stream")
+        stop = asyncio.create_task(self._stop_event.wait())
+        try:
+            await asyncio.wait({conn, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if conn.done():
+                conn.result()  # the broker refused the subscription: raise it
+            else:
+                await self._drain()
+        finally:
+            stop.cancel()
+            await self._close(conn)
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            if self._given_channel is None:
+                await channel.close(None)
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+            self._loop = None
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return []
+        installed: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.stop)
+                installed.append(sig)
+        return installed
+
+    def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.concurrency, thread_name_prefix="jobbroker-handler"
+            )
+        return self._pool
+
+    # --- the stream ------------------------------------------------------------------------
+
+    async def _requests(
+        self, out: asyncio.Queue[broker_pb2.WorkRequest | None]
+    ) -> AsyncIterator[broker_pb2.WorkRequest]:
+        while True:
+            req = await out.get()
+            if req is None:
+                return
+            yield req
+
+    async def _connection_loop(self) -> None:
+        backoff = self.reconnect_initial
+        assert self._close_event is not None
+        while not self._closing:
+            out: asyncio.Queue[broker_pb2.WorkRequest | None] = asyncio.Queue()
+            call = self._stub.Work(self._requests(out))
+            self._call = call
+            self._out = out
+            subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
+            if not self._stopping:
+                sub = broker_pb2.SubscribeRequest(
+                    queues=sorted(self._handlers),
+                    worker_id=self.worker_id,
+                    max_in_flight=self.concurrency + self.prefetch,
+                )
+                if self.lease_duration is not None:
+                    sub.lease_duration.CopyFrom(to_duration(self.lease_duration))
+                subscribe = self._send(broker_pb2.WorkRequest(subscribe=sub))
+            for p in list(self._pending.values()):
+                if p.resend:
+                    out.put_nowait(p.req)
+            subscribed = False
+            end_code, end_message = grpc.StatusCode.OK, "the broker ended the stream"
+            try:
+                async for resp in call:
+                    self._on_message(resp)
+                    if subscribe is not None and subscribe.done() and not subscribed:
+                        result = subscribe.result()
+                        if result.code != _OK:
+                            end_code = error_from_code(result.code, "").code
+                            end_message = f"subscribe refused: {result.message}"
+                            call.cancel()
+                            break
+                        subscribed = True
+            except grpc.aio.AioRpcError as err:
+                mapped = error_from_rpc(err)
+                end_code, end_message = mapped.code, mapped.message
+            finally:
+                self._out = None
+                self._call = None
+                out.put_nowait(None)
+                self._stream_ended()
+            if self._closing:
+                return
+            if end_code not in _RETRYABLE:
+                raise error_from_code(end_code, end_message)
+            self.stats.reconnects += 1
+            _log.warning(
+                "jobbroker worker: stream ended (%s: %s); reconnecting in %.1fs",
+                end_code.name,
+                end_message,
+                backoff,
+            )
+            if subscribed:
+                backoff = self.reconnect_initial
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._close_event.wait(), backoff)
+            backoff = min(backoff * 2, self.reconnect_max)
+
+    def _send(
+        self, req: broker_pb2.WorkRequest, *, resend: bool = False
+    ) -> asyncio.Future[broker_pb2.WorkResult]:
+        """Sends `req` with a fresh request id; the future gets its WorkResult. Without a
+        stream, a resendable request waits for the next one; any other is answered UNAVAILABLE."""
+        assert self._loop is not None
+        req.request_id = self._next_request_id
+        self._next_request_id += 1
+        fut: asyncio.Future[broker_pb2.WorkResult] = self._loop.create_future()
+        if self._out is None and not resend:
+            fut.set_result(broker_pb2.WorkResult(code=_UNAVAILABLE, message="not connected"))
+            return fut
+        self._pending[req.request_id] = _Pending(req, fut, resend)
+        if self._out is not None:
+            self._out.put_nowait(req)
+        return fut
+
+    def _stream_ended(self) -> None:
+        for rid, p in list(self._pending.items()):
+            if not p.resend:
+                del self._pending[rid]
+                if not p.future.done():
+                    p.future.set_result(
+                        broker_pb2.WorkResult(
+                            request_id=rid, code=_UNAVAILABLE, message="the stream ended"
+                        )
+                    )
+
+    def _on_message(self, resp: broker_pb2.WorkResponse) -> None:
+        kind = resp.WhichOneof("response")
+        if kind == "job":
+            self._on_job(resp.job)
+        elif kind == "result":
+            self._on_result(resp.result)
+        elif kind == "lease_lost":
+            held = self._held.get(resp.lease_lost.job_id)
+            if held is not None:
+                held.lost = True
+                if held.ctx is not None:
+                    held.ctx._cancel()
+        elif kind == "cancel_requested":
+            held = self._held.get(resp.cancel_requested.job_id)
+            if held is not None and held.ctx is not None:
+                held.ctx._cancel()
+
+    def _on_result(self, result: broker_pb2.WorkResult) -> None:
+        p = self._pending.pop(result.request_id, None)
+        if p is None:
+            return
+        if p.resend and result.code == _UNAVAILABLE:
+            # The broker is shutting down: the request goes out again on the next stream.
+            self._pending[result.request_id] = p
+            return
+        kind = p.req.WhichOneof("request")
+        if kind == "heartbeat":
+            held = self._held.get(p.req.heartbeat.job_id)
+            if held is not None and held.job.lease_id == p.req.heartbeat.lease_id:
+                if result.code in (_FAILED_PRECONDITION, _NOT_FOUND):
+                    held.lost = True
+                    if held.ctx is not None:
+                        held.ctx._cancel()
+                elif result.cancel_requested and held.ctx is not None:
+                    held.ctx._cancel()
+        elif kind in ("ack", "fail", "release") and result.code not in (
+            _OK,
+            _FAILED_PRECONDITION,
+            _NOT_FOUND,
+        ):
+            _log.warning("jobbroker worker: %s refused: %s", kind, result.message)
+        if not p.future.done():
+            p.future.set_result(result)
+
+    def _on_job(self, job: broker_pb2.LeasedJob) -> None:
+        if self._stopping:  # pushed before our drain arrived: give it straight back
+            self._release(job)
+            return
+        assert self._loop is not None
+        now = _dt.datetime.now(_dt.timezone.utc)
+        lease = max((from_timestamp(job.lease_deadline) - now).total_seconds(), 0.3)
+        old = self._held.get(job.job_id)
+        if old is not None:  # a newer attempt: the one we held is gone
+            old.lost = True
+            if old.ctx is not None:
+                old.ctx._cancel()
+        held = _Held(job, lease)
+        self._held[job.job_id] = held
+        held.heartbeats = asyncio.create_task(self._heartbeat_loop(held))
+        if len(self._running) < self.concurrency:
+            self._start(held)
+        else:
+            self._queued.append(held)
+
+    def _release(self, job: broker_pb2.LeasedJob) -> None:
+        req = broker_pb2.WorkRequest(
+            release=broker_pb2.ReleaseRequest(job_id=job.job_id, lease_id=job.lease_id)
+        )
+        self._send(req, resend=True)
+        self.stats.released += 1
+
+    async def _heartbeat_loop(self, held: _Held) -> None:
+        while not held.lost:
+            await asyncio.sleep(held.lease / 3)
+            if held.lost:
+                return
+            req = broker_pb2.WorkRequest(
+                heartbeat=broker_pb2.HeartbeatRequest(
+                    job_id=held.job.job_id, lease_id=held.job.lease_id
+                )
+            )
+            self._send(req)
+
+    async def _save_checkpoint(self, held: _Held, data: bytes, step: str) -> None:
+        req = broker_pb2.WorkRequest(
+            heartbeat=broker_pb2.HeartbeatRequest(
+                job_id=held.job.job_id, lease_id=held.job.lease_id, checkpoint=data
+            )
+        )
+        result = await self._send(req, resend=True)
+        if result.code != _OK:
+            held.no_ack = True
+            raise error_from_code(
+                result.code,
+                f"durable step {step!r} finished but its result was not saved "
+                f"({result.message}): the lease is gone, this attempt will not be acked",
+            )
+
+    # --- running handlers ------------------------------------------------------------------
+
+    def _start(self, held: _Held) -> None:
+        held.ctx = JobContext(self, held)
+        self._running.add(held.job.job_id)
+        held.task = asyncio.create_task(self._run_job(held))
+
+    async def _invoke(self, fn: Handler, ctx: JobContext) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            return await fn(ctx)
+        loop = asyncio.get_running_loop()
+        value = await loop.run_in_executor(self._executor(), fn, ctx)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    async def _run_job(self, held: _Held) -> None:
+        job = held.job
+        assert held.ctx is not None
+        fail: broker_pb2.FailRequest | None = None
+        result = b""
+        try:
+            value = await self._invoke(self._handlers[job.queue], held.ctx)
+            result = b"" if value is None else encode_payload(value)
+        except PermanentError as err:
+            fail = broker_pb2.FailRequest(error=str(err) or "permanent error", permanent=True)
+        except RetryAfter as err:
+            fail = broker_pb2.FailRequest(error=str(err))
+            fail.retry_after.CopyFrom(to_duration(err.delay))
+        except asyncio.CancelledError:
+            fail = broker_pb2.FailRequest(error="the worker stopped before the handler finished")
+        except Exception as err:  # noqa: BLE001 - any handler error fails the attempt
+            text = str(err)
+            fail = broker_pb2.FailRequest(
+                error=f"{type(err).__name__}: {text}" if text else type(err).__name__
+            )
+        self._complete(held, fail, result)
+
+    def _complete(
+        self, held: _Held, fail: broker_pb2.FailRequest | None, result: bytes
+    ) -> None:
+        job = held.job
+        if held.heartbeats is not None:
+            held.heartbeats.cancel()
+        if self._held.get(job.job_id) is held:
+            del self._held[job.job_id]
+        self._running.discard(job.job_id)
+        if fail is None and held.no_ack:
+            _log.warning("jobbroker worker: job %s not acked: its lease is gone", job.job_id)
+        elif fail is None:
+            req = broker_pb2.WorkRequest(
+                ack=broker_pb2.AckRequest(job_id=job.job_id, lease_id=job.lease_id, result=result)
+            )
+            self._send(req, resend=True)
+            self.stats.acked += 1
+        else:
+            fail.job_id, fail.lease_id = job.job_id, job.lease_id
+            self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
+            self.stats.failed += 1
+        while self._queued and not self._stopping and len(self._running) < self.concurrency:
+            self._start(self._queued.popleft())
+
+    # --- stopping --------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        assert self._loop is not None
+        self._stopping = True
+        deadline = self._loop.time() + self.grace
+        self._send(broker_pb2.WorkRequest(flow=broker_pb2.FlowRequest(max_in_flight=0)))
+        while self._queued:
+            held = self._queued.popleft()
+            if held.heartbeats is not None:
+                held.heartbeats.cancel()
+            self._held.pop(held.job.job_id, None)
+            self._release(held.job)
+        tasks = [h.task for h in self._held.values() if h.task is not None]
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=max(self.grace, 0.0))
+            if late:
+                for h in list(self._held.values()):
+                    if h.ctx is not None:
+                        h.ctx._cancel()
+                for t in late:
+                    t.cancel()
+                await asyncio.wait(late)
+        answers = [p.future for p in self._pending.values() if p.resend]
+        if answers:
+            await asyncio.wait(answers, timeout=max(deadline - self._loop.time(), 1.0))
+
+    async def _close(self, conn: asyncio.Task[None]) -> None:
+        self._stopping = True
+        self._closing = True
+        if self._close_event is not None:
+            self._close_event.set()
+        for held in list(self._held.values()):
+            for task in (held.heartbeats, held.task):
+                if task is not None:
+                    task.cancel()
+        if self._out is not None:
+            self._out.put_nowait(None)  # half-close: the broker ends the stream
+        if not conn.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait({conn}, timeout=2.0)
+        if not conn.done():
+            if self._call is not None:
+                self._call.cancel()
+            conn.cancel()
+        with contextlib.suppress(asyncio.CancelledError, JobBrokerError):
+            await conn

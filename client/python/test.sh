@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the pinned dev requirements into .venv, builds the jobbroker wheel (its build hook
+# generates the gRPC stubs from ../../proto), installs it, and runs every test against the real
+# broker ($JOBBROKER_BIN, default <repo>/build/server/jobbroker), the sign-up kill test included.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+cd "$here"
+
+python="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python ]]; then
+  "$python" -m venv .venv
+fi
+venv_python="$here/.venv/bin/python"
+
+# Pinned, hash-checked; skipped when the lock file has not changed since the last install.
+stamp=.venv/requirements-dev.sha256
+want="$(sha256sum requirements-dev.txt | cut -d' ' -f1)"
+if [[ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]]; then
+  "$venv_python" -m pip install --quiet --disable-pip-version-check --require-hashes \
+    -r requirements-dev.txt
+  echo "$want" >"$stamp"
+fi
+
+# Build the wheel with the pinned build backend and grpcio-tools, then install it.
+rm -rf dist
+"$venv_python" -m pip wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps \
+  --wheel-dir dist .
+"$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
+  dist/jobbroker-*.whl
+
+# Run from a folder outside src/ so the tests use the installed wheel.
+exec "$venv_python" -m pytest -p no:cacheprovider "$here/tests" "$@"

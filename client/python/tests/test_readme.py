@@ -1,0 +1,55 @@
+"""Every Python snippet of README.md runs against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+
+from brokerproc import BrokerProcess
+from conftest import wait_state
+
+import jobbroker
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+
+
+def snippets() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+
+
+def test_every_snippet_compiles() -> None:
+    blocks = snippets()
+    assert len(blocks) == 4
+    for i, block in enumerate(blocks):
+        compile(block, f"README.md block {i}", "exec")
+
+
+async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
+                                client: jobbroker.Client) -> None:
+    enqueue, worker, errors, steps = snippets()
+    env = dict(os.environ, JOBBROKER_ADDRESS=broker.address)
+
+    def run(code: str) -> str:
+        return subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                              capture_output=True, text=True, timeout=120).stdout
+
+    assert run(enqueue).splitlines()[-1] == "JOB_STATE_READY"
+    assert "StatusCode.INVALID_ARGUMENT" in run(errors)
+
+    for code, queue, expected in ((worker, "emails", {"status": "sent"}),
+                                  (steps, "orders", {"charge": "ch_123",
+                                                     "parcel": {"parcel": "p_9"}})):
+        job = await client.enqueue(queue, "x")
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env,
+                                stdout=subprocess.DEVNULL)
+        try:
+            done = await wait_state(client, job.job_id, jobbroker.JOB_STATE_COMPLETED)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(60) == 0
+        assert json.loads(done.result) == expected
