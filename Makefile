@@ -4,10 +4,13 @@ JOBS ?= 2
 DATA ?= ./data
 SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: deps build run test bench format format-check clean
+.PHONY: deps test-deps build run test api-check bench format format-check clean
 
 deps:
 	scripts/install-deps.sh
+
+test-deps:
+	scripts/install-deps.sh --tests
 
 build: deps
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
@@ -17,9 +20,13 @@ build: deps
 run: build
 	$(BUILD)/server/jobbroker --listen 127.0.0.1:7070 --http-listen 127.0.0.1:8080 --data-dir $(DATA)
 
-# Every test: style, unit, storage, and end-to-end against the real binary.
-test: build format-check
-	ctest --test-dir $(BUILD) -j$(JOBS) --output-on-failure
+# Every test: style, unit, storage, end-to-end against the real binary, the API checks, and
+# every client language against the real binary. `scripts/test-all.sh python` runs one suite.
+test: test-deps build format-check
+	BUILD=$(BUILD) JOBS=$(JOBS) scripts/test-all.sh
+
+api-check:
+	scripts/api-check.sh
 
 bench: build
 	BUILD_DIR=$(BUILD) bench/run.sh

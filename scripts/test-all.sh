@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Runs every test suite against the built broker: C++ (ctest), the API checks, then each
+# client language's own test.sh (which installs its packages from its lock file, builds the
+# package and runs its tests against a real jobbroker). Every suite runs even after one fails;
+# the summary names each with its result and time.
+#
+#   scripts/test-all.sh                  # all suites
+#   scripts/test-all.sh python go        # some of them
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD"
+build="${BUILD:-build}"
+jobs="${JOBS:-2}"
+export JOBBROKER_BIN="$root/$build/server/jobbroker"
+
+all_suites=(cpp api python go typescript java rust ruby)
+suites=("$@")
+[ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
+
+run_suite() {
+  case "$1" in
+    cpp) ctest --test-dir "$build" -j"$jobs" --output-on-failure ;;
+    api) scripts/api-check.sh ;;
+    *)
+      [ -x "client/$1/test.sh" ] || { echo "no suite named '$1'"; return 1; }
+      "client/$1/test.sh"
+      ;;
+  esac
+}
+
+summary=()
+passed=0
+failed=0
+for suite in "${suites[@]}"; do
+  echo
+  echo "=== $suite ==="
+  start=$SECONDS
+  if run_suite "$suite"; then
+    result=passed
+    passed=$((passed + 1))
+  else
+    result=FAILED
+    failed=$((failed + 1))
+  fi
+  summary+=("$(printf '%-12s %-7s %5ss' "$suite" "$result" $((SECONDS - start)))")
+done
+
+echo
+echo "=== summary ==="
+printf '%s\n' "${summary[@]}"
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
