@@ -262,7 +262,7 @@ class Client:
     async def list_jobs(
         self,
         queue: str,
-        state: job_pb2.JobState.ValueType = job_pb2.JOB_STATE_UNSPECIFIED,
+        state: job_pb2.JobState = job_pb2.JOB_STATE_UNSPECIFIED,
         *,
         page_size: int = 0,
         page_token: str = "",
@@ -319,7 +319,7 @@ class Client:
         return await self._call(self.admin.ResumeQueue(req, timeout=self.timeout))
 
     async def purge_queue(
-        self, queue: str, states: Iterable[job_pb2.JobState.ValueType] = ()
+        self, queue: str, states: Iterable[job_pb2.JobState] = ()
     ) -> int:
         """Removes the queue's jobs in `states` (every terminal state if none); the count."""
         req = admin_pb2.PurgeQueueRequest(queue=queue, states=list(states))
