@@ -22,9 +22,10 @@ type stepState struct {
 
 // Step runs fn as the durable step `name` of job, at most once per job (as long as its result
 // could be saved): the first time, Step calls fn, saves its result (JSON-encoded) in the job's
-// checkpoint, waits until the broker has stored it, and returns it. When a later attempt of
-// the job (after a crash, a lost lease or an error in a later step) reaches the same step, Step
-// returns the saved result, JSON-decoded into a T, without calling fn again.
+// checkpoint, waits until the broker has stored it, and returns it as JSON decodes it into a T.
+// When a later attempt of the job (after a crash, a lost lease or an error in a later step)
+// reaches the same step, Step returns the saved result, decoded the same way, without calling fn
+// again: a first run and a resumed one see the same value.
 //
 //	user, err := jobbroker.Step(ctx, job, "create-user", func(ctx context.Context) (User, error) {
 //		return db.CreateUser(ctx, req)
@@ -63,7 +64,14 @@ func Step[T any](ctx context.Context, job *Job, name string, fn func(ctx context
 	if err := job.finishStep(ctx, name, result); err != nil {
 		return zero, err
 	}
-	return v, nil
+	// Return what a later attempt's replay will return: the value as JSON gives it back (an int
+	// in a map[string]any comes back a float64, unexported fields are gone), so a handler
+	// cannot behave differently on its first run and on a resumed one.
+	var replayed T
+	if err := json.Unmarshal(result, &replayed); err != nil {
+		return zero, fmt.Errorf("jobbroker: step %q: its result does not decode from its own JSON %q: %w", name, result, err)
+	}
+	return replayed, nil
 }
 
 // beginStep returns the saved result of step name, if there is one, and marks name as used.
@@ -76,12 +84,9 @@ func (j *Job) beginStep(name string) (saved []byte, found bool, err error) {
 		s.checkpoint = &pb.StepCheckpoint{}
 		s.results = map[string][]byte{}
 		s.used = map[string]bool{}
-		if err := proto.Unmarshal(j.Checkpoint, s.checkpoint); err != nil {
+		if why := loadStepCheckpoint(j.Checkpoint, s.checkpoint, s.results); why != "" {
 			s.loadErr = fmt.Errorf("jobbroker: job %s has a checkpoint that is not a jobbroker.v1.StepCheckpoint "+
-				"(was it saved by something other than durable steps?): %v", j.ID, err)
-		}
-		for _, st := range s.checkpoint.GetSteps() {
-			s.results[st.GetName()] = st.GetResult()
+				"(%s): was it saved by something other than durable steps?", j.ID, why)
 		}
 	}
 	if s.loadErr != nil {
@@ -93,6 +98,32 @@ func (j *Job) beginStep(name string) (saved []byte, found bool, err error) {
 	s.used[name] = true
 	saved, found = s.results[name]
 	return saved, found, nil
+}
+
+// loadStepCheckpoint decodes data into cp and results, or says why data is not a checkpoint
+// of durable steps. The rules are those of every language's helper (steps.proto): fields this
+// version does not know are ignored, so the message can grow; bytes that hold no step, a step
+// without a name or named twice, or a result that is not JSON were written by something else.
+func loadStepCheckpoint(data []byte, cp *pb.StepCheckpoint, results map[string][]byte) string {
+	if len(data) == 0 {
+		return ""
+	}
+	if err := proto.Unmarshal(data, cp); err != nil {
+		return err.Error()
+	}
+	if len(cp.GetSteps()) == 0 {
+		return "it holds no step"
+	}
+	for _, st := range cp.GetSteps() {
+		if _, dup := results[st.GetName()]; dup || st.GetName() == "" {
+			return fmt.Sprintf("bad or repeated step name %q", st.GetName())
+		}
+		if !json.Valid(st.GetResult()) {
+			return fmt.Sprintf("step %q has a result that is not JSON", st.GetName())
+		}
+		results[st.GetName()] = st.GetResult()
+	}
+	return ""
 }
 
 // finishStep adds step name to the checkpoint and saves the whole checkpoint durably.

@@ -24,6 +24,11 @@ const (
 // The checkpoint that the worker helpers' durable steps keep in a job (LeasedJob.checkpoint,
 // HeartbeatRequest.checkpoint). The broker treats it as opaque bytes; it is a message of its own
 // so that a job started by a worker in one language can be resumed by a worker in another.
+//
+// Every helper reads it by the same rules: fields it does not know are ignored (so fields can be
+// added here), and a non-empty checkpoint that does not parse, holds no step, has a step with an
+// empty or repeated name, or a result that is not JSON was written by something other than
+// durable steps: the attempt fails with that reason rather than running steps again.
 type StepCheckpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The steps that finished, in the order they finished. A step's name appears at most once.

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
 from .client import default_address, default_worker_id
@@ -237,23 +236,15 @@ class JobContext:
         if self._steps is not None:
             return self._steps
         data = self._job.checkpoint
-        try:
-            self._checkpoint.ParseFromString(data)
-            malformed = len(UnknownFieldSet(self._checkpoint)) > 0 or any(
-                len(UnknownFieldSet(s)) > 0 or not s.name for s in self._checkpoint.steps
-            )
-        except Exception as err:  # DecodeError and friends
-            malformed = True
-            cause: BaseException | None = err
-        else:
-            cause = None
-        if malformed:
+        steps: dict[str, bytes] = {}
+        why = _load_step_checkpoint(data, self._checkpoint, steps)
+        if why:
             raise StepCheckpointError(
                 f"job {self.job_id}: its checkpoint ({len(data)} bytes) is not a "
-                "jobbroker.v1.StepCheckpoint, so durable steps cannot resume from it"
-            ) from cause
-        self._steps = {s.name: s.result for s in self._checkpoint.steps}
-        return self._steps
+                f"jobbroker.v1.StepCheckpoint ({why}), so durable steps cannot resume from it"
+            )
+        self._steps = steps
+        return steps
 
     def _replay(self, name: str) -> tuple[bool, Any]:
         if not name:
@@ -278,6 +269,32 @@ class JobContext:
             self._held, self._checkpoint.SerializeToString(), name
         )
         return json.loads(encoded)
+
+
+def _load_step_checkpoint(
+    data: bytes, checkpoint: steps_pb2.StepCheckpoint, results: dict[str, bytes]
+) -> str:
+    """Decodes `data` into `checkpoint` and `results`, or says why it is not a checkpoint of
+    durable steps. Every language's helper applies these rules (steps.proto): fields this version
+    does not know are ignored, so the message can grow; bytes that hold no step, a step without a
+    name or named twice, or a result that is not JSON were written by something else."""
+    if not data:
+        return ""
+    try:
+        checkpoint.ParseFromString(data)
+    except Exception as err:  # DecodeError and friends
+        return str(err) or type(err).__name__
+    if not checkpoint.steps:
+        return "it holds no step"
+    for step in checkpoint.steps:
+        if not step.name or step.name in results:
+            return f"bad or repeated step name {step.name!r}"
+        try:
+            json.loads(step.result.decode("utf-8"))
+        except ValueError:
+            return f"step {step.name!r} has a result that is not JSON"
+        results[step.name] = step.result
+    return ""
 
 
 class Worker:
