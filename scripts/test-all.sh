@@ -13,7 +13,8 @@ build="${BUILD:-build}"
 jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
-all_suites=(cpp api python go typescript java rust ruby)
+# interop runs after the Python, Go and TypeScript suites: it uses what they built.
+all_suites=(cpp api python go typescript interop java rust ruby)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -21,6 +22,7 @@ run_suite() {
   case "$1" in
     cpp) ctest --test-dir "$build" -j"$jobs" --output-on-failure ;;
     api) scripts/api-check.sh ;;
+    interop) tests/interop/test.sh --all-pairs ;;
     *)
       [ -x "client/$1/test.sh" ] || { echo "no suite named '$1'"; return 1; }
       "client/$1/test.sh"
