@@ -25,13 +25,7 @@ Broker::~Broker() { Shutdown(); }
 
 absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& clock,
                                                      BrokerOptions options) {
-  BROKER_RETURN_IF_ERROR(ValidatePolicy(options.default_policy.ApplyTo({}), "default_policy"));
-  for (const auto& [name, policy] : options.queue_policies) {
-    BROKER_RETURN_IF_ERROR(ValidateQueueName(name, absl::StrCat("queues[\"", name, "\"]")));
-    QueuePolicy effective = policy.ApplyTo(options.default_policy.ApplyTo({}));
-    std::string prefix = absl::StrCat("queues[\"", name, "\"]");
-    BROKER_RETURN_IF_ERROR(ValidatePolicy(effective, prefix.c_str()));
-  }
+  BROKER_RETURN_IF_ERROR(ValidateStartPolicies(options.default_policy, options.queue_policies));
   std::unique_ptr<Broker> broker(new Broker(store, clock, std::move(options)));
   BROKER_RETURN_IF_ERROR(broker->Recover());
   return broker;

@@ -106,4 +106,16 @@ absl::Status ValidateFailSpec(const FailSpec& spec) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateStartPolicies(const PolicyOverride& default_policy,
+                                   const std::map<std::string, PolicyOverride>& queue_policies) {
+  const QueuePolicy defaults = default_policy.ApplyTo({});
+  if (absl::Status s = ValidatePolicy(defaults, "default_policy"); !s.ok()) return s;
+  for (const auto& [name, policy] : queue_policies) {
+    std::string field = absl::StrCat("queues[\"", name, "\"]");
+    if (absl::Status s = ValidateQueueName(name, field); !s.ok()) return s;
+    if (absl::Status s = ValidatePolicy(policy.ApplyTo(defaults), field.c_str()); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace jobbroker

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <map>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/requests.h"
@@ -19,5 +22,11 @@ absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec);
 absl::Status ValidateAckSpec(const AckSpec& spec);
 absl::Status ValidateFailSpec(const FailSpec& spec);
+
+// The policies a broker starts with (its config file): the default policy, and each named
+// queue's policy combined with it. The message names the queue and field, as in
+// `queues["emails"].lease_duration must be between 100ms and 12h`.
+absl::Status ValidateStartPolicies(const PolicyOverride& default_policy,
+                                   const std::map<std::string, PolicyOverride>& queue_policies);
 
 }  // namespace jobbroker
