@@ -14,12 +14,17 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
       {"--listen", &flags.listen},       {"--http-listen", &flags.http_listen},
       {"--data-dir", &flags.data_dir},   {"--config", &flags.config},
       {"--log-level", &flags.log_level}, {"--log-format", &flags.log_format},
-      {"--metrics", &flags.metrics},
+      {"--metrics", &flags.metrics},     {"--tls-cert", &flags.tls_cert},
+      {"--tls-key", &flags.tls_key},     {"--tls-client-ca", &flags.tls_client_ca},
   };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       flags.help = true;
+      continue;
+    }
+    if (arg == "--check-config") {
+      flags.check_config = true;
       continue;
     }
     absl::string_view name = arg;
@@ -38,6 +43,10 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must not be empty"));
     *it->second = std::move(*value);
   }
+  if (flags.tls_cert.empty() != flags.tls_key.empty())
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
+  if (!flags.tls_client_ca.empty() && flags.tls_cert.empty())
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
   return flags;
 }
 

@@ -15,22 +15,33 @@ struct ServerFlags {
   std::string log_level = "info";   // debug | info | warn | error
   std::string log_format = "json";  // json | text
   std::string metrics = "on";       // on | off (off: no job/RPC/WAL metrics, for measuring cost)
+  // gRPC over TLS: PEM files. Both or neither; tls_client_ca (mTLS) needs both.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;  // clients must present a certificate this CA signed
+  bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;
 };
 
-// Accepts "--flag value" and "--flag=value". kInvalidArgument naming an unknown flag or a
-// missing value.
+// Accepts "--flag value" and "--flag=value". kInvalidArgument naming an unknown flag, a
+// missing value, or flags that only make sense together (the TLS files).
 absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv);
 
 inline constexpr char kUsage[] =
     "usage: jobbroker [--listen HOST:PORT] [--http-listen HOST:PORT] [--data-dir DIR]\n"
-    "                 [--config FILE]\n"
+    "                 [--config FILE] [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]\n"
+    "                 [--check-config]\n"
     "  --listen       gRPC address (default 127.0.0.1:7070; port 0 picks a free port)\n"
     "  --http-listen  /metrics and /healthz (default 127.0.0.1:8080)\n"
     "  --data-dir     where jobs are kept (default ./data)\n"
     "  --config       policies, proto3 JSON of jobbroker.v1.ServerConfig\n"
     "  --log-level    debug | info | warn | error (default info)\n"
     "  --log-format   json | text (default json: one object per line on stderr)\n"
-    "  --metrics      on | off (default on; off drops job, RPC and WAL metrics)\n";
+    "  --metrics      on | off (default on; off drops job, RPC and WAL metrics)\n"
+    "  --tls-cert     gRPC over TLS: the server's certificate chain (PEM)\n"
+    "  --tls-key      its private key (PEM)\n"
+    "  --tls-client-ca  require client certificates signed by this CA (PEM): mutual TLS\n"
+    "  --check-config validate the flags, the --config file and the TLS files, say so, exit\n"
+    "                 (0 if the broker would start with them, 1 otherwise)\n";
 
 }  // namespace jobbroker

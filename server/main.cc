@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/broker.h"
 #include "core/clock.h"
+#include "core/validation.h"
 #include "prometheus/registry.h"
 #include "server/admin_service.h"
 #include "server/broker_service.h"
@@ -27,6 +28,7 @@
 #include "server/process_metrics.h"
 #include "server/rpc_metrics.h"
 #include "server/ticker.h"
+#include "server/tls.h"
 #include "storage/rocksdb_store.h"
 
 namespace jobbroker {
@@ -63,6 +65,29 @@ int Run(int argc, char** argv) {
   if (flags->metrics != "on" && flags->metrics != "off")
     return Fatal("--metrics must be on or off");
   const bool metrics_on = flags->metrics == "on";
+
+  BrokerOptions options;
+  if (!flags->config.empty()) {
+    absl::StatusOr<ServerPolicies> config = LoadServerConfig(flags->config);
+    if (!config.ok()) return Fatal(std::string(config.status().message()));
+    if (absl::Status s = ValidateStartPolicies(config->default_policy, config->queues); !s.ok())
+      return Fatal(flags->config + ": " + std::string(s.message()));
+    options.default_policy = config->default_policy;
+    options.queue_policies = config->queues;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      GrpcServerCredentials(*flags);
+  if (!credentials.ok()) return Fatal(std::string(credentials.status().message()));
+  if (flags->check_config) {
+    std::cout << "jobbroker: config ok: "
+              << (flags->config.empty() ? "built-in defaults" : flags->config) << " ("
+              << options.queue_policies.size() << " queue policies), gRPC "
+              << (flags->tls_cert.empty()        ? "without TLS"
+                  : flags->tls_client_ca.empty() ? "over TLS"
+                                                 : "over mutual TLS")
+              << std::endl;
+    return 0;
+  }
   Log::Configure(log_level, log_format);
 
   // Signals are taken by sigwait on this thread, so every thread started below inherits the
@@ -72,14 +97,6 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
-  BrokerOptions options;
-  if (!flags->config.empty()) {
-    absl::StatusOr<ServerPolicies> config = LoadServerConfig(flags->config);
-    if (!config.ok()) return Fatal(std::string(config.status().message()));
-    options.default_policy = config->default_policy;
-    options.queue_policies = config->queues;
-  }
 
   // HTTP first: liveness answers while recovery runs; readiness once it is done.
   prometheus::Registry registry;
@@ -118,7 +135,7 @@ int Run(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(flags->listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(flags->listen, *credentials, &grpc_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);

@@ -1,0 +1,266 @@
+// The binary's start-up options that need no running broker to judge (--check-config) and the
+// gRPC listener's TLS and mutual TLS (--tls-cert, --tls-key, --tls-client-ca).
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+#include "tests/testing/broker_process.h"
+#include "tests/testing/child_process.h"
+
+namespace jobbroker::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class CheckConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *std::move(dir);
+    data_dir_ = absl::StrCat(dir_->path(), "/data");
+  }
+
+  ExitResult Check(const std::string& json, std::vector<std::string> more_args = {}) {
+    std::vector<std::string> args = {"--check-config", "--data-dir", data_dir_};
+    if (!json.empty()) {
+      absl::StatusOr<std::string> config = WriteConfig(*dir_, json);
+      EXPECT_TRUE(config.ok()) << config.status();
+      args.insert(args.end(), {"--config", config.value_or("")});
+    }
+    args.insert(args.end(), more_args.begin(), more_args.end());
+    absl::StatusOr<ExitResult> result = RunBrokerToExit(*dir_, args);
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.value_or(ExitResult{.exit_code = -1});
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  std::string data_dir_;
+};
+
+TEST_F(CheckConfigTest, AGoodConfigIsAcceptedWithoutTouchingTheDataDir) {
+  ExitResult result = Check(
+      R"({"defaultPolicy":{"leaseDuration":"60s"},
+          "queues":{"emails":{"maxConcurrency":5,"retry":{"maxAttempts":3}},"reports":{}}})");
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_THAT(result.stdout_text, HasSubstr("config ok"));
+  EXPECT_THAT(result.stdout_text, HasSubstr("2 queue policies"));
+  EXPECT_FALSE(std::filesystem::exists(data_dir_)) << "--check-config created the data dir";
+}
+
+TEST_F(CheckConfigTest, NoConfigMeansTheBuiltInDefaults) {
+  ExitResult result = Check("");
+  EXPECT_EQ(result.exit_code, 0) << result.stderr_text;
+  EXPECT_THAT(result.stdout_text, HasSubstr("built-in defaults"));
+}
+
+TEST_F(CheckConfigTest, AnOutOfRangePolicyIsRefusedNamingTheQueueAndField) {
+  ExitResult result = Check(R"({"queues":{"emails":{"leaseDuration":"0.010s"}}})");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr(R"(queues["emails"].lease_duration)"));
+  EXPECT_THAT(result.stdout_text, Not(HasSubstr("config ok")));
+}
+
+TEST_F(CheckConfigTest, ACombinationOutOfBoundsIsRefused) {
+  // Each value is fine alone; the queue's max_backoff under the default initial_backoff is not.
+  ExitResult result = Check(R"({"defaultPolicy":{"retry":{"initialBackoff":"10s"}},
+                                "queues":{"q":{"retry":{"maxBackoff":"5s"}}}})");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr(R"(queues["q"].retry.max_backoff)"));
+}
+
+TEST_F(CheckConfigTest, ABadQueueNameIsRefused) {
+  ExitResult result = Check(R"({"queues":{"no spaces":{}}})");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr(R"(queues["no spaces"])"));
+}
+
+TEST_F(CheckConfigTest, AnUnknownFieldIsRefusedByName) {
+  ExitResult result = Check(R"({"defaultPolicy":{"maxConcurency":2}})");
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr("maxConcurency"));
+}
+
+TEST_F(CheckConfigTest, AMissingConfigFileIsRefused) {
+  ExitResult result = Check("", {"--config", absl::StrCat(dir_->path(), "/nope.json")});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr("nope.json"));
+}
+
+TEST_F(CheckConfigTest, BadFlagsAreRefused) {
+  EXPECT_THAT(Check("", {"--log-level", "loud"}).stderr_text, HasSubstr("--log-level"));
+  ExitResult half_tls = Check("", {"--tls-cert", "/x.pem"});
+  EXPECT_EQ(half_tls.exit_code, 1);
+  EXPECT_THAT(half_tls.stderr_text, HasSubstr("--tls-cert and --tls-key go together"));
+  ExitResult ca_only = Check("", {"--tls-client-ca", "/ca.pem"});
+  EXPECT_EQ(ca_only.exit_code, 1);
+  EXPECT_THAT(ca_only.stderr_text, HasSubstr("--tls-client-ca needs"));
+}
+
+TEST_F(CheckConfigTest, UnreadableOrNonPemTlsFilesAreRefusedNamingTheFlag) {
+  absl::StatusOr<std::string> not_pem = dir_->WriteFile("cert.txt", "not a certificate");
+  ASSERT_TRUE(not_pem.ok());
+  ExitResult result = Check("", {"--tls-cert", *not_pem, "--tls-key", *not_pem});
+  EXPECT_EQ(result.exit_code, 1);
+  EXPECT_THAT(result.stderr_text, HasSubstr("--tls-cert"));
+  EXPECT_THAT(result.stderr_text, HasSubstr("no PEM block"));
+  ExitResult missing = Check("", {"--tls-cert", "/nonexistent/tls.crt", "--tls-key", *not_pem});
+  EXPECT_THAT(missing.stderr_text, HasSubstr("/nonexistent/tls.crt: cannot be read"));
+}
+
+// A throwaway CA, a server certificate for 127.0.0.1 and a client certificate, made with the
+// openssl command line (EC keys: quick to generate).
+struct TestPki {
+  std::string ca_cert, server_cert, server_key, client_cert, client_key;
+  std::string ca_pem, client_cert_pem, client_key_pem;
+};
+
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+absl::StatusOr<TestPki> MakePki(const TempDir& dir) {
+  const std::string d = dir.path();
+  absl::StatusOr<std::string> san = dir.WriteFile("san.ext", "subjectAltName=IP:127.0.0.1\n");
+  if (!san.ok()) return san.status();
+  auto key = [&](const std::string& name) -> std::vector<std::string> {
+    return {"openssl", "req",      "-newkey",
+            "ec",      "-pkeyopt", "ec_paramgen_curve:prime256v1",
+            "-nodes",  "-keyout",  d + "/" + name + ".key"};
+  };
+  std::vector<std::vector<std::string>> steps;
+  std::vector<std::string> ca = key("ca");
+  ca.insert(ca.end(),
+            {"-x509", "-days", "2", "-subj", "/CN=jobbroker test CA", "-out", d + "/ca.crt"});
+  steps.push_back(ca);
+  for (const std::string name : {"server", "client"}) {
+    std::vector<std::string> csr = key(name);
+    csr.insert(csr.end(), {"-subj", "/CN=" + name, "-out", d + "/" + name + ".csr"});
+    steps.push_back(csr);
+    std::vector<std::string> sign = {"openssl",
+                                     "x509",
+                                     "-req",
+                                     "-in",
+                                     d + "/" + name + ".csr",
+                                     "-CA",
+                                     d + "/ca.crt",
+                                     "-CAkey",
+                                     d + "/ca.key",
+                                     "-CAcreateserial",
+                                     "-days",
+                                     "2",
+                                     "-out",
+                                     d + "/" + name + ".crt"};
+    if (name == "server") sign.insert(sign.end(), {"-extfile", *san});
+    steps.push_back(sign);
+  }
+  for (std::vector<std::string>& argv : steps) {
+    argv[0] = "/usr/bin/openssl";
+    absl::StatusOr<CommandResult> run = RunCommand(d, argv);
+    if (!run.ok()) return run.status();
+    if (run->exit_code != 0) return absl::InternalError(absl::StrCat("openssl: ", run->output));
+  }
+  TestPki pki{.ca_cert = d + "/ca.crt",
+              .server_cert = d + "/server.crt",
+              .server_key = d + "/server.key",
+              .client_cert = d + "/client.crt",
+              .client_key = d + "/client.key"};
+  for (auto [path, out] :
+       {std::pair{pki.ca_cert, &pki.ca_pem}, std::pair{pki.client_cert, &pki.client_cert_pem},
+        std::pair{pki.client_key, &pki.client_key_pem}}) {
+    absl::StatusOr<std::string> text = ReadText(path);
+    if (!text.ok()) return text.status();
+    *out = *std::move(text);
+  }
+  return pki;
+}
+
+class TlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *std::move(dir);
+    absl::StatusOr<TestPki> pki = MakePki(*dir_);
+    ASSERT_TRUE(pki.ok()) << pki.status();
+    pki_ = *std::move(pki);
+  }
+
+  std::unique_ptr<BrokerProcess> StartBroker(bool mutual) {
+    BrokerProcessOptions options;
+    options.extra_args = {"--tls-cert", pki_.server_cert, "--tls-key", pki_.server_key};
+    if (mutual)
+      options.extra_args.insert(options.extra_args.end(), {"--tls-client-ca", pki_.ca_cert});
+    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
+    EXPECT_TRUE(broker.ok()) << broker.status();
+    return broker.ok() ? *std::move(broker) : nullptr;
+  }
+
+  // One Enqueue over `credentials`, with a short deadline: a refused handshake shows as
+  // UNAVAILABLE rather than a hang.
+  grpc::Status Enqueue(const std::string& address,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    auto stub = v1::Broker::NewStub(grpc::CreateChannel(address, credentials));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::EnqueueRequest req;
+    req.set_queue("tls");
+    req.set_payload("x");
+    v1::EnqueueResponse resp;
+    grpc::Status status = stub->Enqueue(&ctx, req, &resp);
+    if (status.ok() && resp.job_id().empty()) return grpc::Status(grpc::INTERNAL, "no job id");
+    return status;
+  }
+
+  std::shared_ptr<grpc::ChannelCredentials> TrustingCa(bool with_client_cert) {
+    grpc::SslCredentialsOptions options;
+    options.pem_root_certs = pki_.ca_pem;
+    if (with_client_cert) {
+      options.pem_cert_chain = pki_.client_cert_pem;
+      options.pem_private_key = pki_.client_key_pem;
+    }
+    return grpc::SslCredentials(options);
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  TestPki pki_;
+};
+
+TEST_F(TlsTest, ServesOverTlsAndRefusesPlaintext) {
+  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/false);
+  ASSERT_NE(broker, nullptr);
+  grpc::Status tls = Enqueue(broker->address(), TrustingCa(false));
+  EXPECT_TRUE(tls.ok()) << tls.error_message();
+  grpc::Status plaintext = Enqueue(broker->address(), grpc::InsecureChannelCredentials());
+  EXPECT_EQ(plaintext.error_code(), grpc::UNAVAILABLE) << plaintext.error_message();
+  // A client that does not trust the server's CA does not get through either.
+  grpc::Status untrusted = Enqueue(broker->address(), grpc::SslCredentials({}));
+  EXPECT_EQ(untrusted.error_code(), grpc::UNAVAILABLE) << untrusted.error_message();
+  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+}
+
+TEST_F(TlsTest, MutualTlsRequiresAClientCertificateFromTheCa) {
+  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/true);
+  ASSERT_NE(broker, nullptr);
+  grpc::Status with_cert = Enqueue(broker->address(), TrustingCa(true));
+  EXPECT_TRUE(with_cert.ok()) << with_cert.error_message();
+  grpc::Status without_cert = Enqueue(broker->address(), TrustingCa(false));
+  EXPECT_EQ(without_cert.error_code(), grpc::UNAVAILABLE) << without_cert.error_message();
+  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+}
+
+}  // namespace
+}  // namespace jobbroker::testing
