@@ -12,6 +12,7 @@ packages=(
   libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev clang-format
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
+  openssl     # a throwaway CA for the TLS tests
 )
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
