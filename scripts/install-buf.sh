@@ -3,7 +3,7 @@
 # the first time. Built once per machine, outside the checkout, so clean clones reuse it.
 set -euo pipefail
 BUF_VERSION=v1.75.0
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/jobbroker-tools/buf-$BUF_VERSION"
+dir="${JOBBROKER_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobbroker-tools}/buf-$BUF_VERSION"
 if [ ! -x "$dir/buf" ]; then
   echo "install-buf: building buf $BUF_VERSION (once per machine)" >&2
   mkdir -p "$dir"

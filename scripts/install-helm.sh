@@ -8,7 +8,7 @@ set -euo pipefail
 HELM_VERSION=v3.22.0
 K8S_MAJOR=1   # client-go v0.37.0, as helm v3.22.0's go.mod pins it
 K8S_MINOR=37
-dir="${XDG_CACHE_HOME:-$HOME/.cache}/jobbroker-tools/helm-$HELM_VERSION"
+dir="${JOBBROKER_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/jobbroker-tools}/helm-$HELM_VERSION"
 if [ ! -x "$dir/helm" ]; then
   echo "install-helm: building helm $HELM_VERSION (once per machine, takes a few minutes)" >&2
   mkdir -p "$dir"
