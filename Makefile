@@ -4,7 +4,7 @@ JOBS ?= 2
 DATA ?= ./data
 SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: deps test-deps build run test api-check bench format format-check clean
+.PHONY: deps test-deps build run test api-check image-lint image-check bench format format-check clean
 
 deps:
 	scripts/install-deps.sh
@@ -27,6 +27,13 @@ test: test-deps build format-check
 
 api-check:
 	scripts/api-check.sh
+
+# The Dockerfile's lint (hadolint), and the image built and run for real with podman.
+image-lint:
+	tests/image/lint.sh
+
+image-check: test-deps build
+	scripts/image-check.sh
 
 bench: build
 	BUILD_DIR=$(BUILD) bench/run.sh

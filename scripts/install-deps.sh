@@ -17,6 +17,9 @@ packages=(
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
   packages+=(ruby ruby-grpc ruby-grpc-tools)
+  # scripts/image-check.sh builds and runs the container image with podman (no Docker engine),
+  # on a base image it makes with debootstrap.
+  packages+=(podman runc debootstrap curl)
   # The other languages' toolchains come with the machine (Go, Node.js with npm, JDK with Maven,
   # Rust with cargo, CPython); their packages are installed from each client's lock file.
   for tool in go node npm java mvn cargo python3; do

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test suite against the built broker: C++ (ctest), the API checks, the Helm chart's
-# checks (lint, offline Kubernetes schemas, the rendered config through --check-config), then each
-# client language's own test.sh (which installs its packages from its lock file, builds the
-# package and runs its tests against a real jobbroker). Every suite runs even after one fails;
+# checks (lint, offline Kubernetes schemas, the rendered config through --check-config), the
+# Dockerfile's lint, each client language's own test.sh (which installs its packages from its
+# lock file, builds the package and runs its tests against a real jobbroker), and last the
+# container image built and run with podman. Every suite runs even after one fails;
 # the summary names each with its result and time.
 #
 #   scripts/test-all.sh                  # all suites
@@ -15,7 +16,7 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp api chart python go typescript interop java rust ruby)
+all_suites=(cpp api chart image-lint python go typescript interop java rust ruby image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -25,6 +26,8 @@ run_suite() {
     api) scripts/api-check.sh ;;
     interop) tests/interop/test.sh --all-pairs ;;
     chart) tests/chart/test.sh ;;
+    image-lint) tests/image/lint.sh ;;
+    image) scripts/image-check.sh ;;
     *)
       [ -x "client/$1/test.sh" ] || { echo "no suite named '$1'"; return 1; }
       "client/$1/test.sh"
