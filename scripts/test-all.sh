@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test suite against the built broker: C++ (ctest), the API checks, the Helm chart's
-# checks (lint, offline Kubernetes schemas, the rendered config through --check-config), the
-# Dockerfile's lint, each client language's own test.sh (which installs its packages from its
-# lock file, builds the package and runs its tests against a real jobbroker), and last the
-# container image built and run with podman. Every suite runs even after one fails;
-# the summary names each with its result and time.
+# Runs every test suite against the built broker: C++ (ctest, then again under ASan+UBSan), the
+# API checks, the Helm chart's checks (lint, offline Kubernetes schemas, the rendered config
+# through --check-config), the Dockerfile's lint, each client language's own test.sh (which
+# installs its packages from its lock file, builds the package and runs its tests against a
+# real jobbroker), and last the container image built and run with podman. Every suite runs
+# even after one fails; the summary names each with its result and time.
 #
 #   scripts/test-all.sh                  # all suites
 #   scripts/test-all.sh python go        # some of them
@@ -16,13 +16,16 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp api chart image-lint python go typescript interop java rust ruby image)
+all_suites=(cpp asan api chart image-lint python go typescript interop java rust ruby image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
 run_suite() {
   case "$1" in
     cpp) ctest --test-dir "$build" -j"$jobs" --output-on-failure ;;
+    # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
+    # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
+    asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;
     api) scripts/api-check.sh ;;
     interop) tests/interop/test.sh --all-pairs ;;
     chart) tests/chart/test.sh ;;
