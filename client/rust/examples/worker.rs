@@ -127,6 +127,13 @@ enum Stop {
     Shutdown,
 }
 
+/// Tells the running job `id`, if this worker still runs it, why it must stop.
+fn tell(stops: &HashMap<String, watch::Sender<Stop>>, id: &str, why: Stop) {
+    if let Some(stop) = stops.get(id) {
+        let _ = stop.send(why);
+    }
+}
+
 /// The stream to send on: replaced on every reconnect, `None` while disconnected.
 type CurrentStream = watch::Receiver<Option<WorkStream>>;
 
@@ -317,16 +324,8 @@ async fn run(options: Options) -> Result<(), String> {
                             let _ = done.send(id);
                         });
                     }
-                    WorkEvent::LeaseLost(id) => {
-                        if let Some(stop) = stops.get(&id) {
-                            let _ = stop.send(Stop::LeaseLost);
-                        }
-                    }
-                    WorkEvent::CancelRequested(id) => {
-                        if let Some(stop) = stops.get(&id) {
-                            let _ = stop.send(Stop::Cancelled);
-                        }
-                    }
+                    WorkEvent::LeaseLost(id) => tell(&stops, &id, Stop::LeaseLost),
+                    WorkEvent::CancelRequested(id) => tell(&stops, &id, Stop::Cancelled),
                     WorkEvent::Closed(end) => {
                         let _ = current_tx.send(None);
                         eprintln!("worker: stream ended ({end:?}); reconnecting in {backoff:?}");
@@ -363,16 +362,8 @@ async fn run(options: Options) -> Result<(), String> {
                             }
                         });
                     }
-                    WorkEvent::LeaseLost(id) => {
-                        if let Some(stop) = stops.get(&id) {
-                            let _ = stop.send(Stop::LeaseLost);
-                        }
-                    }
-                    WorkEvent::CancelRequested(id) => {
-                        if let Some(stop) = stops.get(&id) {
-                            let _ = stop.send(Stop::Cancelled);
-                        }
-                    }
+                    WorkEvent::LeaseLost(id) => tell(&stops, &id, Stop::LeaseLost),
+                    WorkEvent::CancelRequested(id) => tell(&stops, &id, Stop::Cancelled),
                     WorkEvent::Closed(end) => {
                         // Nothing more can be acked; unfinished leases will run out.
                         eprintln!("worker: stream ended while draining ({end:?})");
