@@ -81,6 +81,9 @@ class WorkerTest {
     assertEquals(AttemptOutcome.ATTEMPT_OUTCOME_ERROR, done.getAttempts(0).getOutcome());
     assertEquals("provider timed out", done.getAttempts(0).getError());
     assertEquals("ok", done.getResult().toStringUtf8());
+    // The broker commits the ack before the worker reads its answer, so the job can be COMPLETED
+    // while the worker's counter is not yet bumped; stop() waits for every answer.
+    worker.stop(Duration.ofSeconds(10));
     Worker.Stats stats = worker.stats();
     assertEquals(1, stats.acked());
     assertEquals(1, stats.failed());
