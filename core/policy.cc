@@ -53,6 +53,7 @@ void PolicyOverride::MergeFrom(const PolicyOverride& top) {
   merge(rate_per_second, top.rate_per_second);
   merge(rate_burst, top.rate_burst);
   merge(paused, top.paused);
+  merge(max_payload_bytes, top.max_payload_bytes);
 }
 
 QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
@@ -76,6 +77,7 @@ QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
   apply(p.rate_limit.per_second, rate_per_second);
   apply(p.rate_limit.burst, rate_burst);
   apply(p.paused, paused);
+  apply(p.max_payload_bytes, max_payload_bytes);
   return p;
 }
 
@@ -108,6 +110,9 @@ absl::Status ValidatePolicy(const QueuePolicy& p, const char* prefix) {
   if (p.rate_limit.per_second < 0 || !std::isfinite(p.rate_limit.per_second))
     return bad("rate_limit.per_second", "must be a finite number, not negative");
   if (p.rate_limit.burst < 0) return bad("rate_limit.burst", "must not be negative");
+  if (p.max_payload_bytes < 1 || p.max_payload_bytes > kMaxPayloadBytesCeiling)
+    return bad("max_payload_bytes",
+               absl::StrCat("must be between 1 and ", kMaxPayloadBytesCeiling));
   return absl::OkStatus();
 }
 

@@ -51,6 +51,9 @@ struct QueuePolicy {
   int64_t max_length = 0;  // 0 = unlimited
   RateLimit rate_limit;
   bool paused = false;
+  // Small by default so that one producer's mistake (a whole file as a payload) cannot fill the
+  // WAL and memory; a queue that needs more says so in its policy.
+  int64_t max_payload_bytes = 1 << 20;
 
   bool operator==(const QueuePolicy&) const = default;
 };
@@ -75,6 +78,7 @@ struct PolicyOverride {
   std::optional<double> rate_per_second;
   std::optional<int> rate_burst;
   std::optional<bool> paused;
+  std::optional<int64_t> max_payload_bytes;
 
   // Copies every field set in `top` over this one.
   void MergeFrom(const PolicyOverride& top);
@@ -88,6 +92,9 @@ struct PolicyOverride {
 // Bounds of lease lengths a worker or producer may ask for.
 inline constexpr absl::Duration kMinLeaseDuration = absl::Milliseconds(100);
 inline constexpr absl::Duration kMaxLeaseDuration = absl::Hours(12);
+// The most a queue's max_payload_bytes may allow. Every job is held in memory while it is not
+// finished, and a batch of them travels in one gRPC message.
+inline constexpr int64_t kMaxPayloadBytesCeiling = 16 << 20;
 
 // kInvalidArgument naming the first out-of-range field (e.g. "policy.retry.max_attempts must be
 // at least 1"); `prefix` is put before field names.

@@ -140,7 +140,12 @@ struct RetryJobsResult {
 // Limits on what a request may carry.
 inline constexpr size_t kMaxQueueNameBytes = 128;
 inline constexpr size_t kMaxKeyBytes = 256;  // dedup_key, concurrency_key, worker_id, ids
-inline constexpr size_t kMaxPayloadBytes = 4 << 20;
+// The bound checked before the queue is known; the broker then holds a payload to its queue's
+// max_payload_bytes (1 MiB by default, at most this much).
+inline constexpr size_t kMaxPayloadBytes = kMaxPayloadBytesCeiling;
+inline constexpr size_t kMaxCheckpointBytes = 4 << 20;  // a checkpoint, and a result
+
+inline constexpr size_t kMaxHeaders = 64;
 inline constexpr size_t kMaxHeaderBytes = 64 << 10;  // all names and values together
 inline constexpr int kMaxLeaseBatch = 1000;          // max_jobs, batch size, page size
 inline constexpr int kMaxAttemptsLimit = 1000;

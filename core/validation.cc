@@ -45,6 +45,9 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
   if (spec.payload.size() > kMaxPayloadBytes)
     return absl::ResourceExhaustedError(absl::StrCat("payload is ", spec.payload.size(),
                                                      " bytes; the limit is ", kMaxPayloadBytes));
+  if (spec.headers.size() > kMaxHeaders)
+    return absl::ResourceExhaustedError(absl::StrCat("headers holds ", spec.headers.size(),
+                                                     " entries; the limit is ", kMaxHeaders));
   size_t header_bytes = 0;
   for (const auto& [k, v] : spec.headers) {
     if (k.empty()) return Invalid("headers", "must not have an empty name");
@@ -83,19 +86,21 @@ absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_
   return ValidateKey(lease_id, "lease_id", true);
 }
 
+absl::Status ValidateJobId(absl::string_view job_id) { return ValidateKey(job_id, "job_id", true); }
+
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec) {
   if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
-  if (spec.checkpoint.has_value() && spec.checkpoint->size() > kMaxPayloadBytes)
+  if (spec.checkpoint.has_value() && spec.checkpoint->size() > kMaxCheckpointBytes)
     return absl::ResourceExhaustedError(absl::StrCat("checkpoint is ", spec.checkpoint->size(),
-                                                     " bytes; the limit is ", kMaxPayloadBytes));
+                                                     " bytes; the limit is ", kMaxCheckpointBytes));
   return ValidateLeaseLength(spec.extend_by, "extend_by");
 }
 
 absl::Status ValidateAckSpec(const AckSpec& spec) {
   if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
-  if (spec.result.size() > kMaxPayloadBytes)
-    return absl::ResourceExhaustedError(
-        absl::StrCat("result is ", spec.result.size(), " bytes; the limit is ", kMaxPayloadBytes));
+  if (spec.result.size() > kMaxCheckpointBytes)
+    return absl::ResourceExhaustedError(absl::StrCat("result is ", spec.result.size(),
+                                                     " bytes; the limit is ", kMaxCheckpointBytes));
   return absl::OkStatus();
 }
 

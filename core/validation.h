@@ -19,6 +19,8 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec);
 absl::Status ValidateLeaseSpec(const LeaseSpec& spec);
 // job_id and lease_id: present and not over-long.
 absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_id);
+// A job id alone (the admin calls): present and not over-long.
+absl::Status ValidateJobId(absl::string_view job_id);
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec);
 absl::Status ValidateAckSpec(const AckSpec& spec);
 absl::Status ValidateFailSpec(const FailSpec& spec);

@@ -1,5 +1,7 @@
 #include "server/convert.h"
 
+#include <google/protobuf/util/time_util.h>
+
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,11 @@ absl::StatusOr<absl::Duration> FromProto(const google::protobuf::Duration& d,
       (d.seconds() < 0 && d.nanos() > 0)) {
     return Invalid(field, "is not a valid duration (nanos out of range or of the wrong sign)");
   }
+  // The range google.protobuf.Duration allows: beyond it no JSON form exists, and the times it
+  // leads to cannot be written back as Timestamps.
+  using google::protobuf::util::TimeUtil;
+  if (d.seconds() < TimeUtil::kDurationMinSeconds || d.seconds() > TimeUtil::kDurationMaxSeconds)
+    return Invalid(field, "is out of range (at most 10000 years either way)");
   return absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
 }
 
@@ -26,6 +33,9 @@ absl::StatusOr<absl::Time> FromProto(const google::protobuf::Timestamp& t,
                                      absl::string_view field) {
   if (t.nanos() < 0 || t.nanos() > 999'999'999)
     return Invalid(field, "is not a valid timestamp (nanos out of range)");
+  using google::protobuf::util::TimeUtil;
+  if (t.seconds() < TimeUtil::kTimestampMinSeconds || t.seconds() > TimeUtil::kTimestampMaxSeconds)
+    return Invalid(field, "is out of range (0001-01-01 to 9999-12-31)");
   return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
 }
 
@@ -218,6 +228,7 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
     if (p.rate_limit().has_burst()) o.rate_burst = p.rate_limit().burst();
   }
   if (p.has_paused()) o.paused = p.paused();
+  if (p.has_max_payload_bytes()) o.max_payload_bytes = p.max_payload_bytes();
   return o;
 }
 
@@ -288,6 +299,7 @@ void ToProto(const QueuePolicy& p, v1::QueuePolicy* out) {
   out->mutable_rate_limit()->set_per_second(p.rate_limit.per_second);
   out->mutable_rate_limit()->set_burst(p.rate_limit.burst);
   out->set_paused(p.paused);
+  out->set_max_payload_bytes(p.max_payload_bytes);
 }
 
 void ToProto(const QueueInfo& q, v1::QueueInfo* out) {

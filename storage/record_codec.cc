@@ -246,6 +246,7 @@ std::string EncodePolicy(const PolicyOverride& p) {
   if (p.rate_per_second) r.set_rate_per_second(*p.rate_per_second);
   if (p.rate_burst) r.set_rate_burst(*p.rate_burst);
   if (p.paused) r.set_paused(*p.paused);
+  if (p.max_payload_bytes) r.set_max_payload_bytes(*p.max_payload_bytes);
   return r.SerializeAsString();
 }
 
@@ -278,6 +279,7 @@ absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
   if (r.has_rate_per_second()) p.rate_per_second = r.rate_per_second();
   if (r.has_rate_burst()) p.rate_burst = r.rate_burst();
   if (r.has_paused()) p.paused = r.paused();
+  if (r.has_max_payload_bytes()) p.max_payload_bytes = r.max_payload_bytes();
   return p;
 }
 

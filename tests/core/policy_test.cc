@@ -58,6 +58,7 @@ TEST(RetryPolicyTest, DefaultsAreTheDesignDefaults) {
   EXPECT_EQ(p.dedup_ttl, absl::Hours(24));
   EXPECT_EQ(p.completed_retention.max_count, 1000);
   EXPECT_EQ(p.failed_retention.max_age, absl::Hours(24 * 7));
+  EXPECT_EQ(p.max_payload_bytes, 1 << 20);
 }
 
 TEST(PolicyOverrideTest, LayersApplyInOrderAndOnlySetFieldsOverride) {
@@ -90,6 +91,14 @@ TEST(ValidatePolicyTest, NamesTheBadField) {
   p = QueuePolicy{};
   p.retry.backoff_multiplier = 0.5;
   EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("backoff_multiplier"));
+  for (int64_t bad : {int64_t{0}, kMaxPayloadBytesCeiling + 1}) {
+    p = QueuePolicy{};
+    p.max_payload_bytes = bad;
+    EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("policy.max_payload_bytes")) << bad;
+  }
+  p = QueuePolicy{};
+  p.max_payload_bytes = kMaxPayloadBytesCeiling;
+  EXPECT_TRUE(ValidatePolicy(p).ok());
   EXPECT_TRUE(ValidatePolicy(QueuePolicy{}).ok());
 }
 

@@ -21,7 +21,7 @@ using ::testing::HasSubstr;
 using ::testing::SizeIs;
 
 constexpr char kQueue[] = "bad-input";
-constexpr int64_t kMaxPayload = int64_t{4} << 20;
+constexpr int64_t kMaxPayload = int64_t{1} << 20;  // a queue's default max_payload_bytes
 
 // A broker with one queue holding one ACTIVE job and one READY job, so every refused call has a
 // real job and queue to (not) change.
@@ -191,14 +191,77 @@ TEST_F(BadInputTest, EnqueueWithNegativeLeaseDuration) {
   ExpectNothingChanged();
 }
 
-TEST_F(BadInputTest, EnqueueWithPayloadOver4MiB) {
+TEST_F(BadInputTest, EnqueueWithPayloadOver1MiB) {
   v1::EnqueueRequest req = ValidEnqueue();
   req.set_payload(std::string(kMaxPayload + 1, 'x'));
-  EXPECT_THAT(Enqueue(req), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_THAT(Enqueue(req),
+              StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("max_payload_bytes")));
   ExpectNothingChanged();
 }
 
-TEST_F(BadInputTest, EnqueueWithPayloadOfExactly4MiBIsFine) {
+TEST_F(BadInputTest, EnqueueBatchWithOneJobOver1MiBNamesIt) {
+  v1::EnqueueBatchRequest req;
+  *req.add_jobs() = ValidEnqueue();
+  *req.add_jobs() = ValidEnqueue();
+  req.mutable_jobs(1)->set_payload(std::string(kMaxPayload + 1, 'x'));
+  v1::EnqueueBatchResponse resp;
+  EXPECT_THAT(client_->EnqueueBatch(req, &resp),
+              StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("jobs[1].payload")));
+  // A batch of one names its job too: the caller sent a list.
+  req.mutable_jobs()->DeleteSubrange(0, 1);
+  EXPECT_THAT(client_->EnqueueBatch(req, &resp),
+              StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("jobs[0].payload")));
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, EnqueueWithPayloadOverTheCeilingOf16MiB) {
+  v1::EnqueueRequest req = ValidEnqueue();
+  req.set_queue("fresh-queue");
+  req.set_payload(std::string((16 << 20) + 1, 'x'));
+  EXPECT_THAT(Enqueue(req), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("payload")));
+  ExpectNoQueue("fresh-queue");
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, EnqueueWithMoreThan64Headers) {
+  v1::EnqueueRequest req = ValidEnqueue();
+  std::map<std::string, std::string> headers;
+  for (int i = 0; i < 65; ++i) headers.emplace(absl::StrCat("h", i), "v");
+  req.mutable_headers()->insert(headers.begin(), headers.end());
+  EXPECT_THAT(Enqueue(req), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("headers")));
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, EnqueueWithHeadersOver64KiB) {
+  v1::EnqueueRequest req = ValidEnqueue();
+  (*req.mutable_headers())["big"] = std::string(64 << 10, 'v');
+  EXPECT_THAT(Enqueue(req), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("headers")));
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, EnqueueWithAnEmptyHeaderName) {
+  v1::EnqueueRequest req = ValidEnqueue();
+  (*req.mutable_headers())[""] = "v";
+  EXPECT_THAT(Enqueue(req), InvalidArgumentNaming("headers"));
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, UpdateQueuePolicyWithMaxPayloadBytesOutOfRange) {
+  for (int64_t bad : {int64_t{0}, int64_t{-1}, (int64_t{16} << 20) + 1}) {
+    v1::UpdateQueuePolicyRequest req;
+    req.set_queue(kQueue);
+    req.mutable_policy()->set_max_payload_bytes(bad);
+    v1::QueueInfo info;
+    EXPECT_THAT(client_->UpdateQueuePolicy(req, &info), InvalidArgumentNaming("max_payload_bytes"))
+        << bad;
+  }
+  v1::QueueInfo info;
+  ASSERT_THAT(client_->GetQueue(kQueue, &info), IsOk());
+  EXPECT_EQ(info.policy().max_payload_bytes(), kMaxPayload);
+  ExpectNothingChanged();
+}
+
+TEST_F(BadInputTest, EnqueueWithPayloadOfExactly1MiBIsFine) {
   v1::EnqueueRequest req = ValidEnqueue();
   req.set_payload(std::string(kMaxPayload, 'x'));
   v1::EnqueueResponse resp;

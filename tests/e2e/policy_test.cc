@@ -169,6 +169,7 @@ TEST_F(PolicyTest, BuiltInDefaultsAreTheOnesDesignMdNames) {
   EXPECT_EQ(p.max_length(), 0);
   EXPECT_EQ(p.rate_limit().per_second(), 0);
   EXPECT_FALSE(p.paused());
+  EXPECT_EQ(p.max_payload_bytes(), 1 << 20);
 }
 
 TEST_F(PolicyTest, LayersAreBuiltInThenConfigDefaultThenConfigQueueThenRunTime) {
@@ -201,7 +202,8 @@ TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
   StartBroker(R"({"queues": {"persist": {"maxConcurrency": 4, "leaseDuration": "20s"}}})");
   ASSERT_THAT(SetPolicy("persist", R"({"maxConcurrency": 1, "paused": true,
       "retry": {"maxAttempts": 7, "initialBackoff": "3s", "jitter": "JITTER_EQUAL"},
-      "rateLimit": {"perSecond": 50, "burst": 5}, "completedRetention": {"maxCount": 3}})"),
+      "rateLimit": {"perSecond": 50, "burst": 5}, "completedRetention": {"maxCount": 3},
+      "maxPayloadBytes": "2097152"})"),
               IsOk());
   client_->MustEnqueue("persist");
   const v1::QueuePolicy before = EffectivePolicy("persist");
@@ -211,6 +213,7 @@ TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(before, after))
       << "before: " << before.ShortDebugString() << "\nafter:  " << after.ShortDebugString();
   EXPECT_EQ(after.max_concurrency(), 1);
+  EXPECT_EQ(after.max_payload_bytes(), 2 << 20);
   EXPECT_EQ(FromProto(after.lease_duration()), absl::Seconds(20)) << "the config still applies";
   EXPECT_THAT(client_->MustLease("persist", "w", 5), IsEmpty()) << "still paused";
 
@@ -245,6 +248,8 @@ TEST_F(PolicyTest, OutOfRangeValuesAreRefusedNamingTheFieldAndChangeNothing) {
       {R"({"maxLength": -1})", "max_length"},
       {R"({"rateLimit": {"perSecond": -1}})", "rate_limit.per_second"},
       {R"({"rateLimit": {"perSecond": 1, "burst": -1}})", "rate_limit.burst"},
+      {R"({"maxPayloadBytes": "0"})", "max_payload_bytes"},
+      {R"({"maxPayloadBytes": "16777217"})", "max_payload_bytes"},
   };
   for (const auto& [json, field] : cases) {
     EXPECT_THAT(SetPolicy("bounds", json), StatusIs(StatusCode::INVALID_ARGUMENT, HasSubstr(field)))
@@ -707,6 +712,36 @@ TEST_F(PolicyTest, RetentionMaxAgeRemovesFinishedJobsOnceTheyAreThatOld) {
   EXPECT_GE(seen_gone, completed_at + absl::Seconds(1));
   EXPECT_GE(seen_gone, failed_at + absl::Seconds(1));
   EXPECT_EQ(client_->MustGetJob(ids[2]).state(), v1::JOB_STATE_READY) << "live jobs are kept";
+}
+
+// ---------------------------------------------------------------------------------------------
+// max_payload_bytes
+
+TEST_F(PolicyTest, MaxPayloadBytesIsPerQueueWithA1MiBDefault) {
+  StartBroker(R"({"queues": {"uploads": {"maxPayloadBytes": "4194304"},
+                             "pings": {"maxPayloadBytes": "16"}}})");
+  const std::string two_mib(2 << 20, 'x');
+  v1::EnqueueRequest req;
+  req.set_payload(two_mib);
+  v1::EnqueueResponse resp;
+  req.set_queue("uploads");
+  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk()) << "the queue's own limit is 4 MiB";
+  req.set_queue("plain");
+  EXPECT_THAT(client_->Enqueue(req, &resp),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED, HasSubstr("max_payload_bytes")))
+      << "other queues keep the 1 MiB default";
+  req.set_queue("pings");
+  req.set_payload(std::string(17, 'p'));
+  EXPECT_THAT(client_->Enqueue(req, &resp),
+              StatusIs(StatusCode::RESOURCE_EXHAUSTED, HasSubstr("at most 16")));
+  req.set_payload(std::string(16, 'p'));
+  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk());
+
+  // A run-time change applies to the next enqueue.
+  ASSERT_THAT(SetPolicy("plain", R"({"maxPayloadBytes": "3145728"})"), IsOk());
+  req.set_queue("plain");
+  req.set_payload(two_mib);
+  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ inline PolicyOverride FullPolicy() {
   p.rate_per_second = 12.5;
   p.rate_burst = 20;
   p.paused = true;
+  p.max_payload_bytes = 2 << 20;
   return p;
 }
 
@@ -117,10 +118,15 @@ class RecordingVisitor final : public RecoveryVisitor {
     events.push_back("policy:" + queue);
     policies.emplace_back(std::move(queue), std::move(policy));
   }
+  void OnCorrupt(CorruptRecord record) override {
+    events.push_back(std::string("corrupt:") + RecordKindName(record.kind) + "/" + record.key);
+    corrupt.push_back(std::move(record));
+  }
 
   std::vector<Job> jobs;
   std::vector<DedupEntry> dedup;
   std::vector<std::pair<std::string, PolicyOverride>> policies;
+  std::vector<CorruptRecord> corrupt;
   std::vector<std::string> events;
 };
 

@@ -27,9 +27,11 @@ type EnqueueRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// 1 to 128 characters of [A-Za-z0-9._:-]. Queues are created on first use.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Opaque to the broker; at most 4 MiB.
+	// Opaque to the broker; at most the queue's max_payload_bytes (default 1 MiB), else
+	// RESOURCE_EXHAUSTED.
 	Payload []byte `protobuf:"bytes,2,opt,name=payload,proto3" json:"payload,omitempty"`
-	// Opaque metadata handed to the worker (trace ids, content types).
+	// Opaque metadata handed to the worker (trace ids, content types). At most 64 entries and
+	// 64 KiB of names and values together; names not empty.
 	Headers map[string]string `protobuf:"bytes,3,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Higher runs first; FIFO within one priority. Default 0.
 	Priority int32 `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
@@ -306,7 +308,7 @@ type LeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The queue to lease from.
 	Queue string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
-	// Names the worker in the job's attempt history. 1 to 128 bytes.
+	// Names the worker in the job's attempt history. 1 to 256 bytes.
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	// At most this many jobs; 0 means 1. At most 1000.
 	MaxJobs int32 `protobuf:"varint,3,opt,name=max_jobs,json=maxJobs,proto3" json:"max_jobs,omitempty"`
@@ -572,7 +574,7 @@ type HeartbeatRequest struct {
 	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// New deadline = now + extend_by; unset = now + the lease's own duration.
 	ExtendBy *durationpb.Duration `protobuf:"bytes,3,opt,name=extend_by,json=extendBy,proto3" json:"extend_by,omitempty"`
-	// When set, saved durably with the job and handed to every later attempt.
+	// When set, saved durably with the job and handed to every later attempt. At most 4 MiB.
 	Checkpoint    []byte `protobuf:"bytes,4,opt,name=checkpoint,proto3,oneof" json:"checkpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -873,9 +875,10 @@ func (x *FailRequest) GetRetryAfter() *durationpb.Duration {
 
 type FailResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// JOB_STATE_SCHEDULED (will retry), JOB_STATE_FAILED (dead) or JOB_STATE_CANCELLED.
+	// JOB_STATE_SCHEDULED (will retry), JOB_STATE_READY (will retry at once: retry_after 0),
+	// JOB_STATE_FAILED (dead) or JOB_STATE_CANCELLED.
 	State JobState `protobuf:"varint,1,opt,name=state,proto3,enum=jobbroker.v1.JobState" json:"state,omitempty"`
-	// When the next attempt may start; set when state is JOB_STATE_SCHEDULED.
+	// When the next attempt may start; set when state is JOB_STATE_SCHEDULED or JOB_STATE_READY.
 	NextAttemptAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=next_attempt_at,json=nextAttemptAt,proto3" json:"next_attempt_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1019,11 +1022,11 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 // First message on a Work stream.
 type SubscribeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Queues to receive jobs from; at least one.
+	// Queues to receive jobs from; 1 to 100.
 	Queues []string `protobuf:"bytes,1,rep,name=queues,proto3" json:"queues,omitempty"`
-	// Names the worker in attempt histories.
+	// Names the worker in attempt histories. 1 to 256 bytes.
 	WorkerId string `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	// Unacknowledged jobs the broker may push at once; 0 means 1.
+	// Unacknowledged jobs the broker may push at once, at most 1000; 0 means 1.
 	MaxInFlight int32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// Lease length for pushed jobs; unset = the job's, else the queue's.
 	LeaseDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=lease_duration,json=leaseDuration,proto3" json:"lease_duration,omitempty"`

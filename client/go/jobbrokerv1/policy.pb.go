@@ -294,9 +294,12 @@ type QueuePolicy struct {
 	MaxLength *int64     `protobuf:"varint,8,opt,name=max_length,json=maxLength,proto3,oneof" json:"max_length,omitempty"`
 	RateLimit *RateLimit `protobuf:"bytes,9,opt,name=rate_limit,json=rateLimit,proto3" json:"rate_limit,omitempty"`
 	// A paused queue accepts jobs but leases none. Default false.
-	Paused        *bool `protobuf:"varint,10,opt,name=paused,proto3,oneof" json:"paused,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Paused *bool `protobuf:"varint,10,opt,name=paused,proto3,oneof" json:"paused,omitempty"`
+	// The largest payload Enqueue accepts into this queue, in bytes; a larger one gets
+	// RESOURCE_EXHAUSTED. Default 1048576 (1 MiB); between 1 and 16777216 (16 MiB).
+	MaxPayloadBytes *int64 `protobuf:"varint,11,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3,oneof" json:"max_payload_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *QueuePolicy) Reset() {
@@ -399,6 +402,13 @@ func (x *QueuePolicy) GetPaused() bool {
 	return false
 }
 
+func (x *QueuePolicy) GetMaxPayloadBytes() int64 {
+	if x != nil && x.MaxPayloadBytes != nil {
+		return *x.MaxPayloadBytes
+	}
+	return 0
+}
+
 // The config file (--config), in proto3 JSON form.
 type ServerConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -478,7 +488,7 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"per_second\x18\x01 \x01(\x01H\x00R\tperSecond\x88\x01\x01\x12\x19\n" +
 	"\x05burst\x18\x02 \x01(\x05H\x01R\x05burst\x88\x01\x01B\r\n" +
 	"\v_per_secondB\b\n" +
-	"\x06_burst\"\xf3\x04\n" +
+	"\x06_burst\"\xba\x05\n" +
 	"\vQueuePolicy\x12,\n" +
 	"\x0fmax_concurrency\x18\x01 \x01(\x05H\x00R\x0emaxConcurrency\x88\x01\x01\x12:\n" +
 	"\x17max_concurrency_per_key\x18\x02 \x01(\x05H\x01R\x14maxConcurrencyPerKey\x88\x01\x01\x12/\n" +
@@ -492,11 +502,13 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"\n" +
 	"rate_limit\x18\t \x01(\v2\x17.jobbroker.v1.RateLimitR\trateLimit\x12\x1b\n" +
 	"\x06paused\x18\n" +
-	" \x01(\bH\x03R\x06paused\x88\x01\x01B\x12\n" +
+	" \x01(\bH\x03R\x06paused\x88\x01\x01\x12/\n" +
+	"\x11max_payload_bytes\x18\v \x01(\x03H\x04R\x0fmaxPayloadBytes\x88\x01\x01B\x12\n" +
 	"\x10_max_concurrencyB\x1a\n" +
 	"\x18_max_concurrency_per_keyB\r\n" +
 	"\v_max_lengthB\t\n" +
-	"\a_paused\"\xe6\x01\n" +
+	"\a_pausedB\x14\n" +
+	"\x12_max_payload_bytes\"\xe6\x01\n" +
 	"\fServerConfig\x12@\n" +
 	"\x0edefault_policy\x18\x01 \x01(\v2\x19.jobbroker.v1.QueuePolicyR\rdefaultPolicy\x12>\n" +
 	"\x06queues\x18\x02 \x03(\v2&.jobbroker.v1.ServerConfig.QueuesEntryR\x06queues\x1aT\n" +
