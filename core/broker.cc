@@ -14,7 +14,11 @@ Broker::Broker(Store& store, const Clock& clock, BrokerOptions options)
       clock_(clock),
       options_(std::move(options)),
       observer_(options_.observer != nullptr ? *options_.observer : NoObserver()),
-      pipeline_(store, options_.commit_mode, &clock, options_.observer) {}
+      pipeline_(store, options_.commit_mode, &clock, options_.observer,
+                // The ticker may sleep until some far deadline: wake it to schedule the retries.
+                [this](const absl::Status&) {
+                  if (options_.wake) options_.wake();
+                }) {}
 
 BrokerObserver& Broker::NoObserver() {
   static BrokerObserver* const none = new BrokerObserver();
@@ -32,59 +36,73 @@ absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& 
 }
 
 absl::Status Broker::Recover() {
-  struct Collector : RecoveryVisitor {
-    std::vector<Job> jobs;
-    std::vector<DedupEntry> dedup;
-    std::vector<std::pair<std::string, PolicyOverride>> policies;
-    void OnJob(Job job) override { jobs.push_back(std::move(job)); }
-    void OnDedup(DedupEntry entry) override { dedup.push_back(std::move(entry)); }
-    void OnPolicy(std::string queue, PolicyOverride policy) override {
-      policies.emplace_back(std::move(queue), std::move(policy));
-    }
-  } found;
   const absl::Time started = clock_.Now();
+  Recovered found;
   BROKER_RETURN_IF_ERROR(store_.Recover(found));
-
   uint64_t seq;
-  size_t expired = 0;
+  size_t expired;
   {
     absl::MutexLock lock(&mu_);
-    for (const auto& [name, unused] : options_.queue_policies) Queue(name);
-    for (auto& [name, policy] : found.policies) {
-      QueueState& q = Queue(name);
-      q.runtime = std::move(policy);
-      q.policy = EffectivePolicy(name, q.runtime);
-    }
-    for (Job& job : found.jobs) {
-      next_seq_ = std::max(next_seq_, job.seq + 1);
-      auto owned = std::make_unique<Job>(std::move(job));
-      Job& j = *owned;
-      if (!jobs_.emplace(j.id, std::move(owned)).second)
-        return absl::DataLossError(absl::StrCat("job ", j.id, " is stored twice"));
-      if (!jobs_by_seq_.emplace(j.seq, &j).second)
-        return absl::DataLossError(absl::StrCat("job ", j.id, " repeats sequence ", j.seq));
-      Queue(j.queue).all.insert(j.seq);
-      Index(j);
-    }
-    for (DedupEntry& e : found.dedup) {
-      dedup_expiry_.emplace(e.expires_at, e.queue, e.key);
-      auto key = std::make_pair(e.queue, e.key);
-      dedup_.insert_or_assign(std::move(key), std::move(e));
-    }
-    // Leases that ran out while the broker was down become failed attempts now.
     Transition t;
-    Effects fx;
-    absl::Time now = clock_.Now();
-    int budget = std::numeric_limits<int>::max();
-    while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
-      ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t, fx);
-      ++expired;
-    }
+    Effects fx;  // nobody is subscribed yet: nothing to deliver
+    expired = LoadLocked(found, clock_.Now(), t, fx);
     seq = CommitLocked(std::move(t));
   }
-  BROKER_RETURN_IF_ERROR(pipeline_.WaitDurable(seq));
+  // A failed write does not stop the start: the broker serves reads and refuses changes until
+  // the store takes writes again (Tick retries it), instead of exiting into a restart loop.
+  pipeline_.WaitDurable(seq).IgnoreError();
   observer_.Recovered(found.jobs.size(), expired, clock_.Now() - started);
   return absl::OkStatus();
+}
+
+size_t Broker::LoadLocked(Recovered& found, absl::Time now, Transition& t, Effects& fx) {
+  auto quarantine = [&](CorruptRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    observer_.CorruptRecordSkipped(record);
+    ++corrupt_records_;
+    if (record.kind == RecordKind::kJob)
+      corrupt_jobs_.insert_or_assign(std::move(record.key), std::move(record.reason));
+  };
+  for (CorruptRecord& record : found.corrupt) quarantine(std::move(record));
+  for (const auto& [name, unused] : options_.queue_policies) Queue(name);
+  for (auto& [name, policy] : found.policies) {
+    QueueState& q = Queue(name);
+    q.runtime = std::move(policy);
+    q.policy = EffectivePolicy(name, q.runtime);
+  }
+  for (Job& job : found.jobs) {
+    // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
+    absl::Status clash;
+    if (jobs_.contains(job.id)) {
+      clash = absl::DataLossError(absl::StrCat("job ", job.id, " is stored twice"));
+    } else if (auto other = jobs_by_seq_.find(job.seq); other != jobs_by_seq_.end()) {
+      clash = absl::DataLossError(
+          absl::StrCat("sequence number ", job.seq, " is also job ", other->second->id, "'s"));
+    }
+    if (!clash.ok()) {
+      quarantine(CorruptRecord{RecordKind::kJob, job.id, std::move(clash)});
+      continue;
+    }
+    next_seq_ = std::max(next_seq_, job.seq + 1);
+    auto owned = std::make_unique<Job>(std::move(job));
+    Job& j = *owned;
+    jobs_.emplace(j.id, std::move(owned));
+    jobs_by_seq_.emplace(j.seq, &j);
+    Queue(j.queue).all.insert(j.seq);
+    Index(j);
+  }
+  for (DedupEntry& e : found.dedup) {
+    dedup_expiry_.emplace(e.expires_at, e.queue, e.key);
+    auto key = std::make_pair(e.queue, e.key);
+    dedup_.insert_or_assign(std::move(key), std::move(e));
+  }
+  // Leases that ran out while the broker was down become failed attempts now.
+  size_t expired = 0;
+  int budget = std::numeric_limits<int>::max();
+  while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
+    ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t, fx);
+    ++expired;
+  }
+  return expired;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -105,7 +123,7 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
     if (written.ok()) {
       d.done(std::move(d.jobs));
     } else {
-      d.done(written);
+      d.done(NotDurable(written));
     }
   }
   if (!written.ok()) return;  // nothing was leased, lost or cancelled after all
@@ -116,11 +134,7 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
 
 absl::Status Broker::RefusalLocked() {
   if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
-  absl::Status storage = pipeline_.status();
-  if (!storage.ok())
-    return absl::UnavailableError(
-        absl::StrCat("the broker stopped writing after a storage error: ", storage.message()));
-  return absl::OkStatus();
+  return storage_status();
 }
 
 Broker::QueueState& Broker::Queue(const std::string& name) {
@@ -378,6 +392,7 @@ absl::Time Broker::NextDeadlineLocked() {
 }
 
 absl::Time Broker::Tick() {
+  MaybeResume();
   Effects fx;
   uint64_t seq;
   absl::Time next;
@@ -385,11 +400,16 @@ absl::Time Broker::Tick() {
     absl::MutexLock lock(&mu_);
     absl::Time now = clock_.Now();
     Transition t;
-    ProcessDue(now, t, fx);
-    // Rate-limited queues whose bucket refilled serve whoever waits for them.
-    for (auto& [name, q] : queues_) {
-      if (q->policy.rate_limit.per_second > 0 && !q->consumers.empty())
-        ServeConsumers(*q, now, t, fx);
+    // While the store refuses writes, nothing that needs one happens (expiries, leases,
+    // removals): memory will be rebuilt from the store before writes resume anyway.
+    const bool writable = pipeline_.healthy();
+    if (writable) {
+      ProcessDue(now, t, fx);
+      // Rate-limited queues whose bucket refilled serve whoever waits for them.
+      for (auto& [name, q] : queues_) {
+        if (q->policy.rate_limit.per_second > 0 && !q->consumers.empty())
+          ServeConsumers(*q, now, t, fx);
+      }
     }
     int budget = options_.tick_batch;
     while (!waiter_deadlines_.empty() && waiter_deadlines_.begin()->first <= now && budget-- > 0) {
@@ -399,15 +419,22 @@ absl::Time Broker::Tick() {
       fx.deliveries.push_back({std::move(it->second->done), {}});
       consumers_.erase(it);
     }
-    if (!shutting_down_ && pipeline_.status().ok()) {
+    if (!shutting_down_ && writable) {
       Retention(now, t, budget);
       ExpireDedup(now, t, budget);
     }
     seq = CommitLocked(std::move(t));
-    next = NextDeadlineLocked();
-    bool more = !leases_.empty() && leases_.begin()->first <= now;
-    more = more || (!scheduled_.empty() && scheduled_.begin()->first <= now);
-    if (budget <= 0 || more) next = now;
+    if (writable) {
+      next = NextDeadlineLocked();
+      bool more = !leases_.empty() && leases_.begin()->first <= now;
+      more = more || (!scheduled_.empty() && scheduled_.begin()->first <= now);
+      if (budget <= 0 || more) next = now;
+    } else {
+      // Only long polls time out meanwhile; and the store is tried again.
+      next = waiter_deadlines_.empty() ? absl::InfiniteFuture() : waiter_deadlines_.begin()->first;
+      if (!shutting_down_)
+        next = std::min(next, resume_at_ == absl::InfinitePast() ? now : resume_at_);
+    }
     next_wake_ = next;
   }
   Finish(seq, std::move(fx), nullptr);

@@ -46,6 +46,9 @@ struct BrokerOptions {
   CommitPipeline::Mode commit_mode = CommitPipeline::Mode::kBackground;
   // At most this much time-driven work (expiries, promotions, removals) per Tick.
   int tick_batch = 1000;
+  // After a store failure, how often Tick tries the store again (ResumeWrites). Default 1 s: a
+  // try costs one small synced write, and writes come back soon after space is freed.
+  absl::Duration store_retry_interval = absl::Seconds(1);
 };
 
 template <typename T>
@@ -61,21 +64,32 @@ using Done = absl::AnyInvocable<void(T)>;
 // tests and tools. Status codes: kInvalidArgument names the bad field; kNotFound for an unknown
 // job or queue; kFailedPrecondition for a stale lease or a job in the wrong state;
 // kAlreadyExists for a dedup key held with another payload; kResourceExhausted for a full
-// queue or an oversized field; kUnavailable while shutting down or after a storage failure.
+// queue or an oversized field; kUnavailable while shutting down.
+//
+// Storage failures: when a store write fails, nobody whose change was in it is told OK, and
+// every change is refused from then on (kResourceExhausted when the disk is full, kUnavailable
+// for other store errors), while reads keep working. Tick retries the store every
+// options.store_retry_interval; once it takes writes again, memory is rebuilt from the store
+// (the same recovery as Open) and changes are accepted again. A stored record that does not
+// decode is skipped at recovery: GetJob of that job answers kDataLoss.
 class Broker {
  public:
   // Recovers every job from `store`, rebuilds the indexes, and turns leases that ran out while
-  // the broker was down into failed attempts (LEASE_EXPIRED, with backoff). kDataLoss if a
-  // record is corrupt; kInvalidArgument if a policy in `options` is out of range.
+  // the broker was down into failed attempts (LEASE_EXPIRED, with backoff). Records that do not
+  // decode are skipped and reported to the observer. kInvalidArgument if a policy in `options`
+  // is out of range; the store's error if it cannot be read (kDataLoss, kUnavailable). A failed
+  // first write does not fail the open: the broker then starts refusing changes (see above).
   static absl::StatusOr<std::unique_ptr<Broker>> Open(Store& store, const Clock& clock,
                                                       BrokerOptions options);
   ~Broker();
   Broker(const Broker&) = delete;
   Broker& operator=(const Broker&) = delete;
 
-  // All or nothing: either every spec is enqueued (or deduplicated) or none is.
+  // All or nothing: either every spec is enqueued (or deduplicated) or none is. A refusal about
+  // one job starts with "jobs[i]." when there are several, or when `batch` says the caller
+  // sent a batch (the API's EnqueueBatch, even of one job).
   void EnqueueBatch(std::vector<EnqueueSpec> specs,
-                    Done<absl::StatusOr<std::vector<EnqueueResult>>> done);
+                    Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch = false);
   // Leases up to spec.max_jobs ready jobs. With `wait` > 0 and none ready, waits for one up to
   // `wait`, then answers with an empty list. Returns a handle for CancelWait (0 if answered).
   uint64_t Lease(LeaseSpec spec, absl::Duration wait,
@@ -157,7 +171,8 @@ class Broker {
   absl::StatusOr<QueueInfo> UpdateQueuePolicy(std::string queue, PolicyOverride policy,
                                               bool reset = false);
 
-  // Reads (no durability wait).
+  // Reads (no durability wait). GetJob of a job whose stored record was corrupt (skipped at
+  // recovery) is kDataLoss; DeleteJob removes such a record.
   absl::StatusOr<Job> GetJob(const std::string& job_id);
   absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec);
   absl::StatusOr<QueueInfo> GetQueue(const std::string& queue);
@@ -173,6 +188,19 @@ class Broker {
   // Waits until everything appended so far is durable.
   absl::Status Flush();
 
+  // After a store failure: tries the store now (Store::Resume). If it takes writes again,
+  // rebuilds memory from the store as Open does, so that memory holds exactly what is durable
+  // (a failed write may or may not be in it), and accepts changes again; Work streams are ended
+  // (kUnavailable: subscribe again) and waiting Leases answer empty, since what they held was
+  // rebuilt. OK if changes are accepted (at once when nothing had failed); the store's error
+  // if it still fails; kUnavailable while shutting down. Tick calls it when a retry is due.
+  absl::Status ResumeWrites();
+
+  // OK while the store takes writes; otherwise the refusal every change gets now.
+  absl::Status storage_status() const;
+  // Stored records the last recovery skipped because they do not decode (less those deleted).
+  int64_t corrupt_records() const;
+
   // Number of store writes so far (group commit shows as fewer writes than operations).
   uint64_t store_writes() const { return pipeline_.writes(); }
 
@@ -183,9 +211,26 @@ class Broker {
   // Orders jobs by deadline or due time; the seq breaks ties and identifies the job.
   using TimeKey = std::pair<absl::Time, uint64_t>;
 
+  struct Recovered;
+
   Broker(Store& store, const Clock& clock, BrokerOptions options);
   static BrokerObserver& NoObserver();
   absl::Status Recover();
+  // Builds memory from what the store held (`found`; memory must be empty) and turns leases that
+  // ran out into failed attempts, into `t`. Returns how many leases expired.
+  size_t LoadLocked(Recovered& found, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets every job, queue, dedup key and consumer, handing waiting Leases and streams out to
+  // be answered without the lock.
+  void ClearLocked(std::vector<Done<absl::StatusOr<std::vector<LeasedJob>>>>& waiting,
+                   std::vector<std::shared_ptr<StreamSink>>& streams)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls ResumeWrites if the store failed and a retry is due.
+  void MaybeResume();
+  // What a change gets while the store refuses writes after `cause`.
+  static absl::Status StorageRefusal(const absl::Status& cause);
+  // What a change whose write failed with `written` gets.
+  static absl::Status NotDurable(const absl::Status& written);
 
   // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
   uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -264,8 +309,8 @@ class Broker {
   void Delist(Consumer& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::StatusOr<std::vector<EnqueueResult>> EnqueueLocked(std::vector<EnqueueSpec>& specs,
-                                                           absl::Time now, Transition& t,
-                                                           Effects& fx)
+                                                           bool name_jobs, absl::Time now,
+                                                           Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `spec` names, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
   absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id)
@@ -296,6 +341,13 @@ class Broker {
 
   mutable absl::Mutex mu_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // After a store failure: when Tick next tries the store (InfinitePast: not scheduled yet), and
+  // whether a ResumeWrites is running.
+  absl::Time resume_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool resuming_ ABSL_GUARDED_BY(mu_) = false;
+  // Jobs whose stored record does not decode, with why; and corrupt records of every kind.
+  absl::flat_hash_map<std::string, absl::Status> corrupt_jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t corrupt_records_ ABSL_GUARDED_BY(mu_) = 0;
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_consumer_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -35,7 +35,7 @@ absl::Status Midway(const absl::Status& s, absl::string_view what, int64_t n) {
 }  // namespace
 
 void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
-  if (job_id.empty()) return done(absl::InvalidArgumentError("job_id is required"));
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return done(s);
   Run<Job>(std::move(done),
            [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<Job> {
@@ -142,7 +142,7 @@ void Broker::RetryLocked(Job& job, absl::Time now, Transition& t) {
 }
 
 void Broker::RetryJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
-  if (job_id.empty()) return done(absl::InvalidArgumentError("job_id is required"));
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return done(s);
   Run<Job>(std::move(done),
            [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<Job> {
@@ -248,13 +248,22 @@ void Broker::RetryJobs(RetryJobsSpec spec, Done<absl::StatusOr<RetryJobsResult>>
 }
 
 void Broker::DeleteJob(std::string job_id, Done<absl::Status> done) {
-  if (job_id.empty()) return done(absl::InvalidArgumentError("job_id is required"));
+  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return done(s);
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
             [this, job_id = std::move(job_id)](absl::Time, Transition& t, Effects&)
                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<bool> {
                   Job* job = FindJob(job_id);
-                  if (job == nullptr)
+                  if (job == nullptr) {
+                    // A record recovery could not read: deleting it is how an operator clears
+                    // it.
+                    if (auto c = corrupt_jobs_.find(job_id); c != corrupt_jobs_.end()) {
+                      t.delete_jobs.push_back(job_id);
+                      corrupt_jobs_.erase(c);
+                      --corrupt_records_;
+                      return true;
+                    }
                     return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+                  }
                   // Its worker holds a lease and would ack a job that no longer exists.
                   if (job->state == JobState::kActive)
                     return absl::FailedPreconditionError(
@@ -358,11 +367,7 @@ void Broker::RunBatches(std::shared_ptr<Batches> batches) {
         [this, batches, turn, ran, finished = std::move(finished)](absl::Status written) mutable {
           // Refused (shutting down, or writes stopped after a failure): no batch was made.
           if (!ran) return batches->done(finished.status(), /*lost=*/false);
-          if (!written.ok()) {
-            return batches->done(absl::UnavailableError(absl::StrCat(
-                                     "the change could not be made durable: ", written.message())),
-                                 /*lost=*/true);
-          }
+          if (!written.ok()) return batches->done(NotDurable(written), /*lost=*/true);
           if (!finished.ok()) return batches->done(finished.status(), /*lost=*/false);
           if (*finished) return batches->done(absl::OkStatus(), /*lost=*/false);
           if (turn->exchange(2) == 1) RunBatches(std::move(batches));
@@ -372,10 +377,16 @@ void Broker::RunBatches(std::shared_ptr<Batches> batches) {
 }
 
 absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id is required");
+  BROKER_RETURN_IF_ERROR(ValidateJobId(job_id));
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  if (job == nullptr) {
+    if (auto c = corrupt_jobs_.find(job_id); c != corrupt_jobs_.end())
+      return absl::DataLossError(
+          absl::StrCat("job ", job_id, " is corrupt in the store and was skipped at recovery (",
+                       c->second.message(), "); DeleteJob removes its record"));
+    return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  }
   return *job;
 }
 

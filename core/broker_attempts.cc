@@ -25,144 +25,144 @@ void Broker::Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>>
   if (absl::Status s = ValidateHeartbeatSpec(spec); !s.ok()) return done(s);
   Run<HeartbeatResult>(
       std::move(done),
-      [this, spec = std::move(spec)](
-          absl::Time now, Transition& t,
-          Effects&) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<HeartbeatResult> {
-        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
-        if (!found.ok()) return found.status();
-        Job& job = **found;
-        if (job.state != JobState::kActive)
-          return absl::FailedPreconditionError(
-              absl::StrCat("lease ", spec.lease_id, " of job ", job.id, " has ended (the job is ",
-                           JobStateName(job.state), "); stop working on it"));
-        Unindex(job);
-        absl::Duration extend =
-            spec.extend_by > absl::ZeroDuration() ? spec.extend_by : job.lease_length;
-        job.lease_deadline = now + extend;
-        if (spec.checkpoint.has_value()) job.checkpoint = std::move(*spec.checkpoint);
-        Index(job);
-        t.put_jobs.push_back(job);
-        return HeartbeatResult{job.lease_deadline, job.cancel_requested};
-      });
+      [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects&)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<HeartbeatResult> {
+            absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+            if (!found.ok()) return found.status();
+            Job& job = **found;
+            if (job.state != JobState::kActive)
+              return absl::FailedPreconditionError(absl::StrCat(
+                  "lease ", spec.lease_id, " of job ", job.id, " has ended (the job is ",
+                  JobStateName(job.state), "); stop working on it"));
+            Unindex(job);
+            absl::Duration extend =
+                spec.extend_by > absl::ZeroDuration() ? spec.extend_by : job.lease_length;
+            job.lease_deadline = now + extend;
+            if (spec.checkpoint.has_value()) job.checkpoint = std::move(*spec.checkpoint);
+            Index(job);
+            t.put_jobs.push_back(job);
+            return HeartbeatResult{job.lease_deadline, job.cancel_requested};
+          });
 }
 
 void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
   if (absl::Status s = ValidateAckSpec(spec); !s.ok()) return done(s);
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
-            [this, spec = std::move(spec)](
-                absl::Time now, Transition& t,
-                Effects& fx) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<bool> {
-              absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
-              if (!found.ok()) return found.status();
-              Job& job = **found;
-              if (job.state == JobState::kCompleted) return true;  // a retried Ack of this lease
-              if (job.state != JobState::kActive) {
-                // Late-ack salvage: the lease ran out but no newer attempt started, so the work the
-                // worker finished still counts and saves a needless rerun.
-                bool expired = !job.attempts.empty() &&
-                               job.attempts.back().attempt == job.attempt &&
-                               job.attempts.back().outcome == AttemptOutcome::kLeaseExpired;
-                if (!expired)
-                  return absl::FailedPreconditionError(
-                      absl::StrCat("attempt ", job.attempt, " of job ", job.id,
-                                   " already failed (the job is ", JobStateName(job.state), ")"));
-              }
-              Unindex(job);
-              FinishAttemptRecord(job, now, AttemptOutcome::kCompleted, "");
-              job.state = JobState::kCompleted;
-              job.fail_reason = FailReason::kNone;
-              job.result = std::move(spec.result);
-              job.completed_at = now;
-              Settle(job, now, t, fx);
-              return true;
-            });
+            [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
+                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
+                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+                  if (!found.ok()) return found.status();
+                  Job& job = **found;
+                  if (job.state == JobState::kCompleted)
+                    return true;  // a retried Ack of this lease
+                  if (job.state != JobState::kActive) {
+                    // Late-ack salvage: the lease ran out but no newer attempt started, so the work
+                    // the worker finished still counts and saves a needless rerun.
+                    bool expired = !job.attempts.empty() &&
+                                   job.attempts.back().attempt == job.attempt &&
+                                   job.attempts.back().outcome == AttemptOutcome::kLeaseExpired;
+                    if (!expired)
+                      return absl::FailedPreconditionError(absl::StrCat(
+                          "attempt ", job.attempt, " of job ", job.id,
+                          " already failed (the job is ", JobStateName(job.state), ")"));
+                  }
+                  Unindex(job);
+                  FinishAttemptRecord(job, now, AttemptOutcome::kCompleted, "");
+                  job.state = JobState::kCompleted;
+                  job.fail_reason = FailReason::kNone;
+                  job.result = std::move(spec.result);
+                  job.completed_at = now;
+                  Settle(job, now, t, fx);
+                  return true;
+                });
 }
 
 void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
   if (absl::Status s = ValidateFailSpec(spec); !s.ok()) return done(s);
-  Run<FailResult>(
-      std::move(done),
-      [this, spec = std::move(spec)](
-          absl::Time now, Transition& t,
-          Effects& fx) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<FailResult> {
-        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
-        if (!found.ok()) return found.status();
-        Job& job = **found;
-        std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
-        AttemptOutcome outcome =
-            spec.permanent ? AttemptOutcome::kPermanentError : AttemptOutcome::kError;
-        auto answer = [&job] {
-          FailResult r{job.state, absl::InfinitePast()};
-          if (job.state == JobState::kScheduled || job.state == JobState::kReady)
-            r.next_attempt_at = job.run_at;
-          return r;
-        };
-        if (job.state == JobState::kActive) {
-          Unindex(job);
-          FinishAttemptRecord(job, now, outcome, error);
-          EndAttemptFailed(job, now, outcome, std::move(error), spec.retry_after);
-          Settle(job, now, t, fx);
-          return answer();
-        }
-        const AttemptRecord* last =
-            job.attempts.empty() || job.attempts.back().attempt != job.attempt
-                ? nullptr
-                : &job.attempts.back();
-        if (last != nullptr && (last->outcome == AttemptOutcome::kError ||
-                                last->outcome == AttemptOutcome::kPermanentError)) {
-          return answer();  // a retried Fail of this lease
-        }
-        if (last == nullptr || last->outcome != AttemptOutcome::kLeaseExpired)
-          return absl::FailedPreconditionError(absl::StrCat("attempt ", job.attempt, " of job ",
-                                                            job.id, " already ended (the job is ",
-                                                            JobStateName(job.state), ")"));
-        // A late Fail of an expired attempt: keep the worker's error, and honour `permanent`.
-        Unindex(job);
-        job.attempts.back().outcome = outcome;
-        job.attempts.back().error = error;
-        job.last_error = std::move(error);
-        if (spec.permanent && !IsTerminal(job.state)) {
-          job.state = JobState::kFailed;
-          job.fail_reason = FailReason::kPermanent;
-          job.completed_at = now;
-          observer_.Dead(job);
-        }
-        Index(job);
-        t.put_jobs.push_back(job);
-        return answer();
-      });
+  Run<FailResult>(std::move(done),
+                  [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<FailResult> {
+                        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+                        if (!found.ok()) return found.status();
+                        Job& job = **found;
+                        std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
+                        AttemptOutcome outcome = spec.permanent ? AttemptOutcome::kPermanentError
+                                                                : AttemptOutcome::kError;
+                        auto answer = [&job] {
+                          FailResult r{job.state, absl::InfinitePast()};
+                          if (job.state == JobState::kScheduled || job.state == JobState::kReady)
+                            r.next_attempt_at = job.run_at;
+                          return r;
+                        };
+                        if (job.state == JobState::kActive) {
+                          Unindex(job);
+                          FinishAttemptRecord(job, now, outcome, error);
+                          EndAttemptFailed(job, now, outcome, std::move(error), spec.retry_after);
+                          // Before Settle: it may hand a job that is due at once to a waiting
+                          // lease, and the worker that failed it is told what its Fail did.
+                          FailResult r = answer();
+                          Settle(job, now, t, fx);
+                          return r;
+                        }
+                        const AttemptRecord* last =
+                            job.attempts.empty() || job.attempts.back().attempt != job.attempt
+                                ? nullptr
+                                : &job.attempts.back();
+                        if (last != nullptr && (last->outcome == AttemptOutcome::kError ||
+                                                last->outcome == AttemptOutcome::kPermanentError)) {
+                          return answer();  // a retried Fail of this lease
+                        }
+                        if (last == nullptr || last->outcome != AttemptOutcome::kLeaseExpired)
+                          return absl::FailedPreconditionError(absl::StrCat(
+                              "attempt ", job.attempt, " of job ", job.id,
+                              " already ended (the job is ", JobStateName(job.state), ")"));
+                        // A late Fail of an expired attempt: keep the worker's error, and honour
+                        // `permanent`.
+                        Unindex(job);
+                        job.attempts.back().outcome = outcome;
+                        job.attempts.back().error = error;
+                        job.last_error = std::move(error);
+                        if (spec.permanent && !IsTerminal(job.state)) {
+                          job.state = JobState::kFailed;
+                          job.fail_reason = FailReason::kPermanent;
+                          job.completed_at = now;
+                          observer_.Dead(job);
+                        }
+                        Index(job);
+                        t.put_jobs.push_back(job);
+                        return answer();
+                      });
 }
 
 void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
   if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return done(s);
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
-            [this, spec = std::move(spec)](
-                absl::Time now, Transition& t,
-                Effects& fx) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<bool> {
-              absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
-              if (!found.ok()) return found.status();
-              Job& job = **found;
-              if (job.state != JobState::kActive)
-                return absl::FailedPreconditionError(
-                    absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
-                                 " has ended (the job is ", JobStateName(job.state), ")"));
-              Unindex(job);
-              // Given back unstarted: the attempt does not count.
-              if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt)
-                job.attempts.pop_back();
-              --job.attempt;
-              job.lease_id.clear();
-              job.worker_id.clear();
-              job.lease_deadline = absl::InfinitePast();
-              job.lease_length = absl::ZeroDuration();
-              job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
-              if (job.state == JobState::kCancelled) job.completed_at = now;
-              job.run_at = now;
-              observer_.Released(job);
-              if (job.state == JobState::kCancelled) observer_.Cancelled(job);
-              Settle(job, now, t, fx);
-              return true;
-            });
+            [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
+                ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
+                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+                  if (!found.ok()) return found.status();
+                  Job& job = **found;
+                  if (job.state != JobState::kActive)
+                    return absl::FailedPreconditionError(
+                        absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
+                                     " has ended (the job is ", JobStateName(job.state), ")"));
+                  Unindex(job);
+                  // Given back unstarted: the attempt does not count.
+                  if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt)
+                    job.attempts.pop_back();
+                  --job.attempt;
+                  job.lease_id.clear();
+                  job.worker_id.clear();
+                  job.lease_deadline = absl::InfinitePast();
+                  job.lease_length = absl::ZeroDuration();
+                  job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
+                  if (job.state == JobState::kCancelled) job.completed_at = now;
+                  job.run_at = now;
+                  observer_.Released(job);
+                  if (job.state == JobState::kCancelled) observer_.Cancelled(job);
+                  Settle(job, now, t, fx);
+                  return true;
+                });
 }
 
 void Broker::Settle(Job& job, absl::Time now, Transition& t, Effects& fx) {

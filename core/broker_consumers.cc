@@ -29,7 +29,8 @@ absl::Time Broker::RefillTime(const QueueState& q) const {
 }
 
 bool Broker::CanLease(QueueState& q, absl::Time now) {
-  if (q.policy.paused || shutting_down_) return false;
+  // No lease while the store refuses writes: it could not be made durable.
+  if (q.policy.paused || shutting_down_ || !pipeline_.healthy()) return false;
   if (q.policy.max_concurrency > 0 && q.count(JobState::kActive) >= q.policy.max_concurrency)
     return false;
   if (q.policy.rate_limit.per_second > 0) {

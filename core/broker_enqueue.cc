@@ -8,7 +8,8 @@
 namespace jobbroker {
 
 void Broker::EnqueueBatch(std::vector<EnqueueSpec> specs,
-                          Done<absl::StatusOr<std::vector<EnqueueResult>>> done) {
+                          Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch) {
+  const bool name_jobs = batch || specs.size() > 1;
   if (specs.empty()) {
     done(absl::InvalidArgumentError("jobs must hold at least one job"));
     return;
@@ -21,22 +22,22 @@ void Broker::EnqueueBatch(std::vector<EnqueueSpec> specs,
   for (size_t i = 0; i < specs.size(); ++i) {
     absl::Status s = ValidateEnqueueSpec(specs[i]);
     if (!s.ok()) {
-      if (specs.size() > 1) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
+      if (name_jobs) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
       done(s);
       return;
     }
   }
   Run<std::vector<EnqueueResult>>(
       std::move(done),
-      [this, specs = std::move(specs)](absl::Time now, Transition& t,
-                                       Effects& fx) mutable ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return EnqueueLocked(specs, now, t, fx);
-      });
+      [this, specs = std::move(specs), name_jobs](absl::Time now, Transition& t, Effects& fx)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable {
+            return EnqueueLocked(specs, name_jobs, now, t, fx);
+          });
 }
 
 absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<EnqueueSpec>& specs,
-                                                                 absl::Time now, Transition& t,
-                                                                 Effects& fx) {
+                                                                 bool name_jobs, absl::Time now,
+                                                                 Transition& t, Effects& fx) {
   // First decide everything without changing anything, so a refusal changes nothing.
   struct Plan {
     int duplicate_of = -1;        // index of an earlier job of this batch with the same key
@@ -47,7 +48,14 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
   std::map<std::string, int64_t> new_live;
   for (size_t i = 0; i < specs.size(); ++i) {
     const EnqueueSpec& s = specs[i];
-    std::string where = specs.size() > 1 ? absl::StrCat("jobs[", i, "].") : "";
+    std::string where = name_jobs ? absl::StrCat("jobs[", i, "].") : "";
+    const QueueState* q = FindQueue(s.queue);
+    int64_t max_payload =
+        q == nullptr ? EffectivePolicy(s.queue, {}).max_payload_bytes : q->policy.max_payload_bytes;
+    if (static_cast<int64_t>(s.payload.size()) > max_payload)
+      return absl::ResourceExhaustedError(
+          absl::StrCat(where, "payload is ", s.payload.size(), " bytes; queue ", s.queue,
+                       " accepts at most ", max_payload, " (its policy's max_payload_bytes)"));
     if (!s.dedup_key.empty()) {
       auto key = std::make_pair(s.queue, s.dedup_key);
       uint64_t hash = PayloadHash(s.payload);

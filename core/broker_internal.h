@@ -108,6 +108,20 @@ struct Broker::Effects {
   bool wake = false;              // an earlier deadline appeared: wake the ticker
 };
 
+// Everything a store's Recover reported, collected so memory can be built under the lock.
+struct Broker::Recovered final : RecoveryVisitor {
+  std::vector<Job> jobs;
+  std::vector<DedupEntry> dedup;
+  std::vector<std::pair<std::string, PolicyOverride>> policies;
+  std::vector<CorruptRecord> corrupt;
+  void OnJob(Job job) override { jobs.push_back(std::move(job)); }
+  void OnDedup(DedupEntry entry) override { dedup.push_back(std::move(entry)); }
+  void OnPolicy(std::string queue, PolicyOverride policy) override {
+    policies.emplace_back(std::move(queue), std::move(policy));
+  }
+  void OnCorrupt(CorruptRecord record) override { corrupt.push_back(std::move(record)); }
+};
+
 inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
 
 // Runs an asynchronous operation and blocks for its answer.
@@ -131,8 +145,7 @@ void Broker::Reply(uint64_t seq, Effects fx, Done<absl::StatusOr<T>> done,
            if (written.ok()) {
              done(std::move(result));
            } else {
-             done(absl::UnavailableError(
-                 absl::StrCat("the change could not be made durable: ", written.message())));
+             done(NotDurable(written));
            }
          });
 }

@@ -1,8 +1,10 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -23,8 +25,11 @@ namespace jobbroker {
 // fsync. A reply waits for its own sequence number, which implies every earlier transition is
 // durable too, so nothing a caller was told can be lost.
 //
-// If a write fails, the pipeline stops: every pending and later callback gets that error and
-// status() reports it (memory is then ahead of disk; the process must restart and recover).
+// If a write fails, the pipeline stops: every pending and later callback gets that error,
+// status() reports it, and nothing more is written (memory is then ahead of disk, and writing
+// later transitions on top could persist a state that never existed). Once the store is
+// writable again and the owner has rebuilt its memory from the store, Reset() drops what was
+// appended meanwhile and the pipeline writes again.
 //
 // Thread-safe. `store` is borrowed and must outlive the pipeline.
 class CommitPipeline {
@@ -34,10 +39,14 @@ class CommitPipeline {
     kBackground,  // a writer thread batches appends (the server)
   };
   using Callback = absl::AnyInvocable<void(absl::Status)>;
+  using FailureHook = absl::AnyInvocable<void(const absl::Status&)>;
 
-  // `clock` times each write for `observer` (both borrowed; observer may be null).
+  // `clock` times each write for `observer` (both borrowed; observer may be null). `on_failure`
+  // (may be null) runs once per failure, right after the failed write, on the thread that wrote
+  // it and without the pipeline's lock (in kInline mode inside Append, so under the caller's
+  // locks): it must be quick and must not call the pipeline.
   CommitPipeline(Store& store, Mode mode, const Clock* clock = nullptr,
-                 BrokerObserver* observer = nullptr);
+                 BrokerObserver* observer = nullptr, FailureHook on_failure = nullptr);
   ~CommitPipeline();  // writes what is pending, then stops the writer
   CommitPipeline(const CommitPipeline&) = delete;
   CommitPipeline& operator=(const CommitPipeline&) = delete;
@@ -46,37 +55,58 @@ class CommitPipeline {
   // returns the last sequence number handed out, so waiting on it still orders after earlier ones.
   uint64_t Append(Transition t);
 
-  // Runs `done` once `seq` and everything before it are durable, with OK, or with the write error.
-  // Runs it at once, on this thread, if that is already known.
+  // Runs `done` once `seq` and everything before it are durable, with OK, or with the write error
+  // (also for a `seq` that Reset() dropped). Runs it at once, on this thread, if that is already
+  // known.
   void WhenDurable(uint64_t seq, Callback done);
 
   // Blocks until `seq` is durable; the write's status.
   absl::Status WaitDurable(uint64_t seq);
 
-  // OK, or the first write error.
+  // OK, or the write error that stopped the pipeline (until Reset()).
   absl::Status status() const;
+  // status().ok() without taking the lock, for hot paths.
+  bool healthy() const { return healthy_.load(std::memory_order_acquire); }
+  // When the pipeline stopped (by the clock given; InfinitePast without one or while healthy).
+  absl::Time failed_at() const;
+
+  // After a failure: the caller has made the store writable again (Store::Resume) and rebuilt its
+  // memory from the store. Drops every transition appended since the failure (their callbacks had
+  // the error, and any later WhenDurable for them gets it too), and writes again. Waits for a
+  // write in progress to finish. Nothing to do while healthy.
+  void Reset();
 
   // Number of Store::Write calls so far (for tests and metrics: fewer writes than appends shows
-  // group commit at work).
+  // group commit at work). Transitions dropped after a failure were never written: not counted.
   uint64_t writes() const;
 
  private:
   void WriterLoop();
-  // Writes `batch` covering sequence numbers up to `last` and runs the callbacks it satisfied.
-  void WriteAndNotify(std::vector<Transition> batch, uint64_t last);
+  // Writes `batch` covering sequence numbers up to `last` (unless `broken`: then it only fails
+  // them) and runs the callbacks it settled.
+  void WriteAndNotify(std::vector<Transition> batch, uint64_t last, bool broken);
+  // The error a dropped `seq` was dropped for, or nullptr.
+  const absl::Status* DroppedLocked(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store& store_;
   const Mode mode_;
   const Clock* const clock_;
   BrokerObserver* const observer_;
+  FailureHook on_failure_;
   mutable absl::Mutex mu_;
   absl::CondVar work_cv_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t durable_seq_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::atomic<bool> healthy_{true};
+  // Sequence ranges Reset() dropped: first -> (last, the error they were dropped for). One entry
+  // per failure, so it stays tiny.
+  std::map<uint64_t, std::pair<uint64_t, absl::Status>> dropped_ ABSL_GUARDED_BY(mu_);
   std::vector<Transition> pending_ ABSL_GUARDED_BY(mu_);
   std::multimap<uint64_t, Callback> waiters_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the writer thread holds a batch
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
   // kInline: serialises Store::Write calls made on callers' threads.

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/job.h"
+#include "core/store.h"
 
 namespace jobbroker {
 
@@ -41,8 +42,16 @@ class BrokerObserver {
   virtual void Recovered(size_t /*jobs*/, size_t /*expired_leases*/, absl::Duration /*took*/) {}
   // One synced store write of `transitions` transitions took `took`.
   virtual void Committed(size_t /*transitions*/, absl::Duration /*took*/) {}
-  // A store write failed: the broker refuses every change from now on, until a restart.
+  // A store write failed: the broker refuses every change (kResourceExhausted when the disk is
+  // full, kUnavailable otherwise) until the store recovers. Called once per failure, from the
+  // thread that wrote.
   virtual void StoreFailed(const absl::Status& /*status*/) {}
+  // The store took writes again after the failure `cause`, `outage` ago (by the broker's
+  // clock), and the broker rebuilt its memory from it: changes are accepted again.
+  virtual void StoreResumed(const absl::Status& /*cause*/, absl::Duration /*outage*/) {}
+  // Recovery skipped a stored record that does not decode. Called once per record at each
+  // recovery (start, and after a storage failure).
+  virtual void CorruptRecordSkipped(const CorruptRecord& /*record*/) {}
 };
 
 // Passes every event on to each of `observers` (borrowed), in order.
@@ -78,6 +87,12 @@ class TeeObserver final : public BrokerObserver {
   }
   void StoreFailed(const absl::Status& status) override {
     for (BrokerObserver* o : observers_) o->StoreFailed(status);
+  }
+  void StoreResumed(const absl::Status& cause, absl::Duration outage) override {
+    for (BrokerObserver* o : observers_) o->StoreResumed(cause, outage);
+  }
+  void CorruptRecordSkipped(const CorruptRecord& record) override {
+    for (BrokerObserver* o : observers_) o->CorruptRecordSkipped(record);
   }
 
  private:

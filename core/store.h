@@ -29,13 +29,38 @@ struct Transition {
   }
 };
 
-// What the broker reads back at start.
+// Which kind of record a corrupt one was.
+enum class RecordKind { kJob, kDedup, kPolicy };
+inline const char* RecordKindName(RecordKind kind) {
+  switch (kind) {
+    case RecordKind::kJob:
+      return "job";
+    case RecordKind::kDedup:
+      return "dedup";
+    case RecordKind::kPolicy:
+      return "policy";
+  }
+  return "unknown";
+}
+
+// A stored record that recovery could not decode. `key` is the record's key as stored (the job
+// id for a job; queue + '\0' + dedup key for a dedup entry; the queue for a policy); `reason`
+// says what is wrong with it and never holds the record's bytes (they may hold a payload).
+struct CorruptRecord {
+  RecordKind kind = RecordKind::kJob;
+  std::string key;
+  absl::Status reason;
+};
+
+// What the broker reads back at start (and after a storage failure, to rebuild memory).
 class RecoveryVisitor {
  public:
   virtual ~RecoveryVisitor() = default;
   virtual void OnJob(Job job) = 0;
   virtual void OnDedup(DedupEntry entry) = 0;
   virtual void OnPolicy(std::string queue, PolicyOverride policy) = 0;
+  // A record that does not decode: skipped, so the rest can still be served.
+  virtual void OnCorrupt(CorruptRecord record) = 0;
 };
 
 // The durable store behind the broker. Implementations: MemoryStore (tests), RocksDbStore.
@@ -46,12 +71,22 @@ class Store {
 
   // Applies `transitions` in order as one atomic, durable write: when it returns OK, all of them
   // survive a crash. On error the outcome is unknown (a failed fsync may leave the batch in the
-  // log): the caller must stop writing and acknowledge nothing of it.
+  // log): the caller must stop writing, acknowledge nothing of it, and call Resume() before it
+  // writes again. kResourceExhausted when the disk is full; kUnavailable for other I/O errors.
   virtual absl::Status Write(absl::Span<const Transition> transitions) = 0;
 
-  // Visits every stored policy override, then dedup entry, then job, each in key order.
-  // kDataLoss for a corrupt record.
+  // Visits every stored policy override, then dedup entry, then job, each in key order. A record
+  // that does not decode goes to OnCorrupt and the scan goes on. kDataLoss only if the store
+  // cannot be read past some point (the visitor may have seen earlier records by then);
+  // kUnavailable for I/O errors.
   virtual absl::Status Recover(RecoveryVisitor& visitor) = 0;
+
+  // After a failed Write: makes the store accept writes again if it can. OK means a synced write
+  // just succeeded (a later one may still fail); then Recover() reads what is durable, which may
+  // or may not include the failed write. The cause otherwise (kResourceExhausted while the disk
+  // is still full, kUnavailable otherwise); the caller tries again later. OK at once when nothing
+  // failed.
+  virtual absl::Status Resume() = 0;
 };
 
 }  // namespace jobbroker

@@ -19,7 +19,8 @@ class StreamSink {
   virtual void LeaseLost(std::string job_id) = 0;
   // An operator cancelled a job this stream holds.
   virtual void CancelRequested(std::string job_id) = 0;
-  // The broker is shutting down: no more pushes; end the stream with `status`.
+  // The broker is shutting down, or rebuilt its state after a storage failure (the worker
+  // subscribes again): no more pushes; end the stream with `status`.
   virtual void End(absl::Status status) = 0;
 };
 

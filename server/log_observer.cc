@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "server/log.h"
@@ -97,9 +98,32 @@ void LogObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration t
 }
 
 void LogObserver::StoreFailed(const absl::Status& status) {
+  const bool full = status.code() == absl::StatusCode::kResourceExhausted;
   Log::Write(LogLevel::kError, "store_write_failed",
              {{"reason", status.ToString()},
-              {"effect", "every change is refused with UNAVAILABLE until a restart"}});
+              {"effect", full ? "every change is refused with RESOURCE_EXHAUSTED until space is "
+                                "freed; reads still work; the store is retried in the background"
+                              : "every change is refused with UNAVAILABLE until the store "
+                                "recovers; reads still work; the store is retried in the "
+                                "background"}});
+}
+
+void LogObserver::StoreResumed(const absl::Status& cause, absl::Duration outage) {
+  Log::Write(LogLevel::kInfo, "store_resumed",
+             {{"reason", cause.ToString()},
+              {"outage_ms", absl::StrCat(absl::ToInt64Milliseconds(outage))},
+              {"effect", "memory was rebuilt from the store; changes are accepted again"}});
+}
+
+void LogObserver::CorruptRecordSkipped(const CorruptRecord& record) {
+  // The key and what is wrong, never the record's bytes: they may hold a payload.
+  Log::Write(LogLevel::kError, "corrupt_record",
+             {{"record", RecordKindName(record.kind)},
+              {"key", absl::CHexEscape(record.key)},
+              {"reason", std::string(record.reason.message())},
+              {"effect", record.kind == RecordKind::kJob
+                             ? "the job is skipped: GetJob answers DATA_LOSS, DeleteJob removes it"
+                             : "the record is skipped"}});
 }
 
 }  // namespace jobbroker

@@ -18,6 +18,8 @@ class LogObserver final : public BrokerObserver {
   void Released(const Job& job) override;
   void Recovered(size_t jobs, size_t expired_leases, absl::Duration took) override;
   void StoreFailed(const absl::Status& status) override;
+  void StoreResumed(const absl::Status& cause, absl::Duration outage) override;
+  void CorruptRecordSkipped(const CorruptRecord& record) override;
 };
 
 }  // namespace jobbroker

@@ -57,8 +57,18 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
   prometheus::ClientMetric w;
   w.counter.value = static_cast<double>(broker_.store_writes());
   writes.metric.push_back(std::move(w));
+  prometheus::MetricFamily writable =
+      family("jobbroker_storage_writable",
+             "1 while the store takes writes; 0 while a store failure (disk full, I/O error) makes "
+             "the broker refuse every change.");
+  gauge(writable, {}, broker_.storage_status().ok() ? 1 : 0);
+  prometheus::MetricFamily corrupt =
+      family("jobbroker_corrupt_records",
+             "Stored records the last recovery skipped because they do not decode.");
+  gauge(corrupt, {}, static_cast<double>(broker_.corrupt_records()));
   std::vector<prometheus::MetricFamily> out;
-  for (auto* f : {&jobs, &age, &waiting, &active, &dead, &writes}) out.push_back(std::move(*f));
+  for (auto* f : {&jobs, &age, &waiting, &active, &dead, &writes, &writable, &corrupt})
+    out.push_back(std::move(*f));
   return out;
 }
 

@@ -60,10 +60,11 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r)
       wal_batch_(Histogram(r, "jobbroker_wal_batch_transitions",
                            "State transitions made durable by one synced store write.")
                      .Add({}, kBatch)),
-      store_failures_(Counter(r, "jobbroker_store_write_failures_total",
-                              "Failed store writes; after one the broker refuses every change "
-                              "until it is restarted.")
-                          .Add({})) {}
+      storage_errors_(Counter(r, "jobbroker_storage_errors_total",
+                              "Failed store writes, by kind (no_space, io_error); after one the "
+                              "broker refuses every change until the store takes writes again.")),
+      no_space_(storage_errors_.Add({{"kind", "no_space"}})),
+      io_error_(storage_errors_.Add({{"kind", "io_error"}})) {}
 
 MetricsObserver::~MetricsObserver() = default;
 
@@ -142,6 +143,8 @@ void MetricsObserver::Committed(size_t transitions, absl::Duration took) {
   wal_batch_.Observe(static_cast<double>(transitions));
 }
 
-void MetricsObserver::StoreFailed(const absl::Status&) { store_failures_.Increment(); }
+void MetricsObserver::StoreFailed(const absl::Status& status) {
+  (status.code() == absl::StatusCode::kResourceExhausted ? no_space_ : io_error_).Increment();
+}
 
 }  // namespace jobbroker

@@ -14,7 +14,8 @@ namespace jobbroker {
 
 // Counts and times the broker's work in a prometheus-cpp registry: jobs enqueued,
 // deduplicated, leased, attempts by outcome, retries, deaths by reason, cancels, releases;
-// schedule-to-start and run-time histograms per queue; WAL sync time and batch size.
+// schedule-to-start and run-time histograms per queue; WAL sync time and batch size; failed
+// store writes by kind.
 //
 // The broker calls it under its own lock, which also guards the per-queue cache of metric
 // handles (so a hot-path event is a hash lookup and an atomic add); Committed() comes from the
@@ -50,7 +51,9 @@ class MetricsObserver final : public BrokerObserver {
   prometheus::Family<prometheus::Histogram>& run_;
   prometheus::Histogram& wal_sync_;
   prometheus::Histogram& wal_batch_;
-  prometheus::Counter& store_failures_;
+  prometheus::Family<prometheus::Counter>& storage_errors_;
+  prometheus::Counter& no_space_;
+  prometheus::Counter& io_error_;
   absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> queues_;
 };
 

@@ -27,9 +27,7 @@ absl::Status MemoryStore::Write(absl::Span<const Transition> transitions) {
   }
 
   absl::MutexLock lock(&mu_);
-  if (writes_before_failure_ == 0) {
-    return absl::UnavailableError("injected write failure");
-  }
+  if (writes_before_failure_ == 0) return injected_failure_;
   if (writes_before_failure_ > 0) --writes_before_failure_;
 
   for (const Transition& t : transitions) {
@@ -63,9 +61,23 @@ absl::Status MemoryStore::Recover(RecoveryVisitor& visitor) {
   return absl::OkStatus();
 }
 
-void MemoryStore::FailWritesAfter(int n) {
+void MemoryStore::FailWritesAfter(int n, absl::Status error) {
   absl::MutexLock lock(&mu_);
   writes_before_failure_ = n < 0 ? -1 : n;
+  injected_failure_ = std::move(error);
+}
+
+absl::Status MemoryStore::Resume() {
+  absl::MutexLock lock(&mu_);
+  ++resume_calls_;
+  // A write now would fail: still broken.
+  if (writes_before_failure_ == 0) return injected_failure_;
+  return absl::OkStatus();
+}
+
+int64_t MemoryStore::resume_calls() const {
+  absl::MutexLock lock(&mu_);
+  return resume_calls_;
 }
 
 std::optional<Job> MemoryStore::FindJob(absl::string_view id) const {

@@ -36,16 +36,19 @@ class MemoryStore final : public Store {
   MemoryStore& operator=(const MemoryStore&) = delete;
 
   // OK, or kInvalidArgument (nothing applied) if a dedup put or delete names a queue containing
-  // '\0' (RocksDbStore cannot key it), or kUnavailable (nothing applied) once FailWritesAfter's
+  // '\0' (RocksDbStore cannot key it), or FailWritesAfter's error (nothing applied) once its
   // budget is spent.
   absl::Status Write(absl::Span<const Transition> transitions) override;
   // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
   absl::Status Recover(RecoveryVisitor& visitor) override;
+  // OK unless FailWritesAfter's budget is spent (then its error): nothing else can break.
+  absl::Status Resume() override;
 
   // Fault injection (LevelDB SpecialEnv style): after `n` more successful Write calls (an empty
-  // span counts), every Write returns kUnavailable("injected write failure") and applies nothing.
-  // n = 0 fails the next write; a negative n turns injection off again.
-  void FailWritesAfter(int n);
+  // span counts), every Write returns `error` and applies nothing. n = 0 fails the next write; a
+  // negative n turns injection off again.
+  void FailWritesAfter(int n,
+                       absl::Status error = absl::UnavailableError("injected write failure"));
 
   // Inspection for tests: the stored job, if any; counts of stored records; Write calls that
   // returned OK.
@@ -54,6 +57,7 @@ class MemoryStore final : public Store {
   size_t dedup_count() const;
   size_t policy_count() const;
   int64_t successful_writes() const;
+  int64_t resume_calls() const;
 
  private:
   mutable absl::Mutex mu_;
@@ -62,7 +66,9 @@ class MemoryStore final : public Store {
   std::map<std::string, PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
   // Write calls left before injected failures start; negative = never.
   int writes_before_failure_ ABSL_GUARDED_BY(mu_) = -1;
+  absl::Status injected_failure_ ABSL_GUARDED_BY(mu_);
   int64_t successful_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t resume_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace jobbroker

@@ -10,22 +10,28 @@
 #include "absl/strings/string_view.h"
 #include "core/status_macros.h"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/iterator.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/options.h"
 #include "rocksdb/snapshot.h"
 #include "rocksdb/status.h"
 #include "rocksdb/utilities/table_properties_collectors.h"
 #include "rocksdb/write_batch.h"
 #include "storage/record_codec.h"
+#include "storage/rocksdb_info_log.h"
 
 namespace jobbroker {
 namespace {
 
-// Maps RocksDB's codes onto the canonical ones by who should act: I/O trouble is kUnavailable
-// (the operator fixes the disk, the caller retries later), corruption is kDataLoss.
+// Maps RocksDB's codes onto the canonical ones by who should act: a full disk is
+// kResourceExhausted (the operator frees space, writes come back), other I/O trouble is
+// kUnavailable (the operator fixes the disk, the caller retries later), corruption is kDataLoss.
 absl::Status FromRocksDb(const rocksdb::Status& s, absl::string_view context) {
   if (s.ok()) return absl::OkStatus();
   std::string message = absl::StrCat(context, ": ", s.ToString());
+  if (s.IsNoSpace() || s.subcode() == rocksdb::Status::kSpaceLimit)
+    return absl::ResourceExhaustedError(message);
   switch (s.code()) {
     case rocksdb::Status::kOk:
       return absl::OkStatus();
@@ -83,11 +89,41 @@ absl::Status RecordError(const char* column_family, absl::string_view key,
                                                  "\": ", cause.message()));
 }
 
+// RocksDB would otherwise try to recover from some background errors by itself (a full disk:
+// polling free space; retryable I/O errors: resuming in a loop) while the broker runs its own
+// retry loop. One loop is simpler to reason about and to log.
+class NoAutoRecovery final : public rocksdb::EventListener {
+ public:
+  void OnErrorRecoveryBegin(rocksdb::BackgroundErrorReason, rocksdb::Status bg_error,
+                            bool* auto_recovery) override {
+    bg_error.PermitUncheckedError();
+    *auto_recovery = false;
+  }
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
                                                                  RocksDbStoreOptions opts) {
+  std::unique_ptr<RocksDbStore> store(new RocksDbStore(dir, opts));
+  absl::MutexLock lock(&store->mu_);
+  BROKER_RETURN_IF_ERROR(store->OpenLocked());
+  return store;
+}
+
+RocksDbStore::RocksDbStore(std::string dir, RocksDbStoreOptions opts)
+    : dir_(std::move(dir)),
+      opts_(opts),
+      listener_(std::make_shared<NoAutoRecovery>()),
+      info_log_(std::make_shared<RocksDbInfoLog>(dir_, size_t{16} << 20)) {}
+
+absl::Status RocksDbStore::OpenLocked() {
+  const std::string& dir = dir_;
+  const RocksDbStoreOptions& opts = opts_;
   rocksdb::DBOptions db_options;
+  if (opts.env != nullptr) db_options.env = opts.env;
+  db_options.listeners.push_back(listener_);
+  db_options.max_bgerror_resume_count = 0;  // see NoAutoRecovery
   db_options.create_if_missing = true;
   db_options.create_missing_column_families = true;
   // Flushes and compactions get their own threads instead of RocksDB's default of one shared
@@ -101,9 +137,9 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   // replay stops at a torn WAL tail (a write that was never acknowledged) and keeps every synced
   // write before it, instead of refusing to open.
   db_options.wal_recovery_mode = rocksdb::WALRecoveryMode::kPointInTimeRecovery;
-  // The info LOG of a long-running broker would otherwise grow and rotate without bound.
-  db_options.max_log_file_size = size_t{16} << 20;
-  db_options.keep_log_file_num = 5;
+  // Our own info LOG (16 MiB, then LOG.old): RocksDB's would take the process down when the
+  // disk fills (storage/rocksdb_info_log.h).
+  db_options.info_log = info_log_;
 
   rocksdb::ColumnFamilyOptions base;
   base.write_buffer_size = opts.write_buffer_size;
@@ -143,21 +179,38 @@ absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::stri
   rocksdb::Status s = rocksdb::DB::Open(db_options, dir, descriptors, &handles, &raw_db);
   if (!s.ok()) return FromRocksDb(s, absl::StrCat("open ", dir));
 
-  // From here the store owns the database, so an error below closes it again.
-  std::unique_ptr<RocksDbStore> store(new RocksDbStore(dir));
-  store->db_.reset(raw_db);
-  store->handles_ = std::move(handles);
-  store->meta_ = store->handles_[0];
-  store->jobs_ = store->handles_[1];
-  store->dedup_ = store->handles_[2];
-  store->policies_ = store->handles_[3];
-  BROKER_RETURN_IF_ERROR(store->CheckFormat());
-  return store;
+  // From here the store owns the database (the destructor closes it on any error below).
+  db_.reset(raw_db);
+  handles_ = std::move(handles);
+  meta_ = handles_[0];
+  jobs_ = handles_[1];
+  dedup_ = handles_[2];
+  policies_ = handles_[3];
+  closed_ = absl::OkStatus();
+  return CheckFormatLocked();
 }
 
-RocksDbStore::RocksDbStore(std::string dir) : dir_(std::move(dir)) {}
+void RocksDbStore::CloseLocked() {
+  if (db_ == nullptr) return;
+  // RocksDB requires every handle Open returned to be destroyed before the DB is deleted.
+  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
+    db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+  }
+  // Every acknowledged write was synced, so a failed Close loses nothing; there is no one left
+  // to report it to.
+  db_->Close().PermitUncheckedError();
+  db_.reset();
+  handles_.clear();
+  meta_ = jobs_ = dedup_ = policies_ = nullptr;
+}
 
-absl::Status RocksDbStore::CheckFormat() {
+absl::Status RocksDbStore::CheckOpenLocked() const {
+  if (db_ != nullptr) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("store in ", dir_, " is closed: reopening it failed: ", closed_.message()));
+}
+
+absl::Status RocksDbStore::CheckFormatLocked() {
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_, kRocksDbFormatKey, &value);
   if (s.IsNotFound()) {
@@ -194,18 +247,60 @@ absl::Status RocksDbStore::CheckFormat() {
 }
 
 RocksDbStore::~RocksDbStore() {
-  if (db_ == nullptr) return;
-  // RocksDB requires every handle Open returned to be destroyed before the DB is deleted.
-  for (rocksdb::ColumnFamilyHandle* handle : handles_) {
-    db_->DestroyColumnFamilyHandle(handle).PermitUncheckedError();
+  absl::MutexLock lock(&mu_);
+  CloseLocked();
+}
+
+absl::Status RocksDbStore::ProbeDisk() const {
+  rocksdb::Env* env = opts_.env != nullptr ? opts_.env : rocksdb::Env::Default();
+  // Not a name RocksDB uses, so it never mistakes the file for one of its own.
+  const std::string path = absl::StrCat(dir_, "/RESUME-PROBE");
+  std::unique_ptr<rocksdb::WritableFile> file;
+  rocksdb::Status s = env->NewWritableFile(path, &file, rocksdb::EnvOptions());
+  if (s.ok()) {
+    // A flush needs room for a few blocks at least; one byte fitting proves little.
+    s = file->Append(std::string(kResumeProbeBytes, '\0'));
+    if (s.ok()) s = file->Sync();
+    rocksdb::Status closed = file->Close();
+    if (s.ok()) s = closed;
   }
-  // Every acknowledged write was synced, so a failed Close loses nothing; there is no one left
-  // to report it to.
-  db_->Close().PermitUncheckedError();
-  db_.reset();
+  env->DeleteFile(path).PermitUncheckedError();
+  return FromRocksDb(s, absl::StrCat("write to ", dir_));
+}
+
+absl::Status RocksDbStore::Resume() {
+  absl::MutexLock lock(&mu_);
+  // While the disk still fails, leave the database alone: RocksDB keeps serving reads, and a
+  // DB::Resume() that fails part-way can leave an error behind that a later one cannot clear.
+  BROKER_RETURN_IF_ERROR(ProbeDisk());
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  // Rewriting the marker with its own value changes nothing, and proves a synced write works.
+  auto probe = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return FromRocksDb(
+        db_->Put(sync, meta_, kRocksDbFormatKey, std::to_string(kRocksDbStoreFormatVersion)),
+        absl::StrCat("write to ", dir_));
+  };
+  if (db_ != nullptr) {
+    absl::Status s = FromRocksDb(db_->Resume(), absl::StrCat("resume ", dir_));
+    if (s.ok()) s = probe();
+    if (s.ok()) return s;
+  }
+  // RocksDB will not resume (it deems the error fatal): close and open again, which replays the
+  // WAL as a restart would. The broker serves reads from memory meanwhile, so a store left
+  // closed by a failed reopen only waits for the next Resume().
+  CloseLocked();
+  if (absl::Status s = OpenLocked(); !s.ok()) {
+    closed_ = s;
+    CloseLocked();
+    return s;
+  }
+  return probe();
 }
 
 absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::WriteBatch batch;
   auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
   for (const Transition& t : transitions) {
@@ -239,6 +334,8 @@ absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
 }
 
 uint64_t RocksDbStore::LiveDataBytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (db_ == nullptr) return 0;
   uint64_t total = 0;
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     uint64_t v = 0;
@@ -248,6 +345,8 @@ uint64_t RocksDbStore::LiveDataBytes() const {
 }
 
 uint64_t RocksDbStore::PendingCompactionBytes() const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (db_ == nullptr) return 0;
   uint64_t total = 0;
   for (rocksdb::ColumnFamilyHandle* h : handles_) {
     uint64_t v = 0;
@@ -257,6 +356,8 @@ uint64_t RocksDbStore::PendingCompactionBytes() const {
 }
 
 absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   // One snapshot for all column families, so the three scans see the same instant.
   rocksdb::ManagedSnapshot snapshot(db_.get());
   rocksdb::ReadOptions read_options;
@@ -264,47 +365,51 @@ absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
   // Each block is read once at start; caching it would only evict what serving needs later.
   read_options.fill_cache = false;
 
-  auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name,
-                  auto&& visit) -> absl::Status {
+  // A record that does not decode is reported and skipped: one bad record must not keep every
+  // other job from being served. An error of the scan itself (a corrupt block, an I/O error)
+  // ends it: RocksDB cannot step past it.
+  auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name, RecordKind kind,
+                  auto&& visit) ABSL_SHARED_LOCKS_REQUIRED(mu_) -> absl::Status {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, handle));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       absl::string_view key = View(it->key());
       absl::Status s = visit(key, View(it->value()));
-      if (!s.ok()) return RecordError(name, key, s);
+      if (!s.ok()) visitor.OnCorrupt({kind, std::string(key), RecordError(name, key, s)});
     }
     return FromRocksDb(it->status(), absl::StrCat("scan ", name, " in ", dir_));
   };
 
-  BROKER_RETURN_IF_ERROR(scan(policies_, kRocksDbPoliciesColumnFamily,
+  BROKER_RETURN_IF_ERROR(scan(policies_, kRocksDbPoliciesColumnFamily, RecordKind::kPolicy,
                               [&](absl::string_view key, absl::string_view value) {
                                 absl::StatusOr<PolicyOverride> policy = DecodePolicy(value);
                                 if (!policy.ok()) return policy.status();
                                 visitor.OnPolicy(std::string(key), *std::move(policy));
                                 return absl::OkStatus();
                               }));
-  BROKER_RETURN_IF_ERROR(
-      scan(dedup_, kRocksDbDedupColumnFamily, [&](absl::string_view key, absl::string_view value) {
-        size_t sep = key.find('\0');
-        if (sep == absl::string_view::npos) {
-          return absl::DataLossError("key has no NUL between queue and dedup key");
-        }
-        absl::StatusOr<DedupEntry> entry =
-            DecodeDedup(key.substr(0, sep), key.substr(sep + 1), value);
-        if (!entry.ok()) return entry.status();
-        visitor.OnDedup(*std::move(entry));
-        return absl::OkStatus();
-      }));
-  BROKER_RETURN_IF_ERROR(
-      scan(jobs_, kRocksDbJobsColumnFamily, [&](absl::string_view key, absl::string_view value) {
-        absl::StatusOr<Job> job = DecodeJob(value);
-        if (!job.ok()) return job.status();
-        if (job->id != key) {
-          return absl::DataLossError(
-              absl::StrCat("record holds job \"", absl::CHexEscape(job->id), "\""));
-        }
-        visitor.OnJob(*std::move(job));
-        return absl::OkStatus();
-      }));
+  BROKER_RETURN_IF_ERROR(scan(dedup_, kRocksDbDedupColumnFamily, RecordKind::kDedup,
+                              [&](absl::string_view key, absl::string_view value) {
+                                size_t sep = key.find('\0');
+                                if (sep == absl::string_view::npos) {
+                                  return absl::DataLossError(
+                                      "key has no NUL between queue and dedup key");
+                                }
+                                absl::StatusOr<DedupEntry> entry =
+                                    DecodeDedup(key.substr(0, sep), key.substr(sep + 1), value);
+                                if (!entry.ok()) return entry.status();
+                                visitor.OnDedup(*std::move(entry));
+                                return absl::OkStatus();
+                              }));
+  BROKER_RETURN_IF_ERROR(scan(jobs_, kRocksDbJobsColumnFamily, RecordKind::kJob,
+                              [&](absl::string_view key, absl::string_view value) {
+                                absl::StatusOr<Job> job = DecodeJob(value);
+                                if (!job.ok()) return job.status();
+                                if (job->id != key) {
+                                  return absl::DataLossError(absl::StrCat(
+                                      "record holds job \"", absl::CHexEscape(job->id), "\""));
+                                }
+                                visitor.OnJob(*std::move(job));
+                                return absl::OkStatus();
+                              }));
   return absl::OkStatus();
 }
 

@@ -7,8 +7,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "core/store.h"
 
@@ -16,6 +18,9 @@
 namespace rocksdb {
 class ColumnFamilyHandle;
 class DB;
+class Env;
+class EventListener;
+class Logger;
 }  // namespace rocksdb
 
 namespace jobbroker {
@@ -32,6 +37,8 @@ inline constexpr char kRocksDbPoliciesColumnFamily[] = "policies";
 // The store format this build writes and the newest it opens. Bump it when the layout above
 // changes in a way an older build would misread.
 inline constexpr int kRocksDbStoreFormatVersion = 1;
+// Bytes Resume() writes to a scratch file to see whether the disk takes writes again.
+inline constexpr size_t kResumeProbeBytes = size_t{64} << 10;
 
 struct RocksDbStoreOptions {
   // Memtable size per column family, in bytes. Default 16 MiB: jobs are written once and deleted
@@ -42,12 +49,20 @@ struct RocksDbStoreOptions {
   uint64_t max_total_wal_size = uint64_t{64} << 20;
   // Threads for background flushes and compactions. Default 2 (the target machine's cores).
   int background_threads = 2;
+  // The Env (and through it the FileSystem) RocksDB works on. Borrowed: must outlive the store.
+  // Default null: RocksDB's default Env, the local filesystem. Tests pass one that injects
+  // faults (tests/storage/faulty_file_system.h).
+  rocksdb::Env* env = nullptr;
 };
 
 // The durable Store: one RocksDB database in a directory, with the column families above.
 // Every Write is one WriteBatch written with sync = true (WAL always on), so an OK Write survives
 // kill -9 and power loss. RocksDB serializes concurrent Writes and shares one fsync between them
 // (group commit).
+//
+// Failures: a full disk is kResourceExhausted, other I/O errors kUnavailable. After a failed
+// write RocksDB refuses writes (it keeps its background error) until Resume(). RocksDB's own
+// automatic recovery is off: the caller decides when to try again, so one loop does it.
 //
 // Thread-safe. Only one RocksDbStore (indeed one process) may have a directory open at a time.
 // The destructor closes the database; an open store owns its directory's lock until then.
@@ -69,14 +84,24 @@ class RocksDbStore final : public Store {
   // puts, job deletes, dedup puts, dedup deletes, policy puts, policy deletes), so a later put of
   // the same key wins. kInvalidArgument (nothing written) if a dedup put or delete names a queue
   // containing '\0'.
-  // kUnavailable for I/O errors: then the write may or may not reach disk, and RocksDB refuses
-  // further writes until the error clears; the caller must stop and not acknowledge anything.
+  // kResourceExhausted when the disk is full, kUnavailable for other I/O errors: then the write
+  // may or may not reach disk, and RocksDB refuses further writes until Resume(); the caller
+  // must stop and not acknowledge anything.
   absl::Status Write(absl::Span<const Transition> transitions) override;
 
-  // Visits policies, then dedup entries, then jobs, each in key order. kDataLoss naming the
-  // column family and key (C-escaped) of the first record that does not decode, or if RocksDB
-  // reports corruption; the visitor may have seen earlier records by then.
+  // Visits policies, then dedup entries, then jobs, each in key order. A record that does not
+  // decode (or a job record under another job's id) goes to OnCorrupt, with the column family,
+  // the key (C-escaped) and what is wrong, and the scan goes on. kDataLoss if RocksDB reports
+  // corruption (the visitor may have seen earlier records by then); kUnavailable for I/O errors.
   absl::Status Recover(RecoveryVisitor& visitor) override;
+
+  // After a failed write: first a synced write of a scratch file next to the database (while
+  // that fails, nothing else is tried and reads keep working); then DB::Resume() (flushes the
+  // memtables, starts a new WAL) and a synced rewrite of the format marker to prove writes work.
+  // If RocksDB will not resume (an I/O error it deems fatal), the database is closed and opened
+  // again: WAL replay then yields what a restart would. Errors as Write; after a reopen that
+  // failed, every call is kUnavailable until a Resume() reopens it.
+  absl::Status Resume() override;
 
   // RocksDB's estimates over every column family, for metrics: bytes of live data, and bytes
   // that compaction still has to rewrite (a growing figure means compaction cannot keep up).
@@ -87,22 +112,40 @@ class RocksDbStore final : public Store {
 
  private:
   // Out of line: the members' destructors need RocksDB's complete types.
-  explicit RocksDbStore(std::string dir);
+  RocksDbStore(std::string dir, RocksDbStoreOptions opts);
 
+  // Opens the database into the members below (which must be empty).
+  absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys the handles and closes the database; the members are empty afterwards.
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the format marker, writing it if the database is new.
-  absl::Status CheckFormat();
+  absl::Status CheckFormatLocked() ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Creates, fills with kResumeProbeBytes, syncs and deletes a file in the directory: whether
+  // the disk takes writes again, without touching the database.
+  absl::Status ProbeDisk() const;
+  // kUnavailable if a failed reopen left the store without a database.
+  absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
-  // Set once by Open; RocksDB's own locking makes their use thread-safe. The four handles are
-  // also in handles_, which owns them.
-  std::unique_ptr<rocksdb::DB> db_;
-  rocksdb::ColumnFamilyHandle* meta_ = nullptr;  // "default": the format marker
-  rocksdb::ColumnFamilyHandle* jobs_ = nullptr;
-  rocksdb::ColumnFamilyHandle* dedup_ = nullptr;
-  rocksdb::ColumnFamilyHandle* policies_ = nullptr;
+  const RocksDbStoreOptions opts_;
+  // Turns RocksDB's automatic error recovery off (see the class comment).
+  const std::shared_ptr<rocksdb::EventListener> listener_;
+  // RocksDB's info LOG (storage/rocksdb_info_log.h), kept across reopens.
+  const std::shared_ptr<rocksdb::Logger> info_log_;
+  // Readers use the database (RocksDB's own locking makes that thread-safe); Resume() takes it
+  // exclusively, since it may close and reopen the database.
+  mutable absl::Mutex mu_;
+  std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);
+  // The four handles are also in handles_, which owns them.
+  rocksdb::ColumnFamilyHandle* meta_ ABSL_GUARDED_BY(mu_) = nullptr;  // "default": the marker
+  rocksdb::ColumnFamilyHandle* jobs_ ABSL_GUARDED_BY(mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* dedup_ ABSL_GUARDED_BY(mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* policies_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Every handle Open returned (ours and any column family a newer build added), destroyed
   // before the DB is closed.
-  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(mu_);
+  // Why the last reopen failed, while db_ is null.
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace jobbroker

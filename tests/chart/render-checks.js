@@ -39,7 +39,7 @@ const expectations = {
     const c = container(docs);
     assert.strictEqual(sts.spec.replicas, 1);
     assert.deepStrictEqual(c.livenessProbe.grpc, { port: 7070 });
-    assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070 });
+    assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070, service: "jobbroker.v1.Broker" });
     assert.strictEqual(c.startupProbe.httpGet.path, "/readyz");
     assert.ok(!c.args.some((a) => a.startsWith("--tls")), "no TLS flags by default");
     assert.ok(c.args.includes("--config=/etc/jobbroker/config/config.json"));

@@ -51,6 +51,7 @@ class RecordingStore final : public Store {
     return inner_.Write(transitions);
   }
   absl::Status Recover(RecoveryVisitor& visitor) override { return inner_.Recover(visitor); }
+  absl::Status Resume() override { return inner_.Resume(); }
 
   // Writes wait until Open().
   void Close() {

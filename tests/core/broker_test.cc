@@ -135,6 +135,24 @@ TEST_F(BrokerTest, RetryAfterReplacesTheBackoff) {
   EXPECT_EQ(r->next_attempt_at, clock_.Now() + absl::Seconds(42));
 }
 
+TEST_F(BrokerTest, AFailDueAtOnceAnswersReadyEvenWhenAWaitingLeaseTakesTheJob) {
+  std::string id = Enqueue("q");
+  LeasedJob first = LeaseOne("q");
+  std::vector<LeasedJob> taken;
+  broker_->Lease(LeaseSpec{.queue = "q", .worker_id = "w2", .max_jobs = 1}, absl::Seconds(30),
+                 [&](absl::StatusOr<std::vector<LeasedJob>> r) {
+                   ASSERT_TRUE(r.ok()) << r.status();
+                   taken = *std::move(r);
+                 });
+  auto r = broker_->Fail(FailSpec{first.job_id, first.lease_id, "e", false, absl::ZeroDuration()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state, JobState::kReady) << "what the Fail did, not what the next lease did";
+  EXPECT_EQ(r->next_attempt_at, clock_.Now());
+  ASSERT_EQ(taken.size(), 1u) << "the waiting lease got the job in the same transition";
+  EXPECT_EQ(taken[0].job_id, id);
+  EXPECT_EQ(taken[0].attempt, 2);
+}
+
 TEST_F(BrokerTest, LastAttemptFailingKillsTheJob) {
   EnqueueSpec s{.queue = "q", .payload = "p"};
   s.max_attempts = 2;
@@ -503,6 +521,32 @@ TEST_F(BrokerTest, FullQueueRefusesEnqueue) {
   EXPECT_EQ(broker_->GetQueue("other").status().code(), Code::kNotFound);
 }
 
+TEST_F(BrokerTest, PayloadsAreHeldToTheQueuesMaxPayloadBytes) {
+  const std::string one_mib(1 << 20, 'x');
+  EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = one_mib}).ok());
+  auto over = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = one_mib + "x"});
+  EXPECT_EQ(over.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(over.status().message(), HasSubstr("max_payload_bytes"));
+  // Neither the refused job nor its queue exists.
+  EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kReady], 1);
+  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "new", .payload = one_mib + "x"}).status().code(),
+            Code::kResourceExhausted);
+  EXPECT_EQ(broker_->GetQueue("new").status().code(), Code::kNotFound);
+
+  // A queue whose policy allows more takes more; one that allows less takes less.
+  PolicyOverride big;
+  big.max_payload_bytes = 4 << 20;
+  ASSERT_TRUE(broker_->UpdateQueuePolicy("big", big).ok());
+  EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "big", .payload = one_mib + "x"}).ok());
+  PolicyOverride tiny;
+  tiny.max_payload_bytes = 10;
+  ASSERT_TRUE(broker_->UpdateQueuePolicy("tiny", tiny).ok());
+  EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "tiny", .payload = "0123456789"}).ok());
+  EXPECT_EQ(
+      broker_->Enqueue(EnqueueSpec{.queue = "tiny", .payload = "0123456789!"}).status().code(),
+      Code::kResourceExhausted);
+}
+
 TEST_F(BrokerTest, BadInputNamesTheFieldAndChangesNothing) {
   struct Case {
     EnqueueSpec spec;
@@ -661,7 +705,7 @@ TEST_F(BrokerTest, StorageFailureIsUnavailableAndStopsWrites) {
   EXPECT_EQ(r.status().code(), Code::kUnavailable);
   store_.FailWritesAfter(-1);
   EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Code::kUnavailable)
-      << "after a failed write memory is ahead of disk: no more writes until restart";
+      << "after a failed write memory is ahead of disk: no more writes until it is rebuilt";
   Reopen();
   EXPECT_EQ(store_.job_count(), 0u);
   EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());

@@ -24,6 +24,7 @@ class GatedStore : public Store {
     return inner_.Write(t);
   }
   absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::Status Resume() override { return inner_.Resume(); }
 
   MemoryStore inner_;
   std::atomic<int> calls_{0};
@@ -117,6 +118,36 @@ TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
   EXPECT_FALSE(store.FindJob("c").has_value()) << "nothing is written after a failure";
   EXPECT_EQ(observer.committed, 1u);
   EXPECT_EQ(observer.failures, 1) << "the failure is reported once";
+}
+
+// Reset() after a failure: what was appended meanwhile is dropped for good (also for a waiter
+// that asks only afterwards), and later appends are written again.
+TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain) {
+  MemoryStore store;
+  std::vector<absl::Status> hooked;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground, nullptr, nullptr,
+                          [&](const absl::Status& s) { hooked.push_back(s); });
+  EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("a", ""))).ok());
+  store.FailWritesAfter(0);
+  uint64_t failed = pipeline.Append(PutJob("b", ""));
+  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(pipeline.healthy());
+  uint64_t meanwhile = pipeline.Append(PutJob("c", ""));
+  store.FailWritesAfter(-1);
+  pipeline.Reset();
+  EXPECT_TRUE(pipeline.healthy());
+  EXPECT_TRUE(pipeline.status().ok());
+  EXPECT_EQ(pipeline.WaitDurable(meanwhile).code(), absl::StatusCode::kUnavailable)
+      << "dropped, even when asked after the reset";
+  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  uint64_t after = pipeline.Append(PutJob("d", ""));
+  EXPECT_TRUE(pipeline.WaitDurable(after).ok());
+  EXPECT_TRUE(store.FindJob("a").has_value());
+  EXPECT_FALSE(store.FindJob("b").has_value());
+  EXPECT_FALSE(store.FindJob("c").has_value()) << "appended while broken: never written";
+  EXPECT_TRUE(store.FindJob("d").has_value());
+  ASSERT_EQ(hooked.size(), 1u) << "the hook runs once per failure";
+  EXPECT_EQ(hooked[0].code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

@@ -29,6 +29,7 @@ using storage_test::ScopedTempDir;
 using storage_test::SimpleJob;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::Pair;
 
 // A plain RocksDB handle on a closed store's directory, to inspect or tamper with its records.
@@ -208,24 +209,30 @@ TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryIsUnavailable) {
   EXPECT_EQ(RocksDbStore::Open(path_).status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST_F(RocksDbStoreTest, CorruptJobRecordIsDataLossNamingTheKey) {
+// A record that does not decode is reported with its key and skipped; the scan goes on, so the
+// records after it (in key order) are still read.
+TEST_F(RocksDbStoreTest, CorruptJobRecordIsReportedNamingTheKeyAndSkipped) {
   Transition t;
-  t.put_jobs = {SimpleJob("good")};
+  t.put_jobs = {SimpleJob("a-good"), SimpleJob("z-good")};
   WriteAndClose(t);
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbJobsColumnFamily, "bad-job", "\xff\xff\xff\xff garbage");
+    raw.Put(kRocksDbJobsColumnFamily, "bad-job", "\xff\xff\xff\xff secret payload");
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  absl::Status s = store->Recover(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("jobs record \"bad-job\""));
-  EXPECT_THAT(s.message(), HasSubstr("JobRecord does not parse"));
+  ASSERT_TRUE(store->Recover(r).ok());
+  EXPECT_THAT(r.events, ElementsAre("job:a-good", "corrupt:job/bad-job", "job:z-good"));
+  ASSERT_EQ(r.corrupt.size(), 1u);
+  EXPECT_EQ(r.corrupt[0].key, "bad-job");
+  EXPECT_EQ(r.corrupt[0].reason.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("jobs record \"bad-job\""));
+  EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("JobRecord does not parse"));
+  EXPECT_THAT(r.corrupt[0].reason.message(), Not(HasSubstr("secret"))) << "never the bytes";
 }
 
-TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsDataLoss) {
+TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsReportedAndSkipped) {
   WriteAndClose(Transition{});
   {
     RawDb raw(path_);
@@ -237,12 +244,15 @@ TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsDataLoss) {
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  absl::Status s = store->Recover(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("jobs record \"j\": JobRecord format_version 99"));
+  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_EQ(r.corrupt.size(), 1u);
+  EXPECT_TRUE(r.jobs.empty());
+  EXPECT_EQ(r.corrupt[0].reason.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.corrupt[0].reason.message(),
+              HasSubstr("jobs record \"j\": JobRecord format_version 99"));
 }
 
-TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsDataLoss) {
+TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsReportedAndSkipped) {
   WriteAndClose(Transition{});
   {
     RawDb raw(path_);
@@ -251,12 +261,13 @@ TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsDataLoss) {
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  absl::Status s = store->Recover(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("jobs record \"key\": record holds job \"other\""));
+  ASSERT_TRUE(store->Recover(r).ok());
+  EXPECT_THAT(r.events, ElementsAre("corrupt:job/key"));
+  EXPECT_THAT(r.corrupt[0].reason.message(),
+              HasSubstr("jobs record \"key\": record holds job \"other\""));
 }
 
-TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsDataLoss) {
+TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsReportedAndSkipped) {
   WriteAndClose(Transition{});
   {
     RawDb raw(path_);
@@ -265,12 +276,12 @@ TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsDataLoss) {
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  absl::Status s = store->Recover(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("dedup record \"no-separator\""));
+  ASSERT_TRUE(store->Recover(r).ok());
+  EXPECT_THAT(r.events, ElementsAre("corrupt:dedup/no-separator"));
+  EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("dedup record \"no-separator\""));
 }
 
-TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsDataLoss) {
+TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsReportedAndSkipped) {
   WriteAndClose(Transition{});
   {
     RawDb raw(path_);
@@ -279,9 +290,9 @@ TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsDataLoss) {
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  absl::Status s = store->Recover(r);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(s.message(), HasSubstr("policies record \"q\""));
+  ASSERT_TRUE(store->Recover(r).ok());
+  EXPECT_THAT(r.events, ElementsAre("corrupt:policy/q"));
+  EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("policies record \"q\""));
 }
 
 // The on-disk layout is a contract with older data and with tools: check it directly.

@@ -1,0 +1,119 @@
+// Broker: living with a failing store. Refusing changes while it fails, trying it again, and
+// rebuilding memory from it before changes are accepted again.
+#include "absl/strings/str_cat.h"
+#include "core/broker_internal.h"
+
+namespace jobbroker {
+
+absl::Status Broker::StorageRefusal(const absl::Status& cause) {
+  if (cause.ok()) return cause;
+  if (cause.code() == absl::StatusCode::kResourceExhausted)
+    return absl::ResourceExhaustedError(
+        absl::StrCat("storage is full: ", cause.message(), "; writes resume when space is freed"));
+  return absl::UnavailableError(absl::StrCat("storage is failing: ", cause.message(),
+                                             "; writes resume once the store recovers"));
+}
+
+absl::Status Broker::NotDurable(const absl::Status& written) {
+  absl::Status refusal = StorageRefusal(written);
+  return absl::Status(refusal.code(),
+                      absl::StrCat("the change could not be made durable: ", refusal.message()));
+}
+
+absl::Status Broker::storage_status() const { return StorageRefusal(pipeline_.status()); }
+
+int64_t Broker::corrupt_records() const {
+  absl::MutexLock lock(&mu_);
+  return corrupt_records_;
+}
+
+void Broker::MaybeResume() {
+  if (pipeline_.healthy()) return;
+  bool due = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_ || resuming_) return;
+    if (resume_at_ == absl::InfinitePast())
+      resume_at_ = pipeline_.failed_at() + options_.store_retry_interval;
+    due = clock_.Now() >= resume_at_;
+  }
+  if (due) ResumeWrites().IgnoreError();  // a failure schedules the next try
+}
+
+absl::Status Broker::ResumeWrites() {
+  absl::Status cause;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
+    cause = pipeline_.status();
+    if (cause.ok()) return absl::OkStatus();
+    if (resuming_) return absl::UnavailableError("the store is being tried again already");
+    resuming_ = true;
+  }
+  // Nothing is written while the pipeline is stopped, so the store holds still for this read.
+  const absl::Time started = clock_.Now();
+  Recovered found;
+  absl::Status s = store_.Resume();
+  if (s.ok()) s = store_.Recover(found);
+
+  std::vector<LeaseDone> waiting;
+  std::vector<std::shared_ptr<StreamSink>> streams;
+  Effects fx;
+  uint64_t seq = 0;
+  size_t expired = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    resuming_ = false;
+    const absl::Time now = clock_.Now();
+    if (s.ok() && shutting_down_) s = absl::UnavailableError("the broker is shutting down");
+    if (!s.ok()) {
+      resume_at_ = now + options_.store_retry_interval;
+      return s;
+    }
+    // Memory may hold changes the store never took (and miss one it did take, if a failed fsync
+    // left it in the log): what the store holds now is the truth.
+    ClearLocked(waiting, streams);
+    observer_.StoreResumed(cause, now - pipeline_.failed_at());
+    // Before anything is appended, and under mu_, so no transition of the old memory slips in.
+    pipeline_.Reset();
+    resume_at_ = absl::InfinitePast();
+    Transition t;
+    expired = LoadLocked(found, now, t, fx);
+    seq = CommitLocked(std::move(t));
+    next_wake_ = absl::InfinitePast();  // every deadline was rebuilt: the ticker must look again
+    fx.wake = true;
+  }
+  observer_.Recovered(found.jobs.size(), expired, clock_.Now() - started);
+  for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});
+  for (auto& sink : streams)
+    sink->End(absl::UnavailableError(
+        "the broker rebuilt its state after a storage failure; subscribe again"));
+  Finish(seq, std::move(fx), nullptr);
+  return absl::OkStatus();
+}
+
+void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
+                         std::vector<std::shared_ptr<StreamSink>>& streams) {
+  for (auto& [id, c] : consumers_) {
+    if (c->stream) {
+      streams.push_back(std::move(c->sink));
+    } else {
+      waiting.push_back(std::move(c->done));
+    }
+  }
+  consumers_.clear();
+  holders_.clear();
+  waiter_deadlines_.clear();
+  jobs_by_seq_.clear();
+  jobs_.clear();
+  queues_.clear();
+  scheduled_.clear();
+  leases_.clear();
+  dedup_.clear();
+  dedup_expiry_.clear();
+  corrupt_jobs_.clear();
+  corrupt_records_ = 0;
+  // next_seq_ stays: sequence numbers are never reused, and LoadLocked only raises it.
+}
+
+}  // namespace jobbroker

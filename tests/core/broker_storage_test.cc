@@ -1,0 +1,241 @@
+// The broker on a store that fails and heals (MemoryStore's fault injection), and on one that
+// holds records it cannot decode: what is refused, with which code, what still answers, when
+// the store is tried again, and what a rebuild does to waiting consumers.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "core/broker.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/memory_store.h"
+#include "tests/core/broker_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using Code = absl::StatusCode;
+
+// Counts the storage events.
+class StorageEvents : public BrokerObserver {
+ public:
+  void StoreFailed(const absl::Status& s) override {
+    absl::MutexLock lock(&mu_);
+    failed.push_back(s);
+  }
+  void StoreResumed(const absl::Status& cause, absl::Duration outage) override {
+    absl::MutexLock lock(&mu_);
+    resumed.push_back(cause);
+    outages.push_back(outage);
+  }
+  void CorruptRecordSkipped(const CorruptRecord& r) override {
+    absl::MutexLock lock(&mu_);
+    corrupt.push_back(absl::StrCat(RecordKindName(r.kind), ":", r.key));
+  }
+  absl::Mutex mu_;
+  std::vector<absl::Status> failed, resumed;
+  std::vector<absl::Duration> outages;
+  std::vector<std::string> corrupt;
+};
+
+class BrokerStorageTest : public BrokerFixture {
+ protected:
+  void SetUp() override {
+    BrokerOptions o = Options();
+    o.observer = &events_;
+    o.store_retry_interval = absl::Seconds(2);
+    auto opened = Broker::Open(store_, clock_, o);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    broker_ = std::move(*opened);
+  }
+  StorageEvents events_;
+};
+
+TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) {
+  const std::string a = Enqueue("q", "a");
+  const int64_t writes = store_.successful_writes();
+  store_.FailWritesAfter(0, absl::ResourceExhaustedError("disk full"));
+
+  auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "b"});
+  EXPECT_EQ(failed.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(failed.status().message(),
+            "the change could not be made durable: storage is full: disk full; writes resume when "
+            "space is freed");
+  auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "c"});
+  EXPECT_EQ(refused.status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(refused.status().message(),
+            "storage is full: disk full; writes resume when space is freed");
+  EXPECT_EQ(broker_->Lease(LeaseSpec{"q", "w", 1, {}}).status().code(), Code::kResourceExhausted);
+  EXPECT_EQ(broker_->UpdateQueuePolicy("q", PolicyOverride{}).status().code(),
+            Code::kResourceExhausted);
+  EXPECT_EQ(store_.successful_writes(), writes) << "a refused change writes nothing";
+  ASSERT_EQ(events_.failed.size(), 1u) << "one failure, reported once";
+  EXPECT_EQ(events_.failed[0].code(), Code::kResourceExhausted);
+
+  // Reads answer.
+  EXPECT_EQ(Get(a).payload, "a");
+  EXPECT_TRUE(broker_->GetQueue("q").ok());
+  EXPECT_TRUE(broker_->ListJobs(ListJobsSpec{.queue = "q"}).ok());
+
+  // The store is tried again only every store_retry_interval, from Tick.
+  broker_->Tick();
+  clock_.Advance(absl::Seconds(1));
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 0);
+  clock_.Advance(absl::Seconds(1));
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 1);
+  EXPECT_EQ(broker_->storage_status().code(), Code::kResourceExhausted);
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 1) << "a failed try schedules the next one, 2 s on";
+
+  store_.FailWritesAfter(-1);
+  clock_.Advance(absl::Seconds(2));
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 2);
+  ASSERT_TRUE(broker_->storage_status().ok());
+  ASSERT_EQ(events_.resumed.size(), 1u);
+  EXPECT_EQ(events_.resumed[0].code(), Code::kResourceExhausted);
+  EXPECT_EQ(events_.outages[0], absl::Seconds(4));
+
+  // Memory equals the store again: the enqueue whose write failed is gone.
+  auto listed = broker_->ListJobs(ListJobsSpec{.queue = "q"});
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->jobs.size(), 1u);
+  EXPECT_EQ(listed->jobs[0].id, a);
+  const std::string d = Enqueue("q", "d");
+  EXPECT_EQ(store_.job_count(), 2u);
+  EXPECT_TRUE(store_.FindJob(d).has_value());
+}
+
+TEST_F(BrokerStorageTest, AnIoErrorIsUnavailable) {
+  store_.FailWritesAfter(0);  // kUnavailable("injected write failure")
+  auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q"});
+  EXPECT_EQ(failed.status().code(), Code::kUnavailable);
+  auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q"});
+  EXPECT_EQ(refused.status().code(), Code::kUnavailable);
+  EXPECT_EQ(refused.status().message(),
+            "storage is failing: injected write failure; writes resume once the store recovers");
+  store_.FailWritesAfter(-1);
+  ASSERT_TRUE(broker_->ResumeWrites().ok());
+  EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+}
+
+TEST_F(BrokerStorageTest, NothingIsLeasedAndNothingExpiresWhileTheStoreFails) {
+  const std::string a = Enqueue("q", "a");
+  LeasedJob held = LeaseOne("q", "w", absl::Seconds(10));
+  Enqueue("q", "b");
+  store_.FailWritesAfter(0);
+  EXPECT_FALSE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+  clock_.Advance(absl::Seconds(30));  // the lease runs out meanwhile
+  broker_->Tick();
+  EXPECT_EQ(Get(a).state, JobState::kActive) << "an expiry would need a write";
+  store_.FailWritesAfter(-1);
+  clock_.Advance(absl::Seconds(2));
+  broker_->Tick();
+  ASSERT_TRUE(broker_->storage_status().ok());
+  // The rebuild found the lease run out, like a restart would.
+  EXPECT_EQ(Get(a).state, JobState::kScheduled);
+  EXPECT_EQ(Get(a).attempts.back().outcome, AttemptOutcome::kLeaseExpired);
+  EXPECT_EQ(store_.FindJob(a)->state, JobState::kScheduled) << "and wrote it";
+  EXPECT_EQ(broker_->Ack(AckSpec{held.job_id, held.lease_id, ""}).code(), Code::kOk)
+      << "a late ack of the expired attempt is still taken";
+}
+
+// Records what a stream is told.
+class EndSink : public StreamSink {
+ public:
+  void PushJob(LeasedJob) override {}
+  void LeaseLost(std::string) override {}
+  void CancelRequested(std::string) override {}
+  void End(absl::Status s) override { ended = s; }
+  std::optional<absl::Status> ended;
+};
+
+TEST_F(BrokerStorageTest, TheRebuildEndsStreamsAndAnswersWaitingLeases) {
+  auto sink = std::make_shared<EndSink>();
+  ASSERT_TRUE(broker_->Subscribe(SubscribeSpec{{"streamed"}, "w", 1, {}}, sink).ok());
+  std::optional<absl::StatusOr<std::vector<LeasedJob>>> polled;
+  broker_->Lease(LeaseSpec{"polled", "w", 1, {}}, absl::Seconds(30),
+                 [&](absl::StatusOr<std::vector<LeasedJob>> r) { polled = std::move(r); });
+  store_.FailWritesAfter(0);
+  EXPECT_FALSE(broker_->Enqueue(EnqueueSpec{.queue = "other"}).ok());
+  EXPECT_FALSE(polled.has_value());
+  EXPECT_FALSE(sink->ended.has_value());
+  store_.FailWritesAfter(-1);
+  ASSERT_TRUE(broker_->ResumeWrites().ok());
+  ASSERT_TRUE(polled.has_value());
+  ASSERT_TRUE(polled->ok());
+  EXPECT_TRUE((*polled)->empty());
+  ASSERT_TRUE(sink->ended.has_value());
+  EXPECT_EQ(sink->ended->code(), Code::kUnavailable);
+  EXPECT_THAT(sink->ended->message(), HasSubstr("subscribe again"));
+}
+
+// A MemoryStore that also reports corrupt records at Recover, as RocksDbStore does for records
+// that do not decode.
+class CorruptingStore final : public Store {
+ public:
+  absl::Status Write(absl::Span<const Transition> t) override {
+    for (const Transition& x : t)
+      for (const std::string& id : x.delete_jobs) deleted.push_back(id);
+    return inner.Write(t);
+  }
+  absl::Status Recover(RecoveryVisitor& v) override {
+    for (const CorruptRecord& r : corrupt) v.OnCorrupt(r);
+    return inner.Recover(v);
+  }
+  absl::Status Resume() override { return inner.Resume(); }
+  MemoryStore inner;
+  std::vector<CorruptRecord> corrupt;
+  std::vector<std::string> deleted;
+};
+
+TEST(BrokerCorruptRecordTest, ACorruptJobIsSkippedAnsweredWithDataLossAndCanBeDeleted) {
+  CorruptingStore store;
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  BrokerOptions o;
+  o.commit_mode = CommitPipeline::Mode::kInline;
+  StorageEvents events;
+  o.observer = &events;
+  std::string good;
+  {
+    auto broker = Broker::Open(store, clock, o);
+    ASSERT_TRUE(broker.ok());
+    good = (*broker)->Enqueue(EnqueueSpec{.queue = "q", .payload = "fine"})->job_id;
+  }
+  store.corrupt = {
+      {RecordKind::kJob, "bad-job", absl::DataLossError("jobs record \"bad-job\": no parse")},
+      {RecordKind::kPolicy, "q", absl::DataLossError("policies record \"q\": no parse")}};
+  auto opened = Broker::Open(store, clock, o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Broker& broker = **opened;
+  EXPECT_THAT(events.corrupt, ElementsAre("job:bad-job", "policy:q"));
+  EXPECT_EQ(broker.corrupt_records(), 2);
+
+  auto bad = broker.GetJob("bad-job");
+  EXPECT_EQ(bad.status().code(), Code::kDataLoss);
+  EXPECT_THAT(bad.status().message(), HasSubstr("job bad-job is corrupt"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("no parse"));
+  // Everything else works.
+  EXPECT_EQ(broker.GetJob(good)->payload, "fine");
+  auto leased = broker.Lease(LeaseSpec{"q", "w", 1, {}});
+  ASSERT_TRUE(leased.ok() && leased->size() == 1u);
+  EXPECT_TRUE(broker.Ack(AckSpec{good, leased->front().lease_id, ""}).ok());
+  EXPECT_TRUE(broker.Enqueue(EnqueueSpec{.queue = "q"}).ok());
+
+  // An operator deletes the record.
+  ASSERT_TRUE(broker.DeleteJob("bad-job").ok());
+  EXPECT_THAT(store.deleted, ElementsAre("bad-job"));
+  EXPECT_EQ(broker.corrupt_records(), 1);
+  EXPECT_EQ(broker.GetJob("bad-job").status().code(), Code::kNotFound);
+}
+
+}  // namespace
+}  // namespace jobbroker

@@ -1,0 +1,178 @@
+// The broker on RocksDB on a disk that fills up or breaks, then heals: changes are refused with
+// RESOURCE_EXHAUSTED (full) or UNAVAILABLE (I/O error) and change nothing, reads keep answering,
+// Tick retries the store and writes resume without a restart, and every acknowledged job is
+// intact, in memory and after a reopen from disk.
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/broker.h"
+#include "core/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "storage/rocksdb_store.h"
+#include "tests/storage/faulty_file_system.h"
+#include "tests/storage/storage_test_util.h"
+
+namespace jobbroker {
+namespace {
+
+using storage_test::FaultyEnv;
+using storage_test::FaultyFileSystem;
+using storage_test::ScopedTempDir;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+using Code = absl::StatusCode;
+using Fault = FaultyFileSystem::Fault;
+
+class BrokerOnFaultyDiskTest : public ::testing::TestWithParam<Fault> {
+ protected:
+  static constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
+
+  void SetUp() override { Open(faulty_.env.get()); }
+
+  void Open(rocksdb::Env* env) {
+    broker_.reset();
+    store_.reset();
+    RocksDbStoreOptions store_options;
+    store_options.env = env;
+    auto store = RocksDbStore::Open(path_, store_options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    store_ = *std::move(store);
+    BrokerOptions o;
+    o.commit_mode = CommitPipeline::Mode::kInline;
+    o.uniform = [] { return 0.5; };
+    o.wake = [this] { ++wakes_; };
+    auto broker = Broker::Open(*store_, clock_, o);
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    broker_ = *std::move(broker);
+  }
+
+  Code Expected() const {
+    return GetParam() == Fault::kNoSpace ? Code::kResourceExhausted : Code::kUnavailable;
+  }
+  const char* ExpectedWords() const {
+    return GetParam() == Fault::kNoSpace ? "storage is full" : "storage is failing";
+  }
+
+  std::string Enqueue(const std::string& payload) {
+    auto r = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = payload});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? r->job_id : "";
+  }
+
+  // Id -> state of every job of "q".
+  std::vector<std::pair<std::string, JobState>> Jobs() {
+    auto r = broker_->ListJobs(ListJobsSpec{.queue = "q"});
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<std::pair<std::string, JobState>> out;
+    if (r.ok())
+      for (const Job& j : r->jobs) out.emplace_back(j.id, j.state);
+    return out;
+  }
+
+  ScopedTempDir tmp_;
+  const std::string path_ = tmp_.Sub("db");
+  FaultyEnv faulty_;
+  FakeClock clock_{kStart};
+  int wakes_ = 0;
+  std::unique_ptr<RocksDbStore> store_;
+  std::unique_ptr<Broker> broker_;
+};
+
+TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAcknowledgedJobs) {
+  const std::string a = Enqueue("a");
+  const std::string b = Enqueue("b");
+  const std::string c = Enqueue("c");
+  auto leased = broker_->Lease(LeaseSpec{"q", "w", 1, absl::Seconds(60)});
+  ASSERT_TRUE(leased.ok() && leased->size() == 1u) << leased.status();
+  const LeasedJob held = leased->front();
+  ASSERT_EQ(held.job_id, a);
+
+  faulty_.fs->SetFault(GetParam());
+  const int wakes_before = wakes_;
+  auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "d"});
+  EXPECT_EQ(failed.status().code(), Expected()) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("could not be made durable"));
+  EXPECT_THAT(failed.status().message(), HasSubstr(ExpectedWords()));
+  EXPECT_GT(faulty_.fs->injected(), 0);
+  EXPECT_GT(wakes_, wakes_before) << "the ticker must be woken to schedule the retries";
+
+  // Every change is refused now, with the same code and a message that says why.
+  auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "e"});
+  EXPECT_EQ(refused.status().code(), Expected());
+  EXPECT_THAT(refused.status().message(), HasSubstr(ExpectedWords()));
+  EXPECT_THAT(refused.status().message(), HasSubstr("writes resume"));
+  EXPECT_EQ(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}).code(), Expected());
+  EXPECT_EQ(broker_->Lease(LeaseSpec{"q", "w", 1, {}}).status().code(), Expected());
+  EXPECT_EQ(broker_->CancelJob(b).status().code(), Expected());
+  EXPECT_EQ(broker_->storage_status().code(), Expected());
+
+  // Reads answer, and show the acknowledged jobs as they were.
+  ASSERT_TRUE(broker_->GetJob(a).ok());
+  EXPECT_EQ(broker_->GetJob(a)->state, JobState::kActive);
+  EXPECT_EQ(broker_->GetJob(b)->state, JobState::kReady);
+  EXPECT_EQ(broker_->GetJob(c)->state, JobState::kReady);
+  EXPECT_TRUE(broker_->GetQueue("q").ok());
+  EXPECT_FALSE(broker_->ListQueues().empty());
+
+  // The retry comes after store_retry_interval (1 s), and fails while the disk does.
+  broker_->Tick();
+  EXPECT_EQ(broker_->storage_status().code(), Expected());
+  clock_.Advance(absl::Seconds(1));
+  broker_->Tick();
+  EXPECT_EQ(broker_->storage_status().code(), Expected()) << "the disk still fails";
+  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Expected());
+
+  faulty_.fs->SetFault(Fault::kNone);
+  clock_.Advance(absl::Milliseconds(500));
+  broker_->Tick();
+  EXPECT_FALSE(broker_->storage_status().ok()) << "not before the next retry is due";
+  clock_.Advance(absl::Milliseconds(500));
+  broker_->Tick();
+  ASSERT_TRUE(broker_->storage_status().ok()) << broker_->storage_status();
+
+  // Memory was rebuilt from the store: the refused enqueue left nothing, the lease held.
+  EXPECT_THAT(Jobs(),
+              UnorderedElementsAre(std::pair(a, JobState::kActive), std::pair(b, JobState::kReady),
+                                   std::pair(c, JobState::kReady)));
+  // Writes work again, the worker's lease is still good.
+  EXPECT_TRUE(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}).ok());
+  const std::string f = Enqueue("f");
+  auto next = broker_->Lease(LeaseSpec{"q", "w", 1, absl::Seconds(60)});
+  ASSERT_TRUE(next.ok() && next->size() == 1u);
+  EXPECT_EQ(next->front().job_id, b);
+
+  // All of it is on disk: a restart on the plain filesystem sees the same.
+  Open(nullptr);
+  EXPECT_THAT(Jobs(), UnorderedElementsAre(
+                          std::pair(a, JobState::kCompleted), std::pair(b, JobState::kActive),
+                          std::pair(c, JobState::kReady), std::pair(f, JobState::kReady)));
+  EXPECT_EQ(broker_->GetJob(a)->result, "r");
+}
+
+TEST_P(BrokerOnFaultyDiskTest, ResumeWritesTriesAtOnce) {
+  const std::string a = Enqueue("a");
+  faulty_.fs->SetFault(GetParam());
+  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Expected());
+  EXPECT_EQ(broker_->ResumeWrites().code(), Expected());
+  faulty_.fs->SetFault(Fault::kNone);
+  ASSERT_TRUE(broker_->ResumeWrites().ok());
+  EXPECT_TRUE(broker_->ResumeWrites().ok()) << "nothing to do is OK";
+  const std::string b = Enqueue("b");
+  Open(nullptr);
+  EXPECT_THAT(Jobs(),
+              UnorderedElementsAre(std::pair(a, JobState::kReady), std::pair(b, JobState::kReady)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, BrokerOnFaultyDiskTest,
+                         ::testing::Values(Fault::kNoSpace, Fault::kIoError),
+                         [](const ::testing::TestParamInfo<Fault>& info) {
+                           return info.param == Fault::kNoSpace ? "NoSpace" : "IoError";
+                         });
+
+}  // namespace
+}  // namespace jobbroker
