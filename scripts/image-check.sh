@@ -267,6 +267,33 @@ pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
 
 # The other containers run without the HEALTHCHECK: the check script probes them itself.
 run_flags+=(--no-healthcheck)
+
+# ---- HTTPS for /metrics (--http-tls-cert): OpenSSL's runtime is in the image and the TLS front
+# works there. A throwaway self-signed certificate; the key is world-readable only because it
+# is a test's.
+tls=$work/tls
+mkdir -p "$tls"
+if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+  -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
+  -keyout "$tls/key.pem" -out "$tls/cert.pem" >"$work/openssl.log" 2>&1; then
+  chmod 0755 "$tls" && chmod 0644 "$tls/key.pem" "$tls/cert.pem"
+  c=jobbroker-image-check-https-$$
+  containers+=("$c")
+  pm run -d --name "$c" "${run_flags[@]}" --network host -v "$tls:/tls:ro" "$image" \
+    --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir /data \
+    --http-tls-cert /tls/cert.pem --http-tls-key /tls/key.pem >/dev/null
+  if addrs=$(wait_serving "$c"); then
+    check "/metrics over HTTPS from the container (--http-tls-cert)" \
+      curl -fsS --max-time 5 --cacert "$tls/cert.pem" -o /dev/null "https://${addrs#* }/metrics"
+  else
+    fail "the broker with --http-tls-cert never printed its serving line"
+    pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+  fi
+  pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
+else
+  fail "openssl could not make a test certificate"
+  tail -5 "$work/openssl.log" | sed 's/^/        /'
+fi
 # ---- the broker on the host network, data in a named volume. Port 0: the broker picks free
 # ports and prints them.
 pm volume create "$volume" >/dev/null

@@ -19,14 +19,18 @@ void Reply(::mg_connection* conn, int code, const char* reason, const char* type
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
-    const std::string& address, std::vector<const prometheus::Collectable*> collectables) {
+    const std::string& address, std::vector<const prometheus::Collectable*> collectables,
+    HttpTlsFiles tls) {
+  if (absl::Status s = CheckHttpTls(tls); !s.ok()) return s;
   std::unique_ptr<HttpServer> server(new HttpServer());
   for (const prometheus::Collectable* c : collectables) server->AddCollectable(c);
-  const char* options[] = {"listening_ports", address.c_str(), "num_threads", "4", nullptr};
+  // With TLS, civetweb serves plain HTTP on a loopback port that only the TLS front reaches.
+  const std::string listening = tls.enabled() ? "127.0.0.1:0" : address;
+  const char* options[] = {"listening_ports", listening.c_str(), "num_threads", "4", nullptr};
   mg_callbacks callbacks{};
   server->ctx_ = mg_start(&callbacks, nullptr, options);
   if (server->ctx_ == nullptr)
-    return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat("--http-listen: cannot listen on ", listening));
   mg_set_request_handler(server->ctx_, "/healthz", &HttpServer::HandleHealth, server.get());
   mg_set_request_handler(server->ctx_, "/metrics", &HttpServer::HandleMetrics, server.get());
   mg_set_request_handler(server->ctx_, "/readyz", &HttpServer::HandleReady, server.get());
@@ -34,10 +38,17 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   int n = mg_get_server_ports(server->ctx_, 4, ports);
   if (n < 1) return absl::InternalError("--http-listen: no listening port");
   server->port_ = ports[0].port;
+  if (tls.enabled()) {
+    absl::StatusOr<std::unique_ptr<TlsFront>> front = TlsFront::Start(address, server->port_, tls);
+    if (!front.ok()) return front.status();
+    server->front_ = *std::move(front);
+    server->port_ = server->front_->port();
+  }
   return server;
 }
 
 HttpServer::~HttpServer() {
+  front_.reset();  // first: it relays to civetweb
   if (ctx_ != nullptr) mg_stop(ctx_);
 }
 

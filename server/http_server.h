@@ -8,6 +8,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
+#include "server/http_tls.h"
+#include "server/tls_front.h"
 
 struct mg_context;
 struct mg_connection;
@@ -20,9 +22,10 @@ namespace jobbroker {
 // liveness answers during a long one. Collectables are borrowed and must outlive the server.
 class HttpServer {
  public:
-  // Listens on `address` ("host:port"; port 0 picks a free one).
+  // Listens on `address` ("host:port"; port 0 picks a free one), over TLS if `tls` is enabled.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
-      const std::string& address, std::vector<const prometheus::Collectable*> collectables);
+      const std::string& address, std::vector<const prometheus::Collectable*> collectables,
+      HttpTlsFiles tls = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -43,6 +46,7 @@ class HttpServer {
   static int HandleReady(::mg_connection* conn, void* self);
 
   ::mg_context* ctx_ = nullptr;
+  std::unique_ptr<TlsFront> front_;  // with TLS: listens on the address, relays to ctx_
   int port_ = 0;
   std::atomic<bool> serving_{true};
   std::atomic<bool> ready_{false};
