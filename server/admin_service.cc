@@ -20,6 +20,8 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::S
 
 grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
                                                const v1::GetJobRequest* req, v1::Job* resp) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
+    return Answer(ctx, s);
   absl::StatusOr<Job> job = broker_.GetJob(req->job_id());
   if (job.ok()) ToProto(*job, resp);
   return Answer(ctx, job.status());
@@ -28,6 +30,8 @@ grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ctx,
                                                  const v1::ListJobsRequest* req,
                                                  v1::ListJobsResponse* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
+    return Answer(ctx, s);
   absl::StatusOr<ListJobsSpec> spec = FromProto(*req);
   if (!spec.ok()) return Answer(ctx, spec.status());
   absl::StatusOr<ListJobsResult> page = broker_.ListJobs(*spec);
@@ -40,6 +44,8 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* ctx,
                                                   const v1::CancelJobRequest* req, v1::Job* resp) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
+    return Answer(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.CancelJob(req->job_id(), [reactor, resp](absl::StatusOr<Job> job) {
     if (job.ok()) ToProto(*job, resp);
@@ -53,6 +59,10 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
                                                  v1::RetryJobResponse* resp) {
   const bool one = !req->job_id().empty();
   const bool bulk = !req->queue().empty();
+  absl::Status allowed = auth_.Check(*ctx, Role::kAdmin);
+  if (allowed.ok() && bulk) allowed = auth_.Check(*ctx, Role::kAdmin, req->queue());
+  if (allowed.ok() && one) allowed = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id());
+  if (!allowed.ok()) return Answer(ctx, allowed);
   if (one && bulk)
     return Answer(ctx, absl::InvalidArgumentError(
                            "job_id and queue are exclusive: set job_id to retry one job, or queue "
@@ -93,6 +103,8 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                   const v1::DeleteJobRequest* req,
                                                   v1::DeleteJobResponse*) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
+    return Answer(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.DeleteJob(req->job_id(), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
   return reactor;
@@ -101,13 +113,25 @@ grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* ctx,
                                                    const v1::ListQueuesRequest*,
                                                    v1::ListQueuesResponse* resp) {
-  for (const QueueInfo& q : broker_.ListQueues()) ToProto(q, resp->add_queues());
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return Answer(ctx, caller.status());
+  if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kAdmin); !s.ok())
+      return Answer(ctx, s);
+  }
+  for (const QueueInfo& q : broker_.ListQueues()) {
+    // A token scoped to some queues sees those only; the others' names are not its business.
+    if (*caller == nullptr || Authorizer::MatchesQueue(**caller, q.name))
+      ToProto(q, resp->add_queues());
+  }
   return Answer(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ctx,
                                                  const v1::GetQueueRequest* req,
                                                  v1::QueueInfo* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
+    return Answer(ctx, s);
   absl::StatusOr<QueueInfo> info = broker_.GetQueue(req->queue());
   if (info.ok()) ToProto(*info, resp);
   return Answer(ctx, info.status());
@@ -116,6 +140,8 @@ grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
                                                           const v1::UpdateQueuePolicyRequest* req,
                                                           v1::QueueInfo* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
+    return Answer(ctx, s);
   absl::StatusOr<PolicyOverride> policy = FromProto(req->policy(), "policy");
   if (!policy.ok()) return Answer(ctx, policy.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -142,6 +168,7 @@ grpc::ServerUnaryReactor* AdminService::ResumeQueue(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* AdminService::SetPaused(grpc::CallbackServerContext* ctx,
                                                   const std::string& queue, bool paused,
                                                   v1::QueueInfo* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, queue); !s.ok()) return Answer(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.SetQueuePaused(queue, paused, [reactor, resp](absl::StatusOr<QueueInfo> info) {
     if (info.ok()) ToProto(*info, resp);
@@ -153,6 +180,8 @@ grpc::ServerUnaryReactor* AdminService::SetPaused(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* AdminService::PurgeQueue(grpc::CallbackServerContext* ctx,
                                                    const v1::PurgeQueueRequest* req,
                                                    v1::PurgeQueueResponse* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
+    return Answer(ctx, s);
   absl::StatusOr<std::vector<JobState>> states = FromProto(*req);
   if (!states.ok()) return Answer(ctx, states.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();

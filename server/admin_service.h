@@ -4,15 +4,17 @@
 
 #include "core/broker.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
+#include "server/rpc_auth.h"
 
 namespace jobbroker {
 
 // The Admin gRPC service. Reads answer at once; changes answer once durable (bulk ones, a
-// RetryJob with `queue` and PurgeQueue, once their last batch is). `broker` is borrowed and must
-// outlive the service.
+// RetryJob with `queue` and PurgeQueue, once their last batch is). Every call passes `auth` first
+// (role admin, on the queue it names or its job's queue; ListQueues shows only the queues the
+// caller's token matches). `broker` and `auth` are borrowed and must outlive the service.
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  explicit AdminService(Broker& broker) : broker_(broker) {}
+  AdminService(Broker& broker, const RpcAuth& auth) : broker_(broker), auth_(auth) {}
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                    v1::Job* resp) override;
@@ -51,6 +53,7 @@ class AdminService final : public v1::Admin::CallbackService {
                                       bool paused, v1::QueueInfo* resp);
 
   Broker& broker_;
+  const RpcAuth& auth_;
 };
 
 }  // namespace jobbroker

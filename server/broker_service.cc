@@ -48,11 +48,33 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
+// Every job's queue, so that one job the token may not enqueue refuses the whole batch.
+absl::Status CheckBatch(const RpcAuth& auth, const grpc::ServerContextBase& ctx,
+                        const v1::EnqueueBatchRequest& req) {
+  absl::StatusOr<const TokenEntry*> caller = auth.Caller(ctx);
+  if (!caller.ok() || *caller == nullptr) return caller.status();
+  if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok()) return s;
+  for (const v1::EnqueueRequest& job : req.jobs()) {
+    if (absl::Status s = Authorizer::Allow(**caller, Role::kProducer, job.queue()); !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+// A Work stream refused before it starts (no token, or no worker role): finished at once.
+class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,
                                                  const v1::EnqueueRequest* req,
                                                  v1::EnqueueResponse* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kProducer, req->queue()); !s.ok())
+    return Refuse(ctx, s);
   absl::StatusOr<EnqueueSpec> spec = FromProto(*req);
   if (!spec.ok()) return Refuse(ctx, spec.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -72,6 +94,7 @@ grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContext* ctx,
                                                       const v1::EnqueueBatchRequest* req,
                                                       v1::EnqueueBatchResponse* resp) {
+  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return Refuse(ctx, s);
   std::vector<EnqueueSpec> specs;
   specs.reserve(req->jobs_size());
   for (int i = 0; i < req->jobs_size(); ++i) {
@@ -82,23 +105,27 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
     specs.push_back(std::move(*spec));
   }
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.EnqueueBatch(std::move(specs),
-                       [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
-                         if (r.ok()) {
-                           for (const EnqueueResult& e : *r) {
-                             v1::EnqueueResponse* out = resp->add_results();
-                             out->set_job_id(e.job_id);
-                             out->set_deduplicated(e.deduplicated);
-                           }
-                         }
-                         reactor->Finish(ToGrpcStatus(r.status()));
-                       });
+  broker_.EnqueueBatch(
+      std::move(specs),
+      [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+        if (r.ok()) {
+          for (const EnqueueResult& e : *r) {
+            v1::EnqueueResponse* out = resp->add_results();
+            out->set_job_id(e.job_id);
+            out->set_deduplicated(e.deduplicated);
+          }
+        }
+        reactor->Finish(ToGrpcStatus(r.status()));
+      },
+      /*batch=*/true);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
                                                const v1::LeaseRequest* req,
                                                v1::LeaseResponse* resp) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kWorker, req->queue()); !s.ok())
+    return Refuse(ctx, s);
   absl::StatusOr<LeaseSpec> spec = FromProto(*req);
   if (!spec.ok()) return Refuse(ctx, spec.status());
   absl::Duration wait = absl::ZeroDuration();
@@ -115,6 +142,8 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                    const v1::HeartbeatRequest* req,
                                                    v1::HeartbeatResponse* resp) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return Refuse(ctx, s);
   absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
   if (!spec.ok()) return Refuse(ctx, spec.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -130,6 +159,8 @@ grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* 
 
 grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
                                              const v1::AckRequest* req, v1::AckResponse*) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return Refuse(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.Ack(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
   return reactor;
@@ -137,6 +168,8 @@ grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
 
 grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
                                               const v1::FailRequest* req, v1::FailResponse* resp) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return Refuse(ctx, s);
   absl::StatusOr<FailSpec> spec = FromProto(*req);
   if (!spec.ok()) return Refuse(ctx, spec.status());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -153,14 +186,27 @@ grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ctx,
                                                  const v1::ReleaseRequest* req,
                                                  v1::ReleaseResponse*) {
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return Refuse(ctx, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.Release(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(
-    grpc::CallbackServerContext*) {
-  return WorkStream::Start(broker_);
+    grpc::CallbackServerContext* ctx) {
+  // The metadata comes once per stream: the token is checked here, each queue and job later.
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return new RefusedStream(caller.status());
+  if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kWorker); !s.ok())
+      return new RefusedStream(s);
+  }
+  if (!streams_.TryAcquire())
+    return new RefusedStream(absl::ResourceExhaustedError(
+        absl::StrCat("Work streams: all ", streams_.max(),
+                     " are open (--max-work-streams); retry later or on another broker")));
+  return WorkStream::Start(broker_, auth_, *caller, &streams_);
 }
 
 }  // namespace jobbroker

@@ -2,15 +2,20 @@
 
 #include "core/broker.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "server/rpc_auth.h"
+#include "server/work_stream_limit.h"
 
 namespace jobbroker {
 
 // The Broker gRPC service: convert, call core, map the status, finish. Handlers never block:
 // each reply is finished from the broker's callback once the change is durable, and a long-poll
-// Lease holds no thread while it waits. `broker` is borrowed and must outlive the service.
+// Lease holds no thread while it waits. Every call passes `auth` first (roles producer and
+// worker). `broker` and `auth` are borrowed and must outlive the service.
 class BrokerService final : public v1::Broker::CallbackService {
  public:
-  explicit BrokerService(Broker& broker) : broker_(broker) {}
+  // `streams` bounds the open Work streams; borrowed, like the others.
+  BrokerService(Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams)
+      : broker_(broker), auth_(auth), streams_(streams) {}
 
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
                                     v1::EnqueueResponse* resp) override;
@@ -34,6 +39,8 @@ class BrokerService final : public v1::Broker::CallbackService {
 
  private:
   jobbroker::Broker& broker_;
+  const RpcAuth& auth_;
+  WorkStreamLimit& streams_;
 };
 
 }  // namespace jobbroker

@@ -3,6 +3,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -10,12 +11,23 @@ namespace jobbroker {
 
 absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   ServerFlags flags;
+  std::string max_work_streams;
   std::map<absl::string_view, std::string*> values = {
-      {"--listen", &flags.listen},       {"--http-listen", &flags.http_listen},
-      {"--data-dir", &flags.data_dir},   {"--config", &flags.config},
-      {"--log-level", &flags.log_level}, {"--log-format", &flags.log_format},
-      {"--metrics", &flags.metrics},     {"--tls-cert", &flags.tls_cert},
-      {"--tls-key", &flags.tls_key},     {"--tls-client-ca", &flags.tls_client_ca},
+      {"--max-work-streams", &max_work_streams},
+      {"--listen", &flags.listen},
+      {"--http-listen", &flags.http_listen},
+      {"--data-dir", &flags.data_dir},
+      {"--config", &flags.config},
+      {"--log-level", &flags.log_level},
+      {"--log-format", &flags.log_format},
+      {"--metrics", &flags.metrics},
+      {"--tls-cert", &flags.tls_cert},
+      {"--tls-key", &flags.tls_key},
+      {"--tls-client-ca", &flags.tls_client_ca},
+      {"--auth-tokens", &flags.auth_tokens},
+      {"--http-tls-cert", &flags.http_tls_cert},
+      {"--http-tls-key", &flags.http_tls_key},
+      {"--http-tls-client-ca", &flags.http_tls_client_ca},
   };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -43,10 +55,19 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(name, " must not be empty"));
     *it->second = std::move(*value);
   }
+  if (!max_work_streams.empty() && (!absl::SimpleAtoi(max_work_streams, &flags.max_work_streams) ||
+                                    flags.max_work_streams < 1 || flags.max_work_streams > 1000000))
+    return absl::InvalidArgumentError("--max-work-streams must be a number from 1 to 1000000");
   if (flags.tls_cert.empty() != flags.tls_key.empty())
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
   if (!flags.tls_client_ca.empty() && flags.tls_cert.empty())
     return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  if (flags.http_tls_cert.empty() != flags.http_tls_key.empty())
+    return absl::InvalidArgumentError(
+        "--http-tls-cert and --http-tls-key go together: give both or neither");
+  if (!flags.http_tls_client_ca.empty() && flags.http_tls_cert.empty())
+    return absl::InvalidArgumentError(
+        "--http-tls-client-ca needs --http-tls-cert and --http-tls-key");
   return flags;
 }
 

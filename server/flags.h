@@ -19,6 +19,16 @@ struct ServerFlags {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_client_ca;  // clients must present a certificate this CA signed
+  // The HTTP endpoint (/metrics, /healthz, /readyz) over TLS, separately from gRPC: a scraper
+  // may need another certificate than the workers. Same rules as the gRPC ones.
+  std::string http_tls_cert;
+  std::string http_tls_key;
+  std::string http_tls_client_ca;
+  // JSON file of bearer tokens with roles and queue patterns (server/auth_tokens.h). Empty: no
+  // authentication, every caller may call every RPC.
+  std::string auth_tokens;
+  // Open Work streams at once, over all clients (1 to 1000000).
+  int max_work_streams = 10000;
   bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;
 };
@@ -41,6 +51,11 @@ inline constexpr char kUsage[] =
     "  --tls-cert     gRPC over TLS: the server's certificate chain (PEM)\n"
     "  --tls-key      its private key (PEM)\n"
     "  --tls-client-ca  require client certificates signed by this CA (PEM): mutual TLS\n"
+    "  --http-tls-cert, --http-tls-key, --http-tls-client-ca\n"
+    "                 the same for the HTTP endpoint (HTTPS, optionally mutual)\n"
+    "  --auth-tokens  require a bearer token on every Broker and Admin call: a JSON file of\n"
+    "                 tokens (their SHA-256), each with roles and queue patterns\n"
+    "  --max-work-streams  open Work streams allowed at once, over all workers (default 10000)\n"
     "  --check-config validate the flags, the --config file and the TLS files, say so, exit\n"
     "                 (0 if the broker would start with them, 1 otherwise)\n";
 

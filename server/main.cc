@@ -17,6 +17,8 @@
 #include "core/validation.h"
 #include "prometheus/registry.h"
 #include "server/admin_service.h"
+#include "server/auth_tokens.h"
+#include "server/authorizer.h"
 #include "server/broker_service.h"
 #include "server/config.h"
 #include "server/flags.h"
@@ -26,7 +28,9 @@
 #include "server/metrics.h"
 #include "server/metrics_observer.h"
 #include "server/process_metrics.h"
+#include "server/rpc_auth.h"
 #include "server/rpc_metrics.h"
+#include "server/storage_health.h"
 #include "server/ticker.h"
 #include "server/tls.h"
 #include "storage/rocksdb_store.h"
@@ -35,6 +39,9 @@ namespace jobbroker {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payloads
+// HTTP/2 streams (calls in flight) per client connection. gRPC's own default is unbounded; a
+// client over the limit waits for a free stream rather than failing.
+constexpr int kMaxConcurrentStreamsPerConnection = 1000;
 // Replies are already computed when the drain starts; this bounds only their delivery.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
 
@@ -78,6 +85,14 @@ int Run(int argc, char** argv) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       GrpcServerCredentials(*flags);
   if (!credentials.ok()) return Fatal(std::string(credentials.status().message()));
+  std::unique_ptr<Authorizer> authorizer;  // null: no --auth-tokens, every call allowed
+  if (!flags->auth_tokens.empty()) {
+    absl::StatusOr<std::vector<TokenEntry>> tokens = LoadAuthTokens(flags->auth_tokens);
+    if (!tokens.ok()) return Fatal(std::string(tokens.status().message()));
+    authorizer = std::make_unique<Authorizer>(*std::move(tokens));
+  }
+  const HttpTlsFiles http_tls{flags->http_tls_cert, flags->http_tls_key, flags->http_tls_client_ca};
+  if (absl::Status s = CheckHttpTls(http_tls); !s.ok()) return Fatal(std::string(s.message()));
   if (flags->check_config) {
     std::cout << "jobbroker: config ok: "
               << (flags->config.empty() ? "built-in defaults" : flags->config) << " ("
@@ -85,6 +100,10 @@ int Run(int argc, char** argv) {
               << (flags->tls_cert.empty()        ? "without TLS"
                   : flags->tls_client_ca.empty() ? "over TLS"
                                                  : "over mutual TLS")
+              << (authorizer == nullptr ? "" : " with bearer tokens") << ", HTTP "
+              << (!http_tls.enabled()          ? "without TLS"
+                  : http_tls.client_ca.empty() ? "over TLS"
+                                               : "over mutual TLS")
               << std::endl;
     return 0;
   }
@@ -102,7 +121,7 @@ int Run(int argc, char** argv) {
   prometheus::Registry registry;
   ProcessCollector process;
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
-      HttpServer::Start(flags->http_listen, {&registry, &process});
+      HttpServer::Start(flags->http_listen, {&registry, &process}, http_tls);
   if (!http.ok()) return Fatal(std::string(http.status().message()));
 
   std::error_code ec;
@@ -116,7 +135,8 @@ int Run(int argc, char** argv) {
   Ticker ticker;
   MetricsObserver metrics(registry);
   LogObserver log_observer;
-  std::vector<BrokerObserver*> observers = {&log_observer};
+  StorageHealth storage_health;  // readiness follows the store (server/storage_health.h)
+  std::vector<BrokerObserver*> observers = {&log_observer, &storage_health};
   if (metrics_on) observers.push_back(&metrics);
   TeeObserver observer(observers);
   options.commit_mode = CommitPipeline::Mode::kBackground;
@@ -129,14 +149,17 @@ int Run(int argc, char** argv) {
   }
   ticker.Start(**broker);
 
-  BrokerService broker_service(**broker);
-  AdminService admin_service(**broker);
+  RpcAuth auth(authorizer.get(), **broker);
+  WorkStreamLimit work_streams(flags->max_work_streams);
+  BrokerService broker_service(**broker, auth, work_streams);
+  AdminService admin_service(**broker, auth);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
   builder.AddListeningPort(flags->listen, *credentials, &grpc_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);
   if (metrics_on) {
@@ -160,6 +183,7 @@ int Run(int argc, char** argv) {
   (*http)->AddCollectable(&collector);
   (*http)->AddCollectable(&storage);
   (*http)->SetReady(true);
+  storage_health.Attach(http->get(), server->GetHealthCheckService());
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);
   const std::string http_address = WithPort(flags->http_listen, (*http)->port());

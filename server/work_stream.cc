@@ -66,8 +66,9 @@ class WorkStream::Sink final : public StreamSink {
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
 };
 
-WorkStream* WorkStream::Start(Broker& broker) {
-  std::shared_ptr<WorkStream> stream(new WorkStream(broker));
+WorkStream* WorkStream::Start(Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
+                              WorkStreamLimit* limit) {
+  std::shared_ptr<WorkStream> stream(new WorkStream(broker, auth, caller, limit));
   stream->self_ = stream;
   stream->StartRead(&stream->request_);
   return stream.get();
@@ -97,8 +98,29 @@ void WorkStream::OnReadDone(bool ok) {
   StartRead(&request_);
 }
 
+absl::Status WorkStream::Authorize(const v1::WorkRequest& request) const {
+  switch (request.request_case()) {
+    case v1::WorkRequest::kSubscribe:
+      for (const std::string& queue : request.subscribe().queues()) {
+        if (absl::Status s = auth_.Allow(caller_, Role::kWorker, queue); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    case v1::WorkRequest::kHeartbeat:
+      return auth_.AllowJob(caller_, Role::kWorker, request.heartbeat().job_id());
+    case v1::WorkRequest::kAck:
+      return auth_.AllowJob(caller_, Role::kWorker, request.ack().job_id());
+    case v1::WorkRequest::kFail:
+      return auth_.AllowJob(caller_, Role::kWorker, request.fail().job_id());
+    case v1::WorkRequest::kRelease:
+      return auth_.AllowJob(caller_, Role::kWorker, request.release().job_id());
+    default:
+      return absl::OkStatus();
+  }
+}
+
 void WorkStream::Handle(const v1::WorkRequest& request) {
   const uint64_t id = request.request_id();
+  if (absl::Status s = Authorize(request); !s.ok()) return Answer(id, s);
   switch (request.request_case()) {
     case v1::WorkRequest::kSubscribe:
       Subscribe(id, request.subscribe());
@@ -170,7 +192,10 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
     already = stream_id_ != 0;
   }
   if (already)
-    return Answer(request_id, absl::FailedPreconditionError("this stream has already subscribed"));
+    return Answer(
+        request_id,
+        absl::FailedPreconditionError(
+            "subscribe: this stream has already subscribed; open another stream for other queues"));
   SubscribeSpec spec;
   spec.queues.assign(subscribe.queues().begin(), subscribe.queues().end());
   spec.worker_id = subscribe.worker_id();
@@ -291,6 +316,7 @@ void WorkStream::OnDone() {
     stream = stream_id_;
   }
   if (stream != 0) broker_.Unsubscribe(stream);
+  limit_->Release();
   self_.reset();  // may delete this
 }
 

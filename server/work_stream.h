@@ -10,6 +10,8 @@
 #include "absl/synchronization/mutex.h"
 #include "core/broker.h"
 #include "jobbroker/v1/broker.pb.h"
+#include "server/rpc_auth.h"
+#include "server/work_stream_limit.h"
 
 namespace jobbroker {
 
@@ -33,8 +35,12 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
  public:
   static constexpr size_t kMaxOutbox = 4096;
 
-  // A new stream, already reading; gRPC gets the raw pointer.
-  static WorkStream* Start(Broker& broker);
+  // A new stream, already reading; gRPC gets the raw pointer. `caller` is the stream's
+  // authenticated token (nullptr: auth off); every subscribed queue and every job the stream
+  // heartbeats, acks, fails or releases is checked against it. `auth` must outlive the stream.
+  // `limit` holds the slot the caller took for it; the stream gives it back when it ends.
+  static WorkStream* Start(Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
+                           WorkStreamLimit* limit);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -45,13 +51,16 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   class Sink;
   friend class Sink;
 
-  explicit WorkStream(Broker& broker) : broker_(broker) {}
+  WorkStream(Broker& broker, const RpcAuth& auth, const TokenEntry* caller, WorkStreamLimit* limit)
+      : broker_(broker), auth_(auth), caller_(caller), limit_(limit) {}
 
   // Queues `message` for the client; safe from any thread.
   void Send(v1::WorkResponse message);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);
+  // PERMISSION_DENIED if the caller may not touch a queue or job `request` names.
+  absl::Status Authorize(const v1::WorkRequest& request) const;
   void Subscribe(uint64_t request_id, const v1::SubscribeRequest& subscribe);
   void Answer(uint64_t request_id, const absl::Status& status);
   // Each broker call in progress holds the stream open until its answer is queued.
@@ -61,6 +70,9 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   void Pump();
 
   Broker& broker_;
+  const RpcAuth& auth_;
+  const TokenEntry* const caller_;
+  WorkStreamLimit* const limit_;      // the slot this stream holds, given back in OnDone
   std::shared_ptr<WorkStream> self_;  // released in OnDone
   v1::WorkRequest request_;           // the read in progress
 

@@ -254,3 +254,49 @@ TEST_F(StreamTest, ShutdownEndsStreamsWithUnavailable) {
 
 }  // namespace
 }  // namespace jobbroker::testing
+
+namespace jobbroker::testing {
+namespace {
+
+TEST(StreamLimitTest, StreamsBeyondMaxWorkStreamsAreRefusedUntilOneCloses) {
+  BrokerProcessOptions options;
+  options.extra_args = {"--max-work-streams", "2"};
+  auto broker = BrokerProcess::Start(options);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  std::unique_ptr<v1::Broker::Stub> stub = (*broker)->NewBrokerStub();
+  auto first = std::make_unique<WorkStreamClient>(*stub);
+  auto second = std::make_unique<WorkStreamClient>(*stub);
+  ASSERT_EQ(first->Subscribe({"q"}, 1), StatusCode::OK);
+  ASSERT_EQ(second->Subscribe({"q"}, 1), StatusCode::OK);
+
+  // The third is finished at once, before it can subscribe.
+  WorkStreamClient third(*stub);
+  grpc::Status refused = third.Close();
+  EXPECT_EQ(refused.error_code(), StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("--max-work-streams"));
+
+  // A closed stream gives its slot back.
+  EXPECT_TRUE(first->Close().ok());
+  first.reset();
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {  // the broker learns of the close asynchronously
+    WorkStreamClient again(*stub);
+    reopened = again.Subscribe({"q"}, 1) == StatusCode::OK;
+    if (!reopened) absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_TRUE(reopened);
+}
+
+TEST(StreamLimitTest, ABadMaxWorkStreamsIsRefusedAtStart) {
+  auto dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  for (const char* bad : {"0", "-1", "many", "1000001"}) {
+    auto result = RunBrokerToExit(**dir, {"--check-config", "--max-work-streams", bad});
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->exit_code, 1) << bad;
+    EXPECT_THAT(result->stderr_text, ::testing::HasSubstr("--max-work-streams")) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace jobbroker::testing

@@ -12,6 +12,15 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"--address", "HOST:PORT", "the broker (default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070)"},
       {"--json", "", "machine-readable output: proto3 JSON"},
       {"--timeout", "DURATION", "deadline of each call (default 10s)"},
+      {"--token-file", "FILE",
+       "bearer token for a broker with --auth-tokens, read from FILE (default: $JOBBROKER_TOKEN)"},
+      {"--tls", "", "connect over TLS, trusting the system's roots (implied by the flags below)"},
+      {"--tls-ca", "FILE", "TLS, trusting the CA certificates in FILE (PEM)"},
+      {"--tls-cert", "FILE", "mutual TLS: this client's certificate chain (PEM), with --tls-key"},
+      {"--tls-key", "FILE", "mutual TLS: its private key (PEM)"},
+      {"--tls-server-name", "NAME",
+       "TLS: the name the broker's certificate must carry, if not the"
+       " address's host"},
       {"--help", "", "show help"},
   };
   return *kFlags;

@@ -66,7 +66,7 @@ struct Command {
 
 // Every command, in the order the usage text lists them.
 const std::vector<Command>& Commands();
-// Flags every command accepts (--address, --json, --timeout, --help).
+// Flags every command accepts (--address, --json, --timeout, the token and TLS flags, --help).
 const std::vector<FlagSpec>& GlobalFlags();
 
 // Prints "error: <message>" and the command's usage line to io.err; returns kExitUsage.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/cli/connection.h"
 #include "client/cpp/cli/usage.h"
 
 namespace jobbroker::cli {
@@ -107,6 +108,10 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
     } else {
       options.timeout = *timeout;
     }
+  }
+  if (problem.empty()) {
+    if (absl::Status s = ApplyConnectionFlags(all, options); !s.ok())
+      problem = std::string(s.message());
   }
   if (problem.empty() &&
       (all.positional.size() < command->min_args || all.positional.size() > command->max_args)) {

@@ -34,7 +34,12 @@ constexpr char kTrailer[] =
     "  1  the broker refused the request; stderr says \"error: CODE: message\"\n"
     "     (NOT_FOUND, INVALID_ARGUMENT, ALREADY_EXISTS, ...)\n"
     "  2  bad command line; nothing was sent\n"
-    "  3  the broker could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), after retries\n";
+    "  3  the broker could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), after retries\n"
+    "\n"
+    "A broker started with --auth-tokens wants a bearer token: put it in a file (--token-file)\n"
+    "or in $JOBBROKER_TOKEN. There is no --token flag: the command line of a running program\n"
+    "is visible to every user of the machine. Refusals are UNAUTHENTICATED (no or unknown\n"
+    "token) and PERMISSION_DENIED (the token lacks the role or the queue), both exit code 1.\n";
 
 }  // namespace
 
@@ -55,7 +60,10 @@ std::string GeneralUsage() {
   std::string out =
       "jobbroker-cli: enqueue jobs and inspect a jobbroker from the shell.\n"
       "\n"
-      "usage: jobbroker-cli [--address HOST:PORT] [--json] [--timeout DURATION] COMMAND [ARGS]\n"
+      "usage: jobbroker-cli [--address HOST:PORT] [--json] [--timeout DURATION]\n"
+      "                     [--token-file FILE] [--tls] [--tls-ca FILE]\n"
+      "                     [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]\n"
+      "                     COMMAND [ARGS]\n"
       "\n"
       "Commands:\n";
   for (const auto& [left, summary] : rows) {

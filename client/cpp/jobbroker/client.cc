@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "jobbroker/health.h"
 #include "jobbroker/proto_time.h"
@@ -45,6 +48,7 @@ absl::Status Run(const ClientOptions& options, bool retryable, Call call) {
     if (options.timeout != absl::InfiniteDuration()) {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
     }
+    if (absl::Status s = AddBearerToken(options.token, &ctx); !s.ok()) return s;
     absl::Status status = FromGrpc(call(&ctx));
     if (status.ok() || attempt >= attempts || !IsTransient(status.code())) return status;
     if (options.on_retry) options.on_retry(attempt, status, wait);
@@ -59,12 +63,58 @@ Enqueued FromProto(const v1::EnqueueResponse& resp) {
 
 }  // namespace
 
+absl::StatusOr<std::string> ReadPemFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(path, ": cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!absl::StrContains(text.str(), "-----BEGIN "))
+    return absl::InvalidArgumentError(absl::StrCat(path, ": holds no PEM block"));
+  return text.str();
+}
+
+absl::StatusOr<TlsOptions> ReadTlsFiles(const std::string& ca_file, const std::string& cert_file,
+                                        const std::string& key_file) {
+  if (cert_file.empty() != key_file.empty())
+    return absl::InvalidArgumentError(
+        "the client certificate and its key go together: give both or neither");
+  TlsOptions tls;
+  std::pair<const std::string*, std::string*> files[] = {
+      {&ca_file, &tls.ca_pem}, {&cert_file, &tls.cert_pem}, {&key_file, &tls.key_pem}};
+  const char* const names[] = {"CA file", "certificate file", "key file"};
+  for (size_t i = 0; i < std::size(files); ++i) {
+    if (files[i].first->empty()) continue;
+    absl::StatusOr<std::string> pem = ReadPemFile(*files[i].first);
+    if (!pem.ok())
+      return absl::InvalidArgumentError(absl::StrCat(names[i], " ", pem.status().message()));
+    *files[i].second = *std::move(pem);
+  }
+  return tls;
+}
+
 std::string DefaultAddress() {
   const char* env = std::getenv("JOBBROKER_ADDRESS");
   return env != nullptr && *env != '\0' ? env : kFallbackAddress;
 }
 
-std::shared_ptr<grpc::Channel> DialBroker(const std::string& address) {
+std::string DefaultToken() {
+  const char* env = std::getenv("JOBBROKER_TOKEN");
+  return env != nullptr ? env : "";
+}
+
+absl::Status AddBearerToken(const std::string& token, grpc::ClientContext* ctx) {
+  if (token.empty()) return absl::OkStatus();
+  for (char c : token) {
+    if (c < 0x21 || c > 0x7e)
+      return absl::InvalidArgumentError(
+          "token must be printable ASCII without spaces (a token file's trailing newline?)");
+  }
+  ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
+                                          const std::optional<TlsOptions>& tls) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -75,8 +125,16 @@ std::shared_ptr<grpc::Channel> DialBroker(const std::string& address) {
   // short one would fail connects to a slow or distant broker.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address.empty() ? DefaultAddress() : address,
-                                   grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (tls.has_value()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls->ca_pem;
+    ssl.pem_cert_chain = tls->cert_pem;
+    ssl.pem_private_key = tls->key_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!tls->server_name.empty()) args.SetSslTargetNameOverride(tls->server_name);
+  }
+  return grpc::CreateCustomChannel(address.empty() ? DefaultAddress() : address, credentials, args);
 }
 
 v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::string& payload,
@@ -102,7 +160,9 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   if (options_.address.empty()) options_.address = DefaultAddress();
-  channel_ = options_.channel != nullptr ? options_.channel : DialBroker(options_.address);
+  if (options_.token.empty()) options_.token = DefaultToken();
+  channel_ =
+      options_.channel != nullptr ? options_.channel : DialBroker(options_.address, options_.tls);
   broker_ = v1::Broker::NewStub(channel_);
   admin_ = v1::Admin::NewStub(channel_);
 }

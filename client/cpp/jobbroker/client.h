@@ -16,9 +16,32 @@
 
 namespace grpc {
 class Channel;
-}
+class ClientContext;
+}  // namespace grpc
 
 namespace jobbroker::client {
+
+// TLS for the channel to the broker (its --tls-cert, and --tls-client-ca for mutual TLS). PEM
+// text; ReadTlsFiles loads it from files.
+struct TlsOptions {
+  // The roots that must have signed the broker's certificate. Empty: gRPC's default roots (the
+  // system's trust store, or $GRPC_DEFAULT_SSL_ROOTS_FILE_PATH).
+  std::string ca_pem;
+  // This client's certificate chain and private key, for mutual TLS. Both or neither.
+  std::string cert_pem;
+  std::string key_pem;
+  // The name the broker's certificate must carry when it is not the host of the address (a
+  // broker dialled by IP address or through a tunnel). Empty: the address's host.
+  std::string server_name;
+};
+
+// TlsOptions from PEM files. `ca_file` may be empty (default roots); `cert_file` and `key_file`
+// go together (both or neither). INVALID_ARGUMENT naming a file that cannot be read or holds no
+// PEM block, or a certificate without its key.
+absl::StatusOr<TlsOptions> ReadTlsFiles(const std::string& ca_file, const std::string& cert_file,
+                                        const std::string& key_file);
+// One PEM file's text. INVALID_ARGUMENT "PATH: cannot be read" or "PATH: holds no PEM block".
+absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 
 struct ClientOptions {
   // "host:port". Default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
@@ -32,17 +55,33 @@ struct ClientOptions {
   // Called before each retry's wait with the attempt that failed (1-based), its status and the
   // wait that follows; for logging and metrics. Runs on the calling thread.
   std::function<void(int attempt, const absl::Status& status, absl::Duration wait)> on_retry;
-  // Use this channel instead of dialing `address` (tests, custom credentials).
+  // Use this channel instead of dialing `address` (tests, custom credentials); `tls` is then
+  // ignored, `token` is still sent.
   std::shared_ptr<grpc::Channel> channel;
+  // TLS to the broker; nullopt: plaintext.
+  std::optional<TlsOptions> tls;
+  // Bearer token for a broker started with --auth-tokens, sent with every call as the metadata
+  // `authorization: Bearer <token>`. Default: $JOBBROKER_TOKEN, else none. Without `tls` it
+  // crosses the network in the clear. A token that is not printable ASCII fails every call with
+  // INVALID_ARGUMENT (nothing is sent).
+  std::string token;
 };
 
 // The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
 std::string DefaultAddress();
+// The token ClientOptions{} sends: $JOBBROKER_TOKEN, else "" (none).
+std::string DefaultToken();
 
 // A channel to the broker at `address` (empty: DefaultAddress()) with the settings every
 // client here uses: 64 MiB messages, and reconnects that back off from 100 ms to at most 2 s, so
-// a broker that restarts is found again within seconds.
-std::shared_ptr<grpc::Channel> DialBroker(const std::string& address);
+// a broker that restarts is found again within seconds. Over TLS when `tls` is set.
+std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
+                                          const std::optional<TlsOptions>& tls = std::nullopt);
+
+// Adds `token` to `ctx` as `authorization: Bearer <token>` (nothing if `token` is empty).
+// INVALID_ARGUMENT, without the token in the message, if it is not printable ASCII (a token
+// file's trailing newline, say), which gRPC could not send.
+absl::Status AddBearerToken(const std::string& token, grpc::ClientContext* ctx);
 
 // Options of one Enqueue; unset fields take the queue's policy.
 struct EnqueueOptions {

@@ -91,8 +91,9 @@ class Worker::Impl {
     if (options_.worker_id.empty()) options_.worker_id = DefaultWorkerId();
     if (options_.concurrency < 1) options_.concurrency = 1;
     if (options_.prefetch < 0) options_.prefetch = 0;
+    if (options_.token.empty()) options_.token = DefaultToken();
     channel_ = options_.channel;
-    if (channel_ == nullptr) channel_ = DialBroker(options_.address);
+    if (channel_ == nullptr) channel_ = DialBroker(options_.address, options_.tls);
     stub_ = v1::Broker::NewStub(channel_);
   }
 
@@ -212,6 +213,11 @@ class Worker::Impl {
     absl::Duration backoff = options_.reconnect_initial;
     while (true) {
       auto context = std::make_unique<grpc::ClientContext>();
+      if (absl::Status s = AddBearerToken(options_.token, context.get()); !s.ok()) {
+        absl::MutexLock lock(&mu_);
+        if (!first_subscribe_.has_value()) first_subscribe_ = s;
+        return;  // a token that cannot be sent never will be: Start() reports it
+      }
       std::unique_ptr<grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>> stream =
           stub_->Work(context.get());
       std::vector<v1::WorkRequest> resend;

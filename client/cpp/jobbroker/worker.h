@@ -3,11 +3,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "jobbroker/client.h"
 #include "jobbroker/v1/broker.pb.h"
 
 namespace grpc {
@@ -65,8 +67,13 @@ absl::Status RetryAfter(absl::Duration delay, absl::string_view message);
 struct WorkerOptions {
   // "host:port"; default $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
   std::string address;
-  // Use this channel instead of dialing `address`.
+  // Use this channel instead of dialing `address` (`tls` is then ignored).
   std::shared_ptr<grpc::Channel> channel;
+  // TLS to the broker; nullopt: plaintext (see client.h).
+  std::optional<TlsOptions> tls;
+  // Bearer token sent on the Work stream (a token with the worker role on every handled
+  // queue). Default: $JOBBROKER_TOKEN, else none.
+  std::string token;
   // Names this worker in attempt histories; default "<hostname>-<pid>".
   std::string worker_id;
   // Jobs run at once (handler threads).
