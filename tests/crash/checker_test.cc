@@ -1,0 +1,387 @@
+// The crash harness's checker must be able to fail: each kind of violation, fed as crafted logs
+// and a crafted final state, is reported; and a run where every rerun has a cause is clean.
+
+#include "tests/crash/checker.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/time_util.h"
+#include "gtest/gtest.h"
+
+namespace jobbroker::crash {
+namespace {
+
+namespace v1 = ::jobbroker::v1;
+using ::testing::Each;
+using ::testing::ElementsAre;
+using ::testing::Field;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
+
+constexpr char kQueue[] = "crash.a";
+
+std::string Line(std::vector<std::string> fields) { return absl::StrJoin(fields, "\t") + "\n"; }
+
+std::string Enq(int64_t ts, const std::string& id, const std::string& key,
+                const std::string& kind = kKindOk, bool dedup = false, int tries = 1,
+                int batch = 0) {
+  return Line({absl::StrCat(ts), "ENQ", id, key, kind, kQueue, dedup ? "1" : "0",
+               absl::StrCat(tries), absl::StrCat(batch)});
+}
+
+std::string Recv(int64_t ts, const std::string& worker, const std::string& job, int attempt,
+                 const std::string& lease) {
+  return Line({absl::StrCat(ts), "RECV", worker, job, absl::StrCat(attempt), lease, "1"});
+}
+
+std::string AckOk(int64_t ts, const std::string& worker, const std::string& job, int attempt,
+                  const std::string& lease) {
+  return Line({absl::StrCat(ts), "ACK_OK", worker, job, absl::StrCat(attempt), lease});
+}
+
+std::string AckRefused(int64_t ts, const std::string& worker, const std::string& job, int attempt,
+                       const std::string& lease) {
+  return Line({absl::StrCat(ts), "ACK_REFUSED", worker, job, absl::StrCat(attempt), lease, "9"});
+}
+
+std::string FailOk(int64_t ts, const std::string& worker, const std::string& job, int attempt,
+                   const std::string& lease, bool terminal) {
+  return Line({absl::StrCat(ts), "FAIL_OK", worker, job, absl::StrCat(attempt), lease,
+               terminal ? "1" : "0"});
+}
+
+std::string Driver(int64_t ts, const std::string& type, const std::string& subject) {
+  return Line({absl::StrCat(ts), type, subject, "4242"});
+}
+
+struct AttemptSpec {
+  int attempt;
+  int64_t started_at;
+  v1::AttemptOutcome outcome;
+  int64_t ended_at = 0;  // 0: not set
+};
+
+v1::Job Job(const std::string& id, const std::string& key, v1::JobState state, int attempt,
+            std::vector<AttemptSpec> attempts = {},
+            v1::FailReason reason = v1::FAIL_REASON_UNSPECIFIED) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_queue(kQueue);
+  job.set_dedup_key(key);
+  job.set_state(state);
+  job.set_attempt(attempt);
+  job.set_fail_reason(reason);
+  for (const AttemptSpec& a : attempts) {
+    v1::AttemptRecord* r = job.add_attempts();
+    r->set_attempt(a.attempt);
+    *r->mutable_started_at() =
+        google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(a.started_at);
+    r->set_outcome(a.outcome);
+    if (a.ended_at != 0) {
+      *r->mutable_ended_at() =
+          google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(a.ended_at);
+    }
+  }
+  return job;
+}
+
+v1::Job Completed(const std::string& id, const std::string& key, int attempt = 1) {
+  return Job(id, key, v1::JOB_STATE_COMPLETED, attempt);
+}
+
+struct Scenario {
+  std::string producer;
+  std::string worker;
+  std::string driver;
+  std::vector<v1::Job> final_jobs;
+
+  Report Run() const {
+    CrashLogs logs;
+    ParseProducerLog("p1", producer, logs);
+    ParseWorkerLog(worker, logs);
+    ParseDriverLog(driver, logs);
+    return Check(logs, final_jobs);
+  }
+};
+
+std::vector<ViolationKind> Kinds(const Report& report) {
+  std::vector<ViolationKind> kinds;
+  for (const Violation& v : report.violations) kinds.push_back(v.kind);
+  return kinds;
+}
+
+// Two runs of job J: attempt 1 on w1.1 (lease L1, leased at 1000), attempt 2 on w2.1 at 5000,
+// which acks it. What happened in between is up to each test.
+Scenario TwoRuns() {
+  Scenario s;
+  s.producer = Enq(10, "J", "p1-0");
+  s.worker = Recv(1010, "w1.1", "J", 1, "L1") + Recv(5000, "w2.1", "J", 2, "L2") +
+             AckOk(5010, "w2.1", "J", 2, "L2");
+  s.final_jobs = {Job("J", "p1-0", v1::JOB_STATE_COMPLETED, 2,
+                      {{1, 1000, v1::ATTEMPT_OUTCOME_LEASE_EXPIRED, 2000},
+                       {2, 4990, v1::ATTEMPT_OUTCOME_COMPLETED, 5010}})};
+  return s;
+}
+
+// TwoRuns() with a job of `kind` whose attempt 1 the broker recorded with `outcome`.
+Scenario TwoRunsRecordedAs(v1::AttemptOutcome outcome, const std::string& kind = kKindOk) {
+  Scenario s = TwoRuns();
+  s.producer = Enq(10, "J", "p1-0", kind);
+  s.final_jobs[0].mutable_attempts(0)->set_outcome(outcome);
+  return s;
+}
+
+TEST(CheckerTest, CleanRunHasNoViolationsAndExplainsEveryRerun) {
+  Scenario s;
+  // A: acked at once. B: flaky, failed on purpose then acked. C: its worker was killed.
+  // D: its worker was stopped before the push (the socket still took it). E: the broker crashed
+  // between lease and ack, and the worker's late ack was refused. F: a batch job whose first
+  // enqueue committed unanswered, found again by the retry.
+  s.producer = Enq(10, "A", "p1-0") + Enq(11, "B", "p1-1", kKindFlaky) + Enq(12, "C", "p1-2") +
+               Enq(13, "D", "p1-3") + Enq(14, "E", "p1-4") +
+               Enq(15, "F", "p1-5", kKindOk, /*dedup=*/true, /*tries=*/3, /*batch=*/1) +
+               Enq(16, "G", "p1-6", kKindPermanent) + Enq(17, "H", "p1-7", kKindExhaust);
+  s.worker = Recv(100, "w1.1", "A", 1, "LA") + AckOk(110, "w1.1", "A", 1, "LA") +
+             Recv(200, "w1.1", "B", 1, "LB1") + FailOk(210, "w1.1", "B", 1, "LB1", false) +
+             Recv(400, "w2.1", "B", 2, "LB2") + AckOk(410, "w2.1", "B", 2, "LB2") +
+             Recv(300, "w1.1", "C", 1, "LC1") + Recv(2000, "w2.1", "C", 2, "LC2") +
+             AckOk(2010, "w2.1", "C", 2, "LC2") + Recv(3900, "w3.1", "D", 1, "LD1") +
+             Recv(3500, "w2.1", "D", 2, "LD2") + AckOk(3510, "w2.1", "D", 2, "LD2") +
+             AckRefused(3910, "w3.1", "D", 1, "LD1") + Recv(600, "w2.1", "E", 1, "LE1") +
+             Recv(1900, "w2.1", "E", 2, "LE2") + AckRefused(1950, "w2.1", "E", 1, "LE1") +
+             AckOk(1960, "w2.1", "E", 2, "LE2") + Recv(700, "w2.1", "F", 1, "LF") +
+             AckOk(710, "w2.1", "F", 1, "LF") + Recv(720, "w2.1", "G", 1, "LG") +
+             FailOk(730, "w2.1", "G", 1, "LG", true) + Recv(740, "w2.1", "H", 1, "LH") +
+             FailOk(750, "w2.1", "H", 1, "LH", true);
+  s.driver = Driver(350, "WORKER_KILL", "w1.1") + Driver(650, "BROKER_KILL", "1") +
+             Driver(2500, "WORKER_STOP", "w3.1") + Driver(3800, "WORKER_CONT", "w3.1");
+  s.final_jobs = {
+      Completed("A", "p1-0"),
+      Completed("B", "p1-1", 2),
+      Completed("C", "p1-2", 2),
+      Job("D", "p1-3", v1::JOB_STATE_COMPLETED, 2,
+          {{1, 2600, v1::ATTEMPT_OUTCOME_LEASE_EXPIRED}, {2, 3400, v1::ATTEMPT_OUTCOME_COMPLETED}}),
+      Completed("E", "p1-4", 2),
+      Completed("F", "p1-5"),
+      Job("G", "p1-6", v1::JOB_STATE_FAILED, 1, {}, v1::FAIL_REASON_PERMANENT),
+      Job("H", "p1-7", v1::JOB_STATE_FAILED, 1, {}, v1::FAIL_REASON_ATTEMPTS_EXHAUSTED),
+  };
+
+  const Report report = s.Run();
+
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  const Summary& sum = report.summary;
+  EXPECT_EQ(sum.jobs_enqueued, 8);
+  EXPECT_EQ(sum.batches, 1);
+  EXPECT_EQ(sum.dedup_hits_after_crash, 1);
+  EXPECT_EQ(sum.runs, 12);
+  EXPECT_EQ(sum.jobs_run_more_than_once, 4);
+  EXPECT_EQ(sum.reruns.at(RerunCause::kIntendedRetry), 1);
+  EXPECT_EQ(sum.reruns.at(RerunCause::kWorkerKill), 1);
+  EXPECT_EQ(sum.reruns.at(RerunCause::kWorkerStop), 1);
+  EXPECT_EQ(sum.reruns.at(RerunCause::kBrokerCrash), 1);
+  EXPECT_EQ(sum.reruns.at(RerunCause::kUnexplained), 0);
+  EXPECT_EQ(sum.broker_kills, 1);
+  EXPECT_EQ(sum.worker_kills, 1);
+  EXPECT_EQ(sum.worker_stops, 1);
+  EXPECT_EQ(sum.lost, 0);
+  EXPECT_THAT(report.SummaryTable(), HasSubstr("violations"));
+}
+
+TEST(CheckerTest, ReportsLostJob) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0") + Enq(20, "B", "p1-1");
+  s.final_jobs = {Completed("A", "p1-0")};
+
+  const Report report = s.Run();
+
+  ASSERT_THAT(report.violations, ElementsAre(Field(&Violation::job_id, "B")));
+  EXPECT_EQ(report.violations[0].kind, ViolationKind::kLost);
+  EXPECT_EQ(report.summary.lost, 1);
+}
+
+TEST(CheckerTest, ReportsJobThatEndedOtherwiseThanItsKindSays) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0", kKindPermanent) + Enq(11, "B", "p1-1", kKindExhaust) +
+               Enq(12, "C", "p1-2");
+  s.final_jobs = {Completed("A", "p1-0"),
+                  Job("B", "p1-1", v1::JOB_STATE_FAILED, 1, {}, v1::FAIL_REASON_PERMANENT),
+                  Job("C", "p1-2", v1::JOB_STATE_READY, 0)};
+
+  EXPECT_THAT(Kinds(s.Run()),
+              ElementsAre(ViolationKind::kWrongFinalState, ViolationKind::kWrongFinalState,
+                          ViolationKind::kWrongFinalState));
+}
+
+TEST(CheckerTest, ReportsJobNoEnqueueReturned) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0");
+  s.worker = Recv(100, "w1.1", "X", 1, "LX") + AckOk(110, "w1.1", "X", 1, "LX") +
+             Recv(120, "w1.1", "A", 1, "LA") + AckOk(130, "w1.1", "A", 1, "LA");
+  s.final_jobs = {Completed("A", "p1-0"), Completed("X", "")};
+
+  const Report report = s.Run();
+
+  // Once because the broker holds it, once because a worker ran it.
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kUnknownJob, ViolationKind::kUnknownJob));
+  EXPECT_THAT(report.violations, Each(Field(&Violation::job_id, "X")));
+}
+
+TEST(CheckerTest, ReportsTwoJobIdsForOneDedupKey) {
+  Scenario s;
+  // The producer was answered with two ids for one key (its retry created a second job).
+  s.producer = Enq(10, "A", "p1-0") + Enq(20, "B", "p1-0", kKindOk, false, 2);
+  s.final_jobs = {Completed("A", "p1-0"), Completed("B", "p1-0")};
+
+  const Report report = s.Run();
+
+  // Once from the producer's answers, once from the broker's final state.
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kDedupTwoIds, ViolationKind::kDedupTwoIds));
+}
+
+TEST(CheckerTest, ReportsDedupHitOnAFirstTry) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0", kKindOk, /*dedup=*/true, /*tries=*/1);
+  s.final_jobs = {Completed("A", "p1-0")};
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kSpuriousDedup));
+}
+
+TEST(CheckerTest, ReportsUnexplainedDuplicate) {
+  const Report report = TwoRuns().Run();
+
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("ATTEMPT_OUTCOME_LEASE_EXPIRED"));
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kUnexplained), 1);
+}
+
+TEST(CheckerTest, KillOfAnotherWorkerOrOutsideTheWindowExplainsNothing) {
+  Scenario s = TwoRuns();
+  s.driver = Driver(2000, "WORKER_KILL", "w3.1") +  // not the worker that held attempt 1
+             Driver(900, "WORKER_KILL", "w1.1") +   // before attempt 1 was leased
+             Driver(6000, "BROKER_KILL", "1") +     // after the rerun
+             Driver(200, "WORKER_STOP", "w1.1") + Driver(900, "WORKER_CONT", "w1.1");
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+}
+
+TEST(CheckerTest, EachCauseInTheWindowExplainsTheRerun) {
+  for (const auto& [event, cause] : std::vector<std::pair<std::string, RerunCause>>{
+           {Driver(2000, "WORKER_KILL", "w1.1"), RerunCause::kWorkerKill},
+           {Driver(2000, "WORKER_STOP", "w1.1"), RerunCause::kWorkerStop},
+           {Driver(2000, "BROKER_KILL", "3"), RerunCause::kBrokerCrash}}) {
+    Scenario s = TwoRuns();
+    s.driver = event;
+    const Report report = s.Run();
+    EXPECT_TRUE(report.ok()) << event << report.ViolationList();
+    EXPECT_EQ(report.summary.reruns.at(cause), 1) << event;
+  }
+}
+
+TEST(CheckerTest, WorkerErrorExplainsRerunOnlyForKindsMeantToFail) {
+  // The worker's fail committed but its answer was lost: only the broker's record tells.
+  Scenario flaky = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_ERROR, kKindFlaky);
+  const Report flaky_report = flaky.Run();
+  EXPECT_TRUE(flaky_report.ok()) << flaky_report.ViolationList();
+  EXPECT_EQ(flaky_report.summary.reruns.at(RerunCause::kIntendedRetry), 1);
+
+  // A worker never fails an `ok` job; a crash in the window does not make that a lease expiry.
+  Scenario ok = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_ERROR, kKindOk);
+  ok.driver = Driver(2000, "BROKER_KILL", "1");
+  EXPECT_THAT(Kinds(ok.Run()), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+}
+
+TEST(CheckerTest, ReportsRerunAfterTheBrokerRecordedCompletion) {
+  // No worker heard the ack, but the broker recorded attempt 1 completed, then leased it again.
+  Scenario s = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_COMPLETED);
+  s.driver = Driver(2000, "BROKER_KILL", "1");
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kUndoneAck));
+}
+
+TEST(CheckerTest, ReportsAttemptThatStartedBeforeThePreviousEnded) {
+  Scenario s = TwoRuns();
+  s.driver = Driver(2000, "WORKER_KILL", "w1.1");
+  // Attempt 2 was leased at 1500, while attempt 1's lease ran until 2000.
+  s.final_jobs[0].mutable_attempts(1)->mutable_started_at()->CopyFrom(
+      google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(1500));
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kOverlappingLease));
+}
+
+TEST(CheckerTest, ReportsAckThatDidNotStick) {
+  Scenario s;
+  // The broker answered the ack of attempt 1, yet the job ended with attempt 2.
+  s.producer = Enq(10, "A", "p1-0");
+  s.worker = Recv(100, "w1.1", "A", 1, "L1") + AckOk(110, "w1.1", "A", 1, "L1");
+  s.final_jobs = {Completed("A", "p1-0", 2)};
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kUndoneAck));
+}
+
+TEST(CheckerTest, ReportsJobReceivedAgainAfterItsAckWasAcknowledged) {
+  Scenario s = TwoRuns();
+  // Attempt 1's ack was answered OK; a broker crash lies in the window, which explains a rerun
+  // of an unacknowledged lease but never one of an acknowledged ack.
+  s.worker += AckOk(1020, "w1.1", "J", 1, "L1");
+  s.driver = Driver(2000, "BROKER_KILL", "1");
+
+  const Report report = s.Run();
+
+  EXPECT_THAT(Kinds(report),
+              UnorderedElementsAre(ViolationKind::kUndoneAck, ViolationKind::kUndoneAck));
+  EXPECT_THAT(report.ViolationList(), HasSubstr("received again"));
+}
+
+TEST(CheckerTest, ReportsTerminalFailThatDidNotStick) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0", kKindPermanent);
+  s.worker = Recv(100, "w1.1", "A", 1, "L1") + FailOk(110, "w1.1", "A", 1, "L1", true);
+  s.final_jobs = {Job("A", "p1-0", v1::JOB_STATE_READY, 1)};
+
+  EXPECT_THAT(Kinds(s.Run()),
+              UnorderedElementsAre(ViolationKind::kWrongFinalState, ViolationKind::kUndoneAck));
+}
+
+TEST(CheckerTest, ReportsAttemptNumberLeasedTwice) {
+  Scenario s = TwoRuns();
+  s.worker = Recv(1010, "w1.1", "J", 1, "L1") + Recv(5000, "w2.1", "J", 1, "L2") +
+             AckOk(5010, "w2.1", "J", 1, "L2");
+  s.driver = Driver(2000, "BROKER_KILL", "1");
+  s.final_jobs = {Completed("J", "p1-0", 1)};
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kAttemptReused));
+}
+
+TEST(CheckerTest, SkipsTornLastLineAndReportsMalformedOnes) {
+  Scenario s;
+  s.producer = Enq(10, "A", "p1-0") + "11\tENQ\tB";  // killed mid-write: no newline
+  s.worker = "12\tRECV\tw1.1\tA\tnot-a-number\tL1\t1\n";
+  s.final_jobs = {Completed("A", "p1-0")};
+
+  const Report report = s.Run();
+
+  EXPECT_EQ(report.summary.torn_lines, 1);
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kMalformedLog));
+}
+
+TEST(CheckerTest, ParsesEveryDriverLineType) {
+  CrashLogs logs;
+  ParseDriverLog(Line({"1", "SEED", "7"}) + Driver(2, "BROKER_UP", "1") +
+                     Driver(3, "BROKER_KILL", "1") + Driver(4, "WORKER_UP", "w1.1") +
+                     Driver(5, "WORKER_KILL", "w1.1") + Driver(6, "WORKER_STOP", "w1.2") +
+                     Driver(7, "WORKER_CONT", "w1.2") + Line({"8", "PRODUCER_EXIT", "p1", "0"}) +
+                     Line({"9", "SETTLED", "1"}),
+                 logs);
+
+  EXPECT_THAT(logs.malformed, IsEmpty());
+  EXPECT_EQ(logs.driver_events.size(), 9u);
+}
+
+}  // namespace
+}  // namespace jobbroker::crash
