@@ -13,6 +13,7 @@ packages=(
   libgtest-dev libgmock-dev clang-format
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
   openssl     # a throwaway CA for the TLS tests
+  libssl-dev  # the HTTP endpoint's TLS (server/tls_front.cc)
 )
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
@@ -20,6 +21,8 @@ if [ "${1:-}" = "--tests" ]; then
   # scripts/image-check.sh builds and runs the container image with podman (no Docker engine),
   # on a base image it makes with debootstrap.
   packages+=(podman runc debootstrap curl)
+  # tests/fuzz: libFuzzer comes with clang's runtime; llvm-14 has the symbolizer for stacks.
+  packages+=(clang-14 libclang-rt-14-dev llvm-14)
   # The other languages' toolchains come with the machine (Go, Node.js with npm, JDK with Maven,
   # Rust with cargo, CPython); their packages are installed from each client's lock file.
   for tool in go node npm java mvn cargo python3; do

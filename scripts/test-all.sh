@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test suite against the built broker: C++ (ctest, then again under ASan+UBSan), the
+# Runs every test suite against the built broker: C++ (ctest, then again under ASan+UBSan, the
+# concurrency tests under TSan), the crash-consistency harness, the fuzzers, the
 # API checks, the Helm chart's checks (lint, offline Kubernetes schemas, the rendered config
 # through --check-config), the Dockerfile's lint, each client language's own test.sh (which
 # installs its packages from its lock file, builds the package and runs its tests against a
@@ -16,7 +17,8 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp asan api chart image-lint python go typescript interop java rust ruby image)
+all_suites=(cpp asan tsan crash fuzz api chart image-lint python go typescript interop java rust
+  ruby image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -26,6 +28,13 @@ run_suite() {
     # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
     # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
     asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;
+    # The concurrency-heavy tests under ThreadSanitizer (tests/tsan/README.md).
+    tsan) tests/tsan/run.sh ;;
+    # The broker killed with SIGKILL 20 times under producers and workers; the checker proves
+    # nothing acknowledged was lost (tests/crash/README.md).
+    crash) BUILD="$build" tests/crash/run.sh --kills 20 ;;
+    # The libFuzzer targets, 60 s each, from the committed corpus (tests/fuzz/README.md).
+    fuzz) tests/fuzz/run.sh ;;
     api) scripts/api-check.sh ;;
     interop) tests/interop/test.sh --all-pairs ;;
     chart) tests/chart/test.sh ;;
