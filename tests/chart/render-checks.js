@@ -42,6 +42,7 @@ const expectations = {
     assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070, service: "jobbroker.v1.Broker" });
     assert.strictEqual(c.startupProbe.httpGet.path, "/readyz");
     assert.ok(!c.args.some((a) => a.startsWith("--tls")), "no TLS flags by default");
+    assert.ok(!c.args.some((a) => a.startsWith("--auth-tokens")), "no tokens by default");
     assert.ok(c.args.includes("--config=/etc/jobbroker/config/config.json"));
     const pod = sts.spec.template.spec;
     assert.strictEqual(pod.securityContext.runAsNonRoot, true);
@@ -84,6 +85,16 @@ const expectations = {
     assert.strictEqual(vol.secret.secretName, "jobbroker-tls");
     assert.ok(c.volumeMounts.find((m) => m.name === "tls").readOnly);
     assert.ok(!one(docs, "Pod").spec.containers[0].args[0].includes("jobbroker-cli --address"));
+  },
+  "auth-on"(docs) {
+    const c = container(docs);
+    assert.ok(c.args.includes("--auth-tokens=/etc/jobbroker/auth/tokens.json"));
+    const vol = one(docs, "StatefulSet").spec.template.spec.volumes.find((v) => v.name === "auth");
+    assert.strictEqual(vol.secret.secretName, "jobbroker-tokens");
+    assert.deepStrictEqual(vol.secret.items, [{ key: "tokens.json", path: "tokens.json" }]);
+    const mount = c.volumeMounts.find((m) => m.name === "auth");
+    assert.strictEqual(mount.mountPath, "/etc/jobbroker/auth");
+    assert.ok(mount.readOnly);
   },
   "no-persistence"(docs) {
     const sts = one(docs, "StatefulSet");

@@ -65,6 +65,11 @@ else
   printf -- '-----BEGIN PRIVATE KEY-----\nMA==\n-----END PRIVATE KEY-----\n' >"$work/tls/tls.key"
 fi
 
+# A tokens file of the Secret's shape for the auth value sets (a digest, not a token).
+mkdir -p "$work/auth"
+printf '{"tokens": [{"name": "chart-test", "sha256": "%s", "roles": ["producer"], "queues": ["*"]}]}\n' \
+  "$(printf 'not-a-real-token' | sha256sum | cut -d' ' -f1)" >"$work/auth/tokens.json"
+
 # check_config SET RENDERED: the broker's own check of the rendered args and config.json.
 check_config() {
   local set=$1 rendered=$2 dir="$work/$1"
@@ -74,6 +79,7 @@ check_config() {
   while IFS= read -r a; do
     a=${a//\/etc\/jobbroker\/config\/config.json/$dir/config.json}
     a=${a//\/etc\/jobbroker\/tls/$work/tls}
+    a=${a//\/etc\/jobbroker\/auth/$work/auth}
     args+=("$a")
   done <"$dir/args"
   local expect

@@ -111,6 +111,9 @@ Checks of combinations that values.schema.json cannot express; each fails the re
 {{- if and .Values.persistence.existingClaim (gt (int .Values.replicaCount) 1) }}
 {{- fail "persistence.existingClaim can be used with replicaCount 1 only: one claim cannot hold the data of two brokers" }}
 {{- end }}
+{{- if and .Values.auth.enabled (not .Values.auth.secretName) }}
+{{- fail "auth.enabled is true but auth.secretName is empty: name a Secret with the key tokens.json (the --auth-tokens file, docs/security.md)" }}
+{{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
 {{- fail "tls.enabled is true but tls.secretName is empty: name a Secret of type kubernetes.io/tls (tls.crt, tls.key, and ca.crt when tls.clientCA is true)" }}
 {{- end }}
