@@ -174,6 +174,9 @@ class Broker {
   // Reads (no durability wait). GetJob of a job whose stored record was corrupt (skipped at
   // recovery) is kDataLoss; DeleteJob removes such a record.
   absl::StatusOr<Job> GetJob(const std::string& job_id);
+  // The queue of a job, without copying the job (authorization asks on every job-scoped call).
+  // kNotFound for an unknown (or corrupt) job, kInvalidArgument for a malformed id.
+  absl::StatusOr<std::string> JobQueue(const std::string& job_id);
   absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec);
   absl::StatusOr<QueueInfo> GetQueue(const std::string& queue);
   std::vector<QueueInfo> ListQueues();

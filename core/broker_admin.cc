@@ -390,6 +390,14 @@ absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
   return *job;
 }
 
+absl::StatusOr<std::string> Broker::JobQueue(const std::string& job_id) {
+  BROKER_RETURN_IF_ERROR(ValidateJobId(job_id));
+  absl::MutexLock lock(&mu_);
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  return job->queue;
+}
+
 absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
   BROKER_RETURN_IF_ERROR(ValidateQueueName(spec.queue));
   if (spec.page_size < 0 || spec.page_size > kMaxLeaseBatch)

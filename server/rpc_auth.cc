@@ -44,9 +44,9 @@ absl::Status RpcAuth::AllowJob(const TokenEntry* caller, Role role,
   if (caller == nullptr) return absl::OkStatus();
   // The role first: a caller without it learns nothing about which jobs exist.
   if (absl::Status s = Authorizer::AllowRole(*caller, role); !s.ok()) return s;
-  absl::StatusOr<Job> job = broker_.GetJob(job_id);
-  if (!job.ok()) return absl::OkStatus();  // the call answers NOT_FOUND / INVALID_ARGUMENT
-  return Authorizer::Allow(*caller, role, job->queue);
+  absl::StatusOr<std::string> queue = broker_.JobQueue(job_id);
+  if (!queue.ok()) return absl::OkStatus();  // the call answers NOT_FOUND / INVALID_ARGUMENT
+  return Authorizer::Allow(*caller, role, *queue);
 }
 
 }  // namespace jobbroker

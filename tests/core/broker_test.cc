@@ -153,6 +153,13 @@ TEST_F(BrokerTest, AFailDueAtOnceAnswersReadyEvenWhenAWaitingLeaseTakesTheJob) {
   EXPECT_EQ(taken[0].attempt, 2);
 }
 
+TEST_F(BrokerTest, JobQueueNamesTheQueueOfAKnownJobOnly) {
+  std::string id = Enqueue("billing.eu");
+  EXPECT_EQ(broker_->JobQueue(id).value_or(""), "billing.eu");
+  EXPECT_EQ(broker_->JobQueue("nope").status().code(), Code::kNotFound);
+  EXPECT_EQ(broker_->JobQueue("").status().code(), Code::kInvalidArgument);
+}
+
 TEST_F(BrokerTest, LastAttemptFailingKillsTheJob) {
   EnqueueSpec s{.queue = "q", .payload = "p"};
   s.max_attempts = 2;
