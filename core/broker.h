@@ -223,6 +223,11 @@ class Broker {
   // ran out into failed attempts, into `t`. Returns how many leases expired.
   size_t LoadLocked(Recovered& found, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every consumer: waiting Leases and streams are handed out, to be answered without the
+  // lock (shutdown, and the rebuild after a storage failure).
+  void DetachConsumersLocked(std::vector<Done<absl::StatusOr<std::vector<LeasedJob>>>>& waiting,
+                             std::vector<std::shared_ptr<StreamSink>>& streams)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets every job, queue, dedup key and consumer, handing waiting Leases and streams out to
   // be answered without the lock.
   void ClearLocked(std::vector<Done<absl::StatusOr<std::vector<LeasedJob>>>>& waiting,

@@ -494,22 +494,27 @@ absl::StatusOr<int64_t> Broker::PurgeQueue(std::string queue, std::vector<JobSta
       [&](Done<R> d) { PurgeQueue(std::move(queue), std::move(states), std::move(d)); });
 }
 
+void Broker::DetachConsumersLocked(std::vector<LeaseDone>& waiting,
+                                   std::vector<std::shared_ptr<StreamSink>>& streams) {
+  for (auto& [id, c] : consumers_) {
+    if (c->stream) {
+      streams.push_back(std::move(c->sink));
+    } else {
+      waiting.push_back(std::move(c->done));
+    }
+  }
+  consumers_.clear();
+  holders_.clear();
+  waiter_deadlines_.clear();
+}
+
 void Broker::Shutdown() {
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
-    for (auto& [id, c] : consumers_) {
-      if (c->stream) {
-        streams.push_back(std::move(c->sink));
-      } else {
-        waiting.push_back(std::move(c->done));
-      }
-    }
-    consumers_.clear();
-    holders_.clear();
-    waiter_deadlines_.clear();
+    DetachConsumersLocked(waiting, streams);
     for (auto& [name, q] : queues_) q->consumers.clear();
   }
   for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});

@@ -94,16 +94,7 @@ absl::Status Broker::ResumeWrites() {
 
 void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
                          std::vector<std::shared_ptr<StreamSink>>& streams) {
-  for (auto& [id, c] : consumers_) {
-    if (c->stream) {
-      streams.push_back(std::move(c->sink));
-    } else {
-      waiting.push_back(std::move(c->done));
-    }
-  }
-  consumers_.clear();
-  holders_.clear();
-  waiter_deadlines_.clear();
+  DetachConsumersLocked(waiting, streams);
   jobs_by_seq_.clear();
   jobs_.clear();
   queues_.clear();
