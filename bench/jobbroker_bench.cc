@@ -3,11 +3,14 @@
 //   jobbroker-bench enqueue   [--concurrency N] [--jobs N] [--payload-bytes N]
 //   jobbroker-bench e2e       [--workers N] [--jobs N] [--concurrency N]
 //   jobbroker-bench e2e-mixed [--workers N] [--concurrency N] [--jobs N]
+//   jobbroker-bench batch     [--concurrency N] [--batch N] [--jobs N]
+//   jobbroker-bench stream    [--workers N] [--in-flight N] [--concurrency N] [--producer-batch N]
 //   common: --address HOST:PORT (127.0.0.1:7070) --queue NAME --channels N --timeout SECONDS
 //
 // enqueue:   N producer threads, each a blocking unary Enqueue loop. Every Enqueue waits for its
 //            synced WAL write, so concurrency 1 measures fsync latency and higher concurrency
 //            measures group commit.
+// batch:     N producer threads, each a blocking EnqueueBatch loop of --batch jobs.
 // e2e:       preloads --jobs jobs (EnqueueBatch, not timed), then --workers threads loop
 //            Lease(max_jobs 1) -> Ack until all are done; reports the lease+ack phase.
 // e2e-mixed: producers and workers at the same time; reports jobs/s from the first enqueue to
@@ -61,22 +64,26 @@ struct Flags {
   int payload_bytes = 100;
   int channels = 4;
   int batch = 100;
-  int in_flight = 16;   // stream modes: jobs each streaming worker holds at once
-  int64_t preload = 0;  // backlog mode: ready jobs waiting before the measured Lease+Acks
-  int64_t keys = 0;     // backlog mode: distinct concurrency keys of the preloaded jobs
-  double rate = 1000;   // latency mode: enqueues per second
+  int in_flight = 16;      // stream modes: jobs each streaming worker holds at once
+  int producer_batch = 1;  // stream mode: jobs per producer call (1: Enqueue, more: EnqueueBatch)
+  int64_t preload = 0;     // backlog mode: ready jobs waiting before the measured Lease+Acks
+  int64_t keys = 0;        // backlog mode: distinct concurrency keys of the preloaded jobs
+  double rate = 1000;      // latency mode: enqueues per second
   double timeout_seconds = 300;
 };
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: jobbroker-bench enqueue|e2e|e2e-mixed|stream|latency [flags]\n"
+               "usage: jobbroker-bench enqueue|batch|e2e|e2e-mixed|stream|latency|backlog "
+               "[flags]\n"
+               "  batch: --concurrency producers, each an EnqueueBatch loop of --batch jobs\n"
                "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
                "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
                "  backlog: preload --preload jobs (over --keys concurrency keys), then time\n"
                "          --jobs Lease+Ack cycles by --workers unary workers\n"
                "  latency: one idle streaming worker, enqueues at --rate per second; time\n"
-               "          from Enqueue returning (and from its send) to the job's arrival\n"
+               "          from the Enqueue's send (and its return, on stderr) to the job's\n"
+               "          arrival in the handler\n"
                "  --address HOST:PORT   broker gRPC address (default 127.0.0.1:7070)\n"
                "  --concurrency N       producer threads (default 16)\n"
                "  --workers N           worker threads for e2e modes (default 16)\n"
@@ -84,7 +91,8 @@ void Usage(FILE* out) {
                "  --payload-bytes N     payload size (default 100)\n"
                "  --queue NAME          queue to use (default: a fresh name per run)\n"
                "  --channels N          gRPC connections to spread threads over (default 4)\n"
-               "  --batch N             EnqueueBatch size for the e2e preload (default 100)\n"
+               "  --batch N             EnqueueBatch size: batch mode, preloads (default 100)\n"
+               "  --producer-batch N    stream mode: jobs per producer call; 1 = Enqueue\n"
                "  --in-flight N         stream modes: jobs each worker holds (default 16)\n"
                "  --preload N           backlog mode: ready jobs before measuring (default 0)\n"
                "  --keys N              backlog mode: concurrency keys of those jobs (default 0)\n"
@@ -158,6 +166,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (arg == "--batch") {
       if (!as_int(1)) return false;
       flags->batch = static_cast<int>(std::min<int64_t>(n, 1000));
+    } else if (arg == "--producer-batch") {
+      if (!as_int(1)) return false;
+      flags->producer_batch = static_cast<int>(std::min<int64_t>(n, 1000));
     } else if (arg == "--in-flight") {
       if (!as_int(1)) return false;
       flags->in_flight = static_cast<int>(n);
@@ -178,9 +189,11 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
       return false;
     }
   }
-  if (flags->mode != "enqueue" && flags->mode != "e2e" && flags->mode != "e2e-mixed" &&
-      flags->mode != "stream" && flags->mode != "latency" && flags->mode != "backlog") {
-    std::fprintf(stderr, "mode must be enqueue, e2e, e2e-mixed, stream, latency or backlog\n");
+  if (flags->mode != "enqueue" && flags->mode != "batch" && flags->mode != "e2e" &&
+      flags->mode != "e2e-mixed" && flags->mode != "stream" && flags->mode != "latency" &&
+      flags->mode != "backlog") {
+    std::fprintf(stderr,
+                 "mode must be enqueue, batch, e2e, e2e-mixed, stream, latency or backlog\n");
     return false;
   }
   return true;
@@ -270,7 +283,11 @@ struct Report {
   int64_t done = 0;
   double seconds = 0;
   double p50_ms = 0;
+  double p90_ms = 0;
   double p99_ms = 0;
+  double max_ms = 0;
+  int in_flight = 0;       // stream modes: jobs each worker holds at once
+  int producer_batch = 0;  // jobs per producer call
   std::string latency_of;  // what the percentiles measure
   int64_t errors = 0;
   std::string first_error;
@@ -304,13 +321,23 @@ void Print(const Report& r, const Flags& flags) {
   std::printf(
       "{\"mode\":\"%s\",\"address\":\"%s\",\"concurrency\":%d,\"workers\":%d,\"jobs\":%lld,"
       "\"done\":%lld,\"payload_bytes\":%d,\"seconds\":%.4f,\"jobs_per_sec\":%.1f,"
-      "\"latency_of\":\"%s\",\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"errors\":%lld,"
+      "\"in_flight\":%d,\"producer_batch\":%d,\"latency_of\":\"%s\",\"p50_ms\":%.3f,"
+      "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"errors\":%lld,"
       "\"timed_out\":%s,\"first_error\":\"%s\"}\n",
       r.mode.c_str(), JsonEscape(flags.address).c_str(), r.concurrency, r.workers,
       static_cast<long long>(r.jobs), static_cast<long long>(r.done), flags.payload_bytes,
-      r.seconds, rate, r.latency_of.c_str(), r.p50_ms, r.p99_ms, static_cast<long long>(r.errors),
-      r.timed_out ? "true" : "false", JsonEscape(r.first_error).c_str());
+      r.seconds, rate, r.in_flight, r.producer_batch, r.latency_of.c_str(), r.p50_ms, r.p90_ms,
+      r.p99_ms, r.max_ms, static_cast<long long>(r.errors), r.timed_out ? "true" : "false",
+      JsonEscape(r.first_error).c_str());
   std::fflush(stdout);
+}
+
+// p50, p90, p99 and max of `l` into `r`.
+void SetPercentiles(Latencies& l, Report* r) {
+  r->p50_ms = l.PercentileMs(50);
+  r->p90_ms = l.PercentileMs(90);
+  r->p99_ms = l.PercentileMs(99);
+  r->max_ms = l.PercentileMs(100);
 }
 
 grpc::Status Call(const std::function<grpc::Status(grpc::ClientContext*)>& fn,
@@ -339,8 +366,8 @@ class Bench {
       return 1;
     }
     Report r;
-    if (flags_.mode == "enqueue") {
-      r = RunEnqueue();
+    if (flags_.mode == "enqueue" || flags_.mode == "batch") {
+      r = RunEnqueue(flags_.mode == "batch");
     } else if (flags_.mode == "e2e") {
       r = RunE2e();
     } else if (flags_.mode == "stream") {
@@ -369,10 +396,12 @@ class Bench {
     if (errors->count() >= kMaxErrors) abort_.store(true);
   }
 
-  // `threads` producers share `next` and enqueue single jobs until `jobs` are claimed.
+  // `threads` producers share `next` and enqueue until `jobs` are claimed: single jobs, or with
+  // `batch` > 1 EnqueueBatch calls of that many (latencies are then per call).
   std::vector<std::thread> StartProducers(int threads, std::atomic<int64_t>* next,
                                           std::atomic<int64_t>* enqueued, Latencies* latencies,
-                                          Errors* errors, bool stamp) {
+                                          Errors* errors, bool stamp, int batch = 1) {
+    if (batch > 1) return StartBatchProducers(threads, next, enqueued, latencies, errors, batch);
     std::vector<std::thread> producers;
     for (int t = 0; t < threads; ++t) {
       producers.emplace_back([=, this] {
@@ -395,6 +424,41 @@ class Bench {
           }
           micros.push_back(absl::ToInt64Microseconds(absl::Now() - start));
           enqueued->fetch_add(1);
+        }
+        latencies->Add(std::move(micros));
+      });
+    }
+    return producers;
+  }
+
+  std::vector<std::thread> StartBatchProducers(int threads, std::atomic<int64_t>* next,
+                                               std::atomic<int64_t>* enqueued, Latencies* latencies,
+                                               Errors* errors, int batch) {
+    std::vector<std::thread> producers;
+    for (int t = 0; t < threads; ++t) {
+      producers.emplace_back([=, this] {
+        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
+        std::vector<int64_t> micros;
+        while (!TimedOut()) {
+          const int64_t first = next->fetch_add(batch);
+          if (first >= flags_.jobs) break;
+          const int64_t n = std::min<int64_t>(batch, flags_.jobs - first);
+          v1::EnqueueBatchRequest req;
+          for (int64_t i = 0; i < n; ++i) {
+            v1::EnqueueRequest* job = req.add_jobs();
+            job->set_queue(flags_.queue);
+            job->set_payload(payload_);
+          }
+          const absl::Time start = absl::Now();
+          v1::EnqueueBatchResponse resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->EnqueueBatch(ctx, req, &resp); });
+          if (!s.ok()) {
+            RecordError(errors, s, "EnqueueBatch");
+            continue;
+          }
+          micros.push_back(absl::ToInt64Microseconds(absl::Now() - start));
+          enqueued->fetch_add(n);
         }
         latencies->Add(std::move(micros));
       });
@@ -461,24 +525,26 @@ class Bench {
     return workers;
   }
 
-  Report RunEnqueue() {
+  // enqueue and batch modes: --concurrency producers, single jobs or --batch per call.
+  Report RunEnqueue(bool batched) {
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> enqueued{0};
     Latencies latencies;
     Errors errors;
+    const int batch = batched ? std::max(flags_.batch, 2) : 1;
     const absl::Time start = absl::Now();
     std::vector<std::thread> producers =
-        StartProducers(flags_.concurrency, &next, &enqueued, &latencies, &errors, false);
+        StartProducers(flags_.concurrency, &next, &enqueued, &latencies, &errors, false, batch);
     for (std::thread& t : producers) t.join();
     Report r;
-    r.mode = "enqueue";
+    r.mode = batched ? "batch" : "enqueue";
+    r.producer_batch = batch;
     r.concurrency = flags_.concurrency;
     r.jobs = flags_.jobs;
     r.done = enqueued.load();
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.latency_of = "enqueue";
-    r.p50_ms = latencies.PercentileMs(50);
-    r.p99_ms = latencies.PercentileMs(99);
+    SetPercentiles(latencies, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
@@ -566,8 +632,7 @@ class Bench {
     r.done = acked.load();
     r.seconds = absl::ToDoubleSeconds(
         (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
-    r.p50_ms = latencies.PercentileMs(50);
-    r.p99_ms = latencies.PercentileMs(99);
+    SetPercentiles(latencies, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
@@ -604,8 +669,7 @@ class Bench {
     r.seconds = absl::ToDoubleSeconds(
         (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
     r.latency_of = "enqueue_to_ack";
-    r.p50_ms = e2e_latencies.PercentileMs(50);
-    r.p99_ms = e2e_latencies.PercentileMs(99);
+    SetPercentiles(e2e_latencies, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
@@ -646,7 +710,8 @@ class Bench {
     });
     const absl::Time start = absl::Now();
     std::vector<std::thread> producers =
-        StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, false);
+        StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, false,
+                       flags_.producer_batch);
     for (std::thread& t : producers) t.join();
     all_handled.WaitForNotificationWithDeadline(deadline_);
     // Stop waits for the last acks to be answered: the run ends when the broker has them all.
@@ -656,23 +721,24 @@ class Bench {
     for (auto& w : workers) acked += w->stats().acked;
     Report r;
     r.mode = "stream";
+    r.in_flight = flags_.in_flight;
+    r.producer_batch = flags_.producer_batch;
     r.concurrency = flags_.concurrency;
     r.workers = flags_.workers;
     r.jobs = flags_.jobs;
     r.done = acked;
     r.seconds = absl::ToDoubleSeconds(end - start);
     r.latency_of = "enqueue";
-    r.p50_ms = enqueue_latencies.PercentileMs(50);
-    r.p99_ms = enqueue_latencies.PercentileMs(99);
+    SetPercentiles(enqueue_latencies, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = end >= deadline_ && r.done < r.jobs;
     return r;
   }
 
-  // One idle streaming worker; one producer sends at a fixed rate. Latency: from Enqueue
-  // returning to the job's arrival in the handler (a push may even arrive first: both follow
-  // the same fsync; such samples count as 0), and from the Enqueue's send.
+  // One idle streaming worker; one producer sends at a fixed rate. Latency: from the Enqueue's
+  // send to the job's arrival in the handler (the report), and from Enqueue returning (stderr; a
+  // push may even arrive first: both follow the same fsync; such samples count as 0).
   Report RunLatency() {
     Errors errors;
     absl::Mutex mu;
@@ -720,8 +786,8 @@ class Bench {
     }
     from_return.Add(std::move(r_us));
     from_send.Add(std::move(s_us));
-    std::fprintf(stderr, "latency from the Enqueue's send: p50 %.2f ms, p99 %.2f ms\n",
-                 from_send.PercentileMs(50), from_send.PercentileMs(99));
+    std::fprintf(stderr, "latency from the Enqueue's return: p50 %.2f ms, p99 %.2f ms\n",
+                 from_return.PercentileMs(50), from_return.PercentileMs(99));
     Report r;
     r.mode = "latency";
     r.concurrency = 1;
@@ -732,9 +798,9 @@ class Bench {
       r.done = static_cast<int64_t>(arrived.size());
     }
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    r.latency_of = "return_to_arrival";
-    r.p50_ms = from_return.PercentileMs(50);
-    r.p99_ms = from_return.PercentileMs(99);
+    // From the send, as the peers are measured (bench/peers): what a producer waits for.
+    r.latency_of = "send_to_arrival";
+    SetPercentiles(from_send, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
     r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
