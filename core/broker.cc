@@ -1,5 +1,7 @@
 // Broker: construction and recovery, the commit plumbing, indexes, time-driven work, and the
 // blocking forms of the operations. The operations themselves live in broker_*.cc.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/broker_internal.h"
 #include "core/status_macros.h"
@@ -127,7 +129,23 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
     }
   }
   if (!written.ok()) return;  // nothing was leased, lost or cancelled after all
-  for (Effects::Push& p : fx.pushes) p.sink->PushJob(std::move(p.job));
+  // Grouped by stream, each in order, so a stream gets what one transition leased to it at once.
+  // Streams take turns one job at a time, so the pushes of one stream are rarely adjacent.
+  std::vector<std::pair<StreamSink*, std::vector<LeasedJob>>> by_sink;
+  for (Effects::Push& p : fx.pushes) {
+    auto it = std::find_if(by_sink.begin(), by_sink.end(),
+                           [&](const auto& entry) { return entry.first == p.sink.get(); });
+    if (it == by_sink.end())
+      it = by_sink.emplace(by_sink.end(), p.sink.get(), std::vector<LeasedJob>{});
+    it->second.push_back(std::move(p.job));
+  }
+  for (auto& [sink, jobs] : by_sink) {
+    if (jobs.size() == 1) {
+      sink->PushJob(std::move(jobs.front()));
+    } else {
+      sink->PushJobs(std::move(jobs));
+    }
+  }
   for (Effects::Notice& n : fx.lost) n.sink->LeaseLost(std::move(n.job_id));
   for (Effects::Notice& n : fx.cancelled) n.sink->CancelRequested(std::move(n.job_id));
 }
@@ -468,6 +486,11 @@ absl::StatusOr<HeartbeatResult> Broker::Heartbeat(HeartbeatSpec spec) {
 
 absl::Status Broker::Ack(AckSpec spec) {
   return Await<absl::Status>([&](Done<absl::Status> d) { Ack(std::move(spec), std::move(d)); });
+}
+
+absl::StatusOr<std::vector<absl::Status>> Broker::AckBatch(std::vector<AckSpec> specs) {
+  using Result = absl::StatusOr<std::vector<absl::Status>>;
+  return Await<Result>([&](Done<Result> d) { AckBatch(std::move(specs), std::move(d)); });
 }
 
 absl::StatusOr<FailResult> Broker::Fail(FailSpec spec) {

@@ -110,6 +110,11 @@ class Broker {
   void Unsubscribe(uint64_t stream);
   void Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>> done);
   void Ack(AckSpec spec, Done<absl::Status> done);
+  // Several acks, each applied as if alone, made durable by one write. The answer lists the
+  // status of each (OK or why that ack was not applied); the whole call fails only when an item
+  // is malformed (kInvalidArgument naming acks[i]; nothing is applied), for more than
+  // kMaxLeaseBatch items, or when the broker refuses writes.
+  void AckBatch(std::vector<AckSpec> specs, Done<absl::StatusOr<std::vector<absl::Status>>> done);
   void Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done);
   void Release(ReleaseSpec spec, Done<absl::Status> done);
   // READY/SCHEDULED: CANCELLED at once. ACTIVE: sets cancel_requested. Terminal:
@@ -165,6 +170,7 @@ class Broker {
   absl::StatusOr<std::vector<LeasedJob>> Lease(LeaseSpec spec);
   absl::StatusOr<HeartbeatResult> Heartbeat(HeartbeatSpec spec);
   absl::Status Ack(AckSpec spec);
+  absl::StatusOr<std::vector<absl::Status>> AckBatch(std::vector<AckSpec> specs);
   absl::StatusOr<FailResult> Fail(FailSpec spec);
   absl::Status Release(ReleaseSpec spec);
   absl::StatusOr<Job> CancelJob(std::string job_id);
@@ -319,6 +325,9 @@ class Broker {
   absl::StatusOr<std::vector<EnqueueResult>> EnqueueLocked(std::vector<EnqueueSpec>& specs,
                                                            bool name_jobs, absl::Time now,
                                                            Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the attempt `spec` names (Ack and AckBatch).
+  absl::Status AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `spec` names, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
   absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id)

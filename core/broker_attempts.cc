@@ -50,31 +50,60 @@ void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
             [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
-                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
-                  if (!found.ok()) return found.status();
-                  Job& job = **found;
-                  if (job.state == JobState::kCompleted)
-                    return true;  // a retried Ack of this lease
-                  if (job.state != JobState::kActive) {
-                    // Late-ack salvage: the lease ran out but no newer attempt started, so the work
-                    // the worker finished still counts and saves a needless rerun.
-                    bool expired = !job.attempts.empty() &&
-                                   job.attempts.back().attempt == job.attempt &&
-                                   job.attempts.back().outcome == AttemptOutcome::kLeaseExpired;
-                    if (!expired)
-                      return absl::FailedPreconditionError(absl::StrCat(
-                          "attempt ", job.attempt, " of job ", job.id,
-                          " already failed (the job is ", JobStateName(job.state), ")"));
-                  }
-                  Unindex(job);
-                  FinishAttemptRecord(job, now, AttemptOutcome::kCompleted, "");
-                  job.state = JobState::kCompleted;
-                  job.fail_reason = FailReason::kNone;
-                  job.result = std::move(spec.result);
-                  job.completed_at = now;
-                  Settle(job, now, t, fx);
+                  BROKER_RETURN_IF_ERROR(AckLocked(spec, now, t, fx));
                   return true;
                 });
+}
+
+void Broker::AckBatch(std::vector<AckSpec> specs,
+                      Done<absl::StatusOr<std::vector<absl::Status>>> done) {
+  if (specs.empty()) return done(absl::InvalidArgumentError("acks must hold at least one ack"));
+  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch))
+    return done(absl::InvalidArgumentError(
+        absl::StrCat("acks holds ", specs.size(), " acks; the limit is ", kMaxLeaseBatch)));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (absl::Status s = ValidateAckSpec(specs[i]); !s.ok())
+      return done(absl::Status(s.code(), absl::StrCat("acks[", i, "].", s.message())));
+  }
+  using Statuses = std::vector<absl::Status>;
+  Run<Statuses>(std::move(done),
+                [this, specs = std::move(specs)](absl::Time now, Transition& t, Effects& fx)
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<Statuses> {
+                      Statuses out;
+                      out.reserve(specs.size());
+                      for (size_t i = 0; i < specs.size(); ++i) {
+                        absl::Status s = AckLocked(specs[i], now, t, fx);
+                        if (!s.ok())
+                          s = absl::Status(s.code(), absl::StrCat("acks[", i, "]: ", s.message()));
+                        out.push_back(std::move(s));
+                      }
+                      return out;
+                    });
+}
+
+absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx) {
+  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+  if (!found.ok()) return found.status();
+  Job& job = **found;
+  if (job.state == JobState::kCompleted) return absl::OkStatus();  // a retried Ack of this lease
+  if (job.state != JobState::kActive) {
+    // Late-ack salvage: the lease ran out but no newer attempt started, so the work the worker
+    // finished still counts and saves a needless rerun.
+    bool expired = !job.attempts.empty() && job.attempts.back().attempt == job.attempt &&
+                   job.attempts.back().outcome == AttemptOutcome::kLeaseExpired;
+    if (!expired)
+      return absl::FailedPreconditionError(absl::StrCat("attempt ", job.attempt, " of job ", job.id,
+                                                        " already failed (the job is ",
+                                                        JobStateName(job.state), ")"));
+  }
+  Unindex(job);
+  FinishAttemptRecord(job, now, AttemptOutcome::kCompleted, "");
+  job.state = JobState::kCompleted;
+  job.fail_reason = FailReason::kNone;
+  job.result = std::move(spec.result);
+  job.completed_at = now;
+  Settle(job, now, t, fx);
+  return absl::OkStatus();
 }
 
 void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {

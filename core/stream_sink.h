@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/requests.h"
@@ -15,6 +16,11 @@ class StreamSink {
   virtual ~StreamSink() = default;
   // A job leased to this stream.
   virtual void PushJob(LeasedJob job) = 0;
+  // Several jobs leased to this stream by one transition, in order. Sinks that can send them
+  // together (one message to a worker that takes batches) override this.
+  virtual void PushJobs(std::vector<LeasedJob> jobs) {
+    for (LeasedJob& job : jobs) PushJob(std::move(job));
+  }
   // A lease this stream held ran out: the worker must stop working on the job.
   virtual void LeaseLost(std::string job_id) = 0;
   // An operator cancelled a job this stream holds.

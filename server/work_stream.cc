@@ -21,6 +21,11 @@ class WorkStream::Sink final : public StreamSink {
     ToProto(job, m.mutable_job());
     Forward(std::move(m));
   }
+  void PushJobs(std::vector<LeasedJob> jobs) override {
+    std::vector<v1::WorkResponse> messages(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) ToProto(jobs[i], messages[i].mutable_job());
+    ForwardAll(std::move(messages));
+  }
   void LeaseLost(std::string job_id) override {
     v1::WorkResponse m;
     m.mutable_lease_lost()->set_job_id(std::move(job_id));
@@ -43,9 +48,7 @@ class WorkStream::Sink final : public StreamSink {
       open_ = true;
       held.swap(held_);
     }
-    std::shared_ptr<WorkStream> s = stream_.lock();
-    if (s == nullptr) return;
-    for (v1::WorkResponse& m : held) s->Send(std::move(m));
+    if (std::shared_ptr<WorkStream> s = stream_.lock()) s->SendAll(std::move(held));
   }
 
  private:
@@ -58,6 +61,16 @@ class WorkStream::Sink final : public StreamSink {
       }
     }
     if (std::shared_ptr<WorkStream> s = stream_.lock()) s->Send(std::move(m));
+  }
+  void ForwardAll(std::vector<v1::WorkResponse> messages) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!open_) {
+        for (v1::WorkResponse& m : messages) held_.push_back(std::move(m));
+        return;
+      }
+    }
+    if (std::shared_ptr<WorkStream> s = stream_.lock()) s->SendAll(std::move(messages));
   }
 
   const std::weak_ptr<WorkStream> stream_;
@@ -109,6 +122,14 @@ absl::Status WorkStream::Authorize(const v1::WorkRequest& request) const {
       return auth_.AllowJob(caller_, Role::kWorker, request.heartbeat().job_id());
     case v1::WorkRequest::kAck:
       return auth_.AllowJob(caller_, Role::kWorker, request.ack().job_id());
+    case v1::WorkRequest::kAckBatch:
+      // Refused whole, like EnqueueBatch: a caller does not get a partly applied batch for
+      // asking beyond its rights.
+      for (const v1::AckRequest& ack : request.ack_batch().acks()) {
+        if (absl::Status s = auth_.AllowJob(caller_, Role::kWorker, ack.job_id()); !s.ok())
+          return s;
+      }
+      return absl::OkStatus();
     case v1::WorkRequest::kFail:
       return auth_.AllowJob(caller_, Role::kWorker, request.fail().job_id());
     case v1::WorkRequest::kRelease:
@@ -151,6 +172,32 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
         EndOp();
       });
       return;
+    case v1::WorkRequest::kAckBatch: {
+      std::vector<AckSpec> specs;
+      specs.reserve(static_cast<size_t>(request.ack_batch().acks_size()));
+      for (const v1::AckRequest& ack : request.ack_batch().acks()) specs.push_back(FromProto(ack));
+      BeginOp();
+      broker_.AckBatch(std::move(specs), [this, id](absl::StatusOr<std::vector<absl::Status>> r) {
+        v1::WorkResponse m;
+        v1::WorkResult* result = m.mutable_result();
+        result->set_request_id(id);
+        result->set_code(static_cast<int>(r.status().code()));
+        result->set_message(std::string(r.status().message()));
+        if (r.ok()) {
+          for (size_t i = 0; i < r->size(); ++i) {
+            const absl::Status& item = (*r)[i];
+            if (item.ok()) continue;
+            v1::ItemError* e = result->add_item_errors();
+            e->set_index(static_cast<int32_t>(i));
+            e->set_code(static_cast<int>(item.code()));
+            e->set_message(std::string(item.message()));
+          }
+        }
+        Send(std::move(m));
+        EndOp();
+      });
+      return;
+    }
     case v1::WorkRequest::kFail: {
       absl::StatusOr<FailSpec> spec = FromProto(request.fail());
       if (!spec.ok()) return Answer(id, spec.status());
@@ -181,8 +228,8 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
     case v1::WorkRequest::REQUEST_NOT_SET:
       break;
   }
-  Answer(id, absl::InvalidArgumentError(
-                 "request must set one of subscribe, heartbeat, ack, fail, release, flow"));
+  Answer(id, absl::InvalidArgumentError("request must set one of subscribe, heartbeat, ack, "
+                                        "ack_batch, fail, release, flow"));
 }
 
 void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subscribe) {
@@ -211,6 +258,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   {
     absl::MutexLock lock(&mu_);
     stream_id_ = *stream;
+    batch_pushes_ = subscribe.batch_pushes();
   }
   Answer(request_id, absl::OkStatus());
   sink->Open();
@@ -230,6 +278,16 @@ void WorkStream::Send(v1::WorkResponse message) {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || finished_) return;
     outbox_.push_back(std::move(message));
+  }
+  Pump();
+}
+
+void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
+  if (messages.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_ || finished_) return;
+    for (v1::WorkResponse& m : messages) outbox_.push_back(std::move(m));
   }
   Pump();
 }
@@ -263,6 +321,7 @@ void WorkStream::Pump() {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     if (!writing_ && !outbox_.empty() && !cancelled_) {
+      if (batch_pushes_) CoalesceJobsLocked();
       writing_ = true;
       to_write = &outbox_.front();  // stays put until OnWriteDone pops it
     }
@@ -283,6 +342,23 @@ void WorkStream::Pump() {
   if (to_write != nullptr) StartWrite(to_write);
   if (resume_read) StartRead(&request_);
   if (finish.has_value()) Finish(*finish);
+}
+
+void WorkStream::CoalesceJobsLocked() {
+  if (outbox_.size() < 2 || !outbox_[0].has_job() || !outbox_[1].has_job()) return;
+  v1::WorkResponse batch;
+  v1::JobBatch* jobs = batch.mutable_job_batch();
+  size_t bytes = 0;
+  while (!outbox_.empty() && outbox_.front().has_job() && jobs->jobs_size() < kMaxJobsPerBatch) {
+    v1::LeasedJob* job = outbox_.front().mutable_job();
+    // Roughly its encoded size: a batch stays far below clients' message size limits.
+    const size_t size = job->payload().size() + job->checkpoint().size() + 256;
+    if (jobs->jobs_size() > 0 && bytes + size > kMaxBatchBytes) break;
+    bytes += size;
+    jobs->add_jobs()->Swap(job);
+    outbox_.pop_front();
+  }
+  outbox_.push_front(std::move(batch));
 }
 
 void WorkStream::OnWriteDone(bool ok) {

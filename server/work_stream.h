@@ -34,6 +34,10 @@ namespace jobbroker {
 class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse> {
  public:
   static constexpr size_t kMaxOutbox = 4096;
+  // A stream that subscribed with batch_pushes gets the jobs waiting together in the outbox as
+  // one JobBatch message, up to these bounds (headers are not counted: they are small).
+  static constexpr int kMaxJobsPerBatch = 256;
+  static constexpr size_t kMaxBatchBytes = 1 << 20;
 
   // A new stream, already reading; gRPC gets the raw pointer. `caller` is the stream's
   // authenticated token (nullptr: auth off); every subscribed queue and every job the stream
@@ -56,6 +60,8 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
 
   // Queues `message` for the client; safe from any thread.
   void Send(v1::WorkResponse message);
+  // Queues `messages` together (so pushed jobs can go out as one JobBatch).
+  void SendAll(std::vector<v1::WorkResponse> messages);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);
@@ -68,6 +74,8 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   void EndOp();
   // Starts the next write, resumes reading, or finishes, as the state allows. Call without mu_.
   void Pump();
+  // Merges the pushed jobs at the front of the outbox into one JobBatch message.
+  void CoalesceJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Broker& broker_;
   const RpcAuth& auth_;
@@ -85,7 +93,8 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);  // the broker ended it
   int pending_ops_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t stream_id_ ABSL_GUARDED_BY(mu_) = 0;  // the broker's subscription; 0 = none
+  uint64_t stream_id_ ABSL_GUARDED_BY(mu_) = 0;     // the broker's subscription; 0 = none
+  bool batch_pushes_ ABSL_GUARDED_BY(mu_) = false;  // the client takes JobBatch messages
 };
 
 }  // namespace jobbroker

@@ -281,6 +281,44 @@ TEST_F(BrokerTest, LateAckSalvagesAJobThatDiedOfExpiry) {
   EXPECT_EQ(Get(id).fail_reason, FailReason::kNone);
 }
 
+TEST_F(BrokerTest, AckBatchAppliesEachAckInOneWriteAndReportsEachOutcome) {
+  std::string a = Enqueue("q"), b = Enqueue("q"), c = Enqueue("q");
+  LeasedJob ja = LeaseOne("q"), jb = LeaseOne("q"), jc = LeaseOne("q");
+  const uint64_t writes_before = broker_->store_writes();
+  auto r =
+      broker_->AckBatch({AckSpec{ja.job_id, ja.lease_id, "ra"}, AckSpec{jb.job_id, "stale", ""},
+                         AckSpec{jc.job_id, jc.lease_id, "rc"}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->size(), 3u);
+  EXPECT_TRUE((*r)[0].ok()) << (*r)[0];
+  EXPECT_EQ((*r)[1].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string((*r)[1].message()), ::testing::StartsWith("acks[1]: lease stale"));
+  EXPECT_TRUE((*r)[2].ok()) << (*r)[2];
+  EXPECT_EQ(broker_->store_writes(), writes_before + 1) << "one durable write for the batch";
+  EXPECT_EQ(Get(a).state, JobState::kCompleted);
+  EXPECT_EQ(Get(a).result, "ra");
+  EXPECT_EQ(Get(b).state, JobState::kActive);
+  EXPECT_EQ(Get(c).state, JobState::kCompleted);
+  // What was acked survives a restart.
+  Reopen();
+  EXPECT_EQ(Get(a).state, JobState::kCompleted);
+  EXPECT_EQ(Get(c).result, "rc");
+}
+
+TEST_F(BrokerTest, AMalformedAckBatchIsRefusedWholeNamingTheItem) {
+  std::string a = Enqueue("q");
+  LeasedJob ja = LeaseOne("q");
+  auto r = broker_->AckBatch({AckSpec{ja.job_id, ja.lease_id, ""}, AckSpec{"", "l", ""}});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), ::testing::StartsWith("acks[1].job_id"));
+  EXPECT_EQ(Get(a).state, JobState::kActive) << "nothing of a refused batch is applied";
+  EXPECT_EQ(broker_->AckBatch({}).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<AckSpec> too_many(1001, AckSpec{ja.job_id, ja.lease_id, ""});
+  EXPECT_EQ(broker_->AckBatch(std::move(too_many)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Get(a).state, JobState::kActive);
+}
+
 TEST_F(BrokerTest, AckAndFailAreIdempotentPerAttempt) {
   std::string a = Enqueue("q");
   LeasedJob ja = LeaseOne("q");

@@ -614,6 +614,11 @@ TEST_F(AuthTest, TheWorkStreamChecksEachQueueAndEachJob) {
              r.mutable_ack()->set_lease_id(job.lease_id());
            },
            [&](v1::WorkRequest& r) {
+             v1::AckRequest* ack = r.mutable_ack_batch()->add_acks();
+             ack->set_job_id(job.job_id());
+             ack->set_lease_id(job.lease_id());
+           },
+           [&](v1::WorkRequest& r) {
              r.mutable_fail()->set_job_id(job.job_id());
              r.mutable_fail()->set_lease_id(job.lease_id());
            },

@@ -909,6 +909,34 @@ void AddWorkRows(std::vector<Row>& rows) {
            *r.mutable_ack() = Api<v1::AckRequest>::Valid(env);
            r.mutable_ack()->set_result(Bytes(4 * kMiB + 1));
          });
+  member("ack_batch", "with_no_acks", Invalid("acks"),
+         [](const Env&, v1::WorkRequest& r) { r.mutable_ack_batch(); });
+  // acks[0] is the fixture's valid ack: a batch with one bad item must apply none of them.
+  auto ack_batch = [&](absl::string_view what, Expect e,
+                       std::function<void(const Env&, v1::AckBatchRequest&)> c) {
+    rows.push_back(Work(v1::AckBatchRequest::descriptor(), "acks", "ack_batch.acks", what,
+                        std::move(e), [c = std::move(c)](Env& env, W& w) {
+                          w.request.Clear();
+                          v1::AckBatchRequest* batch = w.request.mutable_ack_batch();
+                          *batch->add_acks() = Api<v1::AckRequest>::Valid(env);
+                          c(env, *batch);
+                        }));
+  };
+  ack_batch("1_with_an_empty_lease_id", Invalid("acks[1].lease_id"),
+            [](const Env& env, v1::AckBatchRequest& b) {
+              v1::AckRequest* a = b.add_acks();
+              *a = Api<v1::AckRequest>::Valid(env);
+              a->clear_lease_id();
+            });
+  ack_batch("1_with_a_result_over_4_MiB", TooBig("acks[1].result"),
+            [](const Env& env, v1::AckBatchRequest& b) {
+              v1::AckRequest* a = b.add_acks();
+              *a = Api<v1::AckRequest>::Valid(env);
+              a->set_result(Bytes(4 * kMiB + 1));
+            });
+  ack_batch("of_1001", Invalid("acks"), [](const Env& env, v1::AckBatchRequest& b) {
+    for (int i = 0; i < 1000; ++i) *b.add_acks() = Api<v1::AckRequest>::Valid(env);
+  });
   member("fail", "with_a_negative_retry_after", Invalid("retry_after"),
          [](const Env& env, v1::WorkRequest& r) {
            *r.mutable_fail() = Api<v1::FailRequest>::Valid(env);
@@ -1133,6 +1161,7 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.FailRequest", "error"}, "any text; the broker keeps it cut at 4 KiB"},
       {{"jobbroker.v1.FailRequest", "permanent"}, "a bool"},
       {{"jobbroker.v1.WorkRequest", "request_id"}, "any uint64; only echoed back"},
+      {{"jobbroker.v1.SubscribeRequest", "batch_pushes"}, "a bool"},
       {{"jobbroker.v1.ListJobsRequest", "newest_first"}, "a bool"},
       {{"jobbroker.v1.UpdateQueuePolicyRequest", "reset"}, "a bool"},
       {{"jobbroker.v1.QueuePolicy", "paused"}, "a bool"},

@@ -220,6 +220,88 @@ TEST_F(StreamTest, CancellingAHeldJobIsPushed) {
   EXPECT_EQ(*notice, id);
 }
 
+// Enqueues `n` jobs into `queue` in one EnqueueBatch; their ids in order.
+std::vector<std::string> EnqueueMany(BrokerClient& client, const std::string& queue, int n) {
+  v1::EnqueueBatchRequest req;
+  for (int i = 0; i < n; ++i) {
+    v1::EnqueueRequest* job = req.add_jobs();
+    job->set_queue(queue);
+    job->set_payload(absl::StrCat("job-", i));
+  }
+  v1::EnqueueBatchResponse resp;
+  grpc::Status s = client.EnqueueBatch(req, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  std::vector<std::string> ids;
+  for (const v1::EnqueueResponse& r : resp.results()) ids.push_back(r.job_id());
+  return ids;
+}
+
+TEST_F(StreamTest, AStreamThatTakesBatchesGetsJobsLeasedTogetherInOneMessage) {
+  std::vector<std::string> ids = EnqueueMany(*client_, "bulk", 200);
+  ASSERT_EQ(ids.size(), 200u);
+  auto stream = NewStream();
+  // The subscription leases all 200 in one transition; they reach the stream together.
+  ASSERT_EQ(stream->Subscribe({"bulk"}, 200, absl::ZeroDuration(), "batcher",
+                              /*batch_pushes=*/true),
+            StatusCode::OK);
+  std::set<std::string> got;
+  for (int i = 0; i < 200; ++i) {
+    std::optional<v1::LeasedJob> job = stream->NextJob();
+    ASSERT_TRUE(job.has_value()) << "job " << i << " of 200 did not arrive";
+    EXPECT_TRUE(got.insert(job->job_id()).second) << "pushed twice: " << job->job_id();
+  }
+  EXPECT_EQ(got, std::set<std::string>(ids.begin(), ids.end()));
+  EXPECT_EQ(stream->job_messages(), 1u) << "200 jobs leased together should be one message";
+  EXPECT_EQ(stream->job_batches(), 1u);
+  EXPECT_EQ(client_->Counts("bulk")["JOB_STATE_ACTIVE"], 200);
+}
+
+TEST_F(StreamTest, AStreamThatDoesNotAskForBatchesGetsOneJobPerMessage) {
+  EnqueueMany(*client_, "single", 50);
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"single"}, 50), StatusCode::OK);
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(stream->NextJob().has_value()) << i;
+  EXPECT_EQ(stream->job_messages(), 50u);
+  EXPECT_EQ(stream->job_batches(), 0u);
+}
+
+TEST_F(StreamTest, AnAckBatchAppliesEachAckAndListsTheOnesThatFailed) {
+  EnqueueMany(*client_, "acks", 3);
+  auto stream = NewStream();
+  ASSERT_EQ(stream->Subscribe({"acks"}, 3), StatusCode::OK);
+  std::vector<v1::LeasedJob> jobs;
+  for (int i = 0; i < 3; ++i) {
+    std::optional<v1::LeasedJob> job = stream->NextJob();
+    ASSERT_TRUE(job.has_value());
+    jobs.push_back(*job);
+  }
+  v1::WorkRequest r;
+  for (const v1::LeasedJob& job : jobs) {
+    v1::AckRequest* ack = r.mutable_ack_batch()->add_acks();
+    ack->set_job_id(job.job_id());
+    ack->set_lease_id(job.lease_id());
+    ack->set_result(absl::StrCat("done-", job.job_id()));
+  }
+  r.mutable_ack_batch()->mutable_acks(1)->set_lease_id("stale");
+  v1::WorkResult result = stream->Call(r);
+  EXPECT_EQ(result.code(), grpc::StatusCode::OK) << result.message();
+  ASSERT_EQ(result.item_errors_size(), 1);
+  EXPECT_EQ(result.item_errors(0).index(), 1);
+  EXPECT_EQ(result.item_errors(0).code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(result.item_errors(0).message(), ::testing::StartsWith("acks[1]: lease stale"));
+  EXPECT_EQ(client_->MustGetJob(jobs[0].job_id()).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(client_->MustGetJob(jobs[0].job_id()).result(), "done-" + jobs[0].job_id());
+  EXPECT_EQ(client_->MustGetJob(jobs[1].job_id()).state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_EQ(client_->MustGetJob(jobs[2].job_id()).state(), v1::JOB_STATE_COMPLETED);
+
+  // Sent again (a worker that reconnected before it saw the answer): the applied acks stay OK.
+  r.mutable_ack_batch()->mutable_acks(1)->set_lease_id(jobs[1].lease_id());
+  result = stream->Call(r);
+  EXPECT_EQ(result.code(), grpc::StatusCode::OK) << result.message();
+  EXPECT_EQ(result.item_errors_size(), 0);
+  EXPECT_EQ(client_->Counts("acks")["JOB_STATE_COMPLETED"], 3);
+}
+
 TEST_F(StreamTest, BadRequestsGetAResultNamingTheField) {
   auto stream = NewStream();
   EXPECT_EQ(stream->Flow(1), StatusCode::FAILED_PRECONDITION) << "flow before subscribe";

@@ -27,6 +27,12 @@ void WorkStreamClient::ReadLoop() {
     switch (m.response_case()) {
       case v1::WorkResponse::kJob:
         jobs_.push_back(m.job());
+        ++job_messages_;
+        break;
+      case v1::WorkResponse::kJobBatch:
+        for (const v1::LeasedJob& job : m.job_batch().jobs()) jobs_.push_back(job);
+        ++job_messages_;
+        ++job_batches_;
         break;
       case v1::WorkResponse::kResult:
         results_.push_back(m.result());
@@ -79,12 +85,13 @@ v1::WorkResult WorkStreamClient::Call(v1::WorkRequest request) {
 
 grpc::StatusCode WorkStreamClient::Subscribe(const std::vector<std::string>& queues,
                                              int max_in_flight, absl::Duration lease_duration,
-                                             const std::string& worker_id) {
+                                             const std::string& worker_id, bool batch_pushes) {
   v1::WorkRequest r;
   v1::SubscribeRequest* s = r.mutable_subscribe();
   for (const std::string& q : queues) s->add_queues(q);
   s->set_worker_id(worker_id);
   s->set_max_in_flight(max_in_flight);
+  s->set_batch_pushes(batch_pushes);
   if (lease_duration > absl::ZeroDuration())
     *s->mutable_lease_duration() = client::ToProtoDuration(lease_duration);
   return static_cast<grpc::StatusCode>(Call(std::move(r)).code());
@@ -131,6 +138,16 @@ std::optional<std::string> WorkStreamClient::NextLeaseLost(absl::Duration timeou
 std::optional<std::string> WorkStreamClient::NextCancel(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return PopWaiting(mu_, cancels_, closed_, timeout);
+}
+
+size_t WorkStreamClient::job_messages() {
+  absl::MutexLock lock(&mu_);
+  return job_messages_;
+}
+
+size_t WorkStreamClient::job_batches() {
+  absl::MutexLock lock(&mu_);
+  return job_batches_;
 }
 
 size_t WorkStreamClient::pending_jobs() {

@@ -26,7 +26,8 @@ class WorkStreamClient {
   // Subscribes and waits for the answer; returns its code.
   grpc::StatusCode Subscribe(const std::vector<std::string>& queues, int max_in_flight,
                              absl::Duration lease_duration = absl::ZeroDuration(),
-                             const std::string& worker_id = "stream-worker");
+                             const std::string& worker_id = "stream-worker",
+                             bool batch_pushes = false);
   // Sends `request` and waits for its WorkResult (other messages stay queued).
   jobbroker::v1::WorkResult Call(jobbroker::v1::WorkRequest request);
   grpc::StatusCode Ack(const jobbroker::v1::LeasedJob& job);
@@ -38,6 +39,9 @@ class WorkStreamClient {
   std::optional<std::string> NextCancel(absl::Duration timeout = absl::Seconds(10));
   // Jobs received so far and not yet taken by NextJob.
   size_t pending_jobs();
+  // Messages that carried pushed jobs (a job or a job_batch), and how many were job_batches.
+  size_t job_messages();
+  size_t job_batches();
 
   // Breaks the stream (client-side cancel), as a crashed worker's connection would.
   void Cancel();
@@ -59,6 +63,8 @@ class WorkStreamClient {
   std::deque<std::string> cancels_ ABSL_GUARDED_BY(mu_);
   std::deque<jobbroker::v1::WorkResult> results_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  size_t job_messages_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t job_batches_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ = false;
 };
 

@@ -1030,6 +1030,10 @@ type SubscribeRequest struct {
 	MaxInFlight int32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// Lease length for pushed jobs; unset = the job's, else the queue's.
 	LeaseDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=lease_duration,json=leaseDuration,proto3" json:"lease_duration,omitempty"`
+	// The client understands WorkResponse.job_batch: the broker may then put several pushed jobs
+	// in one message when they are ready together (fewer messages at high rates; nothing else
+	// changes). Unset: one job per message, as before.
+	BatchPushes   bool `protobuf:"varint,5,opt,name=batch_pushes,json=batchPushes,proto3" json:"batch_pushes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,6 +1096,63 @@ func (x *SubscribeRequest) GetLeaseDuration() *durationpb.Duration {
 	return nil
 }
 
+func (x *SubscribeRequest) GetBatchPushes() bool {
+	if x != nil {
+		return x.BatchPushes
+	}
+	return false
+}
+
+// Several acks in one message (a worker completing many small jobs). Each ack is applied on
+// its own, as if sent alone, and all of them are made durable together. Answered by one
+// WorkResult: its code is about the batch as a whole (INVALID_ARGUMENT naming acks[i] for a
+// malformed item, and then nothing is applied; UNAVAILABLE when storage refused the write);
+// an ack that could not be applied (its lease is stale, say) is listed in item_errors.
+type AckBatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 1000 acks.
+	Acks          []*AckRequest `protobuf:"bytes,1,rep,name=acks,proto3" json:"acks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckBatchRequest) Reset() {
+	*x = AckBatchRequest{}
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckBatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckBatchRequest) ProtoMessage() {}
+
+func (x *AckBatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckBatchRequest.ProtoReflect.Descriptor instead.
+func (*AckBatchRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AckBatchRequest) GetAcks() []*AckRequest {
+	if x != nil {
+		return x.Acks
+	}
+	return nil
+}
+
 // Changes how many unacknowledged jobs the broker may push; 0 drains (no new jobs).
 type FlowRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1103,7 +1164,7 @@ type FlowRequest struct {
 
 func (x *FlowRequest) Reset() {
 	*x = FlowRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1115,7 +1176,7 @@ func (x *FlowRequest) String() string {
 func (*FlowRequest) ProtoMessage() {}
 
 func (x *FlowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1128,7 +1189,7 @@ func (x *FlowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowRequest.ProtoReflect.Descriptor instead.
 func (*FlowRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *FlowRequest) GetMaxInFlight() int32 {
@@ -1150,6 +1211,7 @@ type WorkRequest struct {
 	//	*WorkRequest_Fail
 	//	*WorkRequest_Release
 	//	*WorkRequest_Flow
+	//	*WorkRequest_AckBatch
 	Request       isWorkRequest_Request `protobuf_oneof:"request"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1157,7 +1219,7 @@ type WorkRequest struct {
 
 func (x *WorkRequest) Reset() {
 	*x = WorkRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1231,7 @@ func (x *WorkRequest) String() string {
 func (*WorkRequest) ProtoMessage() {}
 
 func (x *WorkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1244,7 @@ func (x *WorkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkRequest.ProtoReflect.Descriptor instead.
 func (*WorkRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WorkRequest) GetRequestId() uint64 {
@@ -1253,6 +1315,15 @@ func (x *WorkRequest) GetFlow() *FlowRequest {
 	return nil
 }
 
+func (x *WorkRequest) GetAckBatch() *AckBatchRequest {
+	if x != nil {
+		if x, ok := x.Request.(*WorkRequest_AckBatch); ok {
+			return x.AckBatch
+		}
+	}
+	return nil
+}
+
 type isWorkRequest_Request interface {
 	isWorkRequest_Request()
 }
@@ -1287,6 +1358,11 @@ type WorkRequest_Flow struct {
 	Flow *FlowRequest `protobuf:"bytes,7,opt,name=flow,proto3,oneof"`
 }
 
+type WorkRequest_AckBatch struct {
+	// Complete several jobs.
+	AckBatch *AckBatchRequest `protobuf:"bytes,8,opt,name=ack_batch,json=ackBatch,proto3,oneof"`
+}
+
 func (*WorkRequest_Subscribe) isWorkRequest_Request() {}
 
 func (*WorkRequest_Heartbeat) isWorkRequest_Request() {}
@@ -1298,6 +1374,72 @@ func (*WorkRequest_Fail) isWorkRequest_Request() {}
 func (*WorkRequest_Release) isWorkRequest_Request() {}
 
 func (*WorkRequest_Flow) isWorkRequest_Request() {}
+
+func (*WorkRequest_AckBatch) isWorkRequest_Request() {}
+
+// Why one item of a batch request was not applied.
+type ItemError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The item's position in the request, from 0.
+	Index int32 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// A google.rpc.Code value.
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// Why, naming the item (e.g. "acks[2]: lease ... is stale").
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ItemError) Reset() {
+	*x = ItemError{}
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ItemError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ItemError) ProtoMessage() {}
+
+func (x *ItemError) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
+func (*ItemError) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ItemError) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ItemError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ItemError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
 
 // Answers one WorkRequest.
 type WorkResult struct {
@@ -1312,13 +1454,15 @@ type WorkResult struct {
 	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
 	// For a heartbeat: the job was cancelled.
 	CancelRequested bool `protobuf:"varint,5,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// For a batch request: the items that were not applied (the others were).
+	ItemErrors    []*ItemError `protobuf:"bytes,6,rep,name=item_errors,json=itemErrors,proto3" json:"item_errors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkResult) Reset() {
 	*x = WorkResult{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1474,7 @@ func (x *WorkResult) String() string {
 func (*WorkResult) ProtoMessage() {}
 
 func (x *WorkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1487,7 @@ func (x *WorkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkResult.ProtoReflect.Descriptor instead.
 func (*WorkResult) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WorkResult) GetRequestId() uint64 {
@@ -1381,6 +1525,59 @@ func (x *WorkResult) GetCancelRequested() bool {
 	return false
 }
 
+func (x *WorkResult) GetItemErrors() []*ItemError {
+	if x != nil {
+		return x.ItemErrors
+	}
+	return nil
+}
+
+// Several jobs pushed at once (only to a stream that subscribed with batch_pushes).
+type JobBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Each to be worked and answered like a job pushed alone.
+	Jobs          []*LeasedJob `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobBatch) Reset() {
+	*x = JobBatch{}
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobBatch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobBatch) ProtoMessage() {}
+
+func (x *JobBatch) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobBatch.ProtoReflect.Descriptor instead.
+func (*JobBatch) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *JobBatch) GetJobs() []*LeasedJob {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
 // The stream lost a lease it held (it ran out): stop working on the job.
 type LeaseLost struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1392,7 +1589,7 @@ type LeaseLost struct {
 
 func (x *LeaseLost) Reset() {
 	*x = LeaseLost{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1601,7 @@ func (x *LeaseLost) String() string {
 func (*LeaseLost) ProtoMessage() {}
 
 func (x *LeaseLost) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1614,7 @@ func (x *LeaseLost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseLost.ProtoReflect.Descriptor instead.
 func (*LeaseLost) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LeaseLost) GetJobId() string {
@@ -1438,7 +1635,7 @@ type CancelNotice struct {
 
 func (x *CancelNotice) Reset() {
 	*x = CancelNotice{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1647,7 @@ func (x *CancelNotice) String() string {
 func (*CancelNotice) ProtoMessage() {}
 
 func (x *CancelNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1660,7 @@ func (x *CancelNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelNotice.ProtoReflect.Descriptor instead.
 func (*CancelNotice) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CancelNotice) GetJobId() string {
@@ -1481,6 +1678,7 @@ type WorkResponse struct {
 	//	*WorkResponse_Result
 	//	*WorkResponse_LeaseLost
 	//	*WorkResponse_CancelRequested
+	//	*WorkResponse_JobBatch
 	Response      isWorkResponse_Response `protobuf_oneof:"response"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1488,7 +1686,7 @@ type WorkResponse struct {
 
 func (x *WorkResponse) Reset() {
 	*x = WorkResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1500,7 +1698,7 @@ func (x *WorkResponse) String() string {
 func (*WorkResponse) ProtoMessage() {}
 
 func (x *WorkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1513,7 +1711,7 @@ func (x *WorkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkResponse.ProtoReflect.Descriptor instead.
 func (*WorkResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *WorkResponse) GetResponse() isWorkResponse_Response {
@@ -1559,6 +1757,15 @@ func (x *WorkResponse) GetCancelRequested() *CancelNotice {
 	return nil
 }
 
+func (x *WorkResponse) GetJobBatch() *JobBatch {
+	if x != nil {
+		if x, ok := x.Response.(*WorkResponse_JobBatch); ok {
+			return x.JobBatch
+		}
+	}
+	return nil
+}
+
 type isWorkResponse_Response interface {
 	isWorkResponse_Response()
 }
@@ -1583,6 +1790,11 @@ type WorkResponse_CancelRequested struct {
 	CancelRequested *CancelNotice `protobuf:"bytes,4,opt,name=cancel_requested,json=cancelRequested,proto3,oneof"`
 }
 
+type WorkResponse_JobBatch struct {
+	// Several jobs pushed at once (batch_pushes).
+	JobBatch *JobBatch `protobuf:"bytes,5,opt,name=job_batch,json=jobBatch,proto3,oneof"`
+}
+
 func (*WorkResponse_Job) isWorkResponse_Response() {}
 
 func (*WorkResponse_Result) isWorkResponse_Response() {}
@@ -1590,6 +1802,8 @@ func (*WorkResponse_Result) isWorkResponse_Response() {}
 func (*WorkResponse_LeaseLost) isWorkResponse_Response() {}
 
 func (*WorkResponse_CancelRequested) isWorkResponse_Response() {}
+
+func (*WorkResponse_JobBatch) isWorkResponse_Response() {}
 
 var File_jobbroker_v1_broker_proto protoreflect.FileDescriptor
 
@@ -1676,14 +1890,17 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\"\x11\n" +
-	"\x0fReleaseResponse\"\xad\x01\n" +
+	"\x0fReleaseResponse\"\xd0\x01\n" +
 	"\x10SubscribeRequest\x12\x16\n" +
 	"\x06queues\x18\x01 \x03(\tR\x06queues\x12\x1b\n" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\"\n" +
 	"\rmax_in_flight\x18\x03 \x01(\x05R\vmaxInFlight\x12@\n" +
-	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\"1\n" +
+	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12!\n" +
+	"\fbatch_pushes\x18\x05 \x01(\bR\vbatchPushes\"?\n" +
+	"\x0fAckBatchRequest\x12,\n" +
+	"\x04acks\x18\x01 \x03(\v2\x18.jobbroker.v1.AckRequestR\x04acks\"1\n" +
 	"\vFlowRequest\x12\"\n" +
-	"\rmax_in_flight\x18\x01 \x01(\x05R\vmaxInFlight\"\x81\x03\n" +
+	"\rmax_in_flight\x18\x01 \x01(\x05R\vmaxInFlight\"\xbf\x03\n" +
 	"\vWorkRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\x04R\trequestId\x12>\n" +
@@ -1692,8 +1909,13 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\x03ack\x18\x04 \x01(\v2\x18.jobbroker.v1.AckRequestH\x00R\x03ack\x12/\n" +
 	"\x04fail\x18\x05 \x01(\v2\x19.jobbroker.v1.FailRequestH\x00R\x04fail\x128\n" +
 	"\arelease\x18\x06 \x01(\v2\x1c.jobbroker.v1.ReleaseRequestH\x00R\arelease\x12/\n" +
-	"\x04flow\x18\a \x01(\v2\x19.jobbroker.v1.FlowRequestH\x00R\x04flowB\t\n" +
-	"\arequest\"\xc7\x01\n" +
+	"\x04flow\x18\a \x01(\v2\x19.jobbroker.v1.FlowRequestH\x00R\x04flow\x12<\n" +
+	"\tack_batch\x18\b \x01(\v2\x1d.jobbroker.v1.AckBatchRequestH\x00R\backBatchB\t\n" +
+	"\arequest\"O\n" +
+	"\tItemError\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\x81\x02\n" +
 	"\n" +
 	"WorkResult\x12\x1d\n" +
 	"\n" +
@@ -1701,17 +1923,22 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12A\n" +
 	"\x0elease_deadline\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12)\n" +
-	"\x10cancel_requested\x18\x05 \x01(\bR\x0fcancelRequested\"\"\n" +
+	"\x10cancel_requested\x18\x05 \x01(\bR\x0fcancelRequested\x128\n" +
+	"\vitem_errors\x18\x06 \x03(\v2\x17.jobbroker.v1.ItemErrorR\n" +
+	"itemErrors\"7\n" +
+	"\bJobBatch\x12+\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"\"\n" +
 	"\tLeaseLost\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"%\n" +
 	"\fCancelNotice\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xfe\x01\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb5\x02\n" +
 	"\fWorkResponse\x12+\n" +
 	"\x03job\x18\x01 \x01(\v2\x17.jobbroker.v1.LeasedJobH\x00R\x03job\x122\n" +
 	"\x06result\x18\x02 \x01(\v2\x18.jobbroker.v1.WorkResultH\x00R\x06result\x128\n" +
 	"\n" +
 	"lease_lost\x18\x03 \x01(\v2\x17.jobbroker.v1.LeaseLostH\x00R\tleaseLost\x12G\n" +
-	"\x10cancel_requested\x18\x04 \x01(\v2\x1a.jobbroker.v1.CancelNoticeH\x00R\x0fcancelRequestedB\n" +
+	"\x10cancel_requested\x18\x04 \x01(\v2\x1a.jobbroker.v1.CancelNoticeH\x00R\x0fcancelRequested\x125\n" +
+	"\tjob_batch\x18\x05 \x01(\v2\x16.jobbroker.v1.JobBatchH\x00R\bjobBatchB\n" +
 	"\n" +
 	"\bresponse2\xbd\x04\n" +
 	"\x06Broker\x12F\n" +
@@ -1737,7 +1964,7 @@ func file_jobbroker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_broker_proto_rawDescData
 }
 
-var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*EnqueueRequest)(nil),        // 0: jobbroker.v1.EnqueueRequest
 	(*EnqueueResponse)(nil),       // 1: jobbroker.v1.EnqueueResponse
@@ -1755,70 +1982,78 @@ var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),        // 13: jobbroker.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),       // 14: jobbroker.v1.ReleaseResponse
 	(*SubscribeRequest)(nil),      // 15: jobbroker.v1.SubscribeRequest
-	(*FlowRequest)(nil),           // 16: jobbroker.v1.FlowRequest
-	(*WorkRequest)(nil),           // 17: jobbroker.v1.WorkRequest
-	(*WorkResult)(nil),            // 18: jobbroker.v1.WorkResult
-	(*LeaseLost)(nil),             // 19: jobbroker.v1.LeaseLost
-	(*CancelNotice)(nil),          // 20: jobbroker.v1.CancelNotice
-	(*WorkResponse)(nil),          // 21: jobbroker.v1.WorkResponse
-	nil,                           // 22: jobbroker.v1.EnqueueRequest.HeadersEntry
-	nil,                           // 23: jobbroker.v1.LeasedJob.HeadersEntry
-	(*durationpb.Duration)(nil),   // 24: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(JobState)(0),                 // 26: jobbroker.v1.JobState
+	(*AckBatchRequest)(nil),       // 16: jobbroker.v1.AckBatchRequest
+	(*FlowRequest)(nil),           // 17: jobbroker.v1.FlowRequest
+	(*WorkRequest)(nil),           // 18: jobbroker.v1.WorkRequest
+	(*ItemError)(nil),             // 19: jobbroker.v1.ItemError
+	(*WorkResult)(nil),            // 20: jobbroker.v1.WorkResult
+	(*JobBatch)(nil),              // 21: jobbroker.v1.JobBatch
+	(*LeaseLost)(nil),             // 22: jobbroker.v1.LeaseLost
+	(*CancelNotice)(nil),          // 23: jobbroker.v1.CancelNotice
+	(*WorkResponse)(nil),          // 24: jobbroker.v1.WorkResponse
+	nil,                           // 25: jobbroker.v1.EnqueueRequest.HeadersEntry
+	nil,                           // 26: jobbroker.v1.LeasedJob.HeadersEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(JobState)(0),                 // 29: jobbroker.v1.JobState
 }
 var file_jobbroker_v1_broker_proto_depIdxs = []int32{
-	22, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
-	24, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
-	25, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
-	24, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
-	24, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
+	25, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
+	27, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
+	28, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
+	27, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
+	27, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
 	0,  // 5: jobbroker.v1.EnqueueBatchRequest.jobs:type_name -> jobbroker.v1.EnqueueRequest
 	1,  // 6: jobbroker.v1.EnqueueBatchResponse.results:type_name -> jobbroker.v1.EnqueueResponse
-	24, // 7: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	24, // 8: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
-	23, // 9: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
-	25, // 10: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	25, // 11: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
+	27, // 7: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	27, // 8: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
+	26, // 9: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
+	28, // 10: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	28, // 11: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
 	5,  // 12: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
-	24, // 13: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
-	25, // 14: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	24, // 15: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
-	26, // 16: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
-	25, // 17: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
-	24, // 18: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
-	15, // 19: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
-	7,  // 20: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
-	9,  // 21: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
-	11, // 22: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
-	13, // 23: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
-	16, // 24: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
-	25, // 25: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
-	5,  // 26: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
-	18, // 27: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
-	19, // 28: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
-	20, // 29: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
-	0,  // 30: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
-	2,  // 31: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
-	4,  // 32: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
-	7,  // 33: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
-	9,  // 34: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
-	11, // 35: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
-	13, // 36: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
-	17, // 37: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
-	1,  // 38: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
-	3,  // 39: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
-	6,  // 40: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
-	8,  // 41: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
-	10, // 42: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
-	12, // 43: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
-	14, // 44: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
-	21, // 45: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	27, // 13: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
+	28, // 14: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	27, // 15: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
+	29, // 16: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
+	28, // 17: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
+	27, // 18: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
+	9,  // 19: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
+	15, // 20: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
+	7,  // 21: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
+	9,  // 22: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
+	11, // 23: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
+	13, // 24: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
+	17, // 25: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
+	16, // 26: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
+	28, // 27: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	19, // 28: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
+	5,  // 29: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
+	5,  // 30: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
+	20, // 31: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
+	22, // 32: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
+	23, // 33: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
+	21, // 34: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
+	0,  // 35: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
+	2,  // 36: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
+	4,  // 37: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
+	7,  // 38: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
+	9,  // 39: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
+	11, // 40: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
+	13, // 41: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
+	18, // 42: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
+	1,  // 43: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
+	3,  // 44: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
+	6,  // 45: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
+	8,  // 46: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
+	10, // 47: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
+	12, // 48: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
+	14, // 49: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
+	24, // 50: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
+	43, // [43:51] is the sub-list for method output_type
+	35, // [35:43] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_broker_proto_init() }
@@ -1828,19 +2063,21 @@ func file_jobbroker_v1_broker_proto_init() {
 	}
 	file_jobbroker_v1_job_proto_init()
 	file_jobbroker_v1_broker_proto_msgTypes[7].OneofWrappers = []any{}
-	file_jobbroker_v1_broker_proto_msgTypes[17].OneofWrappers = []any{
+	file_jobbroker_v1_broker_proto_msgTypes[18].OneofWrappers = []any{
 		(*WorkRequest_Subscribe)(nil),
 		(*WorkRequest_Heartbeat)(nil),
 		(*WorkRequest_Ack)(nil),
 		(*WorkRequest_Fail)(nil),
 		(*WorkRequest_Release)(nil),
 		(*WorkRequest_Flow)(nil),
+		(*WorkRequest_AckBatch)(nil),
 	}
-	file_jobbroker_v1_broker_proto_msgTypes[21].OneofWrappers = []any{
+	file_jobbroker_v1_broker_proto_msgTypes[24].OneofWrappers = []any{
 		(*WorkResponse_Job)(nil),
 		(*WorkResponse_Result)(nil),
 		(*WorkResponse_LeaseLost)(nil),
 		(*WorkResponse_CancelRequested)(nil),
+		(*WorkResponse_JobBatch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1848,7 +2085,7 @@ func file_jobbroker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_broker_proto_rawDesc), len(file_jobbroker_v1_broker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
