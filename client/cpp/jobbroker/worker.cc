@@ -33,6 +33,9 @@ std::string DefaultWorkerId() {
   return absl::StrCat(host, "-", getpid());
 }
 
+// The broker takes at most 1000 acks per AckBatch.
+constexpr int kMaxAcksPerMessage = 1000;
+
 bool LeaseGone(int code) {
   return code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::NOT_FOUND;
 }
@@ -152,7 +155,7 @@ class Worker::Impl {
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return running_.empty() && pending_.empty();
+        return running_.empty() && pending_.empty() && acks_.empty();
       };
       mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
       // Past the grace period: ask the stragglers to stop, and wait for them to return.
@@ -162,6 +165,7 @@ class Worker::Impl {
       // Answers to the last acks still get a moment, bounded by the grace period.
       mu_.AwaitWithDeadline(absl::Condition(&idle), std::max(deadline, absl::Now()));
       closing_ = true;
+      job_cv_.SignalAll();
     }
     for (std::thread& t : handler_threads_) t.join();
     heartbeat_thread_.join();
@@ -236,6 +240,7 @@ class Worker::Impl {
           for (const auto& [queue, handler] : handlers_) s->add_queues(queue);
           s->set_worker_id(options_.worker_id);
           s->set_max_in_flight(options_.concurrency + options_.prefetch);
+          s->set_batch_pushes(true);
           if (options_.lease_duration > absl::ZeroDuration())
             *s->mutable_lease_duration() = ToProtoDuration(options_.lease_duration);
         }
@@ -280,26 +285,16 @@ class Worker::Impl {
   bool OnMessage(const v1::WorkResponse& m) {
     std::vector<v1::WorkRequest> to_send;
     bool subscribed = false;
+    bool flush_acks = false;  // the ack message in flight was answered: send what waited
     {
       absl::MutexLock lock(&mu_);
       switch (m.response_case()) {
-        case v1::WorkResponse::kJob: {
-          const v1::LeasedJob& job = m.job();
-          absl::Time now = absl::Now();
-          // Heartbeats follow the lease as granted; the floor guards against clock skew.
-          absl::Duration lease =
-              std::max(FromProtoTimestamp(job.lease_deadline()) - now, absl::Milliseconds(300));
-          if (stopping_) {  // pushed before our flow 0 arrived: give it straight back
-            to_send.push_back(ReleaseRequest(job));
-            break;
-          }
-          Held& h = held_[job.job_id()];
-          h.job = job;
-          h.shared = std::make_shared<JobContext::Shared>();
-          h.lease = lease;
-          h.next_heartbeat = now + lease / 3;
-          queued_.push_back(job.job_id());
-          heartbeat_wake_ = true;
+        case v1::WorkResponse::kJob:
+          AcceptLocked(m.job(), absl::Now(), to_send);
+          break;
+        case v1::WorkResponse::kJobBatch: {
+          const absl::Time now = absl::Now();
+          for (const v1::LeasedJob& job : m.job_batch().jobs()) AcceptLocked(job, now, to_send);
           break;
         }
         case v1::WorkResponse::kResult: {
@@ -312,7 +307,14 @@ class Worker::Impl {
           } else if (auto p = pending_.find(r.request_id()); p != pending_.end()) {
             if (r.code() != 0 && !LeaseGone(r.code()))
               std::cerr << "jobbroker worker: " << r.message() << "\n";
+            for (const v1::ItemError& e : r.item_errors()) {
+              if (!LeaseGone(e.code())) std::cerr << "jobbroker worker: " << e.message() << "\n";
+            }
             pending_.erase(p);
+            if (r.request_id() == ack_request_) {
+              ack_request_ = 0;
+              flush_acks = true;
+            }
           } else if (auto hb = heartbeats_.find(r.request_id()); hb != heartbeats_.end()) {
             if (auto h = held_.find(hb->second); h != held_.end()) {
               if (LeaseGone(r.code())) {
@@ -341,7 +343,28 @@ class Worker::Impl {
       }
     }
     for (const v1::WorkRequest& r : to_send) Write(r);
+    if (flush_acks) FlushAcks();
     return subscribed;
+  }
+
+  // A pushed job: queued for a handler thread, or straight back if the worker is stopping.
+  void AcceptLocked(const v1::LeasedJob& job, absl::Time now, std::vector<v1::WorkRequest>& to_send)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // Heartbeats follow the lease as granted; the floor guards against clock skew.
+    absl::Duration lease =
+        std::max(FromProtoTimestamp(job.lease_deadline()) - now, absl::Milliseconds(300));
+    if (stopping_) {  // pushed before our flow 0 arrived: give it straight back
+      to_send.push_back(ReleaseRequest(job));
+      return;
+    }
+    Held& h = held_[job.job_id()];
+    h.job = job;
+    h.shared = std::make_shared<JobContext::Shared>();
+    h.lease = lease;
+    h.next_heartbeat = now + lease / 3;
+    queued_.push_back(job.job_id());
+    job_cv_.Signal();
+    heartbeat_wake_ = true;
   }
 
   v1::WorkRequest ReleaseRequest(const v1::LeasedJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -376,10 +399,9 @@ class Worker::Impl {
       Handler handler;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !queued_.empty() || closing_;
-        };
-        mu_.Await(absl::Condition(&ready));
+        // A condition variable, not Await(Condition): with one waiter per handler thread, every
+        // unlock of mu_ would evaluate all their conditions.
+        while (queued_.empty() && !closing_) job_cv_.Wait(&mu_);
         if (queued_.empty()) return;
         id = queued_.front();
         queued_.pop_front();
@@ -418,15 +440,18 @@ class Worker::Impl {
         heartbeats_[hb.request_id()] = job.job_id();
         out.push_back(std::move(hb));
       }
-      v1::WorkRequest r;
-      r.set_request_id(NextRequestId());
+      held_.erase(job.job_id());
+      running_.erase(job.job_id());
       if (outcome.ok()) {
-        r.mutable_ack()->set_job_id(job.job_id());
-        r.mutable_ack()->set_lease_id(job.lease_id());
+        v1::AckRequest& ack = acks_.emplace_back();
+        ack.set_job_id(job.job_id());
+        ack.set_lease_id(job.lease_id());
         absl::MutexLock shared_lock(&shared.mu);
-        r.mutable_ack()->set_result(shared.result);
+        ack.set_result(shared.result);
         ++stats_.acked;
       } else {
+        v1::WorkRequest r;
+        r.set_request_id(NextRequestId());
         v1::FailRequest* f = r.mutable_fail();
         f->set_job_id(job.job_id());
         f->set_lease_id(job.lease_id());
@@ -438,13 +463,36 @@ class Worker::Impl {
             *f->mutable_retry_after() = ToProtoDuration(d);
         }
         ++stats_.failed;
+        pending_[r.request_id()] = r;
+        out.push_back(std::move(r));
       }
-      pending_[r.request_id()] = r;
-      out.push_back(std::move(r));
-      held_.erase(job.job_id());
-      running_.erase(job.job_id());
     }
     for (const v1::WorkRequest& r : out) Write(r);
+    if (outcome.ok()) FlushAcks();
+  }
+
+  // Sends the buffered acks, unless an ack message is still unanswered: then they wait for its
+  // answer and go out together as one AckBatch. So an idle worker's ack goes out at once, and a
+  // busy one sends one message per broker round trip (group commit from the worker's side).
+  void FlushAcks() {
+    v1::WorkRequest r;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ack_request_ != 0 || acks_.empty()) return;
+      r.set_request_id(NextRequestId());
+      const size_t n = std::min(acks_.size(), static_cast<size_t>(kMaxAcksPerMessage));
+      if (n == 1) {
+        *r.mutable_ack() = std::move(acks_.front());
+      } else {
+        for (size_t i = 0; i < n; ++i) *r.mutable_ack_batch()->add_acks() = std::move(acks_[i]);
+      }
+      acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
+      pending_[r.request_id()] = r;
+      ack_request_ = r.request_id();
+    }
+    // Without a stream the message stays in pending_ and goes out again after the reconnect,
+    // where its answer clears ack_request_.
+    Write(r);
   }
 
   void HeartbeatLoop() {
@@ -493,10 +541,13 @@ class Worker::Impl {
   uint64_t subscribe_request_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<absl::Status> first_subscribe_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> queued_ ABSL_GUARDED_BY(mu_);               // held, not started
+  std::deque<std::string> queued_ ABSL_GUARDED_BY(mu_);  // held, not started
+  absl::CondVar job_cv_;  // signalled when queued_ grows or closing_ is set
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);                // started, not completed
   std::map<uint64_t, v1::WorkRequest> pending_ ABSL_GUARDED_BY(mu_);  // unanswered ack/fail/release
   std::map<uint64_t, std::string> heartbeats_ ABSL_GUARDED_BY(mu_);   // request id -> job id
+  std::vector<v1::AckRequest> acks_ ABSL_GUARDED_BY(mu_);             // not yet sent
+  uint64_t ack_request_ ABSL_GUARDED_BY(mu_) = 0;  // the unanswered ack message; 0 = none
   Stats stats_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex write_mu_;  // one Write at a time; guards the current stream
