@@ -111,13 +111,20 @@ size_t Broker::LoadLocked(Recovered& found, absl::Time now, Transition& t, Effec
 // Plumbing
 uint64_t Broker::CommitLocked(Transition t) { return pipeline_.Append(std::move(t)); }
 
+uint64_t Broker::CommitLocked(Transition t, const Effects& fx) {
+  return pipeline_.Append(std::move(t), fx.level(), fx.group_delay);
+}
+
 void Broker::Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done) {
   if (fx.wake && options_.wake) options_.wake();
-  pipeline_.WhenDurable(seq,
-                        [fx = std::move(fx), done = std::move(done)](absl::Status written) mutable {
-                          Deliver(fx, written);
-                          if (done) done(std::move(written));
-                        });
+  const Durability level = fx.level();
+  pipeline_.WhenDurable(
+      seq,
+      [fx = std::move(fx), done = std::move(done)](absl::Status written) mutable {
+        Deliver(fx, written);
+        if (done) done(std::move(written));
+      },
+      level);
 }
 
 void Broker::Deliver(Effects& fx, const absl::Status& written) {

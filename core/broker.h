@@ -248,6 +248,8 @@ class Broker {
 
   // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
   uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `t` with the durability `fx` asks for (Effects::Touch).
+  uint64_t CommitLocked(Transition t, const Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
   // Answers long polls and tells streams what `fx` holds, once its transition is `written`.
   static void Deliver(Effects& fx, const absl::Status& written);
@@ -330,8 +332,8 @@ class Broker {
   absl::Status AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `spec` names, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
-  absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id,
+                                    Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueueInfo InfoLocked(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time NextDeadlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double Uniform() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -7,9 +7,12 @@
 
 namespace jobbroker {
 
-absl::StatusOr<Job*> Broker::LeasedJobFor(const std::string& job_id, const std::string& lease_id) {
+absl::StatusOr<Job*> Broker::LeasedJobFor(const std::string& job_id, const std::string& lease_id,
+                                          Effects& fx) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
+  // What a worker says of a job is as durable as the job's queue asks.
+  fx.Touch(Queue(job->queue).policy);
   if (job->lease_id != lease_id) {
     if (job->lease_id.empty())
       return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " of job ", job_id,
@@ -25,9 +28,9 @@ void Broker::Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>>
   if (absl::Status s = ValidateHeartbeatSpec(spec); !s.ok()) return done(s);
   Run<HeartbeatResult>(
       std::move(done),
-      [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects&)
+      [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
           ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<HeartbeatResult> {
-            absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+            absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
             if (!found.ok()) return found.status();
             Job& job = **found;
             if (job.state != JobState::kActive)
@@ -82,7 +85,7 @@ void Broker::AckBatch(std::vector<AckSpec> specs,
 }
 
 absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx) {
-  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
   if (!found.ok()) return found.status();
   Job& job = **found;
   if (job.state == JobState::kCompleted) return absl::OkStatus();  // a retried Ack of this lease
@@ -111,7 +114,7 @@ void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
   Run<FailResult>(std::move(done),
                   [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<FailResult> {
-                        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+                        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
                         if (!found.ok()) return found.status();
                         Job& job = **found;
                         std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
@@ -168,7 +171,7 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
             [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
-                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id);
+                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
                   if (!found.ok()) return found.status();
                   Job& job = **found;
                   if (job.state != JobState::kActive)

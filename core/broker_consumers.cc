@@ -205,6 +205,7 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
       Transition t;
       ProcessDue(now, t, fx);
       QueueState& q = Queue(spec.queue);
+      fx.Touch(q.policy);
       // Jobs still leasable here found no consumer with room in line (ServeConsumers runs
       // whenever jobs become leasable), so taking them directly is fair.
       std::vector<LeasedJob> jobs = LeaseMany(q, spec, now, t);
@@ -222,7 +223,7 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
       } else {
         result = std::move(jobs);
       }
-      seq = CommitLocked(std::move(t));
+      seq = CommitLocked(std::move(t), fx);
     }
     if (next_wake_ == absl::InfinitePast()) fx.wake = true;
   }

@@ -110,6 +110,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       continue;
     }
     QueueState& q = Queue(s.queue);
+    fx.Touch(q.policy);
     auto owned = std::make_unique<Job>();
     Job& job = *owned;
     job.id = NewJobId(now, gen_);

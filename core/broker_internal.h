@@ -106,6 +106,17 @@ struct Broker::Effects {
   std::vector<Notice> lost;       // leases that ran out under a stream
   std::vector<Notice> cancelled;  // cancel requests for jobs a stream holds
   bool wake = false;              // an earlier deadline appeared: wake the ticker
+
+  // The durability the answer waits for: the strictest of the policies of the queues the
+  // operation changed (Touch), kSync when it named none (admin operations, the ticker).
+  std::optional<Durability> durability;
+  absl::Duration group_delay = absl::InfiniteDuration();
+  void Touch(const QueuePolicy& p) {
+    durability = durability.has_value() ? Stricter(*durability, p.durability) : p.durability;
+    if (p.durability == Durability::kGroup)
+      group_delay = std::min(group_delay, p.group_commit_delay);
+  }
+  Durability level() const { return durability.value_or(Durability::kSync); }
 };
 
 // Everything a store's Recover reported, collected so memory can be built under the lock.
@@ -164,7 +175,7 @@ void Broker::Run(Done<absl::StatusOr<T>> done, Op op) {
       Transition t;
       ProcessDue(now, t, fx);
       result = op(now, t, fx);
-      seq = CommitLocked(std::move(t));
+      seq = CommitLocked(std::move(t), fx);
     }
     if (next_wake_ == absl::InfinitePast()) fx.wake = true;
   }

@@ -1,5 +1,6 @@
 #include "core/commit_pipeline.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/synchronization/notification.h"
@@ -25,25 +26,30 @@ CommitPipeline::~CommitPipeline() {
   if (writer_.joinable()) writer_.join();
 }
 
-uint64_t CommitPipeline::Append(Transition t) {
+uint64_t CommitPipeline::Append(Transition t, Durability durability, absl::Duration group_delay) {
   if (mode_ == Mode::kInline) {
     // The broker calls Append under its mutex, so inline writes happen in memory order.
     absl::MutexLock write_lock(&inline_write_mu_);
-    uint64_t seq;
+    WriteTask task;
     {
       absl::MutexLock lock(&mu_);
       if (t.empty()) return next_seq_ - 1;
-      seq = next_seq_++;
-      if (!error_.ok()) return seq;  // not written: WhenDurable answers it with the error
+      task.last = next_seq_++;
+      if (!error_.ok()) return task.last;  // not written: WhenDurable answers it with the error
     }
-    std::vector<Transition> batch;
-    batch.push_back(std::move(t));
-    WriteAndNotify(std::move(batch), seq, /*broken=*/false);
+    const uint64_t seq = task.last;
+    task.batch.push_back(std::move(t));
+    WriteAndNotify(std::move(task));
     return seq;
   }
   absl::MutexLock lock(&mu_);
   if (t.empty()) return next_seq_ - 1;
   pending_.push_back(std::move(t));
+  if (durability == Durability::kSync) {
+    pending_sync_ = true;
+  } else if (durability == Durability::kGroup) {
+    pending_sync_by_ = std::min(pending_sync_by_, absl::Now() + group_delay);
+  }
   work_cv_.Signal();
   return next_seq_++;
 }
@@ -55,30 +61,38 @@ const absl::Status* CommitPipeline::DroppedLocked(uint64_t seq) const {
   return seq <= it->second.first ? &it->second.second : nullptr;
 }
 
-void CommitPipeline::WhenDurable(uint64_t seq, Callback done) {
+void CommitPipeline::WhenDurable(uint64_t seq, Callback done, Durability level) {
   absl::Status status;
   {
     absl::MutexLock lock(&mu_);
     if (const absl::Status* dropped = DroppedLocked(seq); dropped != nullptr) {
       status = *dropped;
-    } else if (seq > durable_seq_) {
-      if (error_.ok()) {
+    } else if (seq > (level == Durability::kSync ? durable_seq_ : written_seq_)) {
+      if (!error_.ok()) {
+        status = error_;
+      } else if (level == Durability::kSync) {
         waiters_.emplace(seq, std::move(done));
         return;
+      } else if (level == Durability::kGroup) {
+        written_waiters_.emplace(seq, std::move(done));
+        return;
       }
-      status = error_;
+      // kNone: answered before it is written.
     }
   }
   done(status);
 }
 
-absl::Status CommitPipeline::WaitDurable(uint64_t seq) {
+absl::Status CommitPipeline::WaitDurable(uint64_t seq, Durability level) {
   absl::Notification ready;
   absl::Status result;
-  WhenDurable(seq, [&](absl::Status s) {
-    result = std::move(s);
-    ready.Notify();
-  });
+  WhenDurable(
+      seq,
+      [&](absl::Status s) {
+        result = std::move(s);
+        ready.Notify();
+      },
+      level);
   ready.WaitForNotification();
   return result;
 }
@@ -98,6 +112,11 @@ uint64_t CommitPipeline::writes() const {
   return writes_;
 }
 
+uint64_t CommitPipeline::syncs() const {
+  absl::MutexLock lock(&mu_);
+  return syncs_;
+}
+
 void CommitPipeline::Reset() {
   absl::MutexLock write_lock(&inline_write_mu_);  // no inline write in progress
   absl::MutexLock lock(&mu_);
@@ -108,7 +127,9 @@ void CommitPipeline::Reset() {
   pending_.clear();  // appended after the failure: WhenDurable already answered them
   if (durable_seq_ + 1 <= next_seq_ - 1)
     dropped_.emplace(durable_seq_ + 1, std::make_pair(next_seq_ - 1, error_));
-  durable_seq_ = next_seq_ - 1;
+  durable_seq_ = written_seq_ = next_seq_ - 1;
+  pending_sync_ = false;
+  pending_sync_by_ = unsynced_by_ = absl::InfiniteFuture();
   // Waiters register only while healthy and were all answered at the failure; none is left.
   error_ = absl::OkStatus();
   failed_at_ = absl::InfinitePast();
@@ -117,40 +138,75 @@ void CommitPipeline::Reset() {
 
 void CommitPipeline::WriterLoop() {
   while (true) {
-    std::vector<Transition> batch;
-    uint64_t last;
-    bool broken;
+    WriteTask job;
     {
       absl::MutexLock lock(&mu_);
-      while (pending_.empty() && !stopping_) work_cv_.Wait(&mu_);
-      if (pending_.empty()) return;  // stopping, and everything is written
-      batch.swap(pending_);
-      last = next_seq_ - 1;
-      broken = !error_.ok();
+      while (pending_.empty()) {
+        // Written unsynced and not yet fsynced (after a failure nothing more reaches the store).
+        const bool unsynced = written_seq_ > durable_seq_ && error_.ok();
+        if (stopping_) {
+          if (!unsynced) return;  // everything is written and on disk
+          break;                  // one last fsync before stopping
+        }
+        if (unsynced && unsynced_by_ <= absl::Now()) break;  // a kGroup bound is due
+        if (unsynced_by_ == absl::InfiniteFuture()) {
+          work_cv_.Wait(&mu_);
+        } else {
+          work_cv_.WaitWithDeadline(&mu_, unsynced_by_);
+        }
+      }
+      job.batch.swap(pending_);
+      job.last = next_seq_ - 1;
+      job.broken = !error_.ok();
+      job.sync = pending_sync_ || stopping_ || job.batch.empty() ||
+                 std::min(pending_sync_by_, unsynced_by_) <= absl::Now();
+      job.sync_by = pending_sync_by_;
+      pending_sync_ = false;
+      pending_sync_by_ = absl::InfiniteFuture();
       writing_ = true;
     }
-    WriteAndNotify(std::move(batch), last, broken);
+    WriteAndNotify(std::move(job));
   }
 }
 
-void CommitPipeline::WriteAndNotify(std::vector<Transition> batch, uint64_t last, bool broken) {
+void CommitPipeline::WriteAndNotify(WriteTask job) {
   // After a failed write memory is ahead of disk; writing later transitions on top could persist
   // a state that never existed, so nothing more is written until Reset().
   const absl::Time start = clock_ != nullptr ? clock_->Now() : absl::InfinitePast();
-  absl::Status status = broken ? absl::OkStatus() : store_.Write(batch);
-  if (observer_ != nullptr && clock_ != nullptr && !broken && status.ok())
-    observer_->Committed(batch.size(), clock_->Now() - start);
+  absl::Status status;
+  if (!job.broken) {
+    if (job.batch.empty()) {
+      status = store_.Sync();
+    } else if (job.sync) {
+      status = store_.Write(job.batch);
+    } else {
+      status = store_.WriteUnsynced(job.batch);
+    }
+  }
+  if (observer_ != nullptr && clock_ != nullptr && !job.broken && status.ok() && !job.batch.empty())
+    observer_->Committed(job.batch.size(), clock_->Now() - start);
   std::vector<Callback> ready;
   bool first_failure = false;
   {
     absl::MutexLock lock(&mu_);
     writing_ = false;
-    if (!broken) ++writes_;
-    if (!broken && status.ok()) {
-      durable_seq_ = last;
-      auto end = waiters_.upper_bound(last);
-      for (auto it = waiters_.begin(); it != end; ++it) ready.push_back(std::move(it->second));
-      waiters_.erase(waiters_.begin(), end);
+    if (!job.broken && !job.batch.empty()) ++writes_;
+    if (!job.broken && job.sync) ++syncs_;
+    if (!job.broken && status.ok()) {
+      written_seq_ = job.last;
+      if (job.sync) {
+        durable_seq_ = job.last;
+        unsynced_by_ = absl::InfiniteFuture();
+      } else {
+        unsynced_by_ = std::min(unsynced_by_, job.sync_by);
+      }
+      auto release = [&ready](std::multimap<uint64_t, Callback>& waiters, uint64_t upto) {
+        auto end = waiters.upper_bound(upto);
+        for (auto it = waiters.begin(); it != end; ++it) ready.push_back(std::move(it->second));
+        waiters.erase(waiters.begin(), end);
+      };
+      release(waiters_, durable_seq_);
+      release(written_waiters_, written_seq_);
     } else {
       if (error_.ok()) {
         first_failure = true;
@@ -160,8 +216,10 @@ void CommitPipeline::WriteAndNotify(std::vector<Transition> batch, uint64_t last
         if (observer_ != nullptr) observer_->StoreFailed(status);
       }
       status = error_;
-      for (auto& [seq, cb] : waiters_) ready.push_back(std::move(cb));
-      waiters_.clear();
+      for (auto* waiters : {&waiters_, &written_waiters_}) {
+        for (auto& [seq, cb] : *waiters) ready.push_back(std::move(cb));
+        waiters->clear();
+      }
     }
   }
   if (first_failure && on_failure_) on_failure_(status);

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/clock.h"
 #include "core/observer.h"
+#include "core/policy.h"
 #include "core/store.h"
 
 namespace jobbroker {
@@ -24,6 +25,13 @@ namespace jobbroker {
 // WhenDurable callbacks of every sequence number it covered: many concurrent callers share one
 // fsync. A reply waits for its own sequence number, which implies every earlier transition is
 // durable too, so nothing a caller was told can be lost.
+//
+// Durability levels (a queue's policy): a kSync transition is answered once fsynced (above). A
+// batch holding only kGroup and kNone transitions is written without fsync (Store::WriteUnsynced)
+// and kGroup ones are answered then; the writer fsyncs (Store::Sync, or the next synced write)
+// by the earliest group delay of what it wrote unsynced, measured in real time as the disk
+// works in it. kNone transitions are answered at once, before they are written. Writes stay in
+// order whatever the levels, so a crash never keeps a later transition without an earlier one.
 //
 // If a write fails, the pipeline stops: every pending and later callback gets that error,
 // status() reports it, and nothing more is written (memory is then ahead of disk, and writing
@@ -53,15 +61,18 @@ class CommitPipeline {
 
   // Queues `t` and returns its sequence number (> 0). An empty transition is not written and
   // returns the last sequence number handed out, so waiting on it still orders after earlier ones.
-  uint64_t Append(Transition t);
+  // `durability` and `group_delay` say when the writer must fsync it (see the class comment);
+  // kInline mode always writes synced.
+  uint64_t Append(Transition t, Durability durability = Durability::kSync,
+                  absl::Duration group_delay = absl::ZeroDuration());
 
-  // Runs `done` once `seq` and everything before it are durable, with OK, or with the write error
-  // (also for a `seq` that Reset() dropped). Runs it at once, on this thread, if that is already
-  // known.
-  void WhenDurable(uint64_t seq, Callback done);
+  // Runs `done` once `seq` and everything before it are as durable as `level` asks (kSync: on
+  // disk; kGroup: in the store's log; kNone: at once), with OK, or with the write error (also for
+  // a `seq` that Reset() dropped). Runs it at once, on this thread, if that is already known.
+  void WhenDurable(uint64_t seq, Callback done, Durability level = Durability::kSync);
 
-  // Blocks until `seq` is durable; the write's status.
-  absl::Status WaitDurable(uint64_t seq);
+  // Blocks until `seq` is as durable as `level` asks; the write's status.
+  absl::Status WaitDurable(uint64_t seq, Durability level = Durability::kSync);
 
   // OK, or the write error that stopped the pipeline (until Reset()).
   absl::Status status() const;
@@ -76,15 +87,25 @@ class CommitPipeline {
   // write in progress to finish. Nothing to do while healthy.
   void Reset();
 
-  // Number of Store::Write calls so far (for tests and metrics: fewer writes than appends shows
-  // group commit at work). Transitions dropped after a failure were never written: not counted.
+  // Number of Store::Write and WriteUnsynced calls so far (for tests and metrics: fewer writes
+  // than appends shows group commit at work). Transitions dropped after a failure were never
+  // written: not counted.
   uint64_t writes() const;
+  // Number of fsyncs asked of the store: synced writes and Sync calls.
+  uint64_t syncs() const;
 
  private:
+  // What the writer does next.
+  struct WriteTask {
+    std::vector<Transition> batch;  // empty: only fsync what was written unsynced
+    uint64_t last = 0;              // the sequence numbers it covers end here
+    bool broken = false;            // the pipeline has failed: fail them, write nothing
+    bool sync = true;               // fsync (a synced write, or Store::Sync for an empty batch)
+    absl::Time sync_by = absl::InfiniteFuture();  // unsynced: fsync by then
+  };
   void WriterLoop();
-  // Writes `batch` covering sequence numbers up to `last` (unless `broken`: then it only fails
-  // them) and runs the callbacks it settled.
-  void WriteAndNotify(std::vector<Transition> batch, uint64_t last, bool broken);
+  // Writes (or fails) `job` and runs the callbacks it settled.
+  void WriteAndNotify(WriteTask task);
   // The error a dropped `seq` was dropped for, or nullptr.
   const absl::Status* DroppedLocked(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -96,8 +117,15 @@ class CommitPipeline {
   mutable absl::Mutex mu_;
   absl::CondVar work_cv_;
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t durable_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t durable_seq_ ABSL_GUARDED_BY(mu_) = 0;  // fsynced up to here
+  uint64_t written_seq_ ABSL_GUARDED_BY(mu_) = 0;  // in the store's log up to here (>= durable)
   uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
+  // What is pending asks for: an fsync at once, or by a time (kGroup); none: InfiniteFuture.
+  bool pending_sync_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time pending_sync_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // Written unsynced, to be fsynced by then (kGroup); InfiniteFuture if nothing waits for it.
+  absl::Time unsynced_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> healthy_{true};
@@ -105,7 +133,8 @@ class CommitPipeline {
   // per failure, so it stays tiny.
   std::map<uint64_t, std::pair<uint64_t, absl::Status>> dropped_ ABSL_GUARDED_BY(mu_);
   std::vector<Transition> pending_ ABSL_GUARDED_BY(mu_);
-  std::multimap<uint64_t, Callback> waiters_ ABSL_GUARDED_BY(mu_);
+  std::multimap<uint64_t, Callback> waiters_ ABSL_GUARDED_BY(mu_);          // for durable_seq_
+  std::multimap<uint64_t, Callback> written_waiters_ ABSL_GUARDED_BY(mu_);  // for written_seq_
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the writer thread holds a batch
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;

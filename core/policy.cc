@@ -54,6 +54,8 @@ void PolicyOverride::MergeFrom(const PolicyOverride& top) {
   merge(rate_burst, top.rate_burst);
   merge(paused, top.paused);
   merge(max_payload_bytes, top.max_payload_bytes);
+  merge(durability, top.durability);
+  merge(group_commit_delay, top.group_commit_delay);
 }
 
 QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
@@ -78,6 +80,8 @@ QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
   apply(p.rate_limit.burst, rate_burst);
   apply(p.paused, paused);
   apply(p.max_payload_bytes, max_payload_bytes);
+  apply(p.durability, durability);
+  apply(p.group_commit_delay, group_commit_delay);
   return p;
 }
 
@@ -113,6 +117,11 @@ absl::Status ValidatePolicy(const QueuePolicy& p, const char* prefix) {
   if (p.max_payload_bytes < 1 || p.max_payload_bytes > kMaxPayloadBytesCeiling)
     return bad("max_payload_bytes",
                absl::StrCat("must be between 1 and ", kMaxPayloadBytesCeiling));
+  if (p.durability != Durability::kSync && p.durability != Durability::kGroup &&
+      p.durability != Durability::kNone)
+    return bad("durability", "must be DURABILITY_SYNC, DURABILITY_GROUP or DURABILITY_NONE");
+  if (p.group_commit_delay < kMinGroupCommitDelay || p.group_commit_delay > kMaxGroupCommitDelay)
+    return bad("group_commit_delay", "must be between 1ms and 1s");
   return absl::OkStatus();
 }
 

@@ -33,6 +33,19 @@ struct Retention {
   bool operator==(const Retention&) const = default;
 };
 
+// When the broker answers a change to a queue's jobs, and what a crash can take back. Values
+// match proto/jobbroker/v1/policy.proto's Durability; docs/policies.md says what each risks.
+enum class Durability : int {
+  kSync = 1,   // answer after fsync: nothing answered is lost, even on power loss
+  kGroup = 2,  // answer once in the log; fsync within group_commit_delay
+  kNone = 3,   // answer once applied in memory; written right after, fsynced by later writes
+};
+
+// The stricter of two durabilities (kSync > kGroup > kNone).
+inline Durability Stricter(Durability a, Durability b) {
+  return static_cast<int>(a) < static_cast<int>(b) ? a : b;
+}
+
 struct RateLimit {
   double per_second = 0;  // 0 = no limit
   int burst = 0;
@@ -54,6 +67,9 @@ struct QueuePolicy {
   // Small by default so that one producer's mistake (a whole file as a payload) cannot fill the
   // WAL and memory; a queue that needs more says so in its policy.
   int64_t max_payload_bytes = 1 << 20;
+  Durability durability = Durability::kSync;
+  // kGroup: the longest an answered change waits for its fsync.
+  absl::Duration group_commit_delay = absl::Milliseconds(10);
 
   bool operator==(const QueuePolicy&) const = default;
 };
@@ -79,6 +95,8 @@ struct PolicyOverride {
   std::optional<int> rate_burst;
   std::optional<bool> paused;
   std::optional<int64_t> max_payload_bytes;
+  std::optional<Durability> durability;
+  std::optional<absl::Duration> group_commit_delay;
 
   // Copies every field set in `top` over this one.
   void MergeFrom(const PolicyOverride& top);
@@ -95,6 +113,10 @@ inline constexpr absl::Duration kMaxLeaseDuration = absl::Hours(12);
 // The most a queue's max_payload_bytes may allow. Every job is held in memory while it is not
 // finished, and a batch of them travels in one gRPC message.
 inline constexpr int64_t kMaxPayloadBytesCeiling = 16 << 20;
+// Bounds of group_commit_delay: below 1 ms GROUP would fsync nearly as often as SYNC; above 1 s
+// a power loss could take back more than operators expect of a "group commit".
+inline constexpr absl::Duration kMinGroupCommitDelay = absl::Milliseconds(1);
+inline constexpr absl::Duration kMaxGroupCommitDelay = absl::Seconds(1);
 
 // kInvalidArgument naming the first out-of-range field (e.g. "policy.retry.max_attempts must be
 // at least 1"); `prefix` is put before field names.

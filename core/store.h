@@ -75,6 +75,16 @@ class Store {
   // writes again. kResourceExhausted when the disk is full; kUnavailable for other I/O errors.
   virtual absl::Status Write(absl::Span<const Transition> transitions) = 0;
 
+  // Like Write, but returns once the transitions are in the store's log, before they are on
+  // disk: a crash of the process keeps them, power loss may not. The next Write or Sync makes
+  // them durable (in order: a durable write implies every earlier one is durable). Errors as for
+  // Write. A store without such a log writes them durably.
+  virtual absl::Status WriteUnsynced(absl::Span<const Transition> transitions) {
+    return Write(transitions);
+  }
+  // Makes every earlier WriteUnsynced durable. Errors as for Write.
+  virtual absl::Status Sync() { return absl::OkStatus(); }
+
   // Visits every stored policy override, then dedup entry, then job, each in key order. A record
   // that does not decode goes to OnCorrupt and the scan goes on. kDataLoss only if the store
   // cannot be read past some point (the visitor may have seen earlier records by then);

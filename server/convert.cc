@@ -229,6 +229,16 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
   }
   if (p.has_paused()) o.paused = p.paused();
   if (p.has_max_payload_bytes()) o.max_payload_bytes = p.max_payload_bytes();
+  if (p.durability() != v1::DURABILITY_UNSPECIFIED) {
+    if (p.durability() < v1::DURABILITY_SYNC || p.durability() > v1::DURABILITY_NONE)
+      return Invalid(absl::StrCat(field, ".durability"), "is not a known Durability");
+    o.durability = static_cast<Durability>(p.durability());
+  }
+  if (p.has_group_commit_delay()) {
+    if (auto s = duration(p.group_commit_delay(), "group_commit_delay", o.group_commit_delay);
+        !s.ok())
+      return s;
+  }
   return o;
 }
 
@@ -300,6 +310,8 @@ void ToProto(const QueuePolicy& p, v1::QueuePolicy* out) {
   out->mutable_rate_limit()->set_burst(p.rate_limit.burst);
   out->set_paused(p.paused);
   out->set_max_payload_bytes(p.max_payload_bytes);
+  out->set_durability(static_cast<v1::Durability>(p.durability));
+  ToProto(p.group_commit_delay, out->mutable_group_commit_delay());
 }
 
 void ToProto(const QueueInfo& q, v1::QueueInfo* out) {

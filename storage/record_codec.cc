@@ -93,6 +93,13 @@ absl::StatusOr<AttemptOutcome> ToAttemptOutcome(int32_t v) {
   return static_cast<AttemptOutcome>(v);
 }
 
+absl::StatusOr<Durability> ToDurability(int32_t v) {
+  if (v < static_cast<int32_t>(Durability::kSync) || v > static_cast<int32_t>(Durability::kNone)) {
+    return BadEnum("PolicyRecord", "durability", v);
+  }
+  return static_cast<Durability>(v);
+}
+
 absl::StatusOr<Jitter> ToJitter(int32_t v) {
   if (v < static_cast<int32_t>(Jitter::kNone) || v > static_cast<int32_t>(Jitter::kEqual)) {
     return BadEnum("PolicyRecord", "jitter", v);
@@ -247,6 +254,8 @@ std::string EncodePolicy(const PolicyOverride& p) {
   if (p.rate_burst) r.set_rate_burst(*p.rate_burst);
   if (p.paused) r.set_paused(*p.paused);
   if (p.max_payload_bytes) r.set_max_payload_bytes(*p.max_payload_bytes);
+  if (p.durability) r.set_durability(static_cast<int32_t>(*p.durability));
+  if (p.group_commit_delay) r.set_group_commit_delay_us(DurationToMicros(*p.group_commit_delay));
   return r.SerializeAsString();
 }
 
@@ -280,6 +289,14 @@ absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
   if (r.has_rate_burst()) p.rate_burst = r.rate_burst();
   if (r.has_paused()) p.paused = r.paused();
   if (r.has_max_payload_bytes()) p.max_payload_bytes = r.max_payload_bytes();
+  if (r.has_durability()) {
+    absl::StatusOr<Durability> durability = ToDurability(r.durability());
+    if (!durability.ok()) return durability.status();
+    p.durability = *durability;
+  }
+  if (r.has_group_commit_delay_us()) {
+    p.group_commit_delay = MicrosToDuration(r.group_commit_delay_us());
+  }
   return p;
 }
 

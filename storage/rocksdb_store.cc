@@ -299,6 +299,20 @@ absl::Status RocksDbStore::Resume() {
 }
 
 absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
+  return WriteTransitions(transitions, /*sync=*/true);
+}
+
+absl::Status RocksDbStore::WriteUnsynced(absl::Span<const Transition> transitions) {
+  return WriteTransitions(transitions, /*sync=*/false);
+}
+
+absl::Status RocksDbStore::Sync() {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
+  return FromRocksDb(db_->SyncWAL(), absl::StrCat("sync the log of ", dir_));
+}
+
+absl::Status RocksDbStore::WriteTransitions(absl::Span<const Transition> transitions, bool sync) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::WriteBatch batch;
@@ -325,11 +339,15 @@ absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
       BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, queue)));
     }
   }
-  // Nothing to make durable: every earlier write was already synced.
-  if (batch.Count() == 0) return absl::OkStatus();
-
+  if (batch.Count() == 0) {
+    // Nothing to write, but earlier unsynced writes may still have to reach the disk.
+    if (!sync) return absl::OkStatus();
+    return FromRocksDb(db_->SyncWAL(), absl::StrCat("sync the log of ", dir_));
+  }
   rocksdb::WriteOptions write_options;
-  write_options.sync = true;  // the promise: OK means on disk (DESIGN.md, delivery semantics)
+  // The promise: OK means on disk (DESIGN.md, delivery semantics). A synced write also syncs
+  // every unsynced one before it: they are earlier in the same log.
+  write_options.sync = sync;
   return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
 }
 

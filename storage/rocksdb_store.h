@@ -88,6 +88,8 @@ class RocksDbStore final : public Store {
   // may or may not reach disk, and RocksDB refuses further writes until Resume(); the caller
   // must stop and not acknowledge anything.
   absl::Status Write(absl::Span<const Transition> transitions) override;
+  absl::Status WriteUnsynced(absl::Span<const Transition> transitions) override;
+  absl::Status Sync() override;
 
   // Visits policies, then dedup entries, then jobs, each in key order. A record that does not
   // decode (or a job record under another job's id) goes to OnCorrupt, with the column family,
@@ -125,6 +127,8 @@ class RocksDbStore final : public Store {
   absl::Status ProbeDisk() const;
   // kUnavailable if a failed reopen left the store without a database.
   absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Write (sync) and WriteUnsynced.
+  absl::Status WriteTransitions(absl::Span<const Transition> transitions, bool sync);
 
   const std::string dir_;
   const RocksDbStoreOptions opts_;

@@ -1,5 +1,6 @@
 #include "core/commit_pipeline.h"
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 #include <vector>
@@ -148,6 +149,130 @@ TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain)
   EXPECT_TRUE(store.FindJob("d").has_value());
   ASSERT_EQ(hooked.size(), 1u) << "the hook runs once per failure";
   EXPECT_EQ(hooked[0].code(), absl::StatusCode::kUnavailable);
+}
+
+// Records which kind of write each call was, and can hold writes until released.
+class LevelStore : public Store {
+ public:
+  absl::Status Write(absl::Span<const Transition> t) override { return Record("sync", t); }
+  absl::Status WriteUnsynced(absl::Span<const Transition> t) override {
+    return Record("unsynced", t);
+  }
+  absl::Status Sync() override {
+    absl::MutexLock lock(&mu_);
+    calls_.push_back("fsync");
+    return absl::OkStatus();
+  }
+  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::Status Resume() override { return inner_.Resume(); }
+
+  void Hold() {
+    absl::MutexLock lock(&mu_);
+    held_ = true;
+  }
+  // Waits until a write is held (the writer took its batch).
+  void AwaitHeldWrite() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](int* n) { return *n > 0; }, &waiting_));
+  }
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    held_ = false;
+  }
+  std::vector<std::string> calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  // Waits (up to 30 s) until `kind` has been called `n` times.
+  bool AwaitCalls(const std::string& kind, size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<size_t>(std::count(calls_.begin(), calls_.end(), kind)) >= n;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), absl::Seconds(30));
+  }
+
+  MemoryStore inner_;
+
+ private:
+  absl::Status Record(const char* kind, absl::Span<const Transition> t) {
+    absl::MutexLock lock(&mu_);
+    ++waiting_;
+    mu_.Await(absl::Condition(
+        +[](bool* held) { return !*held; }, &held_));
+    --waiting_;
+    calls_.push_back(kind);
+    return inner_.Write(t);
+  }
+
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
+};
+
+TEST(CommitPipelineDurabilityTest, GroupIsAnsweredOnceWrittenAndFsyncedWithinItsDelay) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  uint64_t seq = pipeline.Append(PutJob("a", "1"), Durability::kGroup, absl::Milliseconds(5));
+  ASSERT_TRUE(pipeline.WaitDurable(seq, Durability::kGroup).ok());
+  EXPECT_TRUE(store.inner_.FindJob("a").has_value()) << "answered only once written";
+  // Nothing else is appended: the writer fsyncs on its own when the delay is up.
+  ASSERT_TRUE(store.AwaitCalls("fsync", 1)) << "the group delay passed without an fsync";
+  EXPECT_EQ(store.calls(), (std::vector<std::string>{"unsynced", "fsync"}));
+  EXPECT_EQ(pipeline.syncs(), 1u);
+  // A kSync waiter of the same transition is answered by that fsync too.
+  EXPECT_TRUE(pipeline.WaitDurable(seq, Durability::kSync).ok());
+}
+
+TEST(CommitPipelineDurabilityTest, ASyncTransitionInTheBatchMakesTheWholeWriteSynced) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  store.Hold();
+  uint64_t first = pipeline.Append(PutJob("first", ""), Durability::kSync);
+  store.AwaitHeldWrite();
+  // The writer holds `first`; these two wait behind it and share the next write.
+  uint64_t group = pipeline.Append(PutJob("g", ""), Durability::kGroup, absl::Seconds(1));
+  uint64_t sync = pipeline.Append(PutJob("s", ""), Durability::kSync);
+  store.Release();
+  ASSERT_TRUE(pipeline.WaitDurable(sync).ok());
+  EXPECT_TRUE(pipeline.WaitDurable(group, Durability::kSync).ok());
+  EXPECT_GT(sync, first);
+  for (const std::string& call : store.calls()) EXPECT_EQ(call, "sync");
+}
+
+TEST(CommitPipelineDurabilityTest, NoneIsAnsweredBeforeItIsWrittenAndWrittenRightAfter) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  store.Hold();
+  pipeline.Append(PutJob("blocker", ""), Durability::kSync);
+  store.AwaitHeldWrite();
+  uint64_t none = pipeline.Append(PutJob("n", ""), Durability::kNone);
+  absl::Notification answered;
+  pipeline.WhenDurable(
+      none,
+      [&](absl::Status s) {
+        EXPECT_TRUE(s.ok()) << s;
+        answered.Notify();
+      },
+      Durability::kNone);
+  EXPECT_TRUE(answered.HasBeenNotified()) << "kNone does not wait for the writer";
+  EXPECT_FALSE(store.inner_.FindJob("n").has_value());
+  store.Release();
+  ASSERT_TRUE(pipeline.WaitDurable(none, Durability::kGroup).ok());
+  EXPECT_TRUE(store.inner_.FindJob("n").has_value());
+  EXPECT_EQ(store.calls().back(), "unsynced") << "a kNone batch is written without fsync";
+}
+
+TEST(CommitPipelineDurabilityTest, StoppingFsyncsWhatWasWrittenUnsynced) {
+  LevelStore store;
+  {
+    CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+    uint64_t seq = pipeline.Append(PutJob("n", ""), Durability::kNone);
+    ASSERT_TRUE(pipeline.WaitDurable(seq, Durability::kGroup).ok());
+  }
+  EXPECT_EQ(store.calls(), (std::vector<std::string>{"unsynced", "fsync"}));
 }
 
 }  // namespace

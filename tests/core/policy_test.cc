@@ -59,6 +59,8 @@ TEST(RetryPolicyTest, DefaultsAreTheDesignDefaults) {
   EXPECT_EQ(p.completed_retention.max_count, 1000);
   EXPECT_EQ(p.failed_retention.max_age, absl::Hours(24 * 7));
   EXPECT_EQ(p.max_payload_bytes, 1 << 20);
+  EXPECT_EQ(p.durability, Durability::kSync);
+  EXPECT_EQ(p.group_commit_delay, absl::Milliseconds(10));
 }
 
 TEST(PolicyOverrideTest, LayersApplyInOrderAndOnlySetFieldsOverride) {
@@ -98,6 +100,18 @@ TEST(ValidatePolicyTest, NamesTheBadField) {
   }
   p = QueuePolicy{};
   p.max_payload_bytes = kMaxPayloadBytesCeiling;
+  EXPECT_TRUE(ValidatePolicy(p).ok());
+  for (absl::Duration bad : {absl::Microseconds(999), absl::Seconds(1) + absl::Microseconds(1)}) {
+    p = QueuePolicy{};
+    p.group_commit_delay = bad;
+    EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("policy.group_commit_delay")) << bad;
+  }
+  p = QueuePolicy{};
+  p.durability = static_cast<Durability>(4);
+  EXPECT_THAT(ValidatePolicy(p).message(), HasSubstr("policy.durability"));
+  p = QueuePolicy{};
+  p.durability = Durability::kGroup;
+  p.group_commit_delay = absl::Seconds(1);
   EXPECT_TRUE(ValidatePolicy(p).ok());
   EXPECT_TRUE(ValidatePolicy(QueuePolicy{}).ok());
 }

@@ -1176,6 +1176,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.QueuePolicy", "rate_limit"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "max_payload_bytes"},
        "its range is pinned by policy_test.cc and bad_input_test.cc"},
+      {{"jobbroker.v1.QueuePolicy", "durability"}, kPolicyTest},
+      {{"jobbroker.v1.QueuePolicy", "group_commit_delay"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_attempts"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "initial_backoff"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_backoff"}, kPolicyTest},

@@ -170,6 +170,8 @@ TEST_F(PolicyTest, BuiltInDefaultsAreTheOnesDesignMdNames) {
   EXPECT_EQ(p.rate_limit().per_second(), 0);
   EXPECT_FALSE(p.paused());
   EXPECT_EQ(p.max_payload_bytes(), 1 << 20);
+  EXPECT_EQ(p.durability(), v1::DURABILITY_SYNC);
+  EXPECT_EQ(FromProto(p.group_commit_delay()), absl::Milliseconds(10));
 }
 
 TEST_F(PolicyTest, LayersAreBuiltInThenConfigDefaultThenConfigQueueThenRunTime) {
@@ -203,7 +205,8 @@ TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
   ASSERT_THAT(SetPolicy("persist", R"({"maxConcurrency": 1, "paused": true,
       "retry": {"maxAttempts": 7, "initialBackoff": "3s", "jitter": "JITTER_EQUAL"},
       "rateLimit": {"perSecond": 50, "burst": 5}, "completedRetention": {"maxCount": 3},
-      "maxPayloadBytes": "2097152"})"),
+      "maxPayloadBytes": "2097152", "durability": "DURABILITY_GROUP",
+      "groupCommitDelay": "0.005s"})"),
               IsOk());
   client_->MustEnqueue("persist");
   const v1::QueuePolicy before = EffectivePolicy("persist");
@@ -214,6 +217,8 @@ TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
       << "before: " << before.ShortDebugString() << "\nafter:  " << after.ShortDebugString();
   EXPECT_EQ(after.max_concurrency(), 1);
   EXPECT_EQ(after.max_payload_bytes(), 2 << 20);
+  EXPECT_EQ(after.durability(), v1::DURABILITY_GROUP);
+  EXPECT_EQ(FromProto(after.group_commit_delay()), absl::Milliseconds(5));
   EXPECT_EQ(FromProto(after.lease_duration()), absl::Seconds(20)) << "the config still applies";
   EXPECT_THAT(client_->MustLease("persist", "w", 5), IsEmpty()) << "still paused";
 
@@ -250,6 +255,9 @@ TEST_F(PolicyTest, OutOfRangeValuesAreRefusedNamingTheFieldAndChangeNothing) {
       {R"({"rateLimit": {"perSecond": 1, "burst": -1}})", "rate_limit.burst"},
       {R"({"maxPayloadBytes": "0"})", "max_payload_bytes"},
       {R"({"maxPayloadBytes": "16777217"})", "max_payload_bytes"},
+      {R"({"groupCommitDelay": "0.0009s"})", "group_commit_delay"},
+      {R"({"groupCommitDelay": "1.001s"})", "group_commit_delay"},
+      {R"({"durability": 7})", "durability"},
   };
   for (const auto& [json, field] : cases) {
     EXPECT_THAT(SetPolicy("bounds", json), StatusIs(StatusCode::INVALID_ARGUMENT, HasSubstr(field)))

@@ -100,6 +100,8 @@ inline PolicyOverride FullPolicy() {
   p.rate_burst = 20;
   p.paused = true;
   p.max_payload_bytes = 2 << 20;
+  p.durability = Durability::kGroup;
+  p.group_commit_delay = absl::Milliseconds(25);
   return p;
 }
 

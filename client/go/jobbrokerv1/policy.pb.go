@@ -78,6 +78,68 @@ func (Jitter) EnumDescriptor() ([]byte, []int) {
 	return file_jobbroker_v1_policy_proto_rawDescGZIP(), []int{0}
 }
 
+// When the broker answers a change to a queue's jobs (an enqueue, an ack, a fail...), and what a
+// crash can take back. Leases, pushes and answers keep their order whatever the level.
+type Durability int32
+
+const (
+	Durability_DURABILITY_UNSPECIFIED Durability = 0
+	// Answer once the change is fsynced; concurrent changes share one fsync (group commit).
+	// Nothing answered is lost, even on power loss. The default.
+	Durability_DURABILITY_SYNC Durability = 1
+	// Answer once the change is written to the broker's log, which is fsynced within
+	// group_commit_delay. A killed broker loses nothing answered (the kernel holds the log); a
+	// power loss or kernel crash can lose what was answered in the last group_commit_delay.
+	Durability_DURABILITY_GROUP Durability = 2
+	// Answer as soon as the change is applied in memory; it is written right after, and fsynced
+	// whenever a later change of another queue is. A killed broker can lose the changes of the
+	// last few milliseconds; a power loss those since the last fsync. For work that may be lost.
+	Durability_DURABILITY_NONE Durability = 3
+)
+
+// Enum value maps for Durability.
+var (
+	Durability_name = map[int32]string{
+		0: "DURABILITY_UNSPECIFIED",
+		1: "DURABILITY_SYNC",
+		2: "DURABILITY_GROUP",
+		3: "DURABILITY_NONE",
+	}
+	Durability_value = map[string]int32{
+		"DURABILITY_UNSPECIFIED": 0,
+		"DURABILITY_SYNC":        1,
+		"DURABILITY_GROUP":       2,
+		"DURABILITY_NONE":        3,
+	}
+)
+
+func (x Durability) Enum() *Durability {
+	p := new(Durability)
+	*p = x
+	return p
+}
+
+func (x Durability) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Durability) Descriptor() protoreflect.EnumDescriptor {
+	return file_jobbroker_v1_policy_proto_enumTypes[1].Descriptor()
+}
+
+func (Durability) Type() protoreflect.EnumType {
+	return &file_jobbroker_v1_policy_proto_enumTypes[1]
+}
+
+func (x Durability) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Durability.Descriptor instead.
+func (Durability) EnumDescriptor() ([]byte, []int) {
+	return file_jobbroker_v1_policy_proto_rawDescGZIP(), []int{1}
+}
+
 // Retries. The wait before attempt n+1 is
 // min(max_backoff, initial_backoff * backoff_multiplier^(n-1)), then jittered.
 // Unset fields take the server default.
@@ -298,8 +360,13 @@ type QueuePolicy struct {
 	// The largest payload Enqueue accepts into this queue, in bytes; a larger one gets
 	// RESOURCE_EXHAUSTED. Default 1048576 (1 MiB); between 1 and 16777216 (16 MiB).
 	MaxPayloadBytes *int64 `protobuf:"varint,11,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3,oneof" json:"max_payload_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Default DURABILITY_SYNC.
+	Durability Durability `protobuf:"varint,12,opt,name=durability,proto3,enum=jobbroker.v1.Durability" json:"durability,omitempty"`
+	// For DURABILITY_GROUP: the longest an answered change waits for its fsync. Default 10 ms;
+	// between 1 ms and 1 s.
+	GroupCommitDelay *durationpb.Duration `protobuf:"bytes,13,opt,name=group_commit_delay,json=groupCommitDelay,proto3" json:"group_commit_delay,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *QueuePolicy) Reset() {
@@ -409,6 +476,20 @@ func (x *QueuePolicy) GetMaxPayloadBytes() int64 {
 	return 0
 }
 
+func (x *QueuePolicy) GetDurability() Durability {
+	if x != nil {
+		return x.Durability
+	}
+	return Durability_DURABILITY_UNSPECIFIED
+}
+
+func (x *QueuePolicy) GetGroupCommitDelay() *durationpb.Duration {
+	if x != nil {
+		return x.GroupCommitDelay
+	}
+	return nil
+}
+
 // The config file (--config), in proto3 JSON form.
 type ServerConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -488,7 +569,7 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"per_second\x18\x01 \x01(\x01H\x00R\tperSecond\x88\x01\x01\x12\x19\n" +
 	"\x05burst\x18\x02 \x01(\x05H\x01R\x05burst\x88\x01\x01B\r\n" +
 	"\v_per_secondB\b\n" +
-	"\x06_burst\"\xba\x05\n" +
+	"\x06_burst\"\xbd\x06\n" +
 	"\vQueuePolicy\x12,\n" +
 	"\x0fmax_concurrency\x18\x01 \x01(\x05H\x00R\x0emaxConcurrency\x88\x01\x01\x12:\n" +
 	"\x17max_concurrency_per_key\x18\x02 \x01(\x05H\x01R\x14maxConcurrencyPerKey\x88\x01\x01\x12/\n" +
@@ -503,7 +584,11 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"rate_limit\x18\t \x01(\v2\x17.jobbroker.v1.RateLimitR\trateLimit\x12\x1b\n" +
 	"\x06paused\x18\n" +
 	" \x01(\bH\x03R\x06paused\x88\x01\x01\x12/\n" +
-	"\x11max_payload_bytes\x18\v \x01(\x03H\x04R\x0fmaxPayloadBytes\x88\x01\x01B\x12\n" +
+	"\x11max_payload_bytes\x18\v \x01(\x03H\x04R\x0fmaxPayloadBytes\x88\x01\x01\x128\n" +
+	"\n" +
+	"durability\x18\f \x01(\x0e2\x18.jobbroker.v1.DurabilityR\n" +
+	"durability\x12G\n" +
+	"\x12group_commit_delay\x18\r \x01(\v2\x19.google.protobuf.DurationR\x10groupCommitDelayB\x12\n" +
 	"\x10_max_concurrencyB\x1a\n" +
 	"\x18_max_concurrency_per_keyB\r\n" +
 	"\v_max_lengthB\t\n" +
@@ -519,7 +604,13 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"\x12JITTER_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vJITTER_NONE\x10\x01\x12\x0f\n" +
 	"\vJITTER_FULL\x10\x02\x12\x10\n" +
-	"\fJITTER_EQUAL\x10\x03BT\n" +
+	"\fJITTER_EQUAL\x10\x03*h\n" +
+	"\n" +
+	"Durability\x12\x1a\n" +
+	"\x16DURABILITY_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fDURABILITY_SYNC\x10\x01\x12\x14\n" +
+	"\x10DURABILITY_GROUP\x10\x02\x12\x13\n" +
+	"\x0fDURABILITY_NONE\x10\x03BT\n" +
 	"\x10dev.jobbroker.v1P\x01Z/jobbroker.dev/client/go/jobbrokerv1;jobbrokerv1\xaa\x02\fJobBroker.V1b\x06proto3"
 
 var (
@@ -534,37 +625,40 @@ func file_jobbroker_v1_policy_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_policy_proto_rawDescData
 }
 
-var file_jobbroker_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_jobbroker_v1_policy_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_jobbroker_v1_policy_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_jobbroker_v1_policy_proto_goTypes = []any{
 	(Jitter)(0),                 // 0: jobbroker.v1.Jitter
-	(*RetryPolicy)(nil),         // 1: jobbroker.v1.RetryPolicy
-	(*Retention)(nil),           // 2: jobbroker.v1.Retention
-	(*RateLimit)(nil),           // 3: jobbroker.v1.RateLimit
-	(*QueuePolicy)(nil),         // 4: jobbroker.v1.QueuePolicy
-	(*ServerConfig)(nil),        // 5: jobbroker.v1.ServerConfig
-	nil,                         // 6: jobbroker.v1.ServerConfig.QueuesEntry
-	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
+	(Durability)(0),             // 1: jobbroker.v1.Durability
+	(*RetryPolicy)(nil),         // 2: jobbroker.v1.RetryPolicy
+	(*Retention)(nil),           // 3: jobbroker.v1.Retention
+	(*RateLimit)(nil),           // 4: jobbroker.v1.RateLimit
+	(*QueuePolicy)(nil),         // 5: jobbroker.v1.QueuePolicy
+	(*ServerConfig)(nil),        // 6: jobbroker.v1.ServerConfig
+	nil,                         // 7: jobbroker.v1.ServerConfig.QueuesEntry
+	(*durationpb.Duration)(nil), // 8: google.protobuf.Duration
 }
 var file_jobbroker_v1_policy_proto_depIdxs = []int32{
-	7,  // 0: jobbroker.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
-	7,  // 1: jobbroker.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
+	8,  // 0: jobbroker.v1.RetryPolicy.initial_backoff:type_name -> google.protobuf.Duration
+	8,  // 1: jobbroker.v1.RetryPolicy.max_backoff:type_name -> google.protobuf.Duration
 	0,  // 2: jobbroker.v1.RetryPolicy.jitter:type_name -> jobbroker.v1.Jitter
-	7,  // 3: jobbroker.v1.Retention.max_age:type_name -> google.protobuf.Duration
-	1,  // 4: jobbroker.v1.QueuePolicy.retry:type_name -> jobbroker.v1.RetryPolicy
-	7,  // 5: jobbroker.v1.QueuePolicy.lease_duration:type_name -> google.protobuf.Duration
-	7,  // 6: jobbroker.v1.QueuePolicy.dedup_ttl:type_name -> google.protobuf.Duration
-	2,  // 7: jobbroker.v1.QueuePolicy.completed_retention:type_name -> jobbroker.v1.Retention
-	2,  // 8: jobbroker.v1.QueuePolicy.failed_retention:type_name -> jobbroker.v1.Retention
-	3,  // 9: jobbroker.v1.QueuePolicy.rate_limit:type_name -> jobbroker.v1.RateLimit
-	4,  // 10: jobbroker.v1.ServerConfig.default_policy:type_name -> jobbroker.v1.QueuePolicy
-	6,  // 11: jobbroker.v1.ServerConfig.queues:type_name -> jobbroker.v1.ServerConfig.QueuesEntry
-	4,  // 12: jobbroker.v1.ServerConfig.QueuesEntry.value:type_name -> jobbroker.v1.QueuePolicy
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	8,  // 3: jobbroker.v1.Retention.max_age:type_name -> google.protobuf.Duration
+	2,  // 4: jobbroker.v1.QueuePolicy.retry:type_name -> jobbroker.v1.RetryPolicy
+	8,  // 5: jobbroker.v1.QueuePolicy.lease_duration:type_name -> google.protobuf.Duration
+	8,  // 6: jobbroker.v1.QueuePolicy.dedup_ttl:type_name -> google.protobuf.Duration
+	3,  // 7: jobbroker.v1.QueuePolicy.completed_retention:type_name -> jobbroker.v1.Retention
+	3,  // 8: jobbroker.v1.QueuePolicy.failed_retention:type_name -> jobbroker.v1.Retention
+	4,  // 9: jobbroker.v1.QueuePolicy.rate_limit:type_name -> jobbroker.v1.RateLimit
+	1,  // 10: jobbroker.v1.QueuePolicy.durability:type_name -> jobbroker.v1.Durability
+	8,  // 11: jobbroker.v1.QueuePolicy.group_commit_delay:type_name -> google.protobuf.Duration
+	5,  // 12: jobbroker.v1.ServerConfig.default_policy:type_name -> jobbroker.v1.QueuePolicy
+	7,  // 13: jobbroker.v1.ServerConfig.queues:type_name -> jobbroker.v1.ServerConfig.QueuesEntry
+	5,  // 14: jobbroker.v1.ServerConfig.QueuesEntry.value:type_name -> jobbroker.v1.QueuePolicy
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_policy_proto_init() }
@@ -581,7 +675,7 @@ func file_jobbroker_v1_policy_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_policy_proto_rawDesc), len(file_jobbroker_v1_policy_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
