@@ -41,6 +41,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "jobbroker/bench/v1/echo.grpc.pb.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "jobbroker/worker.h"
@@ -77,6 +78,7 @@ void Usage(FILE* out) {
                "usage: jobbroker-bench enqueue|batch|e2e|e2e-mixed|stream|latency|backlog "
                "[flags]\n"
                "  batch: --concurrency producers, each an EnqueueBatch loop of --batch jobs\n"
+               "  echo: as enqueue, but Echo on jobbroker-echo-server (bench/echo/): baseline\n"
                "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
                "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
                "  backlog: preload --preload jobs (over --keys concurrency keys), then time\n"
@@ -191,9 +193,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   }
   if (flags->mode != "enqueue" && flags->mode != "batch" && flags->mode != "e2e" &&
       flags->mode != "e2e-mixed" && flags->mode != "stream" && flags->mode != "latency" &&
-      flags->mode != "backlog") {
+      flags->mode != "backlog" && flags->mode != "echo") {
     std::fprintf(stderr,
-                 "mode must be enqueue, batch, e2e, e2e-mixed, stream, latency or backlog\n");
+                 "mode must be enqueue, batch, e2e, e2e-mixed, stream, latency, backlog or echo\n");
     return false;
   }
   return true;
@@ -215,6 +217,11 @@ class Channels {
   }
   std::unique_ptr<v1::Broker::Stub> BrokerStub(int i) const {
     return v1::Broker::NewStub(channels_[static_cast<size_t>(i) % channels_.size()]);
+  }
+  // Thread i's connection, for services other than Broker (echo mode): the same one BrokerStub(i)
+  // would use.
+  std::shared_ptr<grpc::Channel> Channel(int i) const {
+    return channels_[static_cast<size_t>(i) % channels_.size()];
   }
   // Fails fast with a readable message when nothing listens at the address.
   bool WaitConnected(absl::Duration timeout) const {
@@ -376,6 +383,8 @@ class Bench {
       r = RunLatency();
     } else if (flags_.mode == "backlog") {
       r = RunBacklog();
+    } else if (flags_.mode == "echo") {
+      r = RunEcho();
     } else {
       r = RunMixed();
     }
@@ -544,6 +553,54 @@ class Bench {
     r.done = enqueued.load();
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.latency_of = "enqueue";
+    SetPercentiles(latencies, &r);
+    r.errors = errors.count();
+    r.first_error = errors.first();
+    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    return r;
+  }
+
+  // The plain-gRPC baseline for enqueue (bench/echo/): the same producer threads, channels,
+  // payload, per-call deadline and timing as StartProducers, calling Echo instead of Enqueue, so
+  // `enqueue` against the broker and `echo` against jobbroker-echo-server compare directly.
+  Report RunEcho() {
+    namespace echo_v1 = ::jobbroker::bench::v1;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> echoed{0};
+    Latencies latencies;
+    Errors errors;
+    const absl::Time start = absl::Now();
+    std::vector<std::thread> producers;
+    for (int t = 0; t < flags_.concurrency; ++t) {
+      producers.emplace_back([&, t] {
+        std::unique_ptr<echo_v1::Echo::Stub> stub = echo_v1::Echo::NewStub(channels_.Channel(t));
+        std::vector<int64_t> micros;
+        echo_v1::EchoMessage req;
+        req.set_payload(payload_);
+        while (next.fetch_add(1) < flags_.jobs && !TimedOut()) {
+          const absl::Time sent = absl::Now();
+          echo_v1::EchoMessage resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->Echo(ctx, req, &resp); });
+          if (!s.ok()) {
+            RecordError(&errors, s, "Echo");
+            continue;
+          }
+          micros.push_back(absl::ToInt64Microseconds(absl::Now() - sent));
+          echoed.fetch_add(1);
+        }
+        latencies.Add(std::move(micros));
+      });
+    }
+    for (std::thread& t : producers) t.join();
+    Report r;
+    r.mode = "echo";
+    r.producer_batch = 1;
+    r.concurrency = flags_.concurrency;
+    r.jobs = flags_.jobs;
+    r.done = echoed.load();
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    r.latency_of = "echo";
     SetPercentiles(latencies, &r);
     r.errors = errors.count();
     r.first_error = errors.first();
@@ -819,6 +876,8 @@ class Bench {
 }  // namespace jobbroker::bench
 
 int main(int argc, char** argv) {
+  // As in the broker (server/main.cc): Debian's Abseil checks lock order on every lock.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   jobbroker::bench::Flags flags;
   if (!jobbroker::bench::ParseFlags(argc, argv, &flags)) {
     jobbroker::bench::Usage(stderr);
