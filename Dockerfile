@@ -20,6 +20,7 @@ RUN apt-get update \
       cmake \
       libabsl-dev \
       libgrpc++-dev \
+      libjemalloc-dev \
       libprotobuf-dev \
       librocksdb-dev \
       ninja-build \
@@ -55,6 +56,7 @@ RUN apt-get update \
       libcivetweb1 \
       libgrpc++1.51 \
       libgrpc29 \
+      libjemalloc2 \
       liblz4-1 \
       libprometheus-cpp-core1.0 \
       libprotobuf32 \

@@ -14,6 +14,7 @@ packages=(
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
   openssl     # a throwaway CA for the TLS tests
   libssl-dev  # the HTTP endpoint's TLS (server/tls_front.cc)
+  libjemalloc-dev  # the broker's allocator (CMakeLists.txt: JOBBROKER_JEMALLOC)
 )
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
