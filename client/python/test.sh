@@ -2,6 +2,7 @@
 # Installs the pinned dev requirements into .venv, builds the jobbroker wheel (its build hook
 # generates the gRPC stubs from ../../proto), installs it, and runs every test against the real
 # broker ($JOBBROKER_BIN, default <repo>/build/server/jobbroker), the sign-up kill test included.
+# `test.sh --build-only` stops after installing the package; other arguments go to pytest.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
@@ -27,6 +28,10 @@ rm -rf dist
   --wheel-dir dist .
 "$venv_python" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall \
   dist/jobbroker-*.whl
+# --build-only: stop here, with the venv and the freshly built package (bench/workers/run.sh).
+if [[ "${1:-}" == "--build-only" ]]; then
+  exit 0
+fi
 
 # The hand-written code is fully typed (the package ships py.typed): mypy --strict holds it to
 # that, against the generated modules' .pyi files. Settings are in pyproject.toml.

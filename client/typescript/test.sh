@@ -2,6 +2,7 @@
 # Installs the TypeScript client's packages from its lock file, generates the protobuf code,
 # builds the client and the sign-up example, and runs every test against the real broker
 # ($JOBBROKER_BIN, default <repo>/build/server/jobbroker). Needs node 20+, npm and protoc.
+# `test.sh --build-only` stops after building the package.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -29,6 +30,10 @@ install() {
 
 install "$here"
 (cd "$here" && npm run --silent build)
+# --build-only: stop here, with node_modules and the freshly built package (bench/workers/run.sh).
+if [[ "${1:-}" == "--build-only" ]]; then
+  exit 0
+fi
 install "$example"
 (cd "$example" && npm run --silent build)
 cd "$here"

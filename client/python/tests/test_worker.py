@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import logging
 import os
 import pathlib
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -19,6 +22,7 @@ from conftest import CONFIG, eventually, wait_state
 import jobbroker
 
 CHILD = pathlib.Path(__file__).with_name("worker_child.py")
+WAIT_ATTEMPT = pathlib.Path(__file__).with_name("wait_attempt.py")
 
 
 @contextlib.asynccontextmanager
@@ -163,6 +167,114 @@ async def test_cancel_reaches_the_handler(broker: BrokerProcess,
 
         await eventually(ended, what="the cancelled job to end")
     assert saw_cancel == [True]
+
+
+def wait_for_attempt(address: str, ids: list[str], attempt: int) -> None:
+    """Blocks the calling thread until every job in `ids` is ACTIVE in `attempt` or later."""
+    subprocess.run([sys.executable, str(WAIT_ATTEMPT), address, str(attempt), *ids],
+                   check=True, timeout=120)
+
+
+async def test_a_backlog_is_handled_once_each_with_fewer_ack_messages_than_jobs(
+        broker: BrokerProcess, client: jobbroker.Client) -> None:
+    n = 300
+    ids = [r.job_id for r in await client.enqueue_batch(
+        [jobbroker.NewJob("backlog", f"job{i}") for i in range(n)])]
+    handled: collections.Counter[str] = collections.Counter()
+    worker = jobbroker.Worker(broker.address, concurrency=16, handle_signals=False)
+
+    @worker.handler("backlog")
+    async def record(job: jobbroker.JobContext) -> None:
+        handled[job.job_id] += 1
+
+    async with running(worker):
+        async def all_completed() -> bool:
+            info = await client.get_queue("backlog")
+            return info.counts["JOB_STATE_COMPLETED"] == n
+
+        await eventually(all_completed, what=f"{n} jobs to complete")
+    assert handled == collections.Counter({job_id: 1 for job_id in ids})
+    for job_id in ids:
+        job = await client.get_job(job_id)
+        assert job.state == jobbroker.JOB_STATE_COMPLETED and job.attempt == 1
+    assert worker.stats.acked == n
+    # Acks that completed while one was unanswered went out together (AckBatch).
+    assert 0 < worker.stats.ack_messages < n, worker.stats
+
+
+async def test_a_stale_ack_in_a_batch_is_logged_and_the_worker_carries_on(
+        broker: BrokerProcess, client: jobbroker.Client,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="jobbroker.worker")
+    n = 4
+    ids = [r.job_id for r in await client.enqueue_batch(
+        [jobbroker.NewJob("stale-acks", f"job{i}") for i in range(n)])]
+    worker = jobbroker.Worker(broker.address, concurrency=n, lease_duration=1,
+                              handle_signals=False)
+    started: set[str] = set()
+    all_started = asyncio.Event()
+
+    @worker.handler("stale-acks")
+    async def work(job: jobbroker.JobContext) -> str:
+        if job.attempt > 1 or job.job_id not in ids:
+            return "second"
+        started.add(job.job_id)
+        if len(started) < n:
+            await all_started.wait()
+            return "first"
+        all_started.set()
+        # Blocks the event loop (the bug of CPU work in an async handler): no heartbeats go out,
+        # the four 1 s leases run out, and the broker leases the jobs again (attempt 2, pushed to
+        # this very stream) before these acks of attempt 1 reach it. The first of them goes out
+        # alone; the other three complete while it is unanswered and follow as one AckBatch,
+        # whose items are stale. The block lasts until the broker shows attempt 2 active.
+        wait_for_attempt(broker.address, ids, 2)
+        return "first"
+
+    async with running(worker):
+        for job_id in ids:
+            job = await wait_state(client, job_id, jobbroker.JOB_STATE_COMPLETED)
+            assert job.result == b"second"
+            assert [a.outcome for a in job.attempts] == [
+                jobbroker.ATTEMPT_OUTCOME_LEASE_EXPIRED, jobbroker.ATTEMPT_OUTCOME_COMPLETED]
+        # The worker still works after the refused items.
+        after = await client.enqueue("stale-acks", "after")
+        await wait_state(client, after.job_id, jobbroker.JOB_STATE_COMPLETED)
+    # Item errors of an AckBatch name their item ("acks[i]: lease ... is stale").
+    stale = [r.getMessage() for r in caplog.records if "ack not applied: acks[" in r.getMessage()]
+    assert stale and all("is stale" in m for m in stale), [r.getMessage() for r in caplog.records]
+    assert worker.stats.acked == 2 * n + 1
+    assert worker.stats.acks_refused == n
+
+
+async def test_stop_sends_the_acks_buffered_behind_an_unanswered_one(
+        broker: BrokerProcess, client: jobbroker.Client) -> None:
+    n = 40
+    ids = [r.job_id for r in await client.enqueue_batch(
+        [jobbroker.NewJob("stop-acks", f"job{i}") for i in range(n)])]
+    worker = jobbroker.Worker(broker.address, concurrency=n, handle_signals=False)
+    started: set[str] = set()
+    all_started = asyncio.Event()
+    gate = asyncio.Event()
+
+    @worker.handler("stop-acks")
+    async def held(job: jobbroker.JobContext) -> None:
+        started.add(job.job_id)
+        if len(started) == n:
+            all_started.set()
+        await gate.wait()
+
+    task = asyncio.create_task(worker.run())
+    await asyncio.wait_for(all_started.wait(), 60)
+    # All n finish at once as the stop begins: one ack goes out, the rest wait behind it.
+    worker.stop()
+    gate.set()
+    await asyncio.wait_for(task, 60)
+    # run() has returned: every ack, buffered ones included, was sent and answered.
+    for job_id in ids:
+        assert (await client.get_job(job_id)).state == jobbroker.JOB_STATE_COMPLETED
+    assert worker.stats.acked == n
+    assert worker.stats.ack_messages < n, worker.stats
 
 
 async def test_a_refused_subscription_is_raised(broker: BrokerProcess) -> None:

@@ -9,7 +9,7 @@ import {
   Status,
   statusName,
 } from "./errors";
-import type { LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker";
+import type { AckRequest, LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker";
 import { StepLog } from "./steps";
 
 /**
@@ -142,6 +142,16 @@ export interface WorkerStats {
   failed: number;
   released: number;
   reconnects: number;
+  /**
+   * Ack and AckBatch messages sent (resends after a reconnect not counted): fewer than `acked`
+   * when acks that completed while one was unanswered went out together.
+   */
+  ackMessages: number;
+  /**
+   * Acks the broker answered as not applied: a single ack refused, or an AckBatch's item errors
+   * (usually a stale lease: the job's lease ran out and another attempt owns it now).
+   */
+  acksRefused: number;
 }
 
 interface Held {
@@ -160,6 +170,9 @@ interface Pending {
 type Outcome =
   | { ok: true; result: Buffer }
   | { ok: false; error: string; permanent: boolean; retryAfterMs?: number };
+
+// The broker takes at most 1000 acks in one AckBatchRequest.
+const maxAcksPerMessage = 1000;
 
 function leaseGone(code: number): boolean {
   return code === Status.FAILED_PRECONDITION || code === Status.NOT_FOUND;
@@ -202,8 +215,13 @@ export class Worker {
   private readonly running = new Set<string>();
   private readonly pending = new Map<number, Pending>(); // unanswered ack/fail/release/step save
   private readonly heartbeats = new Map<number, string>(); // request id -> job id
+  // Acks not yet sent: they wait while an ack message is unanswered (ackRequestId), then go out
+  // together. One ack message in flight is the worker's group commit: a busy worker sends one per
+  // broker round trip instead of one per job.
+  private acks: AckRequest[] = [];
+  private ackRequestId = 0; // the unanswered ack message; 0 = none
   private readonly listeners = new Set<() => void>();
-  private readonly statsValue: WorkerStats = { acked: 0, failed: 0, released: 0, reconnects: 0 };
+  private readonly statsValue: WorkerStats = { acked: 0, failed: 0, released: 0, reconnects: 0, ackMessages: 0, acksRefused: 0 };
   private firstSubscribe?: (r: { code: number; message: string }) => void;
   private fatal?: JobBrokerError; // a refused subscription
   private loopDone?: Promise<void>;
@@ -311,7 +329,8 @@ export class Worker {
     const deadline = Date.now() + graceMs;
     this.write({ requestId: this.newRequestId(), flow: { maxInFlight: 0 } });
     this.releaseQueued();
-    const idle = () => this.running.size === 0 && this.pending.size === 0;
+    // Buffered acks count: they go out when the ack message ahead of them is answered.
+    const idle = () => this.running.size === 0 && this.pending.size === 0 && this.acks.length === 0;
     await this.until(idle, deadline - Date.now());
     for (const h of this.held.values()) {
       if (!h.abort.signal.aborted) {
@@ -324,7 +343,7 @@ export class Worker {
     this.closing = true;
     for (const h of this.held.values()) clearInterval(h.timer);
     for (const [, p] of this.pending) {
-      p.onResult?.({ requestId: 0, code: Status.UNAVAILABLE, message: "the worker stopped", leaseDeadline: undefined, cancelRequested: false });
+      p.onResult?.({ requestId: 0, code: Status.UNAVAILABLE, message: "the worker stopped", leaseDeadline: undefined, cancelRequested: false, itemErrors: [] });
     }
     const stream = this.stream;
     if (stream) {
@@ -416,6 +435,7 @@ export class Worker {
             workerId: this.workerId,
             maxInFlight: this.concurrency + this.prefetch,
             leaseDuration: durationFromMs(this.leaseDurationMs),
+            batchPushes: true,
           },
         });
       }
@@ -452,6 +472,8 @@ export class Worker {
     let subscribed = false;
     if (m.job) {
       this.onJob(m.job);
+    } else if (m.jobBatch) {
+      for (const job of m.jobBatch.jobs) this.onJob(job); // each exactly as if pushed alone
     } else if (m.result) {
       const r = m.result;
       const p = this.pending.get(r.requestId);
@@ -589,14 +611,14 @@ export class Worker {
   private complete(h: Held, outcome: Outcome): void {
     const { jobId, leaseId } = h.job;
     clearInterval(h.timer);
-    const requestId = this.newRequestId();
     if (outcome.ok) {
       this.statsValue.acked++;
-      this.sendTracked({ requestId, ack: { jobId, leaseId, result: outcome.result } });
+      this.acks.push({ jobId, leaseId, result: outcome.result });
+      this.flushAcks();
     } else {
       this.statsValue.failed++;
       this.sendTracked({
-        requestId,
+        requestId: this.newRequestId(),
         fail: {
           jobId,
           leaseId,
@@ -610,5 +632,39 @@ export class Worker {
     this.running.delete(jobId);
     this.pump();
     this.notify();
+  }
+
+  /**
+   * Sends the buffered acks, unless an ack message is unanswered: they then wait for its answer
+   * and go out together (one AckBatch, or a plain ack when there is one). An idle worker's ack
+   * thus leaves at once. Without a stream the message waits in `pending` and goes out on the next
+   * one, whose answer clears ackRequestId.
+   */
+  private flushAcks(): void {
+    if (this.ackRequestId !== 0 || this.acks.length === 0 || this.closing) return;
+    const batch = this.acks.splice(0, maxAcksPerMessage);
+    const requestId = this.newRequestId();
+    const request: WorkRequest =
+      batch.length === 1 ? { requestId, ack: batch[0] } : { requestId, ackBatch: { acks: batch } };
+    this.ackRequestId = requestId;
+    this.statsValue.ackMessages++;
+    this.sendTracked(request, (r) => this.onAckResult(requestId, batch.length, r));
+  }
+
+  private onAckResult(requestId: number, acks: number, r: WorkResult): void {
+    // requestId 0 is no answer: the worker closed with this message unanswered.
+    if (r.requestId !== 0) {
+      if (r.code !== Status.OK && !leaseGone(r.code)) this.log(`ack: ${statusName(r.code)}: ${r.message}`);
+      // Acks the broker did not apply; the others in the batch were. A stale or unknown lease
+      // means another attempt owns the job now: nothing to do, as for a single ack.
+      for (const e of r.itemErrors) {
+        if (!leaseGone(e.code)) this.log(`ack not applied: ${statusName(e.code)}: ${e.message}`);
+      }
+      this.statsValue.acksRefused += r.code !== Status.OK ? acks : r.itemErrors.length;
+    }
+    if (this.ackRequestId === requestId) {
+      this.ackRequestId = 0;
+      this.flushAcks(); // what completed while this one was unanswered
+    }
   }
 }

@@ -1,5 +1,6 @@
 // Integration tests of Worker against the real broker binary.
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -22,6 +23,7 @@ const config = {
   queues: {
     flaky: { retry: { maxAttempts: 3, initialBackoff: "0.05s", jitter: "JITTER_NONE" } },
     short: { leaseDuration: "1s" },
+    "stale-acks": { retry: { maxAttempts: 3, initialBackoff: "0.05s", jitter: "JITTER_NONE" } },
   },
 };
 const quiet = () => {};
@@ -133,6 +135,102 @@ describe("Worker", () => {
     } finally {
       await worker.stop();
     }
+  });
+
+  test("a backlog is handled once each, with fewer ack messages than jobs", async () => {
+    const n = 300;
+    const ids = (await client.enqueueBatch(Array.from({ length: n }, (_, i) => ({ queue: "backlog", payload: `job${i}` })))).map((r) => r.jobId);
+    const handled = new Map<string, number>();
+    const worker = new Worker({ address: broker.address, concurrency: 16, log: quiet });
+    worker.handle("backlog", (job) => {
+      handled.set(job.jobId, (handled.get(job.jobId) ?? 0) + 1);
+    });
+    await worker.start();
+    try {
+      await eventually(async () => (await client.getQueue("backlog")).counts["JOB_STATE_COMPLETED"] === n, `${n} jobs to complete`);
+    } finally {
+      await worker.stop();
+    }
+    assert.deepEqual([...handled.keys()].sort(), [...ids].sort());
+    assert.ok([...handled.values()].every((c) => c === 1), "each job handled once");
+    for (const id of ids) {
+      const j = await client.getJob(id);
+      assert.equal(j.state, JobState.JOB_STATE_COMPLETED);
+      assert.equal(j.attempt, 1);
+    }
+    const stats = worker.stats;
+    assert.equal(stats.acked, n);
+    // Acks that completed while one was unanswered went out together (AckBatch).
+    assert.ok(stats.ackMessages > 0 && stats.ackMessages < n, JSON.stringify(stats));
+  });
+
+  test("stale acks in a batch are logged and the worker carries on", async () => {
+    const n = 4;
+    const ids = (await client.enqueueBatch(Array.from({ length: n }, (_, i) => ({ queue: "stale-acks", payload: `job${i}` })))).map((r) => r.jobId);
+    const logged: string[] = [];
+    const worker = new Worker({ address: broker.address, concurrency: n, leaseDurationMs: 1000, log: (m) => logged.push(m) });
+    const started = new Set<string>();
+    let releaseOthers!: () => void;
+    const allStarted = new Promise<void>((resolve) => (releaseOthers = resolve));
+    worker.handle("stale-acks", async (job) => {
+      if (job.attempt > 1 || !ids.includes(job.jobId)) return "second";
+      started.add(job.jobId);
+      if (started.size < n) {
+        await allStarted;
+        return "first";
+      }
+      releaseOthers();
+      // Blocks the event loop (the bug of CPU work in a handler): no heartbeats go out, the four
+      // 1 s leases run out, and the broker leases the jobs again (attempt 2, pushed to this very
+      // stream) before these acks of attempt 1 reach it. The first of them goes out alone; the
+      // other three complete while it is unanswered and follow as one AckBatch, whose items are
+      // stale. The block lasts until the broker shows attempt 2 active.
+      execFileSync(process.execPath, [path.join(__dirname, "fixtures/wait_attempt.js"), broker.address, "2", ...ids], { stdio: "inherit", timeout: 120_000 });
+      return "first";
+    });
+    await worker.start();
+    try {
+      for (const id of ids) {
+        const j = await waitState(id, JobState.JOB_STATE_COMPLETED);
+        assert.equal(j.result.toString(), "second");
+        assert.deepEqual(j.attempts.map((a) => a.outcome), [AttemptOutcome.ATTEMPT_OUTCOME_LEASE_EXPIRED, AttemptOutcome.ATTEMPT_OUTCOME_COMPLETED]);
+      }
+      // The worker still works after the refused items.
+      const after = await client.enqueue("stale-acks", "after");
+      await waitState(after.jobId, JobState.JOB_STATE_COMPLETED);
+    } finally {
+      await worker.stop();
+    }
+    const stats = worker.stats;
+    assert.equal(stats.acked, 2 * n + 1);
+    // The lone first ack and the three in the batch: all refused as stale, nothing else logged.
+    assert.equal(stats.acksRefused, n, JSON.stringify(stats));
+    assert.ok(stats.ackMessages < stats.acked, JSON.stringify(stats));
+    assert.deepEqual(logged, []);
+  });
+
+  test("stop sends the acks buffered behind an unanswered one", async () => {
+    const n = 40;
+    const ids = (await client.enqueueBatch(Array.from({ length: n }, (_, i) => ({ queue: "stop-acks", payload: `job${i}` })))).map((r) => r.jobId);
+    const worker = new Worker({ address: broker.address, concurrency: n, log: quiet });
+    const started = new Set<string>();
+    let open!: () => void;
+    const gate = new Promise<void>((resolve) => (open = resolve));
+    worker.handle("stop-acks", async (job) => {
+      started.add(job.jobId);
+      await gate;
+    });
+    await worker.start();
+    await eventually(() => started.size === n, `all ${n} jobs to start`);
+    // All n finish at once as the stop begins: one ack goes out, the rest wait behind it.
+    const stopped = worker.stop();
+    open();
+    await stopped;
+    // stop() has resolved: every ack, buffered ones included, was sent and answered.
+    for (const id of ids) assert.equal((await client.getJob(id)).state, JobState.JOB_STATE_COMPLETED);
+    const stats = worker.stats;
+    assert.equal(stats.acked, n);
+    assert.ok(stats.ackMessages < n, JSON.stringify(stats));
   });
 
   test("a refused subscription rejects start() with the broker's code", async () => {

@@ -41,6 +41,9 @@ _NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 _FAILED_PRECONDITION = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
+# The broker takes at most 1000 acks in one AckBatchRequest.
+_MAX_ACKS_PER_MESSAGE = 1000
+
 # Stream ends after which the worker reconnects; any other code is the caller's mistake
 # (e.g. INVALID_ARGUMENT for a bad queue name) and ends Worker.run with that error.
 _RETRYABLE = {
@@ -81,12 +84,18 @@ class StepCheckpointError(Exception):
 
 @dataclasses.dataclass
 class WorkerStats:
-    """Attempts this worker finished, by outcome."""
+    """Attempts this worker finished, by outcome; and the ack messages it sent for them."""
 
     acked: int = 0
     failed: int = 0
     released: int = 0
     reconnects: int = 0
+    # Ack and AckBatch messages sent (resends after a reconnect not counted): fewer than `acked`
+    # when acks that completed while one was unanswered went out together.
+    ack_messages: int = 0
+    # Acks the broker answered as not applied: a single ack refused, or an AckBatch's item errors
+    # (usually a stale lease: the job's lease ran out and another attempt owns it now).
+    acks_refused: int = 0
 
 
 class _Held:
@@ -355,6 +364,11 @@ class Worker:
         self._queued: deque[_Held] = deque()
         self._running: set[str] = set()
         self._pending: dict[int, _Pending] = {}
+        # Acks not yet sent: they wait while an ack message is unanswered (_ack_request), then
+        # go out together. One ack message in flight is the worker's group commit: a busy
+        # worker sends one per broker round trip instead of one per job.
+        self._acks: list[broker_pb2.AckRequest] = []
+        self._ack_request = 0  # request id of the unanswered ack message; 0 = none
         self._next_request_id = 1
         self._out: asyncio.Queue[broker_pb2.WorkRequest | None] | None = None
         self._call: Any = None
@@ -478,6 +492,7 @@ class Worker:
                     queues=sorted(self._handlers),
                     worker_id=self.worker_id,
                     max_in_flight=self.concurrency + self.prefetch,
+                    batch_pushes=True,
                 )
                 if self.lease_duration is not None:
                     sub.lease_duration.CopyFrom(to_duration(self.lease_duration))
@@ -555,6 +570,9 @@ class Worker:
         kind = resp.WhichOneof("response")
         if kind == "job":
             self._on_job(resp.job)
+        elif kind == "job_batch":
+            for job in resp.job_batch.jobs:  # each exactly as if pushed alone
+                self._on_job(job)
         elif kind == "result":
             self._on_result(resp.result)
         elif kind == "lease_lost":
@@ -586,12 +604,27 @@ class Worker:
                         held.ctx._cancel()
                 elif result.cancel_requested and held.ctx is not None:
                     held.ctx._cancel()
-        elif kind in ("ack", "fail", "release") and result.code not in (
+        elif kind in ("ack", "ack_batch", "fail", "release") and result.code not in (
             _OK,
             _FAILED_PRECONDITION,
             _NOT_FOUND,
         ):
             _log.warning("jobbroker worker: %s refused: %s", kind, result.message)
+        if kind == "ack" and result.code != _OK:
+            self.stats.acks_refused += 1
+        elif kind == "ack_batch":
+            refused = len(p.req.ack_batch.acks) if result.code != _OK else len(result.item_errors)
+            self.stats.acks_refused += refused
+        for item in result.item_errors:
+            # An ack the broker did not apply; the others in the batch were. A stale or unknown
+            # lease means another attempt owns the job now: nothing to do, as for a single ack.
+            if item.code in (_FAILED_PRECONDITION, _NOT_FOUND):
+                _log.debug("jobbroker worker: ack not applied: %s", item.message)
+            else:
+                _log.warning("jobbroker worker: ack not applied: %s", item.message)
+        if result.request_id == self._ack_request:
+            self._ack_request = 0
+            self._flush_acks()  # what completed while this one was unanswered
         if not p.future.done():
             p.future.set_result(result)
 
@@ -699,17 +732,34 @@ class Worker:
         if fail is None and held.no_ack:
             _log.warning("jobbroker worker: job %s not acked: its lease is gone", job.job_id)
         elif fail is None:
-            req = broker_pb2.WorkRequest(
-                ack=broker_pb2.AckRequest(job_id=job.job_id, lease_id=job.lease_id, result=result)
+            self._acks.append(
+                broker_pb2.AckRequest(job_id=job.job_id, lease_id=job.lease_id, result=result)
             )
-            self._send(req, resend=True)
             self.stats.acked += 1
+            self._flush_acks()
         else:
             fail.job_id, fail.lease_id = job.job_id, job.lease_id
             self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
             self.stats.failed += 1
         while self._queued and not self._stopping and len(self._running) < self.concurrency:
             self._start(self._queued.popleft())
+
+    def _flush_acks(self) -> None:
+        """Sends the buffered acks, unless an ack message is unanswered: they then wait for its
+        answer and go out together (one AckBatch, or a plain ack when there is one). An idle
+        worker's ack thus leaves at once. Without a stream the message waits in _pending and
+        goes out on the next one, whose answer clears _ack_request."""
+        if self._ack_request or not self._acks:
+            return
+        n = min(len(self._acks), _MAX_ACKS_PER_MESSAGE)
+        batch, self._acks = self._acks[:n], self._acks[n:]
+        if n == 1:
+            req = broker_pb2.WorkRequest(ack=batch[0])
+        else:
+            req = broker_pb2.WorkRequest(ack_batch=broker_pb2.AckBatchRequest(acks=batch))
+        self._send(req, resend=True)
+        self._ack_request = req.request_id
+        self.stats.ack_messages += 1
 
     # --- stopping --------------------------------------------------------------------------
 
@@ -734,9 +784,16 @@ class Worker:
                 for t in late:
                     t.cancel()
                 await asyncio.wait(late)
-        answers = [p.future for p in self._pending.values() if p.resend]
-        if answers:
-            await asyncio.wait(answers, timeout=max(deadline - self._loop.time(), 1.0))
+        # The answers to the last acks, fails and releases, bounded by the grace period (and a
+        # moment past it). Acks buffered behind the unanswered ack message go out when its answer
+        # arrives, adding a pending request: so look again after each answer.
+        end = max(deadline, self._loop.time() + 1.0)
+        while True:
+            answers = [p.future for p in self._pending.values() if p.resend]
+            left = end - self._loop.time()
+            if not answers or left <= 0:
+                break
+            await asyncio.wait(answers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
     async def _close(self, conn: asyncio.Task[None]) -> None:
         self._stopping = True

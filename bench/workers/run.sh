@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# End-to-end bench of the Python and TypeScript worker helpers against a freshly started broker:
+# the workload of `jobbroker-bench stream --workers 1 --in-flight K --concurrency 4
+# --producer-batch 100 --jobs N` (producers enqueue N jobs of 100 bytes in EnqueueBatch calls of
+# 100, 4 in flight, while one worker handles them with a no-op handler at concurrency K), timed
+# from the first enqueue to the answer to the last ack. For each K it runs python_e2e.py,
+# typescript_e2e.mjs and, for reference, the C++ Worker through jobbroker-bench itself.
+#
+# Each run prints jobbroker-bench's JSON line (mode stream-python, stream-typescript, stream),
+# with one field added here: broker_cpu_seconds, the broker's user+system CPU during the run
+# (from /proc), which is what batching pushes and acks saves.
+#
+# The broker gets a temp data dir and free ports (read from its "serving" line) and is stopped
+# with SIGTERM at the end; a non-zero exit status from it fails the script. The packages are
+# built first with their own scripts (client/python/test.sh --build-only: the .venv and the
+# wheel; client/typescript/test.sh --build-only: node_modules from the lock file and dist/).
+#
+# Environment: BUILD_DIR (default: ../../build next to this script; needs the jobbroker and, for
+# the C++ reference, jobbroker-bench targets), JOBS (20000), IN_FLIGHT ("16 64 256"),
+# PAYLOAD_BYTES (100), LANGS ("python typescript cpp"), RESULTS (a file to append the JSON
+# lines to; default: none), TMPDIR (where the data dir goes).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build_dir="${BUILD_DIR:-$root/build}"
+broker="$build_dir/server/jobbroker"
+bench="$build_dir/bench/jobbroker-bench"
+jobs="${JOBS:-20000}"
+in_flight="${IN_FLIGHT:-16 64 256}"
+payload="${PAYLOAD_BYTES:-100}"
+langs="${LANGS:-python typescript cpp}"
+
+if [[ ! -x "$broker" ]]; then
+  echo "run.sh: $broker not built (cmake --build $build_dir --target jobbroker jobbroker-bench)" >&2
+  exit 2
+fi
+if [[ " $langs " == *" cpp "* && ! -x "$bench" ]]; then
+  echo "run.sh: $bench not built: skipping the C++ reference runs" >&2
+  langs="${langs//cpp/}"
+fi
+
+export JOBBROKER_BIN="$broker"
+if [[ " $langs " == *" python "* ]]; then
+  echo "+ client/python/test.sh --build-only" >&2
+  "$root/client/python/test.sh" --build-only >&2
+fi
+if [[ " $langs " == *" typescript "* ]]; then
+  echo "+ client/typescript/test.sh --build-only" >&2
+  "$root/client/typescript/test.sh" --build-only >&2
+fi
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-workers-bench.XXXXXX")"
+broker_pid=""
+cleanup() {
+  if [[ -n "$broker_pid" ]] && kill -0 "$broker_pid" 2>/dev/null; then
+    kill -KILL "$broker_pid" 2>/dev/null || true
+    wait "$broker_pid" 2>/dev/null || true
+  fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+"$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" \
+  >"$tmp/stdout" 2>"$tmp/stderr" &
+broker_pid=$!
+
+# Wait for the serving line (port 0: the line is the only way to learn the port).
+address=""
+for _ in $(seq 1 300); do
+  address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/stdout" | head -n 1)"
+  [[ -n "$address" ]] && break
+  if ! kill -0 "$broker_pid" 2>/dev/null; then
+    echo "run.sh: broker exited before serving; stderr:" >&2
+    cat "$tmp/stderr" >&2
+    exit 1
+  fi
+  sleep 0.1
+done
+if [[ -z "$address" ]]; then
+  echo "run.sh: broker did not print its serving line within 30 s; stderr:" >&2
+  cat "$tmp/stderr" >&2
+  exit 1
+fi
+echo "broker pid $broker_pid serving at $address, data in $tmp/data" >&2
+
+# The broker's user+system CPU so far, in clock ticks (fields 14 and 15 of /proc/PID/stat; the
+# command name before them is in parentheses and has no spaces here).
+broker_ticks() {
+  awk '{ print $14 + $15 }' "/proc/$broker_pid/stat"
+}
+hz="$(getconf CLK_TCK)"
+
+# Runs one bench command; its JSON line gets broker_cpu_seconds and goes to bench.out.
+run() {
+  echo "+ $*" >&2
+  local before after line cpu status=0
+  before="$(broker_ticks)"
+  "$@" >"$tmp/one.out" || status=$?
+  after="$(broker_ticks)"
+  line="$(grep '^{' "$tmp/one.out" | tail -n 1 || true)"
+  if [[ -n "$line" ]]; then
+    cpu="$(awk -v t="$((after - before))" -v hz="$hz" 'BEGIN { printf "%.2f", t / hz }')"
+    echo "${line%\}},\"broker_cpu_seconds\":$cpu}" | tee -a "$tmp/bench.out"
+  fi
+  return "$status"
+}
+
+status=0
+for k in $in_flight; do
+  for lang in $langs; do
+    case "$lang" in
+      python)
+        run "$root/client/python/.venv/bin/python" "$here/python_e2e.py" --address "$address" \
+          --jobs "$jobs" --in-flight "$k" --concurrency 4 --producer-batch 100 \
+          --payload-bytes "$payload" || status=1
+        ;;
+      typescript)
+        run node "$here/typescript_e2e.mjs" --address "$address" --jobs "$jobs" --in-flight "$k" \
+          --concurrency 4 --producer-batch 100 --payload-bytes "$payload" || status=1
+        ;;
+      cpp)
+        run "$bench" stream --address "$address" --workers 1 --in-flight "$k" --concurrency 4 \
+          --producer-batch 100 --jobs "$jobs" --payload-bytes "$payload" || status=1
+        ;;
+      *)
+        echo "run.sh: unknown language $lang in LANGS" >&2
+        status=1
+        ;;
+    esac
+  done
+done
+if [[ -n "${RESULTS:-}" && -f "$tmp/bench.out" ]]; then
+  cat "$tmp/bench.out" >>"$RESULTS"
+fi
+
+kill -TERM "$broker_pid"
+broker_status=0
+wait "$broker_pid" || broker_status=$?
+broker_pid=""
+echo "broker exited with status $broker_status after SIGTERM" >&2
+if [[ "$broker_status" -ne 0 ]]; then
+  echo "run.sh: broker stderr:" >&2
+  tail -n 50 "$tmp/stderr" >&2
+  status=1
+fi
+exit "$status"
