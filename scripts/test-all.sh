@@ -31,8 +31,10 @@ run_suite() {
     # The concurrency-heavy tests under ThreadSanitizer (tests/tsan/README.md).
     tsan) tests/tsan/run.sh ;;
     # The broker killed with SIGKILL 20 times under producers and workers; the checker proves
-    # nothing acknowledged was lost (tests/crash/README.md).
-    crash) BUILD="$build" tests/crash/run.sh --kills 20 ;;
+    # nothing acknowledged was lost (tests/crash/README.md). Once with the default durability
+    # (SYNC), once with DURABILITY_GROUP queues, which must survive a killed process too.
+    crash) BUILD="$build" tests/crash/run.sh --kills 20 &&
+      BUILD="$build" tests/crash/run.sh --kills 20 --durability group ;;
     # The libFuzzer targets, 60 s each, from the committed corpus (tests/fuzz/README.md).
     fuzz) tests/fuzz/run.sh ;;
     api) scripts/api-check.sh ;;

@@ -86,11 +86,14 @@ class Driver {
   int Run() {
     const absl::Time start = absl::Now();
     if (absl::Status s = Setup(); !s.ok()) return Abort(s);
-    std::printf("crash harness: seed %llu, %d broker kills, %d jobs, %d producers, %d workers\n",
+    std::printf(
+        "crash harness: seed %llu, %d broker kills, %d jobs, %d producers, %d workers, "
+        "durability %s\n",
+        static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
+        options_.producers, options_.workers, options_.durability.c_str());
+    std::printf("  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d --durability %s\n",
                 static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
-                options_.producers, options_.workers);
-    std::printf("  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d\n",
-                static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs);
+                options_.durability.c_str());
     std::printf("  broker %s on %s, logs in %s\n", options_.broker_binary.c_str(), address_.c_str(),
                 out_.c_str());
     std::fflush(stdout);
@@ -151,7 +154,10 @@ class Driver {
            << R"(", "retry": {"maxAttempts": 40, "initialBackoff": "0.2s", )"
            << R"("backoffMultiplier": 1, "maxBackoff": "0.2s", "jitter": "JITTER_NONE"}, )"
            << R"("completedRetention": {"maxCount": "0", "maxAge": "0s"}, )"
-           << R"("failedRetention": {"maxCount": "0", "maxAge": "0s"}}})"
+           << R"("failedRetention": {"maxCount": "0", "maxAge": "0s"}, )"
+           << R"("durability": ")"
+           << (options_.durability == "group" ? "DURABILITY_GROUP" : "DURABILITY_SYNC")
+           << R"(", "groupCommitDelay": "0.01s"}})"
            << "\n";
     config.close();
     if (!config) return absl::InternalError(absl::StrCat("cannot write ", config_path_));

@@ -17,6 +17,9 @@ struct DriverOptions {
   int workers = 3;
   // The queues' lease; a stopped worker stays stopped longer than this.
   absl::Duration lease = absl::Seconds(1);
+  // The queues' durability policy: "sync" (the default) or "group" (answered once in the log,
+  // fsynced within 10 ms). Both must survive SIGKILL of the broker with nothing answered lost.
+  std::string durability = "sync";
   // How long the last broker gets to bring every job to an end (and producers to finish).
   absl::Duration settle_timeout = absl::Seconds(120);
   // Where logs and the data dir go; empty = a fresh directory under $TMPDIR (or /tmp).

@@ -3,6 +3,7 @@
 //
 //   crash_harness [--kills 20] [--seed S] [--jobs 2400] [--producers 3] [--workers 3]
 //                 [--lease 1s] [--settle-timeout 120s] [--out DIR] [--keep 1]
+//                 [--durability sync|group]
 //   crash_harness producer --address A --log F --name N --jobs J --seed S --spread D --queues Q,..
 //   crash_harness worker --address A --log F --id W --seed S --queues Q,.. [--heartbeat D]
 
@@ -96,6 +97,7 @@ int Driver(Flags& flags) {
   absl::StatusOr<absl::Duration> settle = flags.Duration("settle-timeout", o.settle_timeout);
   absl::StatusOr<int64_t> keep = flags.Int("keep", 0);
   o.out_dir = flags.String("out", "");
+  o.durability = flags.String("durability", o.durability);
   for (const absl::Status& s : {kills.status(), seed.status(), jobs.status(), producers.status(),
                                 workers.status(), lease.status(), settle.status(), keep.status()}) {
     if (!s.ok()) return Usage(std::string(s.message()));
@@ -106,6 +108,8 @@ int Driver(Flags& flags) {
     return Usage("--kills must be >= 0, --jobs >= --producers >= 1, --workers >= 1");
   }
   if (*lease < absl::Milliseconds(100)) return Usage("--lease: at least 100ms");
+  if (o.durability != "sync" && o.durability != "group")
+    return Usage("--durability: sync or group");
   o.kills = static_cast<int>(*kills);
   o.seed = *seed;
   o.jobs = static_cast<int>(*jobs);

@@ -106,6 +106,8 @@ class Worker {
         for (const std::string& q : options_.queues) sub->add_queues(q);
         sub->set_worker_id(options_.instance);
         sub->set_max_in_flight(options_.max_in_flight);
+        // Batched pushes, as the client libraries take them: the crashes cover that path too.
+        sub->set_batch_pushes(true);
         stream->Write(subscribe);
         for (const v1::WorkRequest& r : resend) stream->Write(r);
       }
@@ -147,14 +149,18 @@ class Worker {
     }
   }
 
+  void Receive(const v1::LeasedJob& job) {
+    log_->Write({"RECV", options_.instance, job.job_id(), absl::StrCat(job.attempt()),
+                 job.lease_id(), absl::StrCat(connections_)});
+    absl::MutexLock lock(&mu_);
+    held_[job.lease_id()] = Held{job.job_id(), job.attempt()};
+    inbox_.push_back(job);
+  }
+
   void Handle(const v1::WorkResponse& m) {
-    if (m.has_job()) {
-      const v1::LeasedJob& job = m.job();
-      log_->Write({"RECV", options_.instance, job.job_id(), absl::StrCat(job.attempt()),
-                   job.lease_id(), absl::StrCat(connections_)});
-      absl::MutexLock lock(&mu_);
-      held_[job.lease_id()] = Held{job.job_id(), job.attempt()};
-      inbox_.push_back(job);
+    if (m.has_job()) return Receive(m.job());
+    if (m.has_job_batch()) {
+      for (const v1::LeasedJob& job : m.job_batch().jobs()) Receive(job);
       return;
     }
     if (m.has_lease_lost()) {
