@@ -7,6 +7,8 @@
 # Systems (server configurations), each started fresh for every run with its own temp data dir
 # under ${TMPDIR:-/tmp} and a free loopback port, stopped by PID:
 #   jobbroker           fsync before every answer, shared by concurrent callers (group commit)
+#   jobbroker-group     DURABILITY_GROUP: answer once in the log, fsync within 10 ms (a killed
+#                       process loses nothing; power loss up to 10 ms of answers)
 #   redis-aof-everysec  BullMQ on Redis, AOF fsynced once a second (up to ~1 s of writes lost)
 #   redis-aof-always    BullMQ on Redis, AOF fsynced before replies (per event-loop pass)
 #   beanstalkd-f50      binlog fsynced at most every 50 ms (beanstalkd's default)
@@ -56,7 +58,7 @@ fi
 jb_enqueue=(enqueue --concurrency 64 --payload-bytes 100)
 jb_batch=(batch --concurrency 4 --batch 100 --payload-bytes 100)
 jb_e2e=(stream --concurrency 4 --producer-batch 100 --payload-bytes 100)  # + --workers --in-flight
-jb_e2e_settings=("1 64" "2 64" "4 64" "4 256")                             # "workers in-flight"
+jb_e2e_settings=("1 64" "2 64" "4 64" "4 256" "8 256")                     # "workers in-flight"
 latency_rate=1000
 latency_jobs=3000
 jb_latency=(latency --rate "$latency_rate" --in-flight 16 --payload-bytes 100)
@@ -73,10 +75,11 @@ if [[ "$quick" -eq 1 ]]; then
 fi
 # ---------------------------------------------------------------------------------------------
 
-all_configs=(jobbroker redis-aof-everysec redis-aof-always beanstalkd-f50 beanstalkd-f0)
+all_configs=(jobbroker jobbroker-group redis-aof-everysec redis-aof-always beanstalkd-f50
+  beanstalkd-f0)
 system_of() {
   case "$1" in
-    jobbroker) echo jobbroker ;;
+    jobbroker*) echo jobbroker ;;
     redis-*) echo bullmq ;;
     beanstalkd-*) echo beanstalkd ;;
   esac
@@ -84,6 +87,7 @@ system_of() {
 durability_of() {
   case "$1" in
     jobbroker) echo "fsync/ack" ;;
+    jobbroker-group) echo "fsync 10ms" ;;
     redis-aof-always) echo "fsync/ack" ;;
     redis-aof-everysec) echo "fsync 1s" ;;
     beanstalkd-f50) echo "fsync 50ms" ;;
@@ -112,7 +116,7 @@ fi
 broker="$build_dir/server/jobbroker"
 bench="$build_dir/bench/jobbroker-bench"
 for c in "${configs[@]}"; do
-  if [[ "$c" == jobbroker ]]; then
+  if [[ "$(system_of "$c")" == jobbroker ]]; then
     for f in "$broker" "$bench"; do
       if [[ ! -x "$f" ]]; then
         echo "run.sh: $f not built (cmake --build $build_dir --target jobbroker jobbroker-bench)" >&2
@@ -194,11 +198,16 @@ start_server() {
   server_log="$dir/server.log"
   for attempt in 1 2 3; do
     # jobbroker picks its own ports (port 0); the others get one that is free right now.
-    [[ "$config" == jobbroker ]] || server_port="$(node "$node_dir/report.js" free-port)"
+    [[ "$(system_of "$config")" == jobbroker ]] ||
+      server_port="$(node "$node_dir/report.js" free-port)"
     case "$config" in
-      jobbroker)
+      jobbroker|jobbroker-group)
+        local durability=DURABILITY_SYNC
+        [[ "$config" == jobbroker-group ]] && durability=DURABILITY_GROUP
+        printf '{"defaultPolicy": {"durability": "%s", "groupCommitDelay": "0.01s"}}\n' \
+          "$durability" >"$dir/config.json"
         "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$dir/data" \
-          >"$dir/stdout" 2>"$server_log" &
+          --config "$dir/config.json" >"$dir/stdout" 2>"$server_log" &
         server_pid=$!
         server_address=""
         # Port 0: the "serving" line is the only way to learn the address (as bench/run.sh).

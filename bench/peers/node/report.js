@@ -170,8 +170,9 @@ function Table(file) {
       Fmt(r.p99, 2),
     ]),
   );
-  const jb = rows.find((r) => r.system === 'jobbroker');
-  if (jb) {
+  // One ratio table per jobbroker configuration (SYNC, and GROUP when it ran), against the peers.
+  const peers = rows.filter((r) => r.system !== 'jobbroker');
+  for (const jb of rows.filter((r) => r.system === 'jobbroker')) {
     // Throughput: jobbroker / peer; latency: peer / jobbroker. Either way above 1x means
     // jobbroker did better.
     const ratio = (mine, theirs, higherIsBetter) => {
@@ -179,9 +180,10 @@ function Table(file) {
       if (mine === null || theirs === null || !mine || !theirs) return 'n/a';
       return `${(higherIsBetter ? mine / theirs : theirs / mine).toFixed(2)}x`;
     };
-    const peers = rows.filter((r) => r !== jb);
     if (peers.length) {
-      process.stdout.write('\njobbroker vs each peer (>1x: jobbroker better; throughput jobbroker/peer, latency peer/jobbroker)\n\n');
+      process.stdout.write(
+        `\n${jb.config} vs each peer (>1x: jobbroker better; throughput jobbroker/peer, latency peer/jobbroker)\n\n`,
+      );
       PrintTable(
         ['peer', 'enqueue', 'batch', 'e2e', 'lat p50', 'lat p99'],
         peers.map((r) => [
