@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Lease+Ack cost behind a backlog, each case on a fresh broker (temp data dir, free port):
 #   1,000 ready jobs vs 1,000,000 ready jobs (leasing should stay O(log n)), and 100,000 ready
-#   jobs spread over 10,000 concurrency keys. Prints the bench lines and the broker's RSS.
+#   jobs spread over 10,000 concurrency keys. Prints the bench lines and the broker's RSS (also
+#   per job beyond the small case's), and for the big case the time a restart on the same data
+#   takes from exec to its "serving" line, and the RSS after it.
 # Environment: BUILD_DIR (default: ../build next to this script), MEASURED (jobs leased and
 # acked per case, default 1000), BIG (default 1000000).
 set -euo pipefail
@@ -12,32 +14,57 @@ bench="$build_dir/bench/jobbroker-bench"
 measured="${MEASURED:-1000}"
 big="${BIG:-1000000}"
 
-run_case() {  # run_case PRELOAD KEYS
+start_broker() {  # start_broker DIR: sets pid and address, or returns 1
+  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$1/data" \
+    >"$1/stdout" 2>"$1/stderr" &
+  pid=$!
+  address=""
+  # A restart with millions of jobs reads them all before serving: wait up to 10 minutes.
+  local deadline=$((SECONDS + 600))
+  while ((SECONDS < deadline)); do
+    address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$1/stdout" | head -n 1)"
+    [[ -n "$address" ]] && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.01
+  done
+  echo "backlog.sh: broker did not start" >&2
+  cat "$1/stderr" >&2
+  kill -KILL "$pid" 2>/dev/null || true
+  return 1
+}
+
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+
+small_rss=""
+run_case() {  # run_case PRELOAD KEYS [restart]
   local tmp pid address=""
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-backlog.XXXXXX")"
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" \
-    >"$tmp/stdout" 2>"$tmp/stderr" &
-  pid=$!
-  for _ in $(seq 1 300); do
-    address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/stdout" | head -n 1)"
-    [[ -n "$address" ]] && break
-    sleep 0.1
-  done
-  if [[ -z "$address" ]]; then
-    echo "backlog.sh: broker did not start" >&2
-    cat "$tmp/stderr" >&2
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -rf "$tmp"
-    return 1
-  fi
+  start_broker "$tmp" || { rm -rf "$tmp"; return 1; }
   "$bench" backlog --address "$address" --preload "$1" --keys "$2" --jobs "$measured" \
     --workers 16 --concurrency 8 --batch 1000 | grep -v '^{'
-  echo "broker RSS with $1 jobs: $(awk '/VmRSS/ {print $2, $3}' "/proc/$pid/status")"
+  local rss n=$(($1 > measured ? $1 : measured))  # the bench preloads at least --jobs
+  rss="$(rss_kb "$pid")"
+  echo "broker RSS with $n jobs: $rss kB"
+  if [[ -z "$small_rss" ]]; then
+    small_rss="$rss"
+    first="$n"
+  else
+    echo "  beyond the $first jobs case: $(((rss - small_rss) * 1024 / (n - first))) bytes per job"
+  fi
   kill -TERM "$pid"
   wait "$pid" || true
+  if [[ "${3:-}" == restart ]]; then
+    local t0 t1
+    t0="$(date +%s%N)"
+    start_broker "$tmp" || { rm -rf "$tmp"; return 1; }
+    t1="$(date +%s%N)"
+    echo "restart with $1 jobs: $(((t1 - t0) / 1000000)) ms to serving, RSS $(rss_kb "$pid") kB"
+    kill -TERM "$pid"
+    wait "$pid" || true
+  fi
   rm -rf "$tmp"
 }
 
 run_case 1000 0
-run_case "$big" 0
+run_case "$big" 0 restart
 run_case 100000 10000

@@ -18,7 +18,7 @@ export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
 all_suites=(cpp asan tsan crash fuzz api chart image-lint python go typescript interop java rust
-  ruby image)
+  ruby bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -39,6 +39,10 @@ run_suite() {
     fuzz) tests/fuzz/run.sh ;;
     api) scripts/api-check.sh ;;
     interop) tests/interop/test.sh --all-pairs ;;
+    # The side-by-side comparison with BullMQ/Redis and beanstalkd, small (--quick): installs
+    # the peers and proves the one command still runs end to end. Speed is not judged here
+    # (docs/performance.md has the full runs); a run that fails or times out fails the suite.
+    bench) BUILD_DIR="$build" bench/peers/run.sh --quick ;;
     chart) tests/chart/test.sh ;;
     image-lint) tests/image/lint.sh ;;
     image) scripts/image-check.sh ;;
