@@ -42,7 +42,7 @@ run_suite() {
     # The side-by-side comparison with BullMQ/Redis and beanstalkd, small (--quick): installs
     # the peers and proves the one command still runs end to end. Speed is not judged here
     # (docs/performance.md has the full runs); a run that fails or times out fails the suite.
-    bench) BUILD_DIR="$build" bench/peers/run.sh --quick ;;
+    bench) BUILD_DIR="$root/$build" bench/peers/run.sh --quick ;;
     chart) tests/chart/test.sh ;;
     image-lint) tests/image/lint.sh ;;
     image) scripts/image-check.sh ;;
