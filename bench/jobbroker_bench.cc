@@ -395,6 +395,13 @@ class Bench {
   }
 
  private:
+  // The errors of a run, and whether it ran out of time before its jobs were done.
+  void SetErrors(Errors& errors, Report* r) const {
+    r->errors = errors.count();
+    r->first_error = errors.first();
+    r->timed_out = absl::Now() >= deadline_ && r->done < r->jobs;
+  }
+
   // True once the run should stop: past --timeout, or aborted.
   bool TimedOut() const { return abort_.load() || absl::Now() >= deadline_; }
 
@@ -554,9 +561,7 @@ class Bench {
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.latency_of = "enqueue";
     SetPercentiles(latencies, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 
@@ -602,9 +607,7 @@ class Bench {
     r.seconds = absl::ToDoubleSeconds(absl::Now() - start);
     r.latency_of = "echo";
     SetPercentiles(latencies, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 
@@ -672,9 +675,7 @@ class Bench {
     r.jobs = flags_.jobs;
     r.latency_of = "lease_ack";
     if (Preload(&errors, preload) != preload) {
-      r.errors = errors.count();
-      r.first_error = errors.first();
-      r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+      SetErrors(errors, &r);
       return r;
     }
     std::atomic<int64_t> acked{0};
@@ -690,9 +691,7 @@ class Bench {
     r.seconds = absl::ToDoubleSeconds(
         (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
     SetPercentiles(latencies, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 
@@ -727,9 +726,7 @@ class Bench {
         (finished == absl::InfiniteFuture() ? absl::Now() : finished) - start);
     r.latency_of = "enqueue_to_ack";
     SetPercentiles(e2e_latencies, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 
@@ -787,9 +784,7 @@ class Bench {
     r.seconds = absl::ToDoubleSeconds(end - start);
     r.latency_of = "enqueue";
     SetPercentiles(enqueue_latencies, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = end >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 
@@ -858,9 +853,7 @@ class Bench {
     // From the send, as the peers are measured (bench/peers): what a producer waits for.
     r.latency_of = "send_to_arrival";
     SetPercentiles(from_send, &r);
-    r.errors = errors.count();
-    r.first_error = errors.first();
-    r.timed_out = absl::Now() >= deadline_ && r.done < r.jobs;
+    SetErrors(errors, &r);
     return r;
   }
 

@@ -8,6 +8,18 @@
 #include "server/grpc_status.h"
 
 namespace jobbroker {
+namespace {
+
+// Makes `m` the WorkResult answering request `id` with `status`; the caller adds the rest.
+v1::WorkResult* NewResult(v1::WorkResponse& m, uint64_t id, const absl::Status& status) {
+  v1::WorkResult* result = m.mutable_result();
+  result->set_request_id(id);
+  result->set_code(static_cast<int>(status.code()));
+  result->set_message(std::string(status.message()));
+  return result;
+}
+
+}  // namespace
 
 // What the broker pushes, forwarded to the stream while it lives. The broker may keep the sink
 // after the stream is gone, hence the weak reference. Pushes that arrive before the subscribe's
@@ -152,10 +164,7 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       BeginOp();
       broker_.Heartbeat(std::move(*spec), [this, id](absl::StatusOr<HeartbeatResult> r) {
         v1::WorkResponse m;
-        v1::WorkResult* result = m.mutable_result();
-        result->set_request_id(id);
-        result->set_code(static_cast<int>(r.status().code()));
-        result->set_message(std::string(r.status().message()));
+        v1::WorkResult* result = NewResult(m, id, r.status());
         if (r.ok()) {
           ToProto(r->lease_deadline, result->mutable_lease_deadline());
           result->set_cancel_requested(r->cancel_requested);
@@ -179,10 +188,7 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       BeginOp();
       broker_.AckBatch(std::move(specs), [this, id](absl::StatusOr<std::vector<absl::Status>> r) {
         v1::WorkResponse m;
-        v1::WorkResult* result = m.mutable_result();
-        result->set_request_id(id);
-        result->set_code(static_cast<int>(r.status().code()));
-        result->set_message(std::string(r.status().message()));
+        v1::WorkResult* result = NewResult(m, id, r.status());
         if (r.ok()) {
           for (size_t i = 0; i < r->size(); ++i) {
             const absl::Status& item = (*r)[i];
@@ -266,10 +272,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
 
 void WorkStream::Answer(uint64_t request_id, const absl::Status& status) {
   v1::WorkResponse m;
-  v1::WorkResult* result = m.mutable_result();
-  result->set_request_id(request_id);
-  result->set_code(static_cast<int>(status.code()));
-  result->set_message(std::string(status.message()));
+  NewResult(m, request_id, status);
   Send(std::move(m));
 }
 
