@@ -14,23 +14,16 @@ bench="$build_dir/bench/jobbroker-bench"
 measured="${MEASURED:-1000}"
 big="${BIG:-1000000}"
 
+# shellcheck source=lib/serve.sh
+source "$here/lib/serve.sh"
+# A restart with millions of jobs reads them all before it serves.
+export SERVE_TIMEOUT=600
+
 start_broker() {  # start_broker DIR: sets pid and address, or returns 1
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$1/data" \
-    >"$1/stdout" 2>"$1/stderr" &
-  pid=$!
-  address=""
-  # A restart with millions of jobs reads them all before serving: wait up to 10 minutes.
-  local deadline=$((SECONDS + 600))
-  while ((SECONDS < deadline)); do
-    address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$1/stdout" | head -n 1)"
-    [[ -n "$address" ]] && return 0
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.01
-  done
-  echo "backlog.sh: broker did not start" >&2
-  cat "$1/stderr" >&2
-  kill -KILL "$pid" 2>/dev/null || true
-  return 1
+  serve_start broker "$broker_prefix" "$1" \
+    "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$1/data" || return 1
+  pid="$started_pid"
+  address="$started_address"
 }
 
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
@@ -51,16 +44,14 @@ run_case() {  # run_case PRELOAD KEYS [restart]
   else
     echo "  beyond the $first jobs case: $(((rss - small_rss) * 1024 / (n - first))) bytes per job"
   fi
-  kill -TERM "$pid"
-  wait "$pid" || true
+  serve_stop "$pid"
   if [[ "${3:-}" == restart ]]; then
     local t0 t1
     t0="$(date +%s%N)"
     start_broker "$tmp" || { rm -rf "$tmp"; return 1; }
     t1="$(date +%s%N)"
     echo "restart with $1 jobs: $(((t1 - t0) / 1000000)) ms to serving, RSS $(rss_kb "$pid") kB"
-    kill -TERM "$pid"
-    wait "$pid" || true
+    serve_stop "$pid"
   fi
   rm -rf "$tmp"
 }

@@ -12,21 +12,17 @@ bench="$build_dir/bench/jobbroker-bench"
 jobs="${JOBS:-20000}"
 rounds="${ROUNDS:-3}"
 
-run_one() {  # run_one on|off -> prints jobs/s
-  local tmp pid address=""
+# shellcheck source=lib/serve.sh
+source "$here/lib/serve.sh"
+
+run_one() {  # run_one on|off -> prints jobs/s (runs in a subshell, which starts and stops its broker)
+  local tmp
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-metrics.XXXXXX")"
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" \
-    --metrics "$1" >"$tmp/stdout" 2>"$tmp/stderr" &
-  pid=$!
-  for _ in $(seq 1 300); do
-    address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/stdout" | head -n 1)"
-    [[ -n "$address" ]] && break
-    sleep 0.1
-  done
-  "$bench" stream --address "$address" --workers 16 --concurrency 64 --jobs "$jobs" \
+  serve_start broker "$broker_prefix" "$tmp" "$broker" --listen 127.0.0.1:0 \
+    --http-listen 127.0.0.1:0 --data-dir "$tmp/data" --metrics "$1" || exit 1
+  "$bench" stream --address "$started_address" --workers 16 --concurrency 64 --jobs "$jobs" \
     | sed -n 's/.*jobs_per_sec=\([0-9.]*\).*/\1/p' | head -n 1
-  kill -TERM "$pid"
-  wait "$pid" || true
+  serve_stop "$started_pid"
   rm -rf "$tmp"
 }
 

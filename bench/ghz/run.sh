@@ -38,58 +38,20 @@ ghz="$here/bin/ghz"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-ghz.XXXXXX")"
 broker_pid=""
 echo_pid=""
-# Ends a server (our own child, by PID): SIGTERM, up to 10 s for it to exit, then SIGKILL. Sets
-# stopped_status to its exit status. Not run in a subshell: only this shell can wait for it.
-stop() {
-  local pid="$1"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 100); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "ghz/run.sh: pid $pid still running 10 s after SIGTERM; killing it" >&2
-    kill -KILL "$pid" 2>/dev/null || true
-  fi
-  stopped_status=0
-  wait "$pid" 2>/dev/null || stopped_status=$?
-}
+# shellcheck source=../lib/serve.sh
+source "$here/../lib/serve.sh"
 cleanup() {
-  if [[ -n "$broker_pid" ]]; then stop "$broker_pid"; fi
-  if [[ -n "$echo_pid" ]]; then stop "$echo_pid"; fi
+  if [[ -n "$broker_pid" ]]; then serve_stop "$broker_pid"; fi
+  if [[ -n "$echo_pid" ]]; then serve_stop "$echo_pid"; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-# start NAME PREFIX CMD...: runs CMD in the background and waits up to 30 s for the stdout line
-# "PREFIX ADDR" (port 0: that line is the only way to learn the port). Sets started_pid and
-# started_address.
-start() {
-  local name="$1" prefix="$2"
-  shift 2
-  "$@" >"$tmp/$name.stdout" 2>"$tmp/$name.stderr" &
-  started_pid=$!
-  started_address=""
-  for _ in $(seq 1 300); do
-    started_address="$(sed -n "s/^$prefix\([^ ]*\).*/\1/p" "$tmp/$name.stdout" | head -n 1)"
-    [[ -n "$started_address" ]] && return 0
-    if ! kill -0 "$started_pid" 2>/dev/null; then
-      echo "ghz/run.sh: $name exited before serving; stderr:" >&2
-      cat "$tmp/$name.stderr" >&2
-      exit 1
-    fi
-    sleep 0.1
-  done
-  echo "ghz/run.sh: $name did not print its serving line within 30 s; stderr:" >&2
-  cat "$tmp/$name.stderr" >&2
-  exit 1
-}
-
-start broker "jobbroker: serving grpc=" \
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data"
+serve_start broker "$broker_prefix" "$tmp" \
+  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" || exit 1
 broker_pid="$started_pid"
 broker_address="$started_address"
-start echo "echo: serving grpc=" "$echo_server" --listen 127.0.0.1:0
+serve_start echo "echo: serving grpc=" "$tmp" "$echo_server" --listen 127.0.0.1:0 || exit 1
 echo_pid="$started_pid"
 echo_address="$started_address"
 echo "broker pid $broker_pid at $broker_address (data in $tmp/data)," \
@@ -203,7 +165,7 @@ PY
 
 for name in broker echo; do
   pid_var="${name}_pid"
-  stop "${!pid_var}"
+  serve_stop "${!pid_var}"
   printf -v "$pid_var" '%s' ""
   echo "$name exited with status $stopped_status after SIGTERM" >&2
   if [[ "$stopped_status" -ne 0 ]]; then

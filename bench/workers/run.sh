@@ -52,36 +52,18 @@ fi
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-workers-bench.XXXXXX")"
 broker_pid=""
+# shellcheck source=../lib/serve.sh
+source "$here/../lib/serve.sh"
 cleanup() {
-  if [[ -n "$broker_pid" ]] && kill -0 "$broker_pid" 2>/dev/null; then
-    kill -KILL "$broker_pid" 2>/dev/null || true
-    wait "$broker_pid" 2>/dev/null || true
-  fi
+  if [[ -n "$broker_pid" ]]; then serve_stop "$broker_pid"; fi
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
-"$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" \
-  >"$tmp/stdout" 2>"$tmp/stderr" &
-broker_pid=$!
-
-# Wait for the serving line (port 0: the line is the only way to learn the port).
-address=""
-for _ in $(seq 1 300); do
-  address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/stdout" | head -n 1)"
-  [[ -n "$address" ]] && break
-  if ! kill -0 "$broker_pid" 2>/dev/null; then
-    echo "run.sh: broker exited before serving; stderr:" >&2
-    cat "$tmp/stderr" >&2
-    exit 1
-  fi
-  sleep 0.1
-done
-if [[ -z "$address" ]]; then
-  echo "run.sh: broker did not print its serving line within 30 s; stderr:" >&2
-  cat "$tmp/stderr" >&2
-  exit 1
-fi
+serve_start broker "$broker_prefix" "$tmp" \
+  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" || exit 1
+broker_pid="$started_pid"
+address="$started_address"
 echo "broker pid $broker_pid serving at $address, data in $tmp/data" >&2
 
 # The broker's user+system CPU so far, in clock ticks (fields 14 and 15 of /proc/PID/stat; the
@@ -134,14 +116,13 @@ if [[ -n "${RESULTS:-}" && -f "$tmp/bench.out" ]]; then
   cat "$tmp/bench.out" >>"$RESULTS"
 fi
 
-kill -TERM "$broker_pid"
-broker_status=0
-wait "$broker_pid" || broker_status=$?
+serve_stop "$broker_pid"
+broker_status="$stopped_status"
 broker_pid=""
 echo "broker exited with status $broker_status after SIGTERM" >&2
 if [[ "$broker_status" -ne 0 ]]; then
   echo "run.sh: broker stderr:" >&2
-  tail -n 50 "$tmp/stderr" >&2
+  tail -n 50 "$tmp/broker.stderr" >&2
   status=1
 fi
 exit "$status"
