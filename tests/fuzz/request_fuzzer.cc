@@ -66,14 +66,24 @@ constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 
 // Names a refusal's message may start with: the request fields (and the config file's).
 bool StartsWithField(absl::string_view message) {
-  static const auto* const kFields = new absl::flat_hash_set<absl::string_view>{
-      "queue",         "payload",   "headers",        "delay",          "run_at",
-      "dedup_key",     "dedup_ttl", "max_attempts",   "lease_duration", "concurrency_key",
-      "worker_id",     "max_jobs",  "wait",           "job_id",         "lease_id",
-      "checkpoint",    "extend_by", "result",         "retry_after",    "error",
-      "jobs",          "policy",    "default_policy", "queues",         "config",
-      "state",         "states",    "page_size",      "page_token",     "limit",
-      "max_in_flight", "priority",  "request"};
+  static const auto* const kFields =
+      new absl::flat_hash_set<absl::string_view>{"queue",          "payload",
+                                                 "headers",        "delay",
+                                                 "run_at",         "dedup_key",
+                                                 "dedup_ttl",      "max_attempts",
+                                                 "lease_duration", "concurrency_key",
+                                                 "worker_id",      "max_jobs",
+                                                 "wait",           "job_id",
+                                                 "lease_id",       "checkpoint",
+                                                 "extend_by",      "result",
+                                                 "retry_after",    "error",
+                                                 "jobs",           "policy",
+                                                 "default_policy", "queues",
+                                                 "config",         "state",
+                                                 "states",         "page_size",
+                                                 "page_token",     "limit",
+                                                 "max_in_flight",  "priority",
+                                                 "request",        "acks"};
   size_t n = 0;
   while (n < message.size() && (absl::ascii_islower(message[n]) || message[n] == '_')) ++n;
   return kFields->contains(message.substr(0, n));
@@ -487,6 +497,37 @@ class Harness {
     if (!valid.ok()) SameRefusal(valid, s, "Ack");
   }
 
+  // An ack_batch: every item checked as an Ack is, all applied by one call; a malformed item (or
+  // an empty or oversized batch) refuses the whole batch and changes nothing.
+  void AckBatch(const v1::AckBatchRequest& req) {
+    std::vector<AckSpec> specs;
+    absl::Status valid;
+    if (req.acks_size() == 0 || req.acks_size() > kMaxLeaseBatch)
+      valid = absl::InvalidArgumentError("acks: 1 to 1000");
+    for (const v1::AckRequest& ack : req.acks()) {
+      AckSpec spec = FromProto(ack);
+      spec.job_id = JobId(spec.job_id);
+      spec.lease_id = LeaseId(spec.lease_id);
+      if (valid.ok()) {
+        valid = ValidateAckSpec(spec);
+        if (!valid.ok()) CheckShapeRefusal(valid, "ValidateAckSpec (ack_batch)");
+      }
+      specs.push_back(std::move(spec));
+    }
+    absl::StatusOr<std::vector<absl::Status>> items;
+    absl::Status s = Changing("AckBatch", kLeaseCodes, [&] {
+      items = broker_->AckBatch(specs);
+      return items.status();
+    });
+    if (!valid.ok()) return SameRefusal(valid, s, "AckBatch");
+    if (!items.ok()) return;
+    REQUEST_EXPECT(items->size() == specs.size(), "AckBatch answered a different number of items");
+    for (size_t i = 0; i < items->size() && i < specs.size(); ++i) {
+      CheckAnswer((*items)[i], kLeaseCodes, "AckBatch item");
+      if ((*items)[i].ok()) CheckAcceptedRef(specs[i].job_id, specs[i].lease_id);
+    }
+  }
+
   void Fail(const v1::FailRequest& req) {
     absl::StatusOr<FailSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(FailRequest)");
@@ -558,6 +599,8 @@ class Harness {
         return Heartbeat(req.heartbeat());
       case v1::WorkRequest::kAck:
         return Ack(req.ack());
+      case v1::WorkRequest::kAckBatch:
+        return AckBatch(req.ack_batch());
       case v1::WorkRequest::kFail:
         return Fail(req.fail());
       case v1::WorkRequest::kRelease:

@@ -282,6 +282,7 @@ async fn run(options: Options) -> Result<(), String> {
             worker_id: options.worker_id.clone(),
             max_in_flight: options.concurrency as i32,
             lease_duration: None,
+            ..Default::default()
         };
         let (stream, mut events) = tokio::select! {
             r = client.work(subscribe) => match r {

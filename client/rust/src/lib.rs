@@ -356,6 +356,13 @@ async fn read_responses(
                 Some(Response::Job(job)) => {
                     let _ = events.send(WorkEvent::Job(job));
                 }
+                // Only sent to a stream that subscribed with batch_pushes; each job is handled
+                // as if it came alone.
+                Some(Response::JobBatch(batch)) => {
+                    for job in batch.jobs {
+                        let _ = events.send(WorkEvent::Job(job));
+                    }
+                }
                 Some(Response::LeaseLost(lost)) => {
                     let _ = events.send(WorkEvent::LeaseLost(lost.job_id));
                 }

@@ -110,6 +110,7 @@ async fn work_stream_pushes_heartbeats_and_acks() {
             worker_id: "rust-stream".into(),
             max_in_flight: 1,
             lease_duration: Some(duration(Duration::from_secs(30))),
+            ..Default::default()
         })
         .await
         .expect("subscribe");
@@ -162,6 +163,7 @@ async fn work_stream_fail_is_retried_as_attempt_two() {
             worker_id: "rust-retry".into(),
             max_in_flight: 1,
             lease_duration: None,
+            ..Default::default()
         })
         .await
         .expect("subscribe");
@@ -359,6 +361,7 @@ async fn invalid_argument_is_a_status_with_its_code() {
             worker_id: "rust-test".into(),
             max_in_flight: 1,
             lease_duration: None,
+            ..Default::default()
         })
         .await
         .unwrap_err();
