@@ -20,10 +20,9 @@ source "$here/lib/serve.sh"
 export SERVE_TIMEOUT=600
 
 start_broker() {  # start_broker DIR: sets pid and address, or returns 1
-  serve_start broker "$broker_prefix" "$1" \
-    "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$1/data" || return 1
-  pid="$started_pid"
-  address="$started_address"
+  serve_broker "$broker" "$1" || return 1
+  pid="$broker_pid"
+  address="$broker_address"
 }
 
 rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }

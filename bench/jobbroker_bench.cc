@@ -417,7 +417,8 @@ class Bench {
   std::vector<std::thread> StartProducers(int threads, std::atomic<int64_t>* next,
                                           std::atomic<int64_t>* enqueued, Latencies* latencies,
                                           Errors* errors, bool stamp, int batch = 1) {
-    if (batch > 1) return StartBatchProducers(threads, next, enqueued, latencies, errors, batch);
+    if (batch > 1)
+      return StartBatchProducers(threads, next, enqueued, latencies, errors, batch, flags_.jobs);
     std::vector<std::thread> producers;
     for (int t = 0; t < threads; ++t) {
       producers.emplace_back([=, this] {
@@ -447,9 +448,11 @@ class Bench {
     return producers;
   }
 
+  // EnqueueBatch loops of `batch` jobs until `total` are claimed; with --keys the jobs are spread
+  // over that many concurrency keys. Latencies are per call.
   std::vector<std::thread> StartBatchProducers(int threads, std::atomic<int64_t>* next,
                                                std::atomic<int64_t>* enqueued, Latencies* latencies,
-                                               Errors* errors, int batch) {
+                                               Errors* errors, int batch, int64_t total) {
     std::vector<std::thread> producers;
     for (int t = 0; t < threads; ++t) {
       producers.emplace_back([=, this] {
@@ -457,13 +460,15 @@ class Bench {
         std::vector<int64_t> micros;
         while (!TimedOut()) {
           const int64_t first = next->fetch_add(batch);
-          if (first >= flags_.jobs) break;
-          const int64_t n = std::min<int64_t>(batch, flags_.jobs - first);
+          if (first >= total) break;
+          const int64_t n = std::min<int64_t>(batch, total - first);
           v1::EnqueueBatchRequest req;
           for (int64_t i = 0; i < n; ++i) {
             v1::EnqueueRequest* job = req.add_jobs();
             job->set_queue(flags_.queue);
             job->set_payload(payload_);
+            if (flags_.keys > 0)
+              job->set_concurrency_key(absl::StrCat("key-", (first + i) % flags_.keys));
           }
           const absl::Time start = absl::Now();
           v1::EnqueueBatchResponse resp;
@@ -618,34 +623,10 @@ class Bench {
     if (count < 0) count = flags_.jobs;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> enqueued{0};
-    std::vector<std::thread> threads;
+    Latencies unused;
     const absl::Time start = absl::Now();
-    for (int t = 0; t < flags_.concurrency; ++t) {
-      threads.emplace_back([&, t] {
-        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(t);
-        while (!TimedOut()) {
-          const int64_t first = next.fetch_add(flags_.batch);
-          if (first >= count) break;
-          const int64_t n = std::min<int64_t>(flags_.batch, count - first);
-          v1::EnqueueBatchRequest req;
-          for (int64_t i = 0; i < n; ++i) {
-            v1::EnqueueRequest* job = req.add_jobs();
-            job->set_queue(flags_.queue);
-            job->set_payload(payload_);
-            if (flags_.keys > 0)
-              job->set_concurrency_key(absl::StrCat("key-", (first + i) % flags_.keys));
-          }
-          v1::EnqueueBatchResponse resp;
-          grpc::Status s =
-              Call([&](grpc::ClientContext* ctx) { return stub->EnqueueBatch(ctx, req, &resp); });
-          if (!s.ok()) {
-            RecordError(errors, s, "EnqueueBatch");
-            continue;
-          }
-          enqueued.fetch_add(n);
-        }
-      });
-    }
+    std::vector<std::thread> threads = StartBatchProducers(flags_.concurrency, &next, &enqueued,
+                                                           &unused, errors, flags_.batch, count);
     for (std::thread& t : threads) t.join();
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     std::fprintf(stderr, "preloaded %lld jobs into %s in %.3f s (%.0f jobs/s, batches of %d)\n",

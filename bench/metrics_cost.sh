@@ -18,11 +18,10 @@ source "$here/lib/serve.sh"
 run_one() {  # run_one on|off -> prints jobs/s (runs in a subshell, which starts and stops its broker)
   local tmp
   tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-metrics.XXXXXX")"
-  serve_start broker "$broker_prefix" "$tmp" "$broker" --listen 127.0.0.1:0 \
-    --http-listen 127.0.0.1:0 --data-dir "$tmp/data" --metrics "$1" || exit 1
-  "$bench" stream --address "$started_address" --workers 16 --concurrency 64 --jobs "$jobs" \
+  serve_broker "$broker" "$tmp" --metrics "$1" || exit 1
+  "$bench" stream --address "$broker_address" --workers 16 --concurrency 64 --jobs "$jobs" \
     | sed -n 's/.*jobs_per_sec=\([0-9.]*\).*/\1/p' | head -n 1
-  serve_stop "$started_pid"
+  serve_stop "$broker_pid"
   rm -rf "$tmp"
 }
 

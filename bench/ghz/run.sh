@@ -47,10 +47,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-serve_start broker "$broker_prefix" "$tmp" \
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" || exit 1
-broker_pid="$started_pid"
-broker_address="$started_address"
+serve_broker "$broker" "$tmp" || exit 1
 serve_start echo "echo: serving grpc=" "$tmp" "$echo_server" --listen 127.0.0.1:0 || exit 1
 echo_pid="$started_pid"
 echo_address="$started_address"

@@ -50,3 +50,15 @@ serve_stop() {
 
 # The broker's serving line starts with this.
 broker_prefix="jobbroker: serving grpc="
+
+# serve_broker BROKER DIR [flags...]: serve_start for a jobbroker on free loopback ports with its
+# data in DIR/data (logs DIR/broker.stdout, DIR/broker.stderr) and any extra flags. Sets
+# broker_pid and broker_address.
+serve_broker() {
+  local broker="$1" dir="$2"
+  shift 2
+  serve_start broker "$broker_prefix" "$dir" "$broker" --listen 127.0.0.1:0 \
+    --http-listen 127.0.0.1:0 --data-dir "$dir/data" "$@" || return 1
+  broker_pid="$started_pid"
+  broker_address="$started_address"
+}

@@ -60,10 +60,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-serve_start broker "$broker_prefix" "$tmp" \
-  "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" || exit 1
-broker_pid="$started_pid"
-address="$started_address"
+serve_broker "$broker" "$tmp" || exit 1
+address="$broker_address"
 echo "broker pid $broker_pid serving at $address, data in $tmp/data" >&2
 
 # The broker's user+system CPU so far, in clock ticks (fields 14 and 15 of /proc/PID/stat; the
