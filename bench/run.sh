@@ -60,13 +60,5 @@ if [[ -n "${RESULTS:-}" ]]; then
   cat "$out" >>"$RESULTS"
 fi
 
-serve_stop "$broker_pid"
-broker_status="$stopped_status"
-broker_pid=""
-echo "broker exited with status $broker_status after SIGTERM" >&2
-if [[ "$broker_status" -ne 0 ]]; then
-  echo "run.sh: broker stderr:" >&2
-  tail -n 50 "$tmp/broker.stderr" >&2
-  status=1
-fi
+stop_broker "$tmp" || status=1
 exit "$status"

@@ -62,3 +62,16 @@ serve_broker() {
   broker_pid="$started_pid"
   broker_address="$started_address"
 }
+
+# stop_broker DIR: serve_stop for the broker serve_broker started (logs in DIR); reports its exit
+# status and, if not 0, the end of its stderr. Returns 1 then; clears broker_pid.
+stop_broker() {
+  serve_stop "$broker_pid"
+  broker_pid=""
+  echo "broker exited with status $stopped_status after SIGTERM" >&2
+  if [[ "$stopped_status" -ne 0 ]]; then
+    echo "broker stderr:" >&2
+    tail -n 50 "$1/broker.stderr" >&2
+    return 1
+  fi
+}
