@@ -7,7 +7,7 @@
 // there is no `batch` workload here (load.js reports it as null).
 
 const { Connection } = require('./beanstalk');
-const { NewReport, NowMs, Payload, SeqOf, Sleep } = require('./common');
+const { NewReport, NowMs, Payload, SendAtRate, SeqOf, Sleep } = require('./common');
 
 const kMaxErrors = 100;
 // Time for consumers' first reserve to reach the server before the producer starts, so the first
@@ -175,19 +175,9 @@ async function latency(flags, run) {
     ),
   );
   await Sleep(kSettleMs);
-  r.startMs = NowMs();
-  const intervalMs = 1000 / flags.rate;
-  for (let seq = 0; seq < flags.jobs && r.errors.count < kMaxErrors; ++seq) {
-    const due = r.startMs + seq * intervalMs;
-    const now = NowMs();
-    if (now < due) await Sleep(due - now);
-    sentAt[seq] = NowMs();
-    try {
-      await producer.Put(Payload(seq, flags.payloadBytes));
-    } catch (err) {
-      r.errors.Record('put', err);
-    }
-  }
+  await SendAtRate(flags, r, sentAt, kMaxErrors, 'put', (seq) =>
+    producer.Put(Payload(seq, flags.payloadBytes)),
+  );
   while (r.done < flags.jobs && r.errors.count === 0) await Sleep(2);
   r.seconds = (NowMs() - r.startMs) / 1000;
   for (const c of consumers) c.Close();

@@ -5,7 +5,7 @@
 // once and Redis memory stays flat however many jobs a run pushes through.
 
 const { Queue, Worker } = require('bullmq');
-const { NewReport, NowMs, Payload, SeqOf, Sleep } = require('./common');
+const { NewReport, NowMs, Payload, SendAtRate, SeqOf, Sleep } = require('./common');
 
 const kMaxErrors = 100;
 // Time for the worker's first blocking fetch to reach Redis before the producer starts.
@@ -145,19 +145,9 @@ async function latency(flags, run) {
   });
   worker.on('failed', (job, err) => r.errors.Record('job failed', err));
   await Sleep(kSettleMs);
-  r.startMs = NowMs();
-  const intervalMs = 1000 / flags.rate;
-  for (let seq = 0; seq < flags.jobs && r.errors.count < kMaxErrors; ++seq) {
-    const due = r.startMs + seq * intervalMs;
-    const now = NowMs();
-    if (now < due) await Sleep(due - now);
-    sentAt[seq] = NowMs();
-    try {
-      await queue.add(kJobName, Payload(seq, flags.payloadBytes));
-    } catch (err) {
-      r.errors.Record('add', err);
-    }
-  }
+  await SendAtRate(flags, r, sentAt, kMaxErrors, 'add', (seq) =>
+    queue.add(kJobName, Payload(seq, flags.payloadBytes)),
+  );
   while (r.done < flags.jobs && r.errors.count === 0) await Sleep(2);
   r.seconds = (NowMs() - r.startMs) / 1000;
   await worker.close();

@@ -132,6 +132,25 @@ function Sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
+// The latency workload's producer: job `seq` is sent at r.startMs + seq / flags.rate seconds,
+// each awaited before the next (closed loop, as jobbroker-bench's). sentAt[seq] is set just
+// before the send; a failed send is recorded as `what` and counts towards `maxErrors`.
+async function SendAtRate(flags, r, sentAt, maxErrors, what, send) {
+  r.startMs = NowMs();
+  const intervalMs = 1000 / flags.rate;
+  for (let seq = 0; seq < flags.jobs && r.errors.count < maxErrors; ++seq) {
+    const due = r.startMs + seq * intervalMs;
+    const now = NowMs();
+    if (now < due) await Sleep(due - now);
+    sentAt[seq] = NowMs();
+    try {
+      await send(seq);
+    } catch (err) {
+      r.errors.Record(what, err);
+    }
+  }
+}
+
 // The state of one run, kept up to date as it goes so that a run cut short by its timeout can
 // still report what it did.
 function NewReport(flags, latencyOf) {
@@ -203,6 +222,7 @@ module.exports = {
   Errors,
   NowMs,
   Sleep,
+  SendAtRate,
   PrintReport,
   kUsage,
 };
