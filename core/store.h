@@ -6,6 +6,7 @@
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/job.h"
 #include "core/policy.h"
@@ -84,6 +85,12 @@ class Store {
   }
   // Makes every earlier WriteUnsynced durable. Errors as for Write.
   virtual absl::Status Sync() { return absl::OkStatus(); }
+
+  // The stored job `id`, as the last write put it (written unsynced counts). kNotFound if there is
+  // none; kDataLoss if its record does not decode (or holds another id); kUnavailable for I/O
+  // errors. Safe to call while the CommitPipeline writes (the broker reads cold jobs back this
+  // way, see Broker's memory model in docs/architecture.md).
+  virtual absl::StatusOr<Job> ReadJob(const std::string& id) = 0;
 
   // Visits every stored policy override, then dedup entry, then job, each in key order. A record
   // that does not decode goes to OnCorrupt and the scan goes on. kDataLoss only if the store

@@ -80,6 +80,12 @@ int64_t MemoryStore::resume_calls() const {
   return resume_calls_;
 }
 
+absl::StatusOr<Job> MemoryStore::ReadJob(const std::string& id) {
+  std::optional<Job> job = FindJob(id);
+  if (!job.has_value()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
+  return *std::move(job);
+}
+
 std::optional<Job> MemoryStore::FindJob(absl::string_view id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);

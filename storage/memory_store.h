@@ -39,6 +39,7 @@ class MemoryStore final : public Store {
   // '\0' (RocksDbStore cannot key it), or FailWritesAfter's error (nothing applied) once its
   // budget is spent.
   absl::Status Write(absl::Span<const Transition> transitions) override;
+  absl::StatusOr<Job> ReadJob(const std::string& id) override;
   // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
   absl::Status Recover(RecoveryVisitor& visitor) override;
   // OK unless FailWritesAfter's budget is spent (then its error): nothing else can break.

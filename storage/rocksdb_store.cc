@@ -373,6 +373,20 @@ uint64_t RocksDbStore::PendingCompactionBytes() const {
   return total;
 }
 
+absl::StatusOr<Job> RocksDbStore::ReadJob(const std::string& id) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
+  rocksdb::PinnableSlice value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), jobs_, id, &value);
+  if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
+  BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read job in ", dir_)));
+  absl::StatusOr<Job> job = DecodeJob(View(value));
+  if (job.ok() && job->id != id)
+    job = absl::DataLossError(absl::StrCat("record holds job \"", absl::CHexEscape(job->id), "\""));
+  if (!job.ok()) return RecordError(kRocksDbJobsColumnFamily, id, job.status());
+  return job;
+}
+
 absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());

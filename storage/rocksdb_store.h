@@ -91,6 +91,8 @@ class RocksDbStore final : public Store {
   absl::Status WriteUnsynced(absl::Span<const Transition> transitions) override;
   absl::Status Sync() override;
 
+  absl::StatusOr<Job> ReadJob(const std::string& id) override;
+
   // Visits policies, then dedup entries, then jobs, each in key order. A record that does not
   // decode (or a job record under another job's id) goes to OnCorrupt, with the column family,
   // the key (C-escaped) and what is wrong, and the scan goes on. kDataLoss if RocksDB reports

@@ -52,6 +52,7 @@ class RecordingStore final : public Store {
   }
   absl::Status Recover(RecoveryVisitor& visitor) override { return inner_.Recover(visitor); }
   absl::Status Resume() override { return inner_.Resume(); }
+  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
 
   // Writes wait until Open().
   void Close() {

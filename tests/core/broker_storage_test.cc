@@ -192,6 +192,7 @@ class CorruptingStore final : public Store {
     return inner.Recover(v);
   }
   absl::Status Resume() override { return inner.Resume(); }
+  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner.ReadJob(id); }
   MemoryStore inner;
   std::vector<CorruptRecord> corrupt;
   std::vector<std::string> deleted;

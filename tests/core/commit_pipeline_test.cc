@@ -26,6 +26,7 @@ class GatedStore : public Store {
   }
   absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
   absl::Status Resume() override { return inner_.Resume(); }
+  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
 
   MemoryStore inner_;
   std::atomic<int> calls_{0};
@@ -165,6 +166,7 @@ class LevelStore : public Store {
   }
   absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
   absl::Status Resume() override { return inner_.Resume(); }
+  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
 
   void Hold() {
     absl::MutexLock lock(&mu_);

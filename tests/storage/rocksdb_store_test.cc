@@ -267,6 +267,24 @@ TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsReportedAndSkipped) {
               HasSubstr("jobs record \"key\": record holds job \"other\""));
 }
 
+TEST_F(RocksDbStoreTest, ReadJobOfUndecodableOrMisfiledRecordIsDataLoss) {
+  WriteAndClose(Transition{});
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbJobsColumnFamily, "bad", "\xff\xff\xff\xff secret payload");
+    raw.Put(kRocksDbJobsColumnFamily, "key", EncodeJob(SimpleJob("other")));
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  absl::Status bad = store->ReadJob("bad").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad.message(), HasSubstr("jobs record \"bad\""));
+  EXPECT_THAT(bad.message(), Not(HasSubstr("secret"))) << "never the bytes";
+  absl::Status misfiled = store->ReadJob("key").status();
+  EXPECT_EQ(misfiled.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(misfiled.message(), HasSubstr("record holds job \"other\""));
+}
+
 TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsReportedAndSkipped) {
   WriteAndClose(Transition{});
   {

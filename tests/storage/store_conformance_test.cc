@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -121,6 +122,36 @@ TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
   r = this->Recover();
   ASSERT_EQ(r.jobs.size(), 1u);
   EXPECT_EQ(r.jobs[0], FullJob());
+}
+
+TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
+  Job job = FullJob();
+  Transition t;
+  t.put_jobs = {job};
+  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  absl::StatusOr<Job> read = this->store().ReadJob(job.id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, job);
+
+  // An unsynced write is already visible: the broker reads cold jobs while syncs are pending.
+  job.state = JobState::kActive;
+  Transition update;
+  update.put_jobs = {job};
+  ASSERT_EQ(this->store().WriteUnsynced({&update, 1}).code(), absl::StatusCode::kOk);
+  read = this->store().ReadJob(job.id);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->state, JobState::kActive);
+}
+
+TYPED_TEST(StoreConformanceTest, ReadJobOfMissingOrDeletedJobIsNotFound) {
+  EXPECT_EQ(this->store().ReadJob("never").status().code(), absl::StatusCode::kNotFound);
+  Transition put;
+  put.put_jobs = {SimpleJob("a")};
+  ASSERT_EQ(this->Write(put).code(), absl::StatusCode::kOk);
+  Transition del;
+  del.delete_jobs = {"a"};
+  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
+  EXPECT_EQ(this->store().ReadJob("a").status().code(), absl::StatusCode::kNotFound);
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
