@@ -19,6 +19,32 @@ TEST(IdsTest, JobIdsAreUniqueAndSortByTime) {
   EXPECT_LT(NewJobId(absl::FromUnixMillis(1000), gen), NewJobId(absl::FromUnixMillis(2000), gen));
 }
 
+TEST(IdsTest, JobIdsPackIntoSixteenBytesAndBack) {
+  absl::BitGen gen;
+  for (int i = 0; i < 1000; ++i) {
+    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000 + i), gen);
+    std::optional<PackedJobId> packed = PackJobId(id);
+    ASSERT_TRUE(packed.has_value()) << id;
+    EXPECT_EQ(UnpackJobId(*packed), id);
+  }
+  // The largest id NewJobId can write uses all 128 bits.
+  const std::string max_id = "7ZZZZZZZZZZZZZZZZZZZZZZZZZ";
+  ASSERT_TRUE(PackJobId(max_id).has_value());
+  EXPECT_EQ(*PackJobId(max_id), (PackedJobId{~uint64_t{0}, ~uint64_t{0}}));
+  EXPECT_EQ(UnpackJobId(*PackJobId(max_id)), max_id);
+  EXPECT_EQ(UnpackJobId(PackedJobId{0, 0}), std::string(26, '0'));
+}
+
+TEST(IdsTest, OnlyCanonicalJobIdsPack) {
+  EXPECT_FALSE(PackJobId("").has_value());
+  EXPECT_FALSE(PackJobId("job-1").has_value());
+  EXPECT_FALSE(PackJobId(std::string(25, '0')).has_value());
+  EXPECT_FALSE(PackJobId(std::string(27, '0')).has_value());
+  EXPECT_FALSE(PackJobId("80000000000000000000000000").has_value());  // 130 bits would not fit
+  EXPECT_FALSE(PackJobId("0000000000000000000000000U").has_value());  // not in the alphabet
+  EXPECT_FALSE(PackJobId("0000000000000000000000000a").has_value());  // lower case: no round trip
+}
+
 TEST(IdsTest, LeaseIdsNameTheAttempt) {
   absl::BitGen gen;
   std::string id = NewLeaseId(3, gen);
