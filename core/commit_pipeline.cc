@@ -128,6 +128,7 @@ void CommitPipeline::Reset() {
   if (durable_seq_ + 1 <= next_seq_ - 1)
     dropped_.emplace(durable_seq_ + 1, std::make_pair(next_seq_ - 1, error_));
   durable_seq_ = written_seq_ = next_seq_ - 1;
+  written_.store(written_seq_, std::memory_order_release);
   pending_sync_ = false;
   pending_sync_by_ = unsynced_by_ = absl::InfiniteFuture();
   // Waiters register only while healthy and were all answered at the failure; none is left.
@@ -194,6 +195,7 @@ void CommitPipeline::WriteAndNotify(WriteTask job) {
     if (!job.broken && job.sync) ++syncs_;
     if (!job.broken && status.ok()) {
       written_seq_ = job.last;
+      written_.store(written_seq_, std::memory_order_release);
       if (job.sync) {
         durable_seq_ = job.last;
         unsynced_by_ = absl::InfiniteFuture();

@@ -87,6 +87,10 @@ class CommitPipeline {
   // write in progress to finish. Nothing to do while healthy.
   void Reset();
 
+  // Every transition up to this sequence number is in the store (Store::ReadJob sees it), synced
+  // or not; a dropped one (Reset) counts as passed. Lock-free, for hot paths.
+  uint64_t written() const { return written_.load(std::memory_order_acquire); }
+
   // Number of Store::Write and WriteUnsynced calls so far (for tests and metrics: fewer writes
   // than appends shows group commit at work). Transitions dropped after a failure were never
   // written: not counted.
@@ -129,6 +133,7 @@ class CommitPipeline {
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> healthy_{true};
+  std::atomic<uint64_t> written_{0};  // written_seq_, readable without mu_
   // Sequence ranges Reset() dropped: first -> (last, the error they were dropped for). One entry
   // per failure, so it stays tiny.
   std::map<uint64_t, std::pair<uint64_t, absl::Status>> dropped_ ABSL_GUARDED_BY(mu_);
