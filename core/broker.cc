@@ -39,7 +39,7 @@ absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& 
 
 absl::Status Broker::Recover() {
   const absl::Time started = clock_.Now();
-  Recovered found;
+  Recovered found(options_.max_hot_jobs);
   BROKER_RETURN_IF_ERROR(store_.Recover(found));
   uint64_t seq;
   size_t expired;
@@ -53,7 +53,7 @@ absl::Status Broker::Recover() {
   // A failed write does not stop the start: the broker serves reads and refuses changes until
   // the store takes writes again (Tick retries it), instead of exiting into a restart loop.
   pipeline_.WaitDurable(seq).IgnoreError();
-  observer_.Recovered(found.jobs.size(), expired, clock_.Now() - started);
+  observer_.Recovered(found.job_count(), expired, clock_.Now() - started);
   return absl::OkStatus();
 }
 
@@ -71,27 +71,46 @@ size_t Broker::LoadLocked(Recovered& found, absl::Time now, Transition& t, Effec
     q.runtime = std::move(policy);
     q.policy = EffectivePolicy(name, q.runtime);
   }
+  // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
+  auto clash = [&](const std::string& id, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (jobs_.contains(id))
+      return absl::DataLossError(absl::StrCat("job ", id, " is stored twice"));
+    std::string other;
+    if (auto h = jobs_by_seq_.find(seq); h != jobs_by_seq_.end()) other = h->second.job->id;
+    if (auto c = cold_.find(seq); c != cold_.end()) other = UnpackJobId(c->second);
+    if (other.empty()) return absl::OkStatus();
+    return absl::DataLossError(absl::StrCat("sequence number ", seq, " is also job ", other, "'s"));
+  };
   for (Job& job : found.jobs) {
-    // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
-    absl::Status clash;
-    if (jobs_.contains(job.id)) {
-      clash = absl::DataLossError(absl::StrCat("job ", job.id, " is stored twice"));
-    } else if (auto other = jobs_by_seq_.find(job.seq); other != jobs_by_seq_.end()) {
-      clash = absl::DataLossError(
-          absl::StrCat("sequence number ", job.seq, " is also job ", other->second->id, "'s"));
-    }
-    if (!clash.ok()) {
-      quarantine(CorruptRecord{RecordKind::kJob, job.id, std::move(clash)});
+    if (absl::Status s = clash(job.id, job.seq); !s.ok()) {
+      quarantine(CorruptRecord{RecordKind::kJob, job.id, std::move(s)});
       continue;
     }
     next_seq_ = std::max(next_seq_, job.seq + 1);
     auto owned = std::make_unique<Job>(std::move(job));
-    Job& j = *owned;
-    jobs_.emplace(j.id, std::move(owned));
-    jobs_by_seq_.emplace(j.seq, &j);
-    Queue(j.queue).all.insert(j.seq);
-    Index(j);
+    Queue(owned->queue).all.insert(owned->seq);
+    Index(*owned);
+    AdoptLocked(std::move(owned), 0);
   }
+  for (Recovered::ColdJob& c : found.cold) {
+    if (absl::Status s = clash(UnpackJobId(c.id), c.seq); !s.ok()) {
+      quarantine(CorruptRecord{RecordKind::kJob, UnpackJobId(c.id), std::move(s)});
+      continue;
+    }
+    next_seq_ = std::max(next_seq_, c.seq + 1);
+    // Index() reads only these fields of a READY or SCHEDULED job.
+    Job fields;
+    fields.queue = found.queue_names[c.queue];
+    fields.state = c.state;
+    fields.seq = c.seq;
+    fields.priority = c.priority;
+    fields.run_at = c.run_at;
+    fields.concurrency_key = std::move(c.concurrency_key);
+    Queue(fields.queue).all.insert(c.seq);
+    Index(fields);
+    cold_.emplace(c.seq, c.id);
+  }
+  found.cold = {};  // can be large: give it back before the rest of the start
   for (DedupEntry& e : found.dedup) {
     dedup_expiry_.emplace(e.expires_at, e.queue, e.key);
     auto key = std::make_pair(e.queue, e.key);
@@ -101,7 +120,7 @@ size_t Broker::LoadLocked(Recovered& found, absl::Time now, Transition& t, Effec
   size_t expired = 0;
   int budget = std::numeric_limits<int>::max();
   while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
-    ExpireLease(*jobs_by_seq_.at(leases_.begin()->second), now, t, fx);
+    ExpireLease(HotJob(leases_.begin()->second), now, t, fx);
     ++expired;
   }
   return expired;
@@ -109,10 +128,19 @@ size_t Broker::LoadLocked(Recovered& found, absl::Time now, Transition& t, Effec
 
 // ---------------------------------------------------------------------------------------------
 // Plumbing
-uint64_t Broker::CommitLocked(Transition t) { return pipeline_.Append(std::move(t)); }
+uint64_t Broker::CommitLocked(Transition t) {
+  // Noted before Append moves `t`; the commit number is known right after, still under mu_.
+  PutList puts = PutsOf(t);
+  const uint64_t commit = pipeline_.Append(std::move(t));
+  StampPutsLocked(puts, commit);
+  return commit;
+}
 
 uint64_t Broker::CommitLocked(Transition t, const Effects& fx) {
-  return pipeline_.Append(std::move(t), fx.level(), fx.group_delay);
+  PutList puts = PutsOf(t);
+  const uint64_t commit = pipeline_.Append(std::move(t), fx.level(), fx.group_delay);
+  StampPutsLocked(puts, commit);
+  return commit;
 }
 
 void Broker::Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done) {
@@ -184,8 +212,17 @@ QueuePolicy Broker::EffectivePolicy(const std::string& queue, const PolicyOverri
 }
 
 Job* Broker::FindJob(const std::string& id) {
-  auto it = jobs_.find(id);
-  return it == jobs_.end() ? nullptr : it->second.get();
+  if (auto it = jobs_.find(id); it != jobs_.end()) return it->second.get();
+  if (cold_.empty()) return nullptr;
+  // A cold job is found through its stored record's seq. A record of a job memory no longer
+  // has (its delete not written yet) names a seq that is not cold, so it is not taken.
+  std::optional<PackedJobId> packed = PackJobId(id);
+  if (!packed.has_value()) return nullptr;
+  absl::StatusOr<Job> stored = store_.ReadJob(id);
+  if (!stored.ok()) return nullptr;
+  auto c = cold_.find(stored->seq);
+  if (c == cold_.end() || !(c->second == *packed)) return nullptr;
+  return ThawLocked(stored->seq, *packed);
 }
 
 double Broker::Uniform() {
@@ -283,17 +320,18 @@ void Broker::ProcessDue(absl::Time now, Transition& t, Effects& fx) {
   int budget = options_.tick_batch;
   absl::flat_hash_set<QueueState*> touched;
   while (!leases_.empty() && leases_.begin()->first <= now && budget-- > 0) {
-    Job& job = *jobs_by_seq_.at(leases_.begin()->second);
+    Job& job = HotJob(leases_.begin()->second);
     ExpireLease(job, now, t, fx);
     touched.insert(&Queue(job.queue));
   }
   // A job coming due is not persisted: recovery promotes a SCHEDULED job whose run_at passed.
   while (!scheduled_.empty() && scheduled_.begin()->first <= now && budget-- > 0) {
-    Job& job = *jobs_by_seq_.at(scheduled_.begin()->second);
-    Unindex(job);
-    job.state = JobState::kReady;
-    Index(job);
-    touched.insert(&Queue(job.queue));
+    Job* job = JobBySeq(scheduled_.begin()->second);
+    if (job == nullptr) continue;  // unreadable: dropped from scheduled_
+    Unindex(*job);
+    job->state = JobState::kReady;
+    Index(*job);
+    touched.insert(&Queue(job->queue));
   }
   for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
 }
@@ -364,7 +402,7 @@ void Broker::Retention(absl::Time now, Transition& t, int& budget) {
       bool too_old = r.max_age > absl::ZeroDuration() && set.begin()->first + r.max_age <= now;
       if (!over_count && !too_old) break;
       --budget;
-      RemoveJob(*jobs_by_seq_.at(set.begin()->second), t);
+      RemoveJob(HotJob(set.begin()->second), t);
     }
     (void)q;
   };
@@ -429,6 +467,7 @@ absl::Time Broker::Tick() {
     // removals): memory will be rebuilt from the store before writes resume anyway.
     const bool writable = pipeline_.healthy();
     if (writable) {
+      FreezeLocked();
       ProcessDue(now, t, fx);
       // Rate-limited queues whose bucket refilled serve whoever waits for them.
       for (auto& [name, q] : queues_) {

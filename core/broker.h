@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -20,6 +22,7 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/commit_pipeline.h"
+#include "core/ids.h"
 #include "core/job.h"
 #include "core/observer.h"
 #include "core/policy.h"
@@ -49,6 +52,11 @@ struct BrokerOptions {
   // After a store failure, how often Tick tries the store again (ResumeWrites). Default 1 s: a
   // try costs one small synced write, and writes come back soon after space is freed.
   absl::Duration store_retry_interval = absl::Seconds(1);
+  // How many jobs the broker keeps whole in memory. Beyond it, READY and SCHEDULED jobs whose
+  // record is in the store are kept as index entries only (about 80 bytes each instead of about
+  // 1 KB) and read back from the store when they are leased or looked at. Default 100,000
+  // (about 100 MB); 0 keeps only what is ACTIVE or ended whole.
+  int64_t max_hot_jobs = 100'000;
 };
 
 template <typename T>
@@ -213,6 +221,14 @@ class Broker {
   // Number of store writes so far (group commit shows as fewer writes than operations).
   uint64_t store_writes() const { return pipeline_.writes(); }
 
+  // Jobs held whole in memory, and READY/SCHEDULED jobs held as index entries only (see
+  // BrokerOptions::max_hot_jobs).
+  struct MemoryCounts {
+    int64_t hot_jobs = 0;
+    int64_t cold_jobs = 0;
+  };
+  MemoryCounts memory_counts() const;
+
  private:
   struct Consumer;
   struct QueueState;
@@ -265,7 +281,35 @@ class Broker {
   QueueState& Queue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueueState* FindQueue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   QueuePolicy EffectivePolicy(const std::string& queue, const PolicyOverride& runtime) const;
+  // The job `id`, read back from the store if it is cold; nullptr if there is none.
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job whose seq an index holds, read back from the store if it is cold. nullptr only if a
+  // cold job's record cannot be read: it is then dropped from the indexes and counted corrupt.
+  Job* JobBySeq(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that is never cold (ACTIVE or ended): from the leases and retention indexes.
+  Job& HotJob(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return *jobs_by_seq_.at(seq).job; }
+  // The state of the job `seq` without reading a cold one back (cold ones are READY or
+  // SCHEDULED, told apart by the queue's ready index).
+  JobState StateOf(const QueueState& q, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The memory model (docs/architecture.md): hot jobs are whole in memory; cold ones are only
+  // in the indexes plus `cold_` (seq -> packed id), their record in the store.
+  // Takes a hot job in, with what the store is known to hold of it (`put_at` 0: already there).
+  void AdoptLocked(std::unique_ptr<Job> job, uint64_t put_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The jobs a transition puts (seq, state), in order, and noting them once it has a commit
+  // number: their record is in the store once that commit is written.
+  using PutList = absl::InlinedVector<std::pair<uint64_t, JobState>, 8>;
+  static PutList PutsOf(const Transition& t);
+  void StampPutsLocked(const PutList& puts, uint64_t commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes written READY/SCHEDULED jobs cold, oldest put first, while more than max_hot_jobs are
+  // hot. Runs at the start of an operation, when no caller holds a Job reference.
+  void FreezeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the cold job `seq` back; on failure drops it as DropUnreadable does.
+  Job* ThawLocked(uint64_t seq, PackedJobId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A cold job whose record cannot be read: out of every index (found by a scan: this is rare),
+  // counted corrupt, and reported, so that the rest can be served.
+  void DropUnreadable(uint64_t seq, const std::string& id, absl::Status why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Index maintenance: every change of a job's state, run_at or lease goes through these.
   void Index(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -371,8 +415,21 @@ class Broker {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_consumer_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time next_wake_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Hot jobs, by id and by seq. `put_at` is the commit that last put the job (0: the store held
+  // it before this process touched it) and `put_state` the state it put, so FreezeLocked can
+  // tell whether the store holds exactly what memory does.
+  struct HotRef {
+    Job* job = nullptr;
+    uint64_t put_at = 0;
+    JobState put_state = JobState::kReady;
+  };
   absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Job*> jobs_by_seq_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, HotRef> jobs_by_seq_ ABSL_GUARDED_BY(mu_);
+  // Cold jobs: seq -> id. Every other fact of them is in the indexes or the store.
+  absl::flat_hash_map<uint64_t, PackedJobId> cold_ ABSL_GUARDED_BY(mu_);
+  // (commit, seq) of READY/SCHEDULED puts, in commit order: FreezeLocked's candidates. Stale
+  // ones (the job changed since, or left) are skipped when met.
+  std::deque<std::pair<uint64_t, uint64_t>> freeze_queue_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<QueueState>> queues_ ABSL_GUARDED_BY(mu_);
   absl::btree_set<TimeKey> scheduled_ ABSL_GUARDED_BY(mu_);  // (run_at, seq)
   absl::btree_set<TimeKey> leases_ ABSL_GUARDED_BY(mu_);     // (lease_deadline, seq)

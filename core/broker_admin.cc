@@ -222,7 +222,7 @@ void Broker::RetryJobs(RetryJobsSpec spec, Done<absl::StatusOr<RetryJobsResult>>
         break;
       }
       r->cursor = *it;
-      Job& job = *jobs_by_seq_.at(it->second);
+      Job& job = HotJob(it->second);
       if (job.state != r->spec.state || r->retried.contains(job.seq)) {
         ++it;
         continue;
@@ -317,12 +317,13 @@ void Broker::PurgeQueue(std::string queue, std::vector<JobState> states,
     while (changes > 0 && visits-- > 0) {
       if (it == q->all.end() || *it >= p->end_seq) return true;
       p->cursor = *it;
-      Job& job = *jobs_by_seq_.at(*it);
-      if (!p->states[static_cast<int>(job.state)]) {
+      // The state decides first: a cold job is read back only to be removed.
+      Job* job = p->states[static_cast<int>(StateOf(*q, *it))] ? JobBySeq(*it) : nullptr;
+      if (job == nullptr) {
         ++it;
         continue;
       }
-      RemoveJob(job, t);  // leaves q->all: find the next one afresh
+      RemoveJob(*job, t);  // leaves q->all: find the next one afresh
       ++p->purged;
       ++p->in_batch;
       --changes;
@@ -382,9 +383,9 @@ absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) {
     if (auto c = corrupt_jobs_.find(job_id); c != corrupt_jobs_.end())
-      return absl::DataLossError(
-          absl::StrCat("job ", job_id, " is corrupt in the store and was skipped at recovery (",
-                       c->second.message(), "); DeleteJob removes its record"));
+      return absl::DataLossError(absl::StrCat(
+          "job ", job_id, " is corrupt in the store or could not be read, and was set aside (",
+          c->second.message(), "); DeleteJob removes its record"));
     return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   }
   return *job;
@@ -413,13 +414,13 @@ absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
   if (q == nullptr) return absl::NotFoundError(absl::StrCat("queue ", spec.queue, " not found"));
   ListJobsResult out;
   auto visit = [&](uint64_t seq) {  // false once the page is full and one more match exists
-    const Job& job = *jobs_by_seq_.at(seq);
-    if (spec.state.has_value() && job.state != *spec.state) return true;
+    // The state decides first, so a filtered scan reads back only the cold jobs it lists.
+    if (spec.state.has_value() && StateOf(*q, seq) != *spec.state) return true;
     if (static_cast<int>(out.jobs.size()) == page_size) {
       out.next_page_token = absl::StrCat(out.jobs.back().seq);
       return false;
     }
-    out.jobs.push_back(job);
+    if (const Job* job = JobBySeq(seq)) out.jobs.push_back(*job);
     return true;
   };
   // Page tokens are sequence numbers, so a page stays stable while jobs come and go.
@@ -447,8 +448,13 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   info.waiting_leases = static_cast<int64_t>(q.consumers.size());
   info.active = q.count(JobState::kActive);
   info.dead = q.count(JobState::kFailed);
-  if (!q.ready_by_seq.empty())
-    info.oldest_ready_age = now - jobs_by_seq_.at(*q.ready_by_seq.begin())->created_at;
+  while (!q.ready_by_seq.empty()) {
+    // A cold job that cannot be read is dropped from ready_by_seq: look again.
+    if (const Job* oldest = JobBySeq(*q.ready_by_seq.begin())) {
+      info.oldest_ready_age = now - oldest->created_at;
+      break;
+    }
+  }
   return info;
 }
 

@@ -41,7 +41,12 @@ bool Broker::CanLease(QueueState& q, absl::Time now) {
   while (!q.ring.empty()) {
     const std::string& key = q.ring.front();
     auto g = q.groups.find(key);
-    if (g != q.groups.end() && !g->second.ready.empty() && q.HasRoom(key, g->second)) return true;
+    if (g != q.groups.end() && !g->second.ready.empty() && q.HasRoom(key, g->second)) {
+      // LeaseNext takes this job: read it back now if it is cold. One that cannot be read is
+      // dropped from the group, so look again.
+      if (JobBySeq(g->second.ready.begin()->second) != nullptr) return true;
+      continue;
+    }
     std::string stale = key;
     q.ring.pop_front();
     if (g != q.groups.end()) g->second.in_ring = false;
@@ -56,7 +61,7 @@ std::pair<LeasedJob, uint64_t> Broker::LeaseNext(QueueState& q, const LeaseSpec&
   q.ring.pop_front();
   QueueState::Group& g = q.groups.at(key);
   g.in_ring = false;
-  Job& job = *jobs_by_seq_.at(g.ready.begin()->second);
+  Job& job = *JobBySeq(g.ready.begin()->second);  // hot: CanLease read it back
   const uint64_t seq = job.seq;
   LeasedJob leased = LeaseOne(job, spec, now, t);
   if (q.policy.rate_limit.per_second > 0) {
@@ -201,6 +206,7 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
     if (absl::Status refused = RefusalLocked(); !refused.ok()) {
       result = refused;
     } else {
+      FreezeLocked();
       absl::Time now = clock_.Now();
       Transition t;
       ProcessDue(now, t, fx);

@@ -142,12 +142,11 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     }
     observer_.Enqueued(job.queue, job.id, false);
     results[i] = {job.id, false};
-    jobs_by_seq_.emplace(job.seq, &job);
     q.all.insert(job.seq);
     Index(job);
     t.put_jobs.push_back(job);
     touched.insert(&q);
-    jobs_.emplace(job.id, std::move(owned));
+    AdoptLocked(std::move(owned), kNotWritten);
   }
   for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
   return results;

@@ -119,19 +119,53 @@ struct Broker::Effects {
   Durability level() const { return durability.value_or(Durability::kSync); }
 };
 
-// Everything a store's Recover reported, collected so memory can be built under the lock.
+// Everything a store's Recover reported, collected so memory can be built under the lock. Past
+// `hot_limit` whole jobs, a READY or SCHEDULED job is kept as the few fields its indexes need
+// (Broker::max_hot_jobs): at millions of jobs, whole ones would not fit in memory.
 struct Broker::Recovered final : RecoveryVisitor {
+  struct ColdJob {
+    PackedJobId id;
+    uint64_t seq = 0;
+    absl::Time run_at;
+    int32_t priority = 0;
+    uint32_t queue = 0;  // index into queue_names
+    JobState state = JobState::kReady;
+    std::string concurrency_key;
+  };
+  explicit Recovered(int64_t hot_limit) : hot_limit(hot_limit) {}
+  const int64_t hot_limit;
   std::vector<Job> jobs;
+  std::vector<ColdJob> cold;
+  std::vector<std::string> queue_names;  // of cold jobs, each once
+  absl::flat_hash_map<std::string, uint32_t> queue_index;
   std::vector<DedupEntry> dedup;
   std::vector<std::pair<std::string, PolicyOverride>> policies;
   std::vector<CorruptRecord> corrupt;
-  void OnJob(Job job) override { jobs.push_back(std::move(job)); }
+
+  size_t job_count() const { return jobs.size() + cold.size(); }
+  void OnJob(Job job) override {
+    std::optional<PackedJobId> id;
+    if (static_cast<int64_t>(jobs.size()) >= hot_limit &&
+        (job.state == JobState::kReady || job.state == JobState::kScheduled))
+      id = PackJobId(job.id);
+    if (!id.has_value()) {
+      jobs.push_back(std::move(job));
+      return;
+    }
+    auto [it, added] = queue_index.try_emplace(job.queue, queue_names.size());
+    if (added) queue_names.push_back(job.queue);
+    cold.push_back(ColdJob{*id, job.seq, job.run_at, job.priority, it->second, job.state,
+                           std::move(job.concurrency_key)});
+  }
   void OnDedup(DedupEntry entry) override { dedup.push_back(std::move(entry)); }
   void OnPolicy(std::string queue, PolicyOverride policy) override {
     policies.emplace_back(std::move(queue), std::move(policy));
   }
   void OnCorrupt(CorruptRecord record) override { corrupt.push_back(std::move(record)); }
 };
+
+// HotRef::put_at of a job whose first put is not committed yet.
+inline constexpr uint64_t kNotWritten = std::numeric_limits<uint64_t>::max();
 
 inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
 
@@ -171,6 +205,7 @@ void Broker::Run(Done<absl::StatusOr<T>> done, Op op) {
     if (absl::Status refused = RefusalLocked(); !refused.ok()) {
       result = refused;
     } else {
+      FreezeLocked();
       absl::Time now = clock_.Now();
       Transition t;
       ProcessDue(now, t, fx);

@@ -52,7 +52,7 @@ absl::Status Broker::ResumeWrites() {
   }
   // Nothing is written while the pipeline is stopped, so the store holds still for this read.
   const absl::Time started = clock_.Now();
-  Recovered found;
+  Recovered found(options_.max_hot_jobs);
   absl::Status s = store_.Resume();
   if (s.ok()) s = store_.Recover(found);
 
@@ -83,7 +83,7 @@ absl::Status Broker::ResumeWrites() {
     next_wake_ = absl::InfinitePast();  // every deadline was rebuilt: the ticker must look again
     fx.wake = true;
   }
-  observer_.Recovered(found.jobs.size(), expired, clock_.Now() - started);
+  observer_.Recovered(found.job_count(), expired, clock_.Now() - started);
   for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});
   for (auto& sink : streams)
     sink->End(absl::UnavailableError(
@@ -97,6 +97,8 @@ void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
   DetachConsumersLocked(waiting, streams);
   jobs_by_seq_.clear();
   jobs_.clear();
+  cold_.clear();
+  freeze_queue_.clear();
   queues_.clear();
   scheduled_.clear();
   leases_.clear();

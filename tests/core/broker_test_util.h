@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,11 @@ class BrokerFixture : public ::testing::Test {
     o.uniform = [this] { return uniform_; };
     o.default_policy = default_policy_;
     o.queue_policies = queue_policies_;
+    // The suite runs twice (tests/core/CMakeLists.txt): as is, and with 0 here, so that every
+    // READY and SCHEDULED job goes cold as soon as it is written and each test also checks the
+    // read-back path.
+    if (const char* hot = std::getenv("JOBBROKER_TEST_MAX_HOT_JOBS"))
+      o.max_hot_jobs = std::atoll(hot);
     return o;
   }
 
