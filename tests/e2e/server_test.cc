@@ -28,16 +28,6 @@ namespace {
 namespace v1 = ::jobbroker::v1;
 using ::testing::HasSubstr;
 
-// The value of the first sample line that starts with `series` in Prometheus text, or -1.
-double Sample(const std::string& metrics, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double v = -1;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return -1;
-}
-
 class ServerTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -43,16 +43,6 @@ constexpr size_t kPayloadBytes = 512 << 10;
 // How long the broker may take to notice freed space (it retries every second).
 constexpr absl::Duration kResumeDeadline = absl::Seconds(30);
 
-// The value of the first sample line that starts with `series` in Prometheus text, or -1.
-double Sample(const std::string& metrics, const std::string& series) {
-  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
-    if (!absl::StartsWith(line, series + " ")) continue;
-    double v = -1;
-    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
-  }
-  return -1;
-}
-
 std::string Payload(int i) {
   std::string p = absl::StrCat("job-", i, "-");
   p.resize(kPayloadBytes, static_cast<char>('a' + i % 26));

@@ -130,4 +130,13 @@ std::string UrlEncode(absl::string_view text) {
   return out;
 }
 
+double Sample(const std::string& metrics, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(metrics, '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double v = -1;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &v)) return v;
+  }
+  return -1;
+}
+
 }  // namespace jobbroker::testing

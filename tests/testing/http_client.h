@@ -25,6 +25,10 @@ struct HttpResponse {
 absl::StatusOr<HttpResponse> HttpGetResponse(const std::string& address, const std::string& path,
                                              absl::Duration timeout = absl::Seconds(30));
 
+// The value of the first sample line of `metrics` (Prometheus text) whose series is exactly
+// `series` (a name, with its labels as printed: name{label="value"}), or -1 if there is none.
+double Sample(const std::string& metrics, const std::string& series);
+
 // Percent-encodes everything but RFC 3986's unreserved characters, for query parameters
 // (a PromQL query is full of braces, quotes and spaces).
 std::string UrlEncode(absl::string_view text);
