@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,6 +30,9 @@ struct ServerFlags {
   std::string auth_tokens;
   // Open Work streams at once, over all clients (1 to 1000000).
   int max_work_streams = 10000;
+  // Jobs kept whole in memory (BrokerOptions::max_hot_jobs); past it, waiting jobs are index
+  // entries only and are read back from disk when leased. 0 to 1000000000.
+  int64_t max_hot_jobs = 100'000;
   bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;
 };
@@ -56,6 +60,8 @@ inline constexpr char kUsage[] =
     "  --auth-tokens  require a bearer token on every Broker and Admin call: a JSON file of\n"
     "                 tokens (their SHA-256), each with roles and queue patterns\n"
     "  --max-work-streams  open Work streams allowed at once, over all workers (default 10000)\n"
+    "  --max-hot-jobs  jobs kept whole in memory (default 100000, about 100 MB); waiting jobs\n"
+    "                 past it take about 80 bytes each and are read from disk when leased\n"
     "  --check-config validate the flags, the --config file and the TLS files, say so, exit\n"
     "                 (0 if the broker would start with them, 1 otherwise)\n";
 

@@ -79,6 +79,7 @@ int Run(int argc, char** argv) {
   const bool metrics_on = flags->metrics == "on";
 
   BrokerOptions options;
+  options.max_hot_jobs = flags->max_hot_jobs;
   if (!flags->config.empty()) {
     absl::StatusOr<ServerPolicies> config = LoadServerConfig(flags->config);
     if (!config.ok()) return Fatal(std::string(config.status().message()));

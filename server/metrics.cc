@@ -66,8 +66,15 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
       family("jobbroker_corrupt_records",
              "Stored records the last recovery skipped because they do not decode.");
   gauge(corrupt, {}, static_cast<double>(broker_.corrupt_records()));
+  prometheus::MetricFamily memory =
+      family("jobbroker_jobs_in_memory",
+             "Jobs held in memory, by form: whole, or (waiting jobs past --max-hot-jobs) as index "
+             "entries only, read back from the store when leased.");
+  const Broker::MemoryCounts held = broker_.memory_counts();
+  gauge(memory, {{"form", "whole"}}, static_cast<double>(held.hot_jobs));
+  gauge(memory, {{"form", "index_only"}}, static_cast<double>(held.cold_jobs));
   std::vector<prometheus::MetricFamily> out;
-  for (auto* f : {&jobs, &age, &waiting, &active, &dead, &writes, &writable, &corrupt})
+  for (auto* f : {&jobs, &age, &waiting, &active, &dead, &writes, &writable, &corrupt, &memory})
     out.push_back(std::move(*f));
   return out;
 }

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/http_client.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -38,9 +39,12 @@ constexpr absl::Duration kWait = absl::Seconds(10);
 
 class CrashTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Start({}); }
+
+  void Start(std::vector<std::string> extra_args) {
     BrokerProcessOptions options;
     options.config_json = kConfig;
+    options.extra_args = std::move(extra_args);
     absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
     ASSERT_TRUE(broker.ok()) << broker.status();
     broker_ = *std::move(broker);
@@ -60,8 +64,18 @@ class CrashTest : public ::testing::Test {
 
 // The queue's durability is the parameter: SYNC (the default) answers after fsync, GROUP once the
 // change is in the log (the kernel keeps it when the process dies; the fsync comes within
-// 200 ms here). Neither may lose an answered enqueue to kill -9.
-class CrashDurabilityTest : public CrashTest, public ::testing::WithParamInterface<const char*> {};
+// 200 ms here). Neither may lose an answered enqueue to kill -9. "crash-cold" is SYNC with every
+// waiting job cold (--max-hot-jobs 0): after the restart each one is read back from RocksDB.
+class CrashDurabilityTest : public CrashTest, public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    if (std::string(GetParam()) == "crash-cold") {
+      Start({"--max-hot-jobs", "0"});
+    } else {
+      Start({});
+    }
+  }
+};
 
 TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   const std::string kQueue = GetParam();
@@ -102,6 +116,11 @@ TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   RestartBroker();
   const int n = static_cast<int>(acked_ids.size());
   ASSERT_GE(n, kKillAfter);
+  if (kQueue == "crash-cold") {
+    // Recovery kept them as index entries only: each GetJob and lease below reads one back.
+    const std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+    EXPECT_GE(Sample(metrics, R"(jobbroker_jobs_in_memory{form="index_only"})"), n) << metrics;
+  }
   for (const std::string& id : acked_ids) {
     v1::Job job;
     ASSERT_THAT(client_->GetJob(id, &job), IsOk()) << "acknowledged job " << id << " was lost";
@@ -135,9 +154,12 @@ TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   RecordProperty("jobs_after_restart", static_cast<int>(leased_ids.size()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Durability, CrashDurabilityTest, ::testing::Values("crash", "crash-group"),
+INSTANTIATE_TEST_SUITE_P(Durability, CrashDurabilityTest,
+                         ::testing::Values("crash", "crash-group", "crash-cold"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param) == "crash" ? "Sync" : "Group";
+                           const std::string queue = info.param;
+                           if (queue == "crash-cold") return std::string("SyncCold");
+                           return std::string(queue == "crash" ? "Sync" : "Group");
                          });
 
 TEST_F(CrashTest, AcknowledgedAcksSurviveKill9) {

@@ -93,6 +93,9 @@ TEST_F(ServerTest, HttpServesHealthAndMetrics) {
   EXPECT_THAT(metrics, HasSubstr("200 OK"));
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs{queue=\"mailer\",state=\"ready\"}"), 2) << metrics;
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs{queue=\"mailer\",state=\"active\"}"), 0);
+  // Far below --max-hot-jobs: both jobs are whole in memory.
+  EXPECT_EQ(Sample(metrics, "jobbroker_jobs_in_memory{form=\"whole\"}"), 2);
+  EXPECT_EQ(Sample(metrics, "jobbroker_jobs_in_memory{form=\"index_only\"}"), 0);
 }
 
 TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
@@ -201,6 +204,20 @@ TEST_F(ServerTest, ConcurrentEnqueuesShareFsyncs) {
   EXPECT_GT(writes, 0);
   EXPECT_LT(writes, kThreads * kPerThread) << "one fsync per enqueue: no group commit";
   std::cout << "[ metrics  ] " << ok.load() << " enqueues in " << writes << " synced writes\n";
+}
+
+TEST(MaxHotJobsFlagTest, ABadValueIsRefusedAtStartNamingTheFlag) {
+  auto dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok());
+  for (const char* bad : {"-1", "lots", "1000000001", ""}) {
+    auto result = RunBrokerToExit(**dir, {"--check-config", "--max-hot-jobs", bad});
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->exit_code, 1) << bad;
+    EXPECT_THAT(result->stderr_text, HasSubstr("--max-hot-jobs")) << bad;
+  }
+  auto zero = RunBrokerToExit(**dir, {"--check-config", "--max-hot-jobs", "0"});
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->exit_code, 0) << zero->stderr_text;
 }
 
 }  // namespace
