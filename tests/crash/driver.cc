@@ -83,17 +83,23 @@ class Driver {
  public:
   explicit Driver(const DriverOptions& options) : options_(options), rng_(options.seed) {}
 
+  std::string HotJobs() const {
+    return options_.max_hot_jobs < 0 ? "default" : absl::StrCat(options_.max_hot_jobs);
+  }
+
   int Run() {
     const absl::Time start = absl::Now();
     if (absl::Status s = Setup(); !s.ok()) return Abort(s);
     std::printf(
         "crash harness: seed %llu, %d broker kills, %d jobs, %d producers, %d workers, "
-        "durability %s\n",
+        "durability %s, max hot jobs %s\n",
         static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
-        options_.producers, options_.workers, options_.durability.c_str());
-    std::printf("  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d --durability %s\n",
-                static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
-                options_.durability.c_str());
+        options_.producers, options_.workers, options_.durability.c_str(), HotJobs().c_str());
+    std::printf(
+        "  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d --durability %s%s\n",
+        static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
+        options_.durability.c_str(),
+        options_.max_hot_jobs < 0 ? "" : absl::StrCat(" --max-hot-jobs ", HotJobs()).c_str());
     std::printf("  broker %s on %s, logs in %s\n", options_.broker_binary.c_str(), address_.c_str(),
                 out_.c_str());
     std::fflush(stdout);
@@ -181,10 +187,14 @@ class Driver {
   absl::Status StartBroker() {
     ++broker_generation_;
     const std::string output = absl::StrCat(out_, "/broker-", broker_generation_, ".log");
-    absl::StatusOr<std::unique_ptr<Process>> p =
-        Process::Spawn({options_.broker_binary, "--listen", address_, "--http-listen",
-                        "127.0.0.1:0", "--data-dir", data_dir_, "--config", config_path_},
-                       output);
+    std::vector<std::string> args = {
+        options_.broker_binary, "--listen", address_,   "--http-listen", "127.0.0.1:0",
+        "--data-dir",           data_dir_,  "--config", config_path_};
+    if (options_.max_hot_jobs >= 0) {
+      args.push_back("--max-hot-jobs");
+      args.push_back(HotJobs());
+    }
+    absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(args, output);
     if (!p.ok()) return p.status();
     broker_ = *std::move(p);
     const absl::Time deadline = absl::Now() + kBrokerStartTimeout;

@@ -20,6 +20,9 @@ struct DriverOptions {
   // The queues' durability policy: "sync" (the default) or "group" (answered once in the log,
   // fsynced within 10 ms). Both must survive SIGKILL of the broker with nothing answered lost.
   std::string durability = "sync";
+  // The broker's --max-hot-jobs; negative = its default. 0 makes every waiting job cold, so each
+  // lease reads its job back from the store after every restart.
+  int64_t max_hot_jobs = -1;
   // How long the last broker gets to bring every job to an end (and producers to finish).
   absl::Duration settle_timeout = absl::Seconds(120);
   // Where logs and the data dir go; empty = a fresh directory under $TMPDIR (or /tmp).

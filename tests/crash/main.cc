@@ -3,7 +3,7 @@
 //
 //   crash_harness [--kills 20] [--seed S] [--jobs 2400] [--producers 3] [--workers 3]
 //                 [--lease 1s] [--settle-timeout 120s] [--out DIR] [--keep 1]
-//                 [--durability sync|group]
+//                 [--durability sync|group] [--max-hot-jobs N]
 //   crash_harness producer --address A --log F --name N --jobs J --seed S --spread D --queues Q,..
 //   crash_harness worker --address A --log F --id W --seed S --queues Q,.. [--heartbeat D]
 
@@ -96,10 +96,12 @@ int Driver(Flags& flags) {
   absl::StatusOr<absl::Duration> lease = flags.Duration("lease", o.lease);
   absl::StatusOr<absl::Duration> settle = flags.Duration("settle-timeout", o.settle_timeout);
   absl::StatusOr<int64_t> keep = flags.Int("keep", 0);
+  absl::StatusOr<int64_t> max_hot_jobs = flags.Int("max-hot-jobs", o.max_hot_jobs);
   o.out_dir = flags.String("out", "");
   o.durability = flags.String("durability", o.durability);
-  for (const absl::Status& s : {kills.status(), seed.status(), jobs.status(), producers.status(),
-                                workers.status(), lease.status(), settle.status(), keep.status()}) {
+  for (const absl::Status& s :
+       {kills.status(), seed.status(), jobs.status(), producers.status(), workers.status(),
+        lease.status(), settle.status(), keep.status(), max_hot_jobs.status()}) {
     if (!s.ok()) return Usage(std::string(s.message()));
   }
   if (std::string unused = flags.Unused(); !unused.empty())
@@ -118,6 +120,7 @@ int Driver(Flags& flags) {
   o.lease = *lease;
   o.settle_timeout = *settle;
   o.keep = *keep != 0;
+  o.max_hot_jobs = *max_hot_jobs;
   o.self_exe = SelfExe();
   o.broker_binary = BrokerBinary();
   if (o.self_exe.empty()) return Usage("cannot read /proc/self/exe");
