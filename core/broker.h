@@ -53,7 +53,7 @@ struct BrokerOptions {
   // try costs one small synced write, and writes come back soon after space is freed.
   absl::Duration store_retry_interval = absl::Seconds(1);
   // How many jobs the broker keeps whole in memory. Beyond it, READY and SCHEDULED jobs whose
-  // record is in the store are kept as index entries only (about 80 bytes each instead of about
+  // record is in the store are kept as index entries only (about 90 bytes each instead of about
   // 1 KB) and read back from the store when they are leased or looked at. Default 100,000
   // (about 100 MB); 0 keeps only what is ACTIVE or ended whole.
   int64_t max_hot_jobs = 100'000;

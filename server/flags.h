@@ -61,7 +61,7 @@ inline constexpr char kUsage[] =
     "                 tokens (their SHA-256), each with roles and queue patterns\n"
     "  --max-work-streams  open Work streams allowed at once, over all workers (default 10000)\n"
     "  --max-hot-jobs  jobs kept whole in memory (default 100000, about 100 MB); waiting jobs\n"
-    "                 past it take about 80 bytes each and are read from disk when leased\n"
+    "                 past it take about 90 bytes each and are read from disk when leased\n"
     "  --check-config validate the flags, the --config file and the TLS files, say so, exit\n"
     "                 (0 if the broker would start with them, 1 otherwise)\n";
 
