@@ -138,7 +138,8 @@ uint64_t Broker::CommitLocked(Transition t) {
 
 uint64_t Broker::CommitLocked(Transition t, const Effects& fx) {
   PutList puts = PutsOf(t);
-  const uint64_t commit = pipeline_.Append(std::move(t), fx.level(), fx.group_delay);
+  const uint64_t commit = pipeline_.Append(std::move(t), fx.level(), fx.group_delay,
+                                           fx.level() == Durability::kSync && fx.reaches_workers());
   StampPutsLocked(puts, commit);
   return commit;
 }
@@ -146,6 +147,15 @@ uint64_t Broker::CommitLocked(Transition t, const Effects& fx) {
 void Broker::Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done) {
   if (fx.wake && options_.wake) options_.wake();
   const Durability level = fx.level();
+  if (level == Durability::kSync && fx.reaches_workers()) {
+    // Workers get what the transition handed them once it is in the store's log, while its fsync
+    // runs; the caller's answer still waits for the fsync (docs/decisions.md, "early pushes").
+    pipeline_.WhenDurable(
+        seq, [fx = std::move(fx)](absl::Status written) mutable { Deliver(fx, written); },
+        Durability::kGroup);
+    if (done) pipeline_.WhenDurable(seq, std::move(done), Durability::kSync);
+    return;
+  }
   pipeline_.WhenDurable(
       seq,
       [fx = std::move(fx), done = std::move(done)](absl::Status written) mutable {

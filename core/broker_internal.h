@@ -117,6 +117,10 @@ struct Broker::Effects {
       group_delay = std::min(group_delay, p.group_commit_delay);
   }
   Durability level() const { return durability.value_or(Durability::kSync); }
+  // Whether anything goes to a worker (Broker::Deliver).
+  bool reaches_workers() const {
+    return !deliveries.empty() || !pushes.empty() || !lost.empty() || !cancelled.empty();
+  }
 };
 
 // Everything a store's Recover reported, collected so memory can be built under the lock. Past

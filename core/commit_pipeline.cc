@@ -26,7 +26,8 @@ CommitPipeline::~CommitPipeline() {
   if (writer_.joinable()) writer_.join();
 }
 
-uint64_t CommitPipeline::Append(Transition t, Durability durability, absl::Duration group_delay) {
+uint64_t CommitPipeline::Append(Transition t, Durability durability, absl::Duration group_delay,
+                                bool early_written) {
   if (mode_ == Mode::kInline) {
     // The broker calls Append under its mutex, so inline writes happen in memory order.
     absl::MutexLock write_lock(&inline_write_mu_);
@@ -47,6 +48,7 @@ uint64_t CommitPipeline::Append(Transition t, Durability durability, absl::Durat
   pending_.push_back(std::move(t));
   if (durability == Durability::kSync) {
     pending_sync_ = true;
+    pending_early_written_ = pending_early_written_ || early_written;
   } else if (durability == Durability::kGroup) {
     pending_sync_by_ = std::min(pending_sync_by_, absl::Now() + group_delay);
   }
@@ -162,7 +164,9 @@ void CommitPipeline::WriterLoop() {
       job.sync = pending_sync_ || stopping_ || job.batch.empty() ||
                  std::min(pending_sync_by_, unsynced_by_) <= absl::Now();
       job.sync_by = pending_sync_by_;
+      job.early_written = job.sync && pending_early_written_ && !job.batch.empty();
       pending_sync_ = false;
+      pending_early_written_ = false;
       pending_sync_by_ = absl::InfiniteFuture();
       writing_ = true;
     }
@@ -178,6 +182,14 @@ void CommitPipeline::WriteAndNotify(WriteTask job) {
   if (!job.broken) {
     if (job.batch.empty()) {
       status = store_.Sync();
+    } else if (job.early_written) {
+      // Two store calls instead of one synced write, so that what waits only for the log (a
+      // worker's next job) goes out while the fsync runs.
+      status = store_.WriteUnsynced(job.batch);
+      if (status.ok()) {
+        ReleaseWritten(job.last);
+        status = store_.Sync();
+      }
     } else if (job.sync) {
       status = store_.Write(job.batch);
     } else {
@@ -207,8 +219,9 @@ void CommitPipeline::WriteAndNotify(WriteTask job) {
         for (auto it = waiters.begin(); it != end; ++it) ready.push_back(std::move(it->second));
         waiters.erase(waiters.begin(), end);
       };
-      release(waiters_, durable_seq_);
+      // Written before durable, so each caller's kGroup callbacks run before its kSync ones.
       release(written_waiters_, written_seq_);
+      release(waiters_, durable_seq_);
     } else {
       if (error_.ok()) {
         first_failure = true;
@@ -226,6 +239,22 @@ void CommitPipeline::WriteAndNotify(WriteTask job) {
   }
   if (first_failure && on_failure_) on_failure_(status);
   for (Callback& cb : ready) cb(status);
+}
+
+void CommitPipeline::ReleaseWritten(uint64_t seq) {
+  std::vector<Callback> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    written_seq_ = seq;
+    written_.store(written_seq_, std::memory_order_release);
+    auto end = written_waiters_.upper_bound(seq);
+    for (auto it = written_waiters_.begin(); it != end; ++it)
+      ready.push_back(std::move(it->second));
+    written_waiters_.erase(written_waiters_.begin(), end);
+  }
+  // On the writer thread, before the fsync: quick callbacks only (they are pushes into streams'
+  // queues). The fsync would otherwise come first and they would wait for it.
+  for (Callback& cb : ready) cb(absl::OkStatus());
 }
 
 }  // namespace jobbroker

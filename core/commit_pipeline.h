@@ -62,9 +62,12 @@ class CommitPipeline {
   // Queues `t` and returns its sequence number (> 0). An empty transition is not written and
   // returns the last sequence number handed out, so waiting on it still orders after earlier ones.
   // `durability` and `group_delay` say when the writer must fsync it (see the class comment);
-  // kInline mode always writes synced.
+  // kInline mode always writes synced. `early_written`: someone will wait for this kSync
+  // transition at kGroup level too (the broker's pushes to workers), so the writer writes its
+  // batch unsynced, releases the kGroup waiters, and only then fsyncs, instead of one synced
+  // write in which "written" cannot be told apart from "durable".
   uint64_t Append(Transition t, Durability durability = Durability::kSync,
-                  absl::Duration group_delay = absl::ZeroDuration());
+                  absl::Duration group_delay = absl::ZeroDuration(), bool early_written = false);
 
   // Runs `done` once `seq` and everything before it are as durable as `level` asks (kSync: on
   // disk; kGroup: in the store's log; kNone: at once), with OK, or with the write error (also for
@@ -105,11 +108,14 @@ class CommitPipeline {
     uint64_t last = 0;              // the sequence numbers it covers end here
     bool broken = false;            // the pipeline has failed: fail them, write nothing
     bool sync = true;               // fsync (a synced write, or Store::Sync for an empty batch)
+    bool early_written = false;     // sync: write unsynced, release kGroup waiters, then fsync
     absl::Time sync_by = absl::InfiniteFuture();  // unsynced: fsync by then
   };
   void WriterLoop();
   // Writes (or fails) `job` and runs the callbacks it settled.
   void WriteAndNotify(WriteTask task);
+  // The store holds everything up to `seq` (not fsynced yet): runs the kGroup waiters up to it.
+  void ReleaseWritten(uint64_t seq);
   // The error a dropped `seq` was dropped for, or nullptr.
   const absl::Status* DroppedLocked(uint64_t seq) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -127,6 +133,7 @@ class CommitPipeline {
   uint64_t syncs_ ABSL_GUARDED_BY(mu_) = 0;
   // What is pending asks for: an fsync at once, or by a time (kGroup); none: InfiniteFuture.
   bool pending_sync_ ABSL_GUARDED_BY(mu_) = false;
+  bool pending_early_written_ ABSL_GUARDED_BY(mu_) = false;  // see Append
   absl::Time pending_sync_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   // Written unsynced, to be fsynced by then (kGroup); InfiniteFuture if nothing waits for it.
   absl::Time unsynced_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
@@ -246,6 +247,89 @@ TEST_F(BrokerStreamTest, BadSubscribeNamesTheField) {
   auto flight = broker_->Subscribe(SubscribeSpec{{"a"}, "w", 5000, {}}, sink);
   EXPECT_THAT(flight.status().message(), HasSubstr("max_in_flight"));
   EXPECT_TRUE(broker_->ListQueues().empty()) << "a refused subscribe creates no queue";
+}
+
+// Writes go through at once; fsyncs (Sync) wait while held. A synced Write is counted, so a test
+// can tell it was not split into a write and an fsync.
+class SyncGateStore final : public Store {
+ public:
+  absl::Status Write(absl::Span<const Transition> t) override {
+    absl::MutexLock lock(&mu_);
+    ++synced_writes_;
+    return inner_.Write(t);
+  }
+  absl::Status WriteUnsynced(absl::Span<const Transition> t) override { return inner_.Write(t); }
+  absl::Status Sync() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* held) { return !*held; }, &held_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
+  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::Status Resume() override { return inner_.Resume(); }
+
+  void HoldSyncs(bool held) {
+    absl::MutexLock lock(&mu_);
+    held_ = held;
+  }
+  int synced_writes() {
+    absl::MutexLock lock(&mu_);
+    return synced_writes_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
+  int synced_writes_ ABSL_GUARDED_BY(mu_) = 0;
+  MemoryStore inner_;
+};
+
+// Tells when the first job arrives.
+class FirstPushSink : public StreamSink {
+ public:
+  void PushJob(LeasedJob job) override {
+    if (!pushed.HasBeenNotified()) {
+      payload = job.payload;
+      pushed.Notify();
+    }
+  }
+  void LeaseLost(std::string) override {}
+  void CancelRequested(std::string) override {}
+  void End(absl::Status) override {}
+  absl::Notification pushed;
+  std::string payload;  // written before `pushed` is notified
+};
+
+TEST(BrokerEarlyPushTest, AStreamGetsItsJobOnceInTheLogWhileTheEnqueueWaitsForTheFsync) {
+  SyncGateStore store;
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  BrokerOptions o;
+  o.commit_mode = CommitPipeline::Mode::kBackground;
+  auto opened = Broker::Open(store, clock, o);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  Broker& broker = **opened;
+  auto sink = std::make_shared<FirstPushSink>();
+  ASSERT_TRUE(broker.Subscribe(SubscribeSpec{{"q"}, "w", 1, absl::ZeroDuration()}, sink).ok());
+  const int synced_before = store.synced_writes();
+
+  store.HoldSyncs(true);
+  absl::Notification answered;
+  broker.EnqueueBatch({EnqueueSpec{.queue = "q", .payload = "p"}},
+                      [&answered](absl::StatusOr<std::vector<EnqueueResult>> r) {
+                        EXPECT_TRUE(r.ok()) << r.status();
+                        answered.Notify();
+                      });
+  ASSERT_TRUE(sink->pushed.WaitForNotificationWithTimeout(absl::Seconds(60)))
+      << "the job waits for the fsync too";
+  EXPECT_EQ(sink->payload, "p");
+  // The producer's answer still waits for the fsync: the job is not acknowledged yet.
+  EXPECT_FALSE(answered.HasBeenNotified());
+  EXPECT_EQ(store.synced_writes(), synced_before) << "written unsynced, then fsynced";
+  store.HoldSyncs(false);
+  answered.WaitForNotification();
+  broker.Shutdown();
+  ASSERT_TRUE(broker.Flush().ok());
 }
 
 }  // namespace

@@ -161,6 +161,8 @@ class LevelStore : public Store {
   }
   absl::Status Sync() override {
     absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* held) { return !*held; }, &syncs_held_));
     calls_.push_back("fsync");
     return absl::OkStatus();
   }
@@ -182,6 +184,11 @@ class LevelStore : public Store {
     absl::MutexLock lock(&mu_);
     held_ = false;
   }
+  // Sync() waits while held (writes do not).
+  void HoldSyncs(bool held) {
+    absl::MutexLock lock(&mu_);
+    syncs_held_ = held;
+  }
   std::vector<std::string> calls() {
     absl::MutexLock lock(&mu_);
     return calls_;
@@ -201,6 +208,7 @@ class LevelStore : public Store {
 
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
+  bool syncs_held_ ABSL_GUARDED_BY(mu_) = false;
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
 };
@@ -230,6 +238,48 @@ TEST(CommitPipelineDurabilityTest, GroupIsAnsweredOnceWrittenAndFsyncedWithinIts
               calls == (std::vector<std::string>{"sync"}))
       << absl::StrJoin(calls, ", ");
   EXPECT_EQ(pipeline.syncs(), 1u);
+}
+
+TEST(CommitPipelineDurabilityTest, EarlyWrittenReleasesLogWaitersBeforeTheFsync) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  store.HoldSyncs(true);
+  const uint64_t seq = pipeline.Append(PutJob("a", ""), Durability::kSync, absl::ZeroDuration(),
+                                       /*early_written=*/true);
+  absl::Notification written;
+  absl::Notification durable;
+  std::vector<std::string> calls_when_written;
+  pipeline.WhenDurable(
+      seq,
+      [&](absl::Status s) {
+        EXPECT_TRUE(s.ok()) << s;
+        calls_when_written = store.calls();
+        written.Notify();
+      },
+      Durability::kGroup);
+  pipeline.WhenDurable(seq, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    durable.Notify();
+  });
+  // The fsync is held: only the log waiter can be answered.
+  ASSERT_TRUE(written.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(calls_when_written, std::vector<std::string>{"unsynced"});
+  EXPECT_TRUE(store.inner_.FindJob("a").has_value());
+  EXPECT_FALSE(durable.HasBeenNotified()) << "answered before its fsync";
+  store.HoldSyncs(false);
+  ASSERT_TRUE(durable.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(store.calls(), (std::vector<std::string>{"unsynced", "fsync"}));
+  EXPECT_EQ(pipeline.writes(), 1u);
+  EXPECT_EQ(pipeline.syncs(), 1u);
+}
+
+TEST(CommitPipelineDurabilityTest, WithoutEarlyWrittenASyncTransitionIsOneSyncedWrite) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  const uint64_t seq = pipeline.Append(PutJob("a", ""), Durability::kSync);
+  ASSERT_TRUE(pipeline.WaitDurable(seq, Durability::kGroup).ok());
+  ASSERT_TRUE(pipeline.WaitDurable(seq).ok());
+  EXPECT_EQ(store.calls(), std::vector<std::string>{"sync"});
 }
 
 TEST(CommitPipelineDurabilityTest, ASyncTransitionInTheBatchMakesTheWholeWriteSynced) {
