@@ -286,7 +286,7 @@ class Broker {
   // The job whose seq an index holds, read back from the store if it is cold. nullptr only if a
   // cold job's record cannot be read: it is then dropped from the indexes and counted corrupt.
   Job* JobBySeq(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job that is never cold (ACTIVE or ended): from the leases and retention indexes.
+  // A job known to be hot: ACTIVE or ended (never cold), or one just found not to be in cold_.
   Job& HotJob(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return *jobs_by_seq_.at(seq).job; }
   // The state of the job `seq` without reading a cold one back (cold ones are READY or
   // SCHEDULED, told apart by the queue's ready index).

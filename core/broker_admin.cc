@@ -448,11 +448,13 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   info.waiting_leases = static_cast<int64_t>(q.consumers.size());
   info.active = q.count(JobState::kActive);
   info.dead = q.count(JobState::kFailed);
-  while (!q.ready_by_seq.empty()) {
-    // A cold job that cannot be read is dropped from ready_by_seq: look again.
-    if (const Job* oldest = JobBySeq(*q.ready_by_seq.begin())) {
-      info.oldest_ready_age = now - oldest->created_at;
-      break;
+  if (!q.ready_by_seq.empty()) {
+    const uint64_t oldest = *q.ready_by_seq.begin();
+    // A cold job's id says when it was created (to the ms): a gauge need not read it back.
+    if (auto c = cold_.find(oldest); c != cold_.end()) {
+      info.oldest_ready_age = now - JobIdTime(c->second);
+    } else {
+      info.oldest_ready_age = now - HotJob(oldest).created_at;
     }
   }
   return info;

@@ -54,6 +54,10 @@ std::string UnpackJobId(PackedJobId packed) {
   return id;
 }
 
+absl::Time JobIdTime(PackedJobId packed) {
+  return absl::FromUnixMillis(static_cast<int64_t>(packed.hi >> 16));
+}
+
 std::string NewLeaseId(int attempt, absl::BitGen& gen) {
   return absl::StrFormat("%d-%016x", attempt, absl::Uniform<uint64_t>(gen));
 }

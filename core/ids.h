@@ -25,6 +25,8 @@ struct PackedJobId {
 // at most '7'), so that UnpackJobId gives `id` back.
 std::optional<PackedJobId> PackJobId(const std::string& id);
 std::string UnpackJobId(PackedJobId packed);
+// When the job was created, to the millisecond: NewJobId's first 48 bits.
+absl::Time JobIdTime(PackedJobId packed);
 
 // A lease id: "<attempt>-<16 hex digits>". Random, so a lease of a restarted broker never
 // matches one handed out before.

@@ -118,6 +118,18 @@ TEST_F(BrokerMemoryTest, ReadsAndAdminCallsSeeColdJobsWhole) {
   EXPECT_EQ(Leasable("q"), 0u);
 }
 
+TEST_F(BrokerMemoryTest, TheOldestReadyAgeOfAColdJobComesFromItsIdWithoutAReadBack) {
+  OpenWithLimit(0);
+  Enqueue("q", "a");
+  clock_.Advance(absl::Seconds(7));
+  Touch();
+  ASSERT_EQ(broker_->memory_counts().cold_jobs, 1);
+  auto info = broker_->GetQueue("q");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->oldest_ready_age, absl::Seconds(7));
+  EXPECT_EQ(broker_->memory_counts().hot_jobs, 0) << "a metrics scrape read a job back";
+}
+
 TEST_F(BrokerMemoryTest, AColdScheduledJobComesDue) {
   OpenWithLimit(0);
   std::string id = EnqueueWith({.queue = "q", .payload = "later", .delay = absl::Seconds(10)});

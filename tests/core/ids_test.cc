@@ -35,6 +35,14 @@ TEST(IdsTest, JobIdsPackIntoSixteenBytesAndBack) {
   EXPECT_EQ(UnpackJobId(PackedJobId{0, 0}), std::string(26, '0'));
 }
 
+TEST(IdsTest, APackedIdTellsWhenItsJobWasCreated) {
+  absl::BitGen gen;
+  const absl::Time created = absl::FromUnixMicros(1'700'000'000'123'456);
+  std::optional<PackedJobId> packed = PackJobId(NewJobId(created, gen));
+  ASSERT_TRUE(packed.has_value());
+  EXPECT_EQ(JobIdTime(*packed), absl::FromUnixMillis(1'700'000'000'123));
+}
+
 TEST(IdsTest, OnlyCanonicalJobIdsPack) {
   EXPECT_FALSE(PackJobId("").has_value());
   EXPECT_FALSE(PackJobId("job-1").has_value());
