@@ -8,189 +8,184 @@
 #include "server/grpc_status.h"
 
 namespace jobbroker {
-namespace {
-
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
-
-}  // namespace
-
 grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
                                                const v1::GetJobRequest* req, v1::Job* resp) {
+  UnaryCall call(ctx, timers_.Start("GetJob"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return Answer(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<Job> job = broker_.GetJob(req->job_id());
   if (job.ok()) ToProto(*job, resp);
-  return Answer(ctx, job.status());
+  return call.Finish(job.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ctx,
                                                  const v1::ListJobsRequest* req,
                                                  v1::ListJobsResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("ListJobs"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return Answer(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<ListJobsSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Answer(ctx, spec.status());
+  if (!spec.ok()) return call.Finish(spec.status());
   absl::StatusOr<ListJobsResult> page = broker_.ListJobs(*spec);
   if (page.ok()) {
     for (const Job& j : page->jobs) ToProto(j, resp->add_jobs());
     resp->set_next_page_token(page->next_page_token);
   }
-  return Answer(ctx, page.status());
+  return call.Finish(page.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* ctx,
                                                   const v1::CancelJobRequest* req, v1::Job* resp) {
+  UnaryCall call(ctx, timers_.Start("CancelJob"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return Answer(ctx, s);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.CancelJob(req->job_id(), [reactor, resp](absl::StatusOr<Job> job) {
+    return call.Finish(s);
+  broker_.CancelJob(req->job_id(), [call, resp](absl::StatusOr<Job> job) {
     if (job.ok()) ToProto(*job, resp);
-    reactor->Finish(ToGrpcStatus(job.status()));
+    call.Finish(job.status());
   });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ctx,
                                                  const v1::RetryJobRequest* req,
                                                  v1::RetryJobResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("RetryJob"));
   const bool one = !req->job_id().empty();
   const bool bulk = !req->queue().empty();
   absl::Status allowed = auth_.Check(*ctx, Role::kAdmin);
   if (allowed.ok() && bulk) allowed = auth_.Check(*ctx, Role::kAdmin, req->queue());
   if (allowed.ok() && one) allowed = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id());
-  if (!allowed.ok()) return Answer(ctx, allowed);
+  if (!allowed.ok()) return call.Finish(allowed);
   if (one && bulk)
-    return Answer(ctx, absl::InvalidArgumentError(
-                           "job_id and queue are exclusive: set job_id to retry one job, or queue "
-                           "to retry the queue's failed (or cancelled) jobs"));
+    return call.Finish(absl::InvalidArgumentError(
+        "job_id and queue are exclusive: set job_id to retry one job, or queue "
+        "to retry the queue's failed (or cancelled) jobs"));
   if (!one && !bulk)
-    return Answer(ctx, absl::InvalidArgumentError(
-                           "job_id or queue is required: job_id retries one job, queue the "
-                           "queue's failed (or cancelled) jobs"));
+    return call.Finish(
+        absl::InvalidArgumentError("job_id or queue is required: job_id retries one job, queue the "
+                                   "queue's failed (or cancelled) jobs"));
   if (one) {
     // Refused rather than ignored: a caller who set them meant a bulk retry.
     if (req->state() != v1::JOB_STATE_UNSPECIFIED || req->dry_run() || req->limit() != 0)
-      return Answer(ctx, absl::InvalidArgumentError(
-                             "state, dry_run and limit apply only with queue, not with job_id"));
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    broker_.RetryJob(req->job_id(), [reactor, resp](absl::StatusOr<Job> job) {
+      return call.Finish(absl::InvalidArgumentError(
+          "state, dry_run and limit apply only with queue, not with job_id"));
+    broker_.RetryJob(req->job_id(), [call, resp](absl::StatusOr<Job> job) {
       if (job.ok()) {
         ToProto(*job, resp->mutable_job());
         resp->set_matched(1);
         resp->set_retried(1);
       }
-      reactor->Finish(ToGrpcStatus(job.status()));
+      call.Finish(job.status());
     });
-    return reactor;
+    return call.reactor();
   }
   absl::StatusOr<RetryJobsSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Answer(ctx, spec.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.RetryJobs(std::move(*spec), [reactor, resp](absl::StatusOr<RetryJobsResult> result) {
+  if (!spec.ok()) return call.Finish(spec.status());
+  broker_.RetryJobs(std::move(*spec), [call, resp](absl::StatusOr<RetryJobsResult> result) {
     if (result.ok()) {
       resp->set_matched(result->matched);
       resp->set_retried(result->retried);
     }
-    reactor->Finish(ToGrpcStatus(result.status()));
+    call.Finish(result.status());
   });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                   const v1::DeleteJobRequest* req,
                                                   v1::DeleteJobResponse*) {
+  UnaryCall call(ctx, timers_.Start("DeleteJob"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return Answer(ctx, s);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.DeleteJob(req->job_id(), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
-  return reactor;
+    return call.Finish(s);
+  broker_.DeleteJob(req->job_id(), [call](absl::Status s) { call.Finish(s); });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* ctx,
                                                    const v1::ListQueuesRequest*,
                                                    v1::ListQueuesResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("ListQueues"));
   absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
-  if (!caller.ok()) return Answer(ctx, caller.status());
+  if (!caller.ok()) return call.Finish(caller.status());
   if (*caller != nullptr) {
     if (absl::Status s = Authorizer::AllowRole(**caller, Role::kAdmin); !s.ok())
-      return Answer(ctx, s);
+      return call.Finish(s);
   }
   for (const QueueInfo& q : broker_.ListQueues()) {
     // A token scoped to some queues sees those only; the others' names are not its business.
     if (*caller == nullptr || Authorizer::MatchesQueue(**caller, q.name))
       ToProto(q, resp->add_queues());
   }
-  return Answer(ctx, absl::OkStatus());
+  return call.Finish(absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ctx,
                                                  const v1::GetQueueRequest* req,
                                                  v1::QueueInfo* resp) {
+  UnaryCall call(ctx, timers_.Start("GetQueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return Answer(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<QueueInfo> info = broker_.GetQueue(req->queue());
   if (info.ok()) ToProto(*info, resp);
-  return Answer(ctx, info.status());
+  return call.Finish(info.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
                                                           const v1::UpdateQueuePolicyRequest* req,
                                                           v1::QueueInfo* resp) {
+  UnaryCall call(ctx, timers_.Start("UpdateQueuePolicy"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return Answer(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<PolicyOverride> policy = FromProto(req->policy(), "policy");
-  if (!policy.ok()) return Answer(ctx, policy.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!policy.ok()) return call.Finish(policy.status());
   broker_.UpdateQueuePolicy(req->queue(), std::move(*policy), req->reset(),
-                            [reactor, resp](absl::StatusOr<QueueInfo> info) {
+                            [call, resp](absl::StatusOr<QueueInfo> info) {
                               if (info.ok()) ToProto(*info, resp);
-                              reactor->Finish(ToGrpcStatus(info.status()));
+                              call.Finish(info.status());
                             });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::PauseQueue(grpc::CallbackServerContext* ctx,
                                                    const v1::PauseQueueRequest* req,
                                                    v1::QueueInfo* resp) {
-  return SetPaused(ctx, req->queue(), /*paused=*/true, resp);
+  return SetPaused(UnaryCall(ctx, timers_.Start("PauseQueue")), *ctx, req->queue(), /*paused=*/true,
+                   resp);
 }
 
 grpc::ServerUnaryReactor* AdminService::ResumeQueue(grpc::CallbackServerContext* ctx,
                                                     const v1::ResumeQueueRequest* req,
                                                     v1::QueueInfo* resp) {
-  return SetPaused(ctx, req->queue(), /*paused=*/false, resp);
+  return SetPaused(UnaryCall(ctx, timers_.Start("ResumeQueue")), *ctx, req->queue(),
+                   /*paused=*/false, resp);
 }
 
-grpc::ServerUnaryReactor* AdminService::SetPaused(grpc::CallbackServerContext* ctx,
+grpc::ServerUnaryReactor* AdminService::SetPaused(UnaryCall call,
+                                                  const grpc::CallbackServerContext& ctx,
                                                   const std::string& queue, bool paused,
                                                   v1::QueueInfo* resp) {
-  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, queue); !s.ok()) return Answer(ctx, s);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.SetQueuePaused(queue, paused, [reactor, resp](absl::StatusOr<QueueInfo> info) {
+  if (absl::Status s = auth_.Check(ctx, Role::kAdmin, queue); !s.ok()) return call.Finish(s);
+  broker_.SetQueuePaused(queue, paused, [call, resp](absl::StatusOr<QueueInfo> info) {
     if (info.ok()) ToProto(*info, resp);
-    reactor->Finish(ToGrpcStatus(info.status()));
+    call.Finish(info.status());
   });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::PurgeQueue(grpc::CallbackServerContext* ctx,
                                                    const v1::PurgeQueueRequest* req,
                                                    v1::PurgeQueueResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("PurgeQueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return Answer(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<std::vector<JobState>> states = FromProto(*req);
-  if (!states.ok()) return Answer(ctx, states.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!states.ok()) return call.Finish(states.status());
   broker_.PurgeQueue(req->queue(), std::move(*states),
-                     [reactor, resp](absl::StatusOr<int64_t> purged) {
+                     [call, resp](absl::StatusOr<int64_t> purged) {
                        if (purged.ok()) resp->set_purged(*purged);
-                       reactor->Finish(ToGrpcStatus(purged.status()));
+                       call.Finish(purged.status());
                      });
-  return reactor;
+  return call.reactor();
 }
 
 }  // namespace jobbroker

@@ -5,6 +5,7 @@
 #include "core/broker.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "server/rpc_auth.h"
+#include "server/rpc_metrics.h"
 
 namespace jobbroker {
 
@@ -14,7 +15,11 @@ namespace jobbroker {
 // caller's token matches). `broker` and `auth` are borrowed and must outlive the service.
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  AdminService(Broker& broker, const RpcAuth& auth) : broker_(broker), auth_(auth) {}
+  // Unary calls are timed in `metrics`.
+  AdminService(Broker& broker, const RpcAuth& auth, const RpcMetrics& metrics)
+      : broker_(broker),
+        auth_(auth),
+        timers_(metrics.For(*v1::GetJobRequest::descriptor()->file(), "Admin")) {}
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                    v1::Job* resp) override;
@@ -49,11 +54,12 @@ class AdminService final : public v1::Admin::CallbackService {
 
  private:
   // PauseQueue and ResumeQueue.
-  grpc::ServerUnaryReactor* SetPaused(grpc::CallbackServerContext* ctx, const std::string& queue,
-                                      bool paused, v1::QueueInfo* resp);
+  grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const grpc::CallbackServerContext& ctx,
+                                      const std::string& queue, bool paused, v1::QueueInfo* resp);
 
   Broker& broker_;
   const RpcAuth& auth_;
+  const RpcServiceTimers timers_;
 };
 
 }  // namespace jobbroker

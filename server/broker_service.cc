@@ -17,8 +17,11 @@ namespace {
 // waiter handle lives in shared state that outlives the reactor rather than in the reactor.
 class LeaseReactor final : public grpc::ServerUnaryReactor {
  public:
-  LeaseReactor(jobbroker::Broker& broker, v1::LeaseResponse* resp)
-      : broker_(broker), resp_(resp), waiter_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+  LeaseReactor(jobbroker::Broker& broker, v1::LeaseResponse* resp, RpcTiming timing)
+      : broker_(broker),
+        resp_(resp),
+        timing_(timing),
+        waiter_(std::make_shared<std::atomic<uint64_t>>(0)) {}
 
   void Start(LeaseSpec spec, absl::Duration wait) {
     auto waiter = waiter_;
@@ -27,7 +30,9 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
           if (jobs.ok()) {
             for (const LeasedJob& j : *jobs) ToProto(j, resp_->add_jobs());
           }
-          Finish(ToGrpcStatus(jobs.status()));  // may delete this
+          grpc::Status status = ToGrpcStatus(jobs.status());
+          timing_.Record(status);
+          Finish(status);  // may delete this
         });
     waiter->store(id);
   }
@@ -39,14 +44,9 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
  private:
   jobbroker::Broker& broker_;
   v1::LeaseResponse* resp_;
+  const RpcTiming timing_;
   std::shared_ptr<std::atomic<uint64_t>> waiter_;
 };
-
-grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(s));
-  return reactor;
-}
 
 // Every job's queue, so that one job the token may not enqueue refuses the whole batch.
 absl::Status CheckBatch(const RpcAuth& auth, const grpc::ServerContextBase& ctx,
@@ -73,41 +73,40 @@ class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::
 grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,
                                                  const v1::EnqueueRequest* req,
                                                  v1::EnqueueResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Enqueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kProducer, req->queue()); !s.ok())
-    return Refuse(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<EnqueueSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Refuse(ctx, spec.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  if (!spec.ok()) return call.Finish(spec.status());
   std::vector<EnqueueSpec> one;
   one.push_back(std::move(*spec));
-  broker_.EnqueueBatch(std::move(one),
-                       [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
-                         if (r.ok()) {
-                           resp->set_job_id(r->front().job_id);
-                           resp->set_deduplicated(r->front().deduplicated);
-                         }
-                         reactor->Finish(ToGrpcStatus(r.status()));
-                       });
-  return reactor;
+  broker_.EnqueueBatch(std::move(one), [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+    if (r.ok()) {
+      resp->set_job_id(r->front().job_id);
+      resp->set_deduplicated(r->front().deduplicated);
+    }
+    call.Finish(r.status());
+  });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContext* ctx,
                                                       const v1::EnqueueBatchRequest* req,
                                                       v1::EnqueueBatchResponse* resp) {
-  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return Refuse(ctx, s);
+  UnaryCall call(ctx, timers_.Start("EnqueueBatch"));
+  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return call.Finish(s);
   std::vector<EnqueueSpec> specs;
   specs.reserve(req->jobs_size());
   for (int i = 0; i < req->jobs_size(); ++i) {
     absl::StatusOr<EnqueueSpec> spec = FromProto(req->jobs(i));
     if (!spec.ok())
-      return Refuse(ctx, absl::Status(spec.status().code(),
+      return call.Finish(absl::Status(spec.status().code(),
                                       absl::StrCat("jobs[", i, "].", spec.status().message())));
     specs.push_back(std::move(*spec));
   }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   broker_.EnqueueBatch(
       std::move(specs),
-      [reactor, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+      [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
         if (r.ok()) {
           for (const EnqueueResult& e : *r) {
             v1::EnqueueResponse* out = resp->add_results();
@@ -115,26 +114,27 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
             out->set_deduplicated(e.deduplicated);
           }
         }
-        reactor->Finish(ToGrpcStatus(r.status()));
+        call.Finish(r.status());
       },
       /*batch=*/true);
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
                                                const v1::LeaseRequest* req,
                                                v1::LeaseResponse* resp) {
+  const RpcTiming timing = timers_.Start("Lease");
   if (absl::Status s = auth_.Check(*ctx, Role::kWorker, req->queue()); !s.ok())
-    return Refuse(ctx, s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<LeaseSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Refuse(ctx, spec.status());
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
   absl::Duration wait = absl::ZeroDuration();
   if (req->has_wait()) {
     absl::StatusOr<absl::Duration> w = FromProto(req->wait(), "wait");
-    if (!w.ok()) return Refuse(ctx, w.status());
+    if (!w.ok()) return UnaryCall(ctx, timing).Finish(w.status());
     wait = *w;
   }
-  auto* reactor = new LeaseReactor(broker_, resp);
+  auto* reactor = new LeaseReactor(broker_, resp, timing);
   reactor->Start(std::move(*spec), wait);
   return reactor;
 }
@@ -142,55 +142,55 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                    const v1::HeartbeatRequest* req,
                                                    v1::HeartbeatResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Heartbeat"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return Refuse(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Refuse(ctx, spec.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.Heartbeat(std::move(*spec), [reactor, resp](absl::StatusOr<HeartbeatResult> r) {
+  if (!spec.ok()) return call.Finish(spec.status());
+  broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<HeartbeatResult> r) {
     if (r.ok()) {
       if (HasTime(r->lease_deadline)) ToProto(r->lease_deadline, resp->mutable_lease_deadline());
       resp->set_cancel_requested(r->cancel_requested);
     }
-    reactor->Finish(ToGrpcStatus(r.status()));
+    call.Finish(r.status());
   });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
                                              const v1::AckRequest* req, v1::AckResponse*) {
+  UnaryCall call(ctx, timers_.Start("Ack"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return Refuse(ctx, s);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.Ack(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
-  return reactor;
+    return call.Finish(s);
+  broker_.Ack(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
                                               const v1::FailRequest* req, v1::FailResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Fail"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return Refuse(ctx, s);
+    return call.Finish(s);
   absl::StatusOr<FailSpec> spec = FromProto(*req);
-  if (!spec.ok()) return Refuse(ctx, spec.status());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.Fail(std::move(*spec), [reactor, resp](absl::StatusOr<FailResult> r) {
+  if (!spec.ok()) return call.Finish(spec.status());
+  broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<FailResult> r) {
     if (r.ok()) {
       resp->set_state(static_cast<v1::JobState>(r->state));
       if (HasTime(r->next_attempt_at)) ToProto(r->next_attempt_at, resp->mutable_next_attempt_at());
     }
-    reactor->Finish(ToGrpcStatus(r.status()));
+    call.Finish(r.status());
   });
-  return reactor;
+  return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ctx,
                                                  const v1::ReleaseRequest* req,
                                                  v1::ReleaseResponse*) {
+  UnaryCall call(ctx, timers_.Start("Release"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return Refuse(ctx, s);
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  broker_.Release(FromProto(*req), [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
-  return reactor;
+    return call.Finish(s);
+  broker_.Release(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
+  return call.reactor();
 }
 
 grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(

@@ -3,6 +3,7 @@
 #include "core/broker.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "server/rpc_auth.h"
+#include "server/rpc_metrics.h"
 #include "server/work_stream_limit.h"
 
 namespace jobbroker {
@@ -13,9 +14,14 @@ namespace jobbroker {
 // worker). `broker` and `auth` are borrowed and must outlive the service.
 class BrokerService final : public v1::Broker::CallbackService {
  public:
-  // `streams` bounds the open Work streams; borrowed, like the others.
-  BrokerService(Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams)
-      : broker_(broker), auth_(auth), streams_(streams) {}
+  // `streams` bounds the open Work streams; borrowed, like the others. Unary calls are timed in
+  // `metrics`.
+  BrokerService(Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams,
+                const RpcMetrics& metrics)
+      : broker_(broker),
+        auth_(auth),
+        streams_(streams),
+        timers_(metrics.For(*v1::EnqueueRequest::descriptor()->file(), "Broker")) {}
 
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
                                     v1::EnqueueResponse* resp) override;
@@ -41,6 +47,7 @@ class BrokerService final : public v1::Broker::CallbackService {
   jobbroker::Broker& broker_;
   const RpcAuth& auth_;
   WorkStreamLimit& streams_;
+  const RpcServiceTimers timers_;
 };
 
 }  // namespace jobbroker

@@ -157,8 +157,9 @@ int Run(int argc, char** argv) {
 
   RpcAuth auth(authorizer.get(), **broker);
   WorkStreamLimit work_streams(flags->max_work_streams);
-  BrokerService broker_service(**broker, auth, work_streams);
-  AdminService admin_service(**broker, auth);
+  RpcMetrics rpc_metrics(metrics_on ? &registry : nullptr);
+  BrokerService broker_service(**broker, auth, work_streams, rpc_metrics);
+  AdminService admin_service(**broker, auth, rpc_metrics);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -168,11 +169,6 @@ int Run(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);
-  if (metrics_on) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> rpc;
-    rpc.push_back(std::make_unique<RpcMetricsFactory>(registry));
-    builder.experimental().SetInterceptorCreators(std::move(rpc));
-  }
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0)
     return Fatal("--listen: cannot listen on " + flags->listen);

@@ -1,8 +1,12 @@
 #include "server/rpc_metrics.h"
 
-#include <string>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/grpc_status.h"
 
 namespace jobbroker {
 namespace {
@@ -10,70 +14,82 @@ namespace {
 const prometheus::Histogram::BucketBoundaries kRpcSeconds = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 60};
 
-const char* CodeName(grpc::StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  int i = static_cast<int>(code);
-  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+const char* const kCodeNames[] = {
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
+
+[[noreturn]] void Die(const std::string& message) {
+  std::fprintf(stderr, "jobbroker: %s\n", message.c_str());
+  std::abort();
 }
-
-class RpcTimer final : public grpc::experimental::Interceptor {
- public:
-  RpcTimer(prometheus::Family<prometheus::Histogram>& durations, std::string method)
-      : durations_(durations), method_(std::move(method)), start_(absl::Now()) {}
-
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      durations_
-          .Add({{"method", method_}, {"code", CodeName(methods->GetSendStatus().error_code())}},
-               kRpcSeconds)
-          .Observe(absl::ToDoubleSeconds(absl::Now() - start_));
-    }
-    methods->Proceed();
-  }
-
- private:
-  prometheus::Family<prometheus::Histogram>& durations_;
-  const std::string method_;
-  const absl::Time start_;
-};
-
-// Does nothing: for streams.
-class Passthrough final : public grpc::experimental::Interceptor {
- public:
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    methods->Proceed();
-  }
-};
 
 }  // namespace
 
-RpcMetricsFactory::RpcMetricsFactory(prometheus::Registry& registry)
-    : durations_(prometheus::BuildHistogram()
-                     .Name("jobbroker_rpc_duration_seconds")
-                     .Help("Time from a unary RPC's arrival to its status, by method and code.")
-                     .Register(registry)) {}
+RpcMethodTimer::RpcMethodTimer(prometheus::Family<prometheus::Histogram>& family,
+                               std::string method)
+    : family_(family), method_(std::move(method)) {}
 
-grpc::experimental::Interceptor* RpcMetricsFactory::CreateServerInterceptor(
-    grpc::experimental::ServerRpcInfo* info) {
-  if (info->type() != grpc::experimental::ServerRpcInfo::Type::UNARY) return new Passthrough();
-  return new RpcTimer(durations_, info->method());
+void RpcMethodTimer::Observe(grpc::StatusCode code, absl::Duration took) {
+  int i = static_cast<int>(code);
+  if (i < 0 || i >= kCodes) i = static_cast<int>(grpc::StatusCode::UNKNOWN);
+  prometheus::Histogram* h = by_code_[i].load(std::memory_order_acquire);
+  if (h == nullptr) {
+    // Family::Add returns the same histogram for the same labels, so racing callers agree.
+    h = &family_.Add({{"method", method_}, {"code", kCodeNames[i]}}, kRpcSeconds);
+    by_code_[i].store(h, std::memory_order_release);
+  }
+  h->Observe(absl::ToDoubleSeconds(took));
+}
+
+void RpcTiming::Record(const grpc::Status& status) const {
+  if (timer_ != nullptr) timer_->Observe(status.error_code(), absl::Now() - start_);
+}
+
+grpc::ServerUnaryReactor* UnaryCall::Finish(const grpc::Status& status) const {
+  // Recorded first: once finished, the call may be gone at any moment.
+  timing_.Record(status);
+  reactor_->Finish(status);
+  return reactor_;
+}
+
+grpc::ServerUnaryReactor* UnaryCall::Finish(const absl::Status& status) const {
+  return Finish(ToGrpcStatus(status));
+}
+
+RpcServiceTimers::RpcServiceTimers(prometheus::Family<prometheus::Histogram>* family,
+                                   const google::protobuf::ServiceDescriptor& service)
+    : service_(service.full_name()), on_(family != nullptr) {
+  for (int i = 0; i < service.method_count(); ++i) {
+    const google::protobuf::MethodDescriptor& m = *service.method(i);
+    std::unique_ptr<RpcMethodTimer> timer;
+    if (family != nullptr && !m.client_streaming() && !m.server_streaming())
+      timer = std::make_unique<RpcMethodTimer>(*family, absl::StrCat("/", service_, "/", m.name()));
+    methods_.emplace(m.name(), std::move(timer));
+  }
+}
+
+RpcTiming RpcServiceTimers::Start(absl::string_view method) const {
+  auto it = methods_.find(method);
+  if (it == methods_.end()) Die(absl::StrCat(service_, " has no method ", method));
+  return RpcTiming(it->second.get(), on_ ? absl::Now() : absl::InfinitePast());
+}
+
+RpcMetrics::RpcMetrics(prometheus::Registry* registry)
+    : durations_(registry == nullptr
+                     ? nullptr
+                     : &prometheus::BuildHistogram()
+                            .Name("jobbroker_rpc_duration_seconds")
+                            .Help("Time from a unary RPC's handler start to its status, by method "
+                                  "and code.")
+                            .Register(*registry)) {}
+
+RpcServiceTimers RpcMetrics::For(const google::protobuf::FileDescriptor& file,
+                                 absl::string_view name) const {
+  const google::protobuf::ServiceDescriptor* service = file.FindServiceByName(std::string(name));
+  if (service == nullptr) Die(absl::StrCat(file.name(), " declares no service ", name));
+  return RpcServiceTimers(durations_, *service);
 }
 
 }  // namespace jobbroker

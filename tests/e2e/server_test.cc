@@ -98,6 +98,33 @@ TEST_F(ServerTest, HttpServesHealthAndMetrics) {
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs_in_memory{form=\"index_only\"}"), 0);
 }
 
+// Every unary call is timed by method and status code, whichever way it ends: answered after
+// its write, refused before reaching the broker, a long-poll Lease, an Admin read.
+TEST_F(ServerTest, MetricsTimeUnaryCallsByMethodAndCode) {
+  client_->MustEnqueue("mailer", "a");
+  v1::EnqueueRequest nameless;  // no queue: refused with INVALID_ARGUMENT
+  v1::EnqueueResponse ignored;
+  ASSERT_EQ(client_->Enqueue(nameless, &ignored).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::vector<v1::LeasedJob> jobs = client_->MustLease("mailer", "worker-1", 1);
+  ASSERT_EQ(jobs.size(), 1u);
+  client_->MustAck(jobs[0]);
+  client_->MustGetJob(jobs[0].job_id());
+
+  std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+  auto count = [&](const std::string& method, const std::string& code) {
+    return Sample(metrics, "jobbroker_rpc_duration_seconds_count{code=\"" + code +
+                               "\",method=\"/jobbroker.v1." + method + "\"}");
+  };
+  EXPECT_EQ(count("Broker/Enqueue", "OK"), 1) << metrics;
+  EXPECT_EQ(count("Broker/Enqueue", "INVALID_ARGUMENT"), 1);
+  EXPECT_EQ(count("Broker/Lease", "OK"), 1);
+  EXPECT_EQ(count("Broker/Ack", "OK"), 1);
+  EXPECT_EQ(count("Admin/GetJob", "OK"), 1);
+  // Codes that never happened are not listed, and neither are streams.
+  EXPECT_EQ(count("Broker/Ack", "INVALID_ARGUMENT"), -1);
+  EXPECT_THAT(metrics, ::testing::Not(HasSubstr("method=\"/jobbroker.v1.Broker/Work\"")));
+}
+
 TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
   // More waiting Leases than a thread-per-call server has threads; each must still get a job.
   constexpr int kWaiters = 300;
