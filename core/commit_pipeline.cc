@@ -74,6 +74,14 @@ void CommitPipeline::WhenDurable(uint64_t seq, Callback done, Durability level) 
         status = error_;
       } else if (level == Durability::kSync) {
         waiters_.emplace(seq, std::move(done));
+        // What was appended at kGroup or kNone has no fsync coming (or not soon): ask for one,
+        // so that waiting on disk (Flush at shutdown, for one) never waits for ever.
+        if (seq <= written_seq_) {
+          unsynced_by_ = absl::InfinitePast();
+        } else {
+          pending_sync_ = true;
+        }
+        work_cv_.Signal();
         return;
       } else if (level == Durability::kGroup) {
         written_waiters_.emplace(seq, std::move(done));
@@ -151,7 +159,10 @@ void CommitPipeline::WriterLoop() {
           if (!unsynced) return;  // everything is written and on disk
           break;                  // one last fsync before stopping
         }
-        if (unsynced && unsynced_by_ <= absl::Now()) break;  // a kGroup bound is due
+        // A kGroup bound is due, or a kSync waiter came for what was written unsynced.
+        if (unsynced && (pending_sync_ || unsynced_by_ <= absl::Now())) break;
+        // A kSync waiter came for a batch the writer then wrote synced: nothing left to ask.
+        pending_sync_ = false;
         if (unsynced_by_ == absl::InfiniteFuture()) {
           work_cv_.Wait(&mu_);
         } else {

@@ -321,6 +321,56 @@ TEST(CommitPipelineDurabilityTest, NoneIsAnsweredBeforeItIsWrittenAndWrittenRigh
   EXPECT_EQ(store.calls().back(), "unsynced") << "a kNone batch is written without fsync";
 }
 
+// Waiting for the fsync of something nothing asked to fsync (a kNone write; the broker's Flush at
+// shutdown) asks for one: it used to wait for a sync that never came, so a broker whose queues
+// were all NONE hung on SIGTERM until it was killed.
+TEST(CommitPipelineDurabilityTest, WaitingForDiskFsyncsAnUnsyncedWrite) {
+  LevelStore store;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
+  uint64_t written = pipeline.Append(PutJob("written", ""), Durability::kNone);
+  ASSERT_TRUE(pipeline.WaitDurable(written, Durability::kGroup).ok());
+  absl::Notification on_disk;
+  pipeline.WhenDurable(written, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    on_disk.Notify();
+  });
+  // A bound only against hanging forever: the fsync is asked for at once.
+  ASSERT_TRUE(on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(store.calls(), (std::vector<std::string>{"unsynced", "fsync"}));
+
+  // The same for one still waiting to be written: its write is synced.
+  store.Hold();
+  pipeline.Append(PutJob("blocker", ""), Durability::kNone);
+  store.AwaitHeldWrite();
+  uint64_t pending = pipeline.Append(PutJob("pending", ""), Durability::kNone);
+  absl::Notification pending_on_disk;
+  pipeline.WhenDurable(pending, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    pending_on_disk.Notify();
+  });
+  store.Release();
+  ASSERT_TRUE(pending_on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  std::vector<std::string> calls = store.calls();
+  ASSERT_GE(calls.size(), 4u);
+  EXPECT_TRUE(calls.back() == "sync" || calls.back() == "fsync") << calls.back();
+
+  // And for one the writer is writing unsynced at that very moment: an fsync follows the write.
+  store.Hold();
+  uint64_t writing = pipeline.Append(PutJob("writing", ""), Durability::kNone);
+  store.AwaitHeldWrite();
+  absl::Notification writing_on_disk;
+  pipeline.WhenDurable(writing, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    writing_on_disk.Notify();
+  });
+  store.Release();
+  ASSERT_TRUE(writing_on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  calls = store.calls();
+  ASSERT_GE(calls.size(), 2u);
+  EXPECT_EQ(calls[calls.size() - 2], "unsynced");
+  EXPECT_EQ(calls.back(), "fsync");
+}
+
 TEST(CommitPipelineDurabilityTest, StoppingFsyncsWhatWasWrittenUnsynced) {
   LevelStore store;
   {

@@ -345,5 +345,28 @@ TEST_F(CrashTest, SigtermExitsZeroWhileAWorkerLongPolls) {
   EXPECT_EQ(*code, 0) << broker_->ReadStderr();
 }
 
+// NONE promises nothing across a crash, but a clean stop still writes and fsyncs everything:
+// the stop's flush asks for the fsync that nothing else would (it used to wait for one for ever,
+// and the broker sat out SIGTERM until it was killed).
+TEST(CleanStopTest, SigtermWithNoneDurabilityFlushesAndExitsZero) {
+  BrokerProcessOptions options;
+  options.config_json = R"({"defaultPolicy": {"durability": "DURABILITY_NONE"}})";
+  absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+  std::vector<std::string> ids;
+  {
+    BrokerClient client((*broker)->NewChannel());
+    for (int i = 0; i < 20; ++i) ids.push_back(client.MustEnqueue("throwaway", absl::StrCat(i)));
+  }
+  absl::StatusOr<int> code = (*broker)->Terminate(absl::Seconds(20));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << (*broker)->ReadStderr();
+
+  ASSERT_TRUE((*broker)->Restart().ok());
+  BrokerClient client((*broker)->NewChannel());
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(client.MustGetJob(ids[i]).payload(), absl::StrCat(i)) << ids[i];
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
