@@ -69,6 +69,7 @@ struct Flags {
   int producer_batch = 1;  // stream mode: jobs per producer call (1: Enqueue, more: EnqueueBatch)
   int64_t preload = 0;     // backlog mode: ready jobs waiting before the measured Lease+Acks
   int64_t keys = 0;        // backlog mode: distinct concurrency keys of the preloaded jobs
+  int64_t queues = 1;      // backlog and e2e modes: queues the jobs are spread over
   double rate = 1000;      // latency mode: enqueues per second
   double timeout_seconds = 300;
 };
@@ -81,8 +82,8 @@ void Usage(FILE* out) {
                "  echo: as enqueue, but Echo on jobbroker-echo-server (bench/echo/): baseline\n"
                "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
                "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
-               "  backlog: preload --preload jobs (over --keys concurrency keys), then time\n"
-               "          --jobs Lease+Ack cycles by --workers unary workers\n"
+               "  backlog: preload --preload jobs (over --keys concurrency keys and --queues\n"
+               "          queues), then time --jobs Lease+Ack cycles by --workers unary workers\n"
                "  latency: one idle streaming worker, enqueues at --rate per second; time\n"
                "          from the Enqueue's send (and its return, on stderr) to the job's\n"
                "          arrival in the handler\n"
@@ -98,6 +99,9 @@ void Usage(FILE* out) {
                "  --in-flight N         stream modes: jobs each worker holds (default 16)\n"
                "  --preload N           backlog mode: ready jobs before measuring (default 0)\n"
                "  --keys N              backlog mode: concurrency keys of those jobs (default 0)\n"
+               "  --queues N            backlog, e2e: spread the jobs over N queues named\n"
+               "                        QUEUE-0 .. QUEUE-(N-1); each worker leases from them in\n"
+               "                        turn, without waiting on an empty one (default 1: QUEUE)\n"
                "  --rate N              latency mode: enqueues per second (default 1000)\n"
                "  --timeout SECONDS     give up after this long (default 300)\n");
 }
@@ -180,6 +184,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (arg == "--keys") {
       if (!as_int(0)) return false;
       flags->keys = n;
+    } else if (arg == "--queues") {
+      if (!as_int(1)) return false;
+      flags->queues = n;
     } else if (arg == "--rate") {
       if (!as_int(1)) return false;
       flags->rate = static_cast<double>(n);
@@ -328,13 +335,15 @@ void Print(const Report& r, const Flags& flags) {
   std::printf(
       "{\"mode\":\"%s\",\"address\":\"%s\",\"concurrency\":%d,\"workers\":%d,\"jobs\":%lld,"
       "\"done\":%lld,\"payload_bytes\":%d,\"seconds\":%.4f,\"jobs_per_sec\":%.1f,"
-      "\"in_flight\":%d,\"producer_batch\":%d,\"latency_of\":\"%s\",\"p50_ms\":%.3f,"
+      "\"in_flight\":%d,\"producer_batch\":%d,\"keys\":%lld,\"queues\":%lld,"
+      "\"latency_of\":\"%s\",\"p50_ms\":%.3f,"
       "\"p90_ms\":%.3f,\"p99_ms\":%.3f,\"max_ms\":%.3f,\"errors\":%lld,"
       "\"timed_out\":%s,\"first_error\":\"%s\"}\n",
       r.mode.c_str(), JsonEscape(flags.address).c_str(), r.concurrency, r.workers,
       static_cast<long long>(r.jobs), static_cast<long long>(r.done), flags.payload_bytes,
-      r.seconds, rate, r.in_flight, r.producer_batch, r.latency_of.c_str(), r.p50_ms, r.p90_ms,
-      r.p99_ms, r.max_ms, static_cast<long long>(r.errors), r.timed_out ? "true" : "false",
+      r.seconds, rate, r.in_flight, r.producer_batch, static_cast<long long>(flags.keys),
+      static_cast<long long>(flags.queues), r.latency_of.c_str(), r.p50_ms, r.p90_ms, r.p99_ms,
+      r.max_ms, static_cast<long long>(r.errors), r.timed_out ? "true" : "false",
       JsonEscape(r.first_error).c_str());
   std::fflush(stdout);
 }
@@ -450,6 +459,13 @@ class Bench {
 
   // EnqueueBatch loops of `batch` jobs until `total` are claimed; with --keys the jobs are spread
   // over that many concurrency keys. Latencies are per call.
+  // The queue of job `i` (and of a worker's `i`th lease): --queue, or with --queues one of
+  // QUEUE-0 .. QUEUE-(N-1) in turn.
+  std::string QueueOf(int64_t i) const {
+    if (flags_.queues == 1) return flags_.queue;
+    return absl::StrCat(flags_.queue, "-", i % flags_.queues);
+  }
+
   std::vector<std::thread> StartBatchProducers(int threads, std::atomic<int64_t>* next,
                                                std::atomic<int64_t>* enqueued, Latencies* latencies,
                                                Errors* errors, int batch, int64_t total) {
@@ -465,7 +481,7 @@ class Bench {
           v1::EnqueueBatchRequest req;
           for (int64_t i = 0; i < n; ++i) {
             v1::EnqueueRequest* job = req.add_jobs();
-            job->set_queue(flags_.queue);
+            job->set_queue(QueueOf(first + i));
             job->set_payload(payload_);
             if (flags_.keys > 0)
               job->set_concurrency_key(absl::StrCat("key-", (first + i) % flags_.keys));
@@ -503,9 +519,11 @@ class Bench {
         req.set_worker_id(absl::StrCat("bench-worker-", t));
         req.set_max_jobs(1);
         // A short long-poll: no busy loop when the queue is momentarily empty, and a quick exit
-        // once the last job is done.
-        req.mutable_wait()->set_nanos(200 * 1000 * 1000);
+        // once the last job is done. Over many queues a worker moves on to the next instead.
+        if (flags_.queues == 1) req.mutable_wait()->set_nanos(200 * 1000 * 1000);
+        int64_t turn = t;
         while (acked->load() < flags_.jobs && !TimedOut()) {
+          if (flags_.queues > 1) req.set_queue(QueueOf(turn++));
           const absl::Time start = absl::Now();
           v1::LeaseResponse resp;
           grpc::Status s =
@@ -639,8 +657,9 @@ class Bench {
   // them), and --workers unary workers take --jobs of them. Leasing is O(log n): this shows it.
   Report RunBacklog() {
     const int64_t total = std::max(flags_.preload, flags_.jobs);
-    std::fprintf(stderr, "backlog of %lld ready jobs over %lld keys\n",
-                 static_cast<long long>(total), static_cast<long long>(flags_.keys));
+    std::fprintf(stderr, "backlog of %lld ready jobs over %lld keys and %lld queues\n",
+                 static_cast<long long>(total), static_cast<long long>(flags_.keys),
+                 static_cast<long long>(flags_.queues));
     return RunPreloaded("backlog", total);
   }
 

@@ -53,7 +53,7 @@ broker_prefix="jobbroker: serving grpc="
 
 # serve_broker BROKER DIR [flags...]: serve_start for a jobbroker on free loopback ports with its
 # data in DIR/data (logs DIR/broker.stdout, DIR/broker.stderr) and any extra flags. Sets
-# broker_pid and broker_address.
+# broker_pid, broker_address (gRPC) and broker_http (HOST:PORT of /metrics and /healthz).
 serve_broker() {
   local broker="$1" dir="$2"
   shift 2
@@ -61,6 +61,7 @@ serve_broker() {
     --http-listen 127.0.0.1:0 --data-dir "$dir/data" "$@" || return 1
   broker_pid="$started_pid"
   broker_address="$started_address"
+  broker_http="$(sed -n "s/^$broker_prefix[^ ]* http=\([^ ]*\).*/\1/p" "$dir/broker.stdout" | head -n 1)"
 }
 
 # stop_broker DIR: serve_stop for the broker serve_broker started (logs in DIR); reports its exit
