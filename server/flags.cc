@@ -13,9 +13,11 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   ServerFlags flags;
   std::string max_work_streams;
   std::string max_hot_jobs;
+  std::string metrics_max_queues;
   std::map<absl::string_view, std::string*> values = {
       {"--max-work-streams", &max_work_streams},
       {"--max-hot-jobs", &max_hot_jobs},
+      {"--metrics-max-queues", &metrics_max_queues},
       {"--listen", &flags.listen},
       {"--http-listen", &flags.http_listen},
       {"--data-dir", &flags.data_dir},
@@ -63,6 +65,10 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   if (!max_hot_jobs.empty() && (!absl::SimpleAtoi(max_hot_jobs, &flags.max_hot_jobs) ||
                                 flags.max_hot_jobs < 0 || flags.max_hot_jobs > 1'000'000'000))
     return absl::InvalidArgumentError("--max-hot-jobs must be a number from 0 to 1000000000");
+  if (!metrics_max_queues.empty() &&
+      (!absl::SimpleAtoi(metrics_max_queues, &flags.metrics_max_queues) ||
+       flags.metrics_max_queues < 0 || flags.metrics_max_queues > 1'000'000))
+    return absl::InvalidArgumentError("--metrics-max-queues must be a number from 0 to 1000000");
   if (flags.tls_cert.empty() != flags.tls_key.empty())
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
   if (!flags.tls_client_ca.empty() && flags.tls_cert.empty())

@@ -33,6 +33,9 @@ struct ServerFlags {
   // Jobs kept whole in memory (BrokerOptions::max_hot_jobs); past it, waiting jobs are index
   // entries only and are read back from disk when leased. 0 to 1000000000.
   int64_t max_hot_jobs = 100'000;
+  // Queues with a `queue` label of their own in /metrics (server/queue_labels.h); later ones are
+  // counted under queue="(other)". 0: no limit. 0 to 1000000.
+  int64_t metrics_max_queues = 1000;
   bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;
 };
@@ -52,6 +55,8 @@ inline constexpr char kUsage[] =
     "  --log-level    debug | info | warn | error (default info)\n"
     "  --log-format   json | text (default json: one object per line on stderr)\n"
     "  --metrics      on | off (default on; off drops job, RPC and WAL metrics)\n"
+    "  --metrics-max-queues  queues labelled by name in /metrics (default 1000; 0: all);\n"
+    "                 later ones are counted together under queue=\"(other)\"\n"
     "  --tls-cert     gRPC over TLS: the server's certificate chain (PEM)\n"
     "  --tls-key      its private key (PEM)\n"
     "  --tls-client-ca  require client certificates signed by this CA (PEM): mutual TLS\n"

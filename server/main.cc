@@ -139,7 +139,8 @@ int Run(int argc, char** argv) {
 
   RealClock clock;
   Ticker ticker;
-  MetricsObserver metrics(registry);
+  QueueLabels queue_labels(static_cast<size_t>(flags->metrics_max_queues));
+  MetricsObserver metrics(registry, queue_labels);
   LogObserver log_observer;
   StorageHealth storage_health;  // readiness follows the store (server/storage_health.h)
   std::vector<BrokerObserver*> observers = {&log_observer, &storage_health};
@@ -173,7 +174,7 @@ int Run(int argc, char** argv) {
   if (server == nullptr || grpc_port == 0)
     return Fatal("--listen: cannot listen on " + flags->listen);
 
-  BrokerCollector collector(**broker);
+  BrokerCollector collector(**broker, queue_labels);
   RocksDbStore& rocks = **store;
   FunctionGauges storage({
       {"jobbroker_rocksdb_live_data_bytes", "RocksDB's estimate of live data, in bytes.",

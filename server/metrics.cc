@@ -1,7 +1,11 @@
 #include "server/metrics.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/ascii.h"
 
 namespace jobbroker {
@@ -39,16 +43,33 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
     m.gauge.value = value;
     f.metric.push_back(std::move(m));
   };
+  // By label, in the broker's queue order (the queue's own name, or the shared "(other)").
+  struct Sums {
+    std::map<JobState, int64_t> counts;
+    absl::Duration oldest_ready_age = absl::ZeroDuration();
+    int64_t waiting_leases = 0;
+  };
+  std::vector<std::pair<std::string, Sums>> queues;
+  absl::flat_hash_map<std::string, size_t> index;
   for (const QueueInfo& q : broker_.ListQueues()) {
+    std::string label = labels_.For(q.name);
+    auto [it, added] = index.emplace(label, queues.size());
+    if (added) queues.emplace_back(std::move(label), Sums{});
+    Sums& sums = queues[it->second].second;
+    for (const auto& [state, n] : q.counts) sums.counts[state] += n;
+    sums.oldest_ready_age = std::max(sums.oldest_ready_age, q.oldest_ready_age);
+    sums.waiting_leases += q.waiting_leases;
+  }
+  for (const auto& [label, q] : queues) {
     for (const auto& [state, n] : q.counts) {
       // "JOB_STATE_READY" -> "ready"
       std::string name = absl::AsciiStrToLower(std::string(JobStateName(state)).substr(10));
-      gauge(jobs, {{"queue", q.name}, {"state", name}}, static_cast<double>(n));
+      gauge(jobs, {{"queue", label}, {"state", name}}, static_cast<double>(n));
     }
-    gauge(age, {{"queue", q.name}}, absl::ToDoubleSeconds(q.oldest_ready_age));
-    gauge(waiting, {{"queue", q.name}}, static_cast<double>(q.waiting_leases));
-    gauge(active, {{"queue", q.name}}, static_cast<double>(q.counts.at(JobState::kActive)));
-    gauge(dead, {{"queue", q.name}}, static_cast<double>(q.counts.at(JobState::kFailed)));
+    gauge(age, {{"queue", label}}, absl::ToDoubleSeconds(q.oldest_ready_age));
+    gauge(waiting, {{"queue", label}}, static_cast<double>(q.waiting_leases));
+    gauge(active, {{"queue", label}}, static_cast<double>(q.counts.at(JobState::kActive)));
+    gauge(dead, {{"queue", label}}, static_cast<double>(q.counts.at(JobState::kFailed)));
   }
   prometheus::MetricFamily writes{"jobbroker_store_writes_total",
                                   "Synced store writes (one per group commit).",

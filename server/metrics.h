@@ -7,6 +7,7 @@
 #include "core/broker.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
+#include "server/queue_labels.h"
 
 namespace jobbroker {
 
@@ -26,14 +27,17 @@ class FunctionGauges final : public prometheus::Collectable {
 };
 
 // Gauges read from the broker at scrape time (jobs by queue and state, oldest ready age), so
-// they can never drift from the truth. `broker` is borrowed and must outlive the collector.
+// they can never drift from the truth. Queues past `labels`' limit are summed into one series
+// labelled QueueLabels::kOtherQueues (their oldest ready age: the oldest of them). `broker` and
+// `labels` are borrowed and must outlive the collector.
 class BrokerCollector final : public prometheus::Collectable {
  public:
-  explicit BrokerCollector(Broker& broker) : broker_(broker) {}
+  BrokerCollector(Broker& broker, QueueLabels& labels) : broker_(broker), labels_(labels) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
   Broker& broker_;
+  QueueLabels& labels_;
 };
 
 }  // namespace jobbroker

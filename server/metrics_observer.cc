@@ -40,7 +40,7 @@ struct MetricsObserver::QueueMetrics {
   prometheus::Histogram* run;
 };
 
-MetricsObserver::MetricsObserver(prometheus::Registry& r)
+MetricsObserver::MetricsObserver(prometheus::Registry& r, QueueLabels& labels)
     : enqueued_(Counter(r, "jobbroker_enqueued_total", "Jobs created by Enqueue.")),
       deduplicated_(Counter(r, "jobbroker_deduplicated_total",
                             "Enqueues answered with an existing job of the same dedup key.")),
@@ -64,15 +64,21 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r)
                               "Failed store writes, by kind (no_space, io_error); after one the "
                               "broker refuses every change until the store takes writes again.")),
       no_space_(storage_errors_.Add({{"kind", "no_space"}})),
-      io_error_(storage_errors_.Add({{"kind", "io_error"}})) {}
+      io_error_(storage_errors_.Add({{"kind", "io_error"}})),
+      labels_(labels) {}
 
 MetricsObserver::~MetricsObserver() = default;
 
 MetricsObserver::QueueMetrics& MetricsObserver::For(const std::string& queue) {
   auto it = queues_.find(queue);
   if (it != queues_.end()) return *it->second;
+  const std::string label = labels_.For(queue);
+  if (auto shared = by_label_.find(label); shared != by_label_.end()) {
+    queues_.emplace(queue, shared->second.get());
+    return *shared->second;
+  }
   auto m = std::make_unique<QueueMetrics>();
-  const prometheus::Labels q = {{"queue", queue}};
+  const prometheus::Labels q = {{"queue", label}};
   auto with = [&](const char* key, const char* value) {
     prometheus::Labels l = q;
     l[key] = value;
@@ -92,7 +98,9 @@ MetricsObserver::QueueMetrics& MetricsObserver::For(const std::string& queue) {
   m->released = &released_.Add(q);
   m->schedule_to_start = &schedule_to_start_.Add(q, kJobSeconds);
   m->run = &run_.Add(q, kJobSeconds);
-  return *queues_.emplace(queue, std::move(m)).first->second;
+  QueueMetrics* handle = by_label_.emplace(label, std::move(m)).first->second.get();
+  queues_.emplace(queue, handle);
+  return *handle;
 }
 
 void MetricsObserver::Enqueued(const std::string& queue, const std::string&, bool dedup) {

@@ -9,6 +9,7 @@
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "server/queue_labels.h"
 
 namespace jobbroker {
 
@@ -19,10 +20,11 @@ namespace jobbroker {
 //
 // The broker calls it under its own lock, which also guards the per-queue cache of metric
 // handles (so a hot-path event is a hash lookup and an atomic add); Committed() comes from the
-// writer thread and touches only queue-less metrics. The registry is borrowed.
+// writer thread and touches only queue-less metrics. Queues past `labels`' limit share the
+// series of QueueLabels::kOtherQueues. The registry and `labels` are borrowed.
 class MetricsObserver final : public BrokerObserver {
  public:
-  explicit MetricsObserver(prometheus::Registry& registry);
+  MetricsObserver(prometheus::Registry& registry, QueueLabels& labels);
   ~MetricsObserver() override;
 
   void Enqueued(const std::string& queue, const std::string& job_id, bool dedup) override;
@@ -54,7 +56,11 @@ class MetricsObserver final : public BrokerObserver {
   prometheus::Family<prometheus::Counter>& storage_errors_;
   prometheus::Counter& no_space_;
   prometheus::Counter& io_error_;
-  absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> queues_;
+  QueueLabels& labels_;
+  // By label: the queue's own name, or QueueLabels::kOtherQueues.
+  absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> by_label_;
+  // By queue name: a handle into by_label_, so that an event costs one lookup.
+  absl::flat_hash_map<std::string, QueueMetrics*> queues_;
 };
 
 }  // namespace jobbroker

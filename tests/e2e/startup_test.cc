@@ -107,6 +107,13 @@ TEST_F(CheckConfigTest, BadFlagsAreRefused) {
   ExitResult ca_only = Check("", {"--tls-client-ca", "/ca.pem"});
   EXPECT_EQ(ca_only.exit_code, 1);
   EXPECT_THAT(ca_only.stderr_text, HasSubstr("--tls-client-ca needs"));
+  for (const char* bad : {"-1", "1000001", "many"}) {
+    ExitResult r = Check("", {"--metrics-max-queues", bad});
+    EXPECT_EQ(r.exit_code, 1) << bad;
+    EXPECT_THAT(r.stderr_text, HasSubstr("--metrics-max-queues must be a number from 0 to 1000000"))
+        << bad;
+  }
+  EXPECT_EQ(Check("", {"--metrics-max-queues", "0"}).exit_code, 0) << "0: no limit";
 }
 
 TEST_F(CheckConfigTest, UnreadableOrNonPemTlsFilesAreRefusedNamingTheFlag) {

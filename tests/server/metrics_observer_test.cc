@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "server/metrics.h"
 #include "storage/memory_store.h"
 
 namespace jobbroker {
@@ -35,7 +36,10 @@ std::map<std::string, double> Samples(prometheus::Registry& registry) {
 
 class MetricsObserverTest : public ::testing::Test {
  protected:
-  MetricsObserverTest() : clock_(absl::FromUnixSeconds(1'800'000'000)), metrics_(registry_) {
+  explicit MetricsObserverTest(size_t max_queues = 1000)
+      : clock_(absl::FromUnixSeconds(1'800'000'000)),
+        labels_(max_queues),
+        metrics_(registry_, labels_) {
     BrokerOptions o;
     o.commit_mode = CommitPipeline::Mode::kInline;
     o.observer = &metrics_;
@@ -50,6 +54,7 @@ class MetricsObserverTest : public ::testing::Test {
   FakeClock clock_;
   MemoryStore store_;
   prometheus::Registry registry_;
+  QueueLabels labels_;
   MetricsObserver metrics_;
   std::unique_ptr<Broker> broker_;
 };
@@ -114,6 +119,72 @@ TEST_F(MetricsObserverTest, HistogramsMeasureOnTheBrokersClock) {
     }
   }
   EXPECT_EQ(seen, 2);
+}
+
+TEST(QueueLabelsTest, TheFirstQueuesKeepTheirNameAndTheRestShareOne) {
+  QueueLabels labels(2);
+  EXPECT_EQ(labels.For("a"), "a");
+  EXPECT_EQ(labels.For("b"), "b");
+  EXPECT_EQ(labels.For("c"), QueueLabels::kOtherQueues);
+  EXPECT_EQ(labels.For("a"), "a") << "a label never changes";
+  EXPECT_EQ(labels.For("c"), QueueLabels::kOtherQueues);
+  EXPECT_EQ(std::string(QueueLabels::kOtherQueues), "(other)");
+
+  QueueLabels unlimited(0);
+  for (int i = 0; i < 5000; ++i) {
+    const std::string q = "q" + std::to_string(i);
+    ASSERT_EQ(unlimited.For(q), q);
+  }
+}
+
+// Two queues labelled, two more counted together: a broker with thousands of queues keeps its
+// /metrics page bounded, and nothing is lost from the totals.
+class CappedMetricsTest : public MetricsObserverTest {
+ protected:
+  CappedMetricsTest() : MetricsObserverTest(/*max_queues=*/2) {}
+};
+
+TEST_F(CappedMetricsTest, QueuesPastTheLimitAreCountedUnderOther) {
+  for (const char* q : {"a", "b", "c", "d", "d"})
+    ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = q}).ok());
+  LeasedJob j = LeaseOne("d");
+  ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+
+  std::map<std::string, double> s = Samples(registry_);
+  EXPECT_EQ(s["jobbroker_enqueued_total{queue=a}"], 1);
+  EXPECT_EQ(s["jobbroker_enqueued_total{queue=b}"], 1);
+  EXPECT_EQ(s["jobbroker_enqueued_total{queue=(other)}"], 3);
+  EXPECT_EQ(s["jobbroker_attempts_total{outcome=completed,queue=(other)}"], 1);
+  EXPECT_EQ(s.count("jobbroker_enqueued_total{queue=c}"), 0u);
+  EXPECT_EQ(s.count("jobbroker_enqueued_total{queue=d}"), 0u);
+}
+
+TEST_F(CappedMetricsTest, TheScrapeGaugesSumTheOtherQueues) {
+  for (const char* q : {"a", "b", "c", "d", "d"})
+    ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = q}).ok());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "d"}).ok());
+
+  // queue label -> state -> jobs, and queue label -> oldest ready age.
+  std::map<std::string, std::map<std::string, double>> jobs;
+  std::map<std::string, double> age;
+  BrokerCollector collector(*broker_, labels_);
+  for (const prometheus::MetricFamily& f : collector.Collect()) {
+    for (const prometheus::ClientMetric& m : f.metric) {
+      std::string queue, state;
+      for (const prometheus::ClientMetric::Label& l : m.label) {
+        if (l.name == "queue") queue = l.value;
+        if (l.name == "state") state = l.value;
+      }
+      if (f.name == "jobbroker_jobs") jobs[queue][state] = m.gauge.value;
+      if (f.name == "jobbroker_oldest_ready_age_seconds") age[queue] = m.gauge.value;
+    }
+  }
+  EXPECT_EQ(jobs.size(), 3u) << "a, b and (other)";
+  EXPECT_EQ(jobs["a"]["ready"], 1);
+  EXPECT_EQ(jobs["b"]["ready"], 1);
+  EXPECT_EQ(jobs["(other)"]["ready"], 4) << "c's one and d's three";
+  EXPECT_EQ(age["(other)"], 5) << "the oldest of them";
 }
 
 }  // namespace
