@@ -521,7 +521,9 @@ class Bench {
         // A short long-poll: no busy loop when the queue is momentarily empty, and a quick exit
         // once the last job is done. Over many queues a worker moves on to the next instead.
         if (flags_.queues == 1) req.mutable_wait()->set_nanos(200 * 1000 * 1000);
-        int64_t turn = t;
+        // Workers start spread over the queues, so that they do not all visit the same queue
+        // one after the other and find it emptied by the ones before.
+        int64_t turn = t * std::max<int64_t>(1, flags_.queues / flags_.workers);
         while (acked->load() < flags_.jobs && !TimedOut()) {
           if (flags_.queues > 1) req.set_queue(QueueOf(turn++));
           const absl::Time start = absl::Now();
