@@ -75,13 +75,15 @@ void CommitPipeline::WhenDurable(uint64_t seq, Callback done, Durability level) 
       } else if (level == Durability::kSync) {
         waiters_.emplace(seq, std::move(done));
         // What was appended at kGroup or kNone has no fsync coming (or not soon): ask for one,
-        // so that waiting on disk (Flush at shutdown, for one) never waits for ever.
+        // so that waiting on disk (Flush at shutdown, for one) never waits for ever. A kSync
+        // append has asked already: nothing to do then, on the hot path.
         if (seq <= written_seq_) {
           unsynced_by_ = absl::InfinitePast();
-        } else {
+          work_cv_.Signal();
+        } else if (!pending_sync_) {
           pending_sync_ = true;
+          work_cv_.Signal();
         }
-        work_cv_.Signal();
         return;
       } else if (level == Durability::kGroup) {
         written_waiters_.emplace(seq, std::move(done));
