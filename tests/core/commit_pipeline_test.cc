@@ -1,6 +1,8 @@
 #include "core/commit_pipeline.h"
 
 #include <atomic>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -321,6 +323,28 @@ TEST(CommitPipelineDurabilityTest, NoneIsAnsweredBeforeItIsWrittenAndWrittenRigh
   EXPECT_EQ(store.calls().back(), "unsynced") << "a kNone batch is written without fsync";
 }
 
+// WhenDurable at kSync, waited for with a bound only against hanging for ever (a minute).
+class OnDisk {
+ public:
+  OnDisk(CommitPipeline& pipeline, uint64_t seq) {
+    pipeline.WhenDurable(seq, [state = state_](absl::Status s) {
+      state->status = std::move(s);
+      state->done.Notify();
+    });
+  }
+  // True once `seq` is on disk with OK; false on an error or after the minute.
+  bool Arrived() {
+    return state_->done.WaitForNotificationWithTimeout(absl::Seconds(60)) && state_->status.ok();
+  }
+
+ private:
+  struct State {
+    absl::Notification done;
+    absl::Status status;
+  };
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+};
+
 // Waiting for the fsync of something nothing asked to fsync (a kNone write; the broker's Flush at
 // shutdown) asks for one: it used to wait for a sync that never came, so a broker whose queues
 // were all NONE hung on SIGTERM until it was killed.
@@ -329,13 +353,7 @@ TEST(CommitPipelineDurabilityTest, WaitingForDiskFsyncsAnUnsyncedWrite) {
   CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
   uint64_t written = pipeline.Append(PutJob("written", ""), Durability::kNone);
   ASSERT_TRUE(pipeline.WaitDurable(written, Durability::kGroup).ok());
-  absl::Notification on_disk;
-  pipeline.WhenDurable(written, [&](absl::Status s) {
-    EXPECT_TRUE(s.ok()) << s;
-    on_disk.Notify();
-  });
-  // A bound only against hanging forever: the fsync is asked for at once.
-  ASSERT_TRUE(on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(OnDisk(pipeline, written).Arrived());
   EXPECT_EQ(store.calls(), (std::vector<std::string>{"unsynced", "fsync"}));
 
   // The same for one still waiting to be written: its write is synced.
@@ -343,13 +361,9 @@ TEST(CommitPipelineDurabilityTest, WaitingForDiskFsyncsAnUnsyncedWrite) {
   pipeline.Append(PutJob("blocker", ""), Durability::kNone);
   store.AwaitHeldWrite();
   uint64_t pending = pipeline.Append(PutJob("pending", ""), Durability::kNone);
-  absl::Notification pending_on_disk;
-  pipeline.WhenDurable(pending, [&](absl::Status s) {
-    EXPECT_TRUE(s.ok()) << s;
-    pending_on_disk.Notify();
-  });
+  OnDisk pending_on_disk(pipeline, pending);
   store.Release();
-  ASSERT_TRUE(pending_on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(pending_on_disk.Arrived());
   std::vector<std::string> calls = store.calls();
   ASSERT_GE(calls.size(), 4u);
   EXPECT_TRUE(calls.back() == "sync" || calls.back() == "fsync") << calls.back();
@@ -358,13 +372,9 @@ TEST(CommitPipelineDurabilityTest, WaitingForDiskFsyncsAnUnsyncedWrite) {
   store.Hold();
   uint64_t writing = pipeline.Append(PutJob("writing", ""), Durability::kNone);
   store.AwaitHeldWrite();
-  absl::Notification writing_on_disk;
-  pipeline.WhenDurable(writing, [&](absl::Status s) {
-    EXPECT_TRUE(s.ok()) << s;
-    writing_on_disk.Notify();
-  });
+  OnDisk writing_on_disk(pipeline, writing);
   store.Release();
-  ASSERT_TRUE(writing_on_disk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  ASSERT_TRUE(writing_on_disk.Arrived());
   calls = store.calls();
   ASSERT_GE(calls.size(), 2u);
   EXPECT_EQ(calls[calls.size() - 2], "unsynced");
