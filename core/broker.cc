@@ -353,6 +353,7 @@ void Broker::FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcom
   rec.ended_at = now;
   rec.outcome = outcome;
   rec.error = std::move(error);
+  if (outcome == AttemptOutcome::kCompleted) ++Queue(job.queue).completed_total;
   observer_.AttemptEnded(job, outcome, std::max(now - rec.started_at, absl::ZeroDuration()));
 }
 

@@ -413,6 +413,15 @@ absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
   QueueState* q = FindQueue(spec.queue);
   if (q == nullptr) return absl::NotFoundError(absl::StrCat("queue ", spec.queue, " not found"));
   ListJobsResult out;
+  if (!spec.dedup_key.empty()) {
+    // One job at most holds a key: no scan, no page.
+    auto held = dedup_.find(std::make_pair(spec.queue, spec.dedup_key));
+    if (held == dedup_.end()) return out;
+    const Job* job = FindJob(held->second.job_id);
+    if (job != nullptr && (!spec.state.has_value() || job->state == *spec.state))
+      out.jobs.push_back(*job);
+    return out;
+  }
   auto visit = [&](uint64_t seq) {  // false once the page is full and one more match exists
     // The state decides first, so a filtered scan reads back only the cold jobs it lists.
     if (spec.state.has_value() && StateOf(*q, seq) != *spec.state) return true;
@@ -448,6 +457,8 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   info.waiting_leases = static_cast<int64_t>(q.consumers.size());
   info.active = q.count(JobState::kActive);
   info.dead = q.count(JobState::kFailed);
+  info.enqueued_total = q.enqueued_total;
+  info.completed_total = q.completed_total;
   if (!q.ready_by_seq.empty()) {
     const uint64_t oldest = *q.ready_by_seq.begin();
     // A cold job's id says when it was created (to the ms): a gauge need not read it back.

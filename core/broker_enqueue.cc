@@ -141,6 +141,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       dedup_.insert_or_assign(std::move(key), std::move(e));
     }
     observer_.Enqueued(job.queue, job.id, false);
+    ++q.enqueued_total;
     results[i] = {job.id, false};
     q.all.insert(job.seq);
     Index(job);

@@ -62,6 +62,8 @@ struct Broker::QueueState {
   absl::btree_set<TimeKey> dead;           // FAILED and CANCELLED, for retention
   std::array<int64_t, 7> counts{};         // indexed by JobState
   std::deque<uint64_t> consumers;          // long polls and streams with a free slot, in turn
+  int64_t enqueued_total = 0;              // since start: jobs created, for QueueInfo
+  int64_t completed_total = 0;             // since start: attempts acked, for QueueInfo
 
   int64_t count(JobState s) const { return counts[static_cast<int>(s)]; }
   // May `key` start another job? The unkeyed group ("") is exempt from the per-key limit.

@@ -105,6 +105,7 @@ struct ListJobsSpec {
   int page_size = 100;
   std::string page_token;
   bool newest_first = false;
+  std::string dedup_key;  // set = only the job holding this dedup key
 };
 
 struct ListJobsResult {
@@ -122,6 +123,9 @@ struct QueueInfo {
   int64_t waiting_leases = 0;
   int64_t active = 0;  // counts[kActive]
   int64_t dead = 0;    // counts[kFailed]
+  // Since the broker started, not persisted: enough for a rate.
+  int64_t enqueued_total = 0;   // jobs created (deduplicated enqueues not counted)
+  int64_t completed_total = 0;  // attempts acked
 };
 
 // Bulk redrive: jobs of `queue` in `state` back to READY.

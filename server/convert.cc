@@ -141,6 +141,7 @@ absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
   s.page_size = req.page_size();
   s.page_token = req.page_token();
   s.newest_first = req.newest_first();
+  s.dedup_key = req.dedup_key();
   return s;
 }
 
@@ -322,6 +323,8 @@ void ToProto(const QueueInfo& q, v1::QueueInfo* out) {
   out->set_waiting_leases(q.waiting_leases);
   out->set_active(q.active);
   out->set_dead(q.dead);
+  out->set_enqueued_total(q.enqueued_total);
+  out->set_completed_total(q.completed_total);
 }
 
 }  // namespace jobbroker

@@ -743,5 +743,56 @@ TEST_F(BrokerAdminTest, QueueInfoCountsActiveAndDeadJobs) {
   EXPECT_EQ(info->dead, info->counts[JobState::kFailed]);
 }
 
+TEST_F(BrokerAdminTest, QueueInfoCountsEnqueuesAndAcksSinceStart) {
+  FailedJobs("q", 1);
+  Enqueue("q", "a");
+  Enqueue("q", "b");
+  EnqueueSpec dup{.queue = "q", .payload = "a"};
+  dup.dedup_key = "k";
+  ASSERT_TRUE(broker_->Enqueue(dup).ok());
+  ASSERT_TRUE(broker_->Enqueue(dup).ok());  // deduplicated: nothing created
+  const LeasedJob a = LeaseOne("q");
+  ASSERT_TRUE(broker_->Ack(AckSpec{a.job_id, a.lease_id}).ok());
+  auto info = broker_->GetQueue("q");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->enqueued_total, 4) << "the failed job, a, b and the first dedup enqueue";
+  EXPECT_EQ(info->completed_total, 1) << "a failed attempt is not a completion";
+
+  // Counters of this process: a restart starts them again, though the jobs are still there.
+  OpenOver(recorder_);
+  info = broker_->GetQueue("q");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->enqueued_total, 0);
+  EXPECT_EQ(info->completed_total, 0);
+  EXPECT_EQ(info->counts[JobState::kReady], 2) << "b and the dedup job";
+}
+
+TEST_F(BrokerAdminTest, ListJobsByDedupKeyFindsTheJobHoldingIt) {
+  Enqueue("q", "other");
+  EnqueueSpec keyed{.queue = "q", .payload = "p"};
+  keyed.dedup_key = "order-7";
+  auto r = broker_->Enqueue(keyed);
+  ASSERT_TRUE(r.ok()) << r.status();
+  Enqueue("q2", "same key, other queue");
+
+  auto found = broker_->ListJobs({.queue = "q", .dedup_key = "order-7"});
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_THAT(found->jobs, SizeIs(1));
+  EXPECT_EQ(found->jobs[0].id, r->job_id);
+  EXPECT_EQ(found->next_page_token, "");
+
+  // With a state the job is not in, or a key nobody holds, or in another queue: no job.
+  auto wrong_state =
+      broker_->ListJobs({.queue = "q", .state = JobState::kFailed, .dedup_key = "order-7"});
+  ASSERT_TRUE(wrong_state.ok());
+  EXPECT_THAT(wrong_state->jobs, SizeIs(0));
+  auto unknown = broker_->ListJobs({.queue = "q", .dedup_key = "order-8"});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_THAT(unknown->jobs, SizeIs(0));
+  auto other_queue = broker_->ListJobs({.queue = "q2", .dedup_key = "order-7"});
+  ASSERT_TRUE(other_queue.ok());
+  EXPECT_THAT(other_queue->jobs, SizeIs(0));
+}
+
 }  // namespace
 }  // namespace jobbroker

@@ -78,7 +78,9 @@ type ListJobsRequest struct {
 	// next_page_token of the previous page; empty for the first page.
 	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	// Newest first instead of oldest first.
-	NewestFirst   bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	NewestFirst bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	// Only the job that holds this dedup key in the queue (none if no job holds it).
+	DedupKey      string `protobuf:"bytes,6,opt,name=dedup_key,json=dedupKey,proto3" json:"dedup_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -146,6 +148,13 @@ func (x *ListJobsRequest) GetNewestFirst() bool {
 		return x.NewestFirst
 	}
 	return false
+}
+
+func (x *ListJobsRequest) GetDedupKey() string {
+	if x != nil {
+		return x.DedupKey
+	}
+	return ""
 }
 
 type ListJobsResponse struct {
@@ -619,9 +628,14 @@ type QueueInfo struct {
 	Active int64 `protobuf:"varint,6,opt,name=active,proto3" json:"active,omitempty"`
 	// Dead jobs (FAILED), the same as counts["JOB_STATE_FAILED"]: what a bulk RetryJob redrives
 	// by default.
-	Dead          int64 `protobuf:"varint,7,opt,name=dead,proto3" json:"dead,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Dead int64 `protobuf:"varint,7,opt,name=dead,proto3" json:"dead,omitempty"`
+	// Jobs created in the queue since the broker started (deduplicated enqueues not counted). Two
+	// readings give the enqueue rate; a smaller value than before means the broker restarted.
+	EnqueuedTotal int64 `protobuf:"varint,8,opt,name=enqueued_total,json=enqueuedTotal,proto3" json:"enqueued_total,omitempty"`
+	// Attempts that ended with an ack since the broker started.
+	CompletedTotal int64 `protobuf:"varint,9,opt,name=completed_total,json=completedTotal,proto3" json:"completed_total,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -699,6 +713,20 @@ func (x *QueueInfo) GetActive() int64 {
 func (x *QueueInfo) GetDead() int64 {
 	if x != nil {
 		return x.Dead
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetEnqueuedTotal() int64 {
+	if x != nil {
+		return x.EnqueuedTotal
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetCompletedTotal() int64 {
+	if x != nil {
+		return x.CompletedTotal
 	}
 	return 0
 }
@@ -964,14 +992,15 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb4\x01\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x01\n" +
 	"\x0fListJobsRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.jobbroker.v1.JobStateR\x05state\x12\x1b\n" +
 	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x04 \x01(\tR\tpageToken\x12!\n" +
-	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\"a\n" +
+	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\x12\x1b\n" +
+	"\tdedup_key\x18\x06 \x01(\tR\bdedupKey\"a\n" +
 	"\x10ListJobsResponse\x12%\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x11.jobbroker.v1.JobR\x04jobs\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\")\n" +
@@ -994,7 +1023,7 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x12ListQueuesResponse\x12/\n" +
 	"\x06queues\x18\x01 \x03(\v2\x17.jobbroker.v1.QueueInfoR\x06queues\"'\n" +
 	"\x0fGetQueueRequest\x12\x14\n" +
-	"\x05queue\x18\x01 \x01(\tR\x05queue\"\xe2\x02\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\"\xb2\x03\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\x06policy\x18\x02 \x01(\v2\x19.jobbroker.v1.QueuePolicyR\x06policy\x12;\n" +
@@ -1002,7 +1031,9 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x10oldest_ready_age\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0eoldestReadyAge\x12%\n" +
 	"\x0ewaiting_leases\x18\x05 \x01(\x03R\rwaitingLeases\x12\x16\n" +
 	"\x06active\x18\x06 \x01(\x03R\x06active\x12\x12\n" +
-	"\x04dead\x18\a \x01(\x03R\x04dead\x1a9\n" +
+	"\x04dead\x18\a \x01(\x03R\x04dead\x12%\n" +
+	"\x0eenqueued_total\x18\b \x01(\x03R\renqueuedTotal\x12'\n" +
+	"\x0fcompleted_total\x18\t \x01(\x03R\x0ecompletedTotal\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"y\n" +
