@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "prometheus/collectable.h"
+#include "server/http_handler.h"
 #include "server/http_tls.h"
 #include "server/tls_front.h"
 
@@ -18,8 +19,10 @@ namespace jobbroker {
 
 // The HTTP side (--http-listen): GET /healthz (liveness: 200 "ok" until shutdown starts),
 // GET /readyz (200 once SetReady(true): recovery finished and gRPC serves; 503 before and
-// while shutting down) and GET /metrics (Prometheus text format). It starts before recovery so
-// liveness answers during a long one. Collectables are borrowed and must outlive the server.
+// while shutting down), GET /metrics (Prometheus text format), the dashboard's JSON API under
+// /api/v1/ (once SetApi; 503 before) and the dashboard's files (ui/, embedded) at /. It starts
+// before recovery so liveness answers during a long one. Collectables and the API are borrowed
+// and must outlive the server.
 class HttpServer {
  public:
   // Listens on `address` ("host:port"; port 0 picks a free one), over TLS if `tls` is enabled.
@@ -38,18 +41,23 @@ class HttpServer {
     absl::MutexLock lock(&mu_);
     collectables_.push_back(c);
   }
+  // Serves /api/v1/ with `api` (once gRPC serves: the API calls it).
+  void SetApi(const HttpHandler* api) { api_.store(api); }
 
  private:
   HttpServer() = default;
   static int HandleHealth(::mg_connection* conn, void* self);
   static int HandleMetrics(::mg_connection* conn, void* self);
   static int HandleReady(::mg_connection* conn, void* self);
+  static int HandleApi(::mg_connection* conn, void* self);
+  static int HandleUi(::mg_connection* conn, void* self);
 
   ::mg_context* ctx_ = nullptr;
   std::unique_ptr<TlsFront> front_;  // with TLS: listens on the address, relays to ctx_
   int port_ = 0;
   std::atomic<bool> serving_{true};
   std::atomic<bool> ready_{false};
+  std::atomic<const HttpHandler*> api_{nullptr};
   absl::Mutex mu_;
   std::vector<const prometheus::Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
 };

@@ -39,9 +39,9 @@ absl::StatusOr<std::string> Dechunk(absl::string_view chunked) {
   }
 }
 
-}  // namespace
-
-std::string HttpGet(const std::string& address, const std::string& path, absl::Duration timeout) {
+// The whole response as received, or "" if the connection failed.
+std::string Exchange(const std::string& address, const std::string& request,
+                     absl::Duration timeout) {
   std::vector<std::string> host_port = absl::StrSplit(address, ':');
   int port = 0;
   if (host_port.size() != 2 || !absl::SimpleAtoi(host_port[1], &port)) return "";
@@ -59,8 +59,6 @@ std::string HttpGet(const std::string& address, const std::string& path, absl::D
     close(fd);
     return "";
   }
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address, "\r\nConnection: close\r\n\r\n");
   if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
     close(fd);
     return "";
@@ -72,14 +70,36 @@ std::string HttpGet(const std::string& address, const std::string& path, absl::D
   return response;
 }
 
+}  // namespace
+
+std::string HttpGet(const std::string& address, const std::string& path, absl::Duration timeout) {
+  return Exchange(
+      address,
+      absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", address, "\r\nConnection: close\r\n\r\n"),
+      timeout);
+}
+
 absl::StatusOr<HttpResponse> HttpGetResponse(const std::string& address, const std::string& path,
                                              absl::Duration timeout) {
-  const std::string raw = HttpGet(address, path, timeout);
-  if (raw.empty()) return absl::UnavailableError(absl::StrCat("GET ", address, path, " failed"));
+  return HttpSend(address, "GET", path, {}, "", timeout);
+}
+
+absl::StatusOr<HttpResponse> HttpSend(const std::string& address, const std::string& method,
+                                      const std::string& path,
+                                      const std::vector<std::string>& headers,
+                                      const std::string& body, absl::Duration timeout) {
+  std::string request =
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: ", address, "\r\nConnection: close\r\n");
+  for (const std::string& h : headers) absl::StrAppend(&request, h, "\r\n");
+  if (!body.empty()) absl::StrAppend(&request, "Content-Length: ", body.size(), "\r\n");
+  absl::StrAppend(&request, "\r\n", body);
+  const std::string raw = Exchange(address, request, timeout);
+  if (raw.empty())
+    return absl::UnavailableError(absl::StrCat(method, " ", address, path, " failed"));
   const size_t head_end = raw.find("\r\n\r\n");
   if (head_end == std::string::npos) {
     return absl::UnavailableError(
-        absl::StrCat("GET ", address, path, ": no end of headers in ", raw.substr(0, 200)));
+        absl::StrCat(method, " ", address, path, ": no end of headers in ", raw.substr(0, 200)));
   }
   absl::string_view head(raw.data(), head_end);
   const size_t status_end = head.find("\r\n");
@@ -89,12 +109,12 @@ absl::StatusOr<HttpResponse> HttpGetResponse(const std::string& address, const s
   if (parts.size() < 2 || !absl::StartsWith(parts[0], "HTTP/") ||
       !absl::SimpleAtoi(parts[1], &response.status)) {
     return absl::UnavailableError(
-        absl::StrCat("GET ", address, path, ": bad status line ", status_line));
+        absl::StrCat(method, " ", address, path, ": bad status line ", status_line));
   }
   if (status_end != absl::string_view::npos)
     response.headers = std::string(head.substr(status_end + 2));
-  absl::string_view body(raw);
-  body.remove_prefix(head_end + 4);
+  absl::string_view received(raw);
+  received.remove_prefix(head_end + 4);
   bool chunked = false;
   for (absl::string_view line : absl::StrSplit(response.headers, "\r\n")) {
     std::pair<absl::string_view, absl::string_view> kv =
@@ -105,10 +125,10 @@ absl::StatusOr<HttpResponse> HttpGetResponse(const std::string& address, const s
     }
   }
   if (!chunked) {
-    response.body = std::string(body);
+    response.body = std::string(received);
     return response;
   }
-  absl::StatusOr<std::string> dechunked = Dechunk(body);
+  absl::StatusOr<std::string> dechunked = Dechunk(received);
   if (!dechunked.ok()) return dechunked.status();
   response.body = *std::move(dechunked);
   return response;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -24,6 +25,14 @@ struct HttpResponse {
 // status code of the answer is in HttpResponse::status, not in the returned Status.
 absl::StatusOr<HttpResponse> HttpGetResponse(const std::string& address, const std::string& path,
                                              absl::Duration timeout = absl::Seconds(30));
+
+// Any request: `headers` are whole header lines without their CRLF ("Content-Type: x"); a
+// non-empty `body` is sent with its Content-Length. Parsed as HttpGetResponse.
+absl::StatusOr<HttpResponse> HttpSend(const std::string& address, const std::string& method,
+                                      const std::string& path,
+                                      const std::vector<std::string>& headers = {},
+                                      const std::string& body = "",
+                                      absl::Duration timeout = absl::Seconds(30));
 
 // The value of the first sample line of `metrics` (Prometheus text) whose series is exactly
 // `series` (a name, with its labels as printed: name{label="value"}), or -1 if there is none.
