@@ -57,7 +57,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   mg_set_request_handler(server->ctx_, "/healthz", &HttpServer::HandleHealth, server.get());
   mg_set_request_handler(server->ctx_, "/metrics", &HttpServer::HandleMetrics, server.get());
   mg_set_request_handler(server->ctx_, "/readyz", &HttpServer::HandleReady, server.get());
-  mg_set_request_handler(server->ctx_, "/api", &HttpServer::HandleApi, server.get());
+  mg_set_request_handler(server->ctx_, "/api/", &HttpServer::HandleApi, server.get());
   // Last: civetweb takes the first handler whose URI prefixes the request's.
   mg_set_request_handler(server->ctx_, "/", &HttpServer::HandleUi, server.get());
   mg_server_port ports[4];

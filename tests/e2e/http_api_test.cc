@@ -396,6 +396,8 @@ TEST_F(HttpApiTest, TheDashboardIsServedFromTheBinary) {
   EXPECT_THAT(script.headers, HasSubstr("Content-Type: text/javascript"));
 
   EXPECT_EQ(Get("/no-such-file.js").status, 404);
+  // Only /api/ is the API's: a file whose name starts with "api" is the dashboard's.
+  EXPECT_THAT(Get("/api.js").headers, HasSubstr("Content-Type: text/plain"));
   EXPECT_EQ(Get("/app.js/x").status, 404);
   EXPECT_EQ(Get("/../CMakeLists.txt").status, 404);
   EXPECT_EQ(Send("POST", "/", "{}").status, 405);
