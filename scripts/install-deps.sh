@@ -24,6 +24,8 @@ if [ "${1:-}" = "--tests" ]; then
   packages+=(podman runc debootstrap curl)
   # tests/fuzz: libFuzzer comes with clang's runtime; llvm-14 has the symbolizer for stacks.
   packages+=(clang-14 libclang-rt-14-dev llvm-14)
+  # tests/ui: the dashboard in a real headless browser (driven by playwright-core from npm).
+  packages+=(chromium)
   # The other languages' toolchains come with the machine (Go, Node.js with npm, JDK with Maven,
   # Rust with cargo, CPython); their packages are installed from each client's lock file.
   for tool in go node npm java mvn cargo python3; do

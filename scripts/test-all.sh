@@ -17,8 +17,8 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp asan tsan crash fuzz api chart image-lint python go typescript interop java rust
-  ruby bench image)
+all_suites=(cpp asan tsan crash fuzz api chart image-lint ui python go typescript interop java
+  rust ruby bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -45,6 +45,8 @@ run_suite() {
     # (docs/performance.md has the full runs); a run that fails or times out fails the suite.
     bench) BUILD_DIR="$root/$build" bench/peers/run.sh --quick ;;
     chart) tests/chart/test.sh ;;
+    # The dashboard in headless Chromium against the real broker (tests/ui/README.md).
+    ui) tests/ui/test.sh ;;
     image-lint) tests/image/lint.sh ;;
     image) scripts/image-check.sh ;;
     *)

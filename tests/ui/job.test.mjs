@@ -1,0 +1,135 @@
+// The job page: reaching a dead job from the overview, its error and attempt history, the
+// payload renderings, and the Retry, Cancel and Delete actions checked through gRPC.
+
+import assert from 'node:assert/strict';
+import { after, before, test } from 'node:test';
+import { launch, openPage, screenshot } from './browser.mjs';
+import { startDashboard } from './dashboard.mjs';
+import { connect, deadJob, enqueue } from './grpc.mjs';
+
+let dash;
+let client;
+let browser;
+let deadId;
+const ERROR = 'SMTP 550 5.1.1 <nobody@example.com>: mailbox unavailable';
+
+before(async () => {
+  dash = await startDashboard();
+  client = connect(dash.grpc);
+  browser = await launch();
+  // The dead job first: leasing it must not pick up one of the ready jobs.
+  deadId = await deadJob(client, 'emails', ERROR, {
+    payload: JSON.stringify({ to: 'nobody@example.com', template: 'welcome' }),
+    workerId: 'worker-7',
+  });
+  for (let i = 0; i < 3; i++) await enqueue(client, 'emails', JSON.stringify({ n: i }));
+});
+
+after(async () => {
+  await browser?.close();
+  client?.close();
+  await dash?.stop();
+});
+
+const state = async (id) => (await client.admin.getJob({ jobId: id })).state;
+
+test('a dead job is reached from the overview, shows its error, and Retry makes it ready', async () => {
+  const page = await openPage(browser, dash.url);
+  await page.getByRole('link', { name: 'Ready jobs in emails: 3', exact: true }).waitFor();
+  await page.getByRole('link', { name: 'Failed jobs in emails: 1', exact: true }).click();
+
+  // The queue page, on its Failed tab, lists the one dead job.
+  await page.getByRole('heading', { level: 1, name: 'Queue emails' }).waitFor();
+  await page.getByRole('link', { name: 'Failed 1' }).waitFor();
+  const table = page.getByRole('region', { name: 'Failed jobs, newest first', exact: true });
+  await table.getByRole('link', { name: deadId }).click();
+
+  await page.getByRole('heading', { level: 1, name: new RegExp(deadId) }).waitFor();
+  const lastError = page.getByRole('region', { name: 'Last error' });
+  assert.equal((await lastError.locator('pre').textContent()).trim(), ERROR);
+  const details = page.getByRole('region', { name: 'Details' });
+  assert.match(await details.textContent(), /Fail reason\s*Permanent/);
+  const attempts = page.getByRole('region', { name: 'Attempts', exact: true }).getByRole('row');
+  assert.equal(await attempts.count(), 2, 'a header row and one attempt');
+  const attempt = await attempts.nth(1).textContent();
+  assert.match(attempt, /worker-7/);
+  assert.match(attempt, /Permanent error/);
+  assert.match(attempt, /mailbox unavailable/);
+  // A dead job can be retried or deleted, not cancelled.
+  assert.equal(await page.getByRole('button', { name: 'Cancel job' }).count(), 0);
+  await screenshot(page, 'job');
+
+  await page.getByRole('button', { name: 'Retry job' }).click();
+  const dialog = page.getByRole('dialog', { name: 'Retry this job?' });
+  await dialog.waitFor();
+  await dialog.getByRole('button', { name: 'Confirm' }).click();
+  await page.getByRole('status').filter({ hasText: `Job ${deadId} is ready to run again.` }).waitFor();
+  assert.equal(await state(deadId), 'JOB_STATE_READY');
+  // The page shows the job's new state.
+  await page.getByRole('heading', { level: 1, name: /Ready/ }).waitFor();
+  assert.deepEqual(page.problems, []);
+});
+
+test('payloads: JSON pretty-printed, UTF-8 text as is, anything else as a hex dump', async () => {
+  const json = { user: { id: 42, name: 'Zoë' }, tags: ['a', 'b'] };
+  const jsonId = await enqueue(client, 'payloads', JSON.stringify(json));
+  const textId = await enqueue(client, 'payloads', 'plain text, not JSON: <b>bold</b>');
+  const binId = await enqueue(client, 'payloads', Buffer.from([0x00, 0x01, 0x02, 0xff, 0xfe, 0x41, 0x42]));
+
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${jsonId}` });
+  const payload = page.getByRole('region', { name: 'Payload' });
+  await payload.locator('pre').waitFor();
+  assert.equal(await payload.locator('pre').textContent(), JSON.stringify(json, null, 2));
+  assert.match(await payload.textContent(), /JSON · \d+ B/);
+
+  await page.goto(`${dash.url}/#/jobs/${textId}`);
+  await payload.getByText('Text ·').waitFor();
+  // Markup in a payload is shown as text, never interpreted.
+  assert.equal(await payload.locator('pre').textContent(), 'plain text, not JSON: <b>bold</b>');
+  assert.equal(await payload.locator('b').count(), 0);
+
+  await page.goto(`${dash.url}/#/jobs/${binId}`);
+  await payload.getByText('Binary, shown as hex · 7 B').waitFor();
+  assert.match(await payload.locator('pre').textContent(), /^00000000 {2}00 01 02 ff fe 41 42 .*\|\.\.\.\.\.AB\|$/);
+  assert.deepEqual(page.problems, []);
+});
+
+test('Cancel is refused by Escape, then confirmed from the keyboard; Delete removes the job', async () => {
+  const id = await enqueue(client, 'cancels', '{}');
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${id}` });
+  const cancel = page.getByRole('button', { name: 'Cancel job' });
+  await cancel.click();
+  const dialog = page.getByRole('dialog', { name: 'Cancel this job?' });
+  await dialog.waitFor();
+  await page.keyboard.press('Escape');
+  await dialog.waitFor({ state: 'hidden' });
+  assert.equal(await state(id), 'JOB_STATE_READY', 'Escape cancels nothing');
+
+  // A destructive action starts on the dialog's Cancel button; Shift+Tab reaches Confirm.
+  await cancel.click();
+  await dialog.waitFor();
+  assert.equal(await page.evaluate(() => document.activeElement.textContent), 'Cancel');
+  await page.keyboard.press('Shift+Tab');
+  assert.equal(await page.evaluate(() => document.activeElement.textContent), 'Confirm');
+  await page.keyboard.press('Enter');
+  await page.getByRole('status').filter({ hasText: `Job ${id} cancelled.` }).waitFor();
+  assert.equal(await state(id), 'JOB_STATE_CANCELLED');
+
+  await page.getByRole('button', { name: 'Delete job' }).click();
+  await page.getByRole('dialog', { name: 'Delete this job?' }).getByRole('button', { name: 'Confirm' }).click();
+  // Back on the queue's page, with the outcome announced.
+  await page.getByRole('heading', { level: 1, name: 'Queue cancels' }).waitFor();
+  await page.getByRole('status').filter({ hasText: `Job ${id} deleted.` }).waitFor();
+  await assert.rejects(client.admin.getJob({ jobId: id }), (err) => err.code === 5 /* NOT_FOUND */);
+  assert.deepEqual(page.problems, []);
+});
+
+test('an unknown job shows the broker’s message', async () => {
+  const missing = '01ARZ3NDEKTSV4RRFFQ69G5FAV';
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${missing}` });
+  const alert = page.getByRole('alert');
+  await alert.waitFor();
+  assert.match(await alert.textContent(), new RegExp(`${missing}.*not found|not found.*${missing}`, 'i'));
+  // The failed request is the only console error.
+  assert.ok(page.problems.every((p) => /404/.test(p)), page.problems.join('\n'));
+});
