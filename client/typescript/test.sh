@@ -15,18 +15,7 @@ if [[ ! -x "$JOBBROKER_BIN" ]]; then
   exit 1
 fi
 
-# npm ci, skipped when node_modules was installed from this very lock file.
-install() {
-  local dir="$1" stamp="$1/node_modules/.installed-from-lock"
-  local want
-  want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    echo "test.sh: $dir: node_modules is up to date"
-    return
-  fi
-  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
-  echo "$want" >"$stamp"
-}
+install() { "$root/scripts/npm-ci-once.sh" "$1"; }
 
 install "$here"
 (cd "$here" && npm run --silent build)

@@ -32,15 +32,7 @@ if [[ ! -x "$chromium" ]]; then
   exit 1
 fi
 
-# npm ci, skipped when node_modules was installed from this very lock file.
-stamp="$here/node_modules/.installed-from-lock"
-want="$(sha256sum "$here/package-lock.json" | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  echo "test.sh: node_modules is up to date"
-else
-  (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
-  echo "$want" >"$stamp"
-fi
+"$root/scripts/npm-ci-once.sh" "$here"
 
 cd "$here"
 if [[ ${#files[@]} -eq 0 ]]; then
