@@ -401,6 +401,7 @@ absl::StatusOr<std::string> Broker::JobQueue(const std::string& job_id) {
 
 absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
   BROKER_RETURN_IF_ERROR(ValidateQueueName(spec.queue));
+  BROKER_RETURN_IF_ERROR(ValidateDedupKey(spec.dedup_key));
   if (spec.page_size < 0 || spec.page_size > kMaxLeaseBatch)
     return absl::InvalidArgumentError(
         absl::StrCat("page_size must be between 0 and ", kMaxLeaseBatch));

@@ -40,6 +40,10 @@ absl::Status ValidateQueueName(absl::string_view name, absl::string_view field) 
   return absl::OkStatus();
 }
 
+absl::Status ValidateDedupKey(absl::string_view key) {
+  return ValidateKey(key, "dedup_key", /*required=*/false);
+}
+
 absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
   if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
   if (spec.payload.size() > kMaxPayloadBytes)
@@ -60,7 +64,7 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
     return Invalid("delay", "and run_at are exclusive: set at most one");
   if (spec.delay.has_value() && *spec.delay < absl::ZeroDuration())
     return Invalid("delay", "must not be negative");
-  if (absl::Status s = ValidateKey(spec.dedup_key, "dedup_key", false); !s.ok()) return s;
+  if (absl::Status s = ValidateDedupKey(spec.dedup_key); !s.ok()) return s;
   if (spec.dedup_ttl.has_value() && *spec.dedup_ttl < absl::ZeroDuration())
     return Invalid("dedup_ttl", "must not be negative");
   if (spec.dedup_ttl.has_value() && spec.dedup_key.empty())

@@ -21,6 +21,8 @@ absl::Status ValidateLeaseSpec(const LeaseSpec& spec);
 absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_id);
 // A job id alone (the admin calls): present and not over-long.
 absl::Status ValidateJobId(absl::string_view job_id);
+// A dedup key a caller names (Enqueue, ListJobs): empty (none) or at most 256 bytes.
+absl::Status ValidateDedupKey(absl::string_view key);
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec);
 absl::Status ValidateAckSpec(const AckSpec& spec);
 absl::Status ValidateFailSpec(const FailSpec& spec);

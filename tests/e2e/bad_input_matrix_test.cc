@@ -1058,6 +1058,10 @@ void AddJobAdminRows(std::vector<Row>& rows) {
        [](Env&, J& r) { r.set_page_token("18446744073709551616"); });
   list("page_token", "with_trailing_junk", Invalid("page_token"),
        [](Env&, J& r) { r.set_page_token("1x"); });
+  list("dedup_key", "over_256_bytes", Invalid("dedup_key"),
+       [](Env&, J& r) { r.set_dedup_key(Bytes(257, 'k')); });
+  list("dedup_key", "of_exactly_256_bytes_ok", Accepted(),
+       [](Env&, J& r) { r.set_dedup_key(Bytes(256, 'k')); });
   list("page_token", "of_uint64_max_newest_first_ok", Accepted(), [](Env&, J& r) {
     r.set_page_token("18446744073709551615");
     r.set_newest_first(true);
