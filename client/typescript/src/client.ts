@@ -8,6 +8,7 @@ import {
 } from "@grpc/grpc-js";
 import {
   AdminClient,
+  ListJobsRequest,
   type ListJobsResponse,
   type QueueInfo,
   type RetryJobResponse,
@@ -112,6 +113,8 @@ export interface ListJobsOptions {
   /** `nextPageToken` of the previous page. */
   pageToken?: string;
   newestFirst?: boolean;
+  /** Only the job that holds this dedup key (none if no job holds it). */
+  dedupKey?: string;
 }
 
 /** Deep-partial form of a message, as `fromPartial` takes it. */
@@ -287,13 +290,20 @@ export class Client {
 
   /** One page of a queue's jobs. */
   listJobs(queue: string, options: ListJobsOptions = {}): Promise<ListJobsResponse> {
-    return this.call(this.admin, this.admin.listJobs as Unary<unknown, ListJobsResponse>, {
-      queue,
-      state: options.state ?? 0,
-      pageSize: options.pageSize ?? 0,
-      pageToken: options.pageToken ?? "",
-      newestFirst: options.newestFirst ?? false,
-    });
+    // fromPartial sets every field the options leave out (and any field a newer proto adds) to
+    // its default; the generated encoder would write an `undefined` string field as a value.
+    return this.call(
+      this.admin,
+      this.admin.listJobs as Unary<unknown, ListJobsResponse>,
+      ListJobsRequest.fromPartial({
+        queue,
+        state: options.state ?? 0,
+        pageSize: options.pageSize ?? 0,
+        pageToken: options.pageToken ?? "",
+        newestFirst: options.newestFirst ?? false,
+        dedupKey: options.dedupKey ?? "",
+      }),
+    );
   }
 
   /** READY/SCHEDULED: cancelled at once; ACTIVE: the worker is told (cancel_requested). */
