@@ -128,21 +128,18 @@ int HttpServer::HandleApi(::mg_connection* conn, void* self) {
   request.query = info->query_string == nullptr ? "" : info->query_string;
   request.authorization = Header(conn, "Authorization");
   request.content_type = Header(conn, "Content-Type");
-  if (info->content_length > kMaxApiBodyBytes) {
+  auto too_large = [conn] {
     Reply(conn, 413, "Payload Too Large", "application/json",
           absl::StrCat("{\"code\":\"INVALID_ARGUMENT\",\"message\":\"body: over ", kMaxApiBodyBytes,
                        " bytes\"}\n"));
     return 413;
-  }
+  };
+  // The declared length first; a chunked body (no length) is cut off as it arrives.
+  if (info->content_length > kMaxApiBodyBytes) return too_large();
   char buffer[8192];
   for (int n; (n = mg_read(conn, buffer, sizeof(buffer))) > 0;) {
     request.body.append(buffer, static_cast<size_t>(n));
-    if (static_cast<long long>(request.body.size()) > kMaxApiBodyBytes) {
-      Reply(conn, 413, "Payload Too Large", "application/json",
-            absl::StrCat("{\"code\":\"INVALID_ARGUMENT\",\"message\":\"body: over ",
-                         kMaxApiBodyBytes, " bytes\"}\n"));
-      return 413;
-    }
+    if (static_cast<long long>(request.body.size()) > kMaxApiBodyBytes) return too_large();
   }
   const HttpReply reply = api->Handle(request);
   std::string headers = "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n";

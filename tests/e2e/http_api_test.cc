@@ -333,6 +333,13 @@ TEST_F(HttpApiTest, BadRequestsNameWhatIsWrongAndChangeNothing) {
     }
   }
 
+  // A body over 1 MiB is refused before it is parsed.
+  const HttpResponse huge = Send(
+      "POST", "/api/v1/queues/q/policy",
+      absl::StrCat(R"({"policy":{"maxConcurrency":4},"x":")", std::string(1 << 20, 'a'), R"("})"));
+  EXPECT_EQ(huge.status, 413);
+  EXPECT_THAT(ParseError(huge).message, HasSubstr("body: over 1048576 bytes"));
+
   v1::QueueInfo info;
   ASSERT_THAT(client_->GetQueue("q", &info), IsOk());
   EXPECT_FALSE(info.policy().paused());
