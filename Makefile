@@ -1,10 +1,12 @@
-# Thin wrapper over CMake. `make run` and `make test` install what is missing first.
-BUILD ?= build
+# Thin wrapper over CMake's presets (CMakePresets.json is the one source of build configurations).
+# `make run` and `make test` install what is missing first; `make check` is the inner loop.
+# The release preset's binaryDir.
+BUILD = build
 JOBS ?= 2
 DATA ?= ./data
 SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: deps test-deps build run test api-check image-lint image-check bench format format-check clean
+.PHONY: deps test-deps build check run test api-check image-lint image-check bench format format-check clean
 
 deps:
 	scripts/install-deps.sh
@@ -13,8 +15,13 @@ test-deps:
 	scripts/install-deps.sh --tests
 
 build: deps
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release
-	cmake --build $(BUILD) -j$(JOBS)
+	cmake --preset release
+	cmake --build --preset release
+
+# The inner loop: build, then the unit tests of core, storage and server (ctest label `unit`), in
+# about a minute once the build is warm. `make test` runs everything.
+check: build
+	ctest --preset check
 
 # The broker with its embedded defaults: gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080.
 run: build
