@@ -1,20 +1,14 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "absl/container/btree_map.h"
-#include "absl/container/btree_set.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/inlined_vector.h"
-#include "absl/functional/any_invocable.h"
+#include "absl/base/thread_annotations.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,10 +16,18 @@
 #include "absl/time/time.h"
 #include "core/clock.h"
 #include "core/commit_pipeline.h"
-#include "core/ids.h"
+#include "core/consumers.h"
+#include "core/deadlines.h"
+#include "core/dedup_table.h"
+#include "core/done.h"
+#include "core/effects.h"
 #include "core/job.h"
+#include "core/job_table.h"
 #include "core/observer.h"
 #include "core/policy.h"
+#include "core/queue_index.h"
+#include "core/queue_state.h"
+#include "core/recovered_state.h"
 #include "core/requests.h"
 #include "core/store.h"
 #include "core/stream_sink.h"
@@ -47,6 +49,12 @@ struct BrokerOptions {
   BrokerObserver* observer = nullptr;
   // How the pipeline writes: inline for tests, background (group commit) for the server.
   CommitPipeline::Mode commit_mode = CommitPipeline::Mode::kBackground;
+  // A commit writer shared with other brokers of this process (one per partition, so that they
+  // share fsyncs too); borrowed, must outlive the broker, and must write to the same `store`.
+  // Unset: the broker makes its own, in commit_mode. A shared pipeline's owner wakes the
+  // brokers' tickers on a write failure; ResumeWrites resets the pipeline, so all brokers on it
+  // must be rebuilt together (today one broker runs per process; partitions will do that).
+  CommitPipeline* pipeline = nullptr;
   // At most this much time-driven work (expiries, promotions, removals) per Tick.
   int tick_batch = 1000;
   // After a store failure, how often Tick tries the store again (ResumeWrites). Default 1 s: a
@@ -59,20 +67,24 @@ struct BrokerOptions {
   int64_t max_hot_jobs = 100'000;
 };
 
-template <typename T>
-using Done = absl::AnyInvocable<void(T)>;
-
-// Broker owns every job's state machine, the queue indexes, leases, retries, dedup keys and
-// policies. Thread-safe: one mutex guards memory; durability happens outside it in the
-// CommitPipeline (group commit), and every reply waits until its transition is durable.
-// `store` and `clock` are borrowed and must outlive the broker.
+// Broker owns every job's state machine and the policies around it: retries, leases, dedup keys,
+// concurrency and rate limits, retention. Thread-safe: one mutex guards memory; durability
+// happens outside it in the CommitPipeline (group commit), and every reply waits until its
+// transition is durable. `store` and `clock` are borrowed and must outlive the broker.
 //
-// Each operation comes in two forms: asynchronous (the `done` callback runs exactly once, on
-// some thread, after the change is durable or refused) for the server, and a blocking one for
-// tests and tools. Status codes: kInvalidArgument names the bad field; kNotFound for an unknown
-// job or queue; kFailedPrecondition for a stale lease or a job in the wrong state;
-// kAlreadyExists for a dedup key held with another payload; kResourceExhausted for a full
-// queue or an oversized field; kUnavailable while shutting down.
+// The broker is an orchestrator over collaborators that own their state, all guarded by its
+// mutex: the JobTable (every job, hot or cold), the QueueIndex (each queue's indexes, policy
+// and consumer line), Deadlines (what comes due when), the DedupTable and the Consumers (long
+// polls and streams). Every change goes through one mutation path (StartChangeLocked, the
+// operation, CommitChangeLocked, then Finish outside the lock), so each sees one present, does
+// the due time-driven work first, and is committed at the durability Effects chooses.
+//
+// Changes are asynchronous: the `done` callback runs exactly once, on some thread, after the
+// change is durable or refused (tests/testing/blocking_broker.h waits for it). Status codes:
+// kInvalidArgument names the bad field; kNotFound for an unknown job or queue; kFailedPrecondition
+// for a stale lease or a job in the wrong state; kAlreadyExists for a dedup key held with another
+// payload; kResourceExhausted for a full queue or an oversized field; kUnavailable while shutting
+// down.
 //
 // Storage failures: when a store write fails, nobody whose change was in it is told OK, and
 // every change is refused from then on (kResourceExhausted when the disk is full, kUnavailable
@@ -165,26 +177,6 @@ class Broker {
   // ends them, and must come before the broker is destroyed while one may be running.
   void PurgeQueue(std::string queue, std::vector<JobState> states,
                   Done<absl::StatusOr<int64_t>> done);
-  // Blocking forms of the admin calls above.
-  absl::StatusOr<Job> RetryJob(std::string job_id);
-  absl::StatusOr<RetryJobsResult> RetryJobs(RetryJobsSpec spec);
-  absl::Status DeleteJob(std::string job_id);
-  absl::StatusOr<QueueInfo> SetQueuePaused(std::string queue, bool paused);
-  absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<JobState> states = {});
-
-  // Blocking forms.
-  absl::StatusOr<EnqueueResult> Enqueue(EnqueueSpec spec);
-  absl::StatusOr<std::vector<EnqueueResult>> EnqueueBatch(std::vector<EnqueueSpec> specs);
-  absl::StatusOr<std::vector<LeasedJob>> Lease(LeaseSpec spec);
-  absl::StatusOr<HeartbeatResult> Heartbeat(HeartbeatSpec spec);
-  absl::Status Ack(AckSpec spec);
-  absl::StatusOr<std::vector<absl::Status>> AckBatch(std::vector<AckSpec> specs);
-  absl::StatusOr<FailResult> Fail(FailSpec spec);
-  absl::Status Release(ReleaseSpec spec);
-  absl::StatusOr<Job> CancelJob(std::string job_id);
-  absl::StatusOr<QueueInfo> UpdateQueuePolicy(std::string queue, PolicyOverride policy,
-                                              bool reset = false);
-
   // Reads (no durability wait). GetJob of a job whose stored record was corrupt (skipped at
   // recovery) is kDataLoss; DeleteJob removes such a record.
   absl::StatusOr<Job> GetJob(const std::string& job_id);
@@ -229,162 +221,167 @@ class Broker {
   };
   MemoryCounts memory_counts() const;
 
+  // A collaborator method or a broker method whose name ends in Locked needs mu_ held; every
+  // other private method takes it itself (or, as the static ones, needs no state).
  private:
-  struct Consumer;
-  struct QueueState;
-  struct Effects;
-  // Orders jobs by deadline or due time; the seq breaks ties and identifies the job.
-  using TimeKey = std::pair<absl::Time, uint64_t>;
-
-  struct Recovered;
+  struct Batches;
 
   Broker(Store& store, const Clock& clock, BrokerOptions options);
   static BrokerObserver& NoObserver();
   absl::Status Recover();
+
+  // --- The one mutation path (broker.cc, broker_mutation.h) -----------------------------------
+  // Under mu_, before the operation: makes jobs past max_hot_jobs cold, reads the clock once (the
+  // operation sees one present) and does the time-driven work that is due, so that the operation
+  // sees a consistent state. Returns `now`.
+  absl::Time StartChangeLocked(Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Under mu_, after it: appends `t` to the pipeline at the durability `fx` chose (Effects has
+  // the rules), notes what the store will hold, and whether the ticker must wake. Returns the
+  // commit number to wait for.
+  uint64_t CommitChangeLocked(Transition t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refusable change: takes mu_, refuses while shutting down or while the store refuses
+  // writes (the refusal, with no commit), else runs `op(now, t, fx) -> absl::Status` between
+  // Start and Commit. `fx` and `commit` are for Finish.
+  template <typename Op>
+  absl::Status Mutate(Effects& fx, uint64_t& commit, Op op) ABSL_LOCKS_EXCLUDED(mu_);
+  // Mutate for an operation with an answer: `done` gets `op`'s result once it is durable.
+  template <typename T, typename Op>
+  void Run(Done<absl::StatusOr<T>> done, Op op) ABSL_LOCKS_EXCLUDED(mu_);
+  // Without the lock: carries out `fx` and runs `done` once `commit` is as durable as asked.
+  void Finish(uint64_t commit, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
+  // Answers `done` with `result` once `commit` is durable (or with the write's failure).
+  template <typename T>
+  void Reply(uint64_t commit, Effects fx, Done<absl::StatusOr<T>> done, absl::StatusOr<T> result);
+  // Answers long polls and tells streams what `fx` holds, once its transition is `written`.
+  static void Deliver(Effects& fx, const absl::Status& written);
+  // Why no change can be made now (shutting down, or the store failed), or OK.
+  absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- Recovery and storage failures (broker.cc, broker_storage.cc) ----------------------------
   // Builds memory from what the store held (`found`; memory must be empty) and turns leases that
   // ran out into failed attempts, into `t`. Returns how many leases expired.
-  size_t LoadLocked(Recovered& found, absl::Time now, Transition& t, Effects& fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Ends every consumer: waiting Leases and streams are handed out, to be answered without the
-  // lock (shutdown, and the rebuild after a storage failure).
-  void DetachConsumersLocked(std::vector<Done<absl::StatusOr<std::vector<LeasedJob>>>>& waiting,
-                             std::vector<std::shared_ptr<StreamSink>>& streams)
+  size_t LoadLocked(RecoveredState& found, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets every job, queue, dedup key and consumer, handing waiting Leases and streams out to
   // be answered without the lock.
-  void ClearLocked(std::vector<Done<absl::StatusOr<std::vector<LeasedJob>>>>& waiting,
+  void ClearLocked(std::vector<LeaseDone>& waiting,
                    std::vector<std::shared_ptr<StreamSink>>& streams)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls ResumeWrites if the store failed and a retry is due.
-  void MaybeResume();
+  void MaybeResume() ABSL_LOCKS_EXCLUDED(mu_);
   // What a change gets while the store refuses writes after `cause`.
   static absl::Status StorageRefusal(const absl::Status& cause);
   // What a change whose write failed with `written` gets.
   static absl::Status NotDurable(const absl::Status& written);
 
-  // Commits `t` (under mu_), then runs `fx` and `done` once it is durable.
-  uint64_t CommitLocked(Transition t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends `t` with the durability `fx` asks for (Effects::Touch).
-  uint64_t CommitLocked(Transition t, const Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Finish(uint64_t seq, Effects fx, absl::AnyInvocable<void(absl::Status)> done);
-  // Answers long polls and tells streams what `fx` holds, once its transition is `written`.
-  static void Deliver(Effects& fx, const absl::Status& written);
-  // Why no change can be made now (shutting down, or the store failed), or OK.
-  absl::Status RefusalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers `done` with `result` once `seq` is durable (or with the write's failure).
-  template <typename T>
-  void Reply(uint64_t seq, Effects fx, Done<absl::StatusOr<T>> done, absl::StatusOr<T> result);
-  // The common shape of a mutating operation.
-  template <typename T, typename Op>
-  void Run(Done<absl::StatusOr<T>> done, Op op);
-
-  QueueState& Queue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  QueueState* FindQueue(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  QueuePolicy EffectivePolicy(const std::string& queue, const PolicyOverride& runtime) const;
+  // --- Jobs in memory (broker_memory.cc) --------------------------------------------------------
   // The job `id`, read back from the store if it is cold; nullptr if there is none.
-  Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Job* FindJobLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job whose seq an index holds, read back from the store if it is cold. nullptr only if a
   // cold job's record cannot be read: it is then dropped from the indexes and counted corrupt.
-  Job* JobBySeq(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job known to be hot: ACTIVE or ended (never cold), or one just found not to be in cold_.
-  Job& HotJob(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return *jobs_by_seq_.at(seq).job; }
+  Job* JobBySeqLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The state of the job `seq` without reading a cold one back (cold ones are READY or
   // SCHEDULED, told apart by the queue's ready index).
-  JobState StateOf(const QueueState& q, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // The memory model (docs/architecture.md): hot jobs are whole in memory; cold ones are only
-  // in the indexes plus `cold_` (seq -> packed id), their record in the store.
-  // Takes a hot job in, with what the store is known to hold of it (`put_at` 0: already there).
-  void AdoptLocked(std::unique_ptr<Job> job, uint64_t put_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The jobs a transition puts (seq, state), in order, and noting them once it has a commit
-  // number: their record is in the store once that commit is written.
-  using PutList = absl::InlinedVector<std::pair<uint64_t, JobState>, 8>;
-  static PutList PutsOf(const Transition& t);
-  void StampPutsLocked(const PutList& puts, uint64_t commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes written READY/SCHEDULED jobs cold, oldest put first, while more than max_hot_jobs are
-  // hot. Runs at the start of an operation, when no caller holds a Job reference.
-  void FreezeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads the cold job `seq` back; on failure drops it as DropUnreadable does.
+  JobState StateOfLocked(const QueueState& q, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the cold job `seq` back, checking the record against the indexes; on failure drops it
+  // as DropUnreadableLocked does.
   Job* ThawLocked(uint64_t seq, PackedJobId id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A cold job whose record cannot be read: out of every index (found by a scan: this is rare),
   // counted corrupt, and reported, so that the rest can be served.
-  void DropUnreadable(uint64_t seq, const std::string& id, absl::Status why)
+  void DropUnreadableLocked(uint64_t seq, const std::string& id, absl::Status why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stored record recovery could not use: counted, remembered and reported.
+  void QuarantineLocked(CorruptRecord record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Index maintenance: every change of a job's state, run_at or lease goes through these.
-  void Index(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job just finished into `finished`: make sure the ticker runs the retention sweep in time.
-  void WakeForRetention(const absl::btree_set<TimeKey>& finished, const ::jobbroker::Retention& r,
-                        absl::Time ended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Unindex(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveJob(Job& job, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // --- Indexes (broker.cc): every change of a job's state, run_at or lease goes through these --
+  void IndexLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnindexLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `job` (not ACTIVE) from memory and deletes its record in `t`; destroys `job`.
+  void RemoveJobLocked(Job& job, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- Time-driven work (broker_time.cc) --------------------------------------------------------
   // Lease expiry and due scheduled jobs (bounded by tick_batch). Runs before every operation so
   // each sees a consistent present.
-  void ProcessDue(absl::Time now, Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireLease(Job& job, absl::Time now, Transition& t, Effects& fx)
+  void ProcessDueLocked(absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A failed attempt (error or lease expiry): schedule a retry or end the job.
-  void EndAttemptFailed(Job& job, absl::Time now, AttemptOutcome outcome, std::string error,
-                        std::optional<absl::Duration> retry_after)
+  void ExpireLeaseLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishAttemptRecord(Job& job, absl::Time now, AttemptOutcome outcome, std::string error)
+  // Long polls whose wait ran out answer empty.
+  void TimeOutWaitersLocked(absl::Time now, int& budget, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Retention(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ExpireDedup(absl::Time now, Transition& t, int& budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RetentionLocked(absl::Time now, Transition& t, Effects& fx, int& budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireDedupLocked(absl::Time now, Transition& t, int& budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time NextDeadlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Whether `q` may lease a job now: not paused, under max_concurrency and the rate limit, and
-  // some key with a ready job has room under max_concurrency_per_key.
-  bool CanLease(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Leases the next job in turn (CanLease must be true); returns it and its seq.
-  std::pair<LeasedJob, uint64_t> LeaseNext(QueueState& q, const LeaseSpec& spec, absl::Time now,
-                                           Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // When the rate limit of `q` next lets a waiting consumer have a job; InfiniteFuture if no
-  // one waits on it.
-  absl::Time RefillTime(const QueueState& q) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Tops up the rate-limit token bucket of `q` to `now`.
-  void Refill(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a policy change: a fresh token bucket, and keys that now have room back in turn.
-  void PolicyChanged(QueueState& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  LeasedJob LeaseOne(Job& job, const LeaseSpec& spec, absl::Time now, Transition& t)
+  // --- Attempts ending (broker_attempts.cc) -----------------------------------------------------
+  // A failed attempt (error or lease expiry): schedule a retry or end the job.
+  void EndAttemptFailedLocked(Job& job, absl::Time now, AttemptOutcome outcome, std::string error,
+                              std::optional<absl::Duration> retry_after)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<LeasedJob> LeaseMany(QueueState& q, const LeaseSpec& spec, absl::Time now,
-                                   Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands leasable jobs of `q` to its consumers in turn: a long poll takes its jobs and leaves,
-  // a stream takes one job and goes to the back while it has a free slot.
-  void ServeConsumers(QueueState& q, absl::Time now, Transition& t, Effects& fx)
+  void FinishAttemptRecordLocked(Job& job, absl::Time now, AttemptOutcome outcome,
+                                 std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job `job_id`, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
+  absl::StatusOr<Job*> LeasedJobForLocked(const std::string& job_id, const std::string& lease_id,
+                                          Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Puts a stream with a free slot in line in each of its queues, and serves them.
-  void Enlist(Consumer& stream, absl::Time now, Transition& t, Effects& fx)
+  absl::StatusOr<FailResult> FailLocked(FailSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // `job` leaves ACTIVE: the stream that holds it (if any) gets its slot back, and is told the
-  // lease is lost if `lost`.
-  void EndHold(const Job& job, bool lost, absl::Time now, Transition& t, Effects& fx)
+  absl::StatusOr<HeartbeatResult> HeartbeatLocked(HeartbeatSpec& spec, absl::Time now,
+                                                  Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReleaseLocked(ReleaseSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `job` (unindexed) just left ACTIVE by an ack, fail or release: index and persist it, give its
   // stream its slot back, and hand the queue's freed slot to whoever waits.
-  void Settle(Job& job, absl::Time now, Transition& t, Effects& fx)
+  void SettleLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes a consumer from its queues' lines.
-  void Delist(Consumer& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- Handing jobs out (broker_consumers.cc) ---------------------------------------------------
+  // Whether `q` may lease a job now: not paused, under max_concurrency and the rate limit, and
+  // some key with a ready job has room under max_concurrency_per_key.
+  bool CanLeaseLocked(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Leases the next job in turn (CanLeaseLocked must be true); returns it and its seq.
+  std::pair<LeasedJob, uint64_t> LeaseNextLocked(QueueState& q, const LeaseSpec& spec,
+                                                 absl::Time now, Transition& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  LeasedJob LeaseOneLocked(QueueState& q, Job& job, const LeaseSpec& spec, absl::Time now,
+                           Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<LeasedJob> LeaseManyLocked(QueueState& q, const LeaseSpec& spec, absl::Time now,
+                                         Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands leasable jobs of `q` to its consumers in turn: a long poll takes its jobs and leaves,
+  // a stream takes one job and goes to the back while it has a free slot.
+  void ServeConsumersLocked(QueueState& q, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Puts a stream with a free slot in line in each of its queues, and serves them.
+  void EnlistLocked(Consumer& stream, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` leaves ACTIVE: the stream that holds it (if any) gets its slot back, and is told the
+  // lease is lost if `lost`.
+  void EndHoldLocked(const Job& job, bool lost, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a consumer from its queues' lines (and a long poll from the deadlines).
+  void DelistLocked(Consumer& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends every consumer (shutdown, and the rebuild after a storage failure).
+  void DetachConsumersLocked(std::vector<LeaseDone>& waiting,
+                             std::vector<std::shared_ptr<StreamSink>>& streams)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- Enqueue (broker_enqueue.cc) --------------------------------------------------------------
   absl::StatusOr<std::vector<EnqueueResult>> EnqueueLocked(std::vector<EnqueueSpec>& specs,
                                                            bool name_jobs, absl::Time now,
                                                            Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Completes the attempt `spec` names (Ack and AckBatch).
-  absl::Status AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job `spec` names, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
-  absl::StatusOr<Job*> LeasedJobFor(const std::string& job_id, const std::string& lease_id,
-                                    Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  QueueInfo InfoLocked(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time NextDeadlineLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double Uniform() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeWake(absl::Time before) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Admin helpers (broker_admin.cc).
-  struct Batches;
+  // --- Operator calls (broker_admin.cc, broker_bulk.cc) -----------------------------------------
+  absl::StatusOr<Job> CancelLocked(const std::string& job_id, absl::Time now, Transition& t,
+                                   Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job> RetryOneLocked(const std::string& job_id, absl::Time now, Transition& t,
+                                     Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status DeleteLocked(const std::string& job_id, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges `policy` into the queue's run-time override (after dropping it if `reset`), creating
   // the queue if new; kInvalidArgument if the result is out of range.
   absl::StatusOr<QueueInfo> ChangePolicyLocked(const std::string& queue,
@@ -393,54 +390,40 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A FAILED or CANCELLED `job` back to READY (see RetryJob); the caller serves consumers.
   void RetryLocked(Job& job, absl::Time now, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One batch of a bulk redrive or purge (see RetryJobs, PurgeQueue): true once all is done.
+  struct Redrive;
+  struct Purge;
+  absl::StatusOr<bool> RedriveBatchLocked(Redrive& r, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> PurgeBatchLocked(Purge& p, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `batches` one transition at a time until its step says it is done (see RetryJobs).
-  void RunBatches(std::shared_ptr<Batches> batches);
+  void RunBatches(std::shared_ptr<Batches> batches) ABSL_LOCKS_EXCLUDED(mu_);
+  QueueInfo InfoLocked(QueueState& q, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  double UniformLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
   Store& store_;
   const Clock& clock_;
   const BrokerOptions options_;
   BrokerObserver& observer_;  // options_.observer, or one that ignores everything
-  CommitPipeline pipeline_;
+  std::unique_ptr<CommitPipeline> own_pipeline_;  // unless options_.pipeline is shared
+  CommitPipeline& pipeline_;
 
+  // State below is protected by mu_.
   mutable absl::Mutex mu_;
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
+  QueueIndex queues_ ABSL_GUARDED_BY(mu_);
+  Deadlines deadlines_ ABSL_GUARDED_BY(mu_);
+  DedupTable dedup_ ABSL_GUARDED_BY(mu_);
+  Consumers consumers_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // After a store failure: when Tick next tries the store (InfinitePast: not scheduled yet), and
   // whether a ResumeWrites is running.
   absl::Time resume_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool resuming_ ABSL_GUARDED_BY(mu_) = false;
-  // Jobs whose stored record does not decode, with why; and corrupt records of every kind.
-  absl::flat_hash_map<std::string, absl::Status> corrupt_jobs_ ABSL_GUARDED_BY(mu_);
-  int64_t corrupt_records_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_consumer_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::Time next_wake_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Hot jobs, by id and by seq. `put_at` is the commit that last put the job (0: the store held
-  // it before this process touched it) and `put_state` the state it put, so FreezeLocked can
-  // tell whether the store holds exactly what memory does.
-  struct HotRef {
-    Job* job = nullptr;
-    uint64_t put_at = 0;
-    JobState put_state = JobState::kReady;
-  };
-  absl::flat_hash_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, HotRef> jobs_by_seq_ ABSL_GUARDED_BY(mu_);
-  // Cold jobs: seq -> id. Every other fact of them is in the indexes or the store.
-  absl::flat_hash_map<uint64_t, PackedJobId> cold_ ABSL_GUARDED_BY(mu_);
-  // (commit, seq) of READY/SCHEDULED puts, in commit order: FreezeLocked's candidates. Stale
-  // ones (the job changed since, or left) are skipped when met.
-  std::deque<std::pair<uint64_t, uint64_t>> freeze_queue_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<QueueState>> queues_ ABSL_GUARDED_BY(mu_);
-  absl::btree_set<TimeKey> scheduled_ ABSL_GUARDED_BY(mu_);  // (run_at, seq)
-  absl::btree_set<TimeKey> leases_ ABSL_GUARDED_BY(mu_);     // (lease_deadline, seq)
-  absl::flat_hash_map<std::pair<std::string, std::string>, DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
-  absl::btree_set<std::tuple<absl::Time, std::string, std::string>> dedup_expiry_
-      ABSL_GUARDED_BY(mu_);
-  // Long polls and Work streams, by handle.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<Consumer>> consumers_ ABSL_GUARDED_BY(mu_);
-  // Which stream holds an ACTIVE job it was pushed (by job seq).
-  absl::flat_hash_map<uint64_t, uint64_t> holders_ ABSL_GUARDED_BY(mu_);
-  absl::btree_set<std::pair<absl::Time, uint64_t>> waiter_deadlines_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace jobbroker

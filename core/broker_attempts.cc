@@ -1,18 +1,18 @@
 // Broker: what a worker says about an attempt: Heartbeat, Ack, Fail, Release (lease fencing,
 // late-ack salvage, retries).
 #include "absl/strings/str_cat.h"
-#include "core/broker_internal.h"
+#include "core/broker_mutation.h"
 #include "core/status_macros.h"
 #include "core/validation.h"
 
 namespace jobbroker {
 
-absl::StatusOr<Job*> Broker::LeasedJobFor(const std::string& job_id, const std::string& lease_id,
-                                          Effects& fx) {
-  Job* job = FindJob(job_id);
+absl::StatusOr<Job*> Broker::LeasedJobForLocked(const std::string& job_id,
+                                                const std::string& lease_id, Effects& fx) {
+  Job* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   // What a worker says of a job is as durable as the job's queue asks.
-  fx.Touch(Queue(job->queue).policy);
+  fx.Touch(queues_.Get(job->queue).policy);
   if (job->lease_id != lease_id) {
     if (job->lease_id.empty())
       return absl::FailedPreconditionError(absl::StrCat("lease ", lease_id, " of job ", job_id,
@@ -29,23 +29,24 @@ void Broker::Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>>
   Run<HeartbeatResult>(
       std::move(done),
       [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
-          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<HeartbeatResult> {
-            absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
-            if (!found.ok()) return found.status();
-            Job& job = **found;
-            if (job.state != JobState::kActive)
-              return absl::FailedPreconditionError(absl::StrCat(
-                  "lease ", spec.lease_id, " of job ", job.id, " has ended (the job is ",
-                  JobStateName(job.state), "); stop working on it"));
-            Unindex(job);
-            absl::Duration extend =
-                spec.extend_by > absl::ZeroDuration() ? spec.extend_by : job.lease_length;
-            job.lease_deadline = now + extend;
-            if (spec.checkpoint.has_value()) job.checkpoint = std::move(*spec.checkpoint);
-            Index(job);
-            t.put_jobs.push_back(job);
-            return HeartbeatResult{job.lease_deadline, job.cancel_requested};
-          });
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable { return HeartbeatLocked(spec, now, t, fx); });
+}
+
+absl::StatusOr<HeartbeatResult> Broker::HeartbeatLocked(HeartbeatSpec& spec, absl::Time now,
+                                                        Transition& t, Effects& fx) {
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  Job& job = *found;
+  if (job.state != JobState::kActive)
+    return absl::FailedPreconditionError(
+        absl::StrCat("lease ", spec.lease_id, " of job ", job.id, " has ended (the job is ",
+                     JobStateName(job.state), "); stop working on it"));
+  UnindexLocked(job);
+  absl::Duration extend = spec.extend_by > absl::ZeroDuration() ? spec.extend_by : job.lease_length;
+  job.lease_deadline = now + extend;
+  if (spec.checkpoint.has_value()) job.checkpoint = std::move(*spec.checkpoint);
+  IndexLocked(job);
+  t.put_jobs.push_back(job);
+  return HeartbeatResult{job.lease_deadline, job.cancel_requested};
 }
 
 void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
@@ -60,14 +61,7 @@ void Broker::Ack(AckSpec spec, Done<absl::Status> done) {
 
 void Broker::AckBatch(std::vector<AckSpec> specs,
                       Done<absl::StatusOr<std::vector<absl::Status>>> done) {
-  if (specs.empty()) return done(absl::InvalidArgumentError("acks must hold at least one ack"));
-  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch))
-    return done(absl::InvalidArgumentError(
-        absl::StrCat("acks holds ", specs.size(), " acks; the limit is ", kMaxLeaseBatch)));
-  for (size_t i = 0; i < specs.size(); ++i) {
-    if (absl::Status s = ValidateAckSpec(specs[i]); !s.ok())
-      return done(absl::Status(s.code(), absl::StrCat("acks[", i, "].", s.message())));
-  }
+  if (absl::Status s = ValidateAckBatch(specs); !s.ok()) return done(s);
   using Statuses = std::vector<absl::Status>;
   Run<Statuses>(std::move(done),
                 [this, specs = std::move(specs)](absl::Time now, Transition& t, Effects& fx)
@@ -85,9 +79,8 @@ void Broker::AckBatch(std::vector<AckSpec> specs,
 }
 
 absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx) {
-  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
-  if (!found.ok()) return found.status();
-  Job& job = **found;
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  Job& job = *found;
   if (job.state == JobState::kCompleted) return absl::OkStatus();  // a retried Ack of this lease
   if (job.state != JobState::kActive) {
     // Late-ack salvage: the lease ran out but no newer attempt started, so the work the worker
@@ -99,71 +92,72 @@ absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Eff
                                                         " already failed (the job is ",
                                                         JobStateName(job.state), ")"));
   }
-  Unindex(job);
-  FinishAttemptRecord(job, now, AttemptOutcome::kCompleted, "");
+  UnindexLocked(job);
+  FinishAttemptRecordLocked(job, now, AttemptOutcome::kCompleted, "");
   job.state = JobState::kCompleted;
   job.fail_reason = FailReason::kNone;
   job.result = std::move(spec.result);
   job.completed_at = now;
-  Settle(job, now, t, fx);
+  SettleLocked(job, now, t, fx);
   return absl::OkStatus();
 }
 
 void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
   if (absl::Status s = ValidateFailSpec(spec); !s.ok()) return done(s);
-  Run<FailResult>(std::move(done),
-                  [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<FailResult> {
-                        absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
-                        if (!found.ok()) return found.status();
-                        Job& job = **found;
-                        std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
-                        AttemptOutcome outcome = spec.permanent ? AttemptOutcome::kPermanentError
-                                                                : AttemptOutcome::kError;
-                        auto answer = [&job] {
-                          FailResult r{job.state, absl::InfinitePast()};
-                          if (job.state == JobState::kScheduled || job.state == JobState::kReady)
-                            r.next_attempt_at = job.run_at;
-                          return r;
-                        };
-                        if (job.state == JobState::kActive) {
-                          Unindex(job);
-                          FinishAttemptRecord(job, now, outcome, error);
-                          EndAttemptFailed(job, now, outcome, std::move(error), spec.retry_after);
-                          // Before Settle: it may hand a job that is due at once to a waiting
-                          // lease, and the worker that failed it is told what its Fail did.
-                          FailResult r = answer();
-                          Settle(job, now, t, fx);
-                          return r;
-                        }
-                        const AttemptRecord* last =
-                            job.attempts.empty() || job.attempts.back().attempt != job.attempt
-                                ? nullptr
-                                : &job.attempts.back();
-                        if (last != nullptr && (last->outcome == AttemptOutcome::kError ||
-                                                last->outcome == AttemptOutcome::kPermanentError)) {
-                          return answer();  // a retried Fail of this lease
-                        }
-                        if (last == nullptr || last->outcome != AttemptOutcome::kLeaseExpired)
-                          return absl::FailedPreconditionError(absl::StrCat(
-                              "attempt ", job.attempt, " of job ", job.id,
-                              " already ended (the job is ", JobStateName(job.state), ")"));
-                        // A late Fail of an expired attempt: keep the worker's error, and honour
-                        // `permanent`.
-                        Unindex(job);
-                        job.attempts.back().outcome = outcome;
-                        job.attempts.back().error = error;
-                        job.last_error = std::move(error);
-                        if (spec.permanent && !IsTerminal(job.state)) {
-                          job.state = JobState::kFailed;
-                          job.fail_reason = FailReason::kPermanent;
-                          job.completed_at = now;
-                          observer_.Dead(job);
-                        }
-                        Index(job);
-                        t.put_jobs.push_back(job);
-                        return answer();
-                      });
+  Run<FailResult>(
+      std::move(done),
+      [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable { return FailLocked(spec, now, t, fx); });
+}
+
+absl::StatusOr<FailResult> Broker::FailLocked(FailSpec& spec, absl::Time now, Transition& t,
+                                              Effects& fx) {
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  Job& job = *found;
+  std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
+  const AttemptOutcome outcome =
+      spec.permanent ? AttemptOutcome::kPermanentError : AttemptOutcome::kError;
+  auto answer = [&job] {
+    FailResult r{job.state, absl::InfinitePast()};
+    if (job.state == JobState::kScheduled || job.state == JobState::kReady)
+      r.next_attempt_at = job.run_at;
+    return r;
+  };
+  if (job.state == JobState::kActive) {
+    UnindexLocked(job);
+    FinishAttemptRecordLocked(job, now, outcome, error);
+    EndAttemptFailedLocked(job, now, outcome, std::move(error), spec.retry_after);
+    // Before SettleLocked: it may hand a job that is due at once to a waiting lease, and the
+    // worker that failed it is told what its Fail did.
+    FailResult r = answer();
+    SettleLocked(job, now, t, fx);
+    return r;
+  }
+  const AttemptRecord* last = job.attempts.empty() || job.attempts.back().attempt != job.attempt
+                                  ? nullptr
+                                  : &job.attempts.back();
+  if (last != nullptr && (last->outcome == AttemptOutcome::kError ||
+                          last->outcome == AttemptOutcome::kPermanentError)) {
+    return answer();  // a retried Fail of this lease
+  }
+  if (last == nullptr || last->outcome != AttemptOutcome::kLeaseExpired)
+    return absl::FailedPreconditionError(absl::StrCat("attempt ", job.attempt, " of job ", job.id,
+                                                      " already ended (the job is ",
+                                                      JobStateName(job.state), ")"));
+  // A late Fail of an expired attempt: keep the worker's error, and honour `permanent`.
+  UnindexLocked(job);
+  job.attempts.back().outcome = outcome;
+  job.attempts.back().error = error;
+  job.last_error = std::move(error);
+  if (spec.permanent && !IsTerminal(job.state)) {
+    job.state = JobState::kFailed;
+    job.fail_reason = FailReason::kPermanent;
+    job.completed_at = now;
+    observer_.Dead(job);
+  }
+  IndexLocked(job);
+  t.put_jobs.push_back(job);
+  return answer();
 }
 
 void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
@@ -171,37 +165,87 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
             [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
-                  absl::StatusOr<Job*> found = LeasedJobFor(spec.job_id, spec.lease_id, fx);
-                  if (!found.ok()) return found.status();
-                  Job& job = **found;
-                  if (job.state != JobState::kActive)
-                    return absl::FailedPreconditionError(
-                        absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
-                                     " has ended (the job is ", JobStateName(job.state), ")"));
-                  Unindex(job);
-                  // Given back unstarted: the attempt does not count.
-                  if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt)
-                    job.attempts.pop_back();
-                  --job.attempt;
-                  job.lease_id.clear();
-                  job.worker_id.clear();
-                  job.lease_deadline = absl::InfinitePast();
-                  job.lease_length = absl::ZeroDuration();
-                  job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
-                  if (job.state == JobState::kCancelled) job.completed_at = now;
-                  job.run_at = now;
-                  observer_.Released(job);
-                  if (job.state == JobState::kCancelled) observer_.Cancelled(job);
-                  Settle(job, now, t, fx);
+                  BROKER_RETURN_IF_ERROR(ReleaseLocked(spec, now, t, fx));
                   return true;
                 });
 }
 
-void Broker::Settle(Job& job, absl::Time now, Transition& t, Effects& fx) {
-  Index(job);
+absl::Status Broker::ReleaseLocked(ReleaseSpec& spec, absl::Time now, Transition& t, Effects& fx) {
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  Job& job = *found;
+  if (job.state != JobState::kActive)
+    return absl::FailedPreconditionError(absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
+                                                      " has ended (the job is ",
+                                                      JobStateName(job.state), ")"));
+  UnindexLocked(job);
+  // Given back unstarted: the attempt does not count.
+  if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt) job.attempts.pop_back();
+  --job.attempt;
+  job.lease_id.clear();
+  job.worker_id.clear();
+  job.lease_deadline = absl::InfinitePast();
+  job.lease_length = absl::ZeroDuration();
+  job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
+  if (job.state == JobState::kCancelled) job.completed_at = now;
+  job.run_at = now;
+  observer_.Released(job);
+  if (job.state == JobState::kCancelled) observer_.Cancelled(job);
+  SettleLocked(job, now, t, fx);
+  return absl::OkStatus();
+}
+
+void Broker::SettleLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  IndexLocked(job);
   t.put_jobs.push_back(job);
-  EndHold(job, /*lost=*/false, now, t, fx);
-  ServeConsumers(Queue(job.queue), now, t, fx);  // a concurrency slot may have freed
+  EndHoldLocked(job, /*lost=*/false, now, t, fx);
+  ServeConsumersLocked(queues_.Get(job.queue), now, t, fx);  // a concurrency slot may have freed
+}
+
+void Broker::FinishAttemptRecordLocked(Job& job, absl::Time now, AttemptOutcome outcome,
+                                       std::string error) {
+  if (job.attempts.empty() || job.attempts.back().attempt != job.attempt) return;
+  AttemptRecord& rec = job.attempts.back();
+  rec.ended_at = now;
+  rec.outcome = outcome;
+  rec.error = std::move(error);
+  if (outcome == AttemptOutcome::kCompleted) ++queues_.Get(job.queue).completed_total;
+  observer_.AttemptEnded(job, outcome, std::max(now - rec.started_at, absl::ZeroDuration()));
+}
+
+void Broker::EndAttemptFailedLocked(Job& job, absl::Time now, AttemptOutcome outcome,
+                                    std::string error, std::optional<absl::Duration> retry_after) {
+  job.last_error = std::move(error);
+  if (job.cancel_requested) {
+    job.state = JobState::kCancelled;
+    job.completed_at = now;
+  } else if (outcome == AttemptOutcome::kPermanentError) {
+    job.state = JobState::kFailed;
+    job.fail_reason = FailReason::kPermanent;
+    job.completed_at = now;
+  } else if (job.attempt >= job.max_attempts) {
+    job.state = JobState::kFailed;
+    job.fail_reason = FailReason::kAttemptsExhausted;
+    job.completed_at = now;
+  } else {
+    const RetryPolicy& retry = queues_.Get(job.queue).policy.retry;
+    absl::Duration wait = retry_after.value_or(retry.Backoff(job.attempt, UniformLocked()));
+    job.run_at = now + wait;
+    job.state = wait > absl::ZeroDuration() ? JobState::kScheduled : JobState::kReady;
+  }
+  switch (job.state) {
+    case JobState::kScheduled:
+    case JobState::kReady:
+      observer_.Retried(job);
+      break;
+    case JobState::kFailed:
+      observer_.Dead(job);
+      break;
+    case JobState::kCancelled:
+      observer_.Cancelled(job);
+      break;
+    default:
+      break;
+  }
 }
 
 }  // namespace jobbroker

@@ -1,6 +1,6 @@
 // Broker: Enqueue and EnqueueBatch (all or nothing, dedup keys, max_length).
 #include "absl/strings/str_cat.h"
-#include "core/broker_internal.h"
+#include "core/broker_mutation.h"
 #include "core/ids.h"
 #include "core/status_macros.h"
 #include "core/validation.h"
@@ -10,23 +10,7 @@ namespace jobbroker {
 void Broker::EnqueueBatch(std::vector<EnqueueSpec> specs,
                           Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch) {
   const bool name_jobs = batch || specs.size() > 1;
-  if (specs.empty()) {
-    done(absl::InvalidArgumentError("jobs must hold at least one job"));
-    return;
-  }
-  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch)) {
-    done(absl::InvalidArgumentError(
-        absl::StrCat("jobs holds ", specs.size(), " jobs; the limit is ", kMaxLeaseBatch)));
-    return;
-  }
-  for (size_t i = 0; i < specs.size(); ++i) {
-    absl::Status s = ValidateEnqueueSpec(specs[i]);
-    if (!s.ok()) {
-      if (name_jobs) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
-      done(s);
-      return;
-    }
-  }
+  if (absl::Status s = ValidateEnqueueBatch(specs, name_jobs); !s.ok()) return done(s);
   Run<std::vector<EnqueueResult>>(
       std::move(done),
       [this, specs = std::move(specs), name_jobs](absl::Time now, Transition& t, Effects& fx)
@@ -49,9 +33,9 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
   for (size_t i = 0; i < specs.size(); ++i) {
     const EnqueueSpec& s = specs[i];
     std::string where = name_jobs ? absl::StrCat("jobs[", i, "].") : "";
-    const QueueState* q = FindQueue(s.queue);
-    int64_t max_payload =
-        q == nullptr ? EffectivePolicy(s.queue, {}).max_payload_bytes : q->policy.max_payload_bytes;
+    const QueueState* q = queues_.Find(s.queue);
+    int64_t max_payload = q == nullptr ? queues_.EffectivePolicy(s.queue, {}).max_payload_bytes
+                                       : q->policy.max_payload_bytes;
     if (static_cast<int64_t>(s.payload.size()) > max_payload)
       return absl::ResourceExhaustedError(
           absl::StrCat(where, "payload is ", s.payload.size(), " bytes; queue ", s.queue,
@@ -67,9 +51,9 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
         plan[i].duplicate_of = static_cast<int>(it->second);
         continue;
       }
-      if (auto it = dedup_.find(key); it != dedup_.end()) {
-        const DedupEntry& e = it->second;
-        const Job* holder = FindJob(e.job_id);
+      if (const DedupEntry* held_by = dedup_.Find(s.queue, s.dedup_key)) {
+        const DedupEntry& e = *held_by;
+        const Job* holder = FindJobLocked(e.job_id);
         bool held = now < e.expires_at || (holder != nullptr && !IsTerminal(holder->state));
         if (held) {
           if (e.payload_hash != hash)
@@ -85,10 +69,11 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     ++new_live[s.queue];
   }
   for (const auto& [name, added] : new_live) {
-    // FindQueue, not Queue: a refused batch must not even create a queue.
-    QueueState* q = FindQueue(name);
+    // Find, not Get: a refused batch must not even create a queue.
+    const QueueState* q = queues_.Find(name);
     int64_t live = q == nullptr ? 0 : q->live();
-    int64_t max_length = q == nullptr ? EffectivePolicy(name, {}).max_length : q->policy.max_length;
+    int64_t max_length =
+        q == nullptr ? queues_.EffectivePolicy(name, {}).max_length : q->policy.max_length;
     if (max_length > 0 && live + added > max_length)
       return absl::ResourceExhaustedError(absl::StrCat("queue ", name, " is full: ", live,
                                                        " jobs are not finished and max_length is ",
@@ -109,7 +94,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       observer_.Enqueued(s.queue, results[i].job_id, true);
       continue;
     }
-    QueueState& q = Queue(s.queue);
+    QueueState& q = queues_.Get(s.queue);
     fx.Touch(q.policy);
     auto owned = std::make_unique<Job>();
     Job& job = *owned;
@@ -118,7 +103,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     job.payload = std::move(s.payload);
     job.headers = std::move(s.headers);
     job.priority = s.priority;
-    job.seq = next_seq_++;
+    job.seq = jobs_.NextSeq();
     job.max_attempts = s.max_attempts > 0 ? s.max_attempts : q.policy.retry.max_attempts;
     job.dedup_key = std::move(s.dedup_key);
     job.concurrency_key = std::move(s.concurrency_key);
@@ -132,24 +117,20 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     if (!job.dedup_key.empty()) {
       DedupEntry e{job.queue, job.dedup_key, job.id, now + s.dedup_ttl.value_or(q.policy.dedup_ttl),
                    PayloadHash(job.payload)};
-      auto key = std::make_pair(job.queue, job.dedup_key);
-      if (auto old = dedup_.find(key); old != dedup_.end())
-        dedup_expiry_.erase({old->second.expires_at, job.queue, job.dedup_key});
-      dedup_expiry_.emplace(e.expires_at, job.queue, job.dedup_key);
-      MaybeWake(e.expires_at);
+      deadlines_.Note(e.expires_at);
       t.put_dedup.push_back(e);
-      dedup_.insert_or_assign(std::move(key), std::move(e));
+      dedup_.Put(std::move(e));
     }
     observer_.Enqueued(job.queue, job.id, false);
     ++q.enqueued_total;
     results[i] = {job.id, false};
     q.all.insert(job.seq);
-    Index(job);
+    IndexLocked(job);
     t.put_jobs.push_back(job);
     touched.insert(&q);
-    AdoptLocked(std::move(owned), kNotWritten);
+    jobs_.Adopt(std::move(owned), JobTable::kNotWritten);
   }
-  for (QueueState* q : touched) ServeConsumers(*q, now, t, fx);
+  for (QueueState* q : touched) ServeConsumersLocked(*q, now, t, fx);
   return results;
 }
 

@@ -1,7 +1,8 @@
 // Broker: living with a failing store. Refusing changes while it fails, trying it again, and
 // rebuilding memory from it before changes are accepted again.
 #include "absl/strings/str_cat.h"
-#include "core/broker_internal.h"
+#include "core/broker_mutation.h"
+#include "core/recovered_state.h"
 
 namespace jobbroker {
 
@@ -24,7 +25,7 @@ absl::Status Broker::storage_status() const { return StorageRefusal(pipeline_.st
 
 int64_t Broker::corrupt_records() const {
   absl::MutexLock lock(&mu_);
-  return corrupt_records_;
+  return jobs_.corrupt_records();
 }
 
 void Broker::MaybeResume() {
@@ -52,14 +53,14 @@ absl::Status Broker::ResumeWrites() {
   }
   // Nothing is written while the pipeline is stopped, so the store holds still for this read.
   const absl::Time started = clock_.Now();
-  Recovered found(options_.max_hot_jobs);
+  RecoveredState found(options_.max_hot_jobs);
   absl::Status s = store_.Resume();
   if (s.ok()) s = store_.Recover(found);
 
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;
   Effects fx;
-  uint64_t seq = 0;
+  uint64_t commit = 0;
   size_t expired = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -78,9 +79,10 @@ absl::Status Broker::ResumeWrites() {
     pipeline_.Reset();
     resume_at_ = absl::InfinitePast();
     Transition t;
+    fx.Require(Durability::kSync);  // as at Open: the rebuilt state's first commit
     expired = LoadLocked(found, now, t, fx);
-    seq = CommitLocked(std::move(t));
-    next_wake_ = absl::InfinitePast();  // every deadline was rebuilt: the ticker must look again
+    commit = CommitChangeLocked(std::move(t), fx);
+    deadlines_.Planned(absl::InfinitePast());  // every deadline was rebuilt: the ticker looks again
     fx.wake = true;
   }
   observer_.Recovered(found.job_count(), expired, clock_.Now() - started);
@@ -88,25 +90,17 @@ absl::Status Broker::ResumeWrites() {
   for (auto& sink : streams)
     sink->End(absl::UnavailableError(
         "the broker rebuilt its state after a storage failure; subscribe again"));
-  Finish(seq, std::move(fx), nullptr);
+  Finish(commit, std::move(fx), nullptr);
   return absl::OkStatus();
 }
 
 void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
                          std::vector<std::shared_ptr<StreamSink>>& streams) {
   DetachConsumersLocked(waiting, streams);
-  jobs_by_seq_.clear();
-  jobs_.clear();
-  cold_.clear();
-  freeze_queue_.clear();
-  queues_.clear();
-  scheduled_.clear();
-  leases_.clear();
-  dedup_.clear();
-  dedup_expiry_.clear();
-  corrupt_jobs_.clear();
-  corrupt_records_ = 0;
-  // next_seq_ stays: sequence numbers are never reused, and LoadLocked only raises it.
+  jobs_.Clear();  // sequence numbers go on: LoadLocked only raises the next one
+  queues_.Clear();
+  deadlines_.ClearJobs();
+  dedup_.Clear();
 }
 
 }  // namespace jobbroker

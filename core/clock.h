@@ -1,6 +1,5 @@
 #pragma once
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -21,26 +20,6 @@ class RealClock final : public Clock {
   absl::Time Now() const override { return absl::FromUnixMicros(absl::ToUnixMicros(absl::Now())); }
 };
 
-// A clock that moves only when told to. Thread-safe.
-class FakeClock final : public Clock {
- public:
-  explicit FakeClock(absl::Time start) : now_(start) {}
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
-  void Set(absl::Time t) {
-    absl::MutexLock lock(&mu_);
-    now_ = t;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  absl::Time now_ ABSL_GUARDED_BY(mu_);
-};
+// tests/testing/fake_clock.h has a clock that moves only when told to.
 
 }  // namespace jobbroker

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -98,6 +99,10 @@ struct DedupEntry {
 
   bool operator==(const DedupEntry&) const = default;
 };
+
+// Orders jobs by a time (a deadline, a due time, when they ended); the seq breaks ties and
+// identifies the job.
+using TimeKey = std::pair<absl::Time, uint64_t>;
 
 // A stable 64-bit hash (FNV-1a) of a payload; persisted, so it must not change between builds.
 uint64_t PayloadHash(const std::string& payload);

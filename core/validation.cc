@@ -1,6 +1,8 @@
 #include "core/validation.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace jobbroker {
@@ -112,6 +114,100 @@ absl::Status ValidateFailSpec(const FailSpec& spec) {
   if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
   if (spec.retry_after.has_value() && *spec.retry_after < absl::ZeroDuration())
     return Invalid("retry_after", "must not be negative");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEnqueueBatch(const std::vector<EnqueueSpec>& specs, bool name_jobs) {
+  if (specs.empty()) return absl::InvalidArgumentError("jobs must hold at least one job");
+  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch))
+    return absl::InvalidArgumentError(
+        absl::StrCat("jobs holds ", specs.size(), " jobs; the limit is ", kMaxLeaseBatch));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    absl::Status s = ValidateEnqueueSpec(specs[i]);
+    if (s.ok()) continue;
+    if (name_jobs) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLease(const LeaseSpec& spec, absl::Duration wait) {
+  if (absl::Status s = ValidateLeaseSpec(spec); !s.ok()) return s;
+  if (wait < absl::ZeroDuration() || wait > kMaxLeaseWait)
+    return absl::InvalidArgumentError("wait must be between 0 and 60s");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMaxInFlight(int max_in_flight) {
+  if (max_in_flight < 0 || max_in_flight > kMaxInFlight)
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_in_flight must be between 0 and ", kMaxInFlight));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSubscribeSpec(const SubscribeSpec& spec) {
+  if (spec.queues.empty()) return absl::InvalidArgumentError("queues must name at least one queue");
+  if (spec.queues.size() > static_cast<size_t>(kMaxSubscribedQueues))
+    return absl::InvalidArgumentError(
+        absl::StrCat("queues names ", spec.queues.size(), "; the limit is ", kMaxSubscribedQueues));
+  absl::flat_hash_set<std::string> seen;
+  for (size_t i = 0; i < spec.queues.size(); ++i) {
+    if (absl::Status s = ValidateQueueName(spec.queues[i], absl::StrCat("queues[", i, "]"));
+        !s.ok())
+      return s;
+    if (!seen.insert(spec.queues[i]).second)
+      return absl::InvalidArgumentError(absl::StrCat("queues[", i, "] repeats ", spec.queues[i]));
+  }
+  if (absl::Status s = ValidateMaxInFlight(spec.max_in_flight); !s.ok()) return s;
+  return ValidateLeaseSpec(LeaseSpec{spec.queues[0], spec.worker_id, 1, spec.lease_duration});
+}
+
+absl::Status ValidateAckBatch(const std::vector<AckSpec>& specs) {
+  if (specs.empty()) return absl::InvalidArgumentError("acks must hold at least one ack");
+  if (specs.size() > static_cast<size_t>(kMaxLeaseBatch))
+    return absl::InvalidArgumentError(
+        absl::StrCat("acks holds ", specs.size(), " acks; the limit is ", kMaxLeaseBatch));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (absl::Status s = ValidateAckSpec(specs[i]); !s.ok())
+      return absl::Status(s.code(), absl::StrCat("acks[", i, "].", s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateListJobsSpec(const ListJobsSpec& spec) {
+  if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
+  if (absl::Status s = ValidateDedupKey(spec.dedup_key); !s.ok()) return s;
+  if (spec.page_size < 0 || spec.page_size > kMaxLeaseBatch)
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be between 0 and ", kMaxLeaseBatch));
+  return ParsePageToken(spec.page_token).status();
+}
+
+absl::StatusOr<uint64_t> ParsePageToken(absl::string_view token) {
+  uint64_t after = 0;
+  if (!token.empty() && !absl::SimpleAtoi(token, &after))
+    return absl::InvalidArgumentError("page_token is not one this server handed out");
+  return after;
+}
+
+absl::Status ValidateRetryJobsSpec(const RetryJobsSpec& spec) {
+  if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
+  if (spec.state != JobState::kFailed && spec.state != JobState::kCancelled)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state must be JOB_STATE_FAILED or JOB_STATE_CANCELLED, not ", JobStateName(spec.state)));
+  if (spec.limit < 0 || spec.limit > kMaxRetryLimit)
+    return absl::InvalidArgumentError(absl::StrCat("limit must be between 0 and ", kMaxRetryLimit,
+                                                   " (0 means ", kDefaultRetryLimit, ")"));
+  return absl::OkStatus();
+}
+
+absl::Status ValidatePurge(absl::string_view queue, const std::vector<JobState>& states) {
+  if (absl::Status s = ValidateQueueName(queue); !s.ok()) return s;
+  for (JobState s : states) {
+    if (s == JobState::kActive)
+      return absl::InvalidArgumentError(
+          "states must not include JOB_STATE_ACTIVE: workers hold those jobs; cancel them first");
+  }
   return absl::OkStatus();
 }
 

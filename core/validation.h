@@ -2,12 +2,18 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "core/requests.h"
 
 namespace jobbroker {
+
+// The longest a Lease may wait for a job.
+inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
 
 // Checks of request shape that need no broker state. Each returns kInvalidArgument (or
 // kResourceExhausted for an oversized payload or result) with a message that starts with the
@@ -26,6 +32,26 @@ absl::Status ValidateDedupKey(absl::string_view key);
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec);
 absl::Status ValidateAckSpec(const AckSpec& spec);
 absl::Status ValidateFailSpec(const FailSpec& spec);
+// EnqueueBatch: 1 to kMaxLeaseBatch jobs, each valid; with `name_jobs` a refusal about one job
+// starts with "jobs[i].".
+absl::Status ValidateEnqueueBatch(const std::vector<EnqueueSpec>& specs, bool name_jobs);
+// Lease: the spec, and a long-poll `wait` of 0 to kMaxLeaseWait.
+absl::Status ValidateLease(const LeaseSpec& spec, absl::Duration wait);
+// A Work stream's max_in_flight: 0 (drained) to kMaxInFlight.
+absl::Status ValidateMaxInFlight(int max_in_flight);
+// A Work stream's first message: 1 to kMaxSubscribedQueues distinct valid queues, and a lease
+// spec that ValidateLeaseSpec accepts.
+absl::Status ValidateSubscribeSpec(const SubscribeSpec& spec);
+// AckBatch: 1 to kMaxLeaseBatch acks, each valid; a refusal names "acks[i].".
+absl::Status ValidateAckBatch(const std::vector<AckSpec>& specs);
+// ListJobs: queue, dedup key, a page_size of 0 to kMaxLeaseBatch, and a page token.
+absl::Status ValidateListJobsSpec(const ListJobsSpec& spec);
+// A page token ListJobs handed out (the seq to continue after); empty is 0 (the first page).
+absl::StatusOr<uint64_t> ParsePageToken(absl::string_view token);
+// RetryJobs: queue, a FAILED or CANCELLED state, a limit of 0 to kMaxRetryLimit.
+absl::Status ValidateRetryJobsSpec(const RetryJobsSpec& spec);
+// PurgeQueue: queue, and no ACTIVE among `states`.
+absl::Status ValidatePurge(absl::string_view queue, const std::vector<JobState>& states);
 
 // The policies a broker starts with (its config file): the default policy, and each named
 // queue's policy combined with it. The message names the queue and field, as in

@@ -14,8 +14,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 using ::testing::Each;
@@ -104,7 +109,7 @@ class BrokerAdminTest : public BrokerFixture {
     broker_.reset();
     BrokerOptions options = Options();
     options.commit_mode = mode;
-    auto opened = Broker::Open(store, clock_, std::move(options));
+    auto opened = BlockingBroker::Open(store, clock_, std::move(options));
     ASSERT_TRUE(opened.ok()) << opened.status();
     broker_ = std::move(*opened);
   }

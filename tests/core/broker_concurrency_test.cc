@@ -32,8 +32,13 @@
 #include "storage/memory_store.h"
 #include "storage/rocksdb_store.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 constexpr char kQueue[] = "work";
@@ -120,7 +125,7 @@ BrokerOptions Options() {
 }
 
 // Runs a long-poll Lease and waits for its answer.
-absl::StatusOr<std::vector<LeasedJob>> LongPoll(Broker& broker, const std::string& worker) {
+absl::StatusOr<std::vector<LeasedJob>> LongPoll(BlockingBroker& broker, const std::string& worker) {
   absl::Notification answered;
   absl::StatusOr<std::vector<LeasedJob>> out;
   broker.Lease(LeaseSpec{kQueue, worker, 3, absl::ZeroDuration()}, absl::Seconds(30),
@@ -134,7 +139,7 @@ absl::StatusOr<std::vector<LeasedJob>> LongPoll(Broker& broker, const std::strin
 
 class Workload {
  public:
-  Workload(Broker& broker, FakeClock& clock) : broker_(broker), clock_(clock) {}
+  Workload(BlockingBroker& broker, FakeClock& clock) : broker_(broker), clock_(clock) {}
 
   // Runs every thread to the end. Returns each job's id with what was enqueued under it.
   std::map<std::string, Kind> Run() {
@@ -395,7 +400,7 @@ class Workload {
     }
   }
 
-  Broker& broker_;
+  BlockingBroker& broker_;
   FakeClock& clock_;
   absl::Mutex mu_;
   int ended_ ABSL_GUARDED_BY(mu_) = 0;  // jobs a worker saw end
@@ -409,7 +414,7 @@ class Workload {
 };
 
 // Every job ended as its kind says, and the queue's counts say the same.
-void CheckEndState(Broker& broker, const std::map<std::string, Kind>& jobs) {
+void CheckEndState(BlockingBroker& broker, const std::map<std::string, Kind>& jobs) {
   ASSERT_EQ(jobs.size(), size_t{kTotalJobs});
   std::map<JobState, int64_t> want_counts;
   for (const auto& [id, kind] : jobs) {
@@ -451,10 +456,10 @@ void CheckEndState(Broker& broker, const std::map<std::string, Kind>& jobs) {
 
 // Runs the workload over `store`, checks it, and returns the jobs for a recovery check.
 std::map<std::string, Kind> RunAndCheck(Store& store, FakeClock& clock) {
-  auto opened = Broker::Open(store, clock, Options());
+  auto opened = BlockingBroker::Open(store, clock, Options());
   EXPECT_TRUE(opened.ok()) << opened.status();
   if (!opened.ok()) return {};
-  Broker& broker = **opened;
+  BlockingBroker& broker = **opened;
   Workload load(broker, clock);
   std::map<std::string, Kind> jobs = load.Run();
   EXPECT_EQ(load.duplicate_deliveries(), 0);
@@ -472,7 +477,7 @@ TEST(BrokerConcurrencyTest, MemoryStoreEndStateAddsUp) {
   EXPECT_EQ(store.job_count(), size_t{kTotalJobs});
 
   // What was acknowledged is what the store holds: a new broker recovers the same end state.
-  auto reopened = Broker::Open(store, clock, Options());
+  auto reopened = BlockingBroker::Open(store, clock, Options());
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   CheckEndState(**reopened, jobs);
 }
@@ -490,7 +495,7 @@ TEST(BrokerConcurrencyTest, RocksDbStoreEndStateAddsUpAndSurvivesReopen) {
   }
   auto store = RocksDbStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
-  auto reopened = Broker::Open(**store, clock, Options());
+  auto reopened = BlockingBroker::Open(**store, clock, Options());
   ASSERT_TRUE(reopened.ok()) << reopened.status();
   CheckEndState(**reopened, jobs);
 }

@@ -7,8 +7,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 using ::testing::ElementsAre;
@@ -22,7 +27,7 @@ class BrokerMemoryTest : public BrokerFixture {
     broker_.reset();
     BrokerOptions o = Options();
     o.max_hot_jobs = max_hot_jobs_;
-    auto opened = Broker::Open(store_, clock_, std::move(o));
+    auto opened = BlockingBroker::Open(store_, clock_, std::move(o));
     ASSERT_TRUE(opened.ok()) << opened.status();
     broker_ = std::move(*opened);
   }
@@ -246,9 +251,9 @@ TEST(BrokerMemoryPipelineTest, AJobGoesColdOnlyOnceItsRecordIsInTheStore) {
   BrokerOptions o;
   o.commit_mode = CommitPipeline::Mode::kBackground;
   o.max_hot_jobs = 0;
-  auto opened = Broker::Open(store, clock, o);
+  auto opened = BlockingBroker::Open(store, clock, o);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  Broker& broker = **opened;
+  BlockingBroker& broker = **opened;
   const int before = store.entered();
 
   store.SetOpen(false);

@@ -2,8 +2,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using Code = absl::StatusCode;
@@ -98,7 +101,7 @@ TEST_F(BrokerRecoveryTest, ConfigPoliciesAreLayeredUnderRunTimeChanges) {
 
 TEST_F(BrokerRecoveryTest, BadConfigPolicyRefusesToOpenNamingTheField) {
   queue_policies_["q"].max_attempts = 0;
-  auto r = Broker::Open(store_, clock_, Options());
+  auto r = BlockingBroker::Open(store_, clock_, Options());
   EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
   EXPECT_THAT(r.status().message(), ::testing::HasSubstr("queues[\"q\"].retry.max_attempts"));
 }

@@ -14,8 +14,13 @@
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 using ::testing::ElementsAre;
@@ -50,7 +55,7 @@ class BrokerStorageTest : public BrokerFixture {
     BrokerOptions o = Options();
     o.observer = &events_;
     o.store_retry_interval = absl::Seconds(2);
-    auto opened = Broker::Open(store_, clock_, o);
+    auto opened = BlockingBroker::Open(store_, clock_, o);
     ASSERT_TRUE(opened.ok()) << opened.status();
     broker_ = std::move(*opened);
   }
@@ -207,16 +212,16 @@ TEST(BrokerCorruptRecordTest, ACorruptJobIsSkippedAnsweredWithDataLossAndCanBeDe
   o.observer = &events;
   std::string good;
   {
-    auto broker = Broker::Open(store, clock, o);
+    auto broker = BlockingBroker::Open(store, clock, o);
     ASSERT_TRUE(broker.ok());
     good = (*broker)->Enqueue(EnqueueSpec{.queue = "q", .payload = "fine"})->job_id;
   }
   store.corrupt = {
       {RecordKind::kJob, "bad-job", absl::DataLossError("jobs record \"bad-job\": no parse")},
       {RecordKind::kPolicy, "q", absl::DataLossError("policies record \"q\": no parse")}};
-  auto opened = Broker::Open(store, clock, o);
+  auto opened = BlockingBroker::Open(store, clock, o);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  Broker& broker = **opened;
+  BlockingBroker& broker = **opened;
   EXPECT_THAT(events.corrupt, ElementsAre("job:bad-job", "policy:q"));
   EXPECT_EQ(broker.corrupt_records(), 2);
 

@@ -9,8 +9,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 using ::testing::ElementsAre;
@@ -306,9 +311,9 @@ TEST(BrokerEarlyPushTest, AStreamGetsItsJobOnceInTheLogWhileTheEnqueueWaitsForTh
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   BrokerOptions o;
   o.commit_mode = CommitPipeline::Mode::kBackground;
-  auto opened = Broker::Open(store, clock, o);
+  auto opened = BlockingBroker::Open(store, clock, o);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  Broker& broker = **opened;
+  BlockingBroker& broker = **opened;
   auto sink = std::make_shared<FirstPushSink>();
   ASSERT_TRUE(broker.Subscribe(SubscribeSpec{{"q"}, "w", 1, absl::ZeroDuration()}, sink).ok());
   const int synced_before = store.synced_writes();

@@ -5,8 +5,11 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using ::testing::ElementsAre;
@@ -465,7 +468,7 @@ TEST_F(BrokerTest, AFinishedJobWakesTheTickerForRetention) {
   BrokerOptions o = Options();
   o.wake = [&wakes] { ++wakes; };
   broker_.reset();
-  broker_ = *Broker::Open(store_, clock_, o);
+  broker_ = *BlockingBroker::Open(store_, clock_, o);
   PolicyOverride p;
   p.completed_max_count = 1;
   p.completed_max_age = absl::Hours(1);

@@ -8,8 +8,13 @@
 #include "core/clock.h"
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::BlockingBroker;
 
 // A broker on a FakeClock and a MemoryStore, writing inline, with jitter pinned by `uniform`.
 class BrokerFixture : public ::testing::Test {
@@ -36,7 +41,7 @@ class BrokerFixture : public ::testing::Test {
   // A restart: a new broker over the same store.
   void Reopen() {
     broker_.reset();
-    auto opened = Broker::Open(store_, clock_, Options());
+    auto opened = BlockingBroker::Open(store_, clock_, Options());
     ASSERT_TRUE(opened.ok()) << opened.status();
     broker_ = std::move(*opened);
   }
@@ -83,7 +88,7 @@ class BrokerFixture : public ::testing::Test {
   double uniform_ = 0.5;
   PolicyOverride default_policy_;
   std::map<std::string, PolicyOverride> queue_policies_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<BlockingBroker> broker_;
 };
 
 }  // namespace jobbroker

@@ -11,8 +11,11 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 // Holds its first Write until released, so a test can pile appends up behind it.

@@ -34,8 +34,13 @@
 #include "core/clock.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/model_ops.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker::fuzz {
+
+using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using Code = absl::StatusCode;
@@ -197,7 +202,7 @@ class Harness {
     broker_.reset();  // destroyed before the new one reads the store: a restart
     uniform_ = kUniforms[args.uniform];
     config_ = ConfigPolicy(args.config);
-    absl::StatusOr<std::unique_ptr<Broker>> opened = Broker::Open(store_, clock_, Options(args));
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened = BlockingBroker::Open(store_, clock_, Options(args));
     if (!opened.ok()) Mismatch(absl::StrCat("Broker::Open failed: ", opened.status().ToString()));
     broker_ = std::move(*opened);
   }
@@ -1296,7 +1301,7 @@ class Harness {
   FuzzedDataProvider& data_;
   FakeClock clock_;
   MemoryStore store_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<BlockingBroker> broker_;
   double uniform_ = 0.5;
   PolicyOverride config_;
 

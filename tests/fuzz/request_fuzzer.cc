@@ -44,8 +44,13 @@
 #include "server/convert.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/request_kinds.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker::fuzz {
+
+using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using Code = absl::StatusCode;
@@ -208,7 +213,7 @@ class Harness {
     BrokerOptions options;
     options.commit_mode = CommitPipeline::Mode::kInline;
     options.uniform = [] { return 0.5; };
-    absl::StatusOr<std::unique_ptr<Broker>> opened = Broker::Open(store_, clock_, options);
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened = BlockingBroker::Open(store_, clock_, options);
     REQUEST_EXPECT(opened.ok(), absl::StrCat("Broker::Open: ", opened.status().ToString()));
     broker_ = std::move(*opened);
     EnqueueSpec first;
@@ -688,7 +693,7 @@ class Harness {
     options.default_policy = parsed->default_policy;
     options.queue_policies = parsed->queues;
     MemoryStore store;
-    absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Open(store, clock_, options);
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> broker = BlockingBroker::Open(store, clock_, options);
     if (!valid.ok()) {
       CheckShapeRefusal(valid, "ValidateStartPolicies");
       return SameRefusal(valid, broker.status(), "Broker::Open");
@@ -711,7 +716,7 @@ class Harness {
 
   FakeClock clock_;
   MemoryStore store_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<BlockingBroker> broker_;
   std::string job_id_, lease_id_;
 };
 

@@ -11,8 +11,13 @@
 #include "prometheus/registry.h"
 #include "server/metrics.h"
 #include "storage/memory_store.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 // name{label=value,...} -> value, for counters, and histogram _count samples.
@@ -44,7 +49,7 @@ class MetricsObserverTest : public ::testing::Test {
     o.commit_mode = CommitPipeline::Mode::kInline;
     o.observer = &metrics_;
     o.uniform = [] { return 0.5; };
-    broker_ = *Broker::Open(store_, clock_, o);
+    broker_ = *BlockingBroker::Open(store_, clock_, o);
   }
 
   LeasedJob LeaseOne(const std::string& queue, absl::Duration lease = absl::Seconds(30)) {
@@ -56,7 +61,7 @@ class MetricsObserverTest : public ::testing::Test {
   prometheus::Registry registry_;
   QueueLabels labels_;
   MetricsObserver metrics_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<BlockingBroker> broker_;
 };
 
 TEST_F(MetricsObserverTest, EachTransitionCountsOnce) {
@@ -168,7 +173,7 @@ TEST_F(CappedMetricsTest, TheScrapeGaugesSumTheOtherQueues) {
   // queue label -> state -> jobs, and queue label -> oldest ready age.
   std::map<std::string, std::map<std::string, double>> jobs;
   std::map<std::string, double> age;
-  BrokerCollector collector(*broker_, labels_);
+  BrokerCollector collector(broker_->broker(), labels_);
   for (const prometheus::MetricFamily& f : collector.Collect()) {
     for (const prometheus::ClientMetric& m : f.metric) {
       std::string queue, state;

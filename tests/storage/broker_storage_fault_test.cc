@@ -16,8 +16,13 @@
 #include "storage/rocksdb_store.h"
 #include "tests/storage/faulty_file_system.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/blocking_broker.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using storage_test::FaultyEnv;
@@ -46,7 +51,7 @@ class BrokerOnFaultyDiskTest : public ::testing::TestWithParam<Fault> {
     o.commit_mode = CommitPipeline::Mode::kInline;
     o.uniform = [] { return 0.5; };
     o.wake = [this] { ++wakes_; };
-    auto broker = Broker::Open(*store_, clock_, o);
+    auto broker = BlockingBroker::Open(*store_, clock_, o);
     ASSERT_TRUE(broker.ok()) << broker.status();
     broker_ = *std::move(broker);
   }
@@ -80,7 +85,7 @@ class BrokerOnFaultyDiskTest : public ::testing::TestWithParam<Fault> {
   FakeClock clock_{kStart};
   int wakes_ = 0;
   std::unique_ptr<RocksDbStore> store_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<BlockingBroker> broker_;
 };
 
 TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAcknowledgedJobs) {

@@ -1,0 +1,143 @@
+// Broker: the work that comes due with time. Leases running out, delayed and backoff jobs coming
+// due, long polls timing out, retention and dedup keys expiring; and Tick, which does it all
+// and says when it next needs to run.
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/broker.h"
+
+namespace jobbroker {
+
+void Broker::ProcessDueLocked(absl::Time now, Transition& t, Effects& fx) {
+  int budget = options_.tick_batch;
+  absl::flat_hash_set<QueueState*> touched;
+  while (budget > 0) {
+    std::optional<uint64_t> seq = deadlines_.DueLease(now);
+    if (!seq.has_value()) break;
+    --budget;
+    Job& job = jobs_.Hot(*seq);
+    ExpireLeaseLocked(job, now, t, fx);
+    touched.insert(&queues_.Get(job.queue));
+  }
+  // A job coming due is not persisted: recovery promotes a SCHEDULED job whose run_at passed.
+  while (budget > 0) {
+    std::optional<uint64_t> seq = deadlines_.DueScheduled(now);
+    if (!seq.has_value()) break;
+    --budget;
+    Job* job = JobBySeqLocked(*seq);
+    if (job == nullptr) continue;  // unreadable: dropped from the deadlines
+    UnindexLocked(*job);
+    job->state = JobState::kReady;
+    IndexLocked(*job);
+    touched.insert(&queues_.Get(job->queue));
+  }
+  for (QueueState* q : touched) ServeConsumersLocked(*q, now, t, fx);
+}
+
+void Broker::ExpireLeaseLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  UnindexLocked(job);
+  std::string error = absl::StrCat("lease expired: worker ", job.worker_id,
+                                   " did not ack, fail or heartbeat in time");
+  // The attempt ended when its lease did, even if the broker only notices later (after a restart).
+  FinishAttemptRecordLocked(job, job.lease_deadline, AttemptOutcome::kLeaseExpired, error);
+  EndAttemptFailedLocked(job, now, AttemptOutcome::kLeaseExpired, std::move(error), std::nullopt);
+  IndexLocked(job);
+  t.put_jobs.push_back(job);
+  fx.Touch(queues_.Get(job.queue).policy);
+  // After the state change, so the freed slot can take this very job if it is due again.
+  EndHoldLocked(job, /*lost=*/true, now, t, fx);
+}
+
+void Broker::TimeOutWaitersLocked(absl::Time now, int& budget, Effects& fx) {
+  while (budget > 0) {
+    std::optional<uint64_t> id = deadlines_.DueWaiter(now);
+    if (!id.has_value()) break;
+    --budget;
+    Consumer& waiter = *consumers_.Find(*id);
+    DelistLocked(waiter);
+    fx.deliveries.push_back({std::move(waiter.done), {}});
+    consumers_.Erase(*id);
+  }
+}
+
+void Broker::RetentionLocked(absl::Time now, Transition& t, Effects& fx, int& budget) {
+  auto sweep = [&](QueueState& q, absl::btree_set<TimeKey>& ended,
+                   const Retention& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!ended.empty() && budget > 0) {
+      bool over_count = r.max_count > 0 && static_cast<int64_t>(ended.size()) > r.max_count;
+      bool too_old = r.max_age > absl::ZeroDuration() && ended.begin()->first + r.max_age <= now;
+      if (!over_count && !too_old) break;
+      --budget;
+      fx.Touch(q.policy);
+      RemoveJobLocked(jobs_.Hot(ended.begin()->second), t);
+    }
+  };
+  for (auto& [name, q] : queues_) {
+    sweep(*q, q->completed, q->policy.completed_retention);
+    sweep(*q, q->dead, q->policy.failed_retention);
+  }
+}
+
+void Broker::ExpireDedupLocked(absl::Time now, Transition& t, int& budget) {
+  auto job_running = [this](const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const Job* job = FindJobLocked(job_id);
+    return job != nullptr && !IsTerminal(job->state);
+  };
+  for (DedupTable::Key& key : dedup_.Expire(now, budget, job_running))
+    t.delete_dedup.push_back(std::move(key));
+}
+
+absl::Time Broker::NextDeadlineLocked() {
+  absl::Time next = std::min(deadlines_.Earliest(), dedup_.NextExpiry());
+  for (auto& [name, q] : queues_) {
+    next = std::min(next, q->NextRetentionAge());
+    if (q->OverRetentionCount()) next = absl::InfinitePast();
+    next = std::min(next, q->RefillTime());
+  }
+  return next;
+}
+
+absl::Time Broker::Tick() {
+  MaybeResume();
+  Effects fx;
+  uint64_t commit;
+  absl::Time next;
+  {
+    absl::MutexLock lock(&mu_);
+    Transition t;
+    // While the store refuses writes, nothing that needs one happens (expiries, leases,
+    // removals): memory will be rebuilt from the store before writes resume anyway. Only long
+    // polls time out meanwhile. So this is the one change that does not start with
+    // StartChangeLocked when the store fails.
+    const bool writable = pipeline_.healthy();
+    const absl::Time now = writable ? StartChangeLocked(t, fx) : clock_.Now();
+    if (writable) {
+      // Rate-limited queues whose bucket refilled serve whoever waits for them.
+      for (auto& [name, q] : queues_) {
+        if (q->policy.rate_limit.per_second > 0 && !q->consumers.empty())
+          ServeConsumersLocked(*q, now, t, fx);
+      }
+    }
+    int budget = options_.tick_batch;
+    TimeOutWaitersLocked(now, budget, fx);
+    if (!shutting_down_ && writable) {
+      RetentionLocked(now, t, fx, budget);
+      ExpireDedupLocked(now, t, budget);
+    }
+    commit = CommitChangeLocked(std::move(t), fx);
+    if (writable) {
+      next = NextDeadlineLocked();
+      bool more = deadlines_.DueLease(now).has_value() || deadlines_.DueScheduled(now).has_value();
+      if (budget <= 0 || more) next = now;
+    } else {
+      next = deadlines_.Earliest(/*jobs=*/false);
+      if (!shutting_down_)
+        next = std::min(next, resume_at_ == absl::InfinitePast() ? now : resume_at_);
+    }
+    deadlines_.Planned(next);
+    fx.wake = false;  // this tick has just planned the next one itself
+  }
+  Finish(commit, std::move(fx), nullptr);
+  return next;
+}
+
+}  // namespace jobbroker

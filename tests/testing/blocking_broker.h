@@ -1,0 +1,122 @@
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "core/broker.h"
+
+namespace jobbroker::testing {
+
+// Runs an asynchronous operation and blocks for its answer.
+template <typename T, typename Start>
+T Await(Start start) {
+  absl::Notification ready;
+  std::optional<T> out;
+  start([&](T value) {
+    out.emplace(std::move(value));
+    ready.Notify();
+  });
+  ready.WaitForNotification();
+  return std::move(*out);
+}
+
+// A Broker with blocking forms of its changes, for tests and the fuzzers: each waits until the
+// change is durable (or refused) and returns its answer. Every other Broker method is passed
+// through, so a test reads `broker->Enqueue(spec)` whichever it calls. Owns the broker.
+class BlockingBroker {
+ public:
+  explicit BlockingBroker(std::unique_ptr<Broker> broker) : broker_(std::move(broker)) {}
+  static absl::StatusOr<std::unique_ptr<BlockingBroker>> Open(Store& store, const Clock& clock,
+                                                              BrokerOptions options);
+
+  Broker& broker() { return *broker_; }
+
+  // Blocking forms.
+  absl::StatusOr<EnqueueResult> Enqueue(EnqueueSpec spec);
+  absl::StatusOr<std::vector<EnqueueResult>> EnqueueBatch(std::vector<EnqueueSpec> specs);
+  absl::StatusOr<std::vector<LeasedJob>> Lease(LeaseSpec spec);
+  absl::StatusOr<HeartbeatResult> Heartbeat(HeartbeatSpec spec);
+  absl::Status Ack(AckSpec spec);
+  absl::StatusOr<std::vector<absl::Status>> AckBatch(std::vector<AckSpec> specs);
+  absl::StatusOr<FailResult> Fail(FailSpec spec);
+  absl::Status Release(ReleaseSpec spec);
+  absl::StatusOr<Job> CancelJob(std::string job_id);
+  absl::StatusOr<QueueInfo> UpdateQueuePolicy(std::string queue, PolicyOverride policy,
+                                              bool reset = false);
+  absl::StatusOr<Job> RetryJob(std::string job_id);
+  absl::StatusOr<RetryJobsResult> RetryJobs(RetryJobsSpec spec);
+  absl::Status DeleteJob(std::string job_id);
+  absl::StatusOr<QueueInfo> SetQueuePaused(std::string queue, bool paused);
+  absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<JobState> states = {});
+
+  // Passed through.
+  void EnqueueBatch(std::vector<EnqueueSpec> specs,
+                    Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch = false) {
+    broker_->EnqueueBatch(std::move(specs), std::move(done), batch);
+  }
+  uint64_t Lease(LeaseSpec spec, absl::Duration wait,
+                 Done<absl::StatusOr<std::vector<LeasedJob>>> done) {
+    return broker_->Lease(std::move(spec), wait, std::move(done));
+  }
+  bool CancelWait(uint64_t waiter) { return broker_->CancelWait(waiter); }
+  absl::StatusOr<uint64_t> Subscribe(SubscribeSpec spec, std::shared_ptr<StreamSink> sink) {
+    return broker_->Subscribe(std::move(spec), std::move(sink));
+  }
+  absl::Status SetFlow(uint64_t stream, int max_in_flight) {
+    return broker_->SetFlow(stream, max_in_flight);
+  }
+  void Unsubscribe(uint64_t stream) { broker_->Unsubscribe(stream); }
+  void Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>> done) {
+    broker_->Heartbeat(std::move(spec), std::move(done));
+  }
+  void Ack(AckSpec spec, Done<absl::Status> done) {
+    broker_->Ack(std::move(spec), std::move(done));
+  }
+  void AckBatch(std::vector<AckSpec> specs, Done<absl::StatusOr<std::vector<absl::Status>>> done) {
+    broker_->AckBatch(std::move(specs), std::move(done));
+  }
+  void Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
+    broker_->Fail(std::move(spec), std::move(done));
+  }
+  void Release(ReleaseSpec spec, Done<absl::Status> done) {
+    broker_->Release(std::move(spec), std::move(done));
+  }
+  void CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
+    broker_->CancelJob(std::move(job_id), std::move(done));
+  }
+  void RetryJobs(RetryJobsSpec spec, Done<absl::StatusOr<RetryJobsResult>> done) {
+    broker_->RetryJobs(std::move(spec), std::move(done));
+  }
+  void PurgeQueue(std::string queue, std::vector<JobState> states,
+                  Done<absl::StatusOr<int64_t>> done) {
+    broker_->PurgeQueue(std::move(queue), std::move(states), std::move(done));
+  }
+  absl::StatusOr<Job> GetJob(const std::string& job_id) { return broker_->GetJob(job_id); }
+  absl::StatusOr<std::string> JobQueue(const std::string& job_id) {
+    return broker_->JobQueue(job_id);
+  }
+  absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec) {
+    return broker_->ListJobs(spec);
+  }
+  absl::StatusOr<QueueInfo> GetQueue(const std::string& queue) { return broker_->GetQueue(queue); }
+  std::vector<QueueInfo> ListQueues() { return broker_->ListQueues(); }
+  absl::Time Tick() { return broker_->Tick(); }
+  void Shutdown() { broker_->Shutdown(); }
+  absl::Status Flush() { return broker_->Flush(); }
+  absl::Status ResumeWrites() { return broker_->ResumeWrites(); }
+  absl::Status storage_status() const { return broker_->storage_status(); }
+  int64_t corrupt_records() const { return broker_->corrupt_records(); }
+  uint64_t store_writes() const { return broker_->store_writes(); }
+  Broker::MemoryCounts memory_counts() const { return broker_->memory_counts(); }
+
+ private:
+  std::unique_ptr<Broker> broker_;
+};
+
+}  // namespace jobbroker::testing

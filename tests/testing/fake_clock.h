@@ -1,0 +1,33 @@
+#pragma once
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/clock.h"
+
+namespace jobbroker::testing {
+
+// A clock that moves only when told to, so tests of leases, backoff and TTLs advance time
+// instead of sleeping. Thread-safe.
+class FakeClock final : public Clock {
+ public:
+  explicit FakeClock(absl::Time start) : now_(start) {}
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+  void Set(absl::Time t) {
+    absl::MutexLock lock(&mu_);
+    now_ = t;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace jobbroker::testing
