@@ -4,8 +4,8 @@
 // from both sides. A coverage check walks the generated descriptors, so a field added to the API
 // later fails here until it has a row, or a reason why no value of it is invalid.
 //
-// One broker serves the whole suite (a process of its own per RPC under ctest): a refused row
-// changes nothing by definition, and each row checks that against a snapshot of every queue and
+// One broker serves all the rows of an RPC (one test per RPC): a refused row changes nothing by
+// definition, and each row checks that against a snapshot of every queue and
 // the fixture's jobs; accepted rows work on queues of their own (`edge-...`) and leave no state
 // that changes with time (leases of 12 h, no short backoff), so no row can disturb another. A
 // row that fails anyway gets the next row a fresh broker.
@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/work_stream_client.h"
 
@@ -87,10 +88,9 @@ google::protobuf::Timestamp UnixSeconds(int64_t s, int32_t nanos = 0) {
   return t;
 }
 
-// The broker and the jobs that every row's valid request starts from.
+// The client to the fixture's broker, and the jobs that every row's valid request starts from.
 struct Env {
-  std::unique_ptr<BrokerProcess> broker;
-  std::unique_ptr<BrokerClient> client;
+  BrokerClient* client = nullptr;
   v1::LeasedJob active;  // of kQueue, leased for 12 h
   std::string ready_id;  // of kQueue
   std::string done_id;   // of kDoneQueue, holds kHeldKey
@@ -1276,30 +1276,31 @@ std::vector<std::string> RpcsWithRows() {
 
 // One test per RPC, running each of its rows in turn. (One test per row reads a little better,
 // but ctest runs each test in a process of its own, and starting ~230 brokers took 77 s.)
-class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
+class BadInputMatrixTest : public BrokerFixtureWithParam<std::string> {
  protected:
-  // Starts a broker and builds the fixture into `out`; leaves it null (and fails) if that fails.
-  static void Start(std::unique_ptr<Env>& out) {
-    auto env = std::make_unique<Env>();
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start();
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    env->broker = *std::move(broker);
-    env->client = std::make_unique<BrokerClient>(env->broker->NewChannel());
-    BrokerClient& c = *env->client;
+  void SetUp() override {
+    BrokerFixture::SetUp();
+    ASSERT_NO_FATAL_FAILURE(MakeJobs());
+  }
+
+  // Builds the rows' jobs on the broker just started into env_.
+  void MakeJobs() {
+    env_ = Env{.client = &client()};
+    BrokerClient& c = client();
 
     const std::string active_id = c.MustEnqueue(kQueue, "active");
-    env->ready_id = c.MustEnqueue(kQueue, "ready");
+    env_.ready_id = c.MustEnqueue(kQueue, "ready");
     std::vector<v1::LeasedJob> leased =
         c.MustLease(kQueue, "matrix-worker", 1, absl::ZeroDuration(), absl::Hours(12));
     ASSERT_EQ(leased.size(), 1u);
     ASSERT_EQ(leased[0].job_id(), active_id);
-    env->active = leased[0];
+    env_.active = leased[0];
 
     v1::EnqueueRequest held;
     held.set_queue(kDoneQueue);
     held.set_payload("done");
     held.set_dedup_key(kHeldKey);
-    env->done_id = c.MustEnqueue(held);
+    env_.done_id = c.MustEnqueue(held);
     std::optional<v1::LeasedJob> done = c.LeaseOne(kDoneQueue, "matrix-worker");
     ASSERT_TRUE(done.has_value());
     c.MustAck(*done);
@@ -1308,17 +1309,13 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     idle.set_queue(kIdleQueue);
     v1::QueueInfo info;
     ASSERT_THAT(c.UpdateQueuePolicy(idle, &info), IsOk());
-    out = std::move(env);
   }
 
-  static void SetUpTestSuite() { Start(env_); }
-  static void TearDownTestSuite() { env_.reset(); }
-
   // Runs `row` against the fixture; false if any of its checks failed.
-  static bool Check(const Row& row) {
+  bool Check(const Row& row) {
     const int failures_before = FailureCount();
     const Snapshot before = Take();
-    const grpc::Status status = row.call(*env_);
+    const grpc::Status status = row.call(env_);
     const Expect& e = row.expect;
     EXPECT_EQ(CodeName(status.error_code()), CodeName(e.code.value_or(Code::OK)))
         << "message: \"" << status.error_message() << "\"";
@@ -1335,19 +1332,19 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     return ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
   }
 
-  static Snapshot Take() {
+  Snapshot Take() {
     Snapshot s;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(Deadline()));
     v1::ListQueuesResponse resp;
-    grpc::Status status = env_->client->admin().ListQueues(&ctx, v1::ListQueuesRequest(), &resp);
+    grpc::Status status = admin().ListQueues(&ctx, v1::ListQueuesRequest(), &resp);
     EXPECT_THAT(status, IsOk());
     for (const v1::QueueInfo& q : resp.queues()) {
       s.counts[q.name()] = std::map<std::string, int64_t>(q.counts().begin(), q.counts().end());
       s.policies[q.name()] = q.policy();
     }
-    for (const std::string& id : {env_->active.job_id(), env_->ready_id, env_->done_id}) {
-      s.jobs.push_back(env_->client->MustGetJob(id));
+    for (const std::string& id : {env_.active.job_id(), env_.ready_id, env_.done_id}) {
+      s.jobs.push_back(client().MustGetJob(id));
     }
     return s;
   }
@@ -1383,10 +1380,8 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  static std::unique_ptr<Env> env_;
+  Env env_;
 };
-
-std::unique_ptr<Env> BadInputMatrixTest::env_;
 
 TEST_P(BadInputMatrixTest, EveryRow) {
   std::vector<std::string> failed;
@@ -1394,14 +1389,13 @@ TEST_P(BadInputMatrixTest, EveryRow) {
   for (const Row& row : AllRows()) {
     if (row.rpc != GetParam()) continue;
     ++rows;
-    if (env_ == nullptr) Start(env_);
-    ASSERT_NE(env_, nullptr) << "the broker or the fixture did not start";
     SCOPED_TRACE(absl::StrCat("row ", row.name));
     if (!Check(row)) {
       failed.push_back(row.name);
       // The row may have changed the fixture: the next row gets a fresh broker, so that one bug
       // fails one row rather than every row after it.
-      env_.reset();
+      ASSERT_NO_FATAL_FAILURE(Start());
+      ASSERT_NO_FATAL_FAILURE(MakeJobs());
     }
   }
   EXPECT_GT(rows, 0);

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 
 namespace jobbroker::testing {
@@ -25,21 +26,19 @@ constexpr int64_t kMaxPayload = int64_t{1} << 20;  // a queue's default max_payl
 
 // A broker with one queue holding one ACTIVE job and one READY job, so every refused call has a
 // real job and queue to (not) change.
-class BadInputTest : public ::testing::Test {
+class BadInputTest : public BrokerFixture {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start();
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
+    BrokerFixture::SetUp();
+    if (HasFatalFailure()) return;
 
-    active_id_ = client_->MustEnqueue(kQueue, "active");
-    ready_id_ = client_->MustEnqueue(kQueue, "ready");
-    std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", absl::Seconds(10));
+    active_id_ = client().MustEnqueue(kQueue, "active");
+    ready_id_ = client().MustEnqueue(kQueue, "ready");
+    std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", absl::Seconds(10));
     ASSERT_TRUE(job.has_value());
     ASSERT_EQ(job->job_id(), active_id_);
     active_ = *job;
-    counts_before_ = client_->Counts(kQueue);
+    counts_before_ = client().Counts(kQueue);
     ASSERT_EQ(counts_before_,
               (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}, {"JOB_STATE_ACTIVE", 1}}));
   }
@@ -47,14 +46,14 @@ class BadInputTest : public ::testing::Test {
   // Nothing changed since SetUp: the same counts, the active job still on its first attempt
   // with no checkpoint, the ready job untouched.
   void ExpectNothingChanged() {
-    EXPECT_EQ(client_->Counts(kQueue), counts_before_);
-    v1::Job active = client_->MustGetJob(active_id_);
+    EXPECT_EQ(client().Counts(kQueue), counts_before_);
+    v1::Job active = client().MustGetJob(active_id_);
     EXPECT_EQ(active.state(), v1::JOB_STATE_ACTIVE);
     EXPECT_EQ(active.attempt(), 1);
     EXPECT_EQ(active.checkpoint(), "");
     EXPECT_FALSE(active.cancel_requested());
     EXPECT_THAT(active.attempts(), SizeIs(1));
-    v1::Job ready = client_->MustGetJob(ready_id_);
+    v1::Job ready = client().MustGetJob(ready_id_);
     EXPECT_EQ(ready.state(), v1::JOB_STATE_READY);
     EXPECT_EQ(ready.attempt(), 0);
   }
@@ -63,7 +62,7 @@ class BadInputTest : public ::testing::Test {
   void ExpectNoQueue(const std::string& queue) {
     v1::QueueInfo info;
     EXPECT_THAT(
-        client_->GetQueue(queue, &info),
+        client().GetQueue(queue, &info),
         AnyOf(StatusIs(grpc::StatusCode::NOT_FOUND), StatusIs(grpc::StatusCode::INVALID_ARGUMENT)))
         << "queue \"" << queue << "\" exists after a refused request";
   }
@@ -77,7 +76,7 @@ class BadInputTest : public ::testing::Test {
 
   grpc::Status Enqueue(const v1::EnqueueRequest& req) {
     v1::EnqueueResponse resp;
-    return client_->Enqueue(req, &resp);
+    return client().Enqueue(req, &resp);
   }
 
   v1::LeaseRequest ValidLease() const {
@@ -89,7 +88,7 @@ class BadInputTest : public ::testing::Test {
 
   grpc::Status Lease(const v1::LeaseRequest& req) {
     v1::LeaseResponse resp;
-    grpc::Status s = client_->Lease(req, &resp);
+    grpc::Status s = client().Lease(req, &resp);
     if (!s.ok()) {
       EXPECT_THAT(resp.jobs(), SizeIs(0));
     }
@@ -103,13 +102,13 @@ class BadInputTest : public ::testing::Test {
     req.set_lease_id(lease_id);
     req.set_checkpoint("must-not-stick");
     v1::HeartbeatResponse resp;
-    return client_->Heartbeat(req, &resp);
+    return client().Heartbeat(req, &resp);
   }
   grpc::Status Ack(const std::string& job_id, const std::string& lease_id) {
     v1::AckRequest req;
     req.set_job_id(job_id);
     req.set_lease_id(lease_id);
-    return client_->Ack(req);
+    return client().Ack(req);
   }
   grpc::Status Fail(const std::string& job_id, const std::string& lease_id) {
     v1::FailRequest req;
@@ -117,17 +116,15 @@ class BadInputTest : public ::testing::Test {
     req.set_lease_id(lease_id);
     req.set_error("refused fail");
     v1::FailResponse resp;
-    return client_->Fail(req, &resp);
+    return client().Fail(req, &resp);
   }
   grpc::Status Release(const std::string& job_id, const std::string& lease_id) {
     v1::ReleaseRequest req;
     req.set_job_id(job_id);
     req.set_lease_id(lease_id);
-    return client_->Release(req);
+    return client().Release(req);
   }
 
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
   std::string active_id_;
   std::string ready_id_;
   v1::LeasedJob active_;
@@ -157,7 +154,7 @@ TEST_F(BadInputTest, EnqueueWithQueueNameOf128CharsIsFine) {
   v1::EnqueueRequest req = ValidEnqueue();
   req.set_queue(std::string(128, 'q'));
   EXPECT_THAT(Enqueue(req), IsOk());
-  EXPECT_EQ(client_->Counts(req.queue()), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}}));
+  EXPECT_EQ(client().Counts(req.queue()), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}}));
 }
 
 TEST_F(BadInputTest, EnqueueWithSpaceInQueueName) {
@@ -205,11 +202,11 @@ TEST_F(BadInputTest, EnqueueBatchWithOneJobOver1MiBNamesIt) {
   *req.add_jobs() = ValidEnqueue();
   req.mutable_jobs(1)->set_payload(std::string(kMaxPayload + 1, 'x'));
   v1::EnqueueBatchResponse resp;
-  EXPECT_THAT(client_->EnqueueBatch(req, &resp),
+  EXPECT_THAT(client().EnqueueBatch(req, &resp),
               StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("jobs[1].payload")));
   // A batch of one names its job too: the caller sent a list.
   req.mutable_jobs()->DeleteSubrange(0, 1);
-  EXPECT_THAT(client_->EnqueueBatch(req, &resp),
+  EXPECT_THAT(client().EnqueueBatch(req, &resp),
               StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, HasSubstr("jobs[0].payload")));
   ExpectNothingChanged();
 }
@@ -252,11 +249,11 @@ TEST_F(BadInputTest, UpdateQueuePolicyWithMaxPayloadBytesOutOfRange) {
     req.set_queue(kQueue);
     req.mutable_policy()->set_max_payload_bytes(bad);
     v1::QueueInfo info;
-    EXPECT_THAT(client_->UpdateQueuePolicy(req, &info), InvalidArgumentNaming("max_payload_bytes"))
+    EXPECT_THAT(client().UpdateQueuePolicy(req, &info), InvalidArgumentNaming("max_payload_bytes"))
         << bad;
   }
   v1::QueueInfo info;
-  ASSERT_THAT(client_->GetQueue(kQueue, &info), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &info), IsOk());
   EXPECT_EQ(info.policy().max_payload_bytes(), kMaxPayload);
   ExpectNothingChanged();
 }
@@ -265,8 +262,8 @@ TEST_F(BadInputTest, EnqueueWithPayloadOfExactly1MiBIsFine) {
   v1::EnqueueRequest req = ValidEnqueue();
   req.set_payload(std::string(kMaxPayload, 'x'));
   v1::EnqueueResponse resp;
-  ASSERT_THAT(client_->Enqueue(req, &resp), IsOk());
-  EXPECT_EQ(client_->MustGetJob(resp.job_id()).payload().size(), static_cast<size_t>(kMaxPayload));
+  ASSERT_THAT(client().Enqueue(req, &resp), IsOk());
+  EXPECT_EQ(client().MustGetJob(resp.job_id()).payload().size(), static_cast<size_t>(kMaxPayload));
 }
 
 TEST_F(BadInputTest, EnqueueWithDedupKeyHeldForAnotherPayload) {
@@ -275,13 +272,13 @@ TEST_F(BadInputTest, EnqueueWithDedupKeyHeldForAnotherPayload) {
   req.set_dedup_key("key-1");
   req.set_payload("first");
   v1::EnqueueResponse first;
-  ASSERT_THAT(client_->Enqueue(req, &first), IsOk());
-  const std::map<std::string, int64_t> dedup_counts = client_->Counts("dedup");
+  ASSERT_THAT(client().Enqueue(req, &first), IsOk());
+  const std::map<std::string, int64_t> dedup_counts = client().Counts("dedup");
 
   req.set_payload("second");
   EXPECT_THAT(Enqueue(req), StatusIs(grpc::StatusCode::ALREADY_EXISTS, HasSubstr(first.job_id())));
-  EXPECT_EQ(client_->Counts("dedup"), dedup_counts);
-  EXPECT_EQ(client_->MustGetJob(first.job_id()).payload(), "first");
+  EXPECT_EQ(client().Counts("dedup"), dedup_counts);
+  EXPECT_EQ(client().MustGetJob(first.job_id()).payload(), "first");
   ExpectNothingChanged();
 }
 
@@ -292,7 +289,7 @@ TEST_F(BadInputTest, EnqueueBatchWithOneBadJob) {
   req.mutable_jobs(1)->set_queue("no spaces allowed");
   *req.add_jobs() = ValidEnqueue();
   v1::EnqueueBatchResponse resp;
-  EXPECT_THAT(client_->EnqueueBatch(req, &resp), InvalidArgumentNaming("queue"));
+  EXPECT_THAT(client().EnqueueBatch(req, &resp), InvalidArgumentNaming("queue"));
   ExpectNothingChanged();
 }
 
@@ -348,8 +345,8 @@ TEST_F(BadInputTest, UnknownJobIdIsNotFound) {
   EXPECT_THAT(Fail(unknown, active_.lease_id()), StatusIs(grpc::StatusCode::NOT_FOUND));
   EXPECT_THAT(Release(unknown, active_.lease_id()), StatusIs(grpc::StatusCode::NOT_FOUND));
   v1::Job job;
-  EXPECT_THAT(client_->GetJob(unknown, &job), StatusIs(grpc::StatusCode::NOT_FOUND));
-  EXPECT_THAT(client_->CancelJob(unknown, &job), StatusIs(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().GetJob(unknown, &job), StatusIs(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().CancelJob(unknown, &job), StatusIs(grpc::StatusCode::NOT_FOUND));
   ExpectNothingChanged();
 }
 
@@ -372,7 +369,7 @@ TEST_F(BadInputTest, LeaseIdOfAnotherJobIsFailedPrecondition) {
 
 TEST_F(BadInputTest, UnknownQueueIsNotFoundInAdmin) {
   v1::QueueInfo info;
-  EXPECT_THAT(client_->GetQueue("never-used", &info), StatusIs(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().GetQueue("never-used", &info), StatusIs(grpc::StatusCode::NOT_FOUND));
   ExpectNothingChanged();
 }
 
@@ -402,7 +399,7 @@ TEST_F(BadInputTest, EnqueueWithConcurrencyKeyOver256Bytes) {
 TEST_F(BadInputTest, EnqueueBatchEmpty) {
   v1::EnqueueBatchRequest req;
   v1::EnqueueBatchResponse resp;
-  EXPECT_THAT(client_->EnqueueBatch(req, &resp), InvalidArgumentNaming("jobs"));
+  EXPECT_THAT(client().EnqueueBatch(req, &resp), InvalidArgumentNaming("jobs"));
   ExpectNothingChanged();
 }
 
@@ -410,7 +407,7 @@ TEST_F(BadInputTest, EnqueueBatchOver1000Jobs) {
   v1::EnqueueBatchRequest req;
   for (int i = 0; i < 1001; ++i) *req.add_jobs() = ValidEnqueue();
   v1::EnqueueBatchResponse resp;
-  EXPECT_THAT(client_->EnqueueBatch(req, &resp), InvalidArgumentNaming("jobs"));
+  EXPECT_THAT(client().EnqueueBatch(req, &resp), InvalidArgumentNaming("jobs"));
   ExpectNothingChanged();
 }
 
@@ -443,7 +440,7 @@ TEST_F(BadInputTest, HeartbeatWithNegativeExtendBy) {
   req.set_lease_id(active_.lease_id());
   *req.mutable_extend_by() = ToProto(absl::Seconds(-5));
   v1::HeartbeatResponse resp;
-  EXPECT_THAT(client_->Heartbeat(req, &resp), InvalidArgumentNaming("extend_by"));
+  EXPECT_THAT(client().Heartbeat(req, &resp), InvalidArgumentNaming("extend_by"));
   ExpectNothingChanged();
 }
 
@@ -453,20 +450,20 @@ TEST_F(BadInputTest, FailWithNegativeRetryAfter) {
   req.set_lease_id(active_.lease_id());
   *req.mutable_retry_after() = ToProto(absl::Seconds(-5));
   v1::FailResponse resp;
-  EXPECT_THAT(client_->Fail(req, &resp), InvalidArgumentNaming("retry_after"));
+  EXPECT_THAT(client().Fail(req, &resp), InvalidArgumentNaming("retry_after"));
   ExpectNothingChanged();
 }
 
 TEST_F(BadInputTest, UpdateQueuePolicyWithZeroMaxAttempts) {
   v1::QueueInfo before;
-  ASSERT_THAT(client_->GetQueue(kQueue, &before), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &before), IsOk());
   v1::UpdateQueuePolicyRequest req;
   req.set_queue(kQueue);
   req.mutable_policy()->mutable_retry()->set_max_attempts(0);
   v1::QueueInfo info;
-  EXPECT_THAT(client_->UpdateQueuePolicy(req, &info), InvalidArgumentNaming("max_attempts"));
+  EXPECT_THAT(client().UpdateQueuePolicy(req, &info), InvalidArgumentNaming("max_attempts"));
   v1::QueueInfo after;
-  ASSERT_THAT(client_->GetQueue(kQueue, &after), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &after), IsOk());
   EXPECT_EQ(after.policy().SerializeAsString(), before.policy().SerializeAsString());
   ExpectNothingChanged();
 }
@@ -476,7 +473,7 @@ TEST_F(BadInputTest, UpdateQueuePolicyWithBadQueueName) {
   req.set_queue("bad queue");
   req.mutable_policy()->set_max_concurrency(1);
   v1::QueueInfo info;
-  EXPECT_THAT(client_->UpdateQueuePolicy(req, &info), InvalidArgumentNaming("queue"));
+  EXPECT_THAT(client().UpdateQueuePolicy(req, &info), InvalidArgumentNaming("queue"));
   ExpectNoQueue(req.queue());
 }
 
