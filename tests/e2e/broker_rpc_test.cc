@@ -348,9 +348,11 @@ TEST_F(BrokerRpcTest, LongPollLeaseReturnsAJobEnqueuedWhileWaiting) {
     BrokerClient worker(process().NewChannel());
     leased = worker.LeaseOne(kQueue, "waiting-worker", absl::Seconds(30));
   });
-  // Give the Lease time to start waiting; the test holds either way, since a job enqueued
-  // before the wait starts is leased at once.
-  absl::SleepFor(absl::Milliseconds(300));
+  // Enqueue only once the Lease waits in the broker, so that the wait is what hands the job over.
+  ASSERT_TRUE(WaitFor([&] {
+    v1::QueueInfo info;
+    return client().GetQueue(kQueue, &info).ok() && info.waiting_leases() == 1;
+  })) << "the long poll never reached the broker";
   const std::string id = client().MustEnqueue(kQueue, "wake-up");
   waiter.join();
   ASSERT_TRUE(leased.has_value());

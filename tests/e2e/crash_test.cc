@@ -318,7 +318,11 @@ TEST_F(CrashTest, SigtermExitsZeroWhileAWorkerLongPolls) {
     // Any outcome is fine (an empty reply, or UNAVAILABLE); it only must not hold up the stop.
     worker.Lease(req, &resp);
   });
-  absl::SleepFor(absl::Milliseconds(300));
+  // The stop must come while the Lease waits in the broker.
+  ASSERT_TRUE(WaitFor([&] {
+    v1::QueueInfo info;
+    return client().GetQueue(kQueue, &info).ok() && info.waiting_leases() == 1;
+  })) << "the long poll never reached the broker";
   absl::StatusOr<int> code = process().Terminate(absl::Seconds(20));
   waiter.join();
   ASSERT_TRUE(code.ok()) << code.status();

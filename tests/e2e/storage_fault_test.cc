@@ -36,6 +36,7 @@ namespace jobbroker::testing {
 namespace {
 
 namespace v1 = ::jobbroker::v1;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 constexpr char kQueue[] = "big";
@@ -162,20 +163,18 @@ TEST_F(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFr
   ASSERT_TRUE(std::filesystem::remove(ballast));
   grpc::Status resumed;
   std::string resumed_id;
-  for (absl::Time deadline = absl::Now() + kResumeDeadline; absl::Now() < deadline;) {
-    v1::EnqueueRequest req;
-    req.set_queue(kQueue);
-    req.set_payload("after");
-    v1::EnqueueResponse resp;
-    resumed = client().Enqueue(req, &resp);
-    if (resumed.ok()) {
-      resumed_id = resp.job_id();
-      break;
-    }
-    EXPECT_EQ(resumed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << resumed.error_message();
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  WaitFor(
+      [&] {
+        v1::EnqueueRequest req;
+        req.set_queue(kQueue);
+        req.set_payload("after");
+        v1::EnqueueResponse resp;
+        resumed = client().Enqueue(req, &resp);
+        if (resumed.ok()) resumed_id = resp.job_id();
+        EXPECT_THAT(resumed, AnyOf(IsOk(), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED)));
+        return resumed.ok();
+      },
+      kResumeDeadline);
   ASSERT_TRUE(resumed.ok()) << "writes did not resume after space was freed: "
                             << resumed.error_message() << "\n"
                             << process().ReadStderr();

@@ -352,13 +352,11 @@ TEST_F(StreamLimitTest, StreamsBeyondMaxWorkStreamsAreRefusedUntilOneCloses) {
   // A closed stream gives its slot back.
   EXPECT_TRUE(first->Close().ok());
   first.reset();
-  bool reopened = false;
-  for (int i = 0; i < 50 && !reopened; ++i) {  // the broker learns of the close asynchronously
+  // The broker learns of the close asynchronously: try again until it has.
+  EXPECT_TRUE(WaitFor([&] {
     WorkStreamClient again(*stub);
-    reopened = again.Subscribe({"q"}, 1) == StatusCode::OK;
-    if (!reopened) absl::SleepFor(absl::Milliseconds(100));
-  }
-  EXPECT_TRUE(reopened);
+    return again.Subscribe({"q"}, 1) == StatusCode::OK;
+  }));
 }
 
 TEST_F(StreamLimitTest, ABadMaxWorkStreamsIsRefusedAtStart) {

@@ -162,9 +162,10 @@ TEST_F(WorkerTest, GracefulStopReleasesUnstartedJobsAndFinishesRunningOnes) {
   options.prefetch = 2;  // two jobs wait in the worker, leased but not started
   Worker worker(options);
   absl::Notification started;
+  absl::Notification finish;
   worker.Handle("q", [&](JobContext&) {
     started.Notify();
-    absl::SleepFor(absl::Milliseconds(300));
+    finish.WaitForNotificationWithTimeout(absl::Seconds(30));
     return absl::OkStatus();
   });
   std::vector<std::string> ids;
@@ -172,7 +173,12 @@ TEST_F(WorkerTest, GracefulStopReleasesUnstartedJobsAndFinishesRunningOnes) {
   ASSERT_TRUE(worker.Start().ok());
   ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
   ASSERT_TRUE(WaitFor([&] { return client().Counts("q")["JOB_STATE_ACTIVE"] == 3; }));
-  worker.Stop(absl::Seconds(10));
+  // The running job finishes only once the stop has given the two unstarted ones back.
+  std::thread stopper([&] { worker.Stop(absl::Seconds(10)); });
+  const bool released = WaitFor([&] { return client().Counts("q")["JOB_STATE_READY"] == 2; });
+  finish.Notify();
+  stopper.join();
+  ASSERT_TRUE(released) << "the stop did not release the unstarted jobs";
   EXPECT_EQ(worker.stats().acked, 1);
   EXPECT_EQ(worker.stats().released, 2);
   std::map<std::string, int64_t> counts = client().Counts("q");
