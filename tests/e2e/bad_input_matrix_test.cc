@@ -106,11 +106,13 @@ struct Env {
 };
 
 // What a row expects: refused with `code` and a message that starts with `names` (or contains
-// it, when `at_start` is false), or accepted when `code` is unset.
+// it, when `at_start` is false), or accepted when `code` is unset. A refusal whose message must
+// also point somewhere else (the policy to change, the job in the way) says so in `mentions`.
 struct Expect {
   std::optional<Code> code;
   std::string names;
   bool at_start = true;
+  std::function<std::string(const Env&)> mentions;
 };
 
 Expect Refused(Code code, std::string names) { return {code, std::move(names), true}; }
@@ -119,6 +121,11 @@ Expect TooBig(std::string names) { return Refused(Code::RESOURCE_EXHAUSTED, std:
 // For the few messages that name the field later in the sentence.
 Expect RefusedMentioning(Code code, std::string names) { return {code, std::move(names), false}; }
 Expect Accepted() { return {}; }
+// `e`, whose message must also contain what `mentions` returns for the fixture.
+Expect AlsoMentioning(Expect e, std::function<std::string(const Env&)> mentions) {
+  e.mentions = std::move(mentions);
+  return e;
+}
 
 struct Row {
   std::string rpc;      // Enqueue, Work, GetJob, ...
@@ -483,7 +490,8 @@ void AddEnqueueRows(std::vector<Row>& rows) {
   row("queue", "of_every_allowed_char_ok", Accepted(),
       [](Env&, R& r) { r.set_queue("edge-AZaz09._:-"); });
 
-  row("payload", "over_the_queues_1_MiB", TooBig("payload"),
+  row("payload", "over_the_queues_1_MiB",
+      AlsoMentioning(TooBig("payload"), [](const Env&) { return "max_payload_bytes"; }),
       [](Env&, R& r) { r.set_payload(Bytes(kMiB + 1)); });
   row("payload", "over_the_16_MiB_ceiling_on_a_new_queue", TooBig("payload"), [](Env&, R& r) {
     r.set_queue("matrix-never-created");
@@ -515,7 +523,7 @@ void AddEnqueueRows(std::vector<Row>& rows) {
       [](Env&, R& r) { *r.mutable_delay() = MixedSignDuration(); });
   row("delay", "beyond_the_Duration_range", Invalid("delay"),
       [](Env&, R& r) { *r.mutable_delay() = Seconds(kDurationMaxSeconds + 1); });
-  row("delay", "together_with_run_at", Invalid("delay"), [](Env&, R& r) {
+  row("delay", "together_with_run_at", Invalid("delay and run_at"), [](Env&, R& r) {
     *r.mutable_delay() = Dur(absl::Seconds(5));
     *r.mutable_run_at() = ToProtoTime(absl::Now() + absl::Seconds(5));
   });
@@ -543,7 +551,9 @@ void AddEnqueueRows(std::vector<Row>& rows) {
 
   row("dedup_key", "over_256_bytes", Invalid("dedup_key"),
       [](Env&, R& r) { r.set_dedup_key(Bytes(257, 'k')); });
-  row("dedup_key", "held_by_a_job_with_another_payload", Refused(Code::ALREADY_EXISTS, "dedup_key"),
+  row("dedup_key", "held_by_a_job_with_another_payload",
+      AlsoMentioning(Refused(Code::ALREADY_EXISTS, "dedup_key"),
+                     [](const Env& env) { return env.done_id; }),
       [](Env&, R& r) {
         r.set_queue(kDoneQueue);
         r.set_dedup_key(kHeldKey);
@@ -625,6 +635,11 @@ void AddEnqueueBatchRows(std::vector<Row>& rows) {
       [](Env&, R& r) { r.mutable_jobs(1)->set_queue("no spaces allowed"); });
   row("1_with_a_payload_over_1_MiB", TooBig("jobs[1].payload"),
       [](Env&, R& r) { r.mutable_jobs(1)->set_payload(Bytes(kMiB + 1)); });
+  // A batch of one names its job too: the caller sent a list.
+  row("of_1_job_with_a_payload_over_1_MiB", TooBig("jobs[0].payload"), [](Env&, R& r) {
+    r.mutable_jobs()->RemoveLast();
+    r.mutable_jobs(0)->set_payload(Bytes(kMiB + 1));
+  });
   row("1_with_65_headers", TooBig("jobs[1].headers"),
       [](Env&, R& r) { AddHeaders(*r.mutable_jobs(1)->mutable_headers(), 65, ""); });
   row("1_with_an_invalid_delay", Invalid("jobs[1].delay"),
@@ -1135,6 +1150,19 @@ void AddQueueAdminRows(std::vector<Row>& rows) {
                              *r.mutable_policy()->mutable_completed_retention()->mutable_max_age() =
                                  Seconds(kDurationMaxSeconds + 1);
                            }));
+  auto payload_limit = [&](absl::string_view what, Expect e, int64_t bytes) {
+    const bool accepted = !e.code.has_value();
+    rows.push_back(Nested<U>(v1::QueuePolicy::descriptor(), "max_payload_bytes",
+                             "policy.max_payload_bytes", what, std::move(e), [=](Env&, U& r) {
+                               if (accepted) r.set_queue("edge-policy");
+                               r.mutable_policy()->set_max_payload_bytes(bytes);
+                             }));
+  };
+  payload_limit("zero", Invalid("policy.max_payload_bytes"), 0);
+  payload_limit("negative", Invalid("policy.max_payload_bytes"), -1);
+  payload_limit("over_16_MiB", Invalid("policy.max_payload_bytes"), 16 * kMiB + 1);
+  payload_limit("of_1_ok", Accepted(), 1);
+  payload_limit("of_16_MiB_ok", Accepted(), 16 * kMiB);
   rows.push_back(Case<U>("reset", "with_no_policy_ok", Accepted(), [](Env&, U& r) {
     r.set_queue("edge-policy");
     r.clear_policy();
@@ -1178,8 +1206,6 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.QueuePolicy", "failed_retention"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "max_length"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "rate_limit"}, kPolicyTest},
-      {{"jobbroker.v1.QueuePolicy", "max_payload_bytes"},
-       "its range is pinned by policy_test.cc and bad_input_test.cc"},
       {{"jobbroker.v1.QueuePolicy", "durability"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "group_commit_delay"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_attempts"}, kPolicyTest},
@@ -1323,6 +1349,9 @@ class BadInputMatrixTest : public BrokerFixtureWithParam<std::string> {
       EXPECT_THAT(status.error_message(), StartsWith(e.names));
     } else if (e.code.has_value()) {
       EXPECT_THAT(status.error_message(), HasSubstr(e.names));
+    }
+    if (e.code.has_value() && e.mentions) {
+      EXPECT_THAT(status.error_message(), HasSubstr(e.mentions(env_)));
     }
     ExpectUnchanged(before, Take(), /*all_queues=*/e.code.has_value());
     return FailureCount() == failures_before;
