@@ -1,7 +1,10 @@
-// Every queue policy of DESIGN.md end to end, against the real binary: set by the config file or
-// Admin.UpdateQueuePolicy, observed through the Broker API. Time-driven policies (backoff, TTLs,
-// retention ages, the rate limit) are checked against the broker's own timestamps or waited for
-// with PollUntil; nothing asserts how long something took.
+// Every queue policy of DESIGN.md end to end, against the real binary: the value set by the config
+// file or Admin.UpdateQueuePolicy reaches the behaviour, observed through the Broker API. One check
+// per policy: the arithmetic (backoff growth and cap, jitter ranges, token-bucket timing, TTL and
+// retention edges) is pinned on a fake clock in tests/core (policy_test.cc, broker_test.cc,
+// broker_policy_test.cc). Time-driven policies use the shortest real times that do not race, and
+// are checked against the broker's own timestamps or waited for with WaitFor; nothing asserts how
+// long something took.
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -12,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -276,7 +278,7 @@ TEST_F(PolicyTest, AnOutOfRangePolicyInTheConfigStopsTheStart) {
 
 TEST_F(PolicyTest, MaxConcurrencyIsExactAcrossUnaryWorkersAndAStream) {
   constexpr int kLimit = 3;
-  constexpr int kJobs = 30;
+  constexpr int kJobs = 10;
   ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"mc": {"maxConcurrency": 3}}})"));
   EnqueueN("mc", kJobs);
 
@@ -299,73 +301,10 @@ TEST_F(PolicyTest, MaxConcurrencyIsExactAcrossUnaryWorkersAndAStream) {
   client().MustAck(unary[1]);
   ASSERT_EQ(stream.Ack(*pushed), StatusCode::OK);
   ASSERT_EQ(stream.Ack(*second_push), StatusCode::OK);
-
-  // All at once: four long-polling unary workers and the stream drain the rest. Jobs in hand
-  // (counted from the lease's answer to just before the ack) never exceed the limit, nor does
-  // the broker's ACTIVE count.
-  std::atomic<int> completed{4};
-  std::atomic<int> in_hand{0};
-  std::atomic<int> peak{0};
-  auto hold = [&] {
-    int now = ++in_hand;
-    int seen = peak.load();
-    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-    }
-    absl::SleepFor(absl::Milliseconds(5));  // the work
-    --in_hand;
-  };
-  std::vector<std::thread> workers;
-  for (int i = 0; i < 4; ++i) {
-    workers.emplace_back([&, i] {
-      while (completed.load() < kJobs) {
-        std::optional<v1::LeasedJob> job =
-            client().LeaseOne("mc", absl::StrCat("unary-", i), absl::Seconds(1));
-        if (!job.has_value()) continue;
-        hold();
-        client().MustAck(*job);
-        ++completed;
-      }
-    });
-  }
-  workers.emplace_back([&] {
-    while (completed.load() < kJobs) {
-      std::optional<v1::LeasedJob> job = stream.NextJob(absl::Milliseconds(200));
-      if (!job.has_value()) continue;
-      hold();
-      EXPECT_EQ(stream.Ack(*job), StatusCode::OK);
-      ++completed;
-    }
-  });
-  int64_t peak_active = 0;
-  EXPECT_TRUE(PollUntil(
-      [&] {
-        peak_active = std::max(peak_active, client().Counts("mc")["JOB_STATE_ACTIVE"]);
-        return completed.load() >= kJobs;
-      },
-      absl::Seconds(60)));
-  for (std::thread& t : workers) t.join();
-  EXPECT_LE(peak.load(), kLimit);
-  EXPECT_LE(peak_active, kLimit);
-  EXPECT_EQ(client().Counts("mc")["JOB_STATE_COMPLETED"], kJobs);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Concurrency keys
-
-TEST_F(PolicyTest, ConcurrencyKeysTakeTurns) {
-  ASSERT_NO_FATAL_FAILURE(StartBroker(""));
-  std::map<std::string, std::string> key_of;
-  for (const std::string& id : EnqueueN("fair", 100, "big-tenant")) key_of[id] = "big-tenant";
-  for (int k = 0; k < 10; ++k) {
-    std::string key = absl::StrCat("tenant-", k);
-    for (const std::string& id : EnqueueN("fair", 3, key)) key_of[id] = key;
-  }
-  std::vector<v1::LeasedJob> leased = client().MustLease("fair", "w", 11);
-  ASSERT_THAT(leased, SizeIs(11));
-  std::set<std::string> keys;
-  for (const v1::LeasedJob& job : leased) keys.insert(key_of.at(job.job_id()));
-  EXPECT_THAT(keys, SizeIs(11)) << "every key once, though one key has 100 jobs waiting";
-}
 
 TEST_F(PolicyTest, MaxConcurrencyPerKeyCapsEachKeyButNotUnkeyedJobs) {
   ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"per-key": {"maxConcurrencyPerKey": 2}}})"));
@@ -382,62 +321,47 @@ TEST_F(PolicyTest, MaxConcurrencyPerKeyCapsEachKeyButNotUnkeyedJobs) {
   EXPECT_EQ(count_keys(leased),
             (std::map<std::string, int>{{"", 3}, {"a", 2}, {"b", 2}, {"c", 2}}));
   EXPECT_THAT(client().MustLease("per-key", "w", 100), IsEmpty());
-
-  // An ack of an "a" job frees exactly one "a" slot.
-  auto first_a = std::find_if(leased.begin(), leased.end(),
-                              [&](const v1::LeasedJob& j) { return key_of[j.job_id()] == "a"; });
-  ASSERT_NE(first_a, leased.end());
-  client().MustAck(*first_a);
-  EXPECT_EQ(count_keys(client().MustLease("per-key", "w", 100)),
-            (std::map<std::string, int>{{"a", 1}}));
-
-  // Raising the limit at run time lets every key start one more.
-  ASSERT_THAT(SetPolicy("per-key", R"({"maxConcurrencyPerKey": 3})"), IsOk());
-  EXPECT_EQ(count_keys(client().MustLease("per-key", "w", 100)),
-            (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Retries
 
-TEST_F(PolicyTest, RetryBackoffGrowsByTheMultiplierUpToTheCapThenTheJobDies) {
+// The queue's max_attempts and initial_backoff reach the job: the first failure schedules the
+// retry initial_backoff later, the second (the last of 2) kills the job, saying why. The growth by
+// the multiplier, the cap and the jitter are core's (RetryPolicyTest, BrokerTest).
+TEST_F(PolicyTest, MaxAttemptsAndBackoffFromTheConfigDecideRetryAndDeath) {
   ASSERT_NO_FATAL_FAILURE(
-      StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 4, "initialBackoff": "0.2s",
-      "backoffMultiplier": 3, "maxBackoff": "1s", "jitter": "JITTER_NONE"}}}})"));
+      StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 2, "initialBackoff": "0.2s",
+      "jitter": "JITTER_NONE"}}}})"));
   const std::string id = client().MustEnqueue("retry");
-  // min(1s, 0.2s * 3^(n-1)) after failed attempt n.
-  const std::vector<absl::Duration> expected = {absl::Milliseconds(200), absl::Milliseconds(600),
-                                                absl::Seconds(1)};
-  absl::Time due = absl::InfinitePast();
-  for (int attempt = 1; attempt <= 4; ++attempt) {
-    SCOPED_TRACE(absl::StrCat("attempt ", attempt));
-    // Long poll: the broker answers when the backoff ends.
-    std::optional<v1::LeasedJob> job = client().LeaseOne("retry", "w", kWait);
-    ASSERT_TRUE(job.has_value());
-    ASSERT_EQ(job->job_id(), id);
-    ASSERT_EQ(job->attempt(), attempt);
-    EXPECT_EQ(job->max_attempts(), 4);
-    v1::Job seen = client().MustGetJob(id);
-    EXPECT_GE(FromProto(seen.attempts(attempt - 1).started_at()), due) << "leased before its time";
+  std::optional<v1::LeasedJob> first = client().LeaseOne("retry", "w");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->max_attempts(), 2);
 
-    Window window;
-    v1::FailResponse failed = FailJob(*job, &window);
-    if (attempt < 4) {
-      EXPECT_EQ(failed.state(), v1::JOB_STATE_SCHEDULED);
-      ASSERT_TRUE(failed.has_next_attempt_at());
-      due = FromProto(failed.next_attempt_at());
-      ExpectInWindow(due, window, expected[attempt - 1], expected[attempt - 1], "next_attempt_at");
-      EXPECT_EQ(FromProto(client().MustGetJob(id).run_at()), due);
-    } else {
-      EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-      EXPECT_FALSE(failed.has_next_attempt_at());
-    }
-  }
+  Window window;
+  v1::FailResponse failed = FailJob(*first, &window);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_SCHEDULED);
+  ASSERT_TRUE(failed.has_next_attempt_at());
+  const absl::Time due = FromProto(failed.next_attempt_at());
+  ExpectInWindow(due, window, absl::Milliseconds(200), absl::Milliseconds(200), "next_attempt_at");
+  EXPECT_EQ(FromProto(client().MustGetJob(id).run_at()), due);
+
+  // Long poll: the broker answers when the backoff ends.
+  std::optional<v1::LeasedJob> second = client().LeaseOne("retry", "w", kWait);
+  ASSERT_TRUE(second.has_value());
+  ASSERT_EQ(second->job_id(), id);
+  EXPECT_EQ(second->attempt(), 2);
+  EXPECT_GE(FromProto(client().MustGetJob(id).attempts(1).started_at()), due)
+      << "leased before its time";
+
+  failed = FailJob(*second, &window);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(failed.has_next_attempt_at());
   v1::Job dead = client().MustGetJob(id);
   EXPECT_EQ(dead.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(dead.fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
-  EXPECT_THAT(dead.attempts(), SizeIs(4));
-  EXPECT_EQ(dead.last_error(), "attempt 4 failed");
+  EXPECT_THAT(dead.attempts(), SizeIs(2));
+  EXPECT_EQ(dead.last_error(), "attempt 2 failed");
 }
 
 TEST_F(PolicyTest, MaxAttemptsAtEnqueueOverridesTheQueueAndIsFixedThen) {
@@ -464,27 +388,6 @@ TEST_F(PolicyTest, MaxAttemptsAtEnqueueOverridesTheQueueAndIsFixedThen) {
   EXPECT_EQ(failures[plain], 4);
   EXPECT_EQ(client().MustGetJob(custom).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
   EXPECT_EQ(client().MustGetJob(plain).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
-}
-
-TEST_F(PolicyTest, JitterStaysWithinItsRange) {
-  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {
-    "equal": {"retry": {"initialBackoff": "10s", "jitter": "JITTER_EQUAL"}},
-    "full": {"retry": {"initialBackoff": "10s", "jitter": "JITTER_FULL"}}}})"));
-  for (int i = 0; i < 5; ++i) {
-    client().MustEnqueue("equal");
-    client().MustEnqueue("full");
-  }
-  Window window;
-  for (const v1::LeasedJob& job : client().MustLease("equal", "w", 5)) {
-    v1::FailResponse failed = FailJob(job, &window);
-    ExpectInWindow(FromProto(failed.next_attempt_at()), window, absl::Seconds(5), absl::Seconds(10),
-                   "JITTER_EQUAL: wait/2 + uniform(0, wait/2)");
-  }
-  for (const v1::LeasedJob& job : client().MustLease("full", "w", 5)) {
-    v1::FailResponse failed = FailJob(job, &window);
-    ExpectInWindow(FromProto(failed.next_attempt_at()), window, absl::ZeroDuration(),
-                   absl::Seconds(10), "JITTER_FULL: uniform(0, wait)");
-  }
 }
 
 TEST_F(PolicyTest, FailRetryAfterReplacesTheComputedBackoff) {
@@ -596,32 +499,6 @@ TEST_F(PolicyTest, ADedupKeyIsFreeAgainAfterTheTtlOnceItsJobCompleted) {
   EXPECT_EQ(client().MustGetJob(first.job_id()).state(), v1::JOB_STATE_COMPLETED);
 }
 
-// DESIGN.md: the key blocks duplicates for the TTL "at least until the job ends" -- and, once
-// both have passed, is free.
-TEST_F(PolicyTest, ADedupKeyOutlivingItsTtlIsFreeAsSoonAsItsJobEnds) {
-  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"dedup": {"dedupTtl": "1s"}}})"));
-  v1::EnqueueRequest req;
-  req.set_queue("dedup");
-  req.set_payload("import 1");
-  req.set_dedup_key("import-1");
-  const absl::Time enqueued = absl::Now();
-  const std::string id = client().MustEnqueue(req);
-  std::optional<v1::LeasedJob> job = client().LeaseOne("dedup", "w");
-  ASSERT_TRUE(job.has_value());
-  // Let the TTL (and the broker's sweep of it) pass while the job still runs.
-  PollUntil([&] { return absl::Now() > enqueued + absl::Seconds(2); }, absl::Seconds(5));
-  v1::EnqueueResponse again;
-  ASSERT_THAT(client().Enqueue(req, &again), IsOk());
-  EXPECT_TRUE(again.deduplicated()) << "the job still runs";
-
-  client().MustAck(*job);
-  v1::EnqueueResponse fresh;
-  EXPECT_TRUE(
-      PollUntil([&] { return client().Enqueue(req, &fresh).ok() && !fresh.deduplicated(); }, kWait))
-      << "the key is still held after both the TTL passed and its job ended";
-  EXPECT_NE(fresh.job_id(), id);
-}
-
 TEST_F(PolicyTest, DedupTtlAtEnqueueOverridesTheQueues) {
   ASSERT_NO_FATAL_FAILURE(StartBroker(""));  // the queue keeps the built-in 24 h
   v1::EnqueueRequest req;
@@ -698,15 +575,14 @@ TEST_F(PolicyTest, RetentionMaxAgeRemovesFinishedJobsOnceTheyAreThatOld) {
   std::optional<v1::LeasedJob> job = client().LeaseOne("young", "w");
   ASSERT_TRUE(job.has_value());
   FailJob(*job, &window, std::nullopt, /*permanent=*/true);
-  const absl::Time completed_at = FromProto(client().MustGetJob(ids[0]).completed_at());
   const absl::Time failed_at = FromProto(client().MustGetJob(ids[1]).completed_at());
 
   EXPECT_TRUE(PollUntil([&] { return Gone(client(), ids[0]) && Gone(client(), ids[1]); }, kWait))
       << "finished jobs older than max_age are still there";
-  // Not removed early (a lower bound only: the sweep may come later).
-  const absl::Time seen_gone = absl::Now();
-  EXPECT_GE(seen_gone, completed_at + absl::Seconds(1));
-  EXPECT_GE(seen_gone, failed_at + absl::Seconds(1));
+  // Not removed early (a lower bound only: the sweep may come later). For completed jobs that is
+  // BrokerTest.RetentionKeepsAtMostCountAndAge's, on a fake clock; failed jobs' age has no core
+  // test yet, so it stays here until it has one.
+  EXPECT_GE(absl::Now(), failed_at + absl::Seconds(1));
   EXPECT_EQ(client().MustGetJob(ids[2]).state(), v1::JOB_STATE_READY) << "live jobs are kept";
 }
 
@@ -807,16 +683,11 @@ TEST_F(PolicyTest, RateLimitLetsABurstGoThenOneLeasePerTokenToALongPoll) {
   const std::vector<std::string> ids = EnqueueN("rated", 6);
   std::vector<v1::LeasedJob> burst = client().MustLease("rated", "w", 10);
   ASSERT_THAT(burst, SizeIs(2)) << "a full bucket holds `burst` tokens";
-  const absl::Time burst_at =
-      FromProto(client().MustGetJob(burst[1].job_id()).attempts(0).started_at());
 
-  // The bucket is empty; a long poll is answered when the next token is due, with one job.
+  // The bucket is empty; a long poll is answered when the next token is due, with one job. (When
+  // it is due, 1/per_second later, is BrokerPolicyTest.RateLimitIsATokenBucket's.)
   std::vector<v1::LeasedJob> next = client().MustLease("rated", "w", 10, kWait);
   ASSERT_THAT(next, SizeIs(1));
-  const absl::Time next_at =
-      FromProto(client().MustGetJob(next[0].job_id()).attempts(0).started_at());
-  EXPECT_GE(next_at - burst_at, absl::Milliseconds(500) - kSlack)
-      << "a token comes every 1/per_second";
   std::map<std::string, int64_t> counts = client().Counts("rated");
   EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 3);
   EXPECT_EQ(counts["JOB_STATE_READY"], 3);
