@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 
 namespace jobbroker::testing {
@@ -24,22 +25,8 @@ using ::testing::SizeIs;
 constexpr char kQueue[] = "admin";
 constexpr absl::Duration kWait = absl::Seconds(10);
 
-class AdminTest : public ::testing::Test {
+class AdminTest : public BrokerFixture {
  protected:
-  void SetUp() override { StartBroker(""); }
-
-  void StartBroker(const std::string& config) {
-    BrokerProcessOptions options;
-    options.config_json = config;
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
-
-  // After a restart the port is new: reconnect.
-  void Reconnect() { client_ = std::make_unique<BrokerClient>(broker_->NewChannel()); }
-
   // Enqueues `n` jobs with payloads "<prefix>0".. in one batch; returns their ids in order.
   std::vector<std::string> EnqueueN(int n, const std::string& queue = kQueue,
                                     const std::string& prefix = "job-") {
@@ -50,7 +37,7 @@ class AdminTest : public ::testing::Test {
       job->set_payload(absl::StrCat(prefix, i));
     }
     v1::EnqueueBatchResponse resp;
-    EXPECT_THAT(client_->EnqueueBatch(req, &resp), IsOk());
+    EXPECT_THAT(client().EnqueueBatch(req, &resp), IsOk());
     std::vector<std::string> ids;
     for (const v1::EnqueueResponse& r : resp.results()) ids.push_back(r.job_id());
     EXPECT_THAT(ids, SizeIs(n));
@@ -61,11 +48,8 @@ class AdminTest : public ::testing::Test {
     v1::UpdateQueuePolicyRequest req;
     req.set_queue(queue);
     req.mutable_policy()->set_max_concurrency(n);
-    return client_->UpdateQueuePolicy(req, info);
+    return client().UpdateQueuePolicy(req, info);
   }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
 };
 
 std::vector<std::string> IdsOf(const std::vector<v1::Job>& jobs) {
@@ -84,9 +68,9 @@ TEST_F(AdminTest, GetJobShowsWhatWasEnqueued) {
   req.set_concurrency_key("tenant-a");
   req.set_max_attempts(4);
   const absl::Time before = absl::Now();
-  const std::string id = client_->MustEnqueue(req);
+  const std::string id = client().MustEnqueue(req);
 
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.id(), id);
   EXPECT_EQ(job.queue(), kQueue);
   EXPECT_EQ(job.state(), v1::JOB_STATE_READY);
@@ -106,22 +90,22 @@ TEST_F(AdminTest, GetJobShowsWhatWasEnqueued) {
 TEST_F(AdminTest, ListJobsFiltersByState) {
   const std::vector<std::string> ids = EnqueueN(5);
   for (int i = 0; i < 2; ++i) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+    std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
     ASSERT_TRUE(job.has_value());
-    client_->MustAck(*job);
+    client().MustAck(*job);
   }
-  std::optional<v1::LeasedJob> active = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> active = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(active.has_value());
 
-  EXPECT_EQ(IdsOf(client_->ListAll(kQueue, v1::JOB_STATE_COMPLETED)),
+  EXPECT_EQ(IdsOf(client().ListAll(kQueue, v1::JOB_STATE_COMPLETED)),
             (std::vector<std::string>{ids[0], ids[1]}));
-  EXPECT_EQ(IdsOf(client_->ListAll(kQueue, v1::JOB_STATE_ACTIVE)),
+  EXPECT_EQ(IdsOf(client().ListAll(kQueue, v1::JOB_STATE_ACTIVE)),
             (std::vector<std::string>{ids[2]}));
-  EXPECT_EQ(IdsOf(client_->ListAll(kQueue, v1::JOB_STATE_READY)),
+  EXPECT_EQ(IdsOf(client().ListAll(kQueue, v1::JOB_STATE_READY)),
             (std::vector<std::string>{ids[3], ids[4]}));
-  EXPECT_THAT(client_->ListAll(kQueue, v1::JOB_STATE_FAILED), SizeIs(0));
-  EXPECT_EQ(IdsOf(client_->ListAll(kQueue, v1::JOB_STATE_UNSPECIFIED)), ids);
-  for (const v1::Job& job : client_->ListAll(kQueue, v1::JOB_STATE_READY)) {
+  EXPECT_THAT(client().ListAll(kQueue, v1::JOB_STATE_FAILED), SizeIs(0));
+  EXPECT_EQ(IdsOf(client().ListAll(kQueue, v1::JOB_STATE_UNSPECIFIED)), ids);
+  for (const v1::Job& job : client().ListAll(kQueue, v1::JOB_STATE_READY)) {
     EXPECT_EQ(job.state(), v1::JOB_STATE_READY);
   }
 }
@@ -137,7 +121,7 @@ TEST_F(AdminTest, ListJobsPaginatesUntilTheTokenIsEmpty) {
   int pages = 0;
   while (true) {
     v1::ListJobsResponse resp;
-    ASSERT_THAT(client_->ListJobs(req, &resp), IsOk());
+    ASSERT_THAT(client().ListJobs(req, &resp), IsOk());
     ASSERT_LE(resp.jobs_size(), 7);
     for (const v1::Job& job : resp.jobs()) seen.push_back(job.id());
     ++pages;
@@ -155,7 +139,7 @@ TEST_F(AdminTest, ListJobsPaginatesUntilTheTokenIsEmpty) {
   req.set_newest_first(true);
   for (int page = 0; page < 10; ++page) {
     v1::ListJobsResponse resp;
-    ASSERT_THAT(client_->ListJobs(req, &resp), IsOk());
+    ASSERT_THAT(client().ListJobs(req, &resp), IsOk());
     for (const v1::Job& job : resp.jobs()) newest.push_back(job.id());
     if (resp.next_page_token().empty()) break;
     req.set_page_token(resp.next_page_token());
@@ -168,23 +152,23 @@ TEST_F(AdminTest, GetQueueCountsJobsByState) {
   v1::EnqueueRequest delayed;
   delayed.set_queue(kQueue);
   *delayed.mutable_delay() = ToProto(absl::Hours(1));
-  client_->MustEnqueue(delayed);
+  client().MustEnqueue(delayed);
 
-  std::vector<v1::LeasedJob> leased = client_->MustLease(kQueue, "worker-1", 3, kWait);
+  std::vector<v1::LeasedJob> leased = client().MustLease(kQueue, "worker-1", 3, kWait);
   ASSERT_THAT(leased, SizeIs(3));
-  client_->MustAck(leased[0]);
+  client().MustAck(leased[0]);
   v1::FailRequest fail;
   fail.set_job_id(leased[1].job_id());
   fail.set_lease_id(leased[1].lease_id());
   fail.set_permanent(true);
   fail.set_error("bad");
   v1::FailResponse fail_resp;
-  ASSERT_THAT(client_->Fail(fail, &fail_resp), IsOk());
+  ASSERT_THAT(client().Fail(fail, &fail_resp), IsOk());
 
   v1::QueueInfo info;
-  ASSERT_THAT(client_->GetQueue(kQueue, &info), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &info), IsOk());
   EXPECT_EQ(info.name(), kQueue);
-  EXPECT_EQ(client_->Counts(kQueue), (std::map<std::string, int64_t>{
+  EXPECT_EQ(client().Counts(kQueue), (std::map<std::string, int64_t>{
                                          {"JOB_STATE_READY", 3},
                                          {"JOB_STATE_SCHEDULED", 1},
                                          {"JOB_STATE_ACTIVE", 1},
@@ -200,7 +184,7 @@ TEST_F(AdminTest, GetQueueCountsJobsByState) {
 
 TEST_F(AdminTest, GetQueueOfAnUnknownQueueIsNotFound) {
   v1::QueueInfo info;
-  EXPECT_THAT(client_->GetQueue("nobody-used-this", &info), StatusIs(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().GetQueue("nobody-used-this", &info), StatusIs(grpc::StatusCode::NOT_FOUND));
 }
 
 TEST_F(AdminTest, MaxConcurrencyOneHoldsTheSecondLease) {
@@ -209,13 +193,13 @@ TEST_F(AdminTest, MaxConcurrencyOneHoldsTheSecondLease) {
   EXPECT_EQ(info.policy().max_concurrency(), 1);
   EnqueueN(2);
 
-  std::optional<v1::LeasedJob> first = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> first = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(first.has_value());
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2", 5), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2", 5), SizeIs(0));
 
-  client_->MustAck(*first);
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-2", kWait);
+  client().MustAck(*first);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-2", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_NE(second->job_id(), first->job_id());
 }
@@ -225,7 +209,7 @@ TEST_F(AdminTest, PolicyChangeKeepsFieldsNotNamed) {
   req.set_queue(kQueue);
   req.mutable_policy()->mutable_retry()->set_max_attempts(9);
   v1::QueueInfo info;
-  ASSERT_THAT(client_->UpdateQueuePolicy(req, &info), IsOk());
+  ASSERT_THAT(client().UpdateQueuePolicy(req, &info), IsOk());
   ASSERT_THAT(SetMaxConcurrency(kQueue, 2, &info), IsOk());
   EXPECT_EQ(info.policy().max_concurrency(), 2);
   EXPECT_EQ(info.policy().retry().max_attempts(), 9);
@@ -237,50 +221,46 @@ TEST_F(AdminTest, PolicyChangeSurvivesAGracefulRestart) {
   req.mutable_policy()->set_max_concurrency(1);
   req.mutable_policy()->mutable_retry()->set_max_attempts(7);
   v1::QueueInfo info;
-  ASSERT_THAT(client_->UpdateQueuePolicy(req, &info), IsOk());
+  ASSERT_THAT(client().UpdateQueuePolicy(req, &info), IsOk());
   EnqueueN(2);
 
-  absl::StatusOr<int> code = broker_->Terminate();
+  absl::StatusOr<int> code = process().Terminate();
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << broker_->ReadStderr();
-  ASSERT_TRUE(broker_->Restart().ok());
-  Reconnect();
+  EXPECT_EQ(*code, 0) << process().ReadStderr();
+  ASSERT_NO_FATAL_FAILURE(Restart());
 
-  ASSERT_THAT(client_->GetQueue(kQueue, &info), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &info), IsOk());
   EXPECT_EQ(info.policy().max_concurrency(), 1);
   EXPECT_EQ(info.policy().retry().max_attempts(), 7);
-  std::optional<v1::LeasedJob> first = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> first = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->max_attempts(), 7);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
 }
 
 TEST_F(AdminTest, PolicyChangeSurvivesKill9) {
   v1::QueueInfo info;
   ASSERT_THAT(SetMaxConcurrency(kQueue, 1, &info), IsOk());
   EnqueueN(2);
-  broker_->Kill9();
-  absl::Status restarted = broker_->Restart();
-  ASSERT_TRUE(restarted.ok()) << restarted;
-  Reconnect();
+  ASSERT_NO_FATAL_FAILURE(Kill9AndRestart());
 
-  ASSERT_THAT(client_->GetQueue(kQueue, &info), IsOk());
+  ASSERT_THAT(client().GetQueue(kQueue, &info), IsOk());
   EXPECT_EQ(info.policy().max_concurrency(), 1);
-  ASSERT_TRUE(client_->LeaseOne(kQueue, "worker-1", kWait).has_value());
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
+  ASSERT_TRUE(client().LeaseOne(kQueue, "worker-1", kWait).has_value());
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
 }
 
 TEST_F(AdminTest, ConfigFilePoliciesApply) {
-  StartBroker(R"({"queues": {"configured": {"maxConcurrency": 2,
-      "retry": {"maxAttempts": 2, "initialBackoff": "1s", "jitter": "JITTER_NONE"}}}})");
+  ASSERT_NO_FATAL_FAILURE(Start({.config_json = R"({"queues": {"configured": {"maxConcurrency": 2,
+      "retry": {"maxAttempts": 2, "initialBackoff": "1s", "jitter": "JITTER_NONE"}}}})"}));
   v1::QueueInfo info;
   EnqueueN(3, "configured");
-  ASSERT_THAT(client_->GetQueue("configured", &info), IsOk());
+  ASSERT_THAT(client().GetQueue("configured", &info), IsOk());
   EXPECT_EQ(info.policy().max_concurrency(), 2);
   EXPECT_EQ(info.policy().retry().max_attempts(), 2);
   EXPECT_EQ(FromProto(info.policy().retry().initial_backoff()), absl::Seconds(1));
   EXPECT_EQ(info.policy().retry().jitter(), v1::JITTER_NONE);
-  EXPECT_THAT(client_->MustLease("configured", "worker-1", 3, kWait), SizeIs(2));
+  EXPECT_THAT(client().MustLease("configured", "worker-1", 3, kWait), SizeIs(2));
 }
 
 // The binary itself refuses a bad config, before it serves.

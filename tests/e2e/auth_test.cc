@@ -22,6 +22,7 @@
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "jobbroker/worker.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/http_client.h"
@@ -139,9 +140,12 @@ struct Snapshot {
   std::vector<v1::Job> jobs;
 };
 
-class AuthTest : public ::testing::Test {
+class AuthTest : public BrokerFixture {
  protected:
+  AuthTest() : BrokerFixture(kStartInTest) {}
+
   void SetUp() override {
+    BrokerFixture::SetUp();
     absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = *std::move(dir);
@@ -150,19 +154,13 @@ class AuthTest : public ::testing::Test {
     tokens_path_ = *tokens;
   }
 
+  // A broker that checks the tokens of kTokensJson, with `more_args`.
   void StartBroker(std::vector<std::string> more_args = {}) {
     BrokerProcessOptions options;
     options.extra_args = {"--auth-tokens", tokens_path_, "--log-level", "debug"};
     options.extra_args.insert(options.extra_args.end(), more_args.begin(), more_args.end());
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    broker_stub_ = broker_->NewBrokerStub();
-    admin_stub_ = broker_->NewAdminStub();
+    Start(std::move(options));
   }
-
-  v1::Broker::Stub& broker() { return *broker_stub_; }
-  v1::Admin::Stub& admin() { return *admin_stub_; }
 
   std::string Enqueue(Who who, const std::string& queue, int priority = 0) {
     v1::EnqueueRequest req;
@@ -267,9 +265,6 @@ class AuthTest : public ::testing::Test {
 
   std::unique_ptr<TempDir> dir_;
   std::string tokens_path_;
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<v1::Broker::Stub> broker_stub_;
-  std::unique_ptr<v1::Admin::Stub> admin_stub_;
 };
 
 // One RPC of the table: how to call it on a queue's targets, and who gets through.
@@ -462,7 +457,7 @@ class AuthTableTest : public AuthTest {
 };
 
 TEST_F(AuthTableTest, EveryRpcAgainstEveryCaller) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   int cells = 0;
   int n = 0;
   for (const Rpc& rpc : Table()) {
@@ -497,10 +492,10 @@ TEST_F(AuthTableTest, EveryRpcAgainstEveryCaller) {
   EXPECT_EQ(cells, 20 * 6);
 
   // Nothing the broker wrote, at the most verbose log level, or serves as metrics holds a token.
-  const std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+  const std::string metrics = HttpGet(process().http_address(), "/metrics");
   ASSERT_THAT(metrics, HasSubstr("jobbroker_rpc_duration_seconds"));
   EXPECT_THAT(metrics, HasSubstr("PERMISSION_DENIED"));
-  const std::string stderr_text = broker_->ReadStderr();
+  const std::string stderr_text = process().ReadStderr();
   ASSERT_THAT(stderr_text, HasSubstr("\"event\":\"serving\""));
   for (const char* token : kAllTokens) {
     EXPECT_THAT(stderr_text, Not(HasSubstr(token)));
@@ -509,7 +504,7 @@ TEST_F(AuthTableTest, EveryRpcAgainstEveryCaller) {
 }
 
 TEST_F(AuthTest, RefusalsNameTheTokenTheRoleAndTheQueue) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   v1::EnqueueRequest req;
   req.set_queue("billing");
   req.set_payload("x");
@@ -538,7 +533,7 @@ TEST_F(AuthTest, RefusalsNameTheTokenTheRoleAndTheQueue) {
 }
 
 TEST_F(AuthTest, ABatchWithOneForbiddenQueueIsRefusedWhole) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   v1::EnqueueBatchRequest req;
   req.add_jobs()->set_queue("orders.batch");
   req.add_jobs()->set_queue("billing");
@@ -551,7 +546,7 @@ TEST_F(AuthTest, ABatchWithOneForbiddenQueueIsRefusedWhole) {
 }
 
 TEST_F(AuthTest, ListQueuesShowsOnlyTheQueuesTheTokenMatches) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   Enqueue(Who::kProducer, "orders.eu");
   Enqueue(Who::kOtherQueue, "billing");
   auto names = [this](Who who) {
@@ -566,7 +561,7 @@ TEST_F(AuthTest, ListQueuesShowsOnlyTheQueuesTheTokenMatches) {
 }
 
 TEST_F(AuthTest, TheWorkStreamChecksEachQueueAndEachJob) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   const std::string order = Enqueue(Who::kProducer, "orders.stream");
   // A subscription naming one queue the token may not use is refused as a whole.
   EXPECT_THAT(Subscribe(Who::kOtherQueue, {"billing", "orders.stream"}),
@@ -640,13 +635,13 @@ TEST_F(AuthTest, TheWorkStreamChecksEachQueueAndEachJob) {
 }
 
 TEST_F(AuthTest, HealthAndReflectionNeedNoToken) {
-  StartBroker();
+  ASSERT_NO_FATAL_FAILURE(StartBroker());
   int serving = 0;
-  EXPECT_THAT(CheckHealth(broker_->NewChannel(), "", &serving), IsOk());
+  EXPECT_THAT(CheckHealth(process().NewChannel(), "", &serving), IsOk());
   EXPECT_EQ(serving, 1);  // SERVING
 
   // Reflection's ListServices, hand-encoded: ServerReflectionRequest{list_services: ""}.
-  grpc::GenericStub generic(broker_->NewChannel());
+  grpc::GenericStub generic(process().NewChannel());
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -750,7 +745,7 @@ class AuthTlsTest : public AuthTest {
       tls.cert_pem = pki_.client_cert_pem;
       tls.key_pem = pki_.client_key_pem;
     }
-    return client::ClientOptions{.address = broker_->address(),
+    return client::ClientOptions{.address = process().address(),
                                  .timeout = absl::Seconds(10),
                                  .max_attempts = 1,
                                  .tls = tls,
@@ -762,7 +757,7 @@ class AuthTlsTest : public AuthTest {
     std::vector<std::string> argv = {"/usr/bin/env", "-u", "JOBBROKER_TOKEN", "-u",
                                      "JOBBROKER_ADDRESS"};
     argv.insert(argv.end(), env.begin(), env.end());
-    argv.insert(argv.end(), {JOBBROKER_CLI_BINARY, "--address", broker_->address()});
+    argv.insert(argv.end(), {JOBBROKER_CLI_BINARY, "--address", process().address()});
     argv.insert(argv.end(), args.begin(), args.end());
     absl::StatusOr<CommandResult> run = RunCommand(dir_->path(), argv);
     EXPECT_TRUE(run.ok()) << run.status();
@@ -780,7 +775,7 @@ class AuthTlsTest : public AuthTest {
 };
 
 TEST_F(AuthTlsTest, TheClientLibrarySendsItsTokenOverTls) {
-  StartTlsBroker(/*mutual=*/false);
+  ASSERT_NO_FATAL_FAILURE(StartTlsBroker(/*mutual=*/false));
   client::Client producer(Options(kProducerToken, false));
   absl::StatusOr<client::Enqueued> job = producer.Enqueue("orders.tls", "x");
   ASSERT_TRUE(job.ok()) << job.status();
@@ -805,7 +800,7 @@ TEST_F(AuthTlsTest, TheClientLibrarySendsItsTokenOverTls) {
 }
 
 TEST_F(AuthTlsTest, TheWorkerRunnerSendsItsTokenOverMutualTls) {
-  StartTlsBroker(/*mutual=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartTlsBroker(/*mutual=*/true));
   client::Client producer(Options(kProducerToken, true));
   absl::StatusOr<client::Enqueued> job = producer.Enqueue("orders.worker", "work");
   ASSERT_TRUE(job.ok()) << job.status();
@@ -841,7 +836,7 @@ TEST_F(AuthTlsTest, TheWorkerRunnerSendsItsTokenOverMutualTls) {
 }
 
 TEST_F(AuthTlsTest, TheCliTakesItsTokenFromAFileOrTheEnvironmentOverTls) {
-  StartTlsBroker(/*mutual=*/false);
+  ASSERT_NO_FATAL_FAILURE(StartTlsBroker(/*mutual=*/false));
   const std::string producer = TokenFile("producer.token", kProducerToken);
   const std::string admin = TokenFile("admin.token", kAdminToken);
   const std::string wrong = TokenFile("wrong.token", kWrongToken);
@@ -899,7 +894,7 @@ TEST_F(AuthTlsTest, TheCliTakesItsTokenFromAFileOrTheEnvironmentOverTls) {
 }
 
 TEST_F(AuthTlsTest, TheCliOverMutualTlsAndWithAServerNameOverride) {
-  StartTlsBroker(/*mutual=*/true);
+  ASSERT_NO_FATAL_FAILURE(StartTlsBroker(/*mutual=*/true));
   const std::string producer = TokenFile("producer.token", kProducerToken);
   const std::vector<std::string> mtls = {"--tls-ca",       pki_.ca_cert, "--tls-cert",
                                          pki_.client_cert, "--tls-key",  pki_.client_key,
@@ -918,7 +913,7 @@ TEST_F(AuthTlsTest, TheCliOverMutualTlsAndWithAServerNameOverride) {
   args = mtls;
   args.insert(args.end(), {"--tls-server-name", "jobs.example.com", "health"});
   EXPECT_EQ(Cli(args).exit_code, 3);
-  const std::string port = broker_->address().substr(broker_->address().rfind(':') + 1);
+  const std::string port = process().address().substr(process().address().rfind(':') + 1);
   args = mtls;
   args.insert(args.end(), {"--address", "localhost:" + port, "health"});
   EXPECT_EQ(Cli(args).exit_code, 3);

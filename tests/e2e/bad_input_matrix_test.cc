@@ -4,8 +4,8 @@
 // from both sides. A coverage check walks the generated descriptors, so a field added to the API
 // later fails here until it has a row, or a reason why no value of it is invalid.
 //
-// One broker serves the whole suite (a process of its own per RPC under ctest): a refused row
-// changes nothing by definition, and each row checks that against a snapshot of every queue and
+// One broker serves all the rows of an RPC (one test per RPC): a refused row changes nothing by
+// definition, and each row checks that against a snapshot of every queue and
 // the fixture's jobs; accepted rows work on queues of their own (`edge-...`) and leave no state
 // that changes with time (leases of 12 h, no short backoff), so no row can disturb another. A
 // row that fails anyway gets the next row a fresh broker.
@@ -31,6 +31,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/work_stream_client.h"
 
@@ -87,10 +88,9 @@ google::protobuf::Timestamp UnixSeconds(int64_t s, int32_t nanos = 0) {
   return t;
 }
 
-// The broker and the jobs that every row's valid request starts from.
+// The client to the fixture's broker, and the jobs that every row's valid request starts from.
 struct Env {
-  std::unique_ptr<BrokerProcess> broker;
-  std::unique_ptr<BrokerClient> client;
+  BrokerClient* client = nullptr;
   v1::LeasedJob active;  // of kQueue, leased for 12 h
   std::string ready_id;  // of kQueue
   std::string done_id;   // of kDoneQueue, holds kHeldKey
@@ -106,11 +106,13 @@ struct Env {
 };
 
 // What a row expects: refused with `code` and a message that starts with `names` (or contains
-// it, when `at_start` is false), or accepted when `code` is unset.
+// it, when `at_start` is false), or accepted when `code` is unset. A refusal whose message must
+// also point somewhere else (the policy to change, the job in the way) says so in `mentions`.
 struct Expect {
   std::optional<Code> code;
   std::string names;
   bool at_start = true;
+  std::function<std::string(const Env&)> mentions;
 };
 
 Expect Refused(Code code, std::string names) { return {code, std::move(names), true}; }
@@ -119,6 +121,11 @@ Expect TooBig(std::string names) { return Refused(Code::RESOURCE_EXHAUSTED, std:
 // For the few messages that name the field later in the sentence.
 Expect RefusedMentioning(Code code, std::string names) { return {code, std::move(names), false}; }
 Expect Accepted() { return {}; }
+// `e`, whose message must also contain what `mentions` returns for the fixture.
+Expect AlsoMentioning(Expect e, std::function<std::string(const Env&)> mentions) {
+  e.mentions = std::move(mentions);
+  return e;
+}
 
 struct Row {
   std::string rpc;      // Enqueue, Work, GetJob, ...
@@ -483,7 +490,8 @@ void AddEnqueueRows(std::vector<Row>& rows) {
   row("queue", "of_every_allowed_char_ok", Accepted(),
       [](Env&, R& r) { r.set_queue("edge-AZaz09._:-"); });
 
-  row("payload", "over_the_queues_1_MiB", TooBig("payload"),
+  row("payload", "over_the_queues_1_MiB",
+      AlsoMentioning(TooBig("payload"), [](const Env&) { return "max_payload_bytes"; }),
       [](Env&, R& r) { r.set_payload(Bytes(kMiB + 1)); });
   row("payload", "over_the_16_MiB_ceiling_on_a_new_queue", TooBig("payload"), [](Env&, R& r) {
     r.set_queue("matrix-never-created");
@@ -515,7 +523,7 @@ void AddEnqueueRows(std::vector<Row>& rows) {
       [](Env&, R& r) { *r.mutable_delay() = MixedSignDuration(); });
   row("delay", "beyond_the_Duration_range", Invalid("delay"),
       [](Env&, R& r) { *r.mutable_delay() = Seconds(kDurationMaxSeconds + 1); });
-  row("delay", "together_with_run_at", Invalid("delay"), [](Env&, R& r) {
+  row("delay", "together_with_run_at", Invalid("delay and run_at"), [](Env&, R& r) {
     *r.mutable_delay() = Dur(absl::Seconds(5));
     *r.mutable_run_at() = ToProtoTime(absl::Now() + absl::Seconds(5));
   });
@@ -543,7 +551,9 @@ void AddEnqueueRows(std::vector<Row>& rows) {
 
   row("dedup_key", "over_256_bytes", Invalid("dedup_key"),
       [](Env&, R& r) { r.set_dedup_key(Bytes(257, 'k')); });
-  row("dedup_key", "held_by_a_job_with_another_payload", Refused(Code::ALREADY_EXISTS, "dedup_key"),
+  row("dedup_key", "held_by_a_job_with_another_payload",
+      AlsoMentioning(Refused(Code::ALREADY_EXISTS, "dedup_key"),
+                     [](const Env& env) { return env.done_id; }),
       [](Env&, R& r) {
         r.set_queue(kDoneQueue);
         r.set_dedup_key(kHeldKey);
@@ -625,6 +635,11 @@ void AddEnqueueBatchRows(std::vector<Row>& rows) {
       [](Env&, R& r) { r.mutable_jobs(1)->set_queue("no spaces allowed"); });
   row("1_with_a_payload_over_1_MiB", TooBig("jobs[1].payload"),
       [](Env&, R& r) { r.mutable_jobs(1)->set_payload(Bytes(kMiB + 1)); });
+  // A batch of one names its job too: the caller sent a list.
+  row("of_1_job_with_a_payload_over_1_MiB", TooBig("jobs[0].payload"), [](Env&, R& r) {
+    r.mutable_jobs()->RemoveLast();
+    r.mutable_jobs(0)->set_payload(Bytes(kMiB + 1));
+  });
   row("1_with_65_headers", TooBig("jobs[1].headers"),
       [](Env&, R& r) { AddHeaders(*r.mutable_jobs(1)->mutable_headers(), 65, ""); });
   row("1_with_an_invalid_delay", Invalid("jobs[1].delay"),
@@ -1135,6 +1150,19 @@ void AddQueueAdminRows(std::vector<Row>& rows) {
                              *r.mutable_policy()->mutable_completed_retention()->mutable_max_age() =
                                  Seconds(kDurationMaxSeconds + 1);
                            }));
+  auto payload_limit = [&](absl::string_view what, Expect e, int64_t bytes) {
+    const bool accepted = !e.code.has_value();
+    rows.push_back(Nested<U>(v1::QueuePolicy::descriptor(), "max_payload_bytes",
+                             "policy.max_payload_bytes", what, std::move(e), [=](Env&, U& r) {
+                               if (accepted) r.set_queue("edge-policy");
+                               r.mutable_policy()->set_max_payload_bytes(bytes);
+                             }));
+  };
+  payload_limit("zero", Invalid("policy.max_payload_bytes"), 0);
+  payload_limit("negative", Invalid("policy.max_payload_bytes"), -1);
+  payload_limit("over_16_MiB", Invalid("policy.max_payload_bytes"), 16 * kMiB + 1);
+  payload_limit("of_1_ok", Accepted(), 1);
+  payload_limit("of_16_MiB_ok", Accepted(), 16 * kMiB);
   rows.push_back(Case<U>("reset", "with_no_policy_ok", Accepted(), [](Env&, U& r) {
     r.set_queue("edge-policy");
     r.clear_policy();
@@ -1178,8 +1206,6 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.QueuePolicy", "failed_retention"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "max_length"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "rate_limit"}, kPolicyTest},
-      {{"jobbroker.v1.QueuePolicy", "max_payload_bytes"},
-       "its range is pinned by policy_test.cc and bad_input_test.cc"},
       {{"jobbroker.v1.QueuePolicy", "durability"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "group_commit_delay"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_attempts"}, kPolicyTest},
@@ -1276,30 +1302,31 @@ std::vector<std::string> RpcsWithRows() {
 
 // One test per RPC, running each of its rows in turn. (One test per row reads a little better,
 // but ctest runs each test in a process of its own, and starting ~230 brokers took 77 s.)
-class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
+class BadInputMatrixTest : public BrokerFixtureWithParam<std::string> {
  protected:
-  // Starts a broker and builds the fixture into `out`; leaves it null (and fails) if that fails.
-  static void Start(std::unique_ptr<Env>& out) {
-    auto env = std::make_unique<Env>();
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start();
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    env->broker = *std::move(broker);
-    env->client = std::make_unique<BrokerClient>(env->broker->NewChannel());
-    BrokerClient& c = *env->client;
+  void SetUp() override {
+    BrokerFixture::SetUp();
+    ASSERT_NO_FATAL_FAILURE(MakeJobs());
+  }
+
+  // Builds the rows' jobs on the broker just started into env_.
+  void MakeJobs() {
+    env_ = Env{.client = &client()};
+    BrokerClient& c = client();
 
     const std::string active_id = c.MustEnqueue(kQueue, "active");
-    env->ready_id = c.MustEnqueue(kQueue, "ready");
+    env_.ready_id = c.MustEnqueue(kQueue, "ready");
     std::vector<v1::LeasedJob> leased =
         c.MustLease(kQueue, "matrix-worker", 1, absl::ZeroDuration(), absl::Hours(12));
     ASSERT_EQ(leased.size(), 1u);
     ASSERT_EQ(leased[0].job_id(), active_id);
-    env->active = leased[0];
+    env_.active = leased[0];
 
     v1::EnqueueRequest held;
     held.set_queue(kDoneQueue);
     held.set_payload("done");
     held.set_dedup_key(kHeldKey);
-    env->done_id = c.MustEnqueue(held);
+    env_.done_id = c.MustEnqueue(held);
     std::optional<v1::LeasedJob> done = c.LeaseOne(kDoneQueue, "matrix-worker");
     ASSERT_TRUE(done.has_value());
     c.MustAck(*done);
@@ -1308,17 +1335,13 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     idle.set_queue(kIdleQueue);
     v1::QueueInfo info;
     ASSERT_THAT(c.UpdateQueuePolicy(idle, &info), IsOk());
-    out = std::move(env);
   }
 
-  static void SetUpTestSuite() { Start(env_); }
-  static void TearDownTestSuite() { env_.reset(); }
-
   // Runs `row` against the fixture; false if any of its checks failed.
-  static bool Check(const Row& row) {
+  bool Check(const Row& row) {
     const int failures_before = FailureCount();
     const Snapshot before = Take();
-    const grpc::Status status = row.call(*env_);
+    const grpc::Status status = row.call(env_);
     const Expect& e = row.expect;
     EXPECT_EQ(CodeName(status.error_code()), CodeName(e.code.value_or(Code::OK)))
         << "message: \"" << status.error_message() << "\"";
@@ -1326,6 +1349,9 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
       EXPECT_THAT(status.error_message(), StartsWith(e.names));
     } else if (e.code.has_value()) {
       EXPECT_THAT(status.error_message(), HasSubstr(e.names));
+    }
+    if (e.code.has_value() && e.mentions) {
+      EXPECT_THAT(status.error_message(), HasSubstr(e.mentions(env_)));
     }
     ExpectUnchanged(before, Take(), /*all_queues=*/e.code.has_value());
     return FailureCount() == failures_before;
@@ -1335,19 +1361,19 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     return ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
   }
 
-  static Snapshot Take() {
+  Snapshot Take() {
     Snapshot s;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(Deadline()));
     v1::ListQueuesResponse resp;
-    grpc::Status status = env_->client->admin().ListQueues(&ctx, v1::ListQueuesRequest(), &resp);
+    grpc::Status status = admin().ListQueues(&ctx, v1::ListQueuesRequest(), &resp);
     EXPECT_THAT(status, IsOk());
     for (const v1::QueueInfo& q : resp.queues()) {
       s.counts[q.name()] = std::map<std::string, int64_t>(q.counts().begin(), q.counts().end());
       s.policies[q.name()] = q.policy();
     }
-    for (const std::string& id : {env_->active.job_id(), env_->ready_id, env_->done_id}) {
-      s.jobs.push_back(env_->client->MustGetJob(id));
+    for (const std::string& id : {env_.active.job_id(), env_.ready_id, env_.done_id}) {
+      s.jobs.push_back(client().MustGetJob(id));
     }
     return s;
   }
@@ -1383,10 +1409,8 @@ class BadInputMatrixTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  static std::unique_ptr<Env> env_;
+  Env env_;
 };
-
-std::unique_ptr<Env> BadInputMatrixTest::env_;
 
 TEST_P(BadInputMatrixTest, EveryRow) {
   std::vector<std::string> failed;
@@ -1394,14 +1418,13 @@ TEST_P(BadInputMatrixTest, EveryRow) {
   for (const Row& row : AllRows()) {
     if (row.rpc != GetParam()) continue;
     ++rows;
-    if (env_ == nullptr) Start(env_);
-    ASSERT_NE(env_, nullptr) << "the broker or the fixture did not start";
     SCOPED_TRACE(absl::StrCat("row ", row.name));
     if (!Check(row)) {
       failed.push_back(row.name);
       // The row may have changed the fixture: the next row gets a fresh broker, so that one bug
       // fails one row rather than every row after it.
-      env_.reset();
+      ASSERT_NO_FATAL_FAILURE(Start());
+      ASSERT_NO_FATAL_FAILURE(MakeJobs());
     }
   }
   EXPECT_GT(rows, 0);

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 
 namespace jobbroker::testing {
@@ -35,16 +36,9 @@ constexpr char kQueue[] = "rpc";
 // Long enough that a job being there is not a race, short enough to keep the suite fast.
 constexpr absl::Duration kWait = absl::Seconds(10);
 
-class BrokerRpcTest : public ::testing::Test {
+class BrokerRpcTest : public BrokerFixture {
  protected:
-  void SetUp() override {
-    BrokerProcessOptions options;
-    options.config_json = kConfig;
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
+  BrokerRpcTest() : BrokerFixture({.config_json = kConfig}) {}
 
   v1::HeartbeatResponse MustHeartbeat(const v1::LeasedJob& job,
                                       std::optional<std::string> checkpoint = std::nullopt) {
@@ -53,7 +47,7 @@ class BrokerRpcTest : public ::testing::Test {
     req.set_lease_id(job.lease_id());
     if (checkpoint.has_value()) req.set_checkpoint(*checkpoint);
     v1::HeartbeatResponse resp;
-    EXPECT_THAT(client_->Heartbeat(req, &resp), IsOk());
+    EXPECT_THAT(client().Heartbeat(req, &resp), IsOk());
     return resp;
   }
 
@@ -65,18 +59,15 @@ class BrokerRpcTest : public ::testing::Test {
     req.set_error(error);
     req.set_permanent(permanent);
     if (retry_after > absl::ZeroDuration()) *req.mutable_retry_after() = ToProto(retry_after);
-    return client_->Fail(req, resp);
+    return client().Fail(req, resp);
   }
 
   grpc::Status AckWith(const std::string& job_id, const std::string& lease_id) {
     v1::AckRequest req;
     req.set_job_id(job_id);
     req.set_lease_id(lease_id);
-    return client_->Ack(req);
+    return client().Ack(req);
   }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
 };
 
 TEST_F(BrokerRpcTest, EnqueueLeaseHeartbeatAck) {
@@ -85,10 +76,10 @@ TEST_F(BrokerRpcTest, EnqueueLeaseHeartbeatAck) {
   enqueue.set_payload("hello");
   (*enqueue.mutable_headers())["trace-id"] = "t-1";
   const absl::Time before = absl::Now();
-  const std::string id = client_->MustEnqueue(enqueue);
+  const std::string id = client().MustEnqueue(enqueue);
   ASSERT_FALSE(id.empty());
 
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->job_id(), id);
   EXPECT_FALSE(job->lease_id().empty());
@@ -103,17 +94,17 @@ TEST_F(BrokerRpcTest, EnqueueLeaseHeartbeatAck) {
   EXPECT_GT(FromProto(job->lease_deadline()), before);
   EXPECT_GE(FromProto(job->enqueued_at()), before - absl::Seconds(1));
 
-  v1::Job active = client_->MustGetJob(id);
+  v1::Job active = client().MustGetJob(id);
   EXPECT_EQ(active.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_EQ(active.attempt(), 1);
 
   v1::HeartbeatResponse hb = MustHeartbeat(*job, "step-1");
   EXPECT_GT(FromProto(hb.lease_deadline()), before);
   EXPECT_FALSE(hb.cancel_requested());
-  EXPECT_EQ(client_->MustGetJob(id).checkpoint(), "step-1");
+  EXPECT_EQ(client().MustGetJob(id).checkpoint(), "step-1");
 
-  client_->MustAck(*job, "done");
-  v1::Job done = client_->MustGetJob(id);
+  client().MustAck(*job, "done");
+  v1::Job done = client().MustGetJob(id);
   EXPECT_EQ(done.state(), v1::JOB_STATE_COMPLETED);
   EXPECT_EQ(done.result(), "done");
   EXPECT_EQ(done.payload(), "hello");
@@ -126,8 +117,8 @@ TEST_F(BrokerRpcTest, EnqueueLeaseHeartbeatAck) {
 }
 
 TEST_F(BrokerRpcTest, FailSchedulesRetryThatCarriesTheCheckpoint) {
-  const std::string id = client_->MustEnqueue(kQueue, "work");
-  std::optional<v1::LeasedJob> first = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "work");
+  std::optional<v1::LeasedJob> first = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(first.has_value());
   MustHeartbeat(*first, "halfway");
 
@@ -140,7 +131,7 @@ TEST_F(BrokerRpcTest, FailSchedulesRetryThatCarriesTheCheckpoint) {
   EXPECT_GE(FromProto(fail.next_attempt_at()),
             before_fail + absl::Milliseconds(200) - absl::Milliseconds(1));
 
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-2", kWait);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-2", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->job_id(), id);
   EXPECT_EQ(second->attempt(), 2);
@@ -148,7 +139,7 @@ TEST_F(BrokerRpcTest, FailSchedulesRetryThatCarriesTheCheckpoint) {
   EXPECT_NE(second->lease_id(), first->lease_id());
   EXPECT_EQ(second->idempotency_key(), first->idempotency_key());
 
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_EQ(job.last_error(), "boom");
   ASSERT_THAT(job.attempts(), SizeIs(2));
@@ -159,8 +150,8 @@ TEST_F(BrokerRpcTest, FailSchedulesRetryThatCarriesTheCheckpoint) {
 }
 
 TEST_F(BrokerRpcTest, RetryAfterReplacesTheBackoff) {
-  const std::string id = client_->MustEnqueue(kQueue, "rate-limited");
-  std::optional<v1::LeasedJob> first = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "rate-limited");
+  std::optional<v1::LeasedJob> first = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(first.has_value());
 
   const absl::Time before_fail = absl::Now();
@@ -168,32 +159,32 @@ TEST_F(BrokerRpcTest, RetryAfterReplacesTheBackoff) {
   ASSERT_THAT(FailJob(*first, "429", false, &fail, absl::Seconds(3)), IsOk());
   EXPECT_EQ(fail.state(), v1::JOB_STATE_SCHEDULED);
   EXPECT_GE(FromProto(fail.next_attempt_at()), before_fail + absl::Seconds(3));
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_SCHEDULED);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-1"), SizeIs(0));
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_SCHEDULED);
+  EXPECT_THAT(client().MustLease(kQueue, "worker-1"), SizeIs(0));
 
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->attempt(), 2);
   EXPECT_GE(absl::Now(), before_fail + absl::Seconds(3));
 }
 
 TEST_F(BrokerRpcTest, PermanentFailKillsTheJob) {
-  const std::string id = client_->MustEnqueue(kQueue, "poison");
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "poison");
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
 
   v1::FailResponse fail;
   ASSERT_THAT(FailJob(*job, "cannot parse payload", /*permanent=*/true, &fail), IsOk());
   EXPECT_EQ(fail.state(), v1::JOB_STATE_FAILED);
 
-  v1::Job dead = client_->MustGetJob(id);
+  v1::Job dead = client().MustGetJob(id);
   EXPECT_EQ(dead.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(dead.fail_reason(), v1::FAIL_REASON_PERMANENT);
   EXPECT_EQ(dead.last_error(), "cannot parse payload");
   ASSERT_THAT(dead.attempts(), SizeIs(1));
   EXPECT_EQ(dead.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_PERMANENT_ERROR);
   EXPECT_EQ(dead.attempts(0).error(), "cannot parse payload");
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-1"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-1"), SizeIs(0));
 }
 
 TEST_F(BrokerRpcTest, LastAttemptFailedMeansAttemptsExhausted) {
@@ -201,32 +192,32 @@ TEST_F(BrokerRpcTest, LastAttemptFailedMeansAttemptsExhausted) {
   enqueue.set_queue(kQueue);
   enqueue.set_payload("once");
   enqueue.set_max_attempts(1);
-  const std::string id = client_->MustEnqueue(enqueue);
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(enqueue);
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->max_attempts(), 1);
 
   v1::FailResponse fail;
   ASSERT_THAT(FailJob(*job, "transient", false, &fail), IsOk());
   EXPECT_EQ(fail.state(), v1::JOB_STATE_FAILED);
-  v1::Job dead = client_->MustGetJob(id);
+  v1::Job dead = client().MustGetJob(id);
   EXPECT_EQ(dead.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(dead.fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
   EXPECT_EQ(dead.last_error(), "transient");
 }
 
 TEST_F(BrokerRpcTest, ReleaseMakesTheJobReadyWithoutCountingAnAttempt) {
-  const std::string id = client_->MustEnqueue(kQueue, "give-back");
-  std::optional<v1::LeasedJob> first = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "give-back");
+  std::optional<v1::LeasedJob> first = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(first.has_value());
 
   v1::ReleaseRequest release;
   release.set_job_id(first->job_id());
   release.set_lease_id(first->lease_id());
-  ASSERT_THAT(client_->Release(release), IsOk());
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY);
+  ASSERT_THAT(client().Release(release), IsOk());
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_READY);
 
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-2", kWait);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-2", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->job_id(), id);
   EXPECT_EQ(second->attempt(), 1);
@@ -241,7 +232,7 @@ TEST_F(BrokerRpcTest, HigherPriorityFirstThenFifo) {
     req.set_queue(kQueue);
     req.set_payload(payload);
     req.set_priority(priority);
-    return client_->MustEnqueue(req);
+    return client().MustEnqueue(req);
   };
   enqueue("a", 0);
   enqueue("b", 5);
@@ -252,7 +243,7 @@ TEST_F(BrokerRpcTest, HigherPriorityFirstThenFifo) {
 
   std::vector<std::string> order;
   for (int i = 0; i < 6; ++i) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1");
+    std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1");
     ASSERT_TRUE(job.has_value()) << "lease " << i;
     order.push_back(job->payload());
   }
@@ -267,14 +258,14 @@ TEST_F(BrokerRpcTest, DelayedJobIsNotLeasedBeforeItsDelay) {
   req.set_payload("later");
   *req.mutable_delay() = ToProto(kDelay);
   const absl::Time before = absl::Now();
-  const std::string id = client_->MustEnqueue(req);
+  const std::string id = client().MustEnqueue(req);
 
-  v1::Job scheduled = client_->MustGetJob(id);
+  v1::Job scheduled = client().MustGetJob(id);
   EXPECT_EQ(scheduled.state(), v1::JOB_STATE_SCHEDULED);
   EXPECT_GE(FromProto(scheduled.run_at()), before + kDelay);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-1"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-1"), SizeIs(0));
 
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->job_id(), id);
   // A lower bound only: the job must not have been handed out early.
@@ -286,8 +277,8 @@ TEST_F(BrokerRpcTest, RunAtInThePastIsReadyAtOnce) {
   req.set_queue(kQueue);
   req.set_payload("overdue");
   *req.mutable_run_at() = ToProtoTime(absl::Now() - absl::Hours(1));
-  const std::string id = client_->MustEnqueue(req);
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1");
+  const std::string id = client().MustEnqueue(req);
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1");
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->job_id(), id);
 }
@@ -299,21 +290,21 @@ TEST_F(BrokerRpcTest, DedupKeyReturnsTheSameJob) {
   req.set_dedup_key("order-17");
 
   v1::EnqueueResponse first;
-  ASSERT_THAT(client_->Enqueue(req, &first), IsOk());
+  ASSERT_THAT(client().Enqueue(req, &first), IsOk());
   EXPECT_FALSE(first.deduplicated());
 
   v1::EnqueueResponse again;
-  ASSERT_THAT(client_->Enqueue(req, &again), IsOk());
+  ASSERT_THAT(client().Enqueue(req, &again), IsOk());
   EXPECT_EQ(again.job_id(), first.job_id());
   EXPECT_TRUE(again.deduplicated());
 
   req.set_payload("charge order 17 twice");
   v1::EnqueueResponse conflict;
-  EXPECT_THAT(client_->Enqueue(req, &conflict),
+  EXPECT_THAT(client().Enqueue(req, &conflict),
               StatusIs(grpc::StatusCode::ALREADY_EXISTS, HasSubstr(first.job_id())));
 
-  EXPECT_EQ(client_->Counts(kQueue), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}}));
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1");
+  EXPECT_EQ(client().Counts(kQueue), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 1}}));
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1");
   ASSERT_TRUE(job.has_value());
   EXPECT_EQ(job->idempotency_key(), "order-17");
   EXPECT_EQ(job->payload(), "charge order 17");
@@ -327,40 +318,42 @@ TEST_F(BrokerRpcTest, EnqueueBatchIsAllOrNothing) {
     job->set_payload(payload);
   }
   v1::EnqueueBatchResponse results;
-  ASSERT_THAT(client_->EnqueueBatch(good, &results), IsOk());
+  ASSERT_THAT(client().EnqueueBatch(good, &results), IsOk());
   ASSERT_THAT(results.results(), SizeIs(3));
   std::vector<std::string> ids;
   for (const v1::EnqueueResponse& r : results.results()) ids.push_back(r.job_id());
-  for (const std::string& id : ids) EXPECT_EQ(client_->MustGetJob(id).queue(), kQueue);
+  for (const std::string& id : ids) EXPECT_EQ(client().MustGetJob(id).queue(), kQueue);
 
   v1::EnqueueBatchRequest bad = good;
   *bad.mutable_jobs(1)->mutable_delay() = ToProto(absl::Seconds(-5));
   v1::EnqueueBatchResponse bad_results;
-  EXPECT_THAT(client_->EnqueueBatch(bad, &bad_results),
+  EXPECT_THAT(client().EnqueueBatch(bad, &bad_results),
               StatusIs(grpc::StatusCode::INVALID_ARGUMENT, HasSubstr("delay")));
 
   v1::EnqueueBatchRequest bad_queue = good;
   bad_queue.mutable_jobs(2)->set_queue("");
-  EXPECT_THAT(client_->EnqueueBatch(bad_queue, &bad_results),
+  EXPECT_THAT(client().EnqueueBatch(bad_queue, &bad_results),
               StatusIs(grpc::StatusCode::INVALID_ARGUMENT, HasSubstr("queue")));
 
   // Only the first batch exists, in its order.
-  std::vector<v1::Job> jobs = client_->ListAll(kQueue);
+  std::vector<v1::Job> jobs = client().ListAll(kQueue);
   ASSERT_THAT(jobs, SizeIs(3));
   for (size_t i = 0; i < jobs.size(); ++i) EXPECT_EQ(jobs[i].id(), ids[i]);
-  EXPECT_EQ(client_->Counts(kQueue), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 3}}));
+  EXPECT_EQ(client().Counts(kQueue), (std::map<std::string, int64_t>{{"JOB_STATE_READY", 3}}));
 }
 
 TEST_F(BrokerRpcTest, LongPollLeaseReturnsAJobEnqueuedWhileWaiting) {
   std::optional<v1::LeasedJob> leased;
   std::thread waiter([&] {
-    BrokerClient worker(broker_->NewChannel());
+    BrokerClient worker(process().NewChannel());
     leased = worker.LeaseOne(kQueue, "waiting-worker", absl::Seconds(30));
   });
-  // Give the Lease time to start waiting; the test holds either way, since a job enqueued
-  // before the wait starts is leased at once.
-  absl::SleepFor(absl::Milliseconds(300));
-  const std::string id = client_->MustEnqueue(kQueue, "wake-up");
+  // Enqueue only once the Lease waits in the broker, so that the wait is what hands the job over.
+  ASSERT_TRUE(WaitFor([&] {
+    v1::QueueInfo info;
+    return client().GetQueue(kQueue, &info).ok() && info.waiting_leases() == 1;
+  })) << "the long poll never reached the broker";
+  const std::string id = client().MustEnqueue(kQueue, "wake-up");
   waiter.join();
   ASSERT_TRUE(leased.has_value());
   EXPECT_EQ(leased->job_id(), id);
@@ -368,13 +361,13 @@ TEST_F(BrokerRpcTest, LongPollLeaseReturnsAJobEnqueuedWhileWaiting) {
 }
 
 TEST_F(BrokerRpcTest, StaleLeaseIsFencedAfterExpiryAndRelease) {
-  const std::string id = client_->MustEnqueue(kQueue, "slow");
+  const std::string id = client().MustEnqueue(kQueue, "slow");
   std::optional<v1::LeasedJob> first =
-      client_->LeaseOne(kQueue, "hung-worker", kWait, absl::Milliseconds(500));
+      client().LeaseOne(kQueue, "hung-worker", kWait, absl::Milliseconds(500));
   ASSERT_TRUE(first.has_value());
 
   // The lease runs out, then 0.2 s of backoff, then someone else gets attempt 2.
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-2", kWait);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-2", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->job_id(), id);
   EXPECT_EQ(second->attempt(), 2);
@@ -383,7 +376,7 @@ TEST_F(BrokerRpcTest, StaleLeaseIsFencedAfterExpiryAndRelease) {
   hb.set_job_id(id);
   hb.set_lease_id(first->lease_id());
   v1::HeartbeatResponse hb_resp;
-  EXPECT_THAT(client_->Heartbeat(hb, &hb_resp), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(client().Heartbeat(hb, &hb_resp), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
   EXPECT_THAT(AckWith(id, first->lease_id()), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
   v1::FailResponse fail;
   EXPECT_THAT(FailJob(*first, "late", false, &fail),
@@ -391,37 +384,37 @@ TEST_F(BrokerRpcTest, StaleLeaseIsFencedAfterExpiryAndRelease) {
   v1::ReleaseRequest release;
   release.set_job_id(id);
   release.set_lease_id(first->lease_id());
-  EXPECT_THAT(client_->Release(release), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_THAT(client().Release(release), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
 
   // The refused calls changed nothing: attempt 2 is still running and can finish.
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_EQ(job.attempt(), 2);
   ASSERT_THAT(job.attempts(), SizeIs(2));
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
   EXPECT_THAT(AckWith(id, second->lease_id()), IsOk());
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
 }
 
 TEST_F(BrokerRpcTest, LateAckOfAnExpiredLeaseIsAcceptedWhileNoNewerAttemptRuns) {
-  const std::string id = client_->MustEnqueue(kQueue, "salvage");
+  const std::string id = client().MustEnqueue(kQueue, "salvage");
   std::optional<v1::LeasedJob> job =
-      client_->LeaseOne(kQueue, "slow-worker", kWait, absl::Milliseconds(500));
+      client().LeaseOne(kQueue, "slow-worker", kWait, absl::Milliseconds(500));
   ASSERT_TRUE(job.has_value());
 
   // Wait (wall clock: nothing else to wait on) until the broker has noticed the expiry.
   const bool expired = PollUntil(
-      [&] { return client_->MustGetJob(id).state() != v1::JOB_STATE_ACTIVE; }, absl::Seconds(10));
+      [&] { return client().MustGetJob(id).state() != v1::JOB_STATE_ACTIVE; }, absl::Seconds(10));
   EXPECT_TRUE(expired) << "job still ACTIVE 10 s after its 0.5 s lease ran out";
   EXPECT_THAT(AckWith(id, job->lease_id()), IsOk());
-  v1::Job done = client_->MustGetJob(id);
+  v1::Job done = client().MustGetJob(id);
   EXPECT_EQ(done.state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
 }
 
 TEST_F(BrokerRpcTest, HeartbeatsKeepTheLease) {
-  const std::string id = client_->MustEnqueue(kQueue, "kept-alive");
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(2));
+  const std::string id = client().MustEnqueue(kQueue, "kept-alive");
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(2));
   ASSERT_TRUE(job.has_value());
   // Outlive the 2 s lease by heartbeating well inside it (wall clock: that is the point).
   const absl::Time until = absl::Now() + absl::Seconds(3);
@@ -430,8 +423,8 @@ TEST_F(BrokerRpcTest, HeartbeatsKeepTheLease) {
     v1::HeartbeatResponse hb = MustHeartbeat(*job);
     EXPECT_GT(FromProto(hb.lease_deadline()), absl::Now());
   }
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
-  v1::Job active = client_->MustGetJob(id);
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
+  v1::Job active = client().MustGetJob(id);
   EXPECT_EQ(active.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_EQ(active.attempt(), 1);
   EXPECT_THAT(AckWith(id, job->lease_id()), IsOk());
@@ -442,20 +435,20 @@ TEST_F(BrokerRpcTest, ExpiryOfTheLastAttemptKillsTheJob) {
   req.set_queue(kQueue);
   req.set_payload("abandoned");
   req.set_max_attempts(1);
-  const std::string id = client_->MustEnqueue(req);
+  const std::string id = client().MustEnqueue(req);
   std::optional<v1::LeasedJob> job =
-      client_->LeaseOne(kQueue, "vanishing-worker", kWait, absl::Milliseconds(500));
+      client().LeaseOne(kQueue, "vanishing-worker", kWait, absl::Milliseconds(500));
   ASSERT_TRUE(job.has_value());
 
   // Wall-clock wait for the expiry.
   const bool dead = PollUntil(
-      [&] { return client_->MustGetJob(id).state() == v1::JOB_STATE_FAILED; }, absl::Seconds(10));
-  ASSERT_TRUE(dead) << client_->MustGetJob(id).DebugString();
-  v1::Job failed = client_->MustGetJob(id);
+      [&] { return client().MustGetJob(id).state() == v1::JOB_STATE_FAILED; }, absl::Seconds(10));
+  ASSERT_TRUE(dead) << client().MustGetJob(id).DebugString();
+  v1::Job failed = client().MustGetJob(id);
   EXPECT_EQ(failed.fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
   ASSERT_THAT(failed.attempts(), SizeIs(1));
   EXPECT_EQ(failed.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
 }
 
 TEST_F(BrokerRpcTest, LeaseOfManyJobsFollowsPriorityOrder) {
@@ -464,33 +457,33 @@ TEST_F(BrokerRpcTest, LeaseOfManyJobsFollowsPriorityOrder) {
     req.set_queue(kQueue);
     req.set_payload(absl::StrCat("p", priority));
     req.set_priority(priority);
-    client_->MustEnqueue(req);
+    client().MustEnqueue(req);
   }
-  std::vector<v1::LeasedJob> jobs = client_->MustLease(kQueue, "worker-1", 10);
+  std::vector<v1::LeasedJob> jobs = client().MustLease(kQueue, "worker-1", 10);
   std::vector<std::string> payloads;
   for (const v1::LeasedJob& job : jobs) payloads.push_back(job.payload());
   EXPECT_THAT(payloads, ElementsAre("p3", "p2", "p1"));
 }
 
 TEST_F(BrokerRpcTest, AckIsIdempotentPerLease) {
-  const std::string id = client_->MustEnqueue(kQueue, "twice");
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "twice");
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
   EXPECT_THAT(AckWith(id, job->lease_id()), IsOk());
   EXPECT_THAT(AckWith(id, job->lease_id()), IsOk());
-  v1::Job done = client_->MustGetJob(id);
+  v1::Job done = client().MustGetJob(id);
   EXPECT_EQ(done.state(), v1::JOB_STATE_COMPLETED);
   EXPECT_THAT(done.attempts(), SizeIs(1));
 }
 
 TEST_F(BrokerRpcTest, CancellingAnActiveJobIsSeenInTheNextHeartbeat) {
-  const std::string id = client_->MustEnqueue(kQueue, "long-running");
-  std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+  const std::string id = client().MustEnqueue(kQueue, "long-running");
+  std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(job.has_value());
   EXPECT_FALSE(MustHeartbeat(*job).cancel_requested());
 
   v1::Job cancelled;
-  ASSERT_THAT(client_->CancelJob(id, &cancelled), IsOk());
+  ASSERT_THAT(client().CancelJob(id, &cancelled), IsOk());
   EXPECT_EQ(cancelled.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_TRUE(cancelled.cancel_requested());
 
@@ -498,17 +491,17 @@ TEST_F(BrokerRpcTest, CancellingAnActiveJobIsSeenInTheNextHeartbeat) {
 }
 
 TEST_F(BrokerRpcTest, CancellingAReadyJobEndsIt) {
-  const std::string id = client_->MustEnqueue(kQueue, "never-mind");
+  const std::string id = client().MustEnqueue(kQueue, "never-mind");
   v1::Job cancelled;
-  ASSERT_THAT(client_->CancelJob(id, &cancelled), IsOk());
+  ASSERT_THAT(client().CancelJob(id, &cancelled), IsOk());
   EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-1"), SizeIs(0));
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(client().MustLease(kQueue, "worker-1"), SizeIs(0));
 }
 
 TEST_F(BrokerRpcTest, HealthCheckIsServing) {
   int serving_status = 0;
-  ASSERT_THAT(CheckHealth(broker_->NewChannel(), "", &serving_status), IsOk());
+  ASSERT_THAT(CheckHealth(process().NewChannel(), "", &serving_status), IsOk());
   EXPECT_EQ(serving_status, 1);  // grpc.health.v1.HealthCheckResponse.SERVING
 }
 

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
 
@@ -37,43 +38,23 @@ constexpr char kConfig[] = R"({
 constexpr char kQueue[] = "crash";
 constexpr absl::Duration kWait = absl::Seconds(10);
 
-class CrashTest : public ::testing::Test {
+class CrashTest : public BrokerFixture {
  protected:
-  void SetUp() override { Start({}); }
-
-  void Start(std::vector<std::string> extra_args) {
-    BrokerProcessOptions options;
-    options.config_json = kConfig;
-    options.extra_args = std::move(extra_args);
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
-
-  // Restarts on the same data dir and reconnects (the port changes).
-  void RestartBroker() {
-    absl::Status s = broker_->Restart();
-    ASSERT_TRUE(s.ok()) << s;
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
+  CrashTest() : BrokerFixture({.config_json = kConfig}) {}
 };
 
 // The queue's durability is the parameter: SYNC (the default) answers after fsync, GROUP once the
 // change is in the log (the kernel keeps it when the process dies; the fsync comes within
 // 200 ms here). Neither may lose an answered enqueue to kill -9. "crash-cold" is SYNC with every
 // waiting job cold (--max-hot-jobs 0): after the restart each one is read back from RocksDB.
-class CrashDurabilityTest : public CrashTest, public ::testing::WithParamInterface<const char*> {
+class CrashDurabilityTest : public BrokerFixtureWithParam<const char*> {
  protected:
+  CrashDurabilityTest() : BrokerFixtureWithParam(kStartInTest) {}
+
   void SetUp() override {
-    if (std::string(GetParam()) == "crash-cold") {
-      Start({"--max-hot-jobs", "0"});
-    } else {
-      Start({});
-    }
+    BrokerProcessOptions options{.config_json = kConfig};
+    if (std::string(GetParam()) == "crash-cold") options.extra_args = {"--max-hot-jobs", "0"};
+    Start(std::move(options));
   }
 };
 
@@ -91,7 +72,7 @@ TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
       // One channel per producer, so that the enqueues really run side by side.
-      BrokerClient producer(broker_->NewChannel(), absl::Seconds(10));
+      BrokerClient producer(process().NewChannel(), absl::Seconds(10));
       for (int i = 0; !stop.load(); ++i) {
         v1::EnqueueRequest req;
         req.set_queue(kQueue);
@@ -108,22 +89,22 @@ TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   }
 
   const bool enough = PollUntil([&] { return acked.load() >= kKillAfter; }, absl::Seconds(120));
-  broker_->Kill9();
+  process().Kill9();
   stop.store(true);
   for (std::thread& t : producers) t.join();
   ASSERT_TRUE(enough) << "only " << acked.load() << " enqueues were acknowledged in 120 s";
 
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Restart());
   const int n = static_cast<int>(acked_ids.size());
   ASSERT_GE(n, kKillAfter);
   if (kQueue == "crash-cold") {
     // Recovery kept them as index entries only: each GetJob and lease below reads one back.
-    const std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+    const std::string metrics = HttpGet(process().http_address(), "/metrics");
     EXPECT_GE(Sample(metrics, R"(jobbroker_jobs_in_memory{form="index_only"})"), n) << metrics;
   }
   for (const std::string& id : acked_ids) {
     v1::Job job;
-    ASSERT_THAT(client_->GetJob(id, &job), IsOk()) << "acknowledged job " << id << " was lost";
+    ASSERT_THAT(client().GetJob(id, &job), IsOk()) << "acknowledged job " << id << " was lost";
     EXPECT_EQ(job.state(), v1::JOB_STATE_READY) << id;
     EXPECT_EQ(job.payload(), payloads[id]) << id;
   }
@@ -132,18 +113,18 @@ TEST_P(CrashDurabilityTest, AcknowledgedEnqueuesSurviveKill9) {
   // and acked.
   std::set<std::string> leased_ids;
   for (int round = 0; round < 100000; ++round) {
-    std::vector<v1::LeasedJob> jobs = client_->MustLease(kQueue, "drainer", 100);
+    std::vector<v1::LeasedJob> jobs = client().MustLease(kQueue, "drainer", 100);
     if (jobs.empty()) break;
     for (const v1::LeasedJob& job : jobs) {
       EXPECT_TRUE(leased_ids.insert(job.job_id()).second) << "leased twice: " << job.job_id();
-      client_->MustAck(job);
+      client().MustAck(job);
     }
     if (::testing::Test::HasFailure()) break;
   }
   for (const std::string& id : acked_ids) {
     EXPECT_TRUE(leased_ids.count(id) == 1) << "acknowledged job " << id << " was never leased";
   }
-  std::map<std::string, int64_t> counts = client_->Counts(kQueue);
+  std::map<std::string, int64_t> counts = client().Counts(kQueue);
   EXPECT_EQ(counts["JOB_STATE_COMPLETED"], static_cast<int64_t>(leased_ids.size()));
   EXPECT_EQ(counts["JOB_STATE_READY"], 0);
   EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 0);
@@ -174,7 +155,7 @@ TEST_F(CrashTest, AcknowledgedAcksSurviveKill9) {
       job->set_payload(absl::StrCat("job-", i));
     }
     v1::EnqueueBatchResponse resp;
-    ASSERT_THAT(client_->EnqueueBatch(batch, &resp), IsOk());
+    ASSERT_THAT(client().EnqueueBatch(batch, &resp), IsOk());
   }
 
   std::atomic<int> acked{0};
@@ -184,7 +165,7 @@ TEST_F(CrashTest, AcknowledgedAcksSurviveKill9) {
   std::vector<std::thread> workers;
   for (int w = 0; w < kWorkers; ++w) {
     workers.emplace_back([&, w] {
-      BrokerClient worker(broker_->NewChannel(), absl::Seconds(10));
+      BrokerClient worker(process().NewChannel(), absl::Seconds(10));
       v1::LeaseRequest lease;
       lease.set_queue(kQueue);
       lease.set_worker_id(absl::StrCat("worker-", w));
@@ -202,19 +183,19 @@ TEST_F(CrashTest, AcknowledgedAcksSurviveKill9) {
     });
   }
   const bool enough = PollUntil([&] { return acked.load() >= kKillAfter; }, absl::Seconds(120));
-  broker_->Kill9();
+  process().Kill9();
   stop.store(true);
   for (std::thread& t : workers) t.join();
   ASSERT_TRUE(enough) << "only " << acked.load() << " acks in 120 s";
   ASSERT_LT(acked_ids.size(), static_cast<size_t>(kJobs)) << "the kill came after the last ack";
 
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Restart());
   for (const std::string& id : acked_ids) {
     v1::Job job;
-    ASSERT_THAT(client_->GetJob(id, &job), IsOk()) << id;
+    ASSERT_THAT(client().GetJob(id, &job), IsOk()) << id;
     EXPECT_EQ(job.state(), v1::JOB_STATE_COMPLETED) << "acknowledged ack of " << id << " was lost";
   }
-  std::map<std::string, int64_t> counts = client_->Counts(kQueue);
+  std::map<std::string, int64_t> counts = client().Counts(kQueue);
   int64_t total = 0;
   for (const auto& [state, n] : counts) total += n;
   EXPECT_EQ(total, kJobs);
@@ -223,9 +204,9 @@ TEST_F(CrashTest, AcknowledgedAcksSurviveKill9) {
 }
 
 TEST_F(CrashTest, LeaseThatRanOutWhileDownIsRetriedWithItsCheckpoint) {
-  const std::string id = client_->MustEnqueue(kQueue, "resumable");
+  const std::string id = client().MustEnqueue(kQueue, "resumable");
   std::optional<v1::LeasedJob> first =
-      client_->LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(1));
+      client().LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(1));
   ASSERT_TRUE(first.has_value());
 
   v1::HeartbeatRequest hb;
@@ -233,23 +214,23 @@ TEST_F(CrashTest, LeaseThatRanOutWhileDownIsRetriedWithItsCheckpoint) {
   hb.set_lease_id(first->lease_id());
   hb.set_checkpoint("page-42");
   v1::HeartbeatResponse hb_resp;
-  ASSERT_THAT(client_->Heartbeat(hb, &hb_resp), IsOk());
+  ASSERT_THAT(client().Heartbeat(hb, &hb_resp), IsOk());
   const absl::Time deadline =
       std::max(FromProto(hb_resp.lease_deadline()), FromProto(first->lease_deadline()));
 
-  broker_->Kill9();
+  process().Kill9();
   // Wall-clock wait: the lease must run out while the broker is down.
   absl::SleepFor(deadline - absl::Now() + absl::Milliseconds(200));
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Restart());
 
-  std::optional<v1::LeasedJob> second = client_->LeaseOne(kQueue, "worker-2", kWait);
+  std::optional<v1::LeasedJob> second = client().LeaseOne(kQueue, "worker-2", kWait);
   ASSERT_TRUE(second.has_value());
   EXPECT_EQ(second->job_id(), id);
   EXPECT_EQ(second->attempt(), 2);
   EXPECT_EQ(second->checkpoint(), "page-42");
   EXPECT_EQ(second->idempotency_key(), first->idempotency_key());
 
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   ASSERT_THAT(job.attempts(), SizeIs(2));
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
   EXPECT_EQ(job.attempts(0).worker_id(), "worker-1");
@@ -258,38 +239,37 @@ TEST_F(CrashTest, LeaseThatRanOutWhileDownIsRetriedWithItsCheckpoint) {
   v1::AckRequest ack;
   ack.set_job_id(id);
   ack.set_lease_id(first->lease_id());
-  EXPECT_THAT(client_->Ack(ack), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
-  client_->MustAck(*second);
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_THAT(client().Ack(ack), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+  client().MustAck(*second);
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
 }
 
 TEST_F(CrashTest, LeaseStillRunningAfterRestartCanBeAcked) {
-  const std::string id = client_->MustEnqueue(kQueue, "in-flight");
+  const std::string id = client().MustEnqueue(kQueue, "in-flight");
   std::optional<v1::LeasedJob> job =
-      client_->LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(120));
+      client().LeaseOne(kQueue, "worker-1", kWait, absl::Seconds(120));
   ASSERT_TRUE(job.has_value());
 
-  broker_->Kill9();
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Kill9AndRestart());
 
-  v1::Job active = client_->MustGetJob(id);
+  v1::Job active = client().MustGetJob(id);
   EXPECT_EQ(active.state(), v1::JOB_STATE_ACTIVE);
-  EXPECT_THAT(client_->MustLease(kQueue, "worker-2"), SizeIs(0));
-  client_->MustAck(*job, "finished across a restart");
-  v1::Job done = client_->MustGetJob(id);
+  EXPECT_THAT(client().MustLease(kQueue, "worker-2"), SizeIs(0));
+  client().MustAck(*job, "finished across a restart");
+  v1::Job done = client().MustGetJob(id);
   EXPECT_EQ(done.state(), v1::JOB_STATE_COMPLETED);
   EXPECT_EQ(done.result(), "finished across a restart");
 }
 
 TEST_F(CrashTest, SigtermWhileIdleExitsZeroAndLosesNothing) {
   std::vector<std::string> ids;
-  for (int i = 0; i < 20; ++i) ids.push_back(client_->MustEnqueue(kQueue, absl::StrCat("j", i)));
+  for (int i = 0; i < 20; ++i) ids.push_back(client().MustEnqueue(kQueue, absl::StrCat("j", i)));
   for (int i = 0; i < 5; ++i) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-1", kWait);
+    std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-1", kWait);
     ASSERT_TRUE(job.has_value());
-    client_->MustAck(*job, absl::StrCat("r", i));
+    client().MustAck(*job, absl::StrCat("r", i));
   }
-  std::optional<v1::LeasedJob> poison = client_->LeaseOne(kQueue, "worker-1", kWait);
+  std::optional<v1::LeasedJob> poison = client().LeaseOne(kQueue, "worker-1", kWait);
   ASSERT_TRUE(poison.has_value());
   v1::FailRequest fail;
   fail.set_job_id(poison->job_id());
@@ -297,21 +277,21 @@ TEST_F(CrashTest, SigtermWhileIdleExitsZeroAndLosesNothing) {
   fail.set_permanent(true);
   fail.set_error("poison");
   v1::FailResponse fail_resp;
-  ASSERT_THAT(client_->Fail(fail, &fail_resp), IsOk());
+  ASSERT_THAT(client().Fail(fail, &fail_resp), IsOk());
 
   std::map<std::string, v1::Job> before;
-  for (const std::string& id : ids) before[id] = client_->MustGetJob(id);
-  const std::map<std::string, int64_t> counts_before = client_->Counts(kQueue);
+  for (const std::string& id : ids) before[id] = client().MustGetJob(id);
+  const std::map<std::string, int64_t> counts_before = client().Counts(kQueue);
 
-  absl::StatusOr<int> code = broker_->Terminate();
+  absl::StatusOr<int> code = process().Terminate();
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << broker_->ReadStderr();
-  RestartBroker();
+  EXPECT_EQ(*code, 0) << process().ReadStderr();
+  ASSERT_NO_FATAL_FAILURE(Restart());
 
-  EXPECT_EQ(client_->Counts(kQueue), counts_before);
+  EXPECT_EQ(client().Counts(kQueue), counts_before);
   for (const std::string& id : ids) {
     v1::Job after;
-    ASSERT_THAT(client_->GetJob(id, &after), IsOk()) << id;
+    ASSERT_THAT(client().GetJob(id, &after), IsOk()) << id;
     EXPECT_EQ(after.state(), before[id].state()) << id;
     EXPECT_EQ(after.payload(), before[id].payload()) << id;
     EXPECT_EQ(after.result(), before[id].result()) << id;
@@ -321,7 +301,7 @@ TEST_F(CrashTest, SigtermWhileIdleExitsZeroAndLosesNothing) {
   }
   // The READY ones are still leasable, in their order.
   for (size_t i = 6; i < ids.size(); ++i) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne(kQueue, "worker-2");
+    std::optional<v1::LeasedJob> job = client().LeaseOne(kQueue, "worker-2");
     ASSERT_TRUE(job.has_value());
     EXPECT_EQ(job->job_id(), ids[i]);
   }
@@ -329,7 +309,7 @@ TEST_F(CrashTest, SigtermWhileIdleExitsZeroAndLosesNothing) {
 
 TEST_F(CrashTest, SigtermExitsZeroWhileAWorkerLongPolls) {
   std::thread waiter([&] {
-    BrokerClient worker(broker_->NewChannel());
+    BrokerClient worker(process().NewChannel());
     v1::LeaseRequest req;
     req.set_queue(kQueue);
     req.set_worker_id("waiting");
@@ -338,34 +318,36 @@ TEST_F(CrashTest, SigtermExitsZeroWhileAWorkerLongPolls) {
     // Any outcome is fine (an empty reply, or UNAVAILABLE); it only must not hold up the stop.
     worker.Lease(req, &resp);
   });
-  absl::SleepFor(absl::Milliseconds(300));
-  absl::StatusOr<int> code = broker_->Terminate(absl::Seconds(20));
+  // The stop must come while the Lease waits in the broker.
+  ASSERT_TRUE(WaitFor([&] {
+    v1::QueueInfo info;
+    return client().GetQueue(kQueue, &info).ok() && info.waiting_leases() == 1;
+  })) << "the long poll never reached the broker";
+  absl::StatusOr<int> code = process().Terminate(absl::Seconds(20));
   waiter.join();
   ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << broker_->ReadStderr();
+  EXPECT_EQ(*code, 0) << process().ReadStderr();
 }
 
 // NONE promises nothing across a crash, but a clean stop still writes and fsyncs everything:
 // the stop's flush asks for the fsync that nothing else would (it used to wait for one for ever,
 // and the broker sat out SIGTERM until it was killed).
-TEST(CleanStopTest, SigtermWithNoneDurabilityFlushesAndExitsZero) {
-  BrokerProcessOptions options;
-  options.config_json = R"({"defaultPolicy": {"durability": "DURABILITY_NONE"}})";
-  absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-  ASSERT_TRUE(broker.ok()) << broker.status();
-  std::vector<std::string> ids;
-  {
-    BrokerClient client((*broker)->NewChannel());
-    for (int i = 0; i < 20; ++i) ids.push_back(client.MustEnqueue("throwaway", absl::StrCat(i)));
-  }
-  absl::StatusOr<int> code = (*broker)->Terminate(absl::Seconds(20));
-  ASSERT_TRUE(code.ok()) << code.status();
-  EXPECT_EQ(*code, 0) << (*broker)->ReadStderr();
+class CleanStopTest : public BrokerFixture {
+ protected:
+  CleanStopTest()
+      : BrokerFixture({.config_json = R"({"defaultPolicy": {"durability": "DURABILITY_NONE"}})"}) {}
+};
 
-  ASSERT_TRUE((*broker)->Restart().ok());
-  BrokerClient client((*broker)->NewChannel());
+TEST_F(CleanStopTest, SigtermWithNoneDurabilityFlushesAndExitsZero) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(client().MustEnqueue("throwaway", absl::StrCat(i)));
+  absl::StatusOr<int> code = process().Terminate(absl::Seconds(20));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << process().ReadStderr();
+
+  ASSERT_NO_FATAL_FAILURE(Restart());
   for (int i = 0; i < 20; ++i)
-    EXPECT_EQ(client.MustGetJob(ids[i]).payload(), absl::StrCat(i)) << ids[i];
+    EXPECT_EQ(client().MustGetJob(ids[i]).payload(), absl::StrCat(i)) << ids[i];
 }
 
 }  // namespace

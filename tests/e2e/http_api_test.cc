@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "jobbroker/v1/admin.pb.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
 
@@ -50,28 +51,18 @@ ApiError ParseError(const HttpResponse& response) {
   return {error.fields().at("code").string_value(), error.fields().at("message").string_value()};
 }
 
-class HttpApiTest : public ::testing::Test {
+class HttpApiTest : public BrokerFixture {
  protected:
-  void SetUp() override { Start({}); }
-
-  void Start(std::vector<std::string> extra_args) {
-    BrokerProcessOptions options;
-    options.extra_args = std::move(extra_args);
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
-
   HttpResponse Get(const std::string& path, std::vector<std::string> headers = {}) {
-    absl::StatusOr<HttpResponse> r = HttpSend(broker_->http_address(), "GET", path, headers);
+    absl::StatusOr<HttpResponse> r = HttpSend(process().http_address(), "GET", path, headers);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : HttpResponse{};
   }
 
   HttpResponse Send(const std::string& method, const std::string& path, const std::string& body,
                     std::vector<std::string> headers = {kJson}) {
-    absl::StatusOr<HttpResponse> r = HttpSend(broker_->http_address(), method, path, headers, body);
+    absl::StatusOr<HttpResponse> r =
+        HttpSend(process().http_address(), method, path, headers, body);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : HttpResponse{};
   }
@@ -82,8 +73,8 @@ class HttpApiTest : public ::testing::Test {
     req.set_queue(queue);
     req.set_payload(R"({"to":"ada@example.com"})");
     req.set_max_attempts(1);
-    const std::string id = client_->MustEnqueue(req);
-    std::vector<v1::LeasedJob> leased = client_->MustLease(queue, "worker-7");
+    const std::string id = client().MustEnqueue(req);
+    std::vector<v1::LeasedJob> leased = client().MustLease(queue, "worker-7");
     EXPECT_THAT(leased, SizeIs(1));
     v1::FailRequest fail;
     fail.set_job_id(leased.at(0).job_id());
@@ -91,21 +82,18 @@ class HttpApiTest : public ::testing::Test {
     fail.set_error(error);
     fail.set_permanent(true);
     v1::FailResponse failed;
-    EXPECT_THAT(client_->Fail(fail, &failed), IsOk());
+    EXPECT_THAT(client().Fail(fail, &failed), IsOk());
     EXPECT_EQ(leased.at(0).job_id(), id);
     return id;
   }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
 };
 
 TEST_F(HttpApiTest, QueuesShowCountsAndTotalsAsTheAdminServiceDoes) {
-  client_->MustEnqueue("emails", "a");
-  client_->MustEnqueue("emails", "b");
-  client_->MustEnqueue("emails", "c");
-  client_->MustAck(client_->MustLease("emails", "w").at(0));
-  client_->MustEnqueue("reports", "r");
+  client().MustEnqueue("emails", "a");
+  client().MustEnqueue("emails", "b");
+  client().MustEnqueue("emails", "c");
+  client().MustAck(client().MustLease("emails", "w").at(0));
+  client().MustEnqueue("reports", "r");
 
   const HttpResponse list = Get("/api/v1/queues");
   ASSERT_EQ(list.status, 200) << list.body;
@@ -123,7 +111,7 @@ TEST_F(HttpApiTest, QueuesShowCountsAndTotalsAsTheAdminServiceDoes) {
   const HttpResponse one = Get("/api/v1/queues/emails");
   ASSERT_EQ(one.status, 200) << one.body;
   v1::QueueInfo via_grpc;
-  ASSERT_THAT(client_->GetQueue("emails", &via_grpc), IsOk());
+  ASSERT_THAT(client().GetQueue("emails", &via_grpc), IsOk());
   const auto via_http = Parse<v1::QueueInfo>(one);
   EXPECT_EQ(via_http.counts().at("JOB_STATE_READY"), via_grpc.counts().at("JOB_STATE_READY"));
   EXPECT_EQ(via_http.policy().retry().max_attempts(), via_grpc.policy().retry().max_attempts());
@@ -134,12 +122,12 @@ TEST_F(HttpApiTest, QueuesShowCountsAndTotalsAsTheAdminServiceDoes) {
 TEST_F(HttpApiTest, JobListsPageByStateAndFindADedupKey) {
   const std::string dead = DeadJob("q", "boom");  // first: DeadJob leases the queue's oldest
   std::vector<std::string> ready;
-  for (int i = 0; i < 5; ++i) ready.push_back(client_->MustEnqueue("q", absl::StrCat("job-", i)));
+  for (int i = 0; i < 5; ++i) ready.push_back(client().MustEnqueue("q", absl::StrCat("job-", i)));
   v1::EnqueueRequest keyed;
   keyed.set_queue("q");
   keyed.set_payload("keyed");
   keyed.set_dedup_key("order 7/ü");  // spaces, a slash and UTF-8 travel percent-encoded
-  const std::string keyed_id = client_->MustEnqueue(keyed);
+  const std::string keyed_id = client().MustEnqueue(keyed);
 
   std::vector<std::string> seen;
   std::string token;
@@ -196,7 +184,7 @@ TEST_F(HttpApiTest, ADeadJobShowsItsErrorAndRetryMakesItReady) {
   const auto answer = Parse<v1::RetryJobResponse>(retried);
   EXPECT_EQ(answer.retried(), 1);
   EXPECT_EQ(answer.job().state(), v1::JOB_STATE_READY);
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY) << "through gRPC";
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_READY) << "through gRPC";
 
   // A second retry is refused: the job is not dead any more.
   const HttpResponse again = Send("POST", "/api/v1/jobs/" + id + "/retry", "");
@@ -205,16 +193,16 @@ TEST_F(HttpApiTest, ADeadJobShowsItsErrorAndRetryMakesItReady) {
 }
 
 TEST_F(HttpApiTest, CancelAndDeleteAJob) {
-  const std::string id = client_->MustEnqueue("q", "x");
+  const std::string id = client().MustEnqueue("q", "x");
   const HttpResponse cancelled = Send("POST", "/api/v1/jobs/" + id + "/cancel", "{}");
   ASSERT_EQ(cancelled.status, 200) << cancelled.body;
   EXPECT_EQ(Parse<v1::Job>(cancelled).state(), v1::JOB_STATE_CANCELLED);
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_CANCELLED);
 
   const HttpResponse deleted = Send("DELETE", "/api/v1/jobs/" + id, "");
   ASSERT_EQ(deleted.status, 200) << deleted.body;
   v1::Job gone;
-  EXPECT_THAT(client_->GetJob(id, &gone), StatusIs(grpc::StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().GetJob(id, &gone), StatusIs(grpc::StatusCode::NOT_FOUND));
   const HttpResponse missing = Get("/api/v1/jobs/" + id);
   EXPECT_EQ(missing.status, 404);
   EXPECT_EQ(ParseError(missing).code, "NOT_FOUND");
@@ -224,18 +212,18 @@ TEST_F(HttpApiTest, CancelAndDeleteAJob) {
 TEST_F(HttpApiTest, PauseResumeRedriveAndPurgeAQueue) {
   DeadJob("q", "e1");
   DeadJob("q", "e2");
-  client_->MustEnqueue("q", "x");
+  client().MustEnqueue("q", "x");
 
   const HttpResponse paused = Send("POST", "/api/v1/queues/q/pause", "");
   ASSERT_EQ(paused.status, 200) << paused.body;
   EXPECT_TRUE(Parse<v1::QueueInfo>(paused).policy().paused());
   v1::QueueInfo info;
-  ASSERT_THAT(client_->GetQueue("q", &info), IsOk());
+  ASSERT_THAT(client().GetQueue("q", &info), IsOk());
   EXPECT_TRUE(info.policy().paused()) << "through gRPC";
-  EXPECT_THAT(client_->MustLease("q", "w"), SizeIs(0)) << "a paused queue leases nothing";
+  EXPECT_THAT(client().MustLease("q", "w"), SizeIs(0)) << "a paused queue leases nothing";
 
   ASSERT_EQ(Send("POST", "/api/v1/queues/q/resume", "{}").status, 200);
-  ASSERT_THAT(client_->GetQueue("q", &info), IsOk());
+  ASSERT_THAT(client().GetQueue("q", &info), IsOk());
   EXPECT_FALSE(info.policy().paused());
 
   const HttpResponse dry =
@@ -243,27 +231,27 @@ TEST_F(HttpApiTest, PauseResumeRedriveAndPurgeAQueue) {
   ASSERT_EQ(dry.status, 200) << dry.body;
   EXPECT_EQ(Parse<v1::RetryJobResponse>(dry).matched(), 2);
   EXPECT_EQ(Parse<v1::RetryJobResponse>(dry).retried(), 0);
-  EXPECT_EQ(client_->Counts("q")["JOB_STATE_FAILED"], 2) << "a dry run changes nothing";
+  EXPECT_EQ(client().Counts("q")["JOB_STATE_FAILED"], 2) << "a dry run changes nothing";
   const HttpResponse redriven = Send("POST", "/api/v1/queues/q/retry", "{}");
   ASSERT_EQ(redriven.status, 200) << redriven.body;
   EXPECT_EQ(Parse<v1::RetryJobResponse>(redriven).retried(), 2);
-  EXPECT_EQ(client_->Counts("q")["JOB_STATE_READY"], 3);
+  EXPECT_EQ(client().Counts("q")["JOB_STATE_READY"], 3);
 
   const HttpResponse policy =
       Send("POST", "/api/v1/queues/q/policy", R"({"policy":{"maxConcurrency":4}})");
   ASSERT_EQ(policy.status, 200) << policy.body;
-  ASSERT_THAT(client_->GetQueue("q", &info), IsOk());
+  ASSERT_THAT(client().GetQueue("q", &info), IsOk());
   EXPECT_EQ(info.policy().max_concurrency(), 4);
 
   const HttpResponse purged =
       Send("POST", "/api/v1/queues/q/purge", R"({"states":["JOB_STATE_READY"]})");
   ASSERT_EQ(purged.status, 200) << purged.body;
   EXPECT_EQ(Parse<v1::PurgeQueueResponse>(purged).purged(), 3);
-  EXPECT_EQ(client_->Counts("q")["JOB_STATE_READY"], 0);
+  EXPECT_EQ(client().Counts("q")["JOB_STATE_READY"], 0);
 }
 
 TEST_F(HttpApiTest, BadRequestsNameWhatIsWrongAndChangeNothing) {
-  const std::string id = client_->MustEnqueue("q", "x");
+  const std::string id = client().MustEnqueue("q", "x");
   struct Case {
     std::string method, path, body;
     std::vector<std::string> headers;
@@ -341,11 +329,11 @@ TEST_F(HttpApiTest, BadRequestsNameWhatIsWrongAndChangeNothing) {
   EXPECT_THAT(ParseError(huge).message, HasSubstr("body: over 1048576 bytes"));
 
   v1::QueueInfo info;
-  ASSERT_THAT(client_->GetQueue("q", &info), IsOk());
+  ASSERT_THAT(client().GetQueue("q", &info), IsOk());
   EXPECT_FALSE(info.policy().paused());
   EXPECT_EQ(info.policy().max_concurrency(), 0);
-  EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_READY);
-  EXPECT_EQ(client_->Counts("q")["JOB_STATE_READY"], 1);
+  EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_READY);
+  EXPECT_EQ(client().Counts("q")["JOB_STATE_READY"], 1);
 }
 
 TEST_F(HttpApiTest, TokensAndRolesAreTheAdminServices) {
@@ -356,8 +344,7 @@ TEST_F(HttpApiTest, TokensAndRolesAreTheAdminServices) {
     {"name": "billing-ops", "roles": ["admin"], "queues": ["billing"], "token": "jb-bill-2"},
     {"name": "worker", "roles": ["worker"], "queues": ["*"], "token": "jb-work-3"}]})");
   ASSERT_TRUE(tokens.ok()) << tokens.status();
-  broker_.reset();
-  Start({"--auth-tokens", *tokens});
+  ASSERT_NO_FATAL_FAILURE(Start({.extra_args = {"--auth-tokens", *tokens}}));
   // Queues come into being through a policy change, which an admin may make.
   for (const char* queue : {"billing", "emails"}) {
     const HttpResponse made = Send("POST", absl::StrCat("/api/v1/queues/", queue, "/policy"), "{}",

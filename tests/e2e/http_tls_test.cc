@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/test_pki.h"
@@ -18,9 +19,12 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class HttpTlsTest : public ::testing::Test {
+class HttpTlsTest : public BrokerFixture {
  protected:
+  HttpTlsTest() : BrokerFixture(kStartInTest) {}
+
   void SetUp() override {
+    BrokerFixture::SetUp();
     absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = *std::move(dir);
@@ -29,14 +33,13 @@ class HttpTlsTest : public ::testing::Test {
     pki_ = *std::move(pki);
   }
 
-  std::unique_ptr<BrokerProcess> StartBroker(bool mutual) {
+  // The broker's options with HTTP over TLS, and mutual TLS if `mutual`.
+  BrokerProcessOptions TlsOptions(bool mutual) const {
     BrokerProcessOptions options;
     options.extra_args = {"--http-tls-cert", pki_.server_cert, "--http-tls-key", pki_.server_key};
     if (mutual)
       options.extra_args.insert(options.extra_args.end(), {"--http-tls-client-ca", pki_.ca_cert});
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    EXPECT_TRUE(broker.ok()) << broker.status();
-    return broker.ok() ? *std::move(broker) : nullptr;
+    return options;
   }
 
   // curl's exit code and output for GET `url` with `extra` options (never retried, 10 s at most).
@@ -55,9 +58,8 @@ class HttpTlsTest : public ::testing::Test {
 };
 
 TEST_F(HttpTlsTest, ServesMetricsAndProbesOverHttpsOnly) {
-  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/false);
-  ASSERT_NE(broker, nullptr);
-  const std::string https = absl::StrCat("https://", broker->http_address());
+  ASSERT_NO_FATAL_FAILURE(Start(TlsOptions(/*mutual=*/false)));
+  const std::string https = absl::StrCat("https://", process().http_address());
   CommandResult metrics = Curl(https + "/metrics", {"--cacert", pki_.ca_cert});
   EXPECT_EQ(metrics.exit_code, 0) << metrics.output;
   EXPECT_THAT(metrics.output, HasSubstr("jobbroker_"));
@@ -67,7 +69,7 @@ TEST_F(HttpTlsTest, ServesMetricsAndProbesOverHttpsOnly) {
 
   // Plain HTTP to the TLS port gets no metrics, and neither does a client that does not trust
   // the CA (curl: 60 = the peer's certificate cannot be verified).
-  CommandResult plain = Curl(absl::StrCat("http://", broker->http_address(), "/metrics"), {});
+  CommandResult plain = Curl(absl::StrCat("http://", process().http_address(), "/metrics"), {});
   EXPECT_NE(plain.exit_code, 0) << plain.output;
   EXPECT_THAT(plain.output, Not(HasSubstr("jobbroker_")));
   CommandResult untrusted = Curl(https + "/metrics", {});
@@ -75,13 +77,12 @@ TEST_F(HttpTlsTest, ServesMetricsAndProbesOverHttpsOnly) {
   // TLS 1.1 and older are refused (curl: 35 = the handshake failed).
   CommandResult old = Curl(https + "/metrics", {"--cacert", pki_.ca_cert, "--tls-max", "1.1"});
   EXPECT_NE(old.exit_code, 0) << old.output;
-  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+  EXPECT_EQ(process().Terminate().value_or(-1), 0);
 }
 
 TEST_F(HttpTlsTest, MutualTlsRequiresAClientCertificateFromTheCa) {
-  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/true);
-  ASSERT_NE(broker, nullptr);
-  const std::string url = absl::StrCat("https://", broker->http_address(), "/metrics");
+  ASSERT_NO_FATAL_FAILURE(Start(TlsOptions(/*mutual=*/true)));
+  const std::string url = absl::StrCat("https://", process().http_address(), "/metrics");
   CommandResult with_cert =
       Curl(url, {"--cacert", pki_.ca_cert, "--cert", pki_.client_cert, "--key", pki_.client_key});
   EXPECT_EQ(with_cert.exit_code, 0) << with_cert.output;
@@ -97,7 +98,7 @@ TEST_F(HttpTlsTest, MutualTlsRequiresAClientCertificateFromTheCa) {
   CommandResult foreign = Curl(
       url, {"--cacert", pki_.ca_cert, "--cert", other->client_cert, "--key", other->client_key});
   EXPECT_NE(foreign.exit_code, 0) << foreign.output;
-  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+  EXPECT_EQ(process().Terminate().value_or(-1), 0);
 }
 
 TEST_F(HttpTlsTest, BadFilesAreRefusedAtStartNamingTheFlag) {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 
 extern char** environ;
@@ -45,7 +46,7 @@ pid_t SpawnWorker(const std::vector<std::string>& args) {
   return pid;
 }
 
-int WaitFor(pid_t pid) {
+int WaitForExit(pid_t pid) {
   int status = 0;
   waitpid(pid, &status, 0);
   return status;
@@ -62,42 +63,41 @@ std::map<std::string, int> EmailsPerUser(const std::string& outbox) {
   return per_user;
 }
 
-class KillTest : public ::testing::TestWithParam<bool> {};
+class KillTest : public BrokerFixtureWithParam<bool> {
+ protected:
+  KillTest() : BrokerFixtureWithParam({.config_json = kConfig}) {}
+};
 
 TEST_P(KillTest, AWorkerKilledBeforeItsAckLosesNoJob) {
   const bool idempotent = GetParam();
-  BrokerProcessOptions options;
-  options.config_json = kConfig;
-  auto broker = BrokerProcess::Start(options);
-  ASSERT_TRUE(broker.ok()) << broker.status();
-  BrokerClient client((*broker)->NewChannel());
   std::vector<std::string> ids;
   for (int i = 0; i < kUsers; ++i) {
     v1::EnqueueRequest req;
     req.set_queue("signups");
     req.set_payload(absl::StrCat("user_", i));
     req.set_dedup_key(absl::StrCat("welcome-user_", i));  // the idempotency key of every attempt
-    ids.push_back(client.MustEnqueue(req));
+    ids.push_back(client().MustEnqueue(req));
   }
-  std::string outbox = (*broker)->temp_dir().path() + "/outbox.txt";
-  std::vector<std::string> args = {"--address", (*broker)->address(), "--outbox", outbox};
+  std::string outbox = process().temp_dir().path() + "/outbox.txt";
+  std::vector<std::string> args = {"--address", process().address(), "--outbox", outbox};
   if (idempotent) args.push_back("--idempotent");
 
   std::vector<std::string> dying = args;
   dying.insert(dying.end(), {"--die-after", "user_6"});
   pid_t first = SpawnWorker(dying);
   ASSERT_GT(first, 0);
-  int status = WaitFor(first);
+  int status = WaitForExit(first);
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
       << "the first worker should have killed itself after user_6's email";
-  EXPECT_EQ(client.MustGetJob(ids[6]).state(), v1::JOB_STATE_ACTIVE) << "sent but never acked";
+  EXPECT_EQ(client().MustGetJob(ids[6]).state(), v1::JOB_STATE_ACTIVE) << "sent but never acked";
 
   pid_t second = SpawnWorker(args);
   ASSERT_GT(second, 0);
-  bool all_done = PollUntil(
-      [&] { return client.Counts("signups")["JOB_STATE_COMPLETED"] == kUsers; }, absl::Seconds(60));
+  bool all_done =
+      WaitFor([&] { return client().Counts("signups")["JOB_STATE_COMPLETED"] == kUsers; },
+              absl::Seconds(60));
   kill(second, SIGTERM);
-  int second_status = WaitFor(second);
+  int second_status = WaitForExit(second);
   ASSERT_TRUE(all_done) << "not every signup completed";
   EXPECT_TRUE(WIFEXITED(second_status) && WEXITSTATUS(second_status) == 0);
 
@@ -109,7 +109,7 @@ TEST_P(KillTest, AWorkerKilledBeforeItsAckLosesNoJob) {
     duplicates += std::max(0, emails[user] - 1);
   }
   EXPECT_EQ(emails.size(), static_cast<size_t>(kUsers));
-  v1::Job retried = client.MustGetJob(ids[6]);
+  v1::Job retried = client().MustGetJob(ids[6]);
   EXPECT_EQ(retried.attempts_size(), 2);
   EXPECT_EQ(retried.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
   if (idempotent) {

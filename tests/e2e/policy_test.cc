@@ -1,7 +1,10 @@
-// Every queue policy of DESIGN.md end to end, against the real binary: set by the config file or
-// Admin.UpdateQueuePolicy, observed through the Broker API. Time-driven policies (backoff, TTLs,
-// retention ages, the rate limit) are checked against the broker's own timestamps or waited for
-// with PollUntil; nothing asserts how long something took.
+// Every queue policy of DESIGN.md end to end, against the real binary: the value set by the config
+// file or Admin.UpdateQueuePolicy reaches the behaviour, observed through the Broker API. One check
+// per policy: the arithmetic (backoff growth and cap, jitter ranges, token-bucket timing, TTL and
+// retention edges) is pinned on a fake clock in tests/core (policy_test.cc, broker_test.cc,
+// broker_policy_test.cc). Time-driven policies use the shortest real times that do not race, and
+// are checked against the broker's own timestamps or waited for with WaitFor; nothing asserts how
+// long something took.
 
 #include <google/protobuf/util/json_util.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -12,7 +15,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/work_stream_client.h"
 
@@ -66,29 +69,13 @@ v1::QueuePolicy PolicyFromJson(const std::string& json) {
   return policy;
 }
 
-class PolicyTest : public ::testing::Test {
+// Each test starts its broker with the config it is about.
+class PolicyTest : public BrokerFixture {
  protected:
+  PolicyTest() : BrokerFixture(kStartInTest) {}
+
   // Starts a broker with `config` (proto3 JSON of ServerConfig; empty = no --config).
-  void StartBroker(const std::string& config) {
-    BrokerProcessOptions options;
-    options.config_json = config;
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    Reconnect();
-  }
-
-  // After a restart the port is new.
-  void Reconnect() {
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-    stub_ = broker_->NewBrokerStub();
-  }
-
-  void RestartBroker() {
-    absl::Status restarted = broker_->Restart();
-    ASSERT_TRUE(restarted.ok()) << restarted;
-    Reconnect();
-  }
+  void StartBroker(const std::string& config) { Start({.config_json = config}); }
 
   // Admin.UpdateQueuePolicy with a QueuePolicy written as proto3 JSON, as `jobbroker-cli policy
   // set` takes it.
@@ -99,12 +86,12 @@ class PolicyTest : public ::testing::Test {
     req.set_reset(reset);
     *req.mutable_policy() = PolicyFromJson(json);
     v1::QueueInfo ignored;
-    return client_->UpdateQueuePolicy(req, info != nullptr ? info : &ignored);
+    return client().UpdateQueuePolicy(req, info != nullptr ? info : &ignored);
   }
 
   v1::QueuePolicy EffectivePolicy(const std::string& queue) {
     v1::QueueInfo info;
-    EXPECT_THAT(client_->GetQueue(queue, &info), IsOk());
+    EXPECT_THAT(client().GetQueue(queue, &info), IsOk());
     return info.policy();
   }
 
@@ -118,7 +105,7 @@ class PolicyTest : public ::testing::Test {
       job->set_concurrency_key(key);
     }
     v1::EnqueueBatchResponse resp;
-    EXPECT_THAT(client_->EnqueueBatch(req, &resp), IsOk());
+    EXPECT_THAT(client().EnqueueBatch(req, &resp), IsOk());
     std::vector<std::string> ids;
     for (const v1::EnqueueResponse& r : resp.results()) ids.push_back(r.job_id());
     return ids;
@@ -136,22 +123,18 @@ class PolicyTest : public ::testing::Test {
     if (retry_after.has_value()) *req.mutable_retry_after() = ToProto(*retry_after);
     v1::FailResponse resp;
     window->before = absl::Now();
-    EXPECT_THAT(client_->Fail(req, &resp), IsOk());
+    EXPECT_THAT(client().Fail(req, &resp), IsOk());
     window->after = absl::Now();
     return resp;
   }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
-  std::unique_ptr<v1::Broker::Stub> stub_;
 };
 
 // ---------------------------------------------------------------------------------------------
 // Defaults and layers
 
 TEST_F(PolicyTest, BuiltInDefaultsAreTheOnesDesignMdNames) {
-  StartBroker("");
-  client_->MustEnqueue("plain");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(""));
+  client().MustEnqueue("plain");
   v1::QueuePolicy p = EffectivePolicy("plain");
   EXPECT_EQ(p.max_concurrency(), 0);
   EXPECT_EQ(p.max_concurrency_per_key(), 0);
@@ -175,12 +158,12 @@ TEST_F(PolicyTest, BuiltInDefaultsAreTheOnesDesignMdNames) {
 }
 
 TEST_F(PolicyTest, LayersAreBuiltInThenConfigDefaultThenConfigQueueThenRunTime) {
-  StartBroker(R"({
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({
     "defaultPolicy": {"retry": {"maxAttempts": 3}, "maxConcurrency": 8},
     "queues": {"layered": {"maxConcurrency": 2, "leaseDuration": "20s"}}
-  })");
+  })"));
   ASSERT_THAT(SetPolicy("layered", R"({"leaseDuration": "9s"})"), IsOk());
-  client_->MustEnqueue("other");
+  client().MustEnqueue("other");
 
   v1::QueuePolicy layered = EffectivePolicy("layered");
   EXPECT_EQ(layered.retry().max_attempts(), 3) << "from the config's default_policy";
@@ -201,17 +184,18 @@ TEST_F(PolicyTest, LayersAreBuiltInThenConfigDefaultThenConfigQueueThenRunTime) 
 }
 
 TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
-  StartBroker(R"({"queues": {"persist": {"maxConcurrency": 4, "leaseDuration": "20s"}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"persist": {"maxConcurrency": 4, "leaseDuration": "20s"}}})"));
   ASSERT_THAT(SetPolicy("persist", R"({"maxConcurrency": 1, "paused": true,
       "retry": {"maxAttempts": 7, "initialBackoff": "3s", "jitter": "JITTER_EQUAL"},
       "rateLimit": {"perSecond": 50, "burst": 5}, "completedRetention": {"maxCount": 3},
       "maxPayloadBytes": "2097152", "durability": "DURABILITY_GROUP",
       "groupCommitDelay": "0.005s"})"),
               IsOk());
-  client_->MustEnqueue("persist");
+  client().MustEnqueue("persist");
   const v1::QueuePolicy before = EffectivePolicy("persist");
 
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Restart());
   v1::QueuePolicy after = EffectivePolicy("persist");
   EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(before, after))
       << "before: " << before.ShortDebugString() << "\nafter:  " << after.ShortDebugString();
@@ -220,23 +204,23 @@ TEST_F(PolicyTest, RunTimeChangesSurviveARestartOverTheSameConfig) {
   EXPECT_EQ(after.durability(), v1::DURABILITY_GROUP);
   EXPECT_EQ(FromProto(after.group_commit_delay()), absl::Milliseconds(5));
   EXPECT_EQ(FromProto(after.lease_duration()), absl::Seconds(20)) << "the config still applies";
-  EXPECT_THAT(client_->MustLease("persist", "w", 5), IsEmpty()) << "still paused";
+  EXPECT_THAT(client().MustLease("persist", "w", 5), IsEmpty()) << "still paused";
 
   // A reset is persisted too: after the next restart the config's values are back.
   ASSERT_THAT(SetPolicy("persist", "{}", nullptr, /*reset=*/true), IsOk());
-  RestartBroker();
+  ASSERT_NO_FATAL_FAILURE(Restart());
   after = EffectivePolicy("persist");
   EXPECT_EQ(after.max_concurrency(), 4);
   EXPECT_FALSE(after.paused());
   EXPECT_EQ(after.retry().max_attempts(), 5);
-  EXPECT_THAT(client_->MustLease("persist", "w", 5), SizeIs(1));
+  EXPECT_THAT(client().MustLease("persist", "w", 5), SizeIs(1));
 }
 
 // ---------------------------------------------------------------------------------------------
 // Bounds
 
 TEST_F(PolicyTest, OutOfRangeValuesAreRefusedNamingTheFieldAndChangeNothing) {
-  StartBroker(R"({"queues": {"bounds": {"leaseDuration": "7s"}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"bounds": {"leaseDuration": "7s"}}})"));
   const v1::QueuePolicy before = EffectivePolicy("bounds");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"leaseDuration": "0.010s"})", "lease_duration"},
@@ -294,99 +278,36 @@ TEST_F(PolicyTest, AnOutOfRangePolicyInTheConfigStopsTheStart) {
 
 TEST_F(PolicyTest, MaxConcurrencyIsExactAcrossUnaryWorkersAndAStream) {
   constexpr int kLimit = 3;
-  constexpr int kJobs = 30;
-  StartBroker(R"({"queues": {"mc": {"maxConcurrency": 3}}})");
+  constexpr int kJobs = 10;
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"mc": {"maxConcurrency": 3}}})"));
   EnqueueN("mc", kJobs);
 
   // Step by step: two unary leases, then a stream with room for five gets only the third slot.
-  std::vector<v1::LeasedJob> unary = client_->MustLease("mc", "unary-1", 2);
+  std::vector<v1::LeasedJob> unary = client().MustLease("mc", "unary-1", 2);
   ASSERT_THAT(unary, SizeIs(2));
-  WorkStreamClient stream(*stub_);
+  WorkStreamClient stream(broker());
   ASSERT_EQ(stream.Subscribe({"mc"}, 5), StatusCode::OK);
   std::optional<v1::LeasedJob> pushed = stream.NextJob();
   ASSERT_TRUE(pushed.has_value());
-  EXPECT_THAT(client_->MustLease("mc", "unary-2", 10), IsEmpty());
-  EXPECT_EQ(client_->Counts("mc")["JOB_STATE_ACTIVE"], kLimit);
+  EXPECT_THAT(client().MustLease("mc", "unary-2", 10), IsEmpty());
+  EXPECT_EQ(client().Counts("mc")["JOB_STATE_ACTIVE"], kLimit);
   // The slot a unary ack frees goes to the stream waiting in line, and the limit still holds.
-  client_->MustAck(unary[0]);
+  client().MustAck(unary[0]);
   std::optional<v1::LeasedJob> second_push = stream.NextJob();
   ASSERT_TRUE(second_push.has_value());
-  EXPECT_THAT(client_->MustLease("mc", "unary-2", 10), IsEmpty());
-  EXPECT_EQ(client_->Counts("mc")["JOB_STATE_ACTIVE"], kLimit);
+  EXPECT_THAT(client().MustLease("mc", "unary-2", 10), IsEmpty());
+  EXPECT_EQ(client().Counts("mc")["JOB_STATE_ACTIVE"], kLimit);
   EXPECT_EQ(stream.pending_jobs(), 0u);
-  client_->MustAck(unary[1]);
+  client().MustAck(unary[1]);
   ASSERT_EQ(stream.Ack(*pushed), StatusCode::OK);
   ASSERT_EQ(stream.Ack(*second_push), StatusCode::OK);
-
-  // All at once: four long-polling unary workers and the stream drain the rest. Jobs in hand
-  // (counted from the lease's answer to just before the ack) never exceed the limit, nor does
-  // the broker's ACTIVE count.
-  std::atomic<int> completed{4};
-  std::atomic<int> in_hand{0};
-  std::atomic<int> peak{0};
-  auto hold = [&] {
-    int now = ++in_hand;
-    int seen = peak.load();
-    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-    }
-    absl::SleepFor(absl::Milliseconds(5));  // the work
-    --in_hand;
-  };
-  std::vector<std::thread> workers;
-  for (int i = 0; i < 4; ++i) {
-    workers.emplace_back([&, i] {
-      while (completed.load() < kJobs) {
-        std::optional<v1::LeasedJob> job =
-            client_->LeaseOne("mc", absl::StrCat("unary-", i), absl::Seconds(1));
-        if (!job.has_value()) continue;
-        hold();
-        client_->MustAck(*job);
-        ++completed;
-      }
-    });
-  }
-  workers.emplace_back([&] {
-    while (completed.load() < kJobs) {
-      std::optional<v1::LeasedJob> job = stream.NextJob(absl::Milliseconds(200));
-      if (!job.has_value()) continue;
-      hold();
-      EXPECT_EQ(stream.Ack(*job), StatusCode::OK);
-      ++completed;
-    }
-  });
-  int64_t peak_active = 0;
-  EXPECT_TRUE(PollUntil(
-      [&] {
-        peak_active = std::max(peak_active, client_->Counts("mc")["JOB_STATE_ACTIVE"]);
-        return completed.load() >= kJobs;
-      },
-      absl::Seconds(60)));
-  for (std::thread& t : workers) t.join();
-  EXPECT_LE(peak.load(), kLimit);
-  EXPECT_LE(peak_active, kLimit);
-  EXPECT_EQ(client_->Counts("mc")["JOB_STATE_COMPLETED"], kJobs);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Concurrency keys
 
-TEST_F(PolicyTest, ConcurrencyKeysTakeTurns) {
-  StartBroker("");
-  std::map<std::string, std::string> key_of;
-  for (const std::string& id : EnqueueN("fair", 100, "big-tenant")) key_of[id] = "big-tenant";
-  for (int k = 0; k < 10; ++k) {
-    std::string key = absl::StrCat("tenant-", k);
-    for (const std::string& id : EnqueueN("fair", 3, key)) key_of[id] = key;
-  }
-  std::vector<v1::LeasedJob> leased = client_->MustLease("fair", "w", 11);
-  ASSERT_THAT(leased, SizeIs(11));
-  std::set<std::string> keys;
-  for (const v1::LeasedJob& job : leased) keys.insert(key_of.at(job.job_id()));
-  EXPECT_THAT(keys, SizeIs(11)) << "every key once, though one key has 100 jobs waiting";
-}
-
 TEST_F(PolicyTest, MaxConcurrencyPerKeyCapsEachKeyButNotUnkeyedJobs) {
-  StartBroker(R"({"queues": {"per-key": {"maxConcurrencyPerKey": 2}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"per-key": {"maxConcurrencyPerKey": 2}}})"));
   std::map<std::string, std::string> key_of;
   for (const std::string key : {"a", "b", "c", ""}) {
     for (const std::string& id : EnqueueN("per-key", key.empty() ? 3 : 5, key)) key_of[id] = key;
@@ -396,124 +317,91 @@ TEST_F(PolicyTest, MaxConcurrencyPerKeyCapsEachKeyButNotUnkeyedJobs) {
     for (const v1::LeasedJob& job : jobs) ++n[key_of.at(job.job_id())];
     return n;
   };
-  std::vector<v1::LeasedJob> leased = client_->MustLease("per-key", "w", 100);
+  std::vector<v1::LeasedJob> leased = client().MustLease("per-key", "w", 100);
   EXPECT_EQ(count_keys(leased),
             (std::map<std::string, int>{{"", 3}, {"a", 2}, {"b", 2}, {"c", 2}}));
-  EXPECT_THAT(client_->MustLease("per-key", "w", 100), IsEmpty());
-
-  // An ack of an "a" job frees exactly one "a" slot.
-  auto first_a = std::find_if(leased.begin(), leased.end(),
-                              [&](const v1::LeasedJob& j) { return key_of[j.job_id()] == "a"; });
-  ASSERT_NE(first_a, leased.end());
-  client_->MustAck(*first_a);
-  EXPECT_EQ(count_keys(client_->MustLease("per-key", "w", 100)),
-            (std::map<std::string, int>{{"a", 1}}));
-
-  // Raising the limit at run time lets every key start one more.
-  ASSERT_THAT(SetPolicy("per-key", R"({"maxConcurrencyPerKey": 3})"), IsOk());
-  EXPECT_EQ(count_keys(client_->MustLease("per-key", "w", 100)),
-            (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
+  EXPECT_THAT(client().MustLease("per-key", "w", 100), IsEmpty());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Retries
 
-TEST_F(PolicyTest, RetryBackoffGrowsByTheMultiplierUpToTheCapThenTheJobDies) {
-  StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 4, "initialBackoff": "0.2s",
-      "backoffMultiplier": 3, "maxBackoff": "1s", "jitter": "JITTER_NONE"}}}})");
-  const std::string id = client_->MustEnqueue("retry");
-  // min(1s, 0.2s * 3^(n-1)) after failed attempt n.
-  const std::vector<absl::Duration> expected = {absl::Milliseconds(200), absl::Milliseconds(600),
-                                                absl::Seconds(1)};
-  absl::Time due = absl::InfinitePast();
-  for (int attempt = 1; attempt <= 4; ++attempt) {
-    SCOPED_TRACE(absl::StrCat("attempt ", attempt));
-    // Long poll: the broker answers when the backoff ends.
-    std::optional<v1::LeasedJob> job = client_->LeaseOne("retry", "w", kWait);
-    ASSERT_TRUE(job.has_value());
-    ASSERT_EQ(job->job_id(), id);
-    ASSERT_EQ(job->attempt(), attempt);
-    EXPECT_EQ(job->max_attempts(), 4);
-    v1::Job seen = client_->MustGetJob(id);
-    EXPECT_GE(FromProto(seen.attempts(attempt - 1).started_at()), due) << "leased before its time";
+// The queue's max_attempts and initial_backoff reach the job: the first failure schedules the
+// retry initial_backoff later, the second (the last of 2) kills the job, saying why. The growth by
+// the multiplier, the cap and the jitter are core's (RetryPolicyTest, BrokerTest).
+TEST_F(PolicyTest, MaxAttemptsAndBackoffFromTheConfigDecideRetryAndDeath) {
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 2, "initialBackoff": "0.2s",
+      "jitter": "JITTER_NONE"}}}})"));
+  const std::string id = client().MustEnqueue("retry");
+  std::optional<v1::LeasedJob> first = client().LeaseOne("retry", "w");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->max_attempts(), 2);
 
-    Window window;
-    v1::FailResponse failed = FailJob(*job, &window);
-    if (attempt < 4) {
-      EXPECT_EQ(failed.state(), v1::JOB_STATE_SCHEDULED);
-      ASSERT_TRUE(failed.has_next_attempt_at());
-      due = FromProto(failed.next_attempt_at());
-      ExpectInWindow(due, window, expected[attempt - 1], expected[attempt - 1], "next_attempt_at");
-      EXPECT_EQ(FromProto(client_->MustGetJob(id).run_at()), due);
-    } else {
-      EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-      EXPECT_FALSE(failed.has_next_attempt_at());
-    }
-  }
-  v1::Job dead = client_->MustGetJob(id);
+  Window window;
+  v1::FailResponse failed = FailJob(*first, &window);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_SCHEDULED);
+  ASSERT_TRUE(failed.has_next_attempt_at());
+  const absl::Time due = FromProto(failed.next_attempt_at());
+  ExpectInWindow(due, window, absl::Milliseconds(200), absl::Milliseconds(200), "next_attempt_at");
+  EXPECT_EQ(FromProto(client().MustGetJob(id).run_at()), due);
+
+  // Long poll: the broker answers when the backoff ends.
+  std::optional<v1::LeasedJob> second = client().LeaseOne("retry", "w", kWait);
+  ASSERT_TRUE(second.has_value());
+  ASSERT_EQ(second->job_id(), id);
+  EXPECT_EQ(second->attempt(), 2);
+  EXPECT_GE(FromProto(client().MustGetJob(id).attempts(1).started_at()), due)
+      << "leased before its time";
+
+  failed = FailJob(*second, &window);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_FALSE(failed.has_next_attempt_at());
+  v1::Job dead = client().MustGetJob(id);
   EXPECT_EQ(dead.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(dead.fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
-  EXPECT_THAT(dead.attempts(), SizeIs(4));
-  EXPECT_EQ(dead.last_error(), "attempt 4 failed");
+  EXPECT_THAT(dead.attempts(), SizeIs(2));
+  EXPECT_EQ(dead.last_error(), "attempt 2 failed");
 }
 
 TEST_F(PolicyTest, MaxAttemptsAtEnqueueOverridesTheQueueAndIsFixedThen) {
-  StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 4, "initialBackoff": "0s",
-      "jitter": "JITTER_NONE"}}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"retry": {"retry": {"maxAttempts": 4, "initialBackoff": "0s",
+      "jitter": "JITTER_NONE"}}}})"));
   v1::EnqueueRequest req;
   req.set_queue("retry");
   req.set_max_attempts(2);
-  const std::string custom = client_->MustEnqueue(req);
-  const std::string plain = client_->MustEnqueue("retry");
+  const std::string custom = client().MustEnqueue(req);
+  const std::string plain = client().MustEnqueue("retry");
   // A policy change after the enqueue does not change either job's limit.
   ASSERT_THAT(SetPolicy("retry", R"({"retry": {"maxAttempts": 1}})"), IsOk());
 
   std::map<std::string, int> failures;
   Window window;
   for (int round = 0; round < 6; ++round) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne("retry", "w");
+    std::optional<v1::LeasedJob> job = client().LeaseOne("retry", "w");
     if (!job.has_value()) break;
     FailJob(*job, &window);
     ++failures[job->job_id()];
   }
   EXPECT_EQ(failures[custom], 2);
   EXPECT_EQ(failures[plain], 4);
-  EXPECT_EQ(client_->MustGetJob(custom).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
-  EXPECT_EQ(client_->MustGetJob(plain).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
-}
-
-TEST_F(PolicyTest, JitterStaysWithinItsRange) {
-  StartBroker(R"({"queues": {
-    "equal": {"retry": {"initialBackoff": "10s", "jitter": "JITTER_EQUAL"}},
-    "full": {"retry": {"initialBackoff": "10s", "jitter": "JITTER_FULL"}}}})");
-  for (int i = 0; i < 5; ++i) {
-    client_->MustEnqueue("equal");
-    client_->MustEnqueue("full");
-  }
-  Window window;
-  for (const v1::LeasedJob& job : client_->MustLease("equal", "w", 5)) {
-    v1::FailResponse failed = FailJob(job, &window);
-    ExpectInWindow(FromProto(failed.next_attempt_at()), window, absl::Seconds(5), absl::Seconds(10),
-                   "JITTER_EQUAL: wait/2 + uniform(0, wait/2)");
-  }
-  for (const v1::LeasedJob& job : client_->MustLease("full", "w", 5)) {
-    v1::FailResponse failed = FailJob(job, &window);
-    ExpectInWindow(FromProto(failed.next_attempt_at()), window, absl::ZeroDuration(),
-                   absl::Seconds(10), "JITTER_FULL: uniform(0, wait)");
-  }
+  EXPECT_EQ(client().MustGetJob(custom).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
+  EXPECT_EQ(client().MustGetJob(plain).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
 }
 
 TEST_F(PolicyTest, FailRetryAfterReplacesTheComputedBackoff) {
-  StartBroker(R"({"queues": {"api": {"retry": {"maxAttempts": 3, "initialBackoff": "0.2s",
-      "maxBackoff": "1s", "jitter": "JITTER_NONE"}}}})");
-  const std::string later = client_->MustEnqueue("api", "later");
-  const std::string now = client_->MustEnqueue("api", "now");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"api": {"retry": {"maxAttempts": 3, "initialBackoff": "0.2s",
+      "maxBackoff": "1s", "jitter": "JITTER_NONE"}}}})"));
+  const std::string later = client().MustEnqueue("api", "later");
+  const std::string now = client().MustEnqueue("api", "now");
   v1::EnqueueRequest last_chance;
   last_chance.set_queue("api");
   last_chance.set_payload("last");
   last_chance.set_max_attempts(1);
-  const std::string last = client_->MustEnqueue(last_chance);
-  std::vector<v1::LeasedJob> jobs = client_->MustLease("api", "w", 3);
+  const std::string last = client().MustEnqueue(last_chance);
+  std::vector<v1::LeasedJob> jobs = client().MustLease("api", "w", 3);
   ASSERT_THAT(jobs, SizeIs(3));
   ASSERT_EQ(jobs[0].job_id(), later);
   ASSERT_EQ(jobs[1].job_id(), now);
@@ -531,7 +419,7 @@ TEST_F(PolicyTest, FailRetryAfterReplacesTheComputedBackoff) {
   EXPECT_EQ(failed.state(), v1::JOB_STATE_READY);
   ExpectInWindow(FromProto(failed.next_attempt_at()), window, absl::ZeroDuration(),
                  absl::ZeroDuration(), "next_attempt_at with retry_after 0");
-  std::vector<v1::LeasedJob> again = client_->MustLease("api", "w", 3);
+  std::vector<v1::LeasedJob> again = client().MustLease("api", "w", 3);
   ASSERT_THAT(again, SizeIs(1)) << "only the job retried at once is due";
   EXPECT_EQ(again[0].job_id(), now);
   EXPECT_EQ(again[0].attempt(), 2);
@@ -539,21 +427,21 @@ TEST_F(PolicyTest, FailRetryAfterReplacesTheComputedBackoff) {
   // retry_after does not add attempts: the last one ends the job.
   failed = FailJob(jobs[2], &window, absl::Seconds(1));
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
-  EXPECT_EQ(client_->MustGetJob(last).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
+  EXPECT_EQ(client().MustGetJob(last).fail_reason(), v1::FAIL_REASON_ATTEMPTS_EXHAUSTED);
 }
 
 // ---------------------------------------------------------------------------------------------
 // lease_duration
 
 TEST_F(PolicyTest, LeaseLengthIsTheWorkersElseTheJobsElseTheQueues) {
-  StartBroker(R"({"queues": {"ld": {"leaseDuration": "7s"}}})");
-  client_->MustEnqueue("ld", "plain");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"ld": {"leaseDuration": "7s"}}})"));
+  client().MustEnqueue("ld", "plain");
   for (int i = 0; i < 2; ++i) {
     v1::EnqueueRequest req;
     req.set_queue("ld");
     req.set_payload("job asks 3s");
     *req.mutable_lease_duration() = ToProto(absl::Seconds(3));
-    client_->MustEnqueue(req);
+    client().MustEnqueue(req);
   }
   struct Case {
     absl::Duration worker_asks;
@@ -564,7 +452,7 @@ TEST_F(PolicyTest, LeaseLengthIsTheWorkersElseTheJobsElseTheQueues) {
         Case{absl::Seconds(2), absl::Seconds(2)}}) {
     Window window{absl::Now(), absl::Time()};
     std::vector<v1::LeasedJob> jobs =
-        client_->MustLease("ld", "w", 1, absl::ZeroDuration(), c.worker_asks);
+        client().MustLease("ld", "w", 1, absl::ZeroDuration(), c.worker_asks);
     window.after = absl::Now();
     ASSERT_THAT(jobs, SizeIs(1));
     ExpectInWindow(FromProto(jobs[0].lease_deadline()), window, c.expected, c.expected,
@@ -581,75 +469,49 @@ TEST_F(PolicyTest, LeaseLengthIsTheWorkersElseTheJobsElseTheQueues) {
 // dedup_ttl
 
 TEST_F(PolicyTest, ADedupKeyIsFreeAgainAfterTheTtlOnceItsJobCompleted) {
-  StartBroker(R"({"queues": {"dedup": {"dedupTtl": "1s"}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"dedup": {"dedupTtl": "1s"}}})"));
   v1::EnqueueRequest req;
   req.set_queue("dedup");
   req.set_payload("report 7");
   req.set_dedup_key("report-7");
   v1::EnqueueResponse first;
-  ASSERT_THAT(client_->Enqueue(req, &first), IsOk());
+  ASSERT_THAT(client().Enqueue(req, &first), IsOk());
   EXPECT_FALSE(first.deduplicated());
-  std::optional<v1::LeasedJob> job = client_->LeaseOne("dedup", "w");
+  std::optional<v1::LeasedJob> job = client().LeaseOne("dedup", "w");
   ASSERT_TRUE(job.has_value());
 
   // While the job runs the key is held, whatever the TTL.
   v1::EnqueueResponse again;
-  ASSERT_THAT(client_->Enqueue(req, &again), IsOk());
+  ASSERT_THAT(client().Enqueue(req, &again), IsOk());
   EXPECT_TRUE(again.deduplicated());
   EXPECT_EQ(again.job_id(), first.job_id());
   v1::EnqueueRequest other_payload = req;
   other_payload.set_payload("report 8");
-  EXPECT_THAT(client_->Enqueue(other_payload, &again),
+  EXPECT_THAT(client().Enqueue(other_payload, &again),
               StatusIs(StatusCode::ALREADY_EXISTS, HasSubstr(first.job_id())));
 
-  client_->MustAck(*job);
+  client().MustAck(*job);
   v1::EnqueueResponse fresh;
   ASSERT_TRUE(
-      PollUntil([&] { return client_->Enqueue(req, &fresh).ok() && !fresh.deduplicated(); }, kWait))
+      PollUntil([&] { return client().Enqueue(req, &fresh).ok() && !fresh.deduplicated(); }, kWait))
       << "the key is still held";
   EXPECT_NE(fresh.job_id(), first.job_id());
-  EXPECT_EQ(client_->MustGetJob(first.job_id()).state(), v1::JOB_STATE_COMPLETED);
-}
-
-// DESIGN.md: the key blocks duplicates for the TTL "at least until the job ends" -- and, once
-// both have passed, is free.
-TEST_F(PolicyTest, ADedupKeyOutlivingItsTtlIsFreeAsSoonAsItsJobEnds) {
-  StartBroker(R"({"queues": {"dedup": {"dedupTtl": "1s"}}})");
-  v1::EnqueueRequest req;
-  req.set_queue("dedup");
-  req.set_payload("import 1");
-  req.set_dedup_key("import-1");
-  const absl::Time enqueued = absl::Now();
-  const std::string id = client_->MustEnqueue(req);
-  std::optional<v1::LeasedJob> job = client_->LeaseOne("dedup", "w");
-  ASSERT_TRUE(job.has_value());
-  // Let the TTL (and the broker's sweep of it) pass while the job still runs.
-  PollUntil([&] { return absl::Now() > enqueued + absl::Seconds(2); }, absl::Seconds(5));
-  v1::EnqueueResponse again;
-  ASSERT_THAT(client_->Enqueue(req, &again), IsOk());
-  EXPECT_TRUE(again.deduplicated()) << "the job still runs";
-
-  client_->MustAck(*job);
-  v1::EnqueueResponse fresh;
-  EXPECT_TRUE(
-      PollUntil([&] { return client_->Enqueue(req, &fresh).ok() && !fresh.deduplicated(); }, kWait))
-      << "the key is still held after both the TTL passed and its job ended";
-  EXPECT_NE(fresh.job_id(), id);
+  EXPECT_EQ(client().MustGetJob(first.job_id()).state(), v1::JOB_STATE_COMPLETED);
 }
 
 TEST_F(PolicyTest, DedupTtlAtEnqueueOverridesTheQueues) {
-  StartBroker("");  // the queue keeps the built-in 24 h
+  ASSERT_NO_FATAL_FAILURE(StartBroker(""));  // the queue keeps the built-in 24 h
   v1::EnqueueRequest req;
   req.set_queue("dedup");
   req.set_payload("x");
   req.set_dedup_key("short-lived");
   *req.mutable_dedup_ttl() = ToProto(absl::Seconds(1));
-  const std::string id = client_->MustEnqueue(req);
-  std::optional<v1::LeasedJob> job = client_->LeaseOne("dedup", "w");
+  const std::string id = client().MustEnqueue(req);
+  std::optional<v1::LeasedJob> job = client().LeaseOne("dedup", "w");
   ASSERT_TRUE(job.has_value());
-  client_->MustAck(*job);
+  client().MustAck(*job);
   v1::EnqueueResponse fresh;
-  ASSERT_TRUE(PollUntil([&] { return client_->Enqueue(req, &fresh).ok() && !fresh.deduplicated(); },
+  ASSERT_TRUE(PollUntil([&] { return client().Enqueue(req, &fresh).ok() && !fresh.deduplicated(); },
                         kWait));
   EXPECT_NE(fresh.job_id(), id);
 }
@@ -674,107 +536,109 @@ bool Gone(BrokerClient& client, const std::string& id) {
 }
 
 TEST_F(PolicyTest, CompletedRetentionKeepsTheNewestMaxCount) {
-  StartBroker(R"({"queues": {"keep2": {"completedRetention": {"maxCount": 2}}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"keep2": {"completedRetention": {"maxCount": 2}}}})"));
   const std::vector<std::string> ids = EnqueueN("keep2", 5);
-  CompleteInOrder(*client_, "keep2", ids);
+  CompleteInOrder(client(), "keep2", ids);
   EXPECT_TRUE(PollUntil(
-      [&] { return Gone(*client_, ids[0]) && Gone(*client_, ids[1]) && Gone(*client_, ids[2]); },
+      [&] { return Gone(client(), ids[0]) && Gone(client(), ids[1]) && Gone(client(), ids[2]); },
       kWait))
       << "the three oldest completed jobs are still there";
-  EXPECT_EQ(client_->MustGetJob(ids[3]).state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(client_->MustGetJob(ids[4]).state(), v1::JOB_STATE_COMPLETED);
-  EXPECT_EQ(client_->Counts("keep2")["JOB_STATE_COMPLETED"], 2);
+  EXPECT_EQ(client().MustGetJob(ids[3]).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(client().MustGetJob(ids[4]).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(client().Counts("keep2")["JOB_STATE_COMPLETED"], 2);
 }
 
 TEST_F(PolicyTest, FailedRetentionCountsFailedAndCancelledJobsTogether) {
-  StartBroker(R"({"queues": {"keep1": {"failedRetention": {"maxCount": 1}}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"keep1": {"failedRetention": {"maxCount": 1}}}})"));
   const std::vector<std::string> ids = EnqueueN("keep1", 3);
   Window window;
   for (int i = 0; i < 2; ++i) {
-    std::optional<v1::LeasedJob> job = client_->LeaseOne("keep1", "w");
+    std::optional<v1::LeasedJob> job = client().LeaseOne("keep1", "w");
     ASSERT_TRUE(job.has_value());
     FailJob(*job, &window, std::nullopt, /*permanent=*/true);
   }
   v1::Job cancelled;
-  ASSERT_THAT(client_->CancelJob(ids[2], &cancelled), IsOk());
-  EXPECT_TRUE(PollUntil([&] { return Gone(*client_, ids[0]) && Gone(*client_, ids[1]); }, kWait));
-  EXPECT_EQ(client_->MustGetJob(ids[2]).state(), v1::JOB_STATE_CANCELLED);
+  ASSERT_THAT(client().CancelJob(ids[2], &cancelled), IsOk());
+  EXPECT_TRUE(PollUntil([&] { return Gone(client(), ids[0]) && Gone(client(), ids[1]); }, kWait));
+  EXPECT_EQ(client().MustGetJob(ids[2]).state(), v1::JOB_STATE_CANCELLED);
 }
 
 TEST_F(PolicyTest, RetentionMaxAgeRemovesFinishedJobsOnceTheyAreThatOld) {
-  StartBroker(R"({"queues": {"young": {"completedRetention": {"maxAge": "1s"},
-                                       "failedRetention": {"maxAge": "1s"}}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"young": {"completedRetention": {"maxAge": "1s"},
+                                       "failedRetention": {"maxAge": "1s"}}}})"));
   const std::vector<std::string> ids = EnqueueN("young", 3);
-  CompleteInOrder(*client_, "young", {ids[0]});
+  CompleteInOrder(client(), "young", {ids[0]});
   Window window;
-  std::optional<v1::LeasedJob> job = client_->LeaseOne("young", "w");
+  std::optional<v1::LeasedJob> job = client().LeaseOne("young", "w");
   ASSERT_TRUE(job.has_value());
   FailJob(*job, &window, std::nullopt, /*permanent=*/true);
-  const absl::Time completed_at = FromProto(client_->MustGetJob(ids[0]).completed_at());
-  const absl::Time failed_at = FromProto(client_->MustGetJob(ids[1]).completed_at());
+  const absl::Time failed_at = FromProto(client().MustGetJob(ids[1]).completed_at());
 
-  EXPECT_TRUE(PollUntil([&] { return Gone(*client_, ids[0]) && Gone(*client_, ids[1]); }, kWait))
+  EXPECT_TRUE(PollUntil([&] { return Gone(client(), ids[0]) && Gone(client(), ids[1]); }, kWait))
       << "finished jobs older than max_age are still there";
-  // Not removed early (a lower bound only: the sweep may come later).
-  const absl::Time seen_gone = absl::Now();
-  EXPECT_GE(seen_gone, completed_at + absl::Seconds(1));
-  EXPECT_GE(seen_gone, failed_at + absl::Seconds(1));
-  EXPECT_EQ(client_->MustGetJob(ids[2]).state(), v1::JOB_STATE_READY) << "live jobs are kept";
+  // Not removed early (a lower bound only: the sweep may come later). For completed jobs that is
+  // BrokerTest.RetentionKeepsAtMostCountAndAge's, on a fake clock; failed jobs' age has no core
+  // test yet, so it stays here until it has one.
+  EXPECT_GE(absl::Now(), failed_at + absl::Seconds(1));
+  EXPECT_EQ(client().MustGetJob(ids[2]).state(), v1::JOB_STATE_READY) << "live jobs are kept";
 }
 
 // ---------------------------------------------------------------------------------------------
 // max_payload_bytes
 
 TEST_F(PolicyTest, MaxPayloadBytesIsPerQueueWithA1MiBDefault) {
-  StartBroker(R"({"queues": {"uploads": {"maxPayloadBytes": "4194304"},
-                             "pings": {"maxPayloadBytes": "16"}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"uploads": {"maxPayloadBytes": "4194304"},
+                             "pings": {"maxPayloadBytes": "16"}}})"));
   const std::string two_mib(2 << 20, 'x');
   v1::EnqueueRequest req;
   req.set_payload(two_mib);
   v1::EnqueueResponse resp;
   req.set_queue("uploads");
-  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk()) << "the queue's own limit is 4 MiB";
+  EXPECT_THAT(client().Enqueue(req, &resp), IsOk()) << "the queue's own limit is 4 MiB";
   req.set_queue("plain");
-  EXPECT_THAT(client_->Enqueue(req, &resp),
+  EXPECT_THAT(client().Enqueue(req, &resp),
               StatusIs(StatusCode::RESOURCE_EXHAUSTED, HasSubstr("max_payload_bytes")))
       << "other queues keep the 1 MiB default";
   req.set_queue("pings");
   req.set_payload(std::string(17, 'p'));
-  EXPECT_THAT(client_->Enqueue(req, &resp),
+  EXPECT_THAT(client().Enqueue(req, &resp),
               StatusIs(StatusCode::RESOURCE_EXHAUSTED, HasSubstr("at most 16")));
   req.set_payload(std::string(16, 'p'));
-  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk());
+  EXPECT_THAT(client().Enqueue(req, &resp), IsOk());
 
   // A run-time change applies to the next enqueue.
   ASSERT_THAT(SetPolicy("plain", R"({"maxPayloadBytes": "3145728"})"), IsOk());
   req.set_queue("plain");
   req.set_payload(two_mib);
-  EXPECT_THAT(client_->Enqueue(req, &resp), IsOk());
+  EXPECT_THAT(client().Enqueue(req, &resp), IsOk());
 }
 
 // ---------------------------------------------------------------------------------------------
 // max_length
 
 TEST_F(PolicyTest, MaxLengthRefusesEnqueuesBeyondItAndWritesNothingHalfway) {
-  StartBroker(R"({"queues": {"short": {"maxLength": 3}}})");
-  client_->MustEnqueue("short");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"short": {"maxLength": 3}}})"));
+  client().MustEnqueue("short");
   v1::EnqueueRequest delayed;
   delayed.set_queue("short");
   *delayed.mutable_delay() = ToProto(absl::Hours(1));
-  client_->MustEnqueue(delayed);  // SCHEDULED jobs count too
+  client().MustEnqueue(delayed);  // SCHEDULED jobs count too
   v1::EnqueueRequest keyed;
   keyed.set_queue("short");
   keyed.set_payload("keyed");
   keyed.set_dedup_key("k");
-  const std::string keyed_id = client_->MustEnqueue(keyed);
-  const std::map<std::string, int64_t> full = client_->Counts("short");
+  const std::string keyed_id = client().MustEnqueue(keyed);
+  const std::map<std::string, int64_t> full = client().Counts("short");
   EXPECT_EQ(full.at("JOB_STATE_READY") + full.at("JOB_STATE_SCHEDULED"), 3);
 
   v1::EnqueueResponse resp;
   v1::EnqueueRequest one;
   one.set_queue("short");
   one.set_payload("one too many");
-  EXPECT_THAT(client_->Enqueue(one, &resp),
+  EXPECT_THAT(client().Enqueue(one, &resp),
               StatusIs(StatusCode::RESOURCE_EXHAUSTED, HasSubstr("max_length")));
   // A batch that would cross the limit is refused whole, also its jobs for other queues (which
   // are not even created).
@@ -783,79 +647,75 @@ TEST_F(PolicyTest, MaxLengthRefusesEnqueuesBeyondItAndWritesNothingHalfway) {
   batch.mutable_jobs(0)->set_queue("elsewhere");
   *batch.add_jobs() = one;
   v1::EnqueueBatchResponse batch_resp;
-  EXPECT_THAT(client_->EnqueueBatch(batch, &batch_resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED));
-  EXPECT_EQ(client_->Counts("short"), full);
+  EXPECT_THAT(client().EnqueueBatch(batch, &batch_resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(client().Counts("short"), full);
   v1::QueueInfo info;
-  EXPECT_THAT(client_->GetQueue("elsewhere", &info), StatusIs(StatusCode::NOT_FOUND));
-  EXPECT_THAT(client_->ListAll("short"), SizeIs(3));
+  EXPECT_THAT(client().GetQueue("elsewhere", &info), StatusIs(StatusCode::NOT_FOUND));
+  EXPECT_THAT(client().ListAll("short"), SizeIs(3));
 
   // A deduplicated enqueue adds nothing, so a full queue still answers it.
-  ASSERT_THAT(client_->Enqueue(keyed, &resp), IsOk());
+  ASSERT_THAT(client().Enqueue(keyed, &resp), IsOk());
   EXPECT_TRUE(resp.deduplicated());
   EXPECT_EQ(resp.job_id(), keyed_id);
 
   // Finished jobs do not count: completing one makes room for exactly one.
-  std::optional<v1::LeasedJob> job = client_->LeaseOne("short", "w");
+  std::optional<v1::LeasedJob> job = client().LeaseOne("short", "w");
   ASSERT_TRUE(job.has_value());
-  EXPECT_THAT(client_->Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
+  EXPECT_THAT(client().Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
       << "an ACTIVE job still counts";
-  client_->MustAck(*job);
+  client().MustAck(*job);
   v1::EnqueueBatchRequest two;
   *two.add_jobs() = one;
   *two.add_jobs() = one;
-  EXPECT_THAT(client_->EnqueueBatch(two, &batch_resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
+  EXPECT_THAT(client().EnqueueBatch(two, &batch_resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
       << "room for one, not two";
-  EXPECT_EQ(client_->Counts("short")["JOB_STATE_READY"], 1);
-  ASSERT_THAT(client_->EnqueueBatch(batch, &batch_resp), IsOk());
-  EXPECT_THAT(client_->Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(client().Counts("short")["JOB_STATE_READY"], 1);
+  ASSERT_THAT(client().EnqueueBatch(batch, &batch_resp), IsOk());
+  EXPECT_THAT(client().Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED));
 }
 
 // ---------------------------------------------------------------------------------------------
 // rate_limit
 
 TEST_F(PolicyTest, RateLimitLetsABurstGoThenOneLeasePerTokenToALongPoll) {
-  StartBroker(R"({"queues": {"rated": {"rateLimit": {"perSecond": 2, "burst": 2}}}})");
+  ASSERT_NO_FATAL_FAILURE(
+      StartBroker(R"({"queues": {"rated": {"rateLimit": {"perSecond": 2, "burst": 2}}}})"));
   const std::vector<std::string> ids = EnqueueN("rated", 6);
-  std::vector<v1::LeasedJob> burst = client_->MustLease("rated", "w", 10);
+  std::vector<v1::LeasedJob> burst = client().MustLease("rated", "w", 10);
   ASSERT_THAT(burst, SizeIs(2)) << "a full bucket holds `burst` tokens";
-  const absl::Time burst_at =
-      FromProto(client_->MustGetJob(burst[1].job_id()).attempts(0).started_at());
 
-  // The bucket is empty; a long poll is answered when the next token is due, with one job.
-  std::vector<v1::LeasedJob> next = client_->MustLease("rated", "w", 10, kWait);
+  // The bucket is empty; a long poll is answered when the next token is due, with one job. (When
+  // it is due, 1/per_second later, is BrokerPolicyTest.RateLimitIsATokenBucket's.)
+  std::vector<v1::LeasedJob> next = client().MustLease("rated", "w", 10, kWait);
   ASSERT_THAT(next, SizeIs(1));
-  const absl::Time next_at =
-      FromProto(client_->MustGetJob(next[0].job_id()).attempts(0).started_at());
-  EXPECT_GE(next_at - burst_at, absl::Milliseconds(500) - kSlack)
-      << "a token comes every 1/per_second";
-  std::map<std::string, int64_t> counts = client_->Counts("rated");
+  std::map<std::string, int64_t> counts = client().Counts("rated");
   EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 3);
   EXPECT_EQ(counts["JOB_STATE_READY"], 3);
 
   // A policy change starts a full bucket of the new size.
   ASSERT_THAT(SetPolicy("rated", R"({"rateLimit": {"burst": 3}})"), IsOk());
-  EXPECT_THAT(client_->MustLease("rated", "w", 10), SizeIs(3));
+  EXPECT_THAT(client().MustLease("rated", "w", 10), SizeIs(3));
 }
 
 // ---------------------------------------------------------------------------------------------
 // paused
 
 TEST_F(PolicyTest, APausedQueueAcceptsJobsLeasesNoneAndResumesWhenUnpaused) {
-  StartBroker(R"({"queues": {"held": {"paused": true}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"held": {"paused": true}}})"));
   EnqueueN("held", 3);
-  EXPECT_EQ(client_->Counts("held")["JOB_STATE_READY"], 3);
-  EXPECT_THAT(client_->MustLease("held", "w", 10), IsEmpty());
+  EXPECT_EQ(client().Counts("held")["JOB_STATE_READY"], 3);
+  EXPECT_THAT(client().MustLease("held", "w", 10), IsEmpty());
 
   // A stream and a long poll wait in line; nothing is pushed or handed out.
-  WorkStreamClient stream(*stub_);
+  WorkStreamClient stream(broker());
   ASSERT_EQ(stream.Subscribe({"held"}, 1), StatusCode::OK);
   std::vector<v1::LeasedJob> polled;
   std::thread long_poll(
-      [&] { polled = client_->MustLease("held", "poller", 10, absl::Seconds(30)); });
+      [&] { polled = client().MustLease("held", "poller", 10, absl::Seconds(30)); });
   v1::QueueInfo info;
   EXPECT_TRUE(PollUntil(
-      [&] { return client_->GetQueue("held", &info).ok() && info.waiting_leases() == 2; }, kWait));
-  EXPECT_EQ(client_->Counts("held")["JOB_STATE_ACTIVE"], 0);
+      [&] { return client().GetQueue("held", &info).ok() && info.waiting_leases() == 2; }, kWait));
+  EXPECT_EQ(client().Counts("held")["JOB_STATE_ACTIVE"], 0);
   EXPECT_EQ(stream.pending_jobs(), 0u);
 
   // Unpausing serves the line in order: the stream takes one, the long poll the rest.
@@ -863,15 +723,15 @@ TEST_F(PolicyTest, APausedQueueAcceptsJobsLeasesNoneAndResumesWhenUnpaused) {
   long_poll.join();
   EXPECT_THAT(polled, SizeIs(2));
   EXPECT_TRUE(stream.NextJob().has_value());
-  EXPECT_EQ(client_->Counts("held")["JOB_STATE_ACTIVE"], 3);
+  EXPECT_EQ(client().Counts("held")["JOB_STATE_ACTIVE"], 3);
 
   // Pausing again stops new leases but leaves running jobs alone.
   ASSERT_THAT(SetPolicy("held", R"({"paused": true})"), IsOk());
-  client_->MustEnqueue("held");
-  EXPECT_THAT(client_->MustLease("held", "w", 10), IsEmpty());
-  client_->MustAck(polled[0]);
-  EXPECT_EQ(client_->Counts("held")["JOB_STATE_COMPLETED"], 1);
-  EXPECT_THAT(client_->MustLease("held", "w", 10), IsEmpty());
+  client().MustEnqueue("held");
+  EXPECT_THAT(client().MustLease("held", "w", 10), IsEmpty());
+  client().MustAck(polled[0]);
+  EXPECT_EQ(client().Counts("held")["JOB_STATE_COMPLETED"], 1);
+  EXPECT_THAT(client().MustLease("held", "w", 10), IsEmpty());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -912,8 +772,8 @@ TEST_F(PolicyTest, ProviderLimitScenario) {
   constexpr int kJobs = 20;
   constexpr int kWorkers = 20;
   // Refused calls fail the attempt and are retried; enough attempts that none dies of it.
-  StartBroker(R"({"queues": {"provider": {"retry": {"maxAttempts": 100,
-      "initialBackoff": "0.1s", "maxBackoff": "1s", "jitter": "JITTER_FULL"}}}})");
+  ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"provider": {"retry": {"maxAttempts": 100,
+      "initialBackoff": "0.1s", "maxBackoff": "1s", "jitter": "JITTER_FULL"}}}})"));
 
   auto run = [&]() {
     FakeProvider provider;
@@ -926,10 +786,10 @@ TEST_F(PolicyTest, ProviderLimitScenario) {
         const std::string worker_id = absl::StrCat("worker-", i);
         while (completed.load() < kJobs) {
           std::optional<v1::LeasedJob> job =
-              client_->LeaseOne("provider", worker_id, absl::Seconds(2));
+              client().LeaseOne("provider", worker_id, absl::Seconds(2));
           if (!job.has_value()) continue;
           if (provider.Call()) {
-            client_->MustAck(*job);
+            client().MustAck(*job);
             absl::Time acked = absl::Now();
             if (++completed == kJobs) {
               absl::MutexLock lock(&mu);
@@ -941,7 +801,7 @@ TEST_F(PolicyTest, ProviderLimitScenario) {
             fail.set_lease_id(job->lease_id());
             fail.set_error("provider: 429 too many calls in flight");
             v1::FailResponse resp;
-            EXPECT_THAT(client_->Fail(fail, &resp), IsOk());
+            EXPECT_THAT(client().Fail(fail, &resp), IsOk());
           }
         }
       });
@@ -951,7 +811,7 @@ TEST_F(PolicyTest, ProviderLimitScenario) {
     v1::QueueInfo info;
     PollUntil(
         [&] {
-          return client_->GetQueue("provider", &info).ok() && info.waiting_leases() == kWorkers;
+          return client().GetQueue("provider", &info).ok() && info.waiting_leases() == kWorkers;
         },
         absl::Seconds(5));
     ScenarioRun result;
@@ -967,13 +827,13 @@ TEST_F(PolicyTest, ProviderLimitScenario) {
   ScenarioRun unlimited = run();
   EXPECT_GT(unlimited.rejections, 0) << "20 workers at once overrun a provider that allows 5";
   for (const std::string& id : unlimited.ids)
-    EXPECT_EQ(client_->MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
+    EXPECT_EQ(client().MustGetJob(id).state(), v1::JOB_STATE_COMPLETED);
 
   ASSERT_THAT(SetPolicy("provider", R"({"maxConcurrency": 5})"), IsOk());
   ScenarioRun limited = run();
   EXPECT_EQ(limited.rejections, 0);
   for (const std::string& id : limited.ids) {
-    v1::Job job = client_->MustGetJob(id);
+    v1::Job job = client().MustGetJob(id);
     EXPECT_EQ(job.state(), v1::JOB_STATE_COMPLETED);
     EXPECT_THAT(job.attempts(), SizeIs(1)) << "no attempt was wasted on a refusal";
   }

@@ -19,6 +19,7 @@
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
 
@@ -28,24 +29,13 @@ namespace {
 namespace v1 = ::jobbroker::v1;
 using ::testing::HasSubstr;
 
-class ServerTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    auto broker = BrokerProcess::Start();
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
-};
+using ServerTest = BrokerFixture;
 
 TEST_F(ServerTest, ReflectionListsTheServices) {
   // Debian ships no client for the reflection protocol, so this speaks it on raw bytes: a
   // ServerReflectionRequest with list_services (field 7) set to "", and in the response
   // list_services_response (field 6) -> repeated service (field 1) -> name (field 1).
-  auto channel = broker_->NewChannel();
+  auto channel = process().NewChannel();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   grpc::internal::RpcMethod method("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
@@ -86,10 +76,10 @@ TEST_F(ServerTest, ReflectionListsTheServices) {
 }
 
 TEST_F(ServerTest, HttpServesHealthAndMetrics) {
-  EXPECT_THAT(HttpGet(broker_->http_address(), "/healthz"), HasSubstr("200 OK"));
-  client_->MustEnqueue("mailer", "a");
-  client_->MustEnqueue("mailer", "b");
-  std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+  EXPECT_THAT(HttpGet(process().http_address(), "/healthz"), HasSubstr("200 OK"));
+  client().MustEnqueue("mailer", "a");
+  client().MustEnqueue("mailer", "b");
+  std::string metrics = HttpGet(process().http_address(), "/metrics");
   EXPECT_THAT(metrics, HasSubstr("200 OK"));
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs{queue=\"mailer\",state=\"ready\"}"), 2) << metrics;
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs{queue=\"mailer\",state=\"active\"}"), 0);
@@ -101,16 +91,16 @@ TEST_F(ServerTest, HttpServesHealthAndMetrics) {
 // Every unary call is timed by method and status code, whichever way it ends: answered after
 // its write, refused before reaching the broker, a long-poll Lease, an Admin read.
 TEST_F(ServerTest, MetricsTimeUnaryCallsByMethodAndCode) {
-  client_->MustEnqueue("mailer", "a");
+  client().MustEnqueue("mailer", "a");
   v1::EnqueueRequest nameless;  // no queue: refused with INVALID_ARGUMENT
   v1::EnqueueResponse ignored;
-  ASSERT_EQ(client_->Enqueue(nameless, &ignored).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  std::vector<v1::LeasedJob> jobs = client_->MustLease("mailer", "worker-1", 1);
+  ASSERT_EQ(client().Enqueue(nameless, &ignored).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::vector<v1::LeasedJob> jobs = client().MustLease("mailer", "worker-1", 1);
   ASSERT_EQ(jobs.size(), 1u);
-  client_->MustAck(jobs[0]);
-  client_->MustGetJob(jobs[0].job_id());
+  client().MustAck(jobs[0]);
+  client().MustGetJob(jobs[0].job_id());
 
-  std::string metrics = HttpGet(broker_->http_address(), "/metrics");
+  std::string metrics = HttpGet(process().http_address(), "/metrics");
   auto count = [&](const std::string& method, const std::string& code) {
     return Sample(metrics, "jobbroker_rpc_duration_seconds_count{code=\"" + code +
                                "\",method=\"/jobbroker.v1." + method + "\"}");
@@ -128,7 +118,7 @@ TEST_F(ServerTest, MetricsTimeUnaryCallsByMethodAndCode) {
 TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
   // More waiting Leases than a thread-per-call server has threads; each must still get a job.
   constexpr int kWaiters = 300;
-  auto stub = broker_->NewBrokerStub();
+  auto stub = process().NewBrokerStub();
   struct Call {
     grpc::ClientContext ctx;
     v1::LeaseRequest req;
@@ -153,7 +143,7 @@ TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
     calls.push_back(std::move(call));
   }
   // Feed one job per waiter (some waits may register only after their job arrived).
-  for (int i = 0; i < kWaiters; ++i) client_->MustEnqueue("longpoll", absl::StrCat("job", i));
+  for (int i = 0; i < kWaiters; ++i) client().MustEnqueue("longpoll", absl::StrCat("job", i));
 
   absl::MutexLock lock(&mu);
   ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
@@ -176,7 +166,7 @@ TEST_F(ServerTest, ManyLongPollsWaitWithoutHoldingThreads) {
 TEST_F(ServerTest, AnAbandonedLongPollTakesNoJob) {
   // The client gives up (its deadline) long before the wait would end; the broker must drop the
   // waiter, or the next job would be leased to nobody and sit ACTIVE until its lease ran out.
-  auto stub = broker_->NewBrokerStub();
+  auto stub = process().NewBrokerStub();
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
   v1::LeaseRequest req;
@@ -191,14 +181,14 @@ TEST_F(ServerTest, AnAbandonedLongPollTakesNoJob) {
   ASSERT_TRUE(PollUntil(
       [&] {
         v1::QueueInfo info;
-        return client_->GetQueue("abandoned", &info).ok() && info.waiting_leases() == 0;
+        return client().GetQueue("abandoned", &info).ok() && info.waiting_leases() == 0;
       },
       absl::Seconds(30)));
 
-  std::string id = client_->MustEnqueue("abandoned", "job");
-  v1::Job job = client_->MustGetJob(id);
+  std::string id = client().MustEnqueue("abandoned", "job");
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_READY);
-  std::vector<v1::LeasedJob> leased = client_->MustLease("abandoned", "present", 1);
+  std::vector<v1::LeasedJob> leased = client().MustLease("abandoned", "present", 1);
   ASSERT_EQ(leased.size(), 1u);
   EXPECT_EQ(leased[0].job_id(), id);
 }
@@ -207,12 +197,12 @@ TEST_F(ServerTest, ConcurrentEnqueuesShareFsyncs) {
   constexpr int kThreads = 64;
   constexpr int kPerThread = 40;
   double writes_before =
-      Sample(HttpGet(broker_->http_address(), "/metrics"), "jobbroker_store_writes_total");
+      Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_store_writes_total");
   std::vector<std::thread> threads;
   std::atomic<int> ok{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
-      BrokerClient producer(broker_->NewChannel());
+      BrokerClient producer(process().NewChannel());
       for (int i = 0; i < kPerThread; ++i) {
         v1::EnqueueRequest req;
         req.set_queue("group");
@@ -225,7 +215,7 @@ TEST_F(ServerTest, ConcurrentEnqueuesShareFsyncs) {
   for (auto& th : threads) th.join();
   ASSERT_EQ(ok.load(), kThreads * kPerThread);
   double writes =
-      Sample(HttpGet(broker_->http_address(), "/metrics"), "jobbroker_store_writes_total") -
+      Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_store_writes_total") -
       writes_before;
   // Each acknowledged enqueue was synced; with 64 callers in flight they must have shared fsyncs.
   EXPECT_GT(writes, 0);

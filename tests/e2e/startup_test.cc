@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/test_pki.h"
@@ -127,9 +128,14 @@ TEST_F(CheckConfigTest, UnreadableOrNonPemTlsFilesAreRefusedNamingTheFlag) {
   EXPECT_THAT(missing.stderr_text, HasSubstr("/nonexistent/tls.crt: cannot be read"));
 }
 
-class TlsTest : public ::testing::Test {
+// The fixture's client() speaks plaintext, so it is of no use here: each call makes a channel
+// with the credentials it tests.
+class TlsTest : public BrokerFixture {
  protected:
+  TlsTest() : BrokerFixture(kStartInTest) {}
+
   void SetUp() override {
+    BrokerFixture::SetUp();
     absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
     ASSERT_TRUE(dir.ok()) << dir.status();
     dir_ = *std::move(dir);
@@ -138,14 +144,13 @@ class TlsTest : public ::testing::Test {
     pki_ = *std::move(pki);
   }
 
-  std::unique_ptr<BrokerProcess> StartBroker(bool mutual) {
+  // The broker's options with gRPC over TLS, and mutual TLS if `mutual`.
+  BrokerProcessOptions TlsOptions(bool mutual) const {
     BrokerProcessOptions options;
     options.extra_args = {"--tls-cert", pki_.server_cert, "--tls-key", pki_.server_key};
     if (mutual)
       options.extra_args.insert(options.extra_args.end(), {"--tls-client-ca", pki_.ca_cert});
-    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(options);
-    EXPECT_TRUE(broker.ok()) << broker.status();
-    return broker.ok() ? *std::move(broker) : nullptr;
+    return options;
   }
 
   // One Enqueue over `credentials`, with a short deadline: a refused handshake shows as
@@ -179,26 +184,24 @@ class TlsTest : public ::testing::Test {
 };
 
 TEST_F(TlsTest, ServesOverTlsAndRefusesPlaintext) {
-  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/false);
-  ASSERT_NE(broker, nullptr);
-  grpc::Status tls = Enqueue(broker->address(), TrustingCa(false));
+  ASSERT_NO_FATAL_FAILURE(Start(TlsOptions(/*mutual=*/false)));
+  grpc::Status tls = Enqueue(process().address(), TrustingCa(false));
   EXPECT_TRUE(tls.ok()) << tls.error_message();
-  grpc::Status plaintext = Enqueue(broker->address(), grpc::InsecureChannelCredentials());
+  grpc::Status plaintext = Enqueue(process().address(), grpc::InsecureChannelCredentials());
   EXPECT_EQ(plaintext.error_code(), grpc::UNAVAILABLE) << plaintext.error_message();
   // A client that does not trust the server's CA does not get through either.
-  grpc::Status untrusted = Enqueue(broker->address(), grpc::SslCredentials({}));
+  grpc::Status untrusted = Enqueue(process().address(), grpc::SslCredentials({}));
   EXPECT_EQ(untrusted.error_code(), grpc::UNAVAILABLE) << untrusted.error_message();
-  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+  EXPECT_EQ(process().Terminate().value_or(-1), 0);
 }
 
 TEST_F(TlsTest, MutualTlsRequiresAClientCertificateFromTheCa) {
-  std::unique_ptr<BrokerProcess> broker = StartBroker(/*mutual=*/true);
-  ASSERT_NE(broker, nullptr);
-  grpc::Status with_cert = Enqueue(broker->address(), TrustingCa(true));
+  ASSERT_NO_FATAL_FAILURE(Start(TlsOptions(/*mutual=*/true)));
+  grpc::Status with_cert = Enqueue(process().address(), TrustingCa(true));
   EXPECT_TRUE(with_cert.ok()) << with_cert.error_message();
-  grpc::Status without_cert = Enqueue(broker->address(), TrustingCa(false));
+  grpc::Status without_cert = Enqueue(process().address(), TrustingCa(false));
   EXPECT_EQ(without_cert.error_code(), grpc::UNAVAILABLE) << without_cert.error_message();
-  EXPECT_EQ(broker->Terminate().value_or(-1), 0);
+  EXPECT_EQ(process().Terminate().value_or(-1), 0);
 }
 
 }  // namespace

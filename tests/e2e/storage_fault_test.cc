@@ -28,6 +28,7 @@
 #include "rocksdb/options.h"
 #include "storage/rocksdb_store.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
 
@@ -35,6 +36,7 @@ namespace jobbroker::testing {
 namespace {
 
 namespace v1 = ::jobbroker::v1;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 constexpr char kQueue[] = "big";
@@ -84,7 +86,13 @@ class TmpfsMount {
   std::string error_;
 };
 
-TEST(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFreed) {
+// The first test puts the data dir on its own mount before the start.
+class StorageFaultTest : public BrokerFixture {
+ protected:
+  StorageFaultTest() : BrokerFixture(kStartInTest) {}
+};
+
+TEST_F(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFreed) {
   auto tmp = TempDir::Create();
   ASSERT_TRUE(tmp.ok()) << tmp.status();
   const std::string mnt = (*tmp)->path() + "/tmpfs";
@@ -99,12 +107,7 @@ TEST(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFree
     ASSERT_TRUE(out.good()) << "writing the ballast";
   }
 
-  BrokerProcessOptions options;
-  options.data_dir = mnt + "/data";
-  auto started = BrokerProcess::Start(options);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<BrokerProcess> broker = *std::move(started);
-  auto client = std::make_unique<BrokerClient>(broker->NewChannel());
+  ASSERT_NO_FATAL_FAILURE(Start({.data_dir = mnt + "/data"}));
 
   // Fill the disk.
   std::vector<std::pair<std::string, int>> acked;  // job id, payload index
@@ -115,7 +118,7 @@ TEST(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFree
     req.set_queue(kQueue);
     req.set_payload(Payload(i));
     v1::EnqueueResponse resp;
-    grpc::Status s = client->Enqueue(req, &resp);
+    grpc::Status s = client().Enqueue(req, &resp);
     if (!s.ok()) {
       refused = s;
       break;
@@ -133,72 +136,69 @@ TEST(StorageFaultTest, AFullDiskRefusesWritesKeepsReadsAndResumesOnceSpaceIsFree
     req.set_queue(kQueue);
     req.set_payload("small");
     v1::EnqueueResponse resp;
-    grpc::Status s = client->Enqueue(req, &resp);
+    grpc::Status s = client().Enqueue(req, &resp);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("writes resume when space is freed"));
     v1::LeaseRequest lease;
     lease.set_queue(kQueue);
     lease.set_worker_id("w");
     v1::LeaseResponse leased;
-    EXPECT_EQ(client->Lease(lease, &leased).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_EQ(client().Lease(lease, &leased).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   }
   // Reads answer, and readiness, metrics and the log say why writes do not.
   v1::Job job;
-  ASSERT_TRUE(client->GetJob(acked.front().first, &job).ok());
+  ASSERT_TRUE(client().GetJob(acked.front().first, &job).ok());
   EXPECT_EQ(job.payload(), Payload(acked.front().second));
   v1::QueueInfo info;
-  EXPECT_TRUE(client->GetQueue(kQueue, &info).ok());
-  EXPECT_EQ(ReadyzStatus(*broker), 503);
-  EXPECT_EQ(Health(*broker, "jobbroker.v1.Broker"), 2) << "NOT_SERVING while writes are refused";
-  EXPECT_EQ(Health(*broker, ""), 1) << "the process is alive: liveness must not restart it";
-  std::string metrics = HttpGet(broker->http_address(), "/metrics");
+  EXPECT_TRUE(client().GetQueue(kQueue, &info).ok());
+  EXPECT_EQ(ReadyzStatus(process()), 503);
+  EXPECT_EQ(Health(process(), "jobbroker.v1.Broker"), 2) << "NOT_SERVING while writes are refused";
+  EXPECT_EQ(Health(process(), ""), 1) << "the process is alive: liveness must not restart it";
+  std::string metrics = HttpGet(process().http_address(), "/metrics");
   EXPECT_EQ(Sample(metrics, "jobbroker_storage_writable"), 0) << metrics;
   EXPECT_GE(Sample(metrics, "jobbroker_storage_errors_total{kind=\"no_space\"}"), 1) << metrics;
-  EXPECT_THAT(broker->ReadStderr(), HasSubstr("\"event\":\"store_write_failed\""));
+  EXPECT_THAT(process().ReadStderr(), HasSubstr("\"event\":\"store_write_failed\""));
 
   // Free space: writes come back without a restart.
   ASSERT_TRUE(std::filesystem::remove(ballast));
   grpc::Status resumed;
   std::string resumed_id;
-  for (absl::Time deadline = absl::Now() + kResumeDeadline; absl::Now() < deadline;) {
-    v1::EnqueueRequest req;
-    req.set_queue(kQueue);
-    req.set_payload("after");
-    v1::EnqueueResponse resp;
-    resumed = client->Enqueue(req, &resp);
-    if (resumed.ok()) {
-      resumed_id = resp.job_id();
-      break;
-    }
-    EXPECT_EQ(resumed.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
-        << resumed.error_message();
-    absl::SleepFor(absl::Milliseconds(100));
-  }
+  WaitFor(
+      [&] {
+        v1::EnqueueRequest req;
+        req.set_queue(kQueue);
+        req.set_payload("after");
+        v1::EnqueueResponse resp;
+        resumed = client().Enqueue(req, &resp);
+        if (resumed.ok()) resumed_id = resp.job_id();
+        EXPECT_THAT(resumed, AnyOf(IsOk(), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED)));
+        return resumed.ok();
+      },
+      kResumeDeadline);
   ASSERT_TRUE(resumed.ok()) << "writes did not resume after space was freed: "
                             << resumed.error_message() << "\n"
-                            << broker->ReadStderr();
-  EXPECT_THAT(broker->ReadStderr(), HasSubstr("\"event\":\"store_resumed\""));
-  EXPECT_EQ(ReadyzStatus(*broker), 200);
-  EXPECT_EQ(Health(*broker, "jobbroker.v1.Broker"), 1);
-  EXPECT_EQ(Sample(HttpGet(broker->http_address(), "/metrics"), "jobbroker_storage_writable"), 1);
+                            << process().ReadStderr();
+  EXPECT_THAT(process().ReadStderr(), HasSubstr("\"event\":\"store_resumed\""));
+  EXPECT_EQ(ReadyzStatus(process()), 200);
+  EXPECT_EQ(Health(process(), "jobbroker.v1.Broker"), 1);
+  EXPECT_EQ(Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_storage_writable"), 1);
 
   // Nothing acknowledged was lost or changed: now, and after a restart from disk.
   auto check_all = [&](const char* when) {
     for (const auto& [id, index] : acked) {
       v1::Job j;
-      grpc::Status s = client->GetJob(id, &j);
+      grpc::Status s = client().GetJob(id, &j);
       ASSERT_TRUE(s.ok()) << when << ": " << id << ": " << s.error_message();
       EXPECT_EQ(j.state(), v1::JOB_STATE_READY) << when << ": " << id;
       EXPECT_TRUE(j.payload() == Payload(index)) << when << ": payload of " << id;
     }
     v1::Job after;
-    EXPECT_TRUE(client->GetJob(resumed_id, &after).ok()) << when;
+    EXPECT_TRUE(client().GetJob(resumed_id, &after).ok()) << when;
   };
   check_all("after the resume");
-  ASSERT_TRUE(broker->Restart().ok());
-  client = std::make_unique<BrokerClient>(broker->NewChannel());
+  ASSERT_NO_FATAL_FAILURE(Restart());
   check_all("after a restart");
-  EXPECT_TRUE(broker->Terminate().ok());
+  EXPECT_TRUE(process().Terminate().ok());
 }
 
 // The store's key layout (storage/rocksdb_store.h) lets the test reach the record directly.
@@ -228,47 +228,43 @@ void CorruptJobRecord(const std::string& dir, const std::string& job_id) {
   delete db;
 }
 
-TEST(StorageFaultTest, ACorruptJobRecordIsReportedAndTheBrokerServesTheRest) {
-  auto started = BrokerProcess::Start();
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<BrokerProcess> broker = *std::move(started);
-  auto client = std::make_unique<BrokerClient>(broker->NewChannel());
-  const std::string bad = client->MustEnqueue("q", "secret-payload-of-the-bad-job");
-  const std::string good = client->MustEnqueue("q", "fine");
-  auto stopped = broker->Terminate();
+TEST_F(StorageFaultTest, ACorruptJobRecordIsReportedAndTheBrokerServesTheRest) {
+  ASSERT_NO_FATAL_FAILURE(Start());
+  const std::string bad = client().MustEnqueue("q", "secret-payload-of-the-bad-job");
+  const std::string good = client().MustEnqueue("q", "fine");
+  auto stopped = process().Terminate();
   ASSERT_TRUE(stopped.ok() && *stopped == 0) << stopped.status();
 
-  CorruptJobRecord(broker->data_dir(), bad);
+  CorruptJobRecord(process().data_dir(), bad);
 
-  ASSERT_TRUE(broker->Restart().ok()) << "a corrupt record must not stop the start";
-  client = std::make_unique<BrokerClient>(broker->NewChannel());
+  ASSERT_NO_FATAL_FAILURE(Restart()) << "a corrupt record must not stop the start";
   v1::Job job;
-  grpc::Status s = client->GetJob(bad, &job);
+  grpc::Status s = client().GetJob(bad, &job);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::DATA_LOSS) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("is corrupt"));
   EXPECT_THAT(s.error_message(), HasSubstr(bad));
   // One log line naming the key, never the payload.
-  const std::string log = broker->ReadStderr();
+  const std::string log = process().ReadStderr();
   std::vector<std::string> lines;
   for (absl::string_view line : absl::StrSplit(log, '\n'))
     if (absl::StrContains(line, "\"event\":\"corrupt_record\"")) lines.emplace_back(line);
   ASSERT_EQ(lines.size(), 1u) << log;
   EXPECT_THAT(lines[0], HasSubstr(bad));
   EXPECT_THAT(log, ::testing::Not(HasSubstr("secret-payload")));
-  EXPECT_EQ(Sample(HttpGet(broker->http_address(), "/metrics"), "jobbroker_corrupt_records"), 1);
-  EXPECT_EQ(ReadyzStatus(*broker), 200);
+  EXPECT_EQ(Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_corrupt_records"), 1);
+  EXPECT_EQ(ReadyzStatus(process()), 200);
 
   // Everything else works.
-  EXPECT_EQ(client->MustGetJob(good).payload(), "fine");
-  auto leased = client->LeaseOne("q", "w");
+  EXPECT_EQ(client().MustGetJob(good).payload(), "fine");
+  auto leased = client().LeaseOne("q", "w");
   ASSERT_TRUE(leased.has_value());
   EXPECT_EQ(leased->job_id(), good);
-  client->MustAck(*leased);
-  client->MustEnqueue("q", "more");
+  client().MustAck(*leased);
+  client().MustEnqueue("q", "more");
   // The operator removes the record.
-  EXPECT_TRUE(client->DeleteJob(bad).ok());
-  EXPECT_EQ(client->GetJob(bad, &job).error_code(), grpc::StatusCode::NOT_FOUND);
-  EXPECT_EQ(Sample(HttpGet(broker->http_address(), "/metrics"), "jobbroker_corrupt_records"), 0);
+  EXPECT_TRUE(client().DeleteJob(bad).ok());
+  EXPECT_EQ(client().GetJob(bad, &job).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_corrupt_records"), 0);
 }
 
 }  // namespace

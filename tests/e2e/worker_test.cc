@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
+#include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 
 namespace jobbroker::testing {
@@ -28,20 +29,13 @@ constexpr char kConfig[] = R"({
   }
 })";
 
-class WorkerTest : public ::testing::Test {
+class WorkerTest : public BrokerFixture {
  protected:
-  void SetUp() override {
-    BrokerProcessOptions options;
-    options.config_json = kConfig;
-    auto broker = BrokerProcess::Start(options);
-    ASSERT_TRUE(broker.ok()) << broker.status();
-    broker_ = *std::move(broker);
-    client_ = std::make_unique<BrokerClient>(broker_->NewChannel());
-  }
+  WorkerTest() : BrokerFixture({.config_json = kConfig}) {}
 
   WorkerOptions Options(int concurrency = 1) {
     WorkerOptions o;
-    o.address = broker_->address();
+    o.address = process().address();
     o.worker_id = "test-worker";
     o.concurrency = concurrency;
     return o;
@@ -50,11 +44,8 @@ class WorkerTest : public ::testing::Test {
   // Waits (polling: the worker acts on its own threads) until the job is in `state`.
   bool AwaitState(const std::string& id, v1::JobState state,
                   absl::Duration timeout = absl::Seconds(30)) {
-    return PollUntil([&] { return client_->MustGetJob(id).state() == state; }, timeout);
+    return WaitFor([&] { return client().MustGetJob(id).state() == state; }, timeout);
   }
-
-  std::unique_ptr<BrokerProcess> broker_;
-  std::unique_ptr<BrokerClient> client_;
 };
 
 TEST_F(WorkerTest, RunsTheHandlerAndAcksWithItsResult) {
@@ -70,9 +61,9 @@ TEST_F(WorkerTest, RunsTheHandlerAndAcksWithItsResult) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(worker.Start().ok());
-  std::string id = client_->MustEnqueue("emails", "ada@example.com");
+  std::string id = client().MustEnqueue("emails", "ada@example.com");
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
-  EXPECT_EQ(client_->MustGetJob(id).result(), "sent to ada@example.com");
+  EXPECT_EQ(client().MustGetJob(id).result(), "sent to ada@example.com");
   EXPECT_EQ(seen_attempt.load(), 1);
   absl::MutexLock lock(&mu);
   EXPECT_EQ(seen_key, id);
@@ -92,9 +83,9 @@ TEST_F(WorkerTest, HeartbeatsKeepAOneSecondLeaseAliveForAThreeSecondJob) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(worker.Start().ok());
-  std::string id = client_->MustEnqueue("slow");
+  std::string id = client().MustEnqueue("slow");
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.attempts_size(), 1) << "the lease never ran out";
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_COMPLETED);
   EXPECT_FALSE(saw_cancel.load());
@@ -104,9 +95,9 @@ TEST_F(WorkerTest, PermanentErrorFailsAfterOneAttempt) {
   Worker worker(Options());
   worker.Handle("emails", [](JobContext&) { return client::PermanentError("no such mailbox"); });
   ASSERT_TRUE(worker.Start().ok());
-  std::string id = client_->MustEnqueue("emails");
+  std::string id = client().MustEnqueue("emails");
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_FAILED));
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   EXPECT_EQ(job.fail_reason(), v1::FAIL_REASON_PERMANENT);
   EXPECT_EQ(job.attempts_size(), 1);
   EXPECT_EQ(job.last_error(), "no such mailbox");
@@ -128,9 +119,9 @@ TEST_F(WorkerTest, AnErrorIsRetriedAndTheNextAttemptSeesTheCheckpoint) {
     return absl::OkStatus();
   });
   ASSERT_TRUE(worker.Start().ok());
-  std::string id = client_->MustEnqueue("import");
+  std::string id = client().MustEnqueue("import");
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   ASSERT_EQ(job.attempts_size(), 2);
   EXPECT_EQ(job.attempts(0).error(), "database went away");
   absl::MutexLock lock(&mu);
@@ -142,9 +133,9 @@ TEST_F(WorkerTest, RetryAfterReplacesTheBackoff) {
   worker.Handle("api", [](JobContext&) { return client::RetryAfter(absl::Hours(1), "429"); });
   ASSERT_TRUE(worker.Start().ok());
   absl::Time before = absl::Now();
-  std::string id = client_->MustEnqueue("api");
+  std::string id = client().MustEnqueue("api");
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_SCHEDULED));
-  v1::Job job = client_->MustGetJob(id);
+  v1::Job job = client().MustGetJob(id);
   absl::Time run_at = absl::FromUnixSeconds(job.run_at().seconds());
   EXPECT_GT(run_at, before + absl::Minutes(59));
   EXPECT_EQ(job.last_error(), "429");
@@ -159,10 +150,10 @@ TEST_F(WorkerTest, ACancelledJobsHandlerIsTold) {
     return absl::CancelledError("stopped on request");
   });
   ASSERT_TRUE(worker.Start().ok());
-  std::string id = client_->MustEnqueue("long");
+  std::string id = client().MustEnqueue("long");
   ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
   v1::Job cancelled;
-  ASSERT_TRUE(client_->CancelJob(id, &cancelled).ok());
+  ASSERT_TRUE(client().CancelJob(id, &cancelled).ok());
   ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_CANCELLED));
 }
 
@@ -171,42 +162,47 @@ TEST_F(WorkerTest, GracefulStopReleasesUnstartedJobsAndFinishesRunningOnes) {
   options.prefetch = 2;  // two jobs wait in the worker, leased but not started
   Worker worker(options);
   absl::Notification started;
+  absl::Notification finish;
   worker.Handle("q", [&](JobContext&) {
     started.Notify();
-    absl::SleepFor(absl::Milliseconds(300));
+    finish.WaitForNotificationWithTimeout(absl::Seconds(30));
     return absl::OkStatus();
   });
   std::vector<std::string> ids;
-  for (int i = 0; i < 3; ++i) ids.push_back(client_->MustEnqueue("q", absl::StrCat(i)));
+  for (int i = 0; i < 3; ++i) ids.push_back(client().MustEnqueue("q", absl::StrCat(i)));
   ASSERT_TRUE(worker.Start().ok());
   ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  ASSERT_TRUE(
-      PollUntil([&] { return client_->Counts("q")["JOB_STATE_ACTIVE"] == 3; }, absl::Seconds(30)));
-  worker.Stop(absl::Seconds(10));
+  ASSERT_TRUE(WaitFor([&] { return client().Counts("q")["JOB_STATE_ACTIVE"] == 3; }));
+  // The running job finishes only once the stop has given the two unstarted ones back.
+  std::thread stopper([&] { worker.Stop(absl::Seconds(10)); });
+  const bool released = WaitFor([&] { return client().Counts("q")["JOB_STATE_READY"] == 2; });
+  finish.Notify();
+  stopper.join();
+  ASSERT_TRUE(released) << "the stop did not release the unstarted jobs";
   EXPECT_EQ(worker.stats().acked, 1);
   EXPECT_EQ(worker.stats().released, 2);
-  std::map<std::string, int64_t> counts = client_->Counts("q");
+  std::map<std::string, int64_t> counts = client().Counts("q");
   EXPECT_EQ(counts["JOB_STATE_COMPLETED"], 1);
   EXPECT_EQ(counts["JOB_STATE_READY"], 2) << "nothing left ACTIVE to wait out a lease";
   EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 0);
-  for (const v1::Job& j : client_->ListAll("q", v1::JOB_STATE_READY))
+  for (const v1::Job& j : client().ListAll("q", v1::JOB_STATE_READY))
     EXPECT_EQ(j.attempt(), 0) << "a released job counts no attempt";
 }
 
 TEST_F(WorkerTest, ReconnectsAfterTheBrokerRestarts) {
-  std::string address = broker_->address();
+  std::string address = process().address();
   std::string port = address.substr(address.rfind(':') + 1);
   Worker worker(Options());
   worker.Handle("q", [](JobContext&) { return absl::OkStatus(); });
   ASSERT_TRUE(worker.Start().ok());
-  std::string first = client_->MustEnqueue("q");
+  std::string first = client().MustEnqueue("q");
   ASSERT_TRUE(AwaitState(first, v1::JOB_STATE_COMPLETED));
 
-  absl::StatusOr<int> code = broker_->Terminate();
+  absl::StatusOr<int> code = process().Terminate();
   ASSERT_TRUE(code.ok() && *code == 0);
   // The same data and the same port: the worker's address stays right.
   BrokerProcessOptions again;
-  again.data_dir = broker_->data_dir();
+  again.data_dir = process().data_dir();
   again.config_json = kConfig;
   again.extra_args = {"--listen", absl::StrCat("127.0.0.1:", port)};
   auto restarted = BrokerProcess::Start(again);
