@@ -16,11 +16,13 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::Each;
@@ -184,7 +186,7 @@ TEST_F(BrokerAdminTest, RetryPutsAFailedJobBackToReadyAndKeepsItsHistory) {
   EXPECT_EQ(store_.FindJob(id)->state, JobState::kReady) << "persisted";
 
   // The old leases fence nothing any more.
-  EXPECT_EQ(broker_->Ack(AckSpec{id, second.lease_id, ""}).code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->Ack(AckSpec{id, second.lease_id, ""}), StatusIs(Code::kFailedPrecondition));
 
   // New attempts count from 1 again and are appended after the old ones; a full set of attempts
   // is available again.
@@ -246,12 +248,12 @@ TEST_F(BrokerAdminTest, RetryRefusesJobsThatAreNotDeadAndChangesNothing) {
                                                         {completed, "JOB_STATE_COMPLETED"}}) {
     Job before = Get(id);
     auto r = broker_->RetryJob(id);
-    EXPECT_EQ(r.status().code(), Code::kFailedPrecondition) << state;
+    EXPECT_THAT(r, StatusIs(Code::kFailedPrecondition)) << state;
     EXPECT_THAT(r.status().message(), HasSubstr(state));
     EXPECT_EQ(Get(id), before) << state;
   }
-  EXPECT_EQ(broker_->RetryJob("no-such-job").status().code(), Code::kNotFound);
-  EXPECT_EQ(broker_->RetryJob("").status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(broker_->RetryJob("no-such-job"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->RetryJob(""), StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerAdminTest, ARetriedJobGoesToAWaitingWorkerAtOnce) {
@@ -419,22 +421,22 @@ TEST_F(BrokerAdminTest, RedriveDefaultLimitIsAThousand) {
 TEST_F(BrokerAdminTest, RedriveRefusesBadRequestsNamingTheField) {
   FailedJobs("q", 1);
   auto r = broker_->RetryJobs(RetryJobsSpec{.queue = "q", .state = JobState::kCompleted});
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), StartsWith("state"));
   for (int64_t limit : {int64_t{-1}, kMaxRetryLimit + 1}) {
     r = broker_->RetryJobs(RetryJobsSpec{.queue = "q", .limit = limit});
-    EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << limit;
+    EXPECT_THAT(r, StatusIs(Code::kInvalidArgument)) << limit;
     EXPECT_THAT(std::string(r.status().message()), StartsWith("limit")) << limit;
   }
   r = broker_->RetryJobs(RetryJobsSpec{.queue = "bad queue!"});
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(r.status().message(), HasSubstr("queue"));
   for (bool dry_run : {false, true}) {
     r = broker_->RetryJobs(RetryJobsSpec{.queue = "nobody", .dry_run = dry_run});
-    EXPECT_EQ(r.status().code(), Code::kNotFound) << dry_run;
+    EXPECT_THAT(r, StatusIs(Code::kNotFound)) << dry_run;
   }
   EXPECT_EQ(Count("q", JobState::kFailed), 1);
-  EXPECT_EQ(broker_->GetQueue("nobody").status().code(), Code::kNotFound) << "not created";
+  EXPECT_THAT(broker_->GetQueue("nobody"), StatusIs(Code::kNotFound)) << "not created";
 }
 
 TEST_F(BrokerAdminTest, RedriveLetsOtherCallsInBetweenItsBatches) {
@@ -473,7 +475,7 @@ TEST_F(BrokerAdminTest, RedriveStoppedByAFailedWriteSaysHowFarItGot) {
   FailedJobs("q", 1200);
   store_.FailWritesAfter(1);  // the first batch is written, the second is not
   auto r = broker_->RetryJobs(RetryJobsSpec{.queue = "q"});
-  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_THAT(r, StatusIs(Code::kUnavailable));
   EXPECT_THAT(r.status().message(), HasSubstr("500 jobs were retried before it"));
   store_.FailWritesAfter(-1);
   OpenOver(recorder_);  // recovers what is on disk
@@ -485,8 +487,8 @@ TEST_F(BrokerAdminTest, RedriveAfterShutdownIsUnavailable) {
   FailedJobs("q", 2);
   broker_->Shutdown();
   auto r = broker_->RetryJobs(RetryJobsSpec{.queue = "q"});
-  EXPECT_EQ(r.status().code(), Code::kUnavailable);
-  EXPECT_EQ(broker_->RetryJob("any").status().code(), Code::kUnavailable);
+  EXPECT_THAT(r, StatusIs(Code::kUnavailable));
+  EXPECT_THAT(broker_->RetryJob("any"), StatusIs(Code::kUnavailable));
   EXPECT_EQ(Count("q", JobState::kFailed), 2);
 }
 
@@ -505,9 +507,9 @@ TEST_F(BrokerAdminTest, DeleteRemovesAJobThatIsNotActive) {
 
   for (const std::string& id : {ready, scheduled, dead, cancelled, completed}) {
     ASSERT_TRUE(broker_->DeleteJob(id).ok()) << id;
-    EXPECT_EQ(broker_->GetJob(id).status().code(), Code::kNotFound);
+    EXPECT_THAT(broker_->GetJob(id), StatusIs(Code::kNotFound));
     EXPECT_FALSE(store_.FindJob(id).has_value()) << "removed from the store too";
-    EXPECT_EQ(broker_->DeleteJob(id).code(), Code::kNotFound) << "a repeat";
+    EXPECT_THAT(broker_->DeleteJob(id), StatusIs(Code::kNotFound)) << "a repeat";
   }
   auto info = broker_->GetQueue("q");
   ASSERT_TRUE(info.ok());
@@ -521,11 +523,11 @@ TEST_F(BrokerAdminTest, DeleteRefusesAnActiveJob) {
   std::string id = Enqueue("q");
   LeasedJob j = LeaseOne("q");
   absl::Status s = broker_->DeleteJob(id);
-  EXPECT_EQ(s.code(), Code::kFailedPrecondition);
+  EXPECT_THAT(s, StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(s.message(), HasSubstr("cancel it first"));
   EXPECT_EQ(Get(id).state, JobState::kActive);
   EXPECT_TRUE(broker_->Ack(AckSpec{id, j.lease_id, ""}).ok());
-  EXPECT_EQ(broker_->DeleteJob("").code(), Code::kInvalidArgument);
+  EXPECT_THAT(broker_->DeleteJob(""), StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerAdminTest, ADeletedJobsDedupKeyHoldsUntilItsTtl) {
@@ -586,12 +588,12 @@ TEST_F(BrokerAdminTest, PauseIsPersistedAndSurvivesARestart) {
 
 TEST_F(BrokerAdminTest, PauseOfAnUnknownQueueIsNotFoundAndCreatesNothing) {
   for (bool paused : {true, false}) {
-    EXPECT_EQ(broker_->SetQueuePaused("nobody", paused).status().code(), Code::kNotFound);
+    EXPECT_THAT(broker_->SetQueuePaused("nobody", paused), StatusIs(Code::kNotFound));
   }
   EXPECT_THAT(broker_->ListQueues(), SizeIs(0));
   EXPECT_EQ(store_.policy_count(), 0u);
   auto bad = broker_->SetQueuePaused("", true);
-  EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(bad, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(bad.status().message(), HasSubstr("queue"));
 }
 
@@ -615,7 +617,7 @@ TEST_F(BrokerAdminTest, PurgeRemovesEndedJobsByDefault) {
   ASSERT_TRUE(purged.ok()) << purged.status();
   EXPECT_EQ(*purged, 4);
   for (const std::string& id : {completed, dead[0], dead[1], cancelled}) {
-    EXPECT_EQ(broker_->GetJob(id).status().code(), Code::kNotFound);
+    EXPECT_THAT(broker_->GetJob(id), StatusIs(Code::kNotFound));
     EXPECT_FALSE(store_.FindJob(id).has_value());
   }
   for (const std::string& id : {ready, scheduled, active, other})
@@ -652,12 +654,12 @@ TEST_F(BrokerAdminTest, PurgeRefusesActiveAndUnknownQueues) {
   std::string active = Enqueue("q");
   LeaseOne("q");
   auto r = broker_->PurgeQueue("q", {JobState::kReady, JobState::kActive});
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), StartsWith("states"));
   EXPECT_EQ(Get(active).state, JobState::kActive);
-  EXPECT_EQ(broker_->PurgeQueue("nobody").status().code(), Code::kNotFound);
-  EXPECT_EQ(broker_->GetQueue("nobody").status().code(), Code::kNotFound) << "not created";
-  EXPECT_EQ(broker_->PurgeQueue("").status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(broker_->PurgeQueue("nobody"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->GetQueue("nobody"), StatusIs(Code::kNotFound)) << "not created";
+  EXPECT_THAT(broker_->PurgeQueue(""), StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerAdminTest, PurgeWorksInBatchesOfAThousand) {

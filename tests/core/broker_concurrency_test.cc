@@ -34,11 +34,13 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 constexpr char kQueue[] = "work";
@@ -364,7 +366,7 @@ class Workload {
         EXPECT_LE(sum, kTotalJobs);
         EXPECT_EQ(info->active, info->counts[JobState::kActive]);
       } else {
-        EXPECT_EQ(info.status().code(), absl::StatusCode::kNotFound) << info.status();
+        EXPECT_THAT(info, StatusIs(absl::StatusCode::kNotFound)) << info.status();
       }
       ListJobsSpec list;
       list.queue = kQueue;
@@ -374,7 +376,7 @@ class Workload {
       while (true) {
         auto page = broker_.ListJobs(list);
         if (!page.ok()) {
-          EXPECT_EQ(page.status().code(), absl::StatusCode::kNotFound) << page.status();
+          EXPECT_THAT(page, StatusIs(absl::StatusCode::kNotFound)) << page.status();
           break;
         }
         for (const Job& j : page->jobs) {

@@ -9,11 +9,13 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::ElementsAre;
@@ -104,7 +106,7 @@ TEST_F(BrokerMemoryTest, ReadsAndAdminCallsSeeColdJobsWhole) {
   EXPECT_EQ(cancelled->state, JobState::kCancelled);
   EXPECT_EQ(cancelled->payload, "b");
   EXPECT_TRUE(broker_->DeleteJob(c).ok());
-  EXPECT_EQ(broker_->GetJob(c).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(broker_->GetJob(c), StatusIs(absl::StatusCode::kNotFound));
 
   Touch();  // a read back may go cold again
   auto listed = broker_->ListJobs({.queue = "q", .state = JobState::kReady});
@@ -185,7 +187,7 @@ TEST_F(BrokerMemoryTest, AColdJobThatCannotBeReadIsSetAsideAndTheRestAreServed) 
   ASSERT_TRUE(store_.Write({lose}).ok());
 
   EXPECT_EQ(LeaseOne("q").job_id, b);
-  EXPECT_EQ(broker_->GetJob(a).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(broker_->GetJob(a), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(broker_->corrupt_records(), 1);
   EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kReady], 1);
   EXPECT_EQ(LeaseOne("q").job_id, c);
@@ -205,7 +207,7 @@ TEST_F(BrokerMemoryTest, ARecordThatNoLongerMatchesTheIndexesIsNotTaken) {
   ASSERT_TRUE(store_.Write({t}).ok());
 
   EXPECT_EQ(LeaseOne("q").job_id, b);
-  EXPECT_EQ(broker_->GetJob(a).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(broker_->GetJob(a), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(Leasable("q"), 0u);
 }
 

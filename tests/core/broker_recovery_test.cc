@@ -3,10 +3,12 @@
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using Code = absl::StatusCode;
@@ -44,7 +46,7 @@ TEST_F(BrokerRecoveryTest, LeaseThatRanOutWhileDownIsAFailedAttemptWithItsCheckp
   LeasedJob second = LeaseOne("q");
   EXPECT_EQ(second.attempt, 2);
   EXPECT_EQ(second.checkpoint, "row 500");
-  EXPECT_EQ(broker_->Ack(AckSpec{id, first.lease_id, ""}).code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->Ack(AckSpec{id, first.lease_id, ""}), StatusIs(Code::kFailedPrecondition));
 }
 
 TEST_F(BrokerRecoveryTest, LiveLeaseSurvivesARestartAndCanBeAcked) {
@@ -102,7 +104,7 @@ TEST_F(BrokerRecoveryTest, ConfigPoliciesAreLayeredUnderRunTimeChanges) {
 TEST_F(BrokerRecoveryTest, BadConfigPolicyRefusesToOpenNamingTheField) {
   queue_policies_["q"].max_attempts = 0;
   auto r = BlockingBroker::Open(store_, clock_, Options());
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(r.status().message(), ::testing::HasSubstr("queues[\"q\"].retry.max_attempts"));
 }
 

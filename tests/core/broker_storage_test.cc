@@ -16,11 +16,14 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::IsOk;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::ElementsAre;
@@ -68,20 +71,20 @@ TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) 
   store_.FailWritesAfter(0, absl::ResourceExhaustedError("disk full"));
 
   auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "b"});
-  EXPECT_EQ(failed.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(failed, StatusIs(Code::kResourceExhausted));
   EXPECT_EQ(failed.status().message(),
             "the change could not be made durable: storage is full: disk full; writes resume when "
             "space is freed");
   auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "c"});
-  EXPECT_EQ(refused.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(refused, StatusIs(Code::kResourceExhausted));
   EXPECT_EQ(refused.status().message(),
             "storage is full: disk full; writes resume when space is freed");
-  EXPECT_EQ(broker_->Lease(LeaseSpec{"q", "w", 1, {}}).status().code(), Code::kResourceExhausted);
-  EXPECT_EQ(broker_->UpdateQueuePolicy("q", PolicyOverride{}).status().code(),
-            Code::kResourceExhausted);
+  EXPECT_THAT(broker_->Lease(LeaseSpec{"q", "w", 1, {}}), StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(broker_->UpdateQueuePolicy("q", PolicyOverride{}),
+              StatusIs(Code::kResourceExhausted));
   EXPECT_EQ(store_.successful_writes(), writes) << "a refused change writes nothing";
   ASSERT_EQ(events_.failed.size(), 1u) << "one failure, reported once";
-  EXPECT_EQ(events_.failed[0].code(), Code::kResourceExhausted);
+  EXPECT_THAT(events_.failed[0], StatusIs(Code::kResourceExhausted));
 
   // Reads answer.
   EXPECT_EQ(Get(a).payload, "a");
@@ -96,7 +99,7 @@ TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) 
   clock_.Advance(absl::Seconds(1));
   broker_->Tick();
   EXPECT_EQ(store_.resume_calls(), 1);
-  EXPECT_EQ(broker_->storage_status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(broker_->storage_status(), StatusIs(Code::kResourceExhausted));
   broker_->Tick();
   EXPECT_EQ(store_.resume_calls(), 1) << "a failed try schedules the next one, 2 s on";
 
@@ -106,7 +109,7 @@ TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) 
   EXPECT_EQ(store_.resume_calls(), 2);
   ASSERT_TRUE(broker_->storage_status().ok());
   ASSERT_EQ(events_.resumed.size(), 1u);
-  EXPECT_EQ(events_.resumed[0].code(), Code::kResourceExhausted);
+  EXPECT_THAT(events_.resumed[0], StatusIs(Code::kResourceExhausted));
   EXPECT_EQ(events_.outages[0], absl::Seconds(4));
 
   // Memory equals the store again: the enqueue whose write failed is gone.
@@ -122,9 +125,9 @@ TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) 
 TEST_F(BrokerStorageTest, AnIoErrorIsUnavailable) {
   store_.FailWritesAfter(0);  // kUnavailable("injected write failure")
   auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q"});
-  EXPECT_EQ(failed.status().code(), Code::kUnavailable);
+  EXPECT_THAT(failed, StatusIs(Code::kUnavailable));
   auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q"});
-  EXPECT_EQ(refused.status().code(), Code::kUnavailable);
+  EXPECT_THAT(refused, StatusIs(Code::kUnavailable));
   EXPECT_EQ(refused.status().message(),
             "storage is failing: injected write failure; writes resume once the store recovers");
   store_.FailWritesAfter(-1);
@@ -149,7 +152,7 @@ TEST_F(BrokerStorageTest, NothingIsLeasedAndNothingExpiresWhileTheStoreFails) {
   EXPECT_EQ(Get(a).state, JobState::kScheduled);
   EXPECT_EQ(Get(a).attempts.back().outcome, AttemptOutcome::kLeaseExpired);
   EXPECT_EQ(store_.FindJob(a)->state, JobState::kScheduled) << "and wrote it";
-  EXPECT_EQ(broker_->Ack(AckSpec{held.job_id, held.lease_id, ""}).code(), Code::kOk)
+  EXPECT_THAT(broker_->Ack(AckSpec{held.job_id, held.lease_id, ""}), IsOk())
       << "a late ack of the expired attempt is still taken";
 }
 
@@ -179,7 +182,7 @@ TEST_F(BrokerStorageTest, TheRebuildEndsStreamsAndAnswersWaitingLeases) {
   ASSERT_TRUE(polled->ok());
   EXPECT_TRUE((*polled)->empty());
   ASSERT_TRUE(sink->ended.has_value());
-  EXPECT_EQ(sink->ended->code(), Code::kUnavailable);
+  EXPECT_THAT(*sink->ended, StatusIs(Code::kUnavailable));
   EXPECT_THAT(sink->ended->message(), HasSubstr("subscribe again"));
 }
 
@@ -226,7 +229,7 @@ TEST(BrokerCorruptRecordTest, ACorruptJobIsSkippedAnsweredWithDataLossAndCanBeDe
   EXPECT_EQ(broker.corrupt_records(), 2);
 
   auto bad = broker.GetJob("bad-job");
-  EXPECT_EQ(bad.status().code(), Code::kDataLoss);
+  EXPECT_THAT(bad, StatusIs(Code::kDataLoss));
   EXPECT_THAT(bad.status().message(), HasSubstr("job bad-job is corrupt"));
   EXPECT_THAT(bad.status().message(), HasSubstr("no parse"));
   // Everything else works.
@@ -240,7 +243,7 @@ TEST(BrokerCorruptRecordTest, ACorruptJobIsSkippedAnsweredWithDataLossAndCanBeDe
   ASSERT_TRUE(broker.DeleteJob("bad-job").ok());
   EXPECT_THAT(store.deleted, ElementsAre("bad-job"));
   EXPECT_EQ(broker.corrupt_records(), 1);
-  EXPECT_EQ(broker.GetJob("bad-job").status().code(), Code::kNotFound);
+  EXPECT_THAT(broker.GetJob("bad-job"), StatusIs(Code::kNotFound));
 }
 
 }  // namespace

@@ -11,11 +11,13 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::ElementsAre;
@@ -189,8 +191,8 @@ TEST_F(BrokerStreamTest, FlowZeroDrainsAndFlowUpResumes) {
   EXPECT_EQ(broker_->GetQueue("q")->waiting_leases, 0);
   ASSERT_TRUE(broker_->SetFlow(id, 1).ok());
   EXPECT_EQ(sink->jobs().size(), 1u);
-  EXPECT_EQ(broker_->SetFlow(id + 100, 1).code(), Code::kNotFound);
-  EXPECT_EQ(broker_->SetFlow(id, -1).code(), Code::kInvalidArgument);
+  EXPECT_THAT(broker_->SetFlow(id + 100, 1), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->SetFlow(id, -1), StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerStreamTest, AnEndedStreamGetsNothingAndItsLeasesRunOut) {
@@ -235,13 +237,13 @@ TEST_F(BrokerStreamTest, ShutdownEndsStreams) {
   Subscribe(sink, {"q"}, 1);
   broker_->Shutdown();
   ASSERT_TRUE(sink->ended().has_value());
-  EXPECT_EQ(sink->ended()->code(), Code::kUnavailable);
+  EXPECT_THAT(*sink->ended(), StatusIs(Code::kUnavailable));
 }
 
 TEST_F(BrokerStreamTest, BadSubscribeNamesTheField) {
   auto sink = std::make_shared<RecordingSink>();
   auto none = broker_->Subscribe(SubscribeSpec{{}, "w", 1, {}}, sink);
-  EXPECT_EQ(none.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(none, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(none.status().message(), HasSubstr("queues"));
   auto bad = broker_->Subscribe(SubscribeSpec{{"ok", "no spaces"}, "w", 1, {}}, sink);
   EXPECT_THAT(bad.status().message(), HasSubstr("queues[1]"));

@@ -6,10 +6,12 @@
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::ElementsAre;
@@ -159,8 +161,8 @@ TEST_F(BrokerTest, AFailDueAtOnceAnswersReadyEvenWhenAWaitingLeaseTakesTheJob) {
 TEST_F(BrokerTest, JobQueueNamesTheQueueOfAKnownJobOnly) {
   std::string id = Enqueue("billing.eu");
   EXPECT_EQ(broker_->JobQueue(id).value_or(""), "billing.eu");
-  EXPECT_EQ(broker_->JobQueue("nope").status().code(), Code::kNotFound);
-  EXPECT_EQ(broker_->JobQueue("").status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(broker_->JobQueue("nope"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->JobQueue(""), StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerTest, LastAttemptFailingKillsTheJob) {
@@ -247,11 +249,12 @@ TEST_F(BrokerTest, StaleLeaseIsFencedAndChangesNothing) {
   Job before = Get(id);
 
   auto hb = broker_->Heartbeat(HeartbeatSpec{id, first.lease_id, absl::ZeroDuration(), "cp"});
-  EXPECT_EQ(hb.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(hb, StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(hb.status().message(), HasSubstr("stale"));
-  EXPECT_EQ(broker_->Ack(AckSpec{id, first.lease_id, ""}).code(), Code::kFailedPrecondition);
-  EXPECT_EQ(Fail(first, "late").status().code(), Code::kFailedPrecondition);
-  EXPECT_EQ(broker_->Release(ReleaseSpec{id, first.lease_id}).code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->Ack(AckSpec{id, first.lease_id, ""}), StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(Fail(first, "late"), StatusIs(Code::kFailedPrecondition));
+  EXPECT_THAT(broker_->Release(ReleaseSpec{id, first.lease_id}),
+              StatusIs(Code::kFailedPrecondition));
   EXPECT_EQ(Get(id), before);
   EXPECT_TRUE(broker_->Ack(AckSpec{id, second.lease_id, ""}).ok());
 }
@@ -294,7 +297,7 @@ TEST_F(BrokerTest, AckBatchAppliesEachAckInOneWriteAndReportsEachOutcome) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->size(), 3u);
   EXPECT_TRUE((*r)[0].ok()) << (*r)[0];
-  EXPECT_EQ((*r)[1].code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*r)[1], StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(std::string((*r)[1].message()), ::testing::StartsWith("acks[1]: lease stale"));
   EXPECT_TRUE((*r)[2].ok()) << (*r)[2];
   EXPECT_EQ(broker_->store_writes(), writes_before + 1) << "one durable write for the batch";
@@ -312,13 +315,12 @@ TEST_F(BrokerTest, AMalformedAckBatchIsRefusedWholeNamingTheItem) {
   std::string a = Enqueue("q");
   LeasedJob ja = LeaseOne("q");
   auto r = broker_->AckBatch({AckSpec{ja.job_id, ja.lease_id, ""}, AckSpec{"", "l", ""}});
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(r.status().message()), ::testing::StartsWith("acks[1].job_id"));
   EXPECT_EQ(Get(a).state, JobState::kActive) << "nothing of a refused batch is applied";
-  EXPECT_EQ(broker_->AckBatch({}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(broker_->AckBatch({}), StatusIs(absl::StatusCode::kInvalidArgument));
   std::vector<AckSpec> too_many(1001, AckSpec{ja.job_id, ja.lease_id, ""});
-  EXPECT_EQ(broker_->AckBatch(std::move(too_many)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(broker_->AckBatch(std::move(too_many)), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(Get(a).state, JobState::kActive);
 }
 
@@ -327,7 +329,7 @@ TEST_F(BrokerTest, AckAndFailAreIdempotentPerAttempt) {
   LeasedJob ja = LeaseOne("q");
   ASSERT_TRUE(broker_->Ack(AckSpec{a, ja.lease_id, "r"}).ok());
   EXPECT_TRUE(broker_->Ack(AckSpec{a, ja.lease_id, "r"}).ok());
-  EXPECT_EQ(Fail(ja, "after ack").status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(Fail(ja, "after ack"), StatusIs(Code::kFailedPrecondition));
 
   std::string b = Enqueue("q");
   LeasedJob jb = LeaseOne("q");
@@ -338,7 +340,7 @@ TEST_F(BrokerTest, AckAndFailAreIdempotentPerAttempt) {
   EXPECT_EQ(again->state, first->state);
   EXPECT_EQ(again->next_attempt_at, first->next_attempt_at);
   EXPECT_EQ(Get(b).attempts.size(), 1u);
-  EXPECT_EQ(broker_->Ack(AckSpec{b, jb.lease_id, ""}).code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->Ack(AckSpec{b, jb.lease_id, ""}), StatusIs(Code::kFailedPrecondition));
 }
 
 TEST_F(BrokerTest, HeartbeatExtendsTheLeaseAndSavesTheCheckpoint) {
@@ -370,7 +372,7 @@ TEST_F(BrokerTest, HeartbeatAfterExpiryIsRefused) {
   LeasedJob j = LeaseOne("q", "w", absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
   auto hb = broker_->Heartbeat(HeartbeatSpec{id, j.lease_id, absl::ZeroDuration(), std::nullopt});
-  EXPECT_EQ(hb.status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(hb, StatusIs(Code::kFailedPrecondition));
   EXPECT_THAT(hb.status().message(), HasSubstr("ended"));
 }
 
@@ -384,7 +386,7 @@ TEST_F(BrokerTest, ReleaseGivesTheJobBackWithoutCountingAnAttempt) {
   EXPECT_TRUE(job.attempts.empty());
   LeasedJob again = LeaseOne("q");
   EXPECT_EQ(again.attempt, 1);
-  EXPECT_EQ(broker_->Ack(AckSpec{id, j.lease_id, ""}).code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->Ack(AckSpec{id, j.lease_id, ""}), StatusIs(Code::kFailedPrecondition));
 }
 
 TEST_F(BrokerTest, CancelEndsAWaitingJobAndAsksAnActiveOne) {
@@ -392,7 +394,7 @@ TEST_F(BrokerTest, CancelEndsAWaitingJobAndAsksAnActiveOne) {
   ASSERT_TRUE(broker_->CancelJob(waiting).ok());
   EXPECT_EQ(Get(waiting).state, JobState::kCancelled);
   EXPECT_EQ(Leasable("q"), 0u);
-  EXPECT_EQ(broker_->CancelJob(waiting).status().code(), Code::kFailedPrecondition);
+  EXPECT_THAT(broker_->CancelJob(waiting), StatusIs(Code::kFailedPrecondition));
 
   std::string active = Enqueue("q");
   LeasedJob j = LeaseOne("q");
@@ -429,7 +431,7 @@ TEST_F(BrokerTest, DedupKeyWithAnotherPayloadIsAlreadyExists) {
   std::string id = broker_->Enqueue(s)->job_id;
   s.payload = "two";
   auto r = broker_->Enqueue(s);
-  EXPECT_EQ(r.status().code(), Code::kAlreadyExists);
+  EXPECT_THAT(r, StatusIs(Code::kAlreadyExists));
   EXPECT_THAT(r.status().message(), HasSubstr(id));
   EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kReady], 1);
 }
@@ -494,7 +496,7 @@ TEST_F(BrokerTest, DedupKeyOutlivesItsJobUntilTheTtl) {
   std::string other = Enqueue("q");
   ASSERT_TRUE(broker_->Ack(AckSpec{other, LeaseOne("q").lease_id, ""}).ok());
   broker_->Tick();  // retention keeps 1 completed job: `first` goes
-  ASSERT_EQ(broker_->GetJob(first).status().code(), Code::kNotFound);
+  ASSERT_THAT(broker_->GetJob(first), StatusIs(Code::kNotFound));
   EXPECT_TRUE(broker_->Enqueue(s)->deduplicated);
   clock_.Advance(absl::Hours(1));
   broker_->Tick();
@@ -536,15 +538,15 @@ TEST_F(BrokerTest, BatchIsAllOrNothing) {
   std::vector<EnqueueSpec> batch(3, EnqueueSpec{.queue = "q", .payload = "x"});
   batch[2].queue = "";
   auto r = broker_->EnqueueBatch(batch);
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(r.status().message(), HasSubstr("jobs[2].queue"));
-  EXPECT_EQ(broker_->GetQueue("q").status().code(), Code::kNotFound);
+  EXPECT_THAT(broker_->GetQueue("q"), StatusIs(Code::kNotFound));
 
   // A dedup conflict inside the batch refuses it whole too.
   batch[2] = batch[0];
   batch[0].dedup_key = batch[2].dedup_key = "k";
   batch[2].payload = "other";
-  EXPECT_EQ(broker_->EnqueueBatch(batch).status().code(), Code::kAlreadyExists);
+  EXPECT_THAT(broker_->EnqueueBatch(batch), StatusIs(Code::kAlreadyExists));
 
   batch[2].payload = "x";
   auto ok = broker_->EnqueueBatch(batch);
@@ -561,25 +563,25 @@ TEST_F(BrokerTest, FullQueueRefusesEnqueue) {
   Enqueue("q");
   Enqueue("q");
   auto r = broker_->Enqueue(EnqueueSpec{.queue = "q"});
-  EXPECT_EQ(r.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(r, StatusIs(Code::kResourceExhausted));
   EXPECT_THAT(r.status().message(), HasSubstr("max_length"));
   std::vector<EnqueueSpec> batch(2, EnqueueSpec{.queue = "other"});
   batch.push_back(EnqueueSpec{.queue = "q"});
-  EXPECT_EQ(broker_->EnqueueBatch(batch).status().code(), Code::kResourceExhausted);
-  EXPECT_EQ(broker_->GetQueue("other").status().code(), Code::kNotFound);
+  EXPECT_THAT(broker_->EnqueueBatch(batch), StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(broker_->GetQueue("other"), StatusIs(Code::kNotFound));
 }
 
 TEST_F(BrokerTest, PayloadsAreHeldToTheQueuesMaxPayloadBytes) {
   const std::string one_mib(1 << 20, 'x');
   EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = one_mib}).ok());
   auto over = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = one_mib + "x"});
-  EXPECT_EQ(over.status().code(), Code::kResourceExhausted);
+  EXPECT_THAT(over, StatusIs(Code::kResourceExhausted));
   EXPECT_THAT(over.status().message(), HasSubstr("max_payload_bytes"));
   // Neither the refused job nor its queue exists.
   EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kReady], 1);
-  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "new", .payload = one_mib + "x"}).status().code(),
-            Code::kResourceExhausted);
-  EXPECT_EQ(broker_->GetQueue("new").status().code(), Code::kNotFound);
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "new", .payload = one_mib + "x"}),
+              StatusIs(Code::kResourceExhausted));
+  EXPECT_THAT(broker_->GetQueue("new"), StatusIs(Code::kNotFound));
 
   // A queue whose policy allows more takes more; one that allows less takes less.
   PolicyOverride big;
@@ -590,9 +592,8 @@ TEST_F(BrokerTest, PayloadsAreHeldToTheQueuesMaxPayloadBytes) {
   tiny.max_payload_bytes = 10;
   ASSERT_TRUE(broker_->UpdateQueuePolicy("tiny", tiny).ok());
   EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "tiny", .payload = "0123456789"}).ok());
-  EXPECT_EQ(
-      broker_->Enqueue(EnqueueSpec{.queue = "tiny", .payload = "0123456789!"}).status().code(),
-      Code::kResourceExhausted);
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "tiny", .payload = "0123456789!"}),
+              StatusIs(Code::kResourceExhausted));
 }
 
 TEST_F(BrokerTest, BadInputNamesTheFieldAndChangesNothing) {
@@ -622,17 +623,17 @@ TEST_F(BrokerTest, BadInputNamesTheFieldAndChangesNothing) {
   };
   for (const Case& c : cases) {
     auto r = broker_->Enqueue(c.spec);
-    EXPECT_EQ(r.status().code(), c.code) << c.field;
+    EXPECT_THAT(r, StatusIs(c.code)) << c.field;
     EXPECT_THAT(r.status().message(), HasSubstr(c.field));
   }
   EXPECT_TRUE(broker_->ListQueues().empty());
   EXPECT_EQ(store_.job_count(), 0u);
 
-  EXPECT_EQ(broker_->Ack(AckSpec{"", "l", ""}).code(), Code::kInvalidArgument);
-  EXPECT_EQ(broker_->Ack(AckSpec{"nope", "l", ""}).code(), Code::kNotFound);
-  EXPECT_EQ(broker_->Lease(LeaseSpec{"q", "", 1, {}}).status().code(), Code::kInvalidArgument);
-  EXPECT_EQ(broker_->GetJob("nope").status().code(), Code::kNotFound);
-  EXPECT_EQ(broker_->GetQueue("nope").status().code(), Code::kNotFound);
+  EXPECT_THAT(broker_->Ack(AckSpec{"", "l", ""}), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(broker_->Ack(AckSpec{"nope", "l", ""}), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->Lease(LeaseSpec{"q", "", 1, {}}), StatusIs(Code::kInvalidArgument));
+  EXPECT_THAT(broker_->GetJob("nope"), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->GetQueue("nope"), StatusIs(Code::kNotFound));
 }
 
 TEST_F(BrokerTest, WaitingLeaseIsAnsweredByTheNextEnqueue) {
@@ -670,7 +671,7 @@ TEST_F(BrokerTest, WaitingLeaseTimesOutEmptyOrIsCancelled) {
                               [&](absl::StatusOr<std::vector<LeasedJob>> r) { cancelled = r; });
   EXPECT_TRUE(broker_->CancelWait(w));
   ASSERT_TRUE(cancelled.has_value());
-  EXPECT_EQ(cancelled->status().code(), Code::kCancelled);
+  EXPECT_THAT(cancelled->status(), StatusIs(Code::kCancelled));
   Enqueue("q");
   EXPECT_EQ(Leasable("q"), 1u) << "a cancelled waiter must not take the job";
 }
@@ -694,8 +695,8 @@ TEST_F(BrokerTest, RetentionKeepsAtMostCountAndAge) {
     clock_.Advance(absl::Minutes(1));
   }
   broker_->Tick();
-  EXPECT_EQ(broker_->GetJob(ids[0]).status().code(), Code::kNotFound);
-  EXPECT_EQ(broker_->GetJob(ids[1]).status().code(), Code::kNotFound);
+  EXPECT_THAT(broker_->GetJob(ids[0]), StatusIs(Code::kNotFound));
+  EXPECT_THAT(broker_->GetJob(ids[1]), StatusIs(Code::kNotFound));
   EXPECT_TRUE(broker_->GetJob(ids[3]).ok());
   EXPECT_FALSE(store_.FindJob(ids[0]).has_value()) << "removed from the store too";
   clock_.Advance(absl::Hours(1));
@@ -720,8 +721,8 @@ TEST_F(BrokerTest, ListJobsPagesByStateInEnqueueOrder) {
   auto newest = broker_->ListJobs(ListJobsSpec{.queue = "q", .page_size = 1, .newest_first = true});
   ASSERT_TRUE(newest.ok());
   EXPECT_EQ(newest->jobs.at(0).id, ids[4]);
-  EXPECT_EQ(broker_->ListJobs(ListJobsSpec{.queue = "q", .page_token = "x"}).status().code(),
-            Code::kInvalidArgument);
+  EXPECT_THAT(broker_->ListJobs(ListJobsSpec{.queue = "q", .page_token = "x"}),
+              StatusIs(Code::kInvalidArgument));
 }
 
 TEST_F(BrokerTest, GetQueueReportsCountsAndOldestReadyAge) {
@@ -742,7 +743,7 @@ TEST_F(BrokerTest, InvalidPolicyChangeIsRefusedAndChangesNothing) {
   PolicyOverride bad;
   bad.max_attempts = 0;
   auto r = broker_->UpdateQueuePolicy("q", bad);
-  EXPECT_EQ(r.status().code(), Code::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(Code::kInvalidArgument));
   EXPECT_THAT(r.status().message(), HasSubstr("retry.max_attempts"));
   EXPECT_EQ(store_.policy_count(), 0u);
 }
@@ -750,9 +751,9 @@ TEST_F(BrokerTest, InvalidPolicyChangeIsRefusedAndChangesNothing) {
 TEST_F(BrokerTest, StorageFailureIsUnavailableAndStopsWrites) {
   store_.FailWritesAfter(0);
   auto r = broker_->Enqueue(EnqueueSpec{.queue = "q"});
-  EXPECT_EQ(r.status().code(), Code::kUnavailable);
+  EXPECT_THAT(r, StatusIs(Code::kUnavailable));
   store_.FailWritesAfter(-1);
-  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Code::kUnavailable)
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kUnavailable))
       << "after a failed write memory is ahead of disk: no more writes until it is rebuilt";
   Reopen();
   EXPECT_EQ(store_.job_count(), 0u);
@@ -766,7 +767,7 @@ TEST_F(BrokerTest, ShutdownAnswersWaitersAndRefusesChanges) {
   broker_->Shutdown();
   ASSERT_TRUE(got.has_value());
   EXPECT_TRUE(got->ok() && (*got)->empty());
-  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Code::kUnavailable);
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kUnavailable));
 }
 
 }  // namespace

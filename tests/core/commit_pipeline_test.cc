@@ -12,10 +12,12 @@
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 // Holds its first Write until released, so a test can pile appends up behind it.
@@ -117,11 +119,11 @@ TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
   CommitPipeline pipeline(store, CommitPipeline::Mode::kInline, &clock, &observer);
   EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("a", ""))).ok());
   uint64_t failed = pipeline.Append(PutJob("b", ""));
-  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(pipeline.WaitDurable(failed), StatusIs(absl::StatusCode::kUnavailable));
   store.FailWritesAfter(-1);
   uint64_t after = pipeline.Append(PutJob("c", ""));
-  EXPECT_EQ(pipeline.WaitDurable(after).code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(pipeline.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(pipeline.WaitDurable(after), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(pipeline.status(), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(store.FindJob("c").has_value()) << "nothing is written after a failure";
   EXPECT_EQ(observer.committed, 1u);
   EXPECT_EQ(observer.failures, 1) << "the failure is reported once";
@@ -137,16 +139,16 @@ TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain)
   EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("a", ""))).ok());
   store.FailWritesAfter(0);
   uint64_t failed = pipeline.Append(PutJob("b", ""));
-  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(pipeline.WaitDurable(failed), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(pipeline.healthy());
   uint64_t meanwhile = pipeline.Append(PutJob("c", ""));
   store.FailWritesAfter(-1);
   pipeline.Reset();
   EXPECT_TRUE(pipeline.healthy());
   EXPECT_TRUE(pipeline.status().ok());
-  EXPECT_EQ(pipeline.WaitDurable(meanwhile).code(), absl::StatusCode::kUnavailable)
+  EXPECT_THAT(pipeline.WaitDurable(meanwhile), StatusIs(absl::StatusCode::kUnavailable))
       << "dropped, even when asked after the reset";
-  EXPECT_EQ(pipeline.WaitDurable(failed).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(pipeline.WaitDurable(failed), StatusIs(absl::StatusCode::kUnavailable));
   uint64_t after = pipeline.Append(PutJob("d", ""));
   EXPECT_TRUE(pipeline.WaitDurable(after).ok());
   EXPECT_TRUE(store.FindJob("a").has_value());
@@ -154,7 +156,7 @@ TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain)
   EXPECT_FALSE(store.FindJob("c").has_value()) << "appended while broken: never written";
   EXPECT_TRUE(store.FindJob("d").has_value());
   ASSERT_EQ(hooked.size(), 1u) << "the hook runs once per failure";
-  EXPECT_EQ(hooked[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(hooked[0], StatusIs(absl::StatusCode::kUnavailable));
 }
 
 // Records which kind of write each call was, and can hold writes until released.

@@ -2,8 +2,11 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using ::testing::HasSubstr;
@@ -81,7 +84,7 @@ TEST(ValidatePolicyTest, NamesTheBadField) {
   QueuePolicy p;
   p.retry.max_attempts = 0;
   absl::Status s = ValidatePolicy(p, "queues[\"q\"]");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(s.message(), HasSubstr("queues[\"q\"].retry.max_attempts"));
 
   p = QueuePolicy{};

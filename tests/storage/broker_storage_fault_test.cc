@@ -16,13 +16,16 @@
 #include "storage/rocksdb_store.h"
 #include "tests/storage/faulty_file_system.h"
 #include "tests/storage/storage_test_util.h"
-#include "tests/testing/fake_clock.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 
-using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::StatusIs;
+
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 using storage_test::FaultyEnv;
@@ -100,7 +103,7 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
   faulty_.fs->SetFault(GetParam());
   const int wakes_before = wakes_;
   auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "d"});
-  EXPECT_EQ(failed.status().code(), Expected()) << failed.status();
+  EXPECT_THAT(failed, StatusIs(Expected())) << failed.status();
   EXPECT_THAT(failed.status().message(), HasSubstr("could not be made durable"));
   EXPECT_THAT(failed.status().message(), HasSubstr(ExpectedWords()));
   EXPECT_GT(faulty_.fs->injected(), 0);
@@ -108,13 +111,13 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
 
   // Every change is refused now, with the same code and a message that says why.
   auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "e"});
-  EXPECT_EQ(refused.status().code(), Expected());
+  EXPECT_THAT(refused, StatusIs(Expected()));
   EXPECT_THAT(refused.status().message(), HasSubstr(ExpectedWords()));
   EXPECT_THAT(refused.status().message(), HasSubstr("writes resume"));
-  EXPECT_EQ(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}).code(), Expected());
-  EXPECT_EQ(broker_->Lease(LeaseSpec{"q", "w", 1, {}}).status().code(), Expected());
-  EXPECT_EQ(broker_->CancelJob(b).status().code(), Expected());
-  EXPECT_EQ(broker_->storage_status().code(), Expected());
+  EXPECT_THAT(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->Lease(LeaseSpec{"q", "w", 1, {}}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->CancelJob(b), StatusIs(Expected()));
+  EXPECT_THAT(broker_->storage_status(), StatusIs(Expected()));
 
   // Reads answer, and show the acknowledged jobs as they were.
   ASSERT_TRUE(broker_->GetJob(a).ok());
@@ -126,11 +129,11 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
 
   // The retry comes after store_retry_interval (1 s), and fails while the disk does.
   broker_->Tick();
-  EXPECT_EQ(broker_->storage_status().code(), Expected());
+  EXPECT_THAT(broker_->storage_status(), StatusIs(Expected()));
   clock_.Advance(absl::Seconds(1));
   broker_->Tick();
-  EXPECT_EQ(broker_->storage_status().code(), Expected()) << "the disk still fails";
-  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Expected());
+  EXPECT_THAT(broker_->storage_status(), StatusIs(Expected())) << "the disk still fails";
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
 
   faulty_.fs->SetFault(Fault::kNone);
   clock_.Advance(absl::Milliseconds(500));
@@ -162,8 +165,8 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
 TEST_P(BrokerOnFaultyDiskTest, ResumeWritesTriesAtOnce) {
   const std::string a = Enqueue("a");
   faulty_.fs->SetFault(GetParam());
-  EXPECT_EQ(broker_->Enqueue(EnqueueSpec{.queue = "q"}).status().code(), Expected());
-  EXPECT_EQ(broker_->ResumeWrites().code(), Expected());
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->ResumeWrites(), StatusIs(Expected()));
   faulty_.fs->SetFault(Fault::kNone);
   ASSERT_TRUE(broker_->ResumeWrites().ok());
   EXPECT_TRUE(broker_->ResumeWrites().ok()) << "nothing to do is OK";

@@ -5,8 +5,12 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::IsOk;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using storage_test::Dedup;
@@ -24,13 +28,13 @@ absl::Status WriteOne(MemoryStore& store, const Transition& t) { return store.Wr
 TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothing) {
   MemoryStore store;
   store.FailWritesAfter(2);
-  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(store.Write({}).code(), absl::StatusCode::kOk);  // an empty write counts too
+  EXPECT_THAT(WriteOne(store, PutJob("a")), IsOk());
+  EXPECT_THAT(store.Write({}), IsOk());  // an empty write counts too
 
   absl::Status failed = WriteOne(store, PutJob("b"));
-  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(failed.message(), "injected write failure");
-  EXPECT_EQ(WriteOne(store, PutJob("c")).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(WriteOne(store, PutJob("c")), StatusIs(absl::StatusCode::kUnavailable));
 
   EXPECT_EQ(store.job_count(), 1u);
   EXPECT_TRUE(store.FindJob("a").has_value());
@@ -41,22 +45,22 @@ TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothin
 TEST(MemoryStoreTest, FailWritesAfterZeroFailsTheNextWriteAndNegativeHeals) {
   MemoryStore store;
   store.FailWritesAfter(0);
-  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(WriteOne(store, PutJob("a")), StatusIs(absl::StatusCode::kUnavailable));
   store.FailWritesAfter(-1);
-  EXPECT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
+  EXPECT_THAT(WriteOne(store, PutJob("a")), IsOk());
   EXPECT_EQ(store.job_count(), 1u);
 }
 
 TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
   MemoryStore store;
-  ASSERT_EQ(WriteOne(store, PutJob("keep")).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(WriteOne(store, PutJob("keep")), IsOk());
   store.FailWritesAfter(0);
   Transition del;
   del.delete_jobs = {"keep"};
   Transition put = PutJob("new");
   put.put_dedup = {Dedup("q", "k", "new")};
   put.put_policies = {{"q", PolicyOverride{}}};
-  EXPECT_EQ(store.Write({del, put}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(store.Write({del, put}), StatusIs(absl::StatusCode::kUnavailable));
 
   EXPECT_EQ(store.FindJob("keep"), SimpleJob("keep"));
   EXPECT_EQ(store.job_count(), 1u);
@@ -67,14 +71,14 @@ TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
 // The store is the state that survives a "restart": a second reader sees what the first wrote.
 TEST(MemoryStoreTest, ContentsOutliveTheirReaders) {
   MemoryStore store;
-  ASSERT_EQ(WriteOne(store, PutJob("a")).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(WriteOne(store, PutJob("a")), IsOk());
   {
     RecordingVisitor first;
-    ASSERT_EQ(store.Recover(first).code(), absl::StatusCode::kOk);
+    ASSERT_THAT(store.Recover(first), IsOk());
     EXPECT_EQ(first.jobs.size(), 1u);
   }
   RecordingVisitor second;
-  ASSERT_EQ(store.Recover(second).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(store.Recover(second), IsOk());
   ASSERT_EQ(second.jobs.size(), 1u);
   EXPECT_EQ(second.jobs[0], SimpleJob("a"));
 }

@@ -8,8 +8,11 @@
 #include "gtest/gtest.h"
 #include "storage/record.pb.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using storage_test::Dedup;
@@ -66,19 +69,19 @@ TEST(RecordCodecTest, WritesCurrentFormatVersion) {
 
 TEST(RecordCodecTest, GarbageJobBytesAreDataLoss) {
   absl::StatusOr<Job> decoded = DecodeJob("\xff\xff\xff\xff not a record");
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("JobRecord does not parse"));
 }
 
 TEST(RecordCodecTest, TruncatedJobRecordIsDataLoss) {
   std::string bytes = EncodeJob(FullJob());
   absl::StatusOr<Job> decoded = DecodeJob(absl::string_view(bytes).substr(0, bytes.size() - 3));
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
 }
 
 TEST(RecordCodecTest, EmptyBytesAreDataLossForMissingVersion) {
   absl::StatusOr<Job> decoded = DecodeJob("");
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("no format_version"));
 }
 
@@ -88,7 +91,7 @@ TEST(RecordCodecTest, NewerJobFormatIsDataLoss) {
   record.set_id("j");
   record.set_state(static_cast<int32_t>(JobState::kReady));
   absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("format_version 99"));
 }
 
@@ -97,7 +100,7 @@ TEST(RecordCodecTest, UnknownJobStateIsDataLoss) {
   ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
   record.set_state(42);
   absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("state 42"));
 }
 
@@ -106,7 +109,7 @@ TEST(RecordCodecTest, UnknownAttemptOutcomeIsDataLoss) {
   ASSERT_TRUE(record.ParseFromString(EncodeJob(FullJob())));
   record.mutable_attempts(0)->set_outcome(-1);
   absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("attempts.outcome -1"));
 }
 
@@ -119,7 +122,7 @@ TEST(RecordCodecTest, DuplicateHeaderIsDataLoss) {
     h->set_value("v");
   }
   absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
 }
 
 // A field added later without a version bump (allowed by record.proto's rules) is ignored.
@@ -141,11 +144,11 @@ TEST(RecordCodecTest, DedupRoundTripsWithQueueAndKeyFromArguments) {
 }
 
 TEST(RecordCodecTest, DedupGarbageAndNewerVersionAreDataLoss) {
-  EXPECT_EQ(DecodeDedup("q", "k", "\xff\xff\xff").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(DecodeDedup("q", "k", "\xff\xff\xff"), StatusIs(absl::StatusCode::kDataLoss));
   storage::DedupRecord record;
   record.set_format_version(99);
   absl::StatusOr<DedupEntry> decoded = DecodeDedup("q", "k", record.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("DedupRecord format_version 99"));
 }
 
@@ -173,17 +176,17 @@ TEST(RecordCodecTest, PolicyKeepsSetZeroValuesAndUnsetFields) {
 }
 
 TEST(RecordCodecTest, PolicyGarbageNewerVersionAndBadJitterAreDataLoss) {
-  EXPECT_EQ(DecodePolicy("\xff\xff\xff").status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(DecodePolicy("\xff\xff\xff"), StatusIs(absl::StatusCode::kDataLoss));
 
   storage::PolicyRecord newer;
   newer.set_format_version(99);
-  EXPECT_EQ(DecodePolicy(newer.SerializeAsString()).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(DecodePolicy(newer.SerializeAsString()), StatusIs(absl::StatusCode::kDataLoss));
 
   storage::PolicyRecord bad_jitter;
   bad_jitter.set_format_version(kPolicyRecordFormatVersion);
   bad_jitter.set_jitter(0);
   absl::StatusOr<PolicyOverride> decoded = DecodePolicy(bad_jitter.SerializeAsString());
-  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("jitter 0"));
 }
 

@@ -13,8 +13,11 @@
 #include "storage/rocksdb_store.h"
 #include "tests/storage/faulty_file_system.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using storage_test::FaultyEnv;
@@ -73,15 +76,15 @@ TEST_P(RocksDbStoreFaultTest, WritesFailWhileTheDiskFailsAndResumeAfterItHeals) 
 
   faulty_.fs->SetFault(GetParam());
   absl::Status failed = WriteOne(*store_, "c-failed");
-  EXPECT_EQ(failed.code(), Expected()) << failed;
+  EXPECT_THAT(failed, StatusIs(Expected())) << failed;
   EXPECT_GT(faulty_.fs->injected(), 0) << "the failure must come from the injected fault";
   // RocksDB keeps refusing (its background error) even for a write the disk could take.
-  EXPECT_EQ(WriteOne(*store_, "d-refused").code(), Expected());
+  EXPECT_THAT(WriteOne(*store_, "d-refused"), StatusIs(Expected()));
   // Reads keep working and see everything acknowledged before.
   EXPECT_THAT(StoredIds(*store_), ElementsAre("a-before", "b-before"));
   // A resume while the disk still fails fails the same way, and changes nothing.
-  EXPECT_EQ(store_->Resume().code(), Expected());
-  EXPECT_EQ(WriteOne(*store_, "e-refused").code(), Expected());
+  EXPECT_THAT(store_->Resume(), StatusIs(Expected()));
+  EXPECT_THAT(WriteOne(*store_, "e-refused"), StatusIs(Expected()));
   EXPECT_THAT(StoredIds(*store_), ElementsAre("a-before", "b-before"));
 
   faulty_.fs->SetFault(Fault::kNone);
@@ -103,7 +106,7 @@ TEST_P(RocksDbStoreFaultTest, FailsAgainAfterAResumeAndResumesAgain) {
   for (int round = 0; round < 3; ++round) {
     ASSERT_TRUE(WriteOne(*store_, absl::StrCat("ok-", round)).ok()) << round;
     faulty_.fs->SetFault(GetParam());
-    EXPECT_EQ(WriteOne(*store_, absl::StrCat("lost-", round)).code(), Expected()) << round;
+    EXPECT_THAT(WriteOne(*store_, absl::StrCat("lost-", round)), StatusIs(Expected())) << round;
     faulty_.fs->SetFault(Fault::kNone);
     absl::Status resumed = store_->Resume();
     ASSERT_TRUE(resumed.ok()) << round << ": " << resumed;
@@ -126,7 +129,7 @@ TEST(RocksDbStoreFaultMessageTest, NoSpaceSaysTheDiskIsFull) {
   ASSERT_TRUE(store.ok()) << store.status();
   faulty.fs->SetFault(Fault::kNoSpace);
   absl::Status s = WriteOne(**store, "j");
-  EXPECT_EQ(s.code(), Code::kResourceExhausted);
+  EXPECT_THAT(s, StatusIs(Code::kResourceExhausted));
   EXPECT_THAT(s.message(), HasSubstr("write to "));
   EXPECT_THAT(s.message(), HasSubstr("No space"));
 }

@@ -17,8 +17,12 @@
 #include "rocksdb/options.h"
 #include "storage/record_codec.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::IsOk;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using storage_test::Dedup;
@@ -99,7 +103,7 @@ class RocksDbStoreTest : public ::testing::Test {
   void WriteAndClose(const Transition& t) {
     std::unique_ptr<RocksDbStore> store = OpenOk();
     ASSERT_NE(store, nullptr);
-    ASSERT_EQ(store->Write({&t, 1}).code(), absl::StatusCode::kOk);
+    ASSERT_THAT(store->Write({&t, 1}), IsOk());
   }
 
   ScopedTempDir tmp_;
@@ -121,7 +125,7 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
       Transition t;
       t.put_jobs = {job};
       t.put_dedup = {Dedup("q", job.id, job.id)};
-      ASSERT_EQ(store->Write({&t, 1}).code(), absl::StatusCode::kOk);
+      ASSERT_THAT(store->Write({&t, 1}), IsOk());
     }
     Transition cleanup;
     for (int i = 0; i < 200; i += 2) {
@@ -129,13 +133,13 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
       cleanup.delete_dedup.emplace_back("q", jobs[i].id);
     }
     cleanup.put_policies = {{"q", FullPolicy()}};
-    ASSERT_EQ(store->Write({&cleanup, 1}).code(), absl::StatusCode::kOk);
+    ASSERT_THAT(store->Write({&cleanup, 1}), IsOk());
   }  // closed here
 
   std::unique_ptr<RocksDbStore> reopened = OpenOk();
   ASSERT_NE(reopened, nullptr);
   RecordingVisitor r;
-  ASSERT_EQ(reopened->Recover(r).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(reopened->Recover(r), IsOk());
 
   std::vector<Job> want_jobs;
   std::vector<DedupEntry> want_dedup;
@@ -167,7 +171,7 @@ TEST_F(RocksDbStoreTest, OpenRefusesNewerFormat) {
             std::to_string(kRocksDbStoreFormatVersion + 1));
   }
   absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(store.status().message(), HasSubstr("has format 2"));
 }
 
@@ -179,7 +183,7 @@ TEST_F(RocksDbStoreTest, OpenRefusesNewerFormatWithExtraColumnFamily) {
     raw.Put("added_by_v2", "x", "y");
     raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "2");
   }
-  EXPECT_EQ(RocksDbStore::Open(path_).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(RocksDbStore::Open(path_), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 TEST_F(RocksDbStoreTest, OpenRefusesUnreadableFormatMarker) {
@@ -189,7 +193,7 @@ TEST_F(RocksDbStoreTest, OpenRefusesUnreadableFormatMarker) {
     raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "one");
   }
   absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(store.status().message(), HasSubstr("unreadable"));
 }
 
@@ -199,14 +203,14 @@ TEST_F(RocksDbStoreTest, OpenRefusesForeignDatabase) {
     raw.Put(rocksdb::kDefaultColumnFamilyName, "someone-else", "data");
   }
   absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
-  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(store.status().message(), HasSubstr("without a jobbroker format marker"));
 }
 
 TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryIsUnavailable) {
   std::unique_ptr<RocksDbStore> first = OpenOk();
   ASSERT_NE(first, nullptr);
-  EXPECT_EQ(RocksDbStore::Open(path_).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(RocksDbStore::Open(path_), StatusIs(absl::StatusCode::kUnavailable));
 }
 
 // A record that does not decode is reported with its key and skipped; the scan goes on, so the
@@ -226,7 +230,7 @@ TEST_F(RocksDbStoreTest, CorruptJobRecordIsReportedNamingTheKeyAndSkipped) {
   EXPECT_THAT(r.events, ElementsAre("job:a-good", "corrupt:job/bad-job", "job:z-good"));
   ASSERT_EQ(r.corrupt.size(), 1u);
   EXPECT_EQ(r.corrupt[0].key, "bad-job");
-  EXPECT_EQ(r.corrupt[0].reason.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.corrupt[0].reason, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("jobs record \"bad-job\""));
   EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("JobRecord does not parse"));
   EXPECT_THAT(r.corrupt[0].reason.message(), Not(HasSubstr("secret"))) << "never the bytes";
@@ -247,7 +251,7 @@ TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsReportedAndSkipped) {
   ASSERT_TRUE(store->Recover(r).ok());
   ASSERT_EQ(r.corrupt.size(), 1u);
   EXPECT_TRUE(r.jobs.empty());
-  EXPECT_EQ(r.corrupt[0].reason.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(r.corrupt[0].reason, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(r.corrupt[0].reason.message(),
               HasSubstr("jobs record \"j\": JobRecord format_version 99"));
 }
@@ -277,11 +281,11 @@ TEST_F(RocksDbStoreTest, ReadJobOfUndecodableOrMisfiledRecordIsDataLoss) {
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   absl::Status bad = store->ReadJob("bad").status();
-  EXPECT_EQ(bad.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(bad.message(), HasSubstr("jobs record \"bad\""));
   EXPECT_THAT(bad.message(), Not(HasSubstr("secret"))) << "never the bytes";
   absl::Status misfiled = store->ReadJob("key").status();
-  EXPECT_EQ(misfiled.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(misfiled, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(misfiled.message(), HasSubstr("record holds job \"other\""));
 }
 

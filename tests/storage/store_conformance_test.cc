@@ -13,8 +13,12 @@
 #include "storage/memory_store.h"
 #include "storage/rocksdb_store.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
+
+using ::jobbroker::testing::IsOk;
+using ::jobbroker::testing::StatusIs;
 namespace {
 
 using storage_test::Dedup;
@@ -94,16 +98,16 @@ TYPED_TEST(StoreConformanceTest, EmptyStoreRecoversNothing) {
 }
 
 TYPED_TEST(StoreConformanceTest, EmptySpanAndEmptyTransitionAreOk) {
-  EXPECT_EQ(this->store().Write({}).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(this->Write(Transition{}).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(this->Write(std::vector<Transition>(3)).code(), absl::StatusCode::kOk);
+  EXPECT_THAT(this->store().Write({}), IsOk());
+  EXPECT_THAT(this->Write(Transition{}), IsOk());
+  EXPECT_THAT(this->Write(std::vector<Transition>(3)), IsOk());
   EXPECT_THAT(this->Recover().events, IsEmpty());
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversJobs) {
   Transition t;
   t.put_jobs = {SimpleJob("b"), SimpleJob("a", "other"), SimpleJob("c")};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
 
   RecordingVisitor r = this->Recover();
   // Key order, whatever the write order.
@@ -113,7 +117,7 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversJobs) {
 TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
   Transition t;
   t.put_jobs = {FullJob()};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
   RecordingVisitor r = this->Recover();
   ASSERT_EQ(r.jobs.size(), 1u);
   EXPECT_EQ(r.jobs[0], FullJob());
@@ -128,7 +132,7 @@ TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
   Job job = FullJob();
   Transition t;
   t.put_jobs = {job};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
   absl::StatusOr<Job> read = this->store().ReadJob(job.id);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, job);
@@ -137,21 +141,21 @@ TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
   job.state = JobState::kActive;
   Transition update;
   update.put_jobs = {job};
-  ASSERT_EQ(this->store().WriteUnsynced({&update, 1}).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->store().WriteUnsynced({&update, 1}), IsOk());
   read = this->store().ReadJob(job.id);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->state, JobState::kActive);
 }
 
 TYPED_TEST(StoreConformanceTest, ReadJobOfMissingOrDeletedJobIsNotFound) {
-  EXPECT_EQ(this->store().ReadJob("never").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(this->store().ReadJob("never"), StatusIs(absl::StatusCode::kNotFound));
   Transition put;
   put.put_jobs = {SimpleJob("a")};
-  ASSERT_EQ(this->Write(put).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(put), IsOk());
   Transition del;
   del.delete_jobs = {"a"};
-  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(this->store().ReadJob("a").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_THAT(this->Write(del), IsOk());
+  EXPECT_THAT(this->store().ReadJob("a"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
@@ -159,7 +163,7 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
   // An empty key and a key holding NUL bytes are legal: only the queue must be NUL-free.
   t.put_dedup = {Dedup("q2", "k", "j1"), Dedup("q", std::string("k\0x", 3), "j2"),
                  Dedup("q", "", "j3"), Dedup("q", "k", "j4")};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.dedup,
@@ -172,7 +176,7 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversPolicies) {
   paused.paused = true;
   Transition t;
   t.put_policies = {{"reports", FullPolicy()}, {"emails", paused}, {"empty", PolicyOverride{}}};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.policies, ElementsAre(Pair("emails", paused), Pair("empty", PolicyOverride{}),
@@ -184,7 +188,7 @@ TYPED_TEST(StoreConformanceTest, RecoverVisitsPoliciesThenDedupThenJobs) {
   t.put_jobs = {SimpleJob("a")};
   t.put_dedup = {Dedup("q", "k", "a")};
   t.put_policies = {{"q", FullPolicy()}};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
   EXPECT_THAT(this->Recover().events, ElementsAre("policy:q", "dedup:q/k", "job:a"));
 }
 
@@ -204,7 +208,7 @@ TYPED_TEST(StoreConformanceTest, LaterPutOfSameIdInOneWriteWins) {
   t2.put_jobs = {third};
   t2.put_dedup = {Dedup("q", "k", "new")};
   t2.put_policies = {{"q", FullPolicy()}};
-  ASSERT_EQ(this->Write({t1, t2}).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write({t1, t2}), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.jobs, ElementsAre(third));
@@ -217,13 +221,13 @@ TYPED_TEST(StoreConformanceTest, DeletesRemoveRecords) {
   put.put_jobs = {SimpleJob("a"), SimpleJob("b")};
   put.put_dedup = {Dedup("q", "k1", "a"), Dedup("q", "k2", "b")};
   put.put_policies = {{"q", FullPolicy()}, {"r", FullPolicy()}};
-  ASSERT_EQ(this->Write(put).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(put), IsOk());
 
   Transition del;
   del.delete_jobs = {"a", "never-existed"};
   del.delete_dedup = {{"q", "k1"}, {"nope", "k2"}};
   del.delete_policies = {"r", "missing"};
-  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(del), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("b")));
@@ -240,7 +244,7 @@ TYPED_TEST(StoreConformanceTest, DeleteInSameTransitionBeatsPut) {
   t.delete_dedup = {{"q", "k"}};
   t.put_policies = {{"q", FullPolicy()}};
   t.delete_policies = {"q"};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("b")));
@@ -263,7 +267,7 @@ TYPED_TEST(StoreConformanceTest, SeveralTransitionsInOneWriteApplyInOrder) {
   leased.state = JobState::kActive;
   leased.attempt = 1;
   lease.put_jobs = {leased};
-  ASSERT_EQ(this->Write({enqueue, finish, requeue, lease}).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write({enqueue, finish, requeue, lease}), IsOk());
 
   RecordingVisitor r = this->Recover();
   EXPECT_THAT(r.jobs, ElementsAre(SimpleJob("a", "q", "again"), leased));
@@ -275,10 +279,10 @@ TYPED_TEST(StoreConformanceTest, RecordsSurviveReopen) {
   t.put_jobs = {FullJob("x"), SimpleJob("y")};
   t.put_dedup = {Dedup("q", "k", "x")};
   t.put_policies = {{"q", FullPolicy()}};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
   Transition del;
   del.delete_jobs = {"y"};
-  ASSERT_EQ(this->Write(del).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(del), IsOk());
 
   this->Reopen();
   RecordingVisitor r = this->Recover();
@@ -289,14 +293,14 @@ TYPED_TEST(StoreConformanceTest, RecordsSurviveReopen) {
   // And the reopened store takes writes.
   Transition more;
   more.put_jobs = {SimpleJob("z")};
-  ASSERT_EQ(this->Write(more).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(more), IsOk());
   EXPECT_EQ(this->Recover().jobs.size(), 2u);
 }
 
 TYPED_TEST(StoreConformanceTest, RecoverCanRunTwice) {
   Transition t;
   t.put_jobs = {SimpleJob("a")};
-  ASSERT_EQ(this->Write(t).code(), absl::StatusCode::kOk);
+  ASSERT_THAT(this->Write(t), IsOk());
   EXPECT_THAT(this->Recover().events, ElementsAre("job:a"));
   EXPECT_THAT(this->Recover().events, ElementsAre("job:a"));
 }
@@ -307,11 +311,11 @@ TYPED_TEST(StoreConformanceTest, NulInDedupQueueIsRefusedAndNothingApplied) {
   good.put_jobs = {SimpleJob("a")};
   Transition bad_put;
   bad_put.put_dedup = {Dedup(std::string("q\0r", 3), "k", "a")};
-  EXPECT_EQ(this->Write({good, bad_put}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(this->Write({good, bad_put}), StatusIs(absl::StatusCode::kInvalidArgument));
 
   Transition bad_delete;
   bad_delete.delete_dedup = {{std::string("q\0r", 3), "k"}};
-  EXPECT_EQ(this->Write({good, bad_delete}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(this->Write({good, bad_delete}), StatusIs(absl::StatusCode::kInvalidArgument));
 
   EXPECT_THAT(this->Recover().events, IsEmpty());
 }
