@@ -17,7 +17,7 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp asan tsan crash fuzz api chart image-lint ui python go typescript interop java
+all_suites=(cpp thread-safety asan tsan crash fuzz api chart image-lint ui python go typescript interop java
   rust ruby bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
@@ -28,6 +28,9 @@ run_suite() {
     # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
     # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
     asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;
+    # Everything compiled by clang with -Wthread-safety -Werror: a member marked ABSL_GUARDED_BY
+    # read or written without its mutex, or a ...Locked method called without it, fails the build.
+    thread-safety) cmake --preset thread-safety >/dev/null && cmake --build --preset thread-safety ;;
     # The concurrency-heavy tests under ThreadSanitizer (tests/tsan/README.md).
     tsan) tests/tsan/run.sh ;;
     # The broker killed with SIGKILL 20 times under producers and workers; the checker proves
