@@ -770,5 +770,29 @@ TEST_F(BrokerTest, ShutdownAnswersWaitersAndRefusesChanges) {
   EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kUnavailable));
 }
 
+// Brokers of one process can share one commit writer (one broker per partition, next): each
+// broker's transitions go through the same pipeline, in one order, to the same store.
+TEST(SharedPipelineTest, TwoBrokersOnOnePipelineWriteThroughItAndOutliveNeitherIt) {
+  MemoryStore store;
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kInline, &clock);
+  BrokerOptions options;
+  options.pipeline = &pipeline;
+  auto first = BlockingBroker::Open(store, clock, options);
+  auto second = BlockingBroker::Open(store, clock, options);
+  ASSERT_TRUE(first.ok() && second.ok());
+  const uint64_t before = pipeline.writes();
+  auto a = (*first)->Enqueue(EnqueueSpec{.queue = "a"});
+  auto b = (*second)->Enqueue(EnqueueSpec{.queue = "b"});
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(pipeline.writes(), before + 2);
+  EXPECT_EQ((*first)->store_writes(), (*second)->store_writes()) << "one writer, one count";
+  EXPECT_TRUE(store.FindJob(a->job_id).has_value());
+  EXPECT_TRUE(store.FindJob(b->job_id).has_value());
+  first->reset();  // the pipeline is borrowed: the other broker keeps writing through it
+  EXPECT_TRUE((*second)->Enqueue(EnqueueSpec{.queue = "b"}).ok());
+  EXPECT_EQ(pipeline.writes(), before + 3);
+}
+
 }  // namespace
 }  // namespace jobbroker
