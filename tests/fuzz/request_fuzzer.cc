@@ -1,9 +1,9 @@
 // Arbitrary bytes as API requests. The first byte picks a request message (request_kinds.h), the
 // rest is parsed as its wire form (or as the JSON text of a --config file) and goes down the path
-// the gRPC services take: wire -> core conversion (server/convert.h, server/config.h), the core
-// checks (core/validation.h), then the Broker itself, over a MemoryStore with a FakeClock. The
-// services' own glue (which function for which field) is repeated here, since it sits inside
-// gRPC reactors.
+// the gRPC services take: wire -> core conversion (server/convert/convert.h,
+// server/config/config.h), the core checks (core/validation.h), then the Broker itself, over a
+// MemoryStore with a FakeClock. The services' own glue (which function for which field) is repeated
+// here, since it sits inside gRPC reactors.
 //
 // Besides "no crash, no undefined behaviour, no leak" (the sanitizers), each input checks:
 // - a refusal before the broker (conversion or validation) is INVALID_ARGUMENT or
@@ -40,8 +40,8 @@
 #include "jobbroker/v1/admin.pb.h"
 #include "jobbroker/v1/broker.pb.h"
 #include "jobbroker/v1/policy.pb.h"
-#include "server/config.h"
-#include "server/convert.h"
+#include "server/config/config.h"
+#include "server/convert/convert.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/request_kinds.h"
 
@@ -49,6 +49,9 @@ namespace jobbroker::fuzz {
 namespace {
 
 using Code = absl::StatusCode;
+using ::jobbroker::server::FromProto;
+using ::jobbroker::server::ParseServerConfig;
+using ::jobbroker::server::ServerPolicies;
 
 constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 
@@ -565,7 +568,7 @@ class Harness {
     int pushed = 0;
   };
 
-  // What server/work_stream.cc does with each message of a Work stream.
+  // What server/grpc/work_stream.cc does with each message of a Work stream.
   void Work(const v1::WorkRequest& req) {
     switch (req.request_case()) {
       case v1::WorkRequest::kSubscribe: {
@@ -677,7 +680,7 @@ class Harness {
            [&] { return broker_->PurgeQueue(req.queue(), *states).status(); });
   }
 
-  // A --config file: parsed (server/config.cc), checked (what --check-config and the start
+  // A --config file: parsed (server/config/config.cc), checked (what --check-config and the start
   // run), then a broker must open with it, and every queue it names must hold a valid policy.
   void ServerConfig(const std::string& json) {
     absl::StatusOr<ServerPolicies> parsed = ParseServerConfig(json);

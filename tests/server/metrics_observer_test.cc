@@ -1,6 +1,6 @@
 // Metric updates per transition: a real broker (fake clock, memory store) drives the
 // MetricsObserver, and the registry's samples are read back.
-#include "server/metrics_observer.h"
+#include "server/observability/metrics_observer.h"
 
 #include <map>
 #include <string>
@@ -9,10 +9,10 @@
 #include "core/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 #include "storage/memory_store.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 namespace {
 
 // name{label=value,...} -> value, for counters, and histogram _count samples.
@@ -188,4 +188,4 @@ TEST_F(CappedMetricsTest, TheScrapeGaugesSumTheOtherQueues) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server
