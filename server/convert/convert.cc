@@ -126,8 +126,28 @@ absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req) {
   return s;
 }
 
+std::vector<AckSpec> FromProto(const v1::AckBatchRequest& req) {
+  std::vector<AckSpec> specs;
+  specs.reserve(static_cast<size_t>(req.acks_size()));
+  for (const v1::AckRequest& ack : req.acks()) specs.push_back(FromProto(ack));
+  return specs;
+}
+
 ReleaseSpec FromProto(const v1::ReleaseRequest& req) {
   return ReleaseSpec{req.job_id(), req.lease_id()};
+}
+
+absl::StatusOr<SubscribeSpec> FromProto(const v1::SubscribeRequest& req) {
+  SubscribeSpec s;
+  s.queues.assign(req.queues().begin(), req.queues().end());
+  s.worker_id = req.worker_id();
+  s.max_in_flight = req.max_in_flight();
+  if (req.has_lease_duration()) {
+    absl::StatusOr<absl::Duration> d = FromProto(req.lease_duration(), "lease_duration");
+    if (!d.ok()) return d.status();
+    s.lease_duration = *d;
+  }
+  return s;
 }
 
 absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
@@ -241,6 +261,52 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
       return s;
   }
   return o;
+}
+
+void ToProto(const EnqueueResult& r, v1::EnqueueResponse* out) {
+  out->set_job_id(r.job_id);
+  out->set_deduplicated(r.deduplicated);
+}
+
+void ToProto(const HeartbeatResult& r, v1::HeartbeatResponse* out) {
+  if (HasTime(r.lease_deadline)) ToProto(r.lease_deadline, out->mutable_lease_deadline());
+  out->set_cancel_requested(r.cancel_requested);
+}
+
+void ToProto(const FailResult& r, v1::FailResponse* out) {
+  out->set_state(static_cast<v1::JobState>(r.state));
+  if (HasTime(r.next_attempt_at)) ToProto(r.next_attempt_at, out->mutable_next_attempt_at());
+}
+
+void ToProto(uint64_t request_id, const absl::Status& status, v1::WorkResult* out) {
+  out->set_request_id(request_id);
+  out->set_code(static_cast<int>(status.code()));
+  out->set_message(std::string(status.message()));
+}
+
+void ToProto(const HeartbeatResult& r, v1::WorkResult* out) {
+  if (HasTime(r.lease_deadline)) ToProto(r.lease_deadline, out->mutable_lease_deadline());
+  out->set_cancel_requested(r.cancel_requested);
+}
+
+void ToProto(const std::vector<absl::Status>& items, v1::WorkResult* out) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].ok()) continue;
+    v1::ItemError* e = out->add_item_errors();
+    e->set_index(static_cast<int32_t>(i));
+    e->set_code(static_cast<int>(items[i].code()));
+    e->set_message(std::string(items[i].message()));
+  }
+}
+
+void ToProto(const ListJobsResult& r, v1::ListJobsResponse* out) {
+  for (const Job& j : r.jobs) ToProto(j, out->add_jobs());
+  out->set_next_page_token(r.next_page_token);
+}
+
+void ToProto(const RetryJobsResult& r, v1::RetryJobResponse* out) {
+  out->set_matched(r.matched);
+  out->set_retried(r.retried);
 }
 
 void ToProto(const LeasedJob& j, v1::LeasedJob* out) {

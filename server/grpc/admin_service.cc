@@ -27,10 +27,7 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ct
   absl::StatusOr<ListJobsSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
   absl::StatusOr<ListJobsResult> page = broker_.ListJobs(*spec);
-  if (page.ok()) {
-    for (const Job& j : page->jobs) ToProto(j, resp->add_jobs());
-    resp->set_next_page_token(page->next_page_token);
-  }
+  if (page.ok()) ToProto(*page, resp);
   return call.Finish(page.status());
 }
 
@@ -82,10 +79,7 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
   absl::StatusOr<RetryJobsSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
   broker_.RetryJobs(std::move(*spec), [call, resp](absl::StatusOr<RetryJobsResult> result) {
-    if (result.ok()) {
-      resp->set_matched(result->matched);
-      resp->set_retried(result->retried);
-    }
+    if (result.ok()) ToProto(*result, resp);
     call.Finish(result.status());
   });
   return call.reactor();

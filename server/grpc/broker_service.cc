@@ -81,10 +81,7 @@ grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ct
   std::vector<EnqueueSpec> one;
   one.push_back(std::move(*spec));
   broker_.EnqueueBatch(std::move(one), [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
-    if (r.ok()) {
-      resp->set_job_id(r->front().job_id);
-      resp->set_deduplicated(r->front().deduplicated);
-    }
+    if (r.ok()) ToProto(r->front(), resp);
     call.Finish(r.status());
   });
   return call.reactor();
@@ -108,11 +105,7 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
       std::move(specs),
       [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
         if (r.ok()) {
-          for (const EnqueueResult& e : *r) {
-            v1::EnqueueResponse* out = resp->add_results();
-            out->set_job_id(e.job_id);
-            out->set_deduplicated(e.deduplicated);
-          }
+          for (const EnqueueResult& e : *r) ToProto(e, resp->add_results());
         }
         call.Finish(r.status());
       },
@@ -148,10 +141,7 @@ grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* 
   absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
   broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<HeartbeatResult> r) {
-    if (r.ok()) {
-      if (HasTime(r->lease_deadline)) ToProto(r->lease_deadline, resp->mutable_lease_deadline());
-      resp->set_cancel_requested(r->cancel_requested);
-    }
+    if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
   });
   return call.reactor();
@@ -174,10 +164,7 @@ grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
   absl::StatusOr<FailSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
   broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<FailResult> r) {
-    if (r.ok()) {
-      resp->set_state(static_cast<v1::JobState>(r->state));
-      if (HasTime(r->next_attempt_at)) ToProto(r->next_attempt_at, resp->mutable_next_attempt_at());
-    }
+    if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
   });
   return call.reactor();

@@ -13,9 +13,7 @@ namespace {
 // Makes `m` the WorkResult answering request `id` with `status`; the caller adds the rest.
 v1::WorkResult* NewResult(v1::WorkResponse& m, uint64_t id, const absl::Status& status) {
   v1::WorkResult* result = m.mutable_result();
-  result->set_request_id(id);
-  result->set_code(static_cast<int>(status.code()));
-  result->set_message(std::string(status.message()));
+  ToProto(id, status, result);
   return result;
 }
 
@@ -165,10 +163,7 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       broker_.Heartbeat(std::move(*spec), [this, id](absl::StatusOr<HeartbeatResult> r) {
         v1::WorkResponse m;
         v1::WorkResult* result = NewResult(m, id, r.status());
-        if (r.ok()) {
-          ToProto(r->lease_deadline, result->mutable_lease_deadline());
-          result->set_cancel_requested(r->cancel_requested);
-        }
+        if (r.ok()) ToProto(*r, result);
         Send(std::move(m));
         EndOp();
       });
@@ -182,26 +177,15 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       });
       return;
     case v1::WorkRequest::kAckBatch: {
-      std::vector<AckSpec> specs;
-      specs.reserve(static_cast<size_t>(request.ack_batch().acks_size()));
-      for (const v1::AckRequest& ack : request.ack_batch().acks()) specs.push_back(FromProto(ack));
       BeginOp();
-      broker_.AckBatch(std::move(specs), [this, id](absl::StatusOr<std::vector<absl::Status>> r) {
-        v1::WorkResponse m;
-        v1::WorkResult* result = NewResult(m, id, r.status());
-        if (r.ok()) {
-          for (size_t i = 0; i < r->size(); ++i) {
-            const absl::Status& item = (*r)[i];
-            if (item.ok()) continue;
-            v1::ItemError* e = result->add_item_errors();
-            e->set_index(static_cast<int32_t>(i));
-            e->set_code(static_cast<int>(item.code()));
-            e->set_message(std::string(item.message()));
-          }
-        }
-        Send(std::move(m));
-        EndOp();
-      });
+      broker_.AckBatch(FromProto(request.ack_batch()),
+                       [this, id](absl::StatusOr<std::vector<absl::Status>> r) {
+                         v1::WorkResponse m;
+                         v1::WorkResult* result = NewResult(m, id, r.status());
+                         if (r.ok()) ToProto(*r, result);
+                         Send(std::move(m));
+                         EndOp();
+                       });
       return;
     }
     case v1::WorkRequest::kFail: {
@@ -249,17 +233,10 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
         request_id,
         absl::FailedPreconditionError(
             "subscribe: this stream has already subscribed; open another stream for other queues"));
-  SubscribeSpec spec;
-  spec.queues.assign(subscribe.queues().begin(), subscribe.queues().end());
-  spec.worker_id = subscribe.worker_id();
-  spec.max_in_flight = subscribe.max_in_flight();
-  if (subscribe.has_lease_duration()) {
-    absl::StatusOr<absl::Duration> d = FromProto(subscribe.lease_duration(), "lease_duration");
-    if (!d.ok()) return Answer(request_id, d.status());
-    spec.lease_duration = *d;
-  }
+  absl::StatusOr<SubscribeSpec> spec = FromProto(subscribe);
+  if (!spec.ok()) return Answer(request_id, spec.status());
   auto sink = std::make_shared<Sink>(self_);
-  absl::StatusOr<uint64_t> stream = broker_.Subscribe(std::move(spec), sink);
+  absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
   {
     absl::MutexLock lock(&mu_);

@@ -572,16 +572,9 @@ class Harness {
   void Work(const v1::WorkRequest& req) {
     switch (req.request_case()) {
       case v1::WorkRequest::kSubscribe: {
-        const v1::SubscribeRequest& sub = req.subscribe();
-        SubscribeSpec spec;
-        spec.queues.assign(sub.queues().begin(), sub.queues().end());
-        spec.worker_id = sub.worker_id();
-        spec.max_in_flight = sub.max_in_flight();
-        if (sub.has_lease_duration()) {
-          absl::StatusOr<absl::Duration> d = FromProto(sub.lease_duration(), "lease_duration");
-          if (!d.ok()) return CheckShapeRefusal(d.status(), "FromProto(SubscribeRequest)");
-          spec.lease_duration = *d;
-        }
+        absl::StatusOr<SubscribeSpec> parsed = FromProto(req.subscribe());
+        if (!parsed.ok()) return CheckShapeRefusal(parsed.status(), "FromProto(SubscribeRequest)");
+        const SubscribeSpec& spec = *parsed;
         auto sink = std::make_shared<Sink>();
         std::optional<uint64_t> stream;
         absl::Status s = Changing("Subscribe", {Code::kOk, Code::kInvalidArgument}, [&] {
