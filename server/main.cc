@@ -65,9 +65,9 @@ int Run(int argc, char** argv) {
   // run with it (they do not come through here).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::StatusOr<ServerFlags> flags = ParseFlags(argc, argv);
-  if (!flags.ok()) return Fatal(std::string(flags.status().message()) + "\n" + kUsage);
+  if (!flags.ok()) return Fatal(std::string(flags.status().message()) + "\n" + Usage());
   if (flags->help) {
-    std::cout << kUsage;
+    std::cout << Usage();
     return 0;
   }
   LogLevel log_level;
