@@ -13,7 +13,7 @@ packages=(
   libgtest-dev libgmock-dev clang-format
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
   openssl     # a throwaway CA for the TLS tests
-  libssl-dev  # the HTTP endpoint's TLS (server/tls_front.cc)
+  libssl-dev  # the HTTP endpoint's TLS (server/http/tls_front.cc)
   libjemalloc-dev  # the broker's allocator (CMakeLists.txt: JOBBROKER_JEMALLOC)
 )
 if [ "${1:-}" = "--tests" ]; then

@@ -16,28 +16,29 @@
 #include "core/broker.h"
 #include "core/clock.h"
 #include "core/validation.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
 #include "prometheus/registry.h"
-#include "server/admin_http_api.h"
-#include "server/admin_service.h"
-#include "server/auth_tokens.h"
-#include "server/authorizer.h"
-#include "server/broker_service.h"
-#include "server/config.h"
-#include "server/flags.h"
-#include "server/http_server.h"
-#include "server/log.h"
-#include "server/log_observer.h"
-#include "server/metrics.h"
-#include "server/metrics_observer.h"
-#include "server/process_metrics.h"
-#include "server/rpc_auth.h"
-#include "server/rpc_metrics.h"
-#include "server/storage_health.h"
+#include "server/auth/auth_tokens.h"
+#include "server/auth/authorizer.h"
+#include "server/auth/tls.h"
+#include "server/config/config.h"
+#include "server/config/flags.h"
+#include "server/grpc/admin_service.h"
+#include "server/grpc/broker_service.h"
+#include "server/grpc/rpc_auth.h"
+#include "server/grpc/rpc_metrics.h"
+#include "server/http/admin_http_api.h"
+#include "server/http/http_server.h"
+#include "server/observability/log.h"
+#include "server/observability/log_observer.h"
+#include "server/observability/metrics.h"
+#include "server/observability/metrics_observer.h"
+#include "server/observability/process_metrics.h"
+#include "server/observability/storage_health.h"
 #include "server/ticker.h"
-#include "server/tls.h"
 #include "storage/rocksdb_store.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payloads
@@ -48,7 +49,7 @@ constexpr int kMaxConcurrentStreamsPerConnection = 1000;
 constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
 
 // A start that fails prints one plain line, for the person at the terminal (and the tests);
-// everything after the start is structured (server/log.h).
+// everything after the start is structured (server/observability/log.h).
 int Fatal(const std::string& what) {
   std::cerr << "jobbroker: " << what << std::endl;
   return 1;
@@ -64,9 +65,9 @@ int Run(int argc, char** argv) {
   // run with it (they do not come through here).
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::StatusOr<ServerFlags> flags = ParseFlags(argc, argv);
-  if (!flags.ok()) return Fatal(std::string(flags.status().message()) + "\n" + kUsage);
+  if (!flags.ok()) return Fatal(std::string(flags.status().message()) + "\n" + Usage());
   if (flags->help) {
-    std::cout << kUsage;
+    std::cout << Usage();
     return 0;
   }
   LogLevel log_level;
@@ -90,7 +91,7 @@ int Run(int argc, char** argv) {
     options.queue_policies = config->queues;
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      GrpcServerCredentials(*flags);
+      GrpcServerCredentials({flags->tls_cert, flags->tls_key, flags->tls_client_ca});
   if (!credentials.ok()) return Fatal(std::string(credentials.status().message()));
   std::unique_ptr<Authorizer> authorizer;  // null: no --auth-tokens, every call allowed
   if (!flags->auth_tokens.empty()) {
@@ -143,7 +144,8 @@ int Run(int argc, char** argv) {
   QueueLabels queue_labels(static_cast<size_t>(flags->metrics_max_queues));
   MetricsObserver metrics(registry, queue_labels);
   LogObserver log_observer;
-  StorageHealth storage_health;  // readiness follows the store (server/storage_health.h)
+  StorageHealth
+      storage_health;  // readiness follows the store (server/observability/storage_health.h)
   std::vector<BrokerObserver*> observers = {&log_observer, &storage_health};
   if (metrics_on) observers.push_back(&metrics);
   TeeObserver observer(observers);
@@ -190,7 +192,11 @@ int Run(int argc, char** argv) {
   (*http)->AddCollectable(&storage);
   (*http)->SetApi(&admin_http);
   (*http)->SetReady(true);
-  storage_health.Attach(http->get(), server->GetHealthCheckService());
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  storage_health.Attach([&http, health](bool writable) {
+    (*http)->SetReady(writable);
+    health->SetServingStatus(v1::Broker::service_full_name(), writable);
+  });
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);
   const std::string http_address = WithPort(flags->http_listen, (*http)->port());
@@ -225,6 +231,6 @@ int Run(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server
 
-int main(int argc, char** argv) { return jobbroker::Run(argc, argv); }
+int main(int argc, char** argv) { return jobbroker::server::Run(argc, argv); }

@@ -1,6 +1,6 @@
 #include "server/ticker.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 
 void Ticker::Start(Broker& broker) {
   thread_ = std::thread([this, &broker] { Loop(broker); });
@@ -31,4 +31,4 @@ void Ticker::Loop(Broker& broker) {
   }
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::server

@@ -5,7 +5,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/broker.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 
 // Runs Broker::Tick on its own thread at the times the broker asks for: lease expiry, jobs
 // coming due and long-poll time-outs happen on time without any polling interval. Wake() makes
@@ -31,4 +31,4 @@ class Ticker {
   std::thread thread_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::server

@@ -1,9 +1,9 @@
 // Arbitrary bytes as API requests. The first byte picks a request message (request_kinds.h), the
 // rest is parsed as its wire form (or as the JSON text of a --config file) and goes down the path
-// the gRPC services take: wire -> core conversion (server/convert.h, server/config.h), the core
-// checks (core/validation.h), then the Broker itself, over a MemoryStore with a FakeClock. The
-// services' own glue (which function for which field) is repeated here, since it sits inside
-// gRPC reactors.
+// the gRPC services take: wire -> core conversion (server/convert/convert.h,
+// server/config/config.h), the core checks (core/validation.h), then the Broker itself, over a
+// MemoryStore with a FakeClock. The services' own glue (which function for which field) is repeated
+// here, since it sits inside gRPC reactors.
 //
 // Besides "no crash, no undefined behaviour, no leak" (the sanitizers), each input checks:
 // - a refusal before the broker (conversion or validation) is INVALID_ARGUMENT or
@@ -40,8 +40,8 @@
 #include "jobbroker/v1/admin.pb.h"
 #include "jobbroker/v1/broker.pb.h"
 #include "jobbroker/v1/policy.pb.h"
-#include "server/config.h"
-#include "server/convert.h"
+#include "server/config/config.h"
+#include "server/convert/convert.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/request_kinds.h"
 #include "tests/testing/fake_clock.h"
@@ -54,6 +54,9 @@ using ::jobbroker::testing::BlockingBroker;
 namespace {
 
 using Code = absl::StatusCode;
+using ::jobbroker::server::FromProto;
+using ::jobbroker::server::ParseServerConfig;
+using ::jobbroker::server::ServerPolicies;
 
 constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 
@@ -570,20 +573,13 @@ class Harness {
     int pushed = 0;
   };
 
-  // What server/work_stream.cc does with each message of a Work stream.
+  // What server/grpc/work_stream.cc does with each message of a Work stream.
   void Work(const v1::WorkRequest& req) {
     switch (req.request_case()) {
       case v1::WorkRequest::kSubscribe: {
-        const v1::SubscribeRequest& sub = req.subscribe();
-        SubscribeSpec spec;
-        spec.queues.assign(sub.queues().begin(), sub.queues().end());
-        spec.worker_id = sub.worker_id();
-        spec.max_in_flight = sub.max_in_flight();
-        if (sub.has_lease_duration()) {
-          absl::StatusOr<absl::Duration> d = FromProto(sub.lease_duration(), "lease_duration");
-          if (!d.ok()) return CheckShapeRefusal(d.status(), "FromProto(SubscribeRequest)");
-          spec.lease_duration = *d;
-        }
+        absl::StatusOr<SubscribeSpec> parsed = FromProto(req.subscribe());
+        if (!parsed.ok()) return CheckShapeRefusal(parsed.status(), "FromProto(SubscribeRequest)");
+        const SubscribeSpec& spec = *parsed;
         auto sink = std::make_shared<Sink>();
         std::optional<uint64_t> stream;
         absl::Status s = Changing("Subscribe", {Code::kOk, Code::kInvalidArgument}, [&] {
@@ -682,7 +678,7 @@ class Harness {
            [&] { return broker_->PurgeQueue(req.queue(), *states).status(); });
   }
 
-  // A --config file: parsed (server/config.cc), checked (what --check-config and the start
+  // A --config file: parsed (server/config/config.cc), checked (what --check-config and the start
   // run), then a broker must open with it, and every queue it names must hold a valid policy.
   void ServerConfig(const std::string& json) {
     absl::StatusOr<ServerPolicies> parsed = ParseServerConfig(json);

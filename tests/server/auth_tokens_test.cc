@@ -1,5 +1,5 @@
 // The --auth-tokens file: what it accepts, and that every refusal names the entry and field.
-#include "server/auth_tokens.h"
+#include "server/auth/auth_tokens.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 namespace {
 
 using ::testing::AllOf;
@@ -174,4 +174,4 @@ TEST(LoadAuthTokensTest, NamesTheFlagAndPath) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server

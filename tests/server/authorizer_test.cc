@@ -1,5 +1,5 @@
 // Who may call what: bearer token lookup, queue patterns and the role table.
-#include "server/authorizer.h"
+#include "server/auth/authorizer.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "gmock/gmock.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 namespace {
 
 using ::testing::AllOf;
@@ -143,4 +143,4 @@ TEST_F(AuthorizerTest, RoleOnlyChecksAndQueueMatching) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server

@@ -1,6 +1,6 @@
 // Metric updates per transition: a real broker (fake clock, memory store) drives the
 // MetricsObserver, and the registry's samples are read back.
-#include "server/metrics_observer.h"
+#include "server/observability/metrics_observer.h"
 
 #include <map>
 #include <string>
@@ -9,15 +9,15 @@
 #include "core/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 #include "storage/memory_store.h"
-#include "tests/testing/fake_clock.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 
-using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 namespace {
 
 // name{label=value,...} -> value, for counters, and histogram _count samples.
@@ -193,4 +193,4 @@ TEST_F(CappedMetricsTest, TheScrapeGaugesSumTheOtherQueues) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server

@@ -1,4 +1,4 @@
-#include "server/rpc_metrics.h"
+#include "server/grpc/rpc_metrics.h"
 
 #include <map>
 #include <string>
@@ -8,7 +8,7 @@
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "prometheus/registry.h"
 
-namespace jobbroker {
+namespace jobbroker::server {
 namespace {
 
 // method -> code -> sample count, for every series of jobbroker_rpc_duration_seconds.
@@ -73,4 +73,4 @@ TEST(RpcMetricsTest, AMethodTheServiceLacksIsAWiringBug) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::server

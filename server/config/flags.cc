@@ -1,0 +1,198 @@
+#include "server/config/flags.h"
+
+#include <algorithm>
+#include <optional>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+
+// The definitions: absl names them with '_' (data_dir); on the command line and in --help they
+// are spelt with '-' (--data-dir), as they always were. Keep each help text to one line.
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "gRPC address, HOST:PORT (port 0 picks a free port)");
+ABSL_FLAG(std::string, http_listen, "127.0.0.1:8080",
+          "HTTP address for /metrics, /healthz, /readyz and the dashboard, HOST:PORT");
+ABSL_FLAG(std::string, data_dir, "./data", "where jobs are kept (RocksDB)");
+ABSL_FLAG(std::string, config, "",
+          "policies: a file of proto3 JSON of jobbroker.v1.ServerConfig (empty: built-in)");
+ABSL_FLAG(std::string, log_level, "info", "debug | info | warn | error");
+ABSL_FLAG(std::string, log_format, "json", "json (one object per line on stderr) | text");
+ABSL_FLAG(std::string, metrics, "on", "on | off (off drops job, RPC and WAL metrics)");
+ABSL_FLAG(int64_t, metrics_max_queues, 1000,
+          "queues labelled by name in /metrics, 0 to 1000000 (0: all); later ones are counted "
+          "together under queue=\"(other)\"");
+ABSL_FLAG(std::string, tls_cert, "", "gRPC over TLS: the server's certificate chain (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "gRPC over TLS: its private key (PEM); needs --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "require gRPC client certificates signed by this CA (PEM): mutual TLS");
+ABSL_FLAG(std::string, http_tls_cert, "", "HTTPS: the HTTP endpoint's certificate chain (PEM)");
+ABSL_FLAG(std::string, http_tls_key, "", "HTTPS: its private key (PEM); needs --http-tls-cert");
+ABSL_FLAG(std::string, http_tls_client_ca, "",
+          "require HTTP client certificates signed by this CA (PEM): mutual TLS");
+ABSL_FLAG(std::string, auth_tokens, "",
+          "require a bearer token on every Broker and Admin call: a JSON file of tokens (their "
+          "SHA-256), each with roles and queue patterns");
+ABSL_FLAG(int, max_work_streams, 10000,
+          "open Work streams allowed at once, over all workers, 1 to 1000000");
+ABSL_FLAG(int64_t, max_hot_jobs, 100'000,
+          "jobs kept whole in memory (about 1 KB each), 0 to 1000000000; waiting jobs past it "
+          "take about 90 bytes each and are read from disk when leased");
+ABSL_FLAG(bool, check_config, false,
+          "validate the flags, the --config file and the TLS files, say so, exit (0 if the broker "
+          "would start with them, 1 otherwise)");
+
+namespace jobbroker::server {
+namespace {
+
+// The numeric flags' ranges: a value that does not parse gets the same message as one out of
+// range, naming the flag.
+struct Range {
+  absl::string_view name;  // absl's
+  int64_t min;
+  int64_t max;
+
+  bool Holds(int64_t value) const { return value >= min && value <= max; }
+};
+constexpr Range kMaxWorkStreams = {"max_work_streams", 1, 1'000'000};
+constexpr Range kMaxHotJobs = {"max_hot_jobs", 0, 1'000'000'000};
+constexpr Range kMetricsMaxQueues = {"metrics_max_queues", 0, 1'000'000};
+constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs, kMetricsMaxQueues};
+
+std::string Spelt(absl::string_view absl_name) {
+  return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
+}
+
+// The flags defined above (not those of libraries), by their absl name.
+std::vector<absl::CommandLineFlag*> OurFlags() {
+  std::vector<absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (flag->Filename() == __FILE__) flags.push_back(flag);
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
+              return a->Name() < b->Name();
+            });
+  return flags;
+}
+
+// "--data-dir" -> the data_dir flag; nullptr if it is none of ours.
+absl::CommandLineFlag* FindFlag(absl::string_view arg) {
+  if (!absl::ConsumePrefix(&arg, "--") || absl::StrContains(arg, '_')) return nullptr;
+  absl::CommandLineFlag* flag = absl::FindCommandLineFlag(absl::StrReplaceAll(arg, {{"-", "_"}}));
+  return flag != nullptr && flag->Filename() == __FILE__ ? flag : nullptr;
+}
+
+absl::Status OutOfRange(const Range& r) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Spelt(r.name), " must be a number from ", r.min, " to ", r.max));
+}
+
+// `text` as lines of at most kWidth columns, each indented by kIndent.
+std::string Wrapped(absl::string_view text) {
+  constexpr size_t kWidth = 96;
+  constexpr absl::string_view kIndent = "      ";
+  std::string out;
+  size_t column = 0;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (column > 0 && column + 1 + word.size() > kWidth) {
+      out += "\n";
+      column = 0;
+    }
+    absl::StrAppend(&out, column == 0 ? kIndent : " ", word);
+    column += (column == 0 ? kIndent.size() : 1) + word.size();
+  }
+  return out + "\n";
+}
+
+}  // namespace
+
+absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
+  std::string error;
+  for (absl::CommandLineFlag* flag : OurFlags()) flag->ParseFrom(flag->DefaultValue(), &error);
+  ServerFlags out;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      out.help = true;
+      continue;
+    }
+    absl::string_view name = arg;
+    std::optional<std::string> value;
+    if (size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      name = arg.substr(0, eq);
+      value = std::string(arg.substr(eq + 1));
+    }
+    absl::CommandLineFlag* flag = FindFlag(name);
+    if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
+    if (!value.has_value() && flag->IsOfType<bool>()) value = "true";
+    if (!value.has_value()) {
+      if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
+      value = argv[++i];
+    }
+    if (value->empty() && name != "--config")
+      return absl::InvalidArgumentError(absl::StrCat(name, " must not be empty"));
+    if (!flag->ParseFrom(*value, &error)) {
+      for (const Range& r : kRanges) {
+        if (r.name == flag->Name()) return OutOfRange(r);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", error));
+    }
+  }
+  out.listen = absl::GetFlag(FLAGS_listen);
+  out.http_listen = absl::GetFlag(FLAGS_http_listen);
+  out.data_dir = absl::GetFlag(FLAGS_data_dir);
+  out.config = absl::GetFlag(FLAGS_config);
+  out.log_level = absl::GetFlag(FLAGS_log_level);
+  out.log_format = absl::GetFlag(FLAGS_log_format);
+  out.metrics = absl::GetFlag(FLAGS_metrics);
+  out.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  out.tls_key = absl::GetFlag(FLAGS_tls_key);
+  out.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  out.http_tls_cert = absl::GetFlag(FLAGS_http_tls_cert);
+  out.http_tls_key = absl::GetFlag(FLAGS_http_tls_key);
+  out.http_tls_client_ca = absl::GetFlag(FLAGS_http_tls_client_ca);
+  out.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
+  out.max_work_streams = absl::GetFlag(FLAGS_max_work_streams);
+  out.max_hot_jobs = absl::GetFlag(FLAGS_max_hot_jobs);
+  out.metrics_max_queues = absl::GetFlag(FLAGS_metrics_max_queues);
+  out.check_config = absl::GetFlag(FLAGS_check_config);
+
+  if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
+  if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
+  if (!kMetricsMaxQueues.Holds(out.metrics_max_queues)) return OutOfRange(kMetricsMaxQueues);
+
+  if (out.tls_cert.empty() != out.tls_key.empty())
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");
+  if (!out.tls_client_ca.empty() && out.tls_cert.empty())
+    return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+  if (out.http_tls_cert.empty() != out.http_tls_key.empty())
+    return absl::InvalidArgumentError(
+        "--http-tls-cert and --http-tls-key go together: give both or neither");
+  if (!out.http_tls_client_ca.empty() && out.http_tls_cert.empty())
+    return absl::InvalidArgumentError(
+        "--http-tls-client-ca needs --http-tls-cert and --http-tls-key");
+  return out;
+}
+
+std::string Usage() {
+  std::string usage =
+      "usage: jobbroker [--flag value | --flag=value]...\n"
+      "  (e.g. jobbroker --data-dir ./data --listen 127.0.0.1:7070)\n\n";
+  for (const absl::CommandLineFlag* flag : OurFlags()) {
+    std::string default_value = flag->DefaultValue();
+    if (flag->IsOfType<std::string>()) default_value = absl::StrCat("\"", default_value, "\"");
+    absl::StrAppend(&usage, "  ", Spelt(flag->Name()), "  (default ", default_value, ")\n",
+                    Wrapped(flag->Help()));
+  }
+  absl::StrAppend(&usage, "  --help, -h\n      print this and exit\n");
+  return usage;
+}
+
+}  // namespace jobbroker::server

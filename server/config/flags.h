@@ -1,0 +1,56 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace jobbroker::server {
+
+// The server's command line (DESIGN.md "Server flags"), as main.cc wires from it. The flags are
+// defined with absl::flags in flags.cc, where each one's default and help live (--help is
+// generated from them); ParseFlags copies their values here, so nothing else reads the absl
+// flags.
+struct ServerFlags {
+  std::string listen;       // gRPC, HOST:PORT
+  std::string http_listen;  // /metrics, /healthz, the dashboard
+  std::string data_dir;
+  std::string config;      // optional ServerConfig JSON file
+  std::string log_level;   // debug | info | warn | error (checked by main.cc)
+  std::string log_format;  // json | text (checked by main.cc)
+  std::string metrics;     // on | off (off: no job/RPC/WAL metrics, for measuring cost)
+  // gRPC over TLS: PEM files. Both or neither; tls_client_ca (mTLS) needs both.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;  // clients must present a certificate this CA signed
+  // The HTTP endpoint (/metrics, /healthz, /readyz) over TLS, separately from gRPC: a scraper
+  // may need another certificate than the workers. Same rules as the gRPC ones.
+  std::string http_tls_cert;
+  std::string http_tls_key;
+  std::string http_tls_client_ca;
+  // JSON file of bearer tokens with roles and queue patterns (server/auth/auth_tokens.h). Empty:
+  // no authentication, every caller may call every RPC.
+  std::string auth_tokens;
+  // Open Work streams at once, over all clients (1 to 1000000).
+  int max_work_streams = 0;
+  // Jobs kept whole in memory (BrokerOptions::max_hot_jobs); past it, waiting jobs are index
+  // entries only and are read back from disk when leased. 0 to 1000000000.
+  int64_t max_hot_jobs = 0;
+  // Queues with a `queue` label of their own in /metrics (server/observability/queue_labels.h);
+  // later ones are counted under queue="(other)". 0: no limit. 0 to 1000000.
+  int64_t metrics_max_queues = 0;
+  bool check_config = false;  // validate the flags and --config, print the verdict, exit
+  bool help = false;          // --help or -h: print Usage() and exit 0
+};
+
+// Parses argv[1..]: "--flag value" and "--flag=value", flag names spelt with '-' as --help shows
+// them; a bool flag (--check-config) stands alone or takes "=true"/"=false". Flags not given keep
+// their defaults, also when this is called again. kInvalidArgument naming the flag: an unknown
+// flag, a missing, empty (except --config) or out-of-range value, or flags that only make sense
+// together (the TLS files).
+absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv);
+
+// The --help text, generated from the flag definitions: every flag, its help and its default.
+std::string Usage();
+
+}  // namespace jobbroker::server

@@ -1,0 +1,65 @@
+#pragma once
+
+#include <string>
+
+#include "core/broker.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
+#include "server/grpc/rpc_auth.h"
+#include "server/grpc/rpc_metrics.h"
+
+namespace jobbroker::server {
+
+// The Admin gRPC service. Reads answer at once; changes answer once durable (bulk ones, a
+// RetryJob with `queue` and PurgeQueue, once their last batch is). Every call passes `auth` first
+// (role admin, on the queue it names or its job's queue; ListQueues shows only the queues the
+// caller's token matches). `broker` and `auth` are borrowed and must outlive the service.
+class AdminService final : public v1::Admin::CallbackService {
+ public:
+  // Unary calls are timed in `metrics`.
+  AdminService(Broker& broker, const RpcAuth& auth, const RpcMetrics& metrics)
+      : broker_(broker),
+        auth_(auth),
+        timers_(metrics.For(*v1::GetJobRequest::descriptor()->file(), "Admin")) {}
+
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
+                                   v1::Job* resp) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
+                                     const v1::ListJobsRequest* req,
+                                     v1::ListJobsResponse* resp) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
+                                      const v1::CancelJobRequest* req, v1::Job* resp) override;
+  grpc::ServerUnaryReactor* RetryJob(grpc::CallbackServerContext* ctx,
+                                     const v1::RetryJobRequest* req,
+                                     v1::RetryJobResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
+                                      const v1::DeleteJobRequest* req,
+                                      v1::DeleteJobResponse* resp) override;
+  grpc::ServerUnaryReactor* ListQueues(grpc::CallbackServerContext* ctx,
+                                       const v1::ListQueuesRequest* req,
+                                       v1::ListQueuesResponse* resp) override;
+  grpc::ServerUnaryReactor* GetQueue(grpc::CallbackServerContext* ctx,
+                                     const v1::GetQueueRequest* req, v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
+                                              const v1::UpdateQueuePolicyRequest* req,
+                                              v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* PauseQueue(grpc::CallbackServerContext* ctx,
+                                       const v1::PauseQueueRequest* req,
+                                       v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* ResumeQueue(grpc::CallbackServerContext* ctx,
+                                        const v1::ResumeQueueRequest* req,
+                                        v1::QueueInfo* resp) override;
+  grpc::ServerUnaryReactor* PurgeQueue(grpc::CallbackServerContext* ctx,
+                                       const v1::PurgeQueueRequest* req,
+                                       v1::PurgeQueueResponse* resp) override;
+
+ private:
+  // PauseQueue and ResumeQueue.
+  grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const grpc::CallbackServerContext& ctx,
+                                      const std::string& queue, bool paused, v1::QueueInfo* resp);
+
+  Broker& broker_;
+  const RpcAuth& auth_;
+  const RpcServiceTimers timers_;
+};
+
+}  // namespace jobbroker::server

@@ -1,0 +1,199 @@
+#include "server/grpc/broker_service.h"
+
+#include <atomic>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/convert/convert.h"
+#include "server/grpc/grpc_status.h"
+#include "server/grpc/work_stream.h"
+
+namespace jobbroker::server {
+namespace {
+
+// A long-poll Lease. The broker may answer from any thread, even before Lease() returns, so the
+// waiter handle lives in shared state that outlives the reactor rather than in the reactor.
+class LeaseReactor final : public grpc::ServerUnaryReactor {
+ public:
+  LeaseReactor(jobbroker::Broker& broker, v1::LeaseResponse* resp, RpcTiming timing)
+      : broker_(broker),
+        resp_(resp),
+        timing_(timing),
+        waiter_(std::make_shared<std::atomic<uint64_t>>(0)) {}
+
+  void Start(LeaseSpec spec, absl::Duration wait) {
+    auto waiter = waiter_;
+    uint64_t id =
+        broker_.Lease(std::move(spec), wait, [this](absl::StatusOr<std::vector<LeasedJob>> jobs) {
+          if (jobs.ok()) {
+            for (const LeasedJob& j : *jobs) ToProto(j, resp_->add_jobs());
+          }
+          grpc::Status status = ToGrpcStatus(jobs.status());
+          timing_.Record(status);
+          Finish(status);  // may delete this
+        });
+    waiter->store(id);
+  }
+
+  // The client went away: stop waiting, so no job is leased to nobody.
+  void OnCancel() override { broker_.CancelWait(waiter_->load()); }
+  void OnDone() override { delete this; }
+
+ private:
+  jobbroker::Broker& broker_;
+  v1::LeaseResponse* resp_;
+  const RpcTiming timing_;
+  std::shared_ptr<std::atomic<uint64_t>> waiter_;
+};
+
+// Every job's queue, so that one job the token may not enqueue refuses the whole batch.
+absl::Status CheckBatch(const RpcAuth& auth, const grpc::ServerContextBase& ctx,
+                        const v1::EnqueueBatchRequest& req) {
+  absl::StatusOr<const TokenEntry*> caller = auth.Caller(ctx);
+  if (!caller.ok() || *caller == nullptr) return caller.status();
+  if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok()) return s;
+  for (const v1::EnqueueRequest& job : req.jobs()) {
+    if (absl::Status s = Authorizer::Allow(**caller, Role::kProducer, job.queue()); !s.ok())
+      return s;
+  }
+  return absl::OkStatus();
+}
+
+// A Work stream refused before it starts (no token, or no worker role): finished at once.
+class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse> {
+ public:
+  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,
+                                                 const v1::EnqueueRequest* req,
+                                                 v1::EnqueueResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Enqueue"));
+  if (absl::Status s = auth_.Check(*ctx, Role::kProducer, req->queue()); !s.ok())
+    return call.Finish(s);
+  absl::StatusOr<EnqueueSpec> spec = FromProto(*req);
+  if (!spec.ok()) return call.Finish(spec.status());
+  std::vector<EnqueueSpec> one;
+  one.push_back(std::move(*spec));
+  broker_.EnqueueBatch(std::move(one), [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+    if (r.ok()) ToProto(r->front(), resp);
+    call.Finish(r.status());
+  });
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContext* ctx,
+                                                      const v1::EnqueueBatchRequest* req,
+                                                      v1::EnqueueBatchResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("EnqueueBatch"));
+  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return call.Finish(s);
+  std::vector<EnqueueSpec> specs;
+  specs.reserve(req->jobs_size());
+  for (int i = 0; i < req->jobs_size(); ++i) {
+    absl::StatusOr<EnqueueSpec> spec = FromProto(req->jobs(i));
+    if (!spec.ok())
+      return call.Finish(absl::Status(spec.status().code(),
+                                      absl::StrCat("jobs[", i, "].", spec.status().message())));
+    specs.push_back(std::move(*spec));
+  }
+  broker_.EnqueueBatch(
+      std::move(specs),
+      [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+        if (r.ok()) {
+          for (const EnqueueResult& e : *r) ToProto(e, resp->add_results());
+        }
+        call.Finish(r.status());
+      },
+      /*batch=*/true);
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
+                                               const v1::LeaseRequest* req,
+                                               v1::LeaseResponse* resp) {
+  const RpcTiming timing = timers_.Start("Lease");
+  if (absl::Status s = auth_.Check(*ctx, Role::kWorker, req->queue()); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  absl::StatusOr<LeaseSpec> spec = FromProto(*req);
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
+  absl::Duration wait = absl::ZeroDuration();
+  if (req->has_wait()) {
+    absl::StatusOr<absl::Duration> w = FromProto(req->wait(), "wait");
+    if (!w.ok()) return UnaryCall(ctx, timing).Finish(w.status());
+    wait = *w;
+  }
+  auto* reactor = new LeaseReactor(broker_, resp, timing);
+  reactor->Start(std::move(*spec), wait);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                   const v1::HeartbeatRequest* req,
+                                                   v1::HeartbeatResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Heartbeat"));
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return call.Finish(s);
+  absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
+  if (!spec.ok()) return call.Finish(spec.status());
+  broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<HeartbeatResult> r) {
+    if (r.ok()) ToProto(*r, resp);
+    call.Finish(r.status());
+  });
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
+                                             const v1::AckRequest* req, v1::AckResponse*) {
+  UnaryCall call(ctx, timers_.Start("Ack"));
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return call.Finish(s);
+  broker_.Ack(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
+                                              const v1::FailRequest* req, v1::FailResponse* resp) {
+  UnaryCall call(ctx, timers_.Start("Fail"));
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return call.Finish(s);
+  absl::StatusOr<FailSpec> spec = FromProto(*req);
+  if (!spec.ok()) return call.Finish(spec.status());
+  broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<FailResult> r) {
+    if (r.ok()) ToProto(*r, resp);
+    call.Finish(r.status());
+  });
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ctx,
+                                                 const v1::ReleaseRequest* req,
+                                                 v1::ReleaseResponse*) {
+  UnaryCall call(ctx, timers_.Start("Release"));
+  if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
+    return call.Finish(s);
+  broker_.Release(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
+  return call.reactor();
+}
+
+grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(
+    grpc::CallbackServerContext* ctx) {
+  // The metadata comes once per stream: the token is checked here, each queue and job later.
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return new RefusedStream(caller.status());
+  if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kWorker); !s.ok())
+      return new RefusedStream(s);
+  }
+  if (!streams_.TryAcquire())
+    return new RefusedStream(absl::ResourceExhaustedError(
+        absl::StrCat("Work streams: all ", streams_.max(),
+                     " are open (--max-work-streams); retry later or on another broker")));
+  return WorkStream::Start(broker_, auth_, *caller, &streams_);
+}
+
+}  // namespace jobbroker::server

@@ -1,0 +1,53 @@
+#pragma once
+
+#include "core/broker.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+#include "server/grpc/rpc_auth.h"
+#include "server/grpc/rpc_metrics.h"
+#include "server/grpc/work_stream_limit.h"
+
+namespace jobbroker::server {
+
+// The Broker gRPC service: convert, call core, map the status, finish. Handlers never block:
+// each reply is finished from the broker's callback once the change is durable, and a long-poll
+// Lease holds no thread while it waits. Every call passes `auth` first (roles producer and
+// worker). `broker` and `auth` are borrowed and must outlive the service.
+class BrokerService final : public v1::Broker::CallbackService {
+ public:
+  // `streams` bounds the open Work streams; borrowed, like the others. Unary calls are timed in
+  // `metrics`.
+  BrokerService(Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams,
+                const RpcMetrics& metrics)
+      : broker_(broker),
+        auth_(auth),
+        streams_(streams),
+        timers_(metrics.For(*v1::EnqueueRequest::descriptor()->file(), "Broker")) {}
+
+  grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
+                                    v1::EnqueueResponse* resp) override;
+  grpc::ServerUnaryReactor* EnqueueBatch(grpc::CallbackServerContext* ctx,
+                                         const v1::EnqueueBatchRequest* req,
+                                         v1::EnqueueBatchResponse* resp) override;
+  grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx, const v1::LeaseRequest* req,
+                                  v1::LeaseResponse* resp) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
+                                      const v1::HeartbeatRequest* req,
+                                      v1::HeartbeatResponse* resp) override;
+  grpc::ServerUnaryReactor* Ack(grpc::CallbackServerContext* ctx, const v1::AckRequest* req,
+                                v1::AckResponse* resp) override;
+  grpc::ServerUnaryReactor* Fail(grpc::CallbackServerContext* ctx, const v1::FailRequest* req,
+                                 v1::FailResponse* resp) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+                                    v1::ReleaseResponse* resp) override;
+  // The streaming worker protocol: see server/grpc/work_stream.h.
+  grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* Work(
+      grpc::CallbackServerContext* ctx) override;
+
+ private:
+  jobbroker::Broker& broker_;
+  const RpcAuth& auth_;
+  WorkStreamLimit& streams_;
+  const RpcServiceTimers timers_;
+};
+
+}  // namespace jobbroker::server

@@ -1,0 +1,29 @@
+#pragma once
+
+#include <atomic>
+
+namespace jobbroker::server {
+
+// Counts the open Work streams against --max-work-streams. Each stream holds memory (its
+// outbox, its subscription) and a gRPC thread's attention, so their number is bounded like
+// everything else a caller can make the broker hold. Thread-safe.
+class WorkStreamLimit {
+ public:
+  explicit WorkStreamLimit(int max_streams) : max_(max_streams) {}
+
+  // Takes a slot; false when all `max` are taken.
+  bool TryAcquire() {
+    if (open_.fetch_add(1) < max_) return true;
+    open_.fetch_sub(1);
+    return false;
+  }
+  void Release() { open_.fetch_sub(1); }
+
+  int max() const { return max_; }
+
+ private:
+  const int max_;
+  std::atomic<int> open_{0};
+};
+
+}  // namespace jobbroker::server

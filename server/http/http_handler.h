@@ -1,0 +1,32 @@
+#pragma once
+
+#include <string>
+
+namespace jobbroker::server {
+
+// One HTTP request as the handlers below see it: the transport (civetweb) is left outside, so
+// the handlers are plain functions of their input.
+struct HttpRequest {
+  std::string method;         // "GET", "POST", ...
+  std::string path;           // percent-decoded, without the query: "/api/v1/queues/emails"
+  std::string query;          // raw, without the "?": "state=JOB_STATE_FAILED&pageSize=50"
+  std::string authorization;  // the Authorization header, or ""
+  std::string content_type;   // the Content-Type header, or ""
+  std::string body;
+};
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::string allow;  // the Allow header of a 405, else ""
+};
+
+// Answers requests under one path prefix. Thread-safe: called from several HTTP threads.
+class HttpHandler {
+ public:
+  virtual ~HttpHandler() = default;
+  virtual HttpReply Handle(const HttpRequest& request) const = 0;
+};
+
+}  // namespace jobbroker::server

@@ -1,0 +1,129 @@
+#include "server/observability/log_observer.h"
+
+#include <string>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/observability/log.h"
+
+namespace jobbroker::server {
+namespace {
+
+const char* OutcomeName(AttemptOutcome o) {
+  switch (o) {
+    case AttemptOutcome::kCompleted:
+      return "completed";
+    case AttemptOutcome::kError:
+      return "error";
+    case AttemptOutcome::kPermanentError:
+      return "permanent_error";
+    case AttemptOutcome::kLeaseExpired:
+      return "lease_expired";
+    case AttemptOutcome::kRunning:
+      break;
+  }
+  return "running";
+}
+
+}  // namespace
+
+void LogObserver::Enqueued(const std::string& queue, const std::string& job_id, bool dedup) {
+  if (!Log::Enabled(LogLevel::kDebug)) return;
+  Log::Write(LogLevel::kDebug, dedup ? "job_deduplicated" : "job_enqueued",
+             {{"queue", queue}, {"job_id", job_id}});
+}
+
+void LogObserver::Leased(const Job& job, absl::Duration waited) {
+  if (!Log::Enabled(LogLevel::kDebug)) return;
+  Log::Write(LogLevel::kDebug, "job_leased",
+             {{"queue", job.queue},
+              {"job_id", job.id},
+              {"attempt", absl::StrCat(job.attempt)},
+              {"worker_id", job.worker_id},
+              {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited))}});
+}
+
+void LogObserver::AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) {
+  // A lease running out means a worker died, hung or lost its connection: worth a warning.
+  LogLevel level = outcome == AttemptOutcome::kLeaseExpired ? LogLevel::kWarn : LogLevel::kDebug;
+  if (!Log::Enabled(level)) return;
+  Log::Write(level, outcome == AttemptOutcome::kLeaseExpired ? "lease_expired" : "attempt_ended",
+             {{"queue", job.queue},
+              {"job_id", job.id},
+              {"attempt", absl::StrCat(job.attempt)},
+              {"worker_id", job.worker_id},
+              {"outcome", OutcomeName(outcome)},
+              {"ran_ms", absl::StrCat(absl::ToInt64Milliseconds(ran))}});
+}
+
+void LogObserver::Retried(const Job& job) {
+  if (!Log::Enabled(LogLevel::kInfo)) return;
+  Log::Write(
+      LogLevel::kInfo, "job_retried",
+      {{"queue", job.queue},
+       {"job_id", job.id},
+       {"attempt", absl::StrCat(job.attempt)},
+       {"worker_id", job.worker_id},
+       {"reason", job.last_error},
+       {"next_attempt_at", absl::FormatTime(absl::RFC3339_full, job.run_at, absl::UTCTimeZone())}});
+}
+
+void LogObserver::Dead(const Job& job) {
+  Log::Write(LogLevel::kWarn, "job_dead",
+             {{"queue", job.queue},
+              {"job_id", job.id},
+              {"attempt", absl::StrCat(job.attempt)},
+              {"worker_id", job.worker_id},
+              {"fail_reason",
+               job.fail_reason == FailReason::kPermanent ? "permanent" : "attempts_exhausted"},
+              {"reason", job.last_error}});
+}
+
+void LogObserver::Cancelled(const Job& job) {
+  Log::Write(LogLevel::kInfo, "job_cancelled",
+             {{"queue", job.queue}, {"job_id", job.id}, {"attempt", absl::StrCat(job.attempt)}});
+}
+
+void LogObserver::Released(const Job& job) {
+  if (!Log::Enabled(LogLevel::kDebug)) return;
+  Log::Write(LogLevel::kDebug, "job_released", {{"queue", job.queue}, {"job_id", job.id}});
+}
+
+void LogObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration took) {
+  Log::Write(LogLevel::kInfo, "recovered",
+             {{"jobs", absl::StrCat(jobs)},
+              {"expired_leases", absl::StrCat(expired_leases)},
+              {"took_ms", absl::StrCat(absl::ToInt64Milliseconds(took))}});
+}
+
+void LogObserver::StoreFailed(const absl::Status& status) {
+  const bool full = status.code() == absl::StatusCode::kResourceExhausted;
+  Log::Write(LogLevel::kError, "store_write_failed",
+             {{"reason", status.ToString()},
+              {"effect", full ? "every change is refused with RESOURCE_EXHAUSTED until space is "
+                                "freed; reads still work; the store is retried in the background"
+                              : "every change is refused with UNAVAILABLE until the store "
+                                "recovers; reads still work; the store is retried in the "
+                                "background"}});
+}
+
+void LogObserver::StoreResumed(const absl::Status& cause, absl::Duration outage) {
+  Log::Write(LogLevel::kInfo, "store_resumed",
+             {{"reason", cause.ToString()},
+              {"outage_ms", absl::StrCat(absl::ToInt64Milliseconds(outage))},
+              {"effect", "memory was rebuilt from the store; changes are accepted again"}});
+}
+
+void LogObserver::CorruptRecordSkipped(const CorruptRecord& record) {
+  // The key and what is wrong, never the record's bytes: they may hold a payload.
+  Log::Write(LogLevel::kError, "corrupt_record",
+             {{"record", RecordKindName(record.kind)},
+              {"key", absl::CHexEscape(record.key)},
+              {"reason", std::string(record.reason.message())},
+              {"effect", record.kind == RecordKind::kJob
+                             ? "the job is skipped: GetJob answers DATA_LOSS, DeleteJob removes it"
+                             : "the record is skipped"}});
+}
+
+}  // namespace jobbroker::server

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/broker.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "server/observability/queue_labels.h"
+
+namespace jobbroker::server {
+
+// Gauges computed at scrape time by the given functions (e.g. storage estimates).
+class FunctionGauges final : public prometheus::Collectable {
+ public:
+  struct Gauge {
+    std::string name;
+    std::string help;
+    std::function<double()> value;
+  };
+  explicit FunctionGauges(std::vector<Gauge> gauges) : gauges_(std::move(gauges)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const std::vector<Gauge> gauges_;
+};
+
+// Gauges read from the broker at scrape time (jobs by queue and state, oldest ready age), so
+// they can never drift from the truth. Queues past `labels`' limit are summed into one series
+// labelled QueueLabels::kOtherQueues (their oldest ready age: the oldest of them). `broker` and
+// `labels` are borrowed and must outlive the collector.
+class BrokerCollector final : public prometheus::Collectable {
+ public:
+  BrokerCollector(Broker& broker, QueueLabels& labels) : broker_(broker), labels_(labels) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  Broker& broker_;
+  QueueLabels& labels_;
+};
+
+}  // namespace jobbroker::server

@@ -1,0 +1,158 @@
+#include "server/observability/metrics_observer.h"
+
+namespace jobbroker::server {
+namespace {
+
+// Seconds, from a millisecond to five minutes: jobs range from instant to long batch work.
+const prometheus::Histogram::BucketBoundaries kJobSeconds = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+// An fsync here takes 0.1 to a few ms; tens of ms is trouble.
+const prometheus::Histogram::BucketBoundaries kSyncSeconds = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
+const prometheus::Histogram::BucketBoundaries kBatch = {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024};
+
+prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const char* name,
+                                                 const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Histogram>& Histogram(prometheus::Registry& r, const char* name,
+                                                     const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+}
+
+}  // namespace
+
+struct MetricsObserver::QueueMetrics {
+  prometheus::Counter* enqueued;
+  prometheus::Counter* deduplicated;
+  prometheus::Counter* leased;
+  prometheus::Counter* completed;
+  prometheus::Counter* error;
+  prometheus::Counter* permanent_error;
+  prometheus::Counter* lease_expired;
+  prometheus::Counter* retried;
+  prometheus::Counter* dead_permanent;
+  prometheus::Counter* dead_exhausted;
+  prometheus::Counter* cancelled;
+  prometheus::Counter* released;
+  prometheus::Histogram* schedule_to_start;
+  prometheus::Histogram* run;
+};
+
+MetricsObserver::MetricsObserver(prometheus::Registry& r, QueueLabels& labels)
+    : enqueued_(Counter(r, "jobbroker_enqueued_total", "Jobs created by Enqueue.")),
+      deduplicated_(Counter(r, "jobbroker_deduplicated_total",
+                            "Enqueues answered with an existing job of the same dedup key.")),
+      leased_(Counter(r, "jobbroker_leased_total", "Attempts started (jobs leased).")),
+      attempts_(Counter(r, "jobbroker_attempts_total", "Attempts ended, by outcome.")),
+      retried_(Counter(r, "jobbroker_retried_total",
+                       "Failed attempts (errors and lease expiries) given another attempt.")),
+      dead_(Counter(r, "jobbroker_dead_total", "Jobs that died (FAILED), by reason.")),
+      cancelled_(Counter(r, "jobbroker_cancelled_total", "Jobs cancelled.")),
+      released_(Counter(r, "jobbroker_released_total", "Jobs given back unstarted by workers.")),
+      schedule_to_start_(Histogram(r, "jobbroker_schedule_to_start_seconds",
+                                   "Time from a job being ready to its lease.")),
+      run_(Histogram(r, "jobbroker_run_seconds", "Time from a lease to its ack or fail.")),
+      wal_sync_(Histogram(r, "jobbroker_wal_sync_seconds",
+                          "Time of one synced store write (one group commit).")
+                    .Add({}, kSyncSeconds)),
+      wal_batch_(Histogram(r, "jobbroker_wal_batch_transitions",
+                           "State transitions made durable by one synced store write.")
+                     .Add({}, kBatch)),
+      storage_errors_(Counter(r, "jobbroker_storage_errors_total",
+                              "Failed store writes, by kind (no_space, io_error); after one the "
+                              "broker refuses every change until the store takes writes again.")),
+      no_space_(storage_errors_.Add({{"kind", "no_space"}})),
+      io_error_(storage_errors_.Add({{"kind", "io_error"}})),
+      labels_(labels) {}
+
+MetricsObserver::~MetricsObserver() = default;
+
+MetricsObserver::QueueMetrics& MetricsObserver::For(const std::string& queue) {
+  auto it = queues_.find(queue);
+  if (it != queues_.end()) return *it->second;
+  const std::string label = labels_.For(queue);
+  if (auto shared = by_label_.find(label); shared != by_label_.end()) {
+    queues_.emplace(queue, shared->second.get());
+    return *shared->second;
+  }
+  auto m = std::make_unique<QueueMetrics>();
+  const prometheus::Labels q = {{"queue", label}};
+  auto with = [&](const char* key, const char* value) {
+    prometheus::Labels l = q;
+    l[key] = value;
+    return l;
+  };
+  m->enqueued = &enqueued_.Add(q);
+  m->deduplicated = &deduplicated_.Add(q);
+  m->leased = &leased_.Add(q);
+  m->completed = &attempts_.Add(with("outcome", "completed"));
+  m->error = &attempts_.Add(with("outcome", "error"));
+  m->permanent_error = &attempts_.Add(with("outcome", "permanent_error"));
+  m->lease_expired = &attempts_.Add(with("outcome", "lease_expired"));
+  m->retried = &retried_.Add(q);
+  m->dead_permanent = &dead_.Add(with("reason", "permanent"));
+  m->dead_exhausted = &dead_.Add(with("reason", "attempts_exhausted"));
+  m->cancelled = &cancelled_.Add(q);
+  m->released = &released_.Add(q);
+  m->schedule_to_start = &schedule_to_start_.Add(q, kJobSeconds);
+  m->run = &run_.Add(q, kJobSeconds);
+  QueueMetrics* handle = by_label_.emplace(label, std::move(m)).first->second.get();
+  queues_.emplace(queue, handle);
+  return *handle;
+}
+
+void MetricsObserver::Enqueued(const std::string& queue, const std::string&, bool dedup) {
+  QueueMetrics& m = For(queue);
+  (dedup ? m.deduplicated : m.enqueued)->Increment();
+}
+
+void MetricsObserver::Leased(const Job& job, absl::Duration waited) {
+  QueueMetrics& m = For(job.queue);
+  m.leased->Increment();
+  m.schedule_to_start->Observe(absl::ToDoubleSeconds(waited));
+}
+
+void MetricsObserver::AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) {
+  QueueMetrics& m = For(job.queue);
+  switch (outcome) {
+    case AttemptOutcome::kCompleted:
+      m.completed->Increment();
+      break;
+    case AttemptOutcome::kError:
+      m.error->Increment();
+      break;
+    case AttemptOutcome::kPermanentError:
+      m.permanent_error->Increment();
+      break;
+    case AttemptOutcome::kLeaseExpired:
+      m.lease_expired->Increment();
+      break;
+    case AttemptOutcome::kRunning:
+      return;
+  }
+  m.run->Observe(absl::ToDoubleSeconds(ran));
+}
+
+void MetricsObserver::Retried(const Job& job) { For(job.queue).retried->Increment(); }
+
+void MetricsObserver::Dead(const Job& job) {
+  QueueMetrics& m = For(job.queue);
+  (job.fail_reason == FailReason::kPermanent ? m.dead_permanent : m.dead_exhausted)->Increment();
+}
+
+void MetricsObserver::Cancelled(const Job& job) { For(job.queue).cancelled->Increment(); }
+
+void MetricsObserver::Released(const Job& job) { For(job.queue).released->Increment(); }
+
+void MetricsObserver::Committed(size_t transitions, absl::Duration took) {
+  wal_sync_.Observe(absl::ToDoubleSeconds(took));
+  wal_batch_.Observe(static_cast<double>(transitions));
+}
+
+void MetricsObserver::StoreFailed(const absl::Status& status) {
+  (status.code() == absl::StatusCode::kResourceExhausted ? no_space_ : io_error_).Increment();
+}
+
+}  // namespace jobbroker::server

@@ -1,0 +1,120 @@
+// The server's command line (server/config/flags.cc): what scripts and the chart pass must keep
+// meaning what it meant, and a bad value is refused naming the flag.
+#include "server/config/flags.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace jobbroker::server {
+
+using ::jobbroker::testing::IsOk;
+using ::jobbroker::testing::StatusIs;
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+absl::StatusOr<ServerFlags> Parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "jobbroker");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return ParseFlags(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(FlagsTest, NoFlagsGiveTheDocumentedDefaults) {
+  absl::StatusOr<ServerFlags> f = Parse({});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->listen, "127.0.0.1:7070");
+  EXPECT_EQ(f->http_listen, "127.0.0.1:8080");
+  EXPECT_EQ(f->data_dir, "./data");
+  EXPECT_EQ(f->config, "");
+  EXPECT_EQ(f->log_level, "info");
+  EXPECT_EQ(f->log_format, "json");
+  EXPECT_EQ(f->metrics, "on");
+  EXPECT_EQ(f->max_work_streams, 10000);
+  EXPECT_EQ(f->max_hot_jobs, 100'000);
+  EXPECT_EQ(f->metrics_max_queues, 1000);
+  EXPECT_FALSE(f->check_config);
+  EXPECT_FALSE(f->help);
+}
+
+TEST(FlagsTest, BothTheSpacedAndTheEqualsFormSetAValue) {
+  absl::StatusOr<ServerFlags> f =
+      Parse({"--listen", "127.0.0.1:0", "--data-dir=/tmp/d", "--max-hot-jobs", "0"});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->listen, "127.0.0.1:0");
+  EXPECT_EQ(f->data_dir, "/tmp/d");
+  EXPECT_EQ(f->max_hot_jobs, 0);
+}
+
+TEST(FlagsTest, AFlagNotGivenAgainFallsBackToItsDefault) {
+  ASSERT_THAT(Parse({"--listen", "0.0.0.0:1"}), IsOk());
+  EXPECT_EQ(Parse({})->listen, "127.0.0.1:7070");
+}
+
+TEST(FlagsTest, CheckConfigAndHelpStandAlone) {
+  absl::StatusOr<ServerFlags> f = Parse({"--check-config", "--data-dir", "d"});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_TRUE(f->check_config);
+  EXPECT_EQ(f->data_dir, "d") << "--check-config took no value";
+  EXPECT_TRUE(Parse({"-h"})->help);
+  EXPECT_TRUE(Parse({"--help"})->help);
+}
+
+TEST(FlagsTest, AnEmptyConfigIsAllowedButNoOtherEmptyValue) {
+  EXPECT_THAT(Parse({"--config", ""}), IsOk());
+  EXPECT_THAT(Parse({"--data-dir", ""}),
+              StatusIs(kInvalid, HasSubstr("--data-dir must not be empty")));
+}
+
+TEST(FlagsTest, UnknownFlagsAndMissingValuesAreRefusedNamingTheFlag) {
+  EXPECT_THAT(Parse({"--no-such-flag", "1"}),
+              StatusIs(kInvalid, HasSubstr("unknown flag --no-such-flag")));
+  EXPECT_THAT(Parse({"--data_dir", "d"}), StatusIs(kInvalid, HasSubstr("unknown flag --data_dir")))
+      << "flags are spelt with '-'";
+  EXPECT_THAT(Parse({"--listen"}), StatusIs(kInvalid, HasSubstr("--listen needs a value")));
+}
+
+TEST(FlagsTest, NumbersOutOfRangeOrNotNumbersAreRefusedWithTheRange) {
+  for (const char* bad : {"0", "-1", "many", "1000001", "99999999999"}) {
+    EXPECT_THAT(
+        Parse({"--max-work-streams", bad}),
+        StatusIs(kInvalid, HasSubstr("--max-work-streams must be a number from 1 to 1000000")))
+        << bad;
+  }
+  EXPECT_THAT(
+      Parse({"--max-hot-jobs=lots"}),
+      StatusIs(kInvalid, HasSubstr("--max-hot-jobs must be a number from 0 to 1000000000")));
+  EXPECT_THAT(Parse({"--metrics-max-queues", "-1"}),
+              StatusIs(kInvalid, HasSubstr("--metrics-max-queues must be a number")));
+}
+
+TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {
+  EXPECT_THAT(Parse({"--tls-cert", "c.pem"}),
+              StatusIs(kInvalid, HasSubstr("--tls-cert and --tls-key go together")));
+  EXPECT_THAT(Parse({"--tls-client-ca", "ca.pem"}),
+              StatusIs(kInvalid, HasSubstr("--tls-client-ca needs")));
+  EXPECT_THAT(Parse({"--http-tls-key", "k.pem"}),
+              StatusIs(kInvalid, HasSubstr("--http-tls-cert and --http-tls-key go together")));
+}
+
+TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
+  const std::string usage = Usage();
+  for (const char* flag :
+       {"--listen", "--http-listen", "--data-dir", "--config", "--log-level", "--log-format",
+        "--metrics", "--metrics-max-queues", "--tls-cert", "--tls-key", "--tls-client-ca",
+        "--http-tls-cert", "--http-tls-key", "--http-tls-client-ca", "--auth-tokens",
+        "--max-work-streams", "--max-hot-jobs", "--check-config", "--help"}) {
+    EXPECT_THAT(usage, HasSubstr(std::string("  ") + flag)) << flag;
+  }
+  EXPECT_THAT(usage, HasSubstr("--data-dir  (default \"./data\")"));
+  EXPECT_THAT(usage, HasSubstr("--max-work-streams  (default 10000)"));
+}
+
+}  // namespace
+}  // namespace jobbroker::server

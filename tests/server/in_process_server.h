@@ -1,0 +1,85 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/broker.h"
+#include "core/clock.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+#include "server/grpc/admin_service.h"
+#include "server/grpc/broker_service.h"
+#include "server/grpc/rpc_auth.h"
+#include "server/grpc/rpc_metrics.h"
+#include "server/grpc/work_stream_limit.h"
+#include "storage/memory_store.h"
+#include "tests/testing/fake_clock.h"
+
+namespace jobbroker::server {
+
+using ::jobbroker::testing::FakeClock;
+
+// The broker's gRPC services wired as main.cc wires them (BrokerService, and through it the Work
+// stream reactor, and AdminService) on a real core Broker over MemoryStore with a FakeClock,
+// served by a grpc::Server that listens on no port: clients reach it through channel(). Commits
+// run on the broker's writer thread as in production, so a reply comes once its change is
+// durable. Nothing ticks by itself: a test moves clock() and calls broker().Tick(). No auth, no
+// metrics registry.
+class InProcessServer {
+ public:
+  static constexpr absl::Duration kCallTimeout = absl::Seconds(30);
+
+  explicit InProcessServer(int max_work_streams = 100)
+      : clock_(absl::FromUnixSeconds(1'800'000'000)),
+        streams_(max_work_streams),
+        rpc_metrics_(nullptr) {
+    BrokerOptions options;
+    options.commit_mode = CommitPipeline::Mode::kBackground;
+    options.uniform = [] { return 0.5; };  // jitter: the middle of the range
+    broker_ = *Broker::Open(store_, clock_, options);
+    auth_ = std::make_unique<RpcAuth>(nullptr, *broker_);
+    broker_service_ = std::make_unique<BrokerService>(*broker_, *auth_, streams_, rpc_metrics_);
+    admin_service_ = std::make_unique<AdminService>(*broker_, *auth_, rpc_metrics_);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(broker_service_.get());
+    builder.RegisterService(admin_service_.get());
+    server_ = builder.BuildAndStart();
+    channel_ = server_->InProcessChannel(grpc::ChannelArguments());
+  }
+
+  // As main.cc shuts down: the broker first (open Work streams end), then the server.
+  ~InProcessServer() {
+    broker_->Shutdown();
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    server_.reset();
+    broker_.reset();
+  }
+
+  std::shared_ptr<grpc::Channel> channel() const { return channel_; }
+  std::unique_ptr<v1::Broker::Stub> NewBrokerStub() const { return v1::Broker::NewStub(channel_); }
+  std::unique_ptr<v1::Admin::Stub> NewAdminStub() const { return v1::Admin::NewStub(channel_); }
+  Broker& broker() { return *broker_; }
+  FakeClock& clock() { return clock_; }
+
+  // A client context whose deadline turns a hang into a failure rather than a stalled test.
+  static void SetDeadline(grpc::ClientContext& ctx) {
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
+  }
+
+ private:
+  FakeClock clock_;
+  MemoryStore store_;
+  WorkStreamLimit streams_;
+  RpcMetrics rpc_metrics_;
+  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<RpcAuth> auth_;
+  std::unique_ptr<BrokerService> broker_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+}  // namespace jobbroker::server
