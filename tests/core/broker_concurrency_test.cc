@@ -41,6 +41,7 @@ namespace jobbroker {
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 constexpr char kQueue[] = "work";

@@ -16,6 +16,7 @@ namespace jobbroker {
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::ElementsAre;

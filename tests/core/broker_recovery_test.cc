@@ -9,6 +9,7 @@ namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using Code = absl::StatusCode;

@@ -24,6 +24,7 @@ using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::ElementsAre;

@@ -12,6 +12,7 @@ namespace jobbroker {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::ElementsAre;

@@ -18,6 +18,7 @@ namespace jobbroker {
 
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 // Holds its first Write until released, so a test can pile appends up behind it.

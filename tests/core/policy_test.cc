@@ -7,6 +7,7 @@
 namespace jobbroker {
 
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::HasSubstr;

@@ -41,6 +41,7 @@ namespace jobbroker::fuzz {
 
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::BlockingBroker;
+
 namespace {
 
 using Code = absl::StatusCode;

@@ -13,6 +13,7 @@ namespace jobbroker::server {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::HasSubstr;

@@ -18,6 +18,7 @@ namespace jobbroker::server {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+
 namespace {
 
 // name{label=value,...} -> value, for counters, and histogram _count samples.

@@ -18,6 +18,7 @@ namespace jobbroker::server {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using ::testing::HasSubstr;

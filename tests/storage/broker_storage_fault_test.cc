@@ -26,6 +26,7 @@ using ::jobbroker::testing::StatusIs;
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+
 namespace {
 
 using storage_test::FaultyEnv;

@@ -13,6 +13,7 @@
 namespace jobbroker {
 
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using storage_test::Dedup;

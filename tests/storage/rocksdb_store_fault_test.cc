@@ -18,6 +18,7 @@
 namespace jobbroker {
 
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using storage_test::FaultyEnv;

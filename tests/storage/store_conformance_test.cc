@@ -19,6 +19,7 @@ namespace jobbroker {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
+
 namespace {
 
 using storage_test::Dedup;
