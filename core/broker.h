@@ -221,8 +221,10 @@ class Broker {
   };
   MemoryCounts memory_counts() const;
 
-  // A collaborator method or a broker method whose name ends in Locked needs mu_ held; every
-  // other private method takes it itself (or, as the static ones, needs no state).
+  // The convention, here and in every class of the tree: a method whose name ends in Locked
+  // needs the class's mutex held (ABSL_EXCLUSIVE_LOCKS_REQUIRED); every other method takes it
+  // itself or needs none. The collaborators are members guarded by mu_, so any call on them
+  // needs it too. The thread-safety build (clang) checks both.
  private:
   struct Batches;
 

@@ -7,20 +7,20 @@ namespace jobbroker::server {
 void StorageHealth::Attach(std::function<void(bool writable)> report) {
   absl::MutexLock lock(&mu_);
   report_ = std::move(report);
-  Set(writable_);
+  SetLocked(writable_);
 }
 
 void StorageHealth::StoreFailed(const absl::Status&) {
   absl::MutexLock lock(&mu_);
-  Set(false);
+  SetLocked(false);
 }
 
 void StorageHealth::StoreResumed(const absl::Status&, absl::Duration) {
   absl::MutexLock lock(&mu_);
-  Set(true);
+  SetLocked(true);
 }
 
-void StorageHealth::Set(bool writable) {
+void StorageHealth::SetLocked(bool writable) {
   writable_ = writable;
   if (report_) report_(writable);
 }

@@ -26,7 +26,7 @@ class StorageHealth final : public BrokerObserver {
   void StoreResumed(const absl::Status& cause, absl::Duration outage) override;
 
  private:
-  void Set(bool writable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetLocked(bool writable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   bool writable_ ABSL_GUARDED_BY(mu_) = true;

@@ -113,8 +113,8 @@ grpc::StatusCode WorkStreamClient::Flow(int max_in_flight) {
 namespace {
 
 template <typename T>
-std::optional<T> PopWaiting(absl::Mutex& mu, std::deque<T>& queue, const bool& closed,
-                            absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+std::optional<T> PopWaitingLocked(absl::Mutex& mu, std::deque<T>& queue, const bool& closed,
+                                  absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   auto ready = [&]() { return !queue.empty() || closed; };
   mu.AwaitWithTimeout(absl::Condition(&ready), timeout);
   if (queue.empty()) return std::nullopt;
@@ -127,17 +127,17 @@ std::optional<T> PopWaiting(absl::Mutex& mu, std::deque<T>& queue, const bool& c
 
 std::optional<v1::LeasedJob> WorkStreamClient::NextJob(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  return PopWaiting(mu_, jobs_, closed_, timeout);
+  return PopWaitingLocked(mu_, jobs_, closed_, timeout);
 }
 
 std::optional<std::string> WorkStreamClient::NextLeaseLost(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  return PopWaiting(mu_, lost_, closed_, timeout);
+  return PopWaitingLocked(mu_, lost_, closed_, timeout);
 }
 
 std::optional<std::string> WorkStreamClient::NextCancel(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  return PopWaiting(mu_, cancels_, closed_, timeout);
+  return PopWaitingLocked(mu_, cancels_, closed_, timeout);
 }
 
 size_t WorkStreamClient::job_messages() {

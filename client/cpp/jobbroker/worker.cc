@@ -211,7 +211,7 @@ class Worker::Impl {
     return stream_->Write(request);
   }
 
-  uint64_t NextRequestId() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_request_id_++; }
+  uint64_t NextRequestIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_request_id_++; }
 
   void ConnectionLoop() {
     absl::Duration backoff = options_.reconnect_initial;
@@ -234,7 +234,7 @@ class Worker::Impl {
           return;
         }
         if (!stopping_) {
-          subscribe.set_request_id(NextRequestId());
+          subscribe.set_request_id(NextRequestIdLocked());
           subscribe_request_ = subscribe.request_id();
           v1::SubscribeRequest* s = subscribe.mutable_subscribe();
           for (const auto& [queue, handler] : handlers_) s->add_queues(queue);
@@ -354,7 +354,7 @@ class Worker::Impl {
     absl::Duration lease =
         std::max(FromProtoTimestamp(job.lease_deadline()) - now, absl::Milliseconds(300));
     if (stopping_) {  // pushed before our flow 0 arrived: give it straight back
-      to_send.push_back(ReleaseRequest(job));
+      to_send.push_back(ReleaseRequestLocked(job));
       return;
     }
     Held& h = held_[job.job_id()];
@@ -367,9 +367,10 @@ class Worker::Impl {
     heartbeat_wake_ = true;
   }
 
-  v1::WorkRequest ReleaseRequest(const v1::LeasedJob& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  v1::WorkRequest ReleaseRequestLocked(const v1::LeasedJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::WorkRequest r;
-    r.set_request_id(NextRequestId());
+    r.set_request_id(NextRequestIdLocked());
     r.mutable_release()->set_job_id(job.job_id());
     r.mutable_release()->set_lease_id(job.lease_id());
     pending_[r.request_id()] = r;
@@ -383,7 +384,7 @@ class Worker::Impl {
       absl::MutexLock lock(&mu_);
       for (const std::string& id : queued_) {
         auto h = held_.find(id);
-        releases.push_back(ReleaseRequest(h->second.job));
+        releases.push_back(ReleaseRequestLocked(h->second.job));
         held_.erase(h);
       }
       queued_.clear();
@@ -433,7 +434,7 @@ class Worker::Impl {
       if (std::optional<std::string> checkpoint = shared.TakeCheckpoint();
           checkpoint.has_value() && !outcome.ok()) {
         v1::WorkRequest hb;
-        hb.set_request_id(NextRequestId());
+        hb.set_request_id(NextRequestIdLocked());
         hb.mutable_heartbeat()->set_job_id(job.job_id());
         hb.mutable_heartbeat()->set_lease_id(job.lease_id());
         hb.mutable_heartbeat()->set_checkpoint(*checkpoint);
@@ -451,7 +452,7 @@ class Worker::Impl {
         ++stats_.acked;
       } else {
         v1::WorkRequest r;
-        r.set_request_id(NextRequestId());
+        r.set_request_id(NextRequestIdLocked());
         v1::FailRequest* f = r.mutable_fail();
         f->set_job_id(job.job_id());
         f->set_lease_id(job.lease_id());
@@ -479,7 +480,7 @@ class Worker::Impl {
     {
       absl::MutexLock lock(&mu_);
       if (ack_request_ != 0 || acks_.empty()) return;
-      r.set_request_id(NextRequestId());
+      r.set_request_id(NextRequestIdLocked());
       const size_t n = std::min(acks_.size(), static_cast<size_t>(kMaxAcksPerMessage));
       if (n == 1) {
         *r.mutable_ack() = std::move(acks_.front());
@@ -512,7 +513,7 @@ class Worker::Impl {
         for (auto& [id, h] : held_) {
           if (h.lost || h.next_heartbeat > now) continue;
           v1::WorkRequest r;
-          r.set_request_id(NextRequestId());
+          r.set_request_id(NextRequestIdLocked());
           r.mutable_heartbeat()->set_job_id(id);
           r.mutable_heartbeat()->set_lease_id(h.job.lease_id());
           if (std::optional<std::string> c = h.shared->TakeCheckpoint())
