@@ -19,27 +19,10 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-class HttpTlsTest : public BrokerFixture {
+class HttpTlsTest : public TlsBrokerFixture {
  protected:
-  HttpTlsTest() : BrokerFixture(kStartInTest) {}
-
-  void SetUp() override {
-    BrokerFixture::SetUp();
-    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    absl::StatusOr<TestPki> pki = MakePki(*dir_);
-    ASSERT_TRUE(pki.ok()) << pki.status();
-    pki_ = *std::move(pki);
-  }
-
-  // The broker's options with HTTP over TLS, and mutual TLS if `mutual`.
   BrokerProcessOptions TlsOptions(bool mutual) const {
-    BrokerProcessOptions options;
-    options.extra_args = {"--http-tls-cert", pki_.server_cert, "--http-tls-key", pki_.server_key};
-    if (mutual)
-      options.extra_args.insert(options.extra_args.end(), {"--http-tls-client-ca", pki_.ca_cert});
-    return options;
+    return TlsBrokerFixture::TlsOptions("http-tls", mutual);
   }
 
   // curl's exit code and output for GET `url` with `extra` options (never retried, 10 s at most).
@@ -52,9 +35,6 @@ class HttpTlsTest : public BrokerFixture {
     EXPECT_TRUE(run.ok()) << run.status();
     return run.ok() ? *run : CommandResult{.exit_code = -1};
   }
-
-  std::unique_ptr<TempDir> dir_;
-  TestPki pki_;
 };
 
 TEST_F(HttpTlsTest, ServesMetricsAndProbesOverHttpsOnly) {

@@ -130,27 +130,10 @@ TEST_F(CheckConfigTest, UnreadableOrNonPemTlsFilesAreRefusedNamingTheFlag) {
 
 // The fixture's client() speaks plaintext, so it is of no use here: each call makes a channel
 // with the credentials it tests.
-class TlsTest : public BrokerFixture {
+class TlsTest : public TlsBrokerFixture {
  protected:
-  TlsTest() : BrokerFixture(kStartInTest) {}
-
-  void SetUp() override {
-    BrokerFixture::SetUp();
-    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    absl::StatusOr<TestPki> pki = MakePki(*dir_);
-    ASSERT_TRUE(pki.ok()) << pki.status();
-    pki_ = *std::move(pki);
-  }
-
-  // The broker's options with gRPC over TLS, and mutual TLS if `mutual`.
   BrokerProcessOptions TlsOptions(bool mutual) const {
-    BrokerProcessOptions options;
-    options.extra_args = {"--tls-cert", pki_.server_cert, "--tls-key", pki_.server_key};
-    if (mutual)
-      options.extra_args.insert(options.extra_args.end(), {"--tls-client-ca", pki_.ca_cert});
-    return options;
+    return TlsBrokerFixture::TlsOptions("tls", mutual);
   }
 
   // One Enqueue over `credentials`, with a short deadline: a refused handshake shows as
@@ -178,9 +161,6 @@ class TlsTest : public BrokerFixture {
     }
     return grpc::SslCredentials(options);
   }
-
-  std::unique_ptr<TempDir> dir_;
-  TestPki pki_;
 };
 
 TEST_F(TlsTest, ServesOverTlsAndRefusesPlaintext) {

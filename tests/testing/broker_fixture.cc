@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace jobbroker::testing {
 
 bool BrokerFixture::WaitFor(const std::function<bool()>& condition, absl::Duration timeout) {
@@ -40,6 +42,27 @@ void BrokerFixture::Kill9AndRestart() {
 
 void BrokerFixture::Reconnect() {
   client_ = std::make_unique<BrokerClient>(process_->NewChannel());
+}
+
+void TlsBrokerFixture::SetUp() {
+  BrokerFixture::SetUp();
+  absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  dir_ = *std::move(dir);
+  absl::StatusOr<TestPki> pki = MakePki(*dir_);
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  pki_ = *std::move(pki);
+}
+
+BrokerProcessOptions TlsBrokerFixture::TlsOptions(absl::string_view prefix, bool mutual) const {
+  BrokerProcessOptions options;
+  options.extra_args = {absl::StrCat("--", prefix, "-cert"), pki_.server_cert,
+                        absl::StrCat("--", prefix, "-key"), pki_.server_key};
+  if (mutual) {
+    options.extra_args.push_back(absl::StrCat("--", prefix, "-client-ca"));
+    options.extra_args.push_back(pki_.ca_cert);
+  }
+  return options;
 }
 
 }  // namespace jobbroker::testing

@@ -4,12 +4,14 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/test_pki.h"
 
 namespace jobbroker::testing {
 
@@ -84,6 +86,23 @@ template <typename T>
 class BrokerFixtureWithParam : public BrokerFixture, public ::testing::WithParamInterface<T> {
  protected:
   using BrokerFixture::BrokerFixture;
+};
+
+// BrokerFixture for the TLS suites: a temp dir with a throwaway CA and the server's and a client's
+// certificates (test_pki.h), made before each test. Starts nothing: a test starts the broker with
+// TlsOptions (or runs it to exit, in dir_).
+class TlsBrokerFixture : public BrokerFixture {
+ protected:
+  TlsBrokerFixture() : BrokerFixture(kStartInTest) {}
+
+  void SetUp() override;
+
+  // The server's certificate on the listener `prefix` names: "tls" (gRPC: --tls-cert, --tls-key)
+  // or "http-tls" (HTTP); with `mutual`, client certificates signed by the CA are required too.
+  BrokerProcessOptions TlsOptions(absl::string_view prefix, bool mutual) const;
+
+  std::unique_ptr<TempDir> dir_;
+  TestPki pki_;
 };
 
 }  // namespace jobbroker::testing
