@@ -8,13 +8,13 @@
 #include "core/clock.h"
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
-#include "tests/testing/fake_clock.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker {
 
-using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 
 // A broker on a FakeClock and a MemoryStore, writing inline, with jitter pinned by `uniform`.
 class BrokerFixture : public ::testing::Test {

@@ -34,13 +34,13 @@
 #include "core/clock.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/model_ops.h"
-#include "tests/testing/fake_clock.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker::fuzz {
 
-using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 
 namespace {
 
@@ -203,7 +203,8 @@ class Harness {
     broker_.reset();  // destroyed before the new one reads the store: a restart
     uniform_ = kUniforms[args.uniform];
     config_ = ConfigPolicy(args.config);
-    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened = BlockingBroker::Open(store_, clock_, Options(args));
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened =
+        BlockingBroker::Open(store_, clock_, Options(args));
     if (!opened.ok()) Mismatch(absl::StrCat("Broker::Open failed: ", opened.status().ToString()));
     broker_ = std::move(*opened);
   }

@@ -44,13 +44,13 @@
 #include "server/convert/convert.h"
 #include "storage/memory_store.h"
 #include "tests/fuzz/request_kinds.h"
-#include "tests/testing/fake_clock.h"
 #include "tests/testing/blocking_broker.h"
+#include "tests/testing/fake_clock.h"
 
 namespace jobbroker::fuzz {
 
-using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::BlockingBroker;
+using ::jobbroker::testing::FakeClock;
 
 namespace {
 
@@ -217,7 +217,8 @@ class Harness {
     BrokerOptions options;
     options.commit_mode = CommitPipeline::Mode::kInline;
     options.uniform = [] { return 0.5; };
-    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened = BlockingBroker::Open(store_, clock_, options);
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> opened =
+        BlockingBroker::Open(store_, clock_, options);
     REQUEST_EXPECT(opened.ok(), absl::StrCat("Broker::Open: ", opened.status().ToString()));
     broker_ = std::move(*opened);
     EnqueueSpec first;
@@ -690,7 +691,8 @@ class Harness {
     options.default_policy = parsed->default_policy;
     options.queue_policies = parsed->queues;
     MemoryStore store;
-    absl::StatusOr<std::unique_ptr<BlockingBroker>> broker = BlockingBroker::Open(store, clock_, options);
+    absl::StatusOr<std::unique_ptr<BlockingBroker>> broker =
+        BlockingBroker::Open(store, clock_, options);
     if (!valid.ok()) {
       CheckShapeRefusal(valid, "ValidateStartPolicies");
       return SameRefusal(valid, broker.status(), "Broker::Open");
