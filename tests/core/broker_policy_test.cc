@@ -8,10 +8,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker {
 namespace {
 
+using ::jobbroker::testing::StatusIs;
 using ::testing::ElementsAre;
 
 class BrokerPolicyTest : public BrokerFixture {
@@ -143,6 +145,83 @@ TEST_F(BrokerPolicyTest, LeasesStayFastWithManyKeys) {
   ASSERT_TRUE(leased.ok());
   EXPECT_EQ(leased->size(), 1000u);
   EXPECT_EQ(broker_->GetQueue("q")->counts[JobState::kReady], 9000);
+}
+
+// The policy effects the e2e suite checks once through the real binary, pinned here on the fake
+// clock (tests/e2e/policy_test.cc keeps one config -> effect check each).
+
+TEST_F(BrokerPolicyTest, FailedRetentionByAgeRemovesDeadJobsOnceTheyAreOldEnough) {
+  PolicyOverride p;
+  p.max_attempts = 1;
+  p.failed_max_age = absl::Minutes(10);
+  SetPolicy("q", p);
+  const std::string id = Enqueue("q");
+  ASSERT_TRUE(Fail(LeaseOne("q"), "boom").ok());
+  clock_.Advance(absl::Minutes(10) - absl::Seconds(1));
+  broker_->Tick();
+  EXPECT_TRUE(broker_->GetJob(id).ok()) << "not old enough yet";
+  clock_.Advance(absl::Seconds(1));
+  broker_->Tick();
+  EXPECT_THAT(broker_->GetJob(id), StatusIs(absl::StatusCode::kNotFound));
+}
+
+TEST_F(BrokerPolicyTest, FailedAndCancelledJobsShareFailedRetentionsCount) {
+  PolicyOverride p;
+  p.max_attempts = 1;
+  p.failed_max_count = 1;
+  SetPolicy("q", p);
+  const std::string failed = Enqueue("q");
+  ASSERT_TRUE(Fail(LeaseOne("q"), "boom").ok());
+  clock_.Advance(absl::Seconds(1));
+  const std::string cancelled = Enqueue("q");
+  ASSERT_TRUE(broker_->CancelJob(cancelled).ok());
+  broker_->Tick();
+  EXPECT_THAT(broker_->GetJob(failed), StatusIs(absl::StatusCode::kNotFound))
+      << "the older of the two dead jobs goes";
+  EXPECT_TRUE(broker_->GetJob(cancelled).ok());
+}
+
+TEST_F(BrokerPolicyTest, AWorkersRetryAfterIsNotCappedByMaxBackoffAndAddsNoAttempt) {
+  PolicyOverride p;
+  p.max_backoff = absl::Seconds(5);
+  p.max_attempts = 3;
+  SetPolicy("q", p);
+  const std::string id = Enqueue("q");
+  LeasedJob first = LeaseOne("q");
+  auto r = broker_->Fail(FailSpec{first.job_id, first.lease_id, "later", false, absl::Hours(1)});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->next_attempt_at, clock_.Now() + absl::Hours(1));
+  EXPECT_EQ(Get(id).attempt, 1);
+  EXPECT_EQ(Get(id).max_attempts, 3);
+}
+
+TEST_F(BrokerPolicyTest, LeaseLengthIsTheWorkersElseTheJobsElseTheQueues) {
+  PolicyOverride p;
+  p.lease_duration = absl::Minutes(3);
+  SetPolicy("q", p);
+  Enqueue("q");
+  EXPECT_EQ(LeaseOne("q").lease_deadline, clock_.Now() + absl::Minutes(3)) << "the queue's";
+  auto own = broker_->Enqueue(EnqueueSpec{.queue = "q", .lease_duration = absl::Minutes(7)});
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(LeaseOne("q").lease_deadline, clock_.Now() + absl::Minutes(7)) << "the job's";
+  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q", .lease_duration = absl::Minutes(7)}).ok());
+  EXPECT_EQ(LeaseOne("q", "w1", absl::Seconds(30)).lease_deadline, clock_.Now() + absl::Seconds(30))
+      << "the worker's";
+}
+
+TEST_F(BrokerPolicyTest, AJobKeepsTheMaxAttemptsItWasEnqueuedWith) {
+  PolicyOverride p;
+  p.max_attempts = 2;
+  SetPolicy("q", p);
+  const std::string id = Enqueue("q");
+  p.max_attempts = 9;
+  SetPolicy("q", p);
+  EXPECT_EQ(Get(id).max_attempts, 2);
+  ASSERT_TRUE(Fail(LeaseOne("q"), "one").ok());
+  clock_.Advance(absl::Hours(1));
+  auto r = Fail(LeaseOne("q"), "two");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->state, JobState::kFailed) << "dead after the 2 it had, not the 9 set later";
 }
 
 }  // namespace
