@@ -165,6 +165,24 @@ absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
   return s;
 }
 
+absl::Status CheckRetryJobForm(const v1::RetryJobRequest& req) {
+  const bool one = !req.job_id().empty();
+  const bool bulk = !req.queue().empty();
+  if (one && bulk)
+    return absl::InvalidArgumentError(
+        "job_id and queue are exclusive: set job_id to retry one job, or queue "
+        "to retry the queue's failed (or cancelled) jobs");
+  if (!one && !bulk)
+    return absl::InvalidArgumentError(
+        "job_id or queue is required: job_id retries one job, queue the "
+        "queue's failed (or cancelled) jobs");
+  // Refused rather than ignored: a caller who set them meant a bulk retry.
+  if (one && (req.state() != v1::JOB_STATE_UNSPECIFIED || req.dry_run() || req.limit() != 0))
+    return absl::InvalidArgumentError(
+        "state, dry_run and limit apply only with queue, not with job_id");
+  return absl::OkStatus();
+}
+
 absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req) {
   RetryJobsSpec s;
   s.queue = req.queue();

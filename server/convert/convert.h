@@ -42,6 +42,9 @@ absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req);
 ReleaseSpec FromProto(const v1::ReleaseRequest& req);
 absl::StatusOr<SubscribeSpec> FromProto(const v1::SubscribeRequest& req);
 absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req);
+// RetryJob's two forms: job_id (one job) or queue (bulk), exactly one; state, dry_run and limit
+// only with queue. INVALID_ARGUMENT says which rule the request breaks.
+absl::Status CheckRetryJobForm(const v1::RetryJobRequest& req);
 // The bulk form of RetryJob (queue set); an unset state means JOB_STATE_FAILED.
 absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req);
 // PurgeQueueRequest.states; JOB_STATE_UNSPECIFIED and unknown values are refused, by index.

@@ -53,19 +53,8 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
   if (allowed.ok() && bulk) allowed = auth_.Check(*ctx, Role::kAdmin, req->queue());
   if (allowed.ok() && one) allowed = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id());
   if (!allowed.ok()) return call.Finish(allowed);
-  if (one && bulk)
-    return call.Finish(absl::InvalidArgumentError(
-        "job_id and queue are exclusive: set job_id to retry one job, or queue "
-        "to retry the queue's failed (or cancelled) jobs"));
-  if (!one && !bulk)
-    return call.Finish(
-        absl::InvalidArgumentError("job_id or queue is required: job_id retries one job, queue the "
-                                   "queue's failed (or cancelled) jobs"));
+  if (absl::Status form = CheckRetryJobForm(*req); !form.ok()) return call.Finish(form);
   if (one) {
-    // Refused rather than ignored: a caller who set them meant a bulk retry.
-    if (req->state() != v1::JOB_STATE_UNSPECIFIED || req->dry_run() || req->limit() != 0)
-      return call.Finish(absl::InvalidArgumentError(
-          "state, dry_run and limit apply only with queue, not with job_id"));
     broker_.RetryJob(req->job_id(), [call, resp](absl::StatusOr<Job> job) {
       if (job.ok()) {
         ToProto(*job, resp->mutable_job());

@@ -361,5 +361,27 @@ TEST(ResultToProtoTest, AJobShowsALeaseDeadlineOnlyWhileActive) {
   EXPECT_EQ(*FromProto(out.lease_deadline(), "lease_deadline"), kT);
 }
 
+TEST(RetryJobFormTest, ExactlyOneOfJobIdAndQueueAndBulkFieldsOnlyWithQueue) {
+  v1::RetryJobRequest one;
+  one.set_job_id("j");
+  EXPECT_THAT(CheckRetryJobForm(one), IsOk());
+  v1::RetryJobRequest bulk;
+  bulk.set_queue("q");
+  bulk.set_limit(10);
+  bulk.set_dry_run(true);
+  EXPECT_THAT(CheckRetryJobForm(bulk), IsOk());
+
+  v1::RetryJobRequest both = one;
+  both.set_queue("q");
+  EXPECT_THAT(CheckRetryJobForm(both),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("exclusive")));
+  EXPECT_THAT(CheckRetryJobForm(v1::RetryJobRequest{}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id or queue")));
+  v1::RetryJobRequest one_with_limit = one;
+  one_with_limit.set_limit(5);
+  EXPECT_THAT(CheckRetryJobForm(one_with_limit),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("only with queue")));
+}
+
 }  // namespace
 }  // namespace jobbroker::server
