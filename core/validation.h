@@ -44,9 +44,11 @@ absl::Status ValidateMaxInFlight(int max_in_flight);
 absl::Status ValidateSubscribeSpec(const SubscribeSpec& spec);
 // AckBatch: 1 to kMaxLeaseBatch acks, each valid; a refusal names "acks[i].".
 absl::Status ValidateAckBatch(const std::vector<AckSpec>& specs);
-// ListJobs: queue, dedup key, a page_size of 0 to kMaxLeaseBatch, and a page token.
+// ListJobs: queue, dedup key, a page_size of 0 to kMaxLeaseBatch. The page token is checked by
+// ParsePageToken, which ListJobs needs for its value anyway.
 absl::Status ValidateListJobsSpec(const ListJobsSpec& spec);
 // A page token ListJobs handed out (the seq to continue after); empty is 0 (the first page).
+// kInvalidArgument naming page_token for anything else.
 absl::StatusOr<uint64_t> ParsePageToken(absl::string_view token);
 // RetryJobs: queue, a FAILED or CANCELLED state, a limit of 0 to kMaxRetryLimit.
 absl::Status ValidateRetryJobsSpec(const RetryJobsSpec& spec);
