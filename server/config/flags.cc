@@ -69,11 +69,19 @@ std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
 }
 
-// The flags defined above (not those of libraries), by their absl name.
+// Whether `flag` is one of those defined above, not one of a library's. Compared with what absl
+// reports for one of ours, not with __FILE__: absl normalizes the file name it reports (it drops
+// a leading '/'), so an absolute __FILE__ never equals it.
+bool IsOurs(const absl::CommandLineFlag& flag) {
+  static const std::string ours = absl::GetFlagReflectionHandle(FLAGS_listen).Filename();
+  return flag.Filename() == ours;
+}
+
+// The flags defined above, by their absl name.
 std::vector<absl::CommandLineFlag*> OurFlags() {
   std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (flag->Filename() == __FILE__) flags.push_back(flag);
+    if (IsOurs(*flag)) flags.push_back(flag);
   }
   std::sort(flags.begin(), flags.end(),
             [](const absl::CommandLineFlag* a, const absl::CommandLineFlag* b) {
@@ -86,7 +94,7 @@ std::vector<absl::CommandLineFlag*> OurFlags() {
 absl::CommandLineFlag* FindFlag(absl::string_view arg) {
   if (!absl::ConsumePrefix(&arg, "--") || absl::StrContains(arg, '_')) return nullptr;
   absl::CommandLineFlag* flag = absl::FindCommandLineFlag(absl::StrReplaceAll(arg, {{"-", "_"}}));
-  return flag != nullptr && flag->Filename() == __FILE__ ? flag : nullptr;
+  return flag != nullptr && IsOurs(*flag) ? flag : nullptr;
 }
 
 absl::Status OutOfRange(const Range& r) {
