@@ -11,7 +11,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // ---------------------------------------------------------------------------------------------
 // Construction and recovery
@@ -278,4 +278,4 @@ absl::Status Broker::Flush() {
   return pipeline_.WaitDurable(commit);
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -32,7 +32,7 @@
 #include "core/store.h"
 #include "core/stream_sink.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 struct BrokerOptions {
   // Policy layers under the run-time changes: the config file's default_policy and its per-queue
@@ -428,4 +428,4 @@ class Broker {
   bool resuming_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 absl::Status NoSuchJob(const std::string& job_id) {
@@ -278,4 +278,4 @@ std::vector<QueueInfo> Broker::ListQueues() {
   return out;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 absl::StatusOr<Job*> Broker::LeasedJobForLocked(const std::string& job_id,
                                                 const std::string& lease_id, Effects& fx) {
@@ -248,4 +248,4 @@ void Broker::EndAttemptFailedLocked(Job& job, absl::Time now, AttemptOutcome out
   }
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

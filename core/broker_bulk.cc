@@ -9,7 +9,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Bulk work cut into transitions: `step` does one batch under the mutex and says whether all is
 // done; `done` gets the outcome once the last batch is durable, or the first error, with
@@ -216,4 +216,4 @@ void Broker::RunBatches(std::shared_ptr<Batches> batches) {
   }
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

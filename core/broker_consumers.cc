@@ -8,7 +8,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 bool Broker::CanLeaseLocked(QueueState& q, absl::Time now) {
   // No lease while the store refuses writes: it could not be made durable.
@@ -269,4 +269,4 @@ void Broker::Unsubscribe(uint64_t stream) {
   consumers_.Erase(stream);
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

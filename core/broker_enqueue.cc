@@ -5,7 +5,7 @@
 #include "core/status_macros.h"
 #include "core/validation.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 void Broker::EnqueueBatch(std::vector<EnqueueSpec> specs,
                           Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch) {
@@ -134,4 +134,4 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
   return results;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -4,7 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/broker.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 Broker::MemoryCounts Broker::memory_counts() const {
   absl::MutexLock lock(&mu_);
@@ -75,4 +75,4 @@ void Broker::DropUnreadableLocked(uint64_t seq, const std::string& id, absl::Sta
   QuarantineLocked(CorruptRecord{RecordKind::kJob, id, std::move(why)});
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -9,7 +9,7 @@
 
 #include "core/broker.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 template <typename Op>
 absl::Status Broker::Mutate(Effects& fx, uint64_t& commit, Op op) {
@@ -55,4 +55,4 @@ void Broker::Reply(uint64_t commit, Effects fx, Done<absl::StatusOr<T>> done,
          });
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

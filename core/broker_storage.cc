@@ -4,7 +4,7 @@
 #include "core/broker_mutation.h"
 #include "core/recovered_state.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 absl::Status Broker::StorageRefusal(const absl::Status& cause) {
   if (cause.ok()) return cause;
@@ -103,4 +103,4 @@ void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
   dedup_.Clear();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/broker.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 void Broker::ProcessDueLocked(absl::Time now, Transition& t, Effects& fx) {
   int budget = options_.tick_batch;
@@ -140,4 +140,4 @@ absl::Time Broker::Tick() {
   return next;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -3,7 +3,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Source of the current time. Injected everywhere so that lease expiry, backoff and TTLs are
 // tested by advancing a FakeClock instead of sleeping. Implementations are thread-safe.
@@ -22,4 +22,4 @@ class RealClock final : public Clock {
 
 // tests/testing/fake_clock.h has a clock that moves only when told to.
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 
 #include "absl/synchronization/notification.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 CommitPipeline::CommitPipeline(Store& store, Mode mode, const Clock* clock,
                                BrokerObserver* observer, FailureHook on_failure)
@@ -270,4 +270,4 @@ void CommitPipeline::ReleaseWritten(uint64_t seq) {
   for (Callback& cb : ready) cb(absl::OkStatus());
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

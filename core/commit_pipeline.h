@@ -15,7 +15,7 @@
 #include "core/policy.h"
 #include "core/store.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Orders the broker's transitions and makes them durable with group commit.
 //
@@ -154,4 +154,4 @@ class CommitPipeline {
   absl::Mutex inline_write_mu_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -1,6 +1,6 @@
 #include "core/consumers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 Consumer& Consumers::Add(bool stream) {
   auto c = std::make_unique<Consumer>();
@@ -42,4 +42,4 @@ void Consumers::DetachAll(std::vector<LeaseDone>& waiting,
   holders_.clear();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -14,7 +14,7 @@
 #include "core/requests.h"
 #include "core/stream_sink.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using LeaseDone = Done<absl::StatusOr<std::vector<LeasedJob>>>;
 
@@ -68,4 +68,4 @@ class Consumers {
   uint64_t next_id_ = 1;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

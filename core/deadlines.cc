@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 void Deadlines::AddScheduled(absl::Time run_at, uint64_t seq) {
   scheduled_.emplace(run_at, seq);
@@ -38,4 +38,4 @@ void Deadlines::ClearJobs() {
   leases_.clear();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -7,7 +7,7 @@
 #include "absl/time/time.h"
 #include "core/job.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // The times at which the broker must act without being asked: SCHEDULED jobs coming due, leases
 // running out, long polls timing out; and when the ticker plans to run next, so that a new
@@ -66,4 +66,4 @@ class Deadlines {
   absl::Time next_wake_ = absl::InfinitePast();
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

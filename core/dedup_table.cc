@@ -1,6 +1,6 @@
 #include "core/dedup_table.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 const DedupEntry* DedupTable::Find(const std::string& queue, const std::string& key) const {
   auto it = entries_.find(Key(queue, key));
@@ -44,4 +44,4 @@ void DedupTable::Clear() {
   expiry_.clear();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "core/job.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Dedup keys: which job holds each (queue, key) and until when. A key holds while its job runs
 // and at least until its TTL has passed; the entry outlives a job removed by retention until then,
@@ -50,4 +50,4 @@ class DedupTable {
   absl::btree_set<std::tuple<absl::Time, std::string, std::string>> expiry_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -12,7 +12,7 @@
 #include "core/requests.h"
 #include "core/stream_sink.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // What one change of the broker's state must do once its transition is durable, and how durable
 // that must be. Collected under the broker's mutex, carried out without it (Broker::Finish).
@@ -59,4 +59,4 @@ struct Effects {
   }
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

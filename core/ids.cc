@@ -5,7 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 namespace {
 
@@ -62,4 +62,4 @@ std::string NewLeaseId(int attempt, absl::BitGen& gen) {
   return absl::StrFormat("%d-%016x", attempt, absl::Uniform<uint64_t>(gen));
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

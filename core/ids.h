@@ -7,7 +7,7 @@
 #include "absl/random/random.h"
 #include "absl/time/time.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // A job id: 26 characters of Crockford base32, a 48-bit millisecond timestamp then 80 random
 // bits (the ULID layout). Unique across restarts and wiped data directories, which matters
@@ -32,4 +32,4 @@ absl::Time JobIdTime(PackedJobId packed);
 // matches one handed out before.
 std::string NewLeaseId(int attempt, absl::BitGen& gen);
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

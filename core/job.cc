@@ -1,6 +1,6 @@
 #include "core/job.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 const char* JobStateName(JobState s) {
   switch (s) {
@@ -38,4 +38,4 @@ std::string TruncateUtf8(std::string text, size_t max_bytes) {
   return text;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

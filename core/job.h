@@ -8,7 +8,7 @@
 
 #include "absl/time/time.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Values match the wire enums of proto/jobbroker/v1/job.proto, so conversion is a cast.
 enum class JobState : int {
@@ -110,4 +110,4 @@ uint64_t PayloadHash(const std::string& payload);
 // Cuts `text` to at most `max_bytes` without splitting a UTF-8 sequence.
 std::string TruncateUtf8(std::string text, size_t max_bytes);
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

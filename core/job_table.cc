@@ -1,6 +1,6 @@
 #include "core/job_table.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 bool MayBeCold(JobState s) { return s == JobState::kReady || s == JobState::kScheduled; }
@@ -118,4 +118,4 @@ void JobTable::Clear() {
   corrupt_records_ = 0;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -15,7 +15,7 @@
 #include "core/job.h"
 #include "core/store.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Every job the broker holds, and in what form (docs/architecture.md, "Hot and cold jobs"). A
 // hot job is whole in memory. A cold one is READY or SCHEDULED and whole only in the store:
@@ -109,4 +109,4 @@ class JobTable {
   int64_t corrupt_records_ = 0;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -9,7 +9,7 @@
 #include "core/job.h"
 #include "core/store.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // What the broker tells the outside about its work; metrics and logs hang on it (the
 // prometheus-cpp exporter and the logger live in server/, so core stays free of both).
@@ -99,4 +99,4 @@ class TeeObserver final : public BrokerObserver {
   const std::vector<BrokerObserver*> observers_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

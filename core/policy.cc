@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 absl::Duration RetryPolicy::BaseBackoff(int failed_attempt) const {
   if (failed_attempt < 1) failed_attempt = 1;
@@ -125,4 +125,4 @@ absl::Status ValidatePolicy(const QueuePolicy& p, const char* prefix) {
   return absl::OkStatus();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Values match proto/jobbroker/v1/policy.proto's Jitter.
 enum class Jitter : int { kNone = 1, kFull = 2, kEqual = 3 };
@@ -122,4 +122,4 @@ inline constexpr absl::Duration kMaxGroupCommitDelay = absl::Seconds(1);
 // at least 1"); `prefix` is put before field names.
 absl::Status ValidatePolicy(const QueuePolicy& policy, const char* prefix = "policy");
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -1,6 +1,6 @@
 #include "core/queue_index.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 QueueState& QueueIndex::Get(const std::string& name) {
   auto it = queues_.find(name);
@@ -36,4 +36,4 @@ void QueueIndex::CreateConfigured() {
   for (const auto& [name, unused] : configured_) Get(name);
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -7,7 +7,7 @@
 #include "core/policy.h"
 #include "core/queue_state.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Every queue the broker knows, by name, and the policy layers each one's effective policy is
 // made of: the built-in defaults, then the config file's default policy, then its per-queue
@@ -50,4 +50,4 @@ class QueueIndex {
   std::map<std::string, std::unique_ptr<QueueState>> queues_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 void QueueState::Index(const Job& job) {
   ++counts_[static_cast<int>(job.state)];
@@ -130,4 +130,4 @@ absl::Time QueueState::NextRetentionAge() const {
   return next;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -11,7 +11,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // One queue's indexes and limits: its READY jobs grouped by concurrency key and taken in turn,
 // its counts by state, its ended jobs in the order retention removes them, the token bucket of
@@ -97,4 +97,4 @@ class QueueState {
   absl::Time tokens_at_ = absl::InfinitePast();
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

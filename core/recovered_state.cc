@@ -1,6 +1,6 @@
 #include "core/recovered_state.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 void RecoveredState::OnJob(Job job) {
   std::optional<PackedJobId> id;
@@ -17,4 +17,4 @@ void RecoveredState::OnJob(Job job) {
                          std::move(job.concurrency_key)});
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

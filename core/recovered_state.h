@@ -11,7 +11,7 @@
 #include "core/job.h"
 #include "core/store.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Everything a store's Recover reported, collected so that the broker can build its memory
 // under its lock in one go. Past `hot_limit` whole jobs, a READY or SCHEDULED job is kept as the
@@ -53,4 +53,4 @@ class RecoveredState final : public RecoveryVisitor {
   absl::flat_hash_map<std::string, uint32_t> queue_index_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -10,7 +10,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Arguments and results of the Broker's operations, free of any wire format.
 
@@ -165,4 +165,4 @@ inline constexpr int kRetryBatch = 500;
 inline constexpr int kPurgeBatch = 1000;
 inline constexpr int kBulkVisitsPerBatch = 10000;
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

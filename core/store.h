@@ -11,7 +11,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // The durable changes of one broker state transition. Applied all or nothing. Inside one
 // Transition the fields apply in declaration order (job puts, job deletes, dedup puts, dedup
@@ -106,4 +106,4 @@ class Store {
   virtual absl::Status Resume() = 0;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

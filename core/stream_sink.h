@@ -6,7 +6,7 @@
 #include "absl/status/status.h"
 #include "core/requests.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // Where the broker sends what it pushes to one Work stream. The broker calls it without its
 // lock held, after the leases it pushes are durable, possibly from several threads at once:
@@ -30,4 +30,4 @@ class StreamSink {
   virtual void End(absl::Status status) = 0;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

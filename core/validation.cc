@@ -5,7 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
@@ -223,4 +223,4 @@ absl::Status ValidateStartPolicies(const PolicyOverride& default_policy,
   return absl::OkStatus();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -10,7 +10,7 @@
 #include "absl/time/time.h"
 #include "core/requests.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 // The longest a Lease may wait for a job.
 inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
@@ -61,4 +61,4 @@ absl::Status ValidatePurge(absl::string_view queue, const std::vector<JobState>&
 absl::Status ValidateStartPolicies(const PolicyOverride& default_policy,
                                    const std::map<std::string, PolicyOverride>& queue_policies);
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -80,12 +80,13 @@ int Run(int argc, char** argv) {
     return Fatal("--metrics must be on or off");
   const bool metrics_on = flags->metrics == "on";
 
-  BrokerOptions options;
+  core::BrokerOptions options;
   options.max_hot_jobs = flags->max_hot_jobs;
   if (!flags->config.empty()) {
     absl::StatusOr<ServerPolicies> config = LoadServerConfig(flags->config);
     if (!config.ok()) return Fatal(std::string(config.status().message()));
-    if (absl::Status s = ValidateStartPolicies(config->default_policy, config->queues); !s.ok())
+    if (absl::Status s = core::ValidateStartPolicies(config->default_policy, config->queues);
+        !s.ok())
       return Fatal(flags->config + ": " + std::string(s.message()));
     options.default_policy = config->default_policy;
     options.queue_policies = config->queues;
@@ -136,23 +137,25 @@ int Run(int argc, char** argv) {
   std::filesystem::create_directories(flags->data_dir, ec);
   if (ec) return Fatal("--data-dir " + flags->data_dir + ": " + ec.message());
   Log::Write(LogLevel::kInfo, "starting", {{"data_dir", flags->data_dir}});
-  absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(flags->data_dir);
+  absl::StatusOr<std::unique_ptr<storage::RocksDbStore>> store =
+      storage::RocksDbStore::Open(flags->data_dir);
   if (!store.ok()) return Fatal("--data-dir: " + std::string(store.status().message()));
 
-  RealClock clock;
+  core::RealClock clock;
   Ticker ticker;
   QueueLabels queue_labels(static_cast<size_t>(flags->metrics_max_queues));
   MetricsObserver metrics(registry, queue_labels);
   LogObserver log_observer;
   StorageHealth
       storage_health;  // readiness follows the store (server/observability/storage_health.h)
-  std::vector<BrokerObserver*> observers = {&log_observer, &storage_health};
+  std::vector<core::BrokerObserver*> observers = {&log_observer, &storage_health};
   if (metrics_on) observers.push_back(&metrics);
-  TeeObserver observer(observers);
-  options.commit_mode = CommitPipeline::Mode::kBackground;
+  core::TeeObserver observer(observers);
+  options.commit_mode = core::CommitPipeline::Mode::kBackground;
   options.wake = [&ticker] { ticker.Wake(); };
   options.observer = &observer;
-  absl::StatusOr<std::unique_ptr<Broker>> broker = Broker::Open(**store, clock, options);
+  absl::StatusOr<std::unique_ptr<core::Broker>> broker =
+      core::Broker::Open(**store, clock, options);
   if (!broker.ok()) {
     std::string where = flags->config.empty() ? "" : flags->config + ": ";
     return Fatal(where + std::string(broker.status().message()));
@@ -180,7 +183,7 @@ int Run(int argc, char** argv) {
   AdminHttpApi admin_http(server->InProcessChannel(grpc::ChannelArguments()));
 
   BrokerCollector collector(**broker, queue_labels);
-  RocksDbStore& rocks = **store;
+  storage::RocksDbStore& rocks = **store;
   FunctionGauges storage({
       {"jobbroker_rocksdb_live_data_bytes", "RocksDB's estimate of live data, in bytes.",
        [&rocks] { return static_cast<double>(rocks.LiveDataBytes()); }},

@@ -2,7 +2,7 @@
 
 namespace jobbroker::server {
 
-void Ticker::Start(Broker& broker) {
+void Ticker::Start(core::Broker& broker) {
   thread_ = std::thread([this, &broker] { Loop(broker); });
 }
 
@@ -19,7 +19,7 @@ void Ticker::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Ticker::Loop(Broker& broker) {
+void Ticker::Loop(core::Broker& broker) {
   while (true) {
     absl::Time next = broker.Tick();
     absl::MutexLock lock(&mu_);

@@ -18,12 +18,12 @@ class Ticker {
   Ticker& operator=(const Ticker&) = delete;
 
   // Starts ticking `broker`, which must outlive Stop().
-  void Start(Broker& broker);
+  void Start(core::Broker& broker);
   void Wake();
   void Stop();
 
  private:
-  void Loop(Broker& broker);
+  void Loop(core::Broker& broker);
 
   absl::Mutex mu_;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 namespace {
 
 // RocksDbStore keys dedup entries as queue + '\0' + key; refusing a NUL here too keeps the two
@@ -19,10 +19,10 @@ absl::Status CheckDedupQueue(const std::string& queue) {
 
 }  // namespace
 
-absl::Status MemoryStore::Write(absl::Span<const Transition> transitions) {
+absl::Status MemoryStore::Write(absl::Span<const core::Transition> transitions) {
   // Validate everything before touching the maps, so that a refused write applies nothing.
-  for (const Transition& t : transitions) {
-    for (const DedupEntry& d : t.put_dedup) BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
+  for (const core::Transition& t : transitions) {
+    for (const core::DedupEntry& d : t.put_dedup) BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
     for (const auto& [queue, key] : t.delete_dedup) BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
   }
 
@@ -30,10 +30,10 @@ absl::Status MemoryStore::Write(absl::Span<const Transition> transitions) {
   if (writes_before_failure_ == 0) return injected_failure_;
   if (writes_before_failure_ > 0) --writes_before_failure_;
 
-  for (const Transition& t : transitions) {
-    for (const Job& job : t.put_jobs) jobs_.insert_or_assign(job.id, job);
+  for (const core::Transition& t : transitions) {
+    for (const core::Job& job : t.put_jobs) jobs_.insert_or_assign(job.id, job);
     for (const std::string& id : t.delete_jobs) jobs_.erase(id);
-    for (const DedupEntry& d : t.put_dedup) dedup_.insert_or_assign({d.queue, d.key}, d);
+    for (const core::DedupEntry& d : t.put_dedup) dedup_.insert_or_assign({d.queue, d.key}, d);
     for (const auto& queue_key : t.delete_dedup) dedup_.erase(queue_key);
     for (const auto& [queue, policy] : t.put_policies) policies_.insert_or_assign(queue, policy);
     for (const std::string& queue : t.delete_policies) policies_.erase(queue);
@@ -42,11 +42,11 @@ absl::Status MemoryStore::Write(absl::Span<const Transition> transitions) {
   return absl::OkStatus();
 }
 
-absl::Status MemoryStore::Recover(RecoveryVisitor& visitor) {
+absl::Status MemoryStore::Recover(core::RecoveryVisitor& visitor) {
   // Copy under the lock and visit outside it, so that a visitor may call back into the store.
-  std::vector<std::pair<std::string, PolicyOverride>> policies;
-  std::vector<DedupEntry> dedup;
-  std::vector<Job> jobs;
+  std::vector<std::pair<std::string, core::PolicyOverride>> policies;
+  std::vector<core::DedupEntry> dedup;
+  std::vector<core::Job> jobs;
   {
     absl::MutexLock lock(&mu_);
     policies.assign(policies_.begin(), policies_.end());
@@ -56,8 +56,8 @@ absl::Status MemoryStore::Recover(RecoveryVisitor& visitor) {
     for (const auto& [id, job] : jobs_) jobs.push_back(job);
   }
   for (auto& [queue, policy] : policies) visitor.OnPolicy(std::move(queue), std::move(policy));
-  for (DedupEntry& entry : dedup) visitor.OnDedup(std::move(entry));
-  for (Job& job : jobs) visitor.OnJob(std::move(job));
+  for (core::DedupEntry& entry : dedup) visitor.OnDedup(std::move(entry));
+  for (core::Job& job : jobs) visitor.OnJob(std::move(job));
   return absl::OkStatus();
 }
 
@@ -80,13 +80,13 @@ int64_t MemoryStore::resume_calls() const {
   return resume_calls_;
 }
 
-absl::StatusOr<Job> MemoryStore::ReadJob(const std::string& id) {
-  std::optional<Job> job = FindJob(id);
+absl::StatusOr<core::Job> MemoryStore::ReadJob(const std::string& id) {
+  std::optional<core::Job> job = FindJob(id);
   if (!job.has_value()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
   return *std::move(job);
 }
 
-std::optional<Job> MemoryStore::FindJob(absl::string_view id) const {
+std::optional<core::Job> MemoryStore::FindJob(absl::string_view id) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return std::nullopt;
@@ -113,4 +113,4 @@ int64_t MemoryStore::successful_writes() const {
   return successful_writes_;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

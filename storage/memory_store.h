@@ -15,7 +15,7 @@
 #include "core/policy.h"
 #include "core/store.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 // A Store that keeps everything in process memory: for tests and benchmarks, never for data that
 // must survive the process. Its contents outlive any Broker built over it, so a test can destroy
@@ -29,7 +29,7 @@ namespace jobbroker {
 // Recover visits policies, then dedup entries, then jobs, each in key order.
 //
 // Thread-safe (a stricter promise than Store's).
-class MemoryStore final : public Store {
+class MemoryStore final : public core::Store {
  public:
   MemoryStore() = default;
   MemoryStore(const MemoryStore&) = delete;
@@ -38,10 +38,10 @@ class MemoryStore final : public Store {
   // OK, or kInvalidArgument (nothing applied) if a dedup put or delete names a queue containing
   // '\0' (RocksDbStore cannot key it), or FailWritesAfter's error (nothing applied) once its
   // budget is spent.
-  absl::Status Write(absl::Span<const Transition> transitions) override;
-  absl::StatusOr<Job> ReadJob(const std::string& id) override;
+  absl::Status Write(absl::Span<const core::Transition> transitions) override;
+  absl::StatusOr<core::Job> ReadJob(const std::string& id) override;
   // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
-  absl::Status Recover(RecoveryVisitor& visitor) override;
+  absl::Status Recover(core::RecoveryVisitor& visitor) override;
   // OK unless FailWritesAfter's budget is spent (then its error): nothing else can break.
   absl::Status Resume() override;
 
@@ -53,7 +53,7 @@ class MemoryStore final : public Store {
 
   // Inspection for tests: the stored job, if any; counts of stored records; Write calls that
   // returned OK.
-  std::optional<Job> FindJob(absl::string_view id) const;
+  std::optional<core::Job> FindJob(absl::string_view id) const;
   size_t job_count() const;
   size_t dedup_count() const;
   size_t policy_count() const;
@@ -62,9 +62,9 @@ class MemoryStore final : public Store {
 
  private:
   mutable absl::Mutex mu_;
-  std::map<std::string, Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, core::Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, core::DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, core::PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
   // Write calls left before injected failures start; negative = never.
   int writes_before_failure_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Status injected_failure_ ABSL_GUARDED_BY(mu_);
@@ -72,4 +72,4 @@ class MemoryStore final : public Store {
   int64_t resume_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

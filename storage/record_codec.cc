@@ -11,7 +11,7 @@
 #include "core/status_macros.h"
 #include "storage/record.pb.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 namespace {
 
 constexpr int64_t kMinMicros = std::numeric_limits<int64_t>::min();
@@ -69,49 +69,51 @@ absl::Status BadEnum(const char* record, const char* field, int32_t value) {
   return absl::DataLossError(absl::StrCat(record, " has unknown ", field, " ", value));
 }
 
-absl::StatusOr<JobState> ToJobState(int32_t v) {
-  if (v < static_cast<int32_t>(JobState::kReady) ||
-      v > static_cast<int32_t>(JobState::kCancelled)) {
+absl::StatusOr<core::JobState> ToJobState(int32_t v) {
+  if (v < static_cast<int32_t>(core::JobState::kReady) ||
+      v > static_cast<int32_t>(core::JobState::kCancelled)) {
     return BadEnum("JobRecord", "state", v);
   }
-  return static_cast<JobState>(v);
+  return static_cast<core::JobState>(v);
 }
 
-absl::StatusOr<FailReason> ToFailReason(int32_t v) {
-  if (v < static_cast<int32_t>(FailReason::kNone) ||
-      v > static_cast<int32_t>(FailReason::kAttemptsExhausted)) {
+absl::StatusOr<core::FailReason> ToFailReason(int32_t v) {
+  if (v < static_cast<int32_t>(core::FailReason::kNone) ||
+      v > static_cast<int32_t>(core::FailReason::kAttemptsExhausted)) {
     return BadEnum("JobRecord", "fail_reason", v);
   }
-  return static_cast<FailReason>(v);
+  return static_cast<core::FailReason>(v);
 }
 
-absl::StatusOr<AttemptOutcome> ToAttemptOutcome(int32_t v) {
-  if (v < static_cast<int32_t>(AttemptOutcome::kRunning) ||
-      v > static_cast<int32_t>(AttemptOutcome::kLeaseExpired)) {
+absl::StatusOr<core::AttemptOutcome> ToAttemptOutcome(int32_t v) {
+  if (v < static_cast<int32_t>(core::AttemptOutcome::kRunning) ||
+      v > static_cast<int32_t>(core::AttemptOutcome::kLeaseExpired)) {
     return BadEnum("JobRecord", "attempts.outcome", v);
   }
-  return static_cast<AttemptOutcome>(v);
+  return static_cast<core::AttemptOutcome>(v);
 }
 
-absl::StatusOr<Durability> ToDurability(int32_t v) {
-  if (v < static_cast<int32_t>(Durability::kSync) || v > static_cast<int32_t>(Durability::kNone)) {
+absl::StatusOr<core::Durability> ToDurability(int32_t v) {
+  if (v < static_cast<int32_t>(core::Durability::kSync) ||
+      v > static_cast<int32_t>(core::Durability::kNone)) {
     return BadEnum("PolicyRecord", "durability", v);
   }
-  return static_cast<Durability>(v);
+  return static_cast<core::Durability>(v);
 }
 
-absl::StatusOr<Jitter> ToJitter(int32_t v) {
-  if (v < static_cast<int32_t>(Jitter::kNone) || v > static_cast<int32_t>(Jitter::kEqual)) {
+absl::StatusOr<core::Jitter> ToJitter(int32_t v) {
+  if (v < static_cast<int32_t>(core::Jitter::kNone) ||
+      v > static_cast<int32_t>(core::Jitter::kEqual)) {
     return BadEnum("PolicyRecord", "jitter", v);
   }
-  return static_cast<Jitter>(v);
+  return static_cast<core::Jitter>(v);
 }
 
 }  // namespace
 
 // Keep EncodeJob, DecodeJob and JobRecord in step with every member of Job; the codec and
 // conformance tests build a Job with every field set to catch a forgotten one.
-std::string EncodeJob(const Job& job) {
+std::string EncodeJob(const core::Job& job) {
   storage::JobRecord r;
   r.set_format_version(kJobRecordFormatVersion);
   r.set_id(job.id);
@@ -139,7 +141,7 @@ std::string EncodeJob(const Job& job) {
   r.set_cancel_requested(job.cancel_requested);
   r.set_last_error(job.last_error);
   r.set_fail_reason(static_cast<int32_t>(job.fail_reason));
-  for (const AttemptRecord& a : job.attempts) {
+  for (const core::AttemptRecord& a : job.attempts) {
     storage::AttemptRecord* ar = r.add_attempts();
     ar->set_attempt(a.attempt);
     ar->set_worker_id(a.worker_id);
@@ -154,15 +156,15 @@ std::string EncodeJob(const Job& job) {
   return r.SerializeAsString();
 }
 
-absl::StatusOr<Job> DecodeJob(absl::string_view bytes) {
+absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
   storage::JobRecord r;
   BROKER_RETURN_IF_ERROR(Parse("JobRecord", bytes, r));
   BROKER_RETURN_IF_ERROR(CheckVersion("JobRecord", r.format_version(), kJobRecordFormatVersion));
 
-  Job job;
+  core::Job job;
   job.id = r.id();
   job.queue = r.queue();
-  absl::StatusOr<JobState> state = ToJobState(r.state());
+  absl::StatusOr<core::JobState> state = ToJobState(r.state());
   if (!state.ok()) return state.status();
   job.state = *state;
   job.payload = r.payload();
@@ -187,17 +189,17 @@ absl::StatusOr<Job> DecodeJob(absl::string_view bytes) {
   job.lease_length = MicrosToDuration(r.lease_length_us());
   job.cancel_requested = r.cancel_requested();
   job.last_error = r.last_error();
-  absl::StatusOr<FailReason> fail_reason = ToFailReason(r.fail_reason());
+  absl::StatusOr<core::FailReason> fail_reason = ToFailReason(r.fail_reason());
   if (!fail_reason.ok()) return fail_reason.status();
   job.fail_reason = *fail_reason;
   job.attempts.reserve(r.attempts_size());
   for (const storage::AttemptRecord& ar : r.attempts()) {
-    AttemptRecord a;
+    core::AttemptRecord a;
     a.attempt = ar.attempt();
     a.worker_id = ar.worker_id();
     a.started_at = MicrosToTime(ar.started_at_us());
     a.ended_at = MicrosToTime(ar.ended_at_us());
-    absl::StatusOr<AttemptOutcome> outcome = ToAttemptOutcome(ar.outcome());
+    absl::StatusOr<core::AttemptOutcome> outcome = ToAttemptOutcome(ar.outcome());
     if (!outcome.ok()) return outcome.status();
     a.outcome = *outcome;
     a.error = ar.error();
@@ -209,7 +211,7 @@ absl::StatusOr<Job> DecodeJob(absl::string_view bytes) {
   return job;
 }
 
-std::string EncodeDedup(const DedupEntry& entry) {
+std::string EncodeDedup(const core::DedupEntry& entry) {
   storage::DedupRecord r;
   r.set_format_version(kDedupRecordFormatVersion);
   r.set_job_id(entry.job_id);
@@ -218,13 +220,13 @@ std::string EncodeDedup(const DedupEntry& entry) {
   return r.SerializeAsString();
 }
 
-absl::StatusOr<DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
-                                       absl::string_view bytes) {
+absl::StatusOr<core::DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
+                                             absl::string_view bytes) {
   storage::DedupRecord r;
   BROKER_RETURN_IF_ERROR(Parse("DedupRecord", bytes, r));
   BROKER_RETURN_IF_ERROR(
       CheckVersion("DedupRecord", r.format_version(), kDedupRecordFormatVersion));
-  DedupEntry entry;
+  core::DedupEntry entry;
   entry.queue = std::string(queue);
   entry.key = std::string(key);
   entry.job_id = r.job_id();
@@ -233,7 +235,7 @@ absl::StatusOr<DedupEntry> DecodeDedup(absl::string_view queue, absl::string_vie
   return entry;
 }
 
-std::string EncodePolicy(const PolicyOverride& p) {
+std::string EncodePolicy(const core::PolicyOverride& p) {
   storage::PolicyRecord r;
   r.set_format_version(kPolicyRecordFormatVersion);
   if (p.max_concurrency) r.set_max_concurrency(*p.max_concurrency);
@@ -259,12 +261,12 @@ std::string EncodePolicy(const PolicyOverride& p) {
   return r.SerializeAsString();
 }
 
-absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
+absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes) {
   storage::PolicyRecord r;
   BROKER_RETURN_IF_ERROR(Parse("PolicyRecord", bytes, r));
   BROKER_RETURN_IF_ERROR(
       CheckVersion("PolicyRecord", r.format_version(), kPolicyRecordFormatVersion));
-  PolicyOverride p;
+  core::PolicyOverride p;
   if (r.has_max_concurrency()) p.max_concurrency = r.max_concurrency();
   if (r.has_max_concurrency_per_key()) p.max_concurrency_per_key = r.max_concurrency_per_key();
   if (r.has_max_attempts()) p.max_attempts = r.max_attempts();
@@ -272,7 +274,7 @@ absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
   if (r.has_backoff_multiplier()) p.backoff_multiplier = r.backoff_multiplier();
   if (r.has_max_backoff_us()) p.max_backoff = MicrosToDuration(r.max_backoff_us());
   if (r.has_jitter()) {
-    absl::StatusOr<Jitter> jitter = ToJitter(r.jitter());
+    absl::StatusOr<core::Jitter> jitter = ToJitter(r.jitter());
     if (!jitter.ok()) return jitter.status();
     p.jitter = *jitter;
   }
@@ -290,7 +292,7 @@ absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
   if (r.has_paused()) p.paused = r.paused();
   if (r.has_max_payload_bytes()) p.max_payload_bytes = r.max_payload_bytes();
   if (r.has_durability()) {
-    absl::StatusOr<Durability> durability = ToDurability(r.durability());
+    absl::StatusOr<core::Durability> durability = ToDurability(r.durability());
     if (!durability.ok()) return durability.status();
     p.durability = *durability;
   }
@@ -300,4 +302,4 @@ absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes) {
   return p;
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

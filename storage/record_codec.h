@@ -12,7 +12,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 // The format_version each encoder writes and the newest each decoder reads.
 inline constexpr uint32_t kJobRecordFormatVersion = 1;
@@ -22,19 +22,19 @@ inline constexpr uint32_t kPolicyRecordFormatVersion = 1;
 // Times are stored in whole microseconds: a finite time with a sub-microsecond part reads back
 // rounded down to the microsecond (absl::ToUnixMicros). InfinitePast/InfiniteFuture and
 // +/-InfiniteDuration round-trip exactly.
-std::string EncodeJob(const Job& job);
+std::string EncodeJob(const core::Job& job);
 // kDataLoss if `bytes` do not parse, carry no or a newer format_version, or hold an enum value
 // this build does not know; the message says which.
-absl::StatusOr<Job> DecodeJob(absl::string_view bytes);
+absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes);
 
 // The queue and key are not encoded: they are the store's key.
-std::string EncodeDedup(const DedupEntry& entry);
+std::string EncodeDedup(const core::DedupEntry& entry);
 // kDataLoss as for DecodeJob. `queue` and `key` are copied into the result.
-absl::StatusOr<DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
-                                       absl::string_view bytes);
+absl::StatusOr<core::DedupEntry> DecodeDedup(absl::string_view queue, absl::string_view key,
+                                             absl::string_view bytes);
 
-std::string EncodePolicy(const PolicyOverride& policy);
+std::string EncodePolicy(const core::PolicyOverride& policy);
 // kDataLoss as for DecodeJob.
-absl::StatusOr<PolicyOverride> DecodePolicy(absl::string_view bytes);
+absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes);
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

@@ -11,7 +11,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 RocksDbInfoLog::RocksDbInfoLog(std::string dir, size_t max_bytes)
     : path_(absl::StrCat(dir, "/LOG")), max_bytes_(max_bytes) {}
@@ -48,4 +48,4 @@ void RocksDbInfoLog::Logv(const char* format, va_list ap) {
   if (written > 0) size_ += static_cast<size_t>(written);
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

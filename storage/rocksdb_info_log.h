@@ -8,7 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "rocksdb/env.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 // RocksDB's info log, `LOG` in the data directory, written with plain write(2) calls whose errors
 // are ignored: on a full disk lines are lost instead of the process. RocksDB's own file logger
@@ -33,4 +33,4 @@ class RocksDbInfoLog final : public rocksdb::Logger {
   size_t size_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

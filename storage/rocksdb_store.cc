@@ -21,7 +21,7 @@
 #include "storage/record_codec.h"
 #include "storage/rocksdb_info_log.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 namespace {
 
 // Maps RocksDB's codes onto the canonical ones by who should act: a full disk is
@@ -298,11 +298,11 @@ absl::Status RocksDbStore::Resume() {
   return probe();
 }
 
-absl::Status RocksDbStore::Write(absl::Span<const Transition> transitions) {
+absl::Status RocksDbStore::Write(absl::Span<const core::Transition> transitions) {
   return WriteTransitions(transitions, /*sync=*/true);
 }
 
-absl::Status RocksDbStore::WriteUnsynced(absl::Span<const Transition> transitions) {
+absl::Status RocksDbStore::WriteUnsynced(absl::Span<const core::Transition> transitions) {
   return WriteTransitions(transitions, /*sync=*/false);
 }
 
@@ -312,19 +312,20 @@ absl::Status RocksDbStore::Sync() {
   return FromRocksDb(db_->SyncWAL(), absl::StrCat("sync the log of ", dir_));
 }
 
-absl::Status RocksDbStore::WriteTransitions(absl::Span<const Transition> transitions, bool sync) {
+absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> transitions,
+                                            bool sync) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::WriteBatch batch;
   auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
-  for (const Transition& t : transitions) {
-    for (const Job& job : t.put_jobs) {
+  for (const core::Transition& t : transitions) {
+    for (const core::Job& job : t.put_jobs) {
       BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, job.id, EncodeJob(job))));
     }
     for (const std::string& id : t.delete_jobs) {
       BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, id)));
     }
-    for (const DedupEntry& d : t.put_dedup) {
+    for (const core::DedupEntry& d : t.put_dedup) {
       BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
       BROKER_RETURN_IF_ERROR(add(batch.Put(dedup_, DedupKey(d.queue, d.key), EncodeDedup(d))));
     }
@@ -373,21 +374,21 @@ uint64_t RocksDbStore::PendingCompactionBytes() const {
   return total;
 }
 
-absl::StatusOr<Job> RocksDbStore::ReadJob(const std::string& id) {
+absl::StatusOr<core::Job> RocksDbStore::ReadJob(const std::string& id) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::PinnableSlice value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), jobs_, id, &value);
   if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
   BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read job in ", dir_)));
-  absl::StatusOr<Job> job = DecodeJob(View(value));
+  absl::StatusOr<core::Job> job = DecodeJob(View(value));
   if (job.ok() && job->id != id)
     job = absl::DataLossError(absl::StrCat("record holds job \"", absl::CHexEscape(job->id), "\""));
   if (!job.ok()) return RecordError(kRocksDbJobsColumnFamily, id, job.status());
   return job;
 }
 
-absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
+absl::Status RocksDbStore::Recover(core::RecoveryVisitor& visitor) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   // One snapshot for all column families, so the three scans see the same instant.
@@ -400,7 +401,7 @@ absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
   // A record that does not decode is reported and skipped: one bad record must not keep every
   // other job from being served. An error of the scan itself (a corrupt block, an I/O error)
   // ends it: RocksDB cannot step past it.
-  auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name, RecordKind kind,
+  auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name, core::RecordKind kind,
                   auto&& visit) ABSL_SHARED_LOCKS_REQUIRED(mu_) -> absl::Status {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, handle));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
@@ -411,29 +412,29 @@ absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
     return FromRocksDb(it->status(), absl::StrCat("scan ", name, " in ", dir_));
   };
 
-  BROKER_RETURN_IF_ERROR(scan(policies_, kRocksDbPoliciesColumnFamily, RecordKind::kPolicy,
+  BROKER_RETURN_IF_ERROR(scan(policies_, kRocksDbPoliciesColumnFamily, core::RecordKind::kPolicy,
                               [&](absl::string_view key, absl::string_view value) {
-                                absl::StatusOr<PolicyOverride> policy = DecodePolicy(value);
+                                absl::StatusOr<core::PolicyOverride> policy = DecodePolicy(value);
                                 if (!policy.ok()) return policy.status();
                                 visitor.OnPolicy(std::string(key), *std::move(policy));
                                 return absl::OkStatus();
                               }));
-  BROKER_RETURN_IF_ERROR(scan(dedup_, kRocksDbDedupColumnFamily, RecordKind::kDedup,
+  BROKER_RETURN_IF_ERROR(scan(dedup_, kRocksDbDedupColumnFamily, core::RecordKind::kDedup,
                               [&](absl::string_view key, absl::string_view value) {
                                 size_t sep = key.find('\0');
                                 if (sep == absl::string_view::npos) {
                                   return absl::DataLossError(
                                       "key has no NUL between queue and dedup key");
                                 }
-                                absl::StatusOr<DedupEntry> entry =
+                                absl::StatusOr<core::DedupEntry> entry =
                                     DecodeDedup(key.substr(0, sep), key.substr(sep + 1), value);
                                 if (!entry.ok()) return entry.status();
                                 visitor.OnDedup(*std::move(entry));
                                 return absl::OkStatus();
                               }));
-  BROKER_RETURN_IF_ERROR(scan(jobs_, kRocksDbJobsColumnFamily, RecordKind::kJob,
+  BROKER_RETURN_IF_ERROR(scan(jobs_, kRocksDbJobsColumnFamily, core::RecordKind::kJob,
                               [&](absl::string_view key, absl::string_view value) {
-                                absl::StatusOr<Job> job = DecodeJob(value);
+                                absl::StatusOr<core::Job> job = DecodeJob(value);
                                 if (!job.ok()) return job.status();
                                 if (job->id != key) {
                                   return absl::DataLossError(absl::StrCat(
@@ -445,4 +446,4 @@ absl::Status RocksDbStore::Recover(RecoveryVisitor& visitor) {
   return absl::OkStatus();
 }
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

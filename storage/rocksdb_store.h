@@ -23,7 +23,7 @@ class EventListener;
 class Logger;
 }  // namespace rocksdb
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 // On-disk layout, for tools and tests. Every value is a record of storage/record.proto.
 //   default  : "format" -> decimal store format version (kRocksDbStoreFormatVersion at creation)
@@ -66,7 +66,7 @@ struct RocksDbStoreOptions {
 //
 // Thread-safe. Only one RocksDbStore (indeed one process) may have a directory open at a time.
 // The destructor closes the database; an open store owns its directory's lock until then.
-class RocksDbStore final : public Store {
+class RocksDbStore final : public core::Store {
  public:
   // Opens the store in `dir`, creating it (and any missing column family) if needed.
   // kFailedPrecondition if the directory holds a store of a newer format than this build, or a
@@ -87,17 +87,17 @@ class RocksDbStore final : public Store {
   // kResourceExhausted when the disk is full, kUnavailable for other I/O errors: then the write
   // may or may not reach disk, and RocksDB refuses further writes until Resume(); the caller
   // must stop and not acknowledge anything.
-  absl::Status Write(absl::Span<const Transition> transitions) override;
-  absl::Status WriteUnsynced(absl::Span<const Transition> transitions) override;
+  absl::Status Write(absl::Span<const core::Transition> transitions) override;
+  absl::Status WriteUnsynced(absl::Span<const core::Transition> transitions) override;
   absl::Status Sync() override;
 
-  absl::StatusOr<Job> ReadJob(const std::string& id) override;
+  absl::StatusOr<core::Job> ReadJob(const std::string& id) override;
 
   // Visits policies, then dedup entries, then jobs, each in key order. A record that does not
   // decode (or a job record under another job's id) goes to OnCorrupt, with the column family,
   // the key (C-escaped) and what is wrong, and the scan goes on. kDataLoss if RocksDB reports
   // corruption (the visitor may have seen earlier records by then); kUnavailable for I/O errors.
-  absl::Status Recover(RecoveryVisitor& visitor) override;
+  absl::Status Recover(core::RecoveryVisitor& visitor) override;
 
   // After a failed write: first a synced write of a scratch file next to the database (while
   // that fails, nothing else is tried and reads keep working); then DB::Resume() (flushes the
@@ -130,7 +130,7 @@ class RocksDbStore final : public Store {
   // kUnavailable if a failed reopen left the store without a database.
   absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Write (sync) and WriteUnsynced.
-  absl::Status WriteTransitions(absl::Span<const Transition> transitions, bool sync);
+  absl::Status WriteTransitions(absl::Span<const core::Transition> transitions, bool sync);
 
   const std::string dir_;
   const RocksDbStoreOptions opts_;
@@ -154,4 +154,4 @@ class RocksDbStore final : public Store {
   absl::Status closed_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

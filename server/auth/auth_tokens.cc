@@ -80,7 +80,7 @@ absl::Status ValidatePattern(absl::string_view pattern, absl::string_view field)
     return absl::InvalidArgumentError(absl::StrCat(
         field, " \"", pattern, "\": `*` may only end a pattern (\"billing.*\", or \"*\" alone)"));
   if (prefix.empty()) return absl::OkStatus();  // "*"
-  return ValidateQueueName(prefix, absl::StrCat(field, " \"", pattern, "\""));
+  return core::ValidateQueueName(prefix, absl::StrCat(field, " \"", pattern, "\""));
 }
 
 absl::StatusOr<TokenEntry> ParseEntry(const Value& value, int index) {

@@ -18,11 +18,12 @@ absl::StatusOr<ServerPolicies> ParseServerConfig(const std::string& json) {
   if (!parsed.ok())
     return absl::InvalidArgumentError(absl::StrCat("config: ", parsed.message().as_string()));
   ServerPolicies out;
-  absl::StatusOr<PolicyOverride> d = FromProto(config.default_policy(), "default_policy");
+  absl::StatusOr<core::PolicyOverride> d = FromProto(config.default_policy(), "default_policy");
   if (!d.ok()) return d.status();
   out.default_policy = *d;
   for (const auto& [name, policy] : config.queues()) {
-    absl::StatusOr<PolicyOverride> q = FromProto(policy, absl::StrCat("queues[\"", name, "\"]"));
+    absl::StatusOr<core::PolicyOverride> q =
+        FromProto(policy, absl::StrCat("queues[\"", name, "\"]"));
     if (!q.ok()) return q.status();
     out.queues[name] = *q;
   }

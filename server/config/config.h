@@ -10,8 +10,8 @@ namespace jobbroker::server {
 
 // The policies of a --config file (proto3 JSON of jobbroker.v1.ServerConfig).
 struct ServerPolicies {
-  PolicyOverride default_policy;
-  std::map<std::string, PolicyOverride> queues;
+  core::PolicyOverride default_policy;
+  std::map<std::string, core::PolicyOverride> queues;
 };
 
 // Parses `json`. kInvalidArgument naming the bad field: unknown fields, wrong types, unknown

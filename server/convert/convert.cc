@@ -52,8 +52,8 @@ void ToProto(absl::Duration d, google::protobuf::Duration* out) {
   out->set_nanos(static_cast<int32_t>(d / absl::Nanoseconds(1)));
 }
 
-absl::StatusOr<EnqueueSpec> FromProto(const v1::EnqueueRequest& req) {
-  EnqueueSpec s;
+absl::StatusOr<core::EnqueueSpec> FromProto(const v1::EnqueueRequest& req) {
+  core::EnqueueSpec s;
   s.queue = req.queue();
   s.payload = req.payload();
   s.headers.insert(req.headers().begin(), req.headers().end());
@@ -86,8 +86,8 @@ absl::StatusOr<EnqueueSpec> FromProto(const v1::EnqueueRequest& req) {
   return s;
 }
 
-absl::StatusOr<LeaseSpec> FromProto(const v1::LeaseRequest& req) {
-  LeaseSpec s;
+absl::StatusOr<core::LeaseSpec> FromProto(const v1::LeaseRequest& req) {
+  core::LeaseSpec s;
   s.queue = req.queue();
   s.worker_id = req.worker_id();
   s.max_jobs = req.max_jobs();
@@ -99,8 +99,8 @@ absl::StatusOr<LeaseSpec> FromProto(const v1::LeaseRequest& req) {
   return s;
 }
 
-absl::StatusOr<HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req) {
-  HeartbeatSpec s;
+absl::StatusOr<core::HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req) {
+  core::HeartbeatSpec s;
   s.job_id = req.job_id();
   s.lease_id = req.lease_id();
   if (req.has_extend_by()) {
@@ -112,12 +112,12 @@ absl::StatusOr<HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req) {
   return s;
 }
 
-AckSpec FromProto(const v1::AckRequest& req) {
-  return AckSpec{req.job_id(), req.lease_id(), req.result()};
+core::AckSpec FromProto(const v1::AckRequest& req) {
+  return core::AckSpec{req.job_id(), req.lease_id(), req.result()};
 }
 
-absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req) {
-  FailSpec s{req.job_id(), req.lease_id(), req.error(), req.permanent(), std::nullopt};
+absl::StatusOr<core::FailSpec> FromProto(const v1::FailRequest& req) {
+  core::FailSpec s{req.job_id(), req.lease_id(), req.error(), req.permanent(), std::nullopt};
   if (req.has_retry_after()) {
     absl::StatusOr<absl::Duration> d = FromProto(req.retry_after(), "retry_after");
     if (!d.ok()) return d.status();
@@ -126,19 +126,19 @@ absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req) {
   return s;
 }
 
-std::vector<AckSpec> FromProto(const v1::AckBatchRequest& req) {
-  std::vector<AckSpec> specs;
+std::vector<core::AckSpec> FromProto(const v1::AckBatchRequest& req) {
+  std::vector<core::AckSpec> specs;
   specs.reserve(static_cast<size_t>(req.acks_size()));
   for (const v1::AckRequest& ack : req.acks()) specs.push_back(FromProto(ack));
   return specs;
 }
 
-ReleaseSpec FromProto(const v1::ReleaseRequest& req) {
-  return ReleaseSpec{req.job_id(), req.lease_id()};
+core::ReleaseSpec FromProto(const v1::ReleaseRequest& req) {
+  return core::ReleaseSpec{req.job_id(), req.lease_id()};
 }
 
-absl::StatusOr<SubscribeSpec> FromProto(const v1::SubscribeRequest& req) {
-  SubscribeSpec s;
+absl::StatusOr<core::SubscribeSpec> FromProto(const v1::SubscribeRequest& req) {
+  core::SubscribeSpec s;
   s.queues.assign(req.queues().begin(), req.queues().end());
   s.worker_id = req.worker_id();
   s.max_in_flight = req.max_in_flight();
@@ -150,13 +150,13 @@ absl::StatusOr<SubscribeSpec> FromProto(const v1::SubscribeRequest& req) {
   return s;
 }
 
-absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
-  ListJobsSpec s;
+absl::StatusOr<core::ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
+  core::ListJobsSpec s;
   s.queue = req.queue();
   if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
     if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_CANCELLED)
       return Invalid("state", "is not a known JobState");
-    s.state = static_cast<JobState>(req.state());
+    s.state = static_cast<core::JobState>(req.state());
   }
   s.page_size = req.page_size();
   s.page_token = req.page_token();
@@ -183,33 +183,33 @@ absl::Status CheckRetryJobForm(const v1::RetryJobRequest& req) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req) {
-  RetryJobsSpec s;
+absl::StatusOr<core::RetryJobsSpec> FromProto(const v1::RetryJobRequest& req) {
+  core::RetryJobsSpec s;
   s.queue = req.queue();
   if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
     if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_CANCELLED)
       return Invalid("state", "is not a known JobState");
-    s.state = static_cast<JobState>(req.state());
+    s.state = static_cast<core::JobState>(req.state());
   }
   s.dry_run = req.dry_run();
   s.limit = req.limit();
   return s;
 }
 
-absl::StatusOr<std::vector<JobState>> FromProto(const v1::PurgeQueueRequest& req) {
-  std::vector<JobState> states;
+absl::StatusOr<std::vector<core::JobState>> FromProto(const v1::PurgeQueueRequest& req) {
+  std::vector<core::JobState> states;
   for (int i = 0; i < req.states_size(); ++i) {
     int state = req.states(i);
     if (state < v1::JOB_STATE_READY || state > v1::JOB_STATE_CANCELLED)
       return Invalid(absl::StrCat("states[", i, "]"),
                      "is not a known JobState (leave states empty for every terminal state)");
-    states.push_back(static_cast<JobState>(state));
+    states.push_back(static_cast<core::JobState>(state));
   }
   return states;
 }
 
-absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field) {
-  PolicyOverride o;
+absl::StatusOr<core::PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field) {
+  core::PolicyOverride o;
   auto duration = [&](const google::protobuf::Duration& d, absl::string_view name,
                       std::optional<absl::Duration>& dst) -> absl::Status {
     absl::StatusOr<absl::Duration> v = FromProto(d, absl::StrCat(field, ".", name));
@@ -234,7 +234,7 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
     if (r.jitter() != v1::JITTER_UNSPECIFIED) {
       if (r.jitter() < v1::JITTER_NONE || r.jitter() > v1::JITTER_EQUAL)
         return Invalid(absl::StrCat(field, ".retry.jitter"), "is not a known Jitter");
-      o.jitter = static_cast<Jitter>(r.jitter());
+      o.jitter = static_cast<core::Jitter>(r.jitter());
     }
   }
   if (p.has_lease_duration()) {
@@ -271,7 +271,7 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
   if (p.durability() != v1::DURABILITY_UNSPECIFIED) {
     if (p.durability() < v1::DURABILITY_SYNC || p.durability() > v1::DURABILITY_NONE)
       return Invalid(absl::StrCat(field, ".durability"), "is not a known Durability");
-    o.durability = static_cast<Durability>(p.durability());
+    o.durability = static_cast<core::Durability>(p.durability());
   }
   if (p.has_group_commit_delay()) {
     if (auto s = duration(p.group_commit_delay(), "group_commit_delay", o.group_commit_delay);
@@ -281,17 +281,17 @@ absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_
   return o;
 }
 
-void ToProto(const EnqueueResult& r, v1::EnqueueResponse* out) {
+void ToProto(const core::EnqueueResult& r, v1::EnqueueResponse* out) {
   out->set_job_id(r.job_id);
   out->set_deduplicated(r.deduplicated);
 }
 
-void ToProto(const HeartbeatResult& r, v1::HeartbeatResponse* out) {
+void ToProto(const core::HeartbeatResult& r, v1::HeartbeatResponse* out) {
   if (HasTime(r.lease_deadline)) ToProto(r.lease_deadline, out->mutable_lease_deadline());
   out->set_cancel_requested(r.cancel_requested);
 }
 
-void ToProto(const FailResult& r, v1::FailResponse* out) {
+void ToProto(const core::FailResult& r, v1::FailResponse* out) {
   out->set_state(static_cast<v1::JobState>(r.state));
   if (HasTime(r.next_attempt_at)) ToProto(r.next_attempt_at, out->mutable_next_attempt_at());
 }
@@ -302,7 +302,7 @@ void ToProto(uint64_t request_id, const absl::Status& status, v1::WorkResult* ou
   out->set_message(std::string(status.message()));
 }
 
-void ToProto(const HeartbeatResult& r, v1::WorkResult* out) {
+void ToProto(const core::HeartbeatResult& r, v1::WorkResult* out) {
   if (HasTime(r.lease_deadline)) ToProto(r.lease_deadline, out->mutable_lease_deadline());
   out->set_cancel_requested(r.cancel_requested);
 }
@@ -317,17 +317,17 @@ void ToProto(const std::vector<absl::Status>& items, v1::WorkResult* out) {
   }
 }
 
-void ToProto(const ListJobsResult& r, v1::ListJobsResponse* out) {
-  for (const Job& j : r.jobs) ToProto(j, out->add_jobs());
+void ToProto(const core::ListJobsResult& r, v1::ListJobsResponse* out) {
+  for (const core::Job& j : r.jobs) ToProto(j, out->add_jobs());
   out->set_next_page_token(r.next_page_token);
 }
 
-void ToProto(const RetryJobsResult& r, v1::RetryJobResponse* out) {
+void ToProto(const core::RetryJobsResult& r, v1::RetryJobResponse* out) {
   out->set_matched(r.matched);
   out->set_retried(r.retried);
 }
 
-void ToProto(const LeasedJob& j, v1::LeasedJob* out) {
+void ToProto(const core::LeasedJob& j, v1::LeasedJob* out) {
   out->set_job_id(j.job_id);
   out->set_lease_id(j.lease_id);
   out->set_queue(j.queue);
@@ -341,7 +341,7 @@ void ToProto(const LeasedJob& j, v1::LeasedJob* out) {
   if (HasTime(j.enqueued_at)) ToProto(j.enqueued_at, out->mutable_enqueued_at());
 }
 
-void ToProto(const Job& j, v1::Job* out) {
+void ToProto(const core::Job& j, v1::Job* out) {
   out->set_id(j.id);
   out->set_queue(j.queue);
   out->set_state(static_cast<v1::JobState>(j.state));
@@ -353,13 +353,14 @@ void ToProto(const Job& j, v1::Job* out) {
   out->set_dedup_key(j.dedup_key);
   out->set_concurrency_key(j.concurrency_key);
   if (HasTime(j.created_at)) ToProto(j.created_at, out->mutable_created_at());
-  if ((j.state == JobState::kReady || j.state == JobState::kScheduled) && HasTime(j.run_at))
+  if ((j.state == core::JobState::kReady || j.state == core::JobState::kScheduled) &&
+      HasTime(j.run_at))
     ToProto(j.run_at, out->mutable_run_at());
-  if ((j.state == JobState::kActive) && HasTime(j.lease_deadline))
+  if ((j.state == core::JobState::kActive) && HasTime(j.lease_deadline))
     ToProto(j.lease_deadline, out->mutable_lease_deadline());
   out->set_last_error(j.last_error);
   out->set_fail_reason(static_cast<v1::FailReason>(j.fail_reason));
-  for (const AttemptRecord& a : j.attempts) {
+  for (const core::AttemptRecord& a : j.attempts) {
     v1::AttemptRecord* r = out->add_attempts();
     r->set_attempt(a.attempt);
     r->set_worker_id(a.worker_id);
@@ -375,7 +376,7 @@ void ToProto(const Job& j, v1::Job* out) {
   out->set_idempotency_key(j.idempotency_key());
 }
 
-void ToProto(const QueuePolicy& p, v1::QueuePolicy* out) {
+void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out) {
   out->set_max_concurrency(p.max_concurrency);
   out->set_max_concurrency_per_key(p.max_concurrency_per_key);
   v1::RetryPolicy* r = out->mutable_retry();
@@ -399,10 +400,10 @@ void ToProto(const QueuePolicy& p, v1::QueuePolicy* out) {
   ToProto(p.group_commit_delay, out->mutable_group_commit_delay());
 }
 
-void ToProto(const QueueInfo& q, v1::QueueInfo* out) {
+void ToProto(const core::QueueInfo& q, v1::QueueInfo* out) {
   out->set_name(q.name);
   ToProto(q.policy, out->mutable_policy());
-  for (const auto& [state, n] : q.counts) (*out->mutable_counts())[JobStateName(state)] = n;
+  for (const auto& [state, n] : q.counts) (*out->mutable_counts())[core::JobStateName(state)] = n;
   ToProto(q.oldest_ready_age, out->mutable_oldest_ready_age());
   out->set_waiting_leases(q.waiting_leases);
   out->set_active(q.active);

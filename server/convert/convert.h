@@ -33,39 +33,39 @@ inline bool HasTime(absl::Time t) {
 void ToProto(absl::Time t, google::protobuf::Timestamp* out);
 void ToProto(absl::Duration d, google::protobuf::Duration* out);
 
-absl::StatusOr<EnqueueSpec> FromProto(const v1::EnqueueRequest& req);
-absl::StatusOr<LeaseSpec> FromProto(const v1::LeaseRequest& req);
-absl::StatusOr<HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req);
-AckSpec FromProto(const v1::AckRequest& req);
-std::vector<AckSpec> FromProto(const v1::AckBatchRequest& req);
-absl::StatusOr<FailSpec> FromProto(const v1::FailRequest& req);
-ReleaseSpec FromProto(const v1::ReleaseRequest& req);
-absl::StatusOr<SubscribeSpec> FromProto(const v1::SubscribeRequest& req);
-absl::StatusOr<ListJobsSpec> FromProto(const v1::ListJobsRequest& req);
+absl::StatusOr<core::EnqueueSpec> FromProto(const v1::EnqueueRequest& req);
+absl::StatusOr<core::LeaseSpec> FromProto(const v1::LeaseRequest& req);
+absl::StatusOr<core::HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req);
+core::AckSpec FromProto(const v1::AckRequest& req);
+std::vector<core::AckSpec> FromProto(const v1::AckBatchRequest& req);
+absl::StatusOr<core::FailSpec> FromProto(const v1::FailRequest& req);
+core::ReleaseSpec FromProto(const v1::ReleaseRequest& req);
+absl::StatusOr<core::SubscribeSpec> FromProto(const v1::SubscribeRequest& req);
+absl::StatusOr<core::ListJobsSpec> FromProto(const v1::ListJobsRequest& req);
 // RetryJob's two forms: job_id (one job) or queue (bulk), exactly one; state, dry_run and limit
 // only with queue. INVALID_ARGUMENT says which rule the request breaks.
 absl::Status CheckRetryJobForm(const v1::RetryJobRequest& req);
 // The bulk form of RetryJob (queue set); an unset state means JOB_STATE_FAILED.
-absl::StatusOr<RetryJobsSpec> FromProto(const v1::RetryJobRequest& req);
+absl::StatusOr<core::RetryJobsSpec> FromProto(const v1::RetryJobRequest& req);
 // PurgeQueueRequest.states; JOB_STATE_UNSPECIFIED and unknown values are refused, by index.
-absl::StatusOr<std::vector<JobState>> FromProto(const v1::PurgeQueueRequest& req);
+absl::StatusOr<std::vector<core::JobState>> FromProto(const v1::PurgeQueueRequest& req);
 // `field` prefixes field names in errors ("policy", "default_policy", "queues[\"q\"]").
-absl::StatusOr<PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field);
+absl::StatusOr<core::PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::string_view field);
 
-void ToProto(const EnqueueResult& r, v1::EnqueueResponse* out);
-void ToProto(const LeasedJob& j, v1::LeasedJob* out);
-void ToProto(const HeartbeatResult& r, v1::HeartbeatResponse* out);
-void ToProto(const FailResult& r, v1::FailResponse* out);
+void ToProto(const core::EnqueueResult& r, v1::EnqueueResponse* out);
+void ToProto(const core::LeasedJob& j, v1::LeasedJob* out);
+void ToProto(const core::HeartbeatResult& r, v1::HeartbeatResponse* out);
+void ToProto(const core::FailResult& r, v1::FailResponse* out);
 // A Work stream's answer to request `request_id`: its code and message. Then the answer's body:
 // a heartbeat's lease deadline and cancel flag; an ack batch's refused items (ok ones are left
 // out), by index.
 void ToProto(uint64_t request_id, const absl::Status& status, v1::WorkResult* out);
-void ToProto(const HeartbeatResult& r, v1::WorkResult* out);
+void ToProto(const core::HeartbeatResult& r, v1::WorkResult* out);
 void ToProto(const std::vector<absl::Status>& items, v1::WorkResult* out);
-void ToProto(const ListJobsResult& r, v1::ListJobsResponse* out);
-void ToProto(const RetryJobsResult& r, v1::RetryJobResponse* out);
-void ToProto(const Job& j, v1::Job* out);
-void ToProto(const QueuePolicy& p, v1::QueuePolicy* out);
-void ToProto(const QueueInfo& q, v1::QueueInfo* out);
+void ToProto(const core::ListJobsResult& r, v1::ListJobsResponse* out);
+void ToProto(const core::RetryJobsResult& r, v1::RetryJobResponse* out);
+void ToProto(const core::Job& j, v1::Job* out);
+void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out);
+void ToProto(const core::QueueInfo& q, v1::QueueInfo* out);
 
 }  // namespace jobbroker::server

@@ -13,7 +13,7 @@ grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
   UnaryCall call(ctx, timers_.Start("GetJob"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<Job> job = broker_.GetJob(req->job_id());
+  absl::StatusOr<core::Job> job = broker_.GetJob(req->job_id());
   if (job.ok()) ToProto(*job, resp);
   return call.Finish(job.status());
 }
@@ -24,9 +24,9 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ct
   UnaryCall call(ctx, timers_.Start("ListJobs"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<ListJobsSpec> spec = FromProto(*req);
+  absl::StatusOr<core::ListJobsSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
-  absl::StatusOr<ListJobsResult> page = broker_.ListJobs(*spec);
+  absl::StatusOr<core::ListJobsResult> page = broker_.ListJobs(*spec);
   if (page.ok()) ToProto(*page, resp);
   return call.Finish(page.status());
 }
@@ -36,7 +36,7 @@ grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* c
   UnaryCall call(ctx, timers_.Start("CancelJob"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
     return call.Finish(s);
-  broker_.CancelJob(req->job_id(), [call, resp](absl::StatusOr<Job> job) {
+  broker_.CancelJob(req->job_id(), [call, resp](absl::StatusOr<core::Job> job) {
     if (job.ok()) ToProto(*job, resp);
     call.Finish(job.status());
   });
@@ -55,7 +55,7 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
   if (!allowed.ok()) return call.Finish(allowed);
   if (absl::Status form = CheckRetryJobForm(*req); !form.ok()) return call.Finish(form);
   if (one) {
-    broker_.RetryJob(req->job_id(), [call, resp](absl::StatusOr<Job> job) {
+    broker_.RetryJob(req->job_id(), [call, resp](absl::StatusOr<core::Job> job) {
       if (job.ok()) {
         ToProto(*job, resp->mutable_job());
         resp->set_matched(1);
@@ -65,9 +65,9 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
     });
     return call.reactor();
   }
-  absl::StatusOr<RetryJobsSpec> spec = FromProto(*req);
+  absl::StatusOr<core::RetryJobsSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
-  broker_.RetryJobs(std::move(*spec), [call, resp](absl::StatusOr<RetryJobsResult> result) {
+  broker_.RetryJobs(std::move(*spec), [call, resp](absl::StatusOr<core::RetryJobsResult> result) {
     if (result.ok()) ToProto(*result, resp);
     call.Finish(result.status());
   });
@@ -94,7 +94,7 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
     if (absl::Status s = Authorizer::AllowRole(**caller, Role::kAdmin); !s.ok())
       return call.Finish(s);
   }
-  for (const QueueInfo& q : broker_.ListQueues()) {
+  for (const core::QueueInfo& q : broker_.ListQueues()) {
     // A token scoped to some queues sees those only; the others' names are not its business.
     if (*caller == nullptr || Authorizer::MatchesQueue(**caller, q.name))
       ToProto(q, resp->add_queues());
@@ -108,7 +108,7 @@ grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ct
   UnaryCall call(ctx, timers_.Start("GetQueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<QueueInfo> info = broker_.GetQueue(req->queue());
+  absl::StatusOr<core::QueueInfo> info = broker_.GetQueue(req->queue());
   if (info.ok()) ToProto(*info, resp);
   return call.Finish(info.status());
 }
@@ -119,10 +119,10 @@ grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerCo
   UnaryCall call(ctx, timers_.Start("UpdateQueuePolicy"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<PolicyOverride> policy = FromProto(req->policy(), "policy");
+  absl::StatusOr<core::PolicyOverride> policy = FromProto(req->policy(), "policy");
   if (!policy.ok()) return call.Finish(policy.status());
   broker_.UpdateQueuePolicy(req->queue(), std::move(*policy), req->reset(),
-                            [call, resp](absl::StatusOr<QueueInfo> info) {
+                            [call, resp](absl::StatusOr<core::QueueInfo> info) {
                               if (info.ok()) ToProto(*info, resp);
                               call.Finish(info.status());
                             });
@@ -148,7 +148,7 @@ grpc::ServerUnaryReactor* AdminService::SetPaused(UnaryCall call,
                                                   const std::string& queue, bool paused,
                                                   v1::QueueInfo* resp) {
   if (absl::Status s = auth_.Check(ctx, Role::kAdmin, queue); !s.ok()) return call.Finish(s);
-  broker_.SetQueuePaused(queue, paused, [call, resp](absl::StatusOr<QueueInfo> info) {
+  broker_.SetQueuePaused(queue, paused, [call, resp](absl::StatusOr<core::QueueInfo> info) {
     if (info.ok()) ToProto(*info, resp);
     call.Finish(info.status());
   });
@@ -161,7 +161,7 @@ grpc::ServerUnaryReactor* AdminService::PurgeQueue(grpc::CallbackServerContext* 
   UnaryCall call(ctx, timers_.Start("PurgeQueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<std::vector<JobState>> states = FromProto(*req);
+  absl::StatusOr<std::vector<core::JobState>> states = FromProto(*req);
   if (!states.ok()) return call.Finish(states.status());
   broker_.PurgeQueue(req->queue(), std::move(*states),
                      [call, resp](absl::StatusOr<int64_t> purged) {

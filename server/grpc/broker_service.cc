@@ -17,23 +17,24 @@ namespace {
 // waiter handle lives in shared state that outlives the reactor rather than in the reactor.
 class LeaseReactor final : public grpc::ServerUnaryReactor {
  public:
-  LeaseReactor(jobbroker::Broker& broker, v1::LeaseResponse* resp, RpcTiming timing)
+  LeaseReactor(core::Broker& broker, v1::LeaseResponse* resp, RpcTiming timing)
       : broker_(broker),
         resp_(resp),
         timing_(timing),
         waiter_(std::make_shared<std::atomic<uint64_t>>(0)) {}
 
-  void Start(LeaseSpec spec, absl::Duration wait) {
+  void Start(core::LeaseSpec spec, absl::Duration wait) {
     auto waiter = waiter_;
-    uint64_t id =
-        broker_.Lease(std::move(spec), wait, [this](absl::StatusOr<std::vector<LeasedJob>> jobs) {
-          if (jobs.ok()) {
-            for (const LeasedJob& j : *jobs) ToProto(j, resp_->add_jobs());
-          }
-          grpc::Status status = ToGrpcStatus(jobs.status());
-          timing_.Record(status);
-          Finish(status);  // may delete this
-        });
+    uint64_t id = broker_.Lease(std::move(spec), wait,
+                                [this](absl::StatusOr<std::vector<core::LeasedJob>> jobs) {
+                                  if (jobs.ok()) {
+                                    for (const core::LeasedJob& j : *jobs)
+                                      ToProto(j, resp_->add_jobs());
+                                  }
+                                  grpc::Status status = ToGrpcStatus(jobs.status());
+                                  timing_.Record(status);
+                                  Finish(status);  // may delete this
+                                });
     waiter->store(id);
   }
 
@@ -42,7 +43,7 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  jobbroker::Broker& broker_;
+  core::Broker& broker_;
   v1::LeaseResponse* resp_;
   const RpcTiming timing_;
   std::shared_ptr<std::atomic<uint64_t>> waiter_;
@@ -76,14 +77,15 @@ grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ct
   UnaryCall call(ctx, timers_.Start("Enqueue"));
   if (absl::Status s = auth_.Check(*ctx, Role::kProducer, req->queue()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<EnqueueSpec> spec = FromProto(*req);
+  absl::StatusOr<core::EnqueueSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
-  std::vector<EnqueueSpec> one;
+  std::vector<core::EnqueueSpec> one;
   one.push_back(std::move(*spec));
-  broker_.EnqueueBatch(std::move(one), [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
-    if (r.ok()) ToProto(r->front(), resp);
-    call.Finish(r.status());
-  });
+  broker_.EnqueueBatch(std::move(one),
+                       [call, resp](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
+                         if (r.ok()) ToProto(r->front(), resp);
+                         call.Finish(r.status());
+                       });
   return call.reactor();
 }
 
@@ -92,10 +94,10 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
                                                       v1::EnqueueBatchResponse* resp) {
   UnaryCall call(ctx, timers_.Start("EnqueueBatch"));
   if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return call.Finish(s);
-  std::vector<EnqueueSpec> specs;
+  std::vector<core::EnqueueSpec> specs;
   specs.reserve(req->jobs_size());
   for (int i = 0; i < req->jobs_size(); ++i) {
-    absl::StatusOr<EnqueueSpec> spec = FromProto(req->jobs(i));
+    absl::StatusOr<core::EnqueueSpec> spec = FromProto(req->jobs(i));
     if (!spec.ok())
       return call.Finish(absl::Status(spec.status().code(),
                                       absl::StrCat("jobs[", i, "].", spec.status().message())));
@@ -103,9 +105,9 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
   }
   broker_.EnqueueBatch(
       std::move(specs),
-      [call, resp](absl::StatusOr<std::vector<EnqueueResult>> r) {
+      [call, resp](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
         if (r.ok()) {
-          for (const EnqueueResult& e : *r) ToProto(e, resp->add_results());
+          for (const core::EnqueueResult& e : *r) ToProto(e, resp->add_results());
         }
         call.Finish(r.status());
       },
@@ -119,7 +121,7 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
   const RpcTiming timing = timers_.Start("Lease");
   if (absl::Status s = auth_.Check(*ctx, Role::kWorker, req->queue()); !s.ok())
     return UnaryCall(ctx, timing).Finish(s);
-  absl::StatusOr<LeaseSpec> spec = FromProto(*req);
+  absl::StatusOr<core::LeaseSpec> spec = FromProto(*req);
   if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
   absl::Duration wait = absl::ZeroDuration();
   if (req->has_wait()) {
@@ -138,9 +140,9 @@ grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* 
   UnaryCall call(ctx, timers_.Start("Heartbeat"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<HeartbeatSpec> spec = FromProto(*req);
+  absl::StatusOr<core::HeartbeatSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
-  broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<HeartbeatResult> r) {
+  broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<core::HeartbeatResult> r) {
     if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
   });
@@ -161,9 +163,9 @@ grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
   UnaryCall call(ctx, timers_.Start("Fail"));
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
     return call.Finish(s);
-  absl::StatusOr<FailSpec> spec = FromProto(*req);
+  absl::StatusOr<core::FailSpec> spec = FromProto(*req);
   if (!spec.ok()) return call.Finish(spec.status());
-  broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<FailResult> r) {
+  broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<core::FailResult> r) {
     if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
   });

@@ -16,7 +16,7 @@ class BrokerService final : public v1::Broker::CallbackService {
  public:
   // `streams` bounds the open Work streams; borrowed, like the others. Unary calls are timed in
   // `metrics`.
-  BrokerService(Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams,
+  BrokerService(core::Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams,
                 const RpcMetrics& metrics)
       : broker_(broker),
         auth_(auth),
@@ -44,7 +44,7 @@ class BrokerService final : public v1::Broker::CallbackService {
       grpc::CallbackServerContext* ctx) override;
 
  private:
-  jobbroker::Broker& broker_;
+  core::Broker& broker_;
   const RpcAuth& auth_;
   WorkStreamLimit& streams_;
   const RpcServiceTimers timers_;

@@ -19,7 +19,7 @@ namespace jobbroker::server {
 // caller is nullptr. Thread-safe; `authorizer` and `broker` are borrowed and must outlive it.
 class RpcAuth {
  public:
-  RpcAuth(const Authorizer* authorizer, Broker& broker)
+  RpcAuth(const Authorizer* authorizer, core::Broker& broker)
       : authorizer_(authorizer), broker_(broker) {}
 
   bool enabled() const { return authorizer_ != nullptr; }
@@ -42,7 +42,7 @@ class RpcAuth {
 
  private:
   const Authorizer* const authorizer_;
-  Broker& broker_;
+  core::Broker& broker_;
 };
 
 }  // namespace jobbroker::server

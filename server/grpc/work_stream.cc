@@ -22,16 +22,16 @@ v1::WorkResult* NewResult(v1::WorkResponse& m, uint64_t id, const absl::Status& 
 // What the broker pushes, forwarded to the stream while it lives. The broker may keep the sink
 // after the stream is gone, hence the weak reference. Pushes that arrive before the subscribe's
 // own answer is queued wait here, so a worker sees that answer first.
-class WorkStream::Sink final : public StreamSink {
+class WorkStream::Sink final : public core::StreamSink {
  public:
   explicit Sink(std::weak_ptr<WorkStream> stream) : stream_(std::move(stream)) {}
 
-  void PushJob(LeasedJob job) override {
+  void PushJob(core::LeasedJob job) override {
     v1::WorkResponse m;
     ToProto(job, m.mutable_job());
     Forward(std::move(m));
   }
-  void PushJobs(std::vector<LeasedJob> jobs) override {
+  void PushJobs(std::vector<core::LeasedJob> jobs) override {
     std::vector<v1::WorkResponse> messages(jobs.size());
     for (size_t i = 0; i < jobs.size(); ++i) ToProto(jobs[i], messages[i].mutable_job());
     ForwardAll(std::move(messages));
@@ -89,7 +89,7 @@ class WorkStream::Sink final : public StreamSink {
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
 };
 
-WorkStream* WorkStream::Start(Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
+WorkStream* WorkStream::Start(core::Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
                               WorkStreamLimit* limit) {
   std::shared_ptr<WorkStream> stream(new WorkStream(broker, auth, caller, limit));
   stream->self_ = stream;
@@ -157,10 +157,10 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       Subscribe(id, request.subscribe());
       return;
     case v1::WorkRequest::kHeartbeat: {
-      absl::StatusOr<HeartbeatSpec> spec = FromProto(request.heartbeat());
+      absl::StatusOr<core::HeartbeatSpec> spec = FromProto(request.heartbeat());
       if (!spec.ok()) return Answer(id, spec.status());
       BeginOp();
-      broker_.Heartbeat(std::move(*spec), [this, id](absl::StatusOr<HeartbeatResult> r) {
+      broker_.Heartbeat(std::move(*spec), [this, id](absl::StatusOr<core::HeartbeatResult> r) {
         v1::WorkResponse m;
         v1::WorkResult* result = NewResult(m, id, r.status());
         if (r.ok()) ToProto(*r, result);
@@ -189,10 +189,10 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       return;
     }
     case v1::WorkRequest::kFail: {
-      absl::StatusOr<FailSpec> spec = FromProto(request.fail());
+      absl::StatusOr<core::FailSpec> spec = FromProto(request.fail());
       if (!spec.ok()) return Answer(id, spec.status());
       BeginOp();
-      broker_.Fail(std::move(*spec), [this, id](absl::StatusOr<FailResult> r) {
+      broker_.Fail(std::move(*spec), [this, id](absl::StatusOr<core::FailResult> r) {
         Answer(id, r.status());
         EndOp();
       });
@@ -233,7 +233,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
         request_id,
         absl::FailedPreconditionError(
             "subscribe: this stream has already subscribed; open another stream for other queues"));
-  absl::StatusOr<SubscribeSpec> spec = FromProto(subscribe);
+  absl::StatusOr<core::SubscribeSpec> spec = FromProto(subscribe);
   if (!spec.ok()) return Answer(request_id, spec.status());
   auto sink = std::make_shared<Sink>(self_);
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);

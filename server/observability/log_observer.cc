@@ -10,17 +10,17 @@
 namespace jobbroker::server {
 namespace {
 
-const char* OutcomeName(AttemptOutcome o) {
+const char* OutcomeName(core::AttemptOutcome o) {
   switch (o) {
-    case AttemptOutcome::kCompleted:
+    case core::AttemptOutcome::kCompleted:
       return "completed";
-    case AttemptOutcome::kError:
+    case core::AttemptOutcome::kError:
       return "error";
-    case AttemptOutcome::kPermanentError:
+    case core::AttemptOutcome::kPermanentError:
       return "permanent_error";
-    case AttemptOutcome::kLeaseExpired:
+    case core::AttemptOutcome::kLeaseExpired:
       return "lease_expired";
-    case AttemptOutcome::kRunning:
+    case core::AttemptOutcome::kRunning:
       break;
   }
   return "running";
@@ -34,7 +34,7 @@ void LogObserver::Enqueued(const std::string& queue, const std::string& job_id, 
              {{"queue", queue}, {"job_id", job_id}});
 }
 
-void LogObserver::Leased(const Job& job, absl::Duration waited) {
+void LogObserver::Leased(const core::Job& job, absl::Duration waited) {
   if (!Log::Enabled(LogLevel::kDebug)) return;
   Log::Write(LogLevel::kDebug, "job_leased",
              {{"queue", job.queue},
@@ -44,11 +44,14 @@ void LogObserver::Leased(const Job& job, absl::Duration waited) {
               {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited))}});
 }
 
-void LogObserver::AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) {
+void LogObserver::AttemptEnded(const core::Job& job, core::AttemptOutcome outcome,
+                               absl::Duration ran) {
   // A lease running out means a worker died, hung or lost its connection: worth a warning.
-  LogLevel level = outcome == AttemptOutcome::kLeaseExpired ? LogLevel::kWarn : LogLevel::kDebug;
+  LogLevel level =
+      outcome == core::AttemptOutcome::kLeaseExpired ? LogLevel::kWarn : LogLevel::kDebug;
   if (!Log::Enabled(level)) return;
-  Log::Write(level, outcome == AttemptOutcome::kLeaseExpired ? "lease_expired" : "attempt_ended",
+  Log::Write(level,
+             outcome == core::AttemptOutcome::kLeaseExpired ? "lease_expired" : "attempt_ended",
              {{"queue", job.queue},
               {"job_id", job.id},
               {"attempt", absl::StrCat(job.attempt)},
@@ -57,7 +60,7 @@ void LogObserver::AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Dur
               {"ran_ms", absl::StrCat(absl::ToInt64Milliseconds(ran))}});
 }
 
-void LogObserver::Retried(const Job& job) {
+void LogObserver::Retried(const core::Job& job) {
   if (!Log::Enabled(LogLevel::kInfo)) return;
   Log::Write(
       LogLevel::kInfo, "job_retried",
@@ -69,23 +72,24 @@ void LogObserver::Retried(const Job& job) {
        {"next_attempt_at", absl::FormatTime(absl::RFC3339_full, job.run_at, absl::UTCTimeZone())}});
 }
 
-void LogObserver::Dead(const Job& job) {
-  Log::Write(LogLevel::kWarn, "job_dead",
-             {{"queue", job.queue},
-              {"job_id", job.id},
-              {"attempt", absl::StrCat(job.attempt)},
-              {"worker_id", job.worker_id},
-              {"fail_reason",
-               job.fail_reason == FailReason::kPermanent ? "permanent" : "attempts_exhausted"},
-              {"reason", job.last_error}});
+void LogObserver::Dead(const core::Job& job) {
+  Log::Write(
+      LogLevel::kWarn, "job_dead",
+      {{"queue", job.queue},
+       {"job_id", job.id},
+       {"attempt", absl::StrCat(job.attempt)},
+       {"worker_id", job.worker_id},
+       {"fail_reason",
+        job.fail_reason == core::FailReason::kPermanent ? "permanent" : "attempts_exhausted"},
+       {"reason", job.last_error}});
 }
 
-void LogObserver::Cancelled(const Job& job) {
+void LogObserver::Cancelled(const core::Job& job) {
   Log::Write(LogLevel::kInfo, "job_cancelled",
              {{"queue", job.queue}, {"job_id", job.id}, {"attempt", absl::StrCat(job.attempt)}});
 }
 
-void LogObserver::Released(const Job& job) {
+void LogObserver::Released(const core::Job& job) {
   if (!Log::Enabled(LogLevel::kDebug)) return;
   Log::Write(LogLevel::kDebug, "job_released", {{"queue", job.queue}, {"job_id", job.id}});
 }
@@ -115,13 +119,13 @@ void LogObserver::StoreResumed(const absl::Status& cause, absl::Duration outage)
               {"effect", "memory was rebuilt from the store; changes are accepted again"}});
 }
 
-void LogObserver::CorruptRecordSkipped(const CorruptRecord& record) {
+void LogObserver::CorruptRecordSkipped(const core::CorruptRecord& record) {
   // The key and what is wrong, never the record's bytes: they may hold a payload.
   Log::Write(LogLevel::kError, "corrupt_record",
-             {{"record", RecordKindName(record.kind)},
+             {{"record", core::RecordKindName(record.kind)},
               {"key", absl::CHexEscape(record.key)},
               {"reason", std::string(record.reason.message())},
-              {"effect", record.kind == RecordKind::kJob
+              {"effect", record.kind == core::RecordKind::kJob
                              ? "the job is skipped: GetJob answers DATA_LOSS, DeleteJob removes it"
                              : "the record is skipped"}});
 }

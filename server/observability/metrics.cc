@@ -45,13 +45,13 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
   };
   // By label, in the broker's queue order (the queue's own name, or the shared "(other)").
   struct Sums {
-    std::map<JobState, int64_t> counts;
+    std::map<core::JobState, int64_t> counts;
     absl::Duration oldest_ready_age = absl::ZeroDuration();
     int64_t waiting_leases = 0;
   };
   std::vector<std::pair<std::string, Sums>> queues;
   absl::flat_hash_map<std::string, size_t> index;
-  for (const QueueInfo& q : broker_.ListQueues()) {
+  for (const core::QueueInfo& q : broker_.ListQueues()) {
     std::string label = labels_.For(q.name);
     auto [it, added] = index.emplace(label, queues.size());
     if (added) queues.emplace_back(std::move(label), Sums{});
@@ -63,13 +63,13 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
   for (const auto& [label, q] : queues) {
     for (const auto& [state, n] : q.counts) {
       // "JOB_STATE_READY" -> "ready"
-      std::string name = absl::AsciiStrToLower(std::string(JobStateName(state)).substr(10));
+      std::string name = absl::AsciiStrToLower(std::string(core::JobStateName(state)).substr(10));
       gauge(jobs, {{"queue", label}, {"state", name}}, static_cast<double>(n));
     }
     gauge(age, {{"queue", label}}, absl::ToDoubleSeconds(q.oldest_ready_age));
     gauge(waiting, {{"queue", label}}, static_cast<double>(q.waiting_leases));
-    gauge(active, {{"queue", label}}, static_cast<double>(q.counts.at(JobState::kActive)));
-    gauge(dead, {{"queue", label}}, static_cast<double>(q.counts.at(JobState::kFailed)));
+    gauge(active, {{"queue", label}}, static_cast<double>(q.counts.at(core::JobState::kActive)));
+    gauge(dead, {{"queue", label}}, static_cast<double>(q.counts.at(core::JobState::kFailed)));
   }
   prometheus::MetricFamily writes{"jobbroker_store_writes_total",
                                   "Synced store writes (one per group commit).",
@@ -91,7 +91,7 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
       family("jobbroker_jobs_in_memory",
              "Jobs held in memory, by form: whole, or (waiting jobs past --max-hot-jobs) as index "
              "entries only, read back from the store when leased.");
-  const Broker::MemoryCounts held = broker_.memory_counts();
+  const core::Broker::MemoryCounts held = broker_.memory_counts();
   gauge(memory, {{"form", "whole"}}, static_cast<double>(held.hot_jobs));
   gauge(memory, {{"form", "index_only"}}, static_cast<double>(held.cold_jobs));
   std::vector<prometheus::MetricFamily> out;

@@ -32,11 +32,11 @@ class FunctionGauges final : public prometheus::Collectable {
 // `labels` are borrowed and must outlive the collector.
 class BrokerCollector final : public prometheus::Collectable {
  public:
-  BrokerCollector(Broker& broker, QueueLabels& labels) : broker_(broker), labels_(labels) {}
+  BrokerCollector(core::Broker& broker, QueueLabels& labels) : broker_(broker), labels_(labels) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  Broker& broker_;
+  core::Broker& broker_;
   QueueLabels& labels_;
 };
 

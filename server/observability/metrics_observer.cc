@@ -108,43 +108,45 @@ void MetricsObserver::Enqueued(const std::string& queue, const std::string&, boo
   (dedup ? m.deduplicated : m.enqueued)->Increment();
 }
 
-void MetricsObserver::Leased(const Job& job, absl::Duration waited) {
+void MetricsObserver::Leased(const core::Job& job, absl::Duration waited) {
   QueueMetrics& m = For(job.queue);
   m.leased->Increment();
   m.schedule_to_start->Observe(absl::ToDoubleSeconds(waited));
 }
 
-void MetricsObserver::AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) {
+void MetricsObserver::AttemptEnded(const core::Job& job, core::AttemptOutcome outcome,
+                                   absl::Duration ran) {
   QueueMetrics& m = For(job.queue);
   switch (outcome) {
-    case AttemptOutcome::kCompleted:
+    case core::AttemptOutcome::kCompleted:
       m.completed->Increment();
       break;
-    case AttemptOutcome::kError:
+    case core::AttemptOutcome::kError:
       m.error->Increment();
       break;
-    case AttemptOutcome::kPermanentError:
+    case core::AttemptOutcome::kPermanentError:
       m.permanent_error->Increment();
       break;
-    case AttemptOutcome::kLeaseExpired:
+    case core::AttemptOutcome::kLeaseExpired:
       m.lease_expired->Increment();
       break;
-    case AttemptOutcome::kRunning:
+    case core::AttemptOutcome::kRunning:
       return;
   }
   m.run->Observe(absl::ToDoubleSeconds(ran));
 }
 
-void MetricsObserver::Retried(const Job& job) { For(job.queue).retried->Increment(); }
+void MetricsObserver::Retried(const core::Job& job) { For(job.queue).retried->Increment(); }
 
-void MetricsObserver::Dead(const Job& job) {
+void MetricsObserver::Dead(const core::Job& job) {
   QueueMetrics& m = For(job.queue);
-  (job.fail_reason == FailReason::kPermanent ? m.dead_permanent : m.dead_exhausted)->Increment();
+  (job.fail_reason == core::FailReason::kPermanent ? m.dead_permanent : m.dead_exhausted)
+      ->Increment();
 }
 
-void MetricsObserver::Cancelled(const Job& job) { For(job.queue).cancelled->Increment(); }
+void MetricsObserver::Cancelled(const core::Job& job) { For(job.queue).cancelled->Increment(); }
 
-void MetricsObserver::Released(const Job& job) { For(job.queue).released->Increment(); }
+void MetricsObserver::Released(const core::Job& job) { For(job.queue).released->Increment(); }
 
 void MetricsObserver::Committed(size_t transitions, absl::Duration took) {
   wal_sync_.Observe(absl::ToDoubleSeconds(took));

@@ -22,18 +22,19 @@ namespace jobbroker::server {
 // handles (so a hot-path event is a hash lookup and an atomic add); Committed() comes from the
 // writer thread and touches only queue-less metrics. Queues past `labels`' limit share the
 // series of QueueLabels::kOtherQueues. The registry and `labels` are borrowed.
-class MetricsObserver final : public BrokerObserver {
+class MetricsObserver final : public core::BrokerObserver {
  public:
   MetricsObserver(prometheus::Registry& registry, QueueLabels& labels);
   ~MetricsObserver() override;
 
   void Enqueued(const std::string& queue, const std::string& job_id, bool dedup) override;
-  void Leased(const Job& job, absl::Duration waited) override;
-  void AttemptEnded(const Job& job, AttemptOutcome outcome, absl::Duration ran) override;
-  void Retried(const Job& job) override;
-  void Dead(const Job& job) override;
-  void Cancelled(const Job& job) override;
-  void Released(const Job& job) override;
+  void Leased(const core::Job& job, absl::Duration waited) override;
+  void AttemptEnded(const core::Job& job, core::AttemptOutcome outcome,
+                    absl::Duration ran) override;
+  void Retried(const core::Job& job) override;
+  void Dead(const core::Job& job) override;
+  void Cancelled(const core::Job& job) override;
+  void Released(const core::Job& job) override;
   void Committed(size_t transitions, absl::Duration took) override;
   void StoreFailed(const absl::Status& status) override;
 

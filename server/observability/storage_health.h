@@ -15,7 +15,7 @@ namespace jobbroker::server {
 // disk, so a liveness probe must not restart it.
 //
 // Thread-safe: the broker reports from its writer and ticker threads.
-class StorageHealth final : public BrokerObserver {
+class StorageHealth final : public core::BrokerObserver {
  public:
   // From now on reports whether the store is writable to `report` (main.cc sets /readyz and the
   // Broker service's gRPC health from it; what it uses must outlive the broker's last event),

@@ -18,7 +18,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -44,7 +44,7 @@ struct Written {
 // writes back (Close) to show what happens while one is in progress.
 class RecordingStore final : public Store {
  public:
-  explicit RecordingStore(MemoryStore& inner) : inner_(inner) {}
+  explicit RecordingStore(storage::MemoryStore& inner) : inner_(inner) {}
 
   absl::Status Write(absl::Span<const Transition> transitions) override {
     {
@@ -84,7 +84,7 @@ class RecordingStore final : public Store {
   }
 
  private:
-  MemoryStore& inner_;
+  storage::MemoryStore& inner_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;
@@ -803,4 +803,4 @@ TEST_F(BrokerAdminTest, ListJobsByDedupKeyFindsTheJobHoldingIt) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

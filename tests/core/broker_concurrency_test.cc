@@ -36,7 +36,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -474,7 +474,7 @@ std::map<std::string, Kind> RunAndCheck(Store& store, FakeClock& clock) {
 
 TEST(BrokerConcurrencyTest, MemoryStoreEndStateAddsUp) {
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
-  MemoryStore store;
+  storage::MemoryStore store;
   std::map<std::string, Kind> jobs = RunAndCheck(store, clock);
   ASSERT_FALSE(HasFatalFailure());
   EXPECT_EQ(store.job_count(), size_t{kTotalJobs});
@@ -491,12 +491,12 @@ TEST(BrokerConcurrencyTest, RocksDbStoreEndStateAddsUpAndSurvivesReopen) {
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   std::map<std::string, Kind> jobs;
   {
-    auto store = RocksDbStore::Open(path);
+    auto store = storage::RocksDbStore::Open(path);
     ASSERT_TRUE(store.ok()) << store.status();
     jobs = RunAndCheck(**store, clock);
     ASSERT_FALSE(HasFatalFailure());
   }
-  auto store = RocksDbStore::Open(path);
+  auto store = storage::RocksDbStore::Open(path);
   ASSERT_TRUE(store.ok()) << store.status();
   auto reopened = BlockingBroker::Open(**store, clock, Options());
   ASSERT_TRUE(reopened.ok()) << reopened.status();
@@ -504,4 +504,4 @@ TEST(BrokerConcurrencyTest, RocksDbStoreEndStateAddsUpAndSurvivesReopen) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

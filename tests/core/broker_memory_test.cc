@@ -11,7 +11,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -245,7 +245,7 @@ class GateStore final : public Store {
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   int entered_ ABSL_GUARDED_BY(mu_) = 0;
-  MemoryStore inner_;
+  storage::MemoryStore inner_;
 };
 
 TEST(BrokerMemoryPipelineTest, AJobGoesColdOnlyOnceItsRecordIsInTheStore) {
@@ -291,4 +291,4 @@ TEST(BrokerMemoryPipelineTest, AJobGoesColdOnlyOnceItsRecordIsInTheStore) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

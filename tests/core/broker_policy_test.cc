@@ -10,7 +10,7 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 using ::jobbroker::testing::StatusIs;
@@ -225,4 +225,4 @@ TEST_F(BrokerPolicyTest, AJobKeepsTheMaxAttemptsItWasEnqueuedWith) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

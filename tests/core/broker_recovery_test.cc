@@ -5,7 +5,7 @@
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::StatusIs;
@@ -110,4 +110,4 @@ TEST_F(BrokerRecoveryTest, BadConfigPolicyRefusesToOpenNamingTheField) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

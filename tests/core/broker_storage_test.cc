@@ -18,7 +18,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -202,7 +202,7 @@ class CorruptingStore final : public Store {
   }
   absl::Status Resume() override { return inner.Resume(); }
   absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner.ReadJob(id); }
-  MemoryStore inner;
+  storage::MemoryStore inner;
   std::vector<CorruptRecord> corrupt;
   std::vector<std::string> deleted;
 };
@@ -248,4 +248,4 @@ TEST(BrokerCorruptRecordTest, ACorruptJobIsSkippedAnsweredWithDataLossAndCanBeDe
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -13,7 +13,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -290,7 +290,7 @@ class SyncGateStore final : public Store {
   absl::Mutex mu_;
   bool held_ ABSL_GUARDED_BY(mu_) = false;
   int synced_writes_ ABSL_GUARDED_BY(mu_) = 0;
-  MemoryStore inner_;
+  storage::MemoryStore inner_;
 };
 
 // Tells when the first job arrives.
@@ -341,4 +341,4 @@ TEST(BrokerEarlyPushTest, AStreamGetsItsJobOnceInTheLogWhileTheEnqueueWaitsForTh
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

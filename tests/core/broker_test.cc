@@ -8,7 +8,7 @@
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::StatusIs;
@@ -774,7 +774,7 @@ TEST_F(BrokerTest, ShutdownAnswersWaitersAndRefusesChanges) {
 // Brokers of one process can share one commit writer (one broker per partition, next): each
 // broker's transitions go through the same pipeline, in one order, to the same store.
 TEST(SharedPipelineTest, TwoBrokersOnOnePipelineWriteThroughItAndOutliveNeitherIt) {
-  MemoryStore store;
+  storage::MemoryStore store;
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   CommitPipeline pipeline(store, CommitPipeline::Mode::kInline, &clock);
   BrokerOptions options;
@@ -796,4 +796,4 @@ TEST(SharedPipelineTest, TwoBrokersOnOnePipelineWriteThroughItAndOutliveNeitherI
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -11,7 +11,7 @@
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
@@ -84,11 +84,11 @@ class BrokerFixture : public ::testing::Test {
   }
 
   FakeClock clock_;
-  MemoryStore store_;
+  storage::MemoryStore store_;
   double uniform_ = 0.5;
   PolicyOverride default_policy_;
   std::map<std::string, PolicyOverride> queue_policies_;
   std::unique_ptr<BlockingBroker> broker_;
 };
 
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -14,7 +14,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::StatusIs;
@@ -36,7 +36,7 @@ class GatedStore : public Store {
   absl::Status Resume() override { return inner_.Resume(); }
   absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
 
-  MemoryStore inner_;
+  storage::MemoryStore inner_;
   std::atomic<int> calls_{0};
   absl::Notification entered_, release_;
   std::vector<size_t> batch_sizes_;  // only the writer thread touches it
@@ -72,7 +72,7 @@ TEST(CommitPipelineTest, AppendsWaitingBehindAWriteShareTheNextOne) {
 }
 
 TEST(CommitPipelineTest, LaterTransitionsOfTheSameJobWin) {
-  MemoryStore store;
+  storage::MemoryStore store;
   {
     CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
     uint64_t seq = 0;
@@ -83,7 +83,7 @@ TEST(CommitPipelineTest, LaterTransitionsOfTheSameJobWin) {
 }
 
 TEST(CommitPipelineTest, ConcurrentWritersAreAllMadeDurable) {
-  MemoryStore store;
+  storage::MemoryStore store;
   CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground);
   std::mutex order_mu;  // Append's order is the caller's to keep; the broker holds its mutex
   std::vector<std::thread> threads;
@@ -113,7 +113,7 @@ class CountingObserver : public BrokerObserver {
 };
 
 TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
-  MemoryStore store;
+  storage::MemoryStore store;
   store.FailWritesAfter(1);
   FakeClock clock(absl::FromUnixSeconds(1000));
   CountingObserver observer;
@@ -133,7 +133,7 @@ TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
 // Reset() after a failure: what was appended meanwhile is dropped for good (also for a waiter
 // that asks only afterwards), and later appends are written again.
 TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain) {
-  MemoryStore store;
+  storage::MemoryStore store;
   std::vector<absl::Status> hooked;
   CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground, nullptr, nullptr,
                           [&](const absl::Status& s) { hooked.push_back(s); });
@@ -201,7 +201,7 @@ class LevelStore : public Store {
     absl::MutexLock lock(&mu_);
     return calls_;
   }
-  MemoryStore inner_;
+  storage::MemoryStore inner_;
 
  private:
   absl::Status Record(const char* kind, absl::Span<const Transition> t) {
@@ -398,4 +398,4 @@ TEST(CommitPipelineDurabilityTest, StoppingFsyncsWhatWasWrittenUnsynced) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

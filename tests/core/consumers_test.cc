@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 class NullSink final : public StreamSink {
@@ -51,4 +51,4 @@ TEST(ConsumersTest, DetachAllHandsOutEveryCallbackAndSink) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 const absl::Time kT = absl::FromUnixSeconds(1000);
@@ -50,4 +50,4 @@ TEST(DeadlinesTest, DropScheduledFindsAJobWhateverItsTime) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -4,7 +4,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 const absl::Time kT = absl::FromUnixSeconds(1000);
@@ -51,4 +51,4 @@ TEST(DedupTableTest, ExpireStopsWhenItsBudgetIsSpent) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 QueuePolicy With(Durability d, absl::Duration group_delay = absl::Milliseconds(10)) {
@@ -43,4 +43,4 @@ TEST(EffectsTest, TheShortestGroupDelayOfTheGroupQueuesTouchedApplies) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 #include "core/job.h"
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 TEST(IdsTest, JobIdsAreUniqueAndSortByTime) {
@@ -75,4 +75,4 @@ TEST(JobTest, PayloadHashIsStable) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

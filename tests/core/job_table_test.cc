@@ -8,7 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 constexpr char kQueue[] = "q";
@@ -124,4 +124,4 @@ TEST_F(JobTableTest, CorruptJobRecordsAreRememberedUntilForgotten) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

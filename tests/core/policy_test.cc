@@ -4,7 +4,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 
 using ::jobbroker::testing::StatusIs;
 
@@ -121,4 +121,4 @@ TEST(ValidatePolicyTest, NamesTheBadField) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 TEST(QueueIndexTest, APolicyIsBuiltInsThenDefaultThenQueueThenRuntime) {
@@ -52,4 +52,4 @@ TEST(QueueIndexTest, ConfiguredQueuesExistBeforeTheirFirstJob) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -4,7 +4,7 @@
 
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 constexpr char kQueue[] = "q";
@@ -148,4 +148,4 @@ TEST(QueueStateTest, RetentionSaysWhenTheOldestEndedJobIsTooOldAndWhenItIsOverCo
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -5,7 +5,7 @@
 #include "absl/random/random.h"
 #include "gtest/gtest.h"
 
-namespace jobbroker {
+namespace jobbroker::core {
 namespace {
 
 Job StoredJob(absl::BitGen& gen, uint64_t seq, JobState state) {
@@ -50,4 +50,4 @@ TEST(RecoveredStateTest, AnIdThatCannotBePackedStaysWhole) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::core

@@ -214,7 +214,7 @@ void CorruptJobRecord(const std::string& dir, const std::string& job_id) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   rocksdb::ColumnFamilyHandle* jobs = nullptr;
   for (size_t i = 0; i < names.size(); ++i)
-    if (names[i] == kRocksDbJobsColumnFamily) jobs = handles[i];
+    if (names[i] == storage::kRocksDbJobsColumnFamily) jobs = handles[i];
   ASSERT_NE(jobs, nullptr);
   std::string value;
   ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), jobs, job_id, &value).ok());

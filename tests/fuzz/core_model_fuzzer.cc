@@ -73,7 +73,7 @@ struct ModelJob {
   std::string id, queue, payload, dedup_key, concurrency_key;
   int32_t priority = 0;
   uint64_t order = 0;  // enqueue order: FIFO among equal priorities, and retention's tie-break
-  JobState state = JobState::kReady;
+  core::JobState state = core::JobState::kReady;
   int attempt = 0;
   int max_attempts = 0;
   absl::Time created_at, run_at;
@@ -87,8 +87,8 @@ struct ModelJob {
   // Came due in memory only: a promotion is not written, so after a restart the job is
   // SCHEDULED again until the first operation or tick (core/broker.cc, ProcessDue).
   bool promoted_unsaved = false;
-  FailReason fail_reason = FailReason::kNone;
-  std::vector<std::pair<int, AttemptOutcome>> attempts;  // (attempt, outcome), oldest first
+  core::FailReason fail_reason = core::FailReason::kNone;
+  std::vector<std::pair<int, core::AttemptOutcome>> attempts;  // (attempt, outcome), oldest first
   std::string checkpoint, result;
   bool removed = false;
   // Revived by RetryJob while another job held its dedup key: the key stays with that one.
@@ -96,12 +96,12 @@ struct ModelJob {
   // Seen in the broker by the last check: attempt numbers only go down by a release or a
   // retry, and a completed job stays completed.
   int seen_attempt = 0;
-  JobState seen_state = JobState::kReady;
+  core::JobState seen_state = core::JobState::kReady;
   bool may_lower_attempt = false;  // this operation released or retried it
 
-  bool live() const { return !removed && !IsTerminal(state); }
+  bool live() const { return !removed && !core::IsTerminal(state); }
   // The record of the current attempt, if it has one.
-  std::pair<int, AttemptOutcome>* current_record() {
+  std::pair<int, core::AttemptOutcome>* current_record() {
     if (attempts.empty() || attempts.back().first != attempt) return nullptr;
     return &attempts.back();
   }
@@ -115,7 +115,7 @@ struct ModelDedup {
 
 struct ModelQueue {
   bool exists = false;
-  PolicyOverride runtime;  // persisted run-time changes
+  core::PolicyOverride runtime;  // persisted run-time changes
   // Active counts seen by the last check, to tell whether an operation added leases.
   int64_t seen_active = 0;
   std::map<std::string, int64_t> seen_key_active;
@@ -180,21 +180,21 @@ class Harness {
 
   // ---------------------------------------------------------------------------------------
   // Broker lifetime
-  BrokerOptions Options(const OpenArgs& args) {
-    BrokerOptions o;
-    o.commit_mode = CommitPipeline::Mode::kInline;
+  core::BrokerOptions Options(const OpenArgs& args) {
+    core::BrokerOptions o;
+    o.commit_mode = core::CommitPipeline::Mode::kInline;
     const double u = kUniforms[args.uniform];
     o.uniform = [u] { return u; };
     o.default_policy = ConfigPolicy(args.config);
     return o;
   }
 
-  static PolicyOverride ConfigPolicy(int config) {
-    PolicyOverride p;
+  static core::PolicyOverride ConfigPolicy(int config) {
+    core::PolicyOverride p;
     if (config == 1) {
       p.lease_duration = absl::Seconds(2);
       p.max_attempts = 2;
-      p.jitter = Jitter::kEqual;
+      p.jitter = core::Jitter::kEqual;
     }
     return p;
   }
@@ -209,13 +209,13 @@ class Harness {
     broker_ = std::move(*opened);
   }
 
-  QueuePolicy Policy(const std::string& queue) {
-    return queues_[queue].runtime.ApplyTo(config_.ApplyTo(QueuePolicy{}));
+  core::QueuePolicy Policy(const std::string& queue) {
+    return queues_[queue].runtime.ApplyTo(config_.ApplyTo(core::QueuePolicy{}));
   }
 
   // ---------------------------------------------------------------------------------------
   // The model's rules
-  std::vector<ModelJob*> Live(const std::string& queue, std::optional<JobState> state) {
+  std::vector<ModelJob*> Live(const std::string& queue, std::optional<core::JobState> state) {
     std::vector<ModelJob*> out;
     for (auto& [id, j] : jobs_) {
       if (j.removed || j.queue != queue) continue;
@@ -225,24 +225,24 @@ class Harness {
     return out;
   }
 
-  int64_t Count(const std::string& queue, JobState state) {
+  int64_t Count(const std::string& queue, core::JobState state) {
     return static_cast<int64_t>(Live(queue, state).size());
   }
 
   // Backoff before the attempt after `failed_attempt` (DESIGN.md's formula, then the jitter
   // with the broker's pinned draw).
-  absl::Duration Backoff(const RetryPolicy& r, int failed_attempt) const {
+  absl::Duration Backoff(const core::RetryPolicy& r, int failed_attempt) const {
     double seconds = absl::ToDoubleSeconds(r.initial_backoff) *
                      std::pow(r.backoff_multiplier, std::max(failed_attempt, 1) - 1);
     double cap = absl::ToDoubleSeconds(r.max_backoff);
     double base = std::isfinite(seconds) ? std::min(seconds, cap) : cap;
     switch (r.jitter) {
-      case Jitter::kNone:
+      case core::Jitter::kNone:
         break;
-      case Jitter::kFull:
+      case core::Jitter::kFull:
         base *= uniform_;
         break;
-      case Jitter::kEqual:
+      case core::Jitter::kEqual:
         base = base / 2 + base / 2 * uniform_;
         break;
     }
@@ -250,42 +250,42 @@ class Harness {
   }
 
   // A failed attempt (an error, a permanent error, or the lease running out).
-  void EndAttemptFailed(ModelJob& j, absl::Time now, AttemptOutcome outcome,
+  void EndAttemptFailed(ModelJob& j, absl::Time now, core::AttemptOutcome outcome,
                         std::optional<absl::Duration> retry_after) {
     if (j.cancel_requested) {
-      j.state = JobState::kCancelled;
+      j.state = core::JobState::kCancelled;
       j.completed_at = now;
-    } else if (outcome == AttemptOutcome::kPermanentError) {
-      j.state = JobState::kFailed;
-      j.fail_reason = FailReason::kPermanent;
+    } else if (outcome == core::AttemptOutcome::kPermanentError) {
+      j.state = core::JobState::kFailed;
+      j.fail_reason = core::FailReason::kPermanent;
       j.completed_at = now;
     } else if (j.attempt >= j.max_attempts) {
-      j.state = JobState::kFailed;
-      j.fail_reason = FailReason::kAttemptsExhausted;
+      j.state = core::JobState::kFailed;
+      j.fail_reason = core::FailReason::kAttemptsExhausted;
       j.completed_at = now;
     } else {
       absl::Duration wait =
           retry_after.has_value() ? *retry_after : Backoff(Policy(j.queue).retry, j.attempt);
       j.run_at = now + wait;
       j.run_at_approx = !retry_after.has_value() && wait > absl::ZeroDuration();
-      j.state = wait > absl::ZeroDuration() ? JobState::kScheduled : JobState::kReady;
+      j.state = wait > absl::ZeroDuration() ? core::JobState::kScheduled : core::JobState::kReady;
     }
   }
 
   void ExpireLease(ModelJob& j, absl::Time now) {
-    if (auto* rec = j.current_record()) rec->second = AttemptOutcome::kLeaseExpired;
-    EndAttemptFailed(j, now, AttemptOutcome::kLeaseExpired, std::nullopt);
+    if (auto* rec = j.current_record()) rec->second = core::AttemptOutcome::kLeaseExpired;
+    EndAttemptFailed(j, now, core::AttemptOutcome::kLeaseExpired, std::nullopt);
   }
 
   // What every changing call does first: leases that ran out, then jobs that came due.
   void Due(absl::Time now) {
     for (auto& [id, j] : jobs_) {
-      if (!j.removed && j.state == JobState::kActive && j.lease_deadline <= now)
+      if (!j.removed && j.state == core::JobState::kActive && j.lease_deadline <= now)
         ExpireLease(j, now);
     }
     for (auto& [id, j] : jobs_) {
-      if (!j.removed && j.state == JobState::kScheduled && j.run_at <= now) {
-        j.state = JobState::kReady;
+      if (!j.removed && j.state == core::JobState::kScheduled && j.run_at <= now) {
+        j.state = core::JobState::kReady;
         j.promoted_unsaved = true;
       }
     }
@@ -296,13 +296,13 @@ class Harness {
   // Retention, run by Tick: oldest ended first, while over max_count or older than max_age.
   void Retention(absl::Time now) {
     for (const char* name : kQueues) {
-      const QueuePolicy p = Policy(name);
+      const core::QueuePolicy p = Policy(name);
       auto sweep = [&](bool completed, const ::jobbroker::Retention& r) {
         std::vector<ModelJob*> ended;
         for (auto& [id, j] : jobs_) {
           if (j.removed || j.queue != name) continue;
-          bool dead = j.state == JobState::kFailed || j.state == JobState::kCancelled;
-          if (completed ? j.state == JobState::kCompleted : dead) ended.push_back(&j);
+          bool dead = j.state == core::JobState::kFailed || j.state == core::JobState::kCancelled;
+          if (completed ? j.state == core::JobState::kCompleted : dead) ended.push_back(&j);
         }
         std::sort(ended.begin(), ended.end(), [](const ModelJob* a, const ModelJob* b) {
           return std::tie(a->completed_at, a->order) < std::tie(b->completed_at, b->order);
@@ -341,11 +341,11 @@ class Harness {
   // RetryJob's change: READY, due now, attempts from 1 again, and the dedup key held again if
   // nobody holds it.
   void Revive(ModelJob& j, absl::Time now) {
-    j.state = JobState::kReady;
+    j.state = core::JobState::kReady;
     j.run_at = now;
     j.run_at_approx = false;
     j.attempt = 0;
-    j.fail_reason = FailReason::kNone;
+    j.fail_reason = core::FailReason::kNone;
     j.completed_at = absl::InfinitePast();
     j.lease_id.clear();
     j.lease_deadline = absl::InfinitePast();
@@ -396,18 +396,18 @@ class Harness {
     int per_key = Policy(queue).max_concurrency_per_key;
     if (key.empty() || per_key <= 0) return true;
     int64_t active = 0;
-    for (ModelJob* j : Live(queue, JobState::kActive)) active += j->concurrency_key == key;
+    for (ModelJob* j : Live(queue, core::JobState::kActive)) active += j->concurrency_key == key;
     return active < per_key;
   }
   bool QueueHasRoom(const std::string& queue) {
-    QueuePolicy p = Policy(queue);
+    core::QueuePolicy p = Policy(queue);
     if (p.paused) return false;
-    return p.max_concurrency <= 0 || Count(queue, JobState::kActive) < p.max_concurrency;
+    return p.max_concurrency <= 0 || Count(queue, core::JobState::kActive) < p.max_concurrency;
   }
   // The next job of `key`'s group: highest priority, then oldest.
   ModelJob* Head(const std::string& queue, const std::string& key) {
     ModelJob* best = nullptr;
-    for (ModelJob* j : Live(queue, JobState::kReady)) {
+    for (ModelJob* j : Live(queue, core::JobState::kReady)) {
       if (j->concurrency_key != key) continue;
       if (best == nullptr || j->priority > best->priority ||
           (j->priority == best->priority && j->order < best->order))
@@ -417,7 +417,7 @@ class Harness {
   }
   bool Leasable(const std::string& queue) {
     if (!QueueHasRoom(queue)) return false;
-    for (ModelJob* j : Live(queue, JobState::kReady)) {
+    for (ModelJob* j : Live(queue, core::JobState::kReady)) {
       if (KeyHasRoom(queue, j->concurrency_key)) return true;
     }
     return false;
@@ -527,8 +527,8 @@ class Harness {
     }
   }
 
-  EnqueueSpec Spec(const EnqueueArgs& a) {
-    EnqueueSpec s;
+  core::EnqueueSpec Spec(const EnqueueArgs& a) {
+    core::EnqueueSpec s;
     s.queue = kQueues[a.queue];
     s.payload = kPayloads[a.payload];
     s.dedup_key = kDedupKeys[a.dedup_key];
@@ -544,11 +544,11 @@ class Harness {
   void Enqueue(const BatchArgs& args, bool batch) {
     const int n = batch ? args.extra + 1 : 1;
     if (ids_.size() + n > kJobLimit) return Log("enqueue skipped: enough jobs");
-    std::vector<EnqueueSpec> specs;
+    std::vector<core::EnqueueSpec> specs;
     std::string what = batch ? "enqueue batch" : "enqueue";
     for (int i = 0; i < n; ++i) {
       specs.push_back(Spec(args.jobs[i]));
-      const EnqueueSpec& s = specs.back();
+      const core::EnqueueSpec& s = specs.back();
       absl::StrAppend(&what, i == 0 ? " " : " | ", s.queue, " payload=", s.payload, " dedup=\"",
                       s.dedup_key, "\" ttl=", Show(s.dedup_ttl), " delay=", Show(s.delay),
                       " ckey=\"", s.concurrency_key, "\" attempts=", s.max_attempts,
@@ -557,7 +557,7 @@ class Harness {
 
     // The model's answer. Refusals of shape come before anything runs.
     Code want = Code::kOk;
-    for (const EnqueueSpec& s : specs) {
+    for (const core::EnqueueSpec& s : specs) {
       if (s.dedup_ttl.has_value() && s.dedup_key.empty()) want = Code::kInvalidArgument;
     }
     const absl::Time now = clock_.Now();
@@ -569,7 +569,7 @@ class Harness {
       std::map<std::pair<std::string, std::string>, int> batch_keys;
       std::map<std::string, int64_t> added;
       for (int i = 0; i < n && want == Code::kOk; ++i) {
-        const EnqueueSpec& s = specs[i];
+        const core::EnqueueSpec& s = specs[i];
         if (!s.dedup_key.empty()) {
           auto key = std::make_pair(s.queue, s.dedup_key);
           if (auto it = batch_keys.find(key); it != batch_keys.end()) {
@@ -599,7 +599,8 @@ class Harness {
       }
       for (const auto& [queue, count] : added) {
         int64_t live = 0;
-        for (JobState st : {JobState::kReady, JobState::kScheduled, JobState::kActive})
+        for (core::JobState st :
+             {core::JobState::kReady, core::JobState::kScheduled, core::JobState::kActive})
           live += Count(queue, st);
         int64_t max_length = Policy(queue).max_length;
         if (want == Code::kOk && max_length > 0 && live + count > max_length)
@@ -607,15 +608,15 @@ class Harness {
       }
     }
 
-    absl::StatusOr<std::vector<EnqueueResult>> got = broker_->EnqueueBatch(specs);
+    absl::StatusOr<std::vector<core::EnqueueResult>> got = broker_->EnqueueBatch(specs);
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(want, got.status(), what);
     if (!got.ok()) return;
     MODEL_EXPECT(got->size() == specs.size(), "enqueue: one result per job");
 
     for (int i = 0; i < n; ++i) {
-      const EnqueueResult& r = (*got)[i];
-      const EnqueueSpec& s = specs[i];
+      const core::EnqueueResult& r = (*got)[i];
+      const core::EnqueueSpec& s = specs[i];
       if (dup_in_batch[i].has_value() || dup[i].has_value()) {
         std::string want_id = dup[i].has_value() ? *dup[i] : (*got)[*dup_in_batch[i]].job_id;
         MODEL_EXPECT(r.deduplicated && r.job_id == want_id,
@@ -639,7 +640,7 @@ class Harness {
       j.max_attempts = s.max_attempts > 0 ? s.max_attempts : Policy(s.queue).retry.max_attempts;
       j.created_at = now;
       j.run_at = s.delay.has_value() ? now + *s.delay : now;
-      j.state = j.run_at > now ? JobState::kScheduled : JobState::kReady;
+      j.state = j.run_at > now ? core::JobState::kScheduled : core::JobState::kReady;
       j.job_lease = s.lease_duration;
       j.seen_state = j.state;
       if (!s.dedup_key.empty()) {
@@ -663,26 +664,27 @@ class Harness {
     const absl::Time now = clock_.Now();
     Due(now);
     queues_[queue].exists = true;
-    absl::StatusOr<std::vector<LeasedJob>> got =
-        broker_->Lease(LeaseSpec{queue, "w", max_jobs, lease});
+    absl::StatusOr<std::vector<core::LeasedJob>> got =
+        broker_->Lease(core::LeaseSpec{queue, "w", max_jobs, lease});
     std::string what =
         absl::StrCat("lease ", queue, " max_jobs=", max_jobs, " lease=", Show(lease));
     ExpectCode(Code::kOk, got.status(), what);
     std::map<std::string, int> per_key;
     std::vector<std::string> leased_ids;
-    for (const LeasedJob& l : *got) {
+    for (const core::LeasedJob& l : *got) {
       auto it = jobs_.find(l.job_id);
       MODEL_EXPECT(it != jobs_.end() && !it->second.removed,
                    absl::StrCat(what, ": leased job ", l.job_id, " that the model does not know"));
       ModelJob& j = it->second;
+      MODEL_EXPECT(j.queue == queue && j.state == core::JobState::kReady,
+                   absl::StrCat(what, ": leased job ", j.id, " of queue ", j.queue, " in state ",
+                                core::JobStateName(j.state),
+                                "; only READY jobs of the queue may be leased"));
       MODEL_EXPECT(
-          j.queue == queue && j.state == JobState::kReady,
-          absl::StrCat(what, ": leased job ", j.id, " of queue ", j.queue, " in state ",
-                       JobStateName(j.state), "; only READY jobs of the queue may be leased"));
-      MODEL_EXPECT(QueueHasRoom(queue),
-                   absl::StrCat(what, ": leased job ", j.id, " though the queue is paused or has ",
-                                Count(queue, JobState::kActive), " active jobs (max_concurrency ",
-                                Policy(queue).max_concurrency, ")"));
+          QueueHasRoom(queue),
+          absl::StrCat(what, ": leased job ", j.id, " though the queue is paused or has ",
+                       Count(queue, core::JobState::kActive), " active jobs (max_concurrency ",
+                       Policy(queue).max_concurrency, ")"));
       MODEL_EXPECT(
           KeyHasRoom(queue, j.concurrency_key),
           absl::StrCat(what, ": leased job ", j.id, " though concurrency key \"", j.concurrency_key,
@@ -712,13 +714,13 @@ class Harness {
           absl::StartsWith(l.lease_id, absl::StrCat(l.attempt, "-")) && l.lease_id != j.lease_id,
           absl::StrCat(what, ": lease id ", l.lease_id, " of attempt ", l.attempt,
                        " is not a fresh \"<attempt>-...\""));
-      j.state = JobState::kActive;
+      j.state = core::JobState::kActive;
       j.promoted_unsaved = false;
       ++j.attempt;
       j.lease_id = l.lease_id;
       j.lease_length = length;
       j.lease_deadline = now + length;
-      j.attempts.emplace_back(j.attempt, AttemptOutcome::kRunning);
+      j.attempts.emplace_back(j.attempt, core::AttemptOutcome::kRunning);
       if (j.attempts.size() > static_cast<size_t>(kAttemptHistory))
         j.attempts.erase(j.attempts.begin());
       leases_.emplace_back(j.id, l.lease_id);
@@ -753,11 +755,11 @@ class Harness {
                      " checkpoint=", checkpoint == nullptr ? "unset" : checkpoint);
     Due(now);
     std::optional<Code> refused = LeaseRefusal(job_id, lease_id);
-    if (!refused.has_value() && jobs_.at(job_id).state != JobState::kActive)
+    if (!refused.has_value() && jobs_.at(job_id).state != core::JobState::kActive)
       refused = Code::kFailedPrecondition;
-    HeartbeatSpec spec{job_id, lease_id, extend, std::nullopt};
+    core::HeartbeatSpec spec{job_id, lease_id, extend, std::nullopt};
     if (checkpoint != nullptr) spec.checkpoint = checkpoint;
-    absl::StatusOr<HeartbeatResult> got = broker_->Heartbeat(spec);
+    absl::StatusOr<core::HeartbeatResult> got = broker_->Heartbeat(spec);
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(refused.value_or(Code::kOk), got.status(), what);
     if (!got.ok()) return;
@@ -780,26 +782,26 @@ class Harness {
     bool change = false;
     if (!refused.has_value()) {
       ModelJob& j = jobs_.at(job_id);
-      if (j.state == JobState::kActive) {
+      if (j.state == core::JobState::kActive) {
         change = true;
-      } else if (j.state != JobState::kCompleted) {
+      } else if (j.state != core::JobState::kCompleted) {
         // A late ack is taken while the attempt it belongs to ended only by running out.
         auto* rec = j.current_record();
-        if (rec != nullptr && rec->second == AttemptOutcome::kLeaseExpired) {
+        if (rec != nullptr && rec->second == core::AttemptOutcome::kLeaseExpired) {
           change = true;
         } else {
           refused = Code::kFailedPrecondition;
         }
       }
     }
-    absl::Status got = broker_->Ack(AckSpec{job_id, lease_id, kPayloads[args.result]});
+    absl::Status got = broker_->Ack(core::AckSpec{job_id, lease_id, kPayloads[args.result]});
     Log(absl::StrCat(what, " -> ", got.ToString()));
     ExpectCode(refused.value_or(Code::kOk), got, what);
     if (!change) return;
     ModelJob& j = jobs_.at(job_id);
-    if (auto* rec = j.current_record()) rec->second = AttemptOutcome::kCompleted;
-    j.state = JobState::kCompleted;
-    j.fail_reason = FailReason::kNone;
+    if (auto* rec = j.current_record()) rec->second = core::AttemptOutcome::kCompleted;
+    j.state = core::JobState::kCompleted;
+    j.fail_reason = core::FailReason::kNone;
     j.result = kPayloads[args.result];
     j.completed_at = now;
   }
@@ -815,37 +817,37 @@ class Harness {
     std::optional<Code> refused = LeaseRefusal(job_id, lease_id);
     if (!refused.has_value()) {
       ModelJob& j = jobs_.at(job_id);
-      const AttemptOutcome outcome =
-          permanent ? AttemptOutcome::kPermanentError : AttemptOutcome::kError;
+      const core::AttemptOutcome outcome =
+          permanent ? core::AttemptOutcome::kPermanentError : core::AttemptOutcome::kError;
       auto* rec = j.current_record();
-      if (j.state == JobState::kActive) {
+      if (j.state == core::JobState::kActive) {
         if (rec != nullptr) rec->second = outcome;
         EndAttemptFailed(j, now, outcome, retry_after);
-      } else if (rec != nullptr && (rec->second == AttemptOutcome::kError ||
-                                    rec->second == AttemptOutcome::kPermanentError)) {
+      } else if (rec != nullptr && (rec->second == core::AttemptOutcome::kError ||
+                                    rec->second == core::AttemptOutcome::kPermanentError)) {
         // A repeated Fail of the same attempt: answered again, nothing changes.
-      } else if (rec == nullptr || rec->second != AttemptOutcome::kLeaseExpired) {
+      } else if (rec == nullptr || rec->second != core::AttemptOutcome::kLeaseExpired) {
         refused = Code::kFailedPrecondition;
       } else {
         // A late Fail of an attempt whose lease ran out: its error counts, `permanent` kills.
         rec->second = outcome;
-        if (permanent && !IsTerminal(j.state)) {
-          j.state = JobState::kFailed;
-          j.fail_reason = FailReason::kPermanent;
+        if (permanent && !core::IsTerminal(j.state)) {
+          j.state = core::JobState::kFailed;
+          j.fail_reason = core::FailReason::kPermanent;
           j.completed_at = now;
         }
       }
     }
-    absl::StatusOr<FailResult> got =
-        broker_->Fail(FailSpec{job_id, lease_id, "boom", permanent, retry_after});
+    absl::StatusOr<core::FailResult> got =
+        broker_->Fail(core::FailSpec{job_id, lease_id, "boom", permanent, retry_after});
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(refused.value_or(Code::kOk), got.status(), what);
     if (!got.ok()) return;
     ModelJob& j = jobs_.at(job_id);
     MODEL_EXPECT(got->state == j.state,
-                 absl::StrCat(what, ": answered state ", JobStateName(got->state),
-                              ", the model expected ", JobStateName(j.state)));
-    if (j.state == JobState::kScheduled || j.state == JobState::kReady) {
+                 absl::StrCat(what, ": answered state ", core::JobStateName(got->state),
+                              ", the model expected ", core::JobStateName(j.state)));
+    if (j.state == core::JobState::kScheduled || j.state == core::JobState::kReady) {
       absl::Duration off = absl::AbsDuration(got->next_attempt_at - j.run_at);
       MODEL_EXPECT(off <= (j.run_at_approx ? kBackoffSlack : absl::ZeroDuration()),
                    absl::StrCat(what, ": next attempt at ", Show(got->next_attempt_at),
@@ -859,9 +861,9 @@ class Harness {
     std::string what = absl::StrCat("release ", job_id, " lease ", lease_id);
     Due(now);
     std::optional<Code> refused = LeaseRefusal(job_id, lease_id);
-    if (!refused.has_value() && jobs_.at(job_id).state != JobState::kActive)
+    if (!refused.has_value() && jobs_.at(job_id).state != core::JobState::kActive)
       refused = Code::kFailedPrecondition;
-    absl::Status got = broker_->Release(ReleaseSpec{job_id, lease_id});
+    absl::Status got = broker_->Release(core::ReleaseSpec{job_id, lease_id});
     Log(absl::StrCat(what, " -> ", got.ToString()));
     ExpectCode(refused.value_or(Code::kOk), got, what);
     if (!got.ok()) return;
@@ -873,8 +875,8 @@ class Harness {
     j.lease_id.clear();
     j.lease_deadline = absl::InfinitePast();
     j.lease_length = absl::ZeroDuration();
-    j.state = j.cancel_requested ? JobState::kCancelled : JobState::kReady;
-    if (j.state == JobState::kCancelled) j.completed_at = now;
+    j.state = j.cancel_requested ? core::JobState::kCancelled : core::JobState::kReady;
+    if (j.state == core::JobState::kCancelled) j.completed_at = now;
     j.run_at = now;
     j.run_at_approx = false;
   }
@@ -890,22 +892,22 @@ class Harness {
     const absl::Time now = clock_.Now();
     Due(now);
     ModelJob* j = Find(id);
-    Code want = j == nullptr           ? Code::kNotFound
-                : IsTerminal(j->state) ? Code::kFailedPrecondition
-                                       : Code::kOk;
-    absl::StatusOr<Job> got = broker_->CancelJob(id);
+    Code want = j == nullptr                 ? Code::kNotFound
+                : core::IsTerminal(j->state) ? Code::kFailedPrecondition
+                                             : Code::kOk;
+    absl::StatusOr<core::Job> got = broker_->CancelJob(id);
     Log(absl::StrCat("cancel ", id, " -> ", got.status().ToString()));
     ExpectCode(want, got.status(), absl::StrCat("cancel ", id));
     if (!got.ok()) return;
-    if (j->state == JobState::kActive) {
+    if (j->state == core::JobState::kActive) {
       j->cancel_requested = true;  // the worker's next heartbeat says so
     } else {
-      j->state = JobState::kCancelled;
+      j->state = core::JobState::kCancelled;
       j->promoted_unsaved = false;
       j->completed_at = now;
     }
     MODEL_EXPECT(got->state == j->state && got->cancel_requested == j->cancel_requested,
-                 absl::StrCat("cancel ", id, ": answered state ", JobStateName(got->state)));
+                 absl::StrCat("cancel ", id, ": answered state ", core::JobStateName(got->state)));
   }
 
   void Retry(const RefArgs& args) {
@@ -914,26 +916,27 @@ class Harness {
     Due(now);
     ModelJob* j = Find(id);
     Code want = j == nullptr ? Code::kNotFound
-                : (j->state == JobState::kFailed || j->state == JobState::kCancelled)
+                : (j->state == core::JobState::kFailed || j->state == core::JobState::kCancelled)
                     ? Code::kOk
                     : Code::kFailedPrecondition;
-    absl::StatusOr<Job> got = broker_->RetryJob(id);
+    absl::StatusOr<core::Job> got = broker_->RetryJob(id);
     Log(absl::StrCat("retry ", id, " -> ", got.status().ToString()));
     ExpectCode(want, got.status(), absl::StrCat("retry ", id));
     if (!got.ok()) return;
     Revive(*j, now);
-    MODEL_EXPECT(got->state == JobState::kReady && got->attempt == 0,
-                 absl::StrCat("retry ", id, ": answered state ", JobStateName(got->state),
+    MODEL_EXPECT(got->state == core::JobState::kReady && got->attempt == 0,
+                 absl::StrCat("retry ", id, ": answered state ", core::JobStateName(got->state),
                               " attempt ", got->attempt));
   }
 
   void RetryQueue(const RetryQueueArgs& args) {
     const std::string queue = kQueues[args.queue];
-    const JobState state = args.cancelled == 1 ? JobState::kCancelled : JobState::kFailed;
+    const core::JobState state =
+        args.cancelled == 1 ? core::JobState::kCancelled : core::JobState::kFailed;
     const int64_t limit = args.limit;  // 0: the default (1000), more than the model ever has
     const bool dry_run = args.dry_run == 1;
     const absl::Time now = clock_.Now();
-    std::string what = absl::StrCat("retry queue ", queue, " state=", JobStateName(state),
+    std::string what = absl::StrCat("retry queue ", queue, " state=", core::JobStateName(state),
                                     " limit=", limit, " dry_run=", dry_run);
     if (!dry_run) Due(now);  // a dry run only reads
     Code want = queues_[queue].exists ? Code::kOk : Code::kNotFound;
@@ -942,8 +945,8 @@ class Harness {
       return std::tie(a->completed_at, a->order) < std::tie(b->completed_at, b->order);
     });
     if (limit > 0 && static_cast<int64_t>(picked.size()) > limit) picked.resize(limit);
-    absl::StatusOr<RetryJobsResult> got =
-        broker_->RetryJobs(RetryJobsSpec{queue, state, dry_run, limit});
+    absl::StatusOr<core::RetryJobsResult> got =
+        broker_->RetryJobs(core::RetryJobsSpec{queue, state, dry_run, limit});
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(want, got.status(), what);
     if (!got.ok()) return;
@@ -959,9 +962,9 @@ class Harness {
     const std::string id = JobIdRef(args.ref);
     Due(clock_.Now());
     ModelJob* j = Find(id);
-    Code want = j == nullptr                    ? Code::kNotFound
-                : j->state == JobState::kActive ? Code::kFailedPrecondition
-                                                : Code::kOk;
+    Code want = j == nullptr                          ? Code::kNotFound
+                : j->state == core::JobState::kActive ? Code::kFailedPrecondition
+                                                      : Code::kOk;
     absl::Status got = broker_->DeleteJob(id);
     Log(absl::StrCat("delete ", id, " -> ", got.ToString()));
     ExpectCode(want, got, absl::StrCat("delete ", id));
@@ -970,19 +973,19 @@ class Harness {
 
   void Purge(const PurgeArgs& args) {
     const std::string queue = kQueues[args.queue];
-    std::vector<JobState> states;
+    std::vector<core::JobState> states;
     switch (args.states) {
       case kPurgeReady:
-        states = {JobState::kReady};
+        states = {core::JobState::kReady};
         break;
       case kPurgeScheduled:
-        states = {JobState::kScheduled};
+        states = {core::JobState::kScheduled};
         break;
       case kPurgeActive:
-        states = {JobState::kActive};
+        states = {core::JobState::kActive};
         break;
       case kPurgeCompleted:
-        states = {JobState::kCompleted};
+        states = {core::JobState::kCompleted};
         break;
       default:
         break;
@@ -995,11 +998,12 @@ class Harness {
     } else {
       Due(clock_.Now());
       if (!queues_[queue].exists) want = Code::kNotFound;
-      std::vector<JobState> match =
+      std::vector<core::JobState> match =
           states.empty()
-              ? std::vector<JobState>{JobState::kCompleted, JobState::kFailed, JobState::kCancelled}
+              ? std::vector<core::JobState>{core::JobState::kCompleted, core::JobState::kFailed,
+                                            core::JobState::kCancelled}
               : states;
-      for (JobState s : match) {
+      for (core::JobState s : match) {
         for (ModelJob* j : Live(queue, s)) picked.push_back(j);
       }
     }
@@ -1015,7 +1019,7 @@ class Harness {
   void UpdatePolicy(const PolicyArgs& a) {
     const std::string queue = kQueues[a.queue];
     auto pick = [&a](const auto& values) { return values[a.value % values.size()]; };
-    PolicyOverride change;
+    core::PolicyOverride change;
     std::string field = "nothing";
     switch (a.field) {
       case kSetMaxConcurrency:
@@ -1043,7 +1047,7 @@ class Harness {
         field = absl::StrCat("backoff_multiplier=", *change.backoff_multiplier);
         break;
       case kSetJitter:
-        change.jitter = static_cast<Jitter>(1 + a.value % 3);
+        change.jitter = static_cast<core::Jitter>(1 + a.value % 3);
         field = absl::StrCat("jitter=", static_cast<int>(*change.jitter));
         break;
       case kSetLease:
@@ -1085,12 +1089,12 @@ class Harness {
     std::string what = absl::StrCat("update policy ", queue, reset ? " reset " : " ", field);
     Due(clock_.Now());
     ModelQueue& q = queues_[queue];
-    PolicyOverride runtime = reset || !q.exists ? PolicyOverride{} : q.runtime;
+    core::PolicyOverride runtime = reset || !q.exists ? core::PolicyOverride{} : q.runtime;
     runtime.MergeFrom(change);
-    QueuePolicy effective = runtime.ApplyTo(config_.ApplyTo(QueuePolicy{}));
+    core::QueuePolicy effective = runtime.ApplyTo(config_.ApplyTo(core::QueuePolicy{}));
     bool valid = effective.max_concurrency >= 0 &&
                  effective.retry.max_backoff >= effective.retry.initial_backoff;
-    absl::StatusOr<QueueInfo> got = broker_->UpdateQueuePolicy(queue, change, reset);
+    absl::StatusOr<core::QueueInfo> got = broker_->UpdateQueuePolicy(queue, change, reset);
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(valid ? Code::kOk : Code::kInvalidArgument, got.status(), what);
     if (!got.ok()) return;
@@ -1104,7 +1108,7 @@ class Harness {
     std::string what = absl::StrCat(paused ? "pause " : "resume ", queue);
     Due(clock_.Now());
     ModelQueue& q = queues_[queue];
-    absl::StatusOr<QueueInfo> got = broker_->SetQueuePaused(queue, paused);
+    absl::StatusOr<core::QueueInfo> got = broker_->SetQueuePaused(queue, paused);
     Log(absl::StrCat(what, " -> ", got.status().ToString()));
     ExpectCode(q.exists ? Code::kOk : Code::kNotFound, got.status(), what);
     if (!got.ok()) return;
@@ -1126,9 +1130,10 @@ class Harness {
     for (const auto& [key, e] : dedup_) dedup_sweeps_.emplace(e.expires_at, key.first, key.second);
     const absl::Time now = clock_.Now();
     for (auto& [id, j] : jobs_) {
-      if (j.promoted_unsaved && j.state == JobState::kReady) j.state = JobState::kScheduled;
+      if (j.promoted_unsaved && j.state == core::JobState::kReady)
+        j.state = core::JobState::kScheduled;
       j.promoted_unsaved = false;
-      if (!j.removed && j.state == JobState::kActive && j.lease_deadline <= now)
+      if (!j.removed && j.state == core::JobState::kActive && j.lease_deadline <= now)
         ExpireLease(j, now);
     }
   }
@@ -1151,7 +1156,7 @@ class Harness {
 
   void CheckQueue(const std::string& name) {
     ModelQueue& mq = queues_[name];
-    absl::StatusOr<QueueInfo> info = broker_->GetQueue(name);
+    absl::StatusOr<core::QueueInfo> info = broker_->GetQueue(name);
     if (!mq.exists) {
       MODEL_EXPECT(
           info.status().code() == Code::kNotFound,
@@ -1161,20 +1166,21 @@ class Harness {
       return;
     }
     MODEL_EXPECT(info.ok(), absl::StrCat("queue ", name, ": GetQueue: ", info.status().ToString()));
-    const QueuePolicy policy = Policy(name);
+    const core::QueuePolicy policy = Policy(name);
     MODEL_EXPECT(info->policy == policy,
                  absl::StrCat("queue ", name, ": another effective policy"));
 
     std::set<std::string> seen;
-    for (JobState state : {JobState::kReady, JobState::kScheduled, JobState::kActive,
-                           JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
+    for (core::JobState state :
+         {core::JobState::kReady, core::JobState::kScheduled, core::JobState::kActive,
+          core::JobState::kCompleted, core::JobState::kFailed, core::JobState::kCancelled}) {
       std::set<std::string> want;
       for (ModelJob* j : Live(name, state)) want.insert(j->id);
       std::set<std::string> got = List(name, state);
       for (const std::string& id : got) {
         MODEL_EXPECT(seen.insert(id).second,
                      absl::StrCat("job ", id, " is listed in two states (again in ",
-                                  JobStateName(state), ")"));
+                                  core::JobStateName(state), ")"));
       }
       if (got != want) {
         std::string diff;
@@ -1182,25 +1188,25 @@ class Harness {
           if (!want.contains(id)) absl::StrAppend(&diff, " extra ", id);
         for (const std::string& id : want)
           if (!got.contains(id)) absl::StrAppend(&diff, " missing ", id);
-        Mismatch(
-            absl::StrCat("queue ", name, " lists other jobs in ", JobStateName(state), ":", diff));
+        Mismatch(absl::StrCat("queue ", name, " lists other jobs in ", core::JobStateName(state),
+                              ":", diff));
       }
       MODEL_EXPECT(info->counts.at(state) == static_cast<int64_t>(want.size()),
                    absl::StrCat("queue ", name, " counts ", info->counts.at(state), " jobs in ",
-                                JobStateName(state), "; the model has ", want.size()));
+                                core::JobStateName(state), "; the model has ", want.size()));
     }
     MODEL_EXPECT(
         List(name, std::nullopt) == seen,
         absl::StrCat("queue ", name, ": the list of every job is not the union of the states"));
 
     // Leases are only granted under the limits; a lowered limit may leave more running.
-    const int64_t active = Count(name, JobState::kActive);
+    const int64_t active = Count(name, core::JobState::kActive);
     MODEL_EXPECT(
         active <= mq.seen_active || policy.max_concurrency <= 0 || active <= policy.max_concurrency,
         absl::StrCat("queue ", name, " went to ", active, " active jobs, max_concurrency is ",
                      policy.max_concurrency));
     std::map<std::string, int64_t> key_active;
-    for (ModelJob* j : Live(name, JobState::kActive)) ++key_active[j->concurrency_key];
+    for (ModelJob* j : Live(name, core::JobState::kActive)) ++key_active[j->concurrency_key];
     for (const auto& [key, n] : key_active) {
       MODEL_EXPECT(key.empty() || n <= mq.seen_key_active[key] ||
                        policy.max_concurrency_per_key <= 0 || n <= policy.max_concurrency_per_key,
@@ -1212,42 +1218,43 @@ class Harness {
     mq.seen_key_active = std::move(key_active);
   }
 
-  std::set<std::string> List(const std::string& queue, std::optional<JobState> state) {
-    ListJobsSpec spec;
+  std::set<std::string> List(const std::string& queue, std::optional<core::JobState> state) {
+    core::ListJobsSpec spec;
     spec.queue = queue;
     spec.state = state;
     spec.page_size = kMaxLeaseBatch;
-    absl::StatusOr<ListJobsResult> page = broker_->ListJobs(spec);
+    absl::StatusOr<core::ListJobsResult> page = broker_->ListJobs(spec);
     MODEL_EXPECT(page.ok(), absl::StrCat("ListJobs ", queue, ": ", page.status().ToString()));
     MODEL_EXPECT(page->next_page_token.empty(), "ListJobs: more than one page");
     std::set<std::string> ids;
-    for (const Job& j : page->jobs) {
+    for (const core::Job& j : page->jobs) {
       MODEL_EXPECT(!state.has_value() || j.state == *state,
-                   absl::StrCat("ListJobs ", queue, " ", JobStateName(*state), " returned job ",
-                                j.id, " in ", JobStateName(j.state)));
+                   absl::StrCat("ListJobs ", queue, " ", core::JobStateName(*state),
+                                " returned job ", j.id, " in ", core::JobStateName(j.state)));
       ids.insert(j.id);
     }
     return ids;
   }
 
   void CheckJob(ModelJob& m) {
-    absl::StatusOr<Job> got = broker_->GetJob(m.id);
+    absl::StatusOr<core::Job> got = broker_->GetJob(m.id);
     if (m.removed) {
       MODEL_EXPECT(got.status().code() == Code::kNotFound,
                    absl::StrCat("job ", m.id, " was removed; GetJob: ", got.status().ToString()));
       return;
     }
     MODEL_EXPECT(got.ok(), absl::StrCat("job ", m.id, ": GetJob: ", got.status().ToString()));
-    const Job& j = *got;
-    std::string who = absl::StrCat("job ", m.id, " (", JobStateName(j.state), "): ");
+    const core::Job& j = *got;
+    std::string who = absl::StrCat("job ", m.id, " (", core::JobStateName(j.state), "): ");
     MODEL_EXPECT(j.state == m.state,
-                 absl::StrCat(who, "the model expected ", JobStateName(m.state)));
+                 absl::StrCat(who, "the model expected ", core::JobStateName(m.state)));
     // Invariants that hold whatever the model says.
     MODEL_EXPECT(j.attempt >= m.seen_attempt || m.may_lower_attempt,
                  absl::StrCat(who, "attempt went down from ", m.seen_attempt, " to ", j.attempt,
                               " without a release or a retry"));
-    MODEL_EXPECT(m.seen_state != JobState::kCompleted || j.state == JobState::kCompleted,
-                 absl::StrCat(who, "was COMPLETED"));
+    MODEL_EXPECT(
+        m.seen_state != core::JobState::kCompleted || j.state == core::JobState::kCompleted,
+        absl::StrCat(who, "was COMPLETED"));
     MODEL_EXPECT(j.attempt == m.attempt && j.max_attempts == m.max_attempts,
                  absl::StrCat(who, "attempt ", j.attempt, "/", j.max_attempts,
                               ", the model expected ", m.attempt, "/", m.max_attempts));
@@ -1265,11 +1272,11 @@ class Harness {
     MODEL_EXPECT(
         j.lease_id == m.lease_id,
         absl::StrCat(who, "lease \"", j.lease_id, "\", the model expected \"", m.lease_id, "\""));
-    if (m.state == JobState::kActive)
+    if (m.state == core::JobState::kActive)
       MODEL_EXPECT(j.lease_deadline == m.lease_deadline,
                    absl::StrCat(who, "lease deadline ", Show(j.lease_deadline),
                                 ", the model expected ", Show(m.lease_deadline)));
-    if (m.state == JobState::kScheduled) {
+    if (m.state == core::JobState::kScheduled) {
       absl::Duration off = absl::AbsDuration(j.run_at - m.run_at);
       MODEL_EXPECT(
           off <= (m.run_at_approx ? kBackoffSlack : absl::ZeroDuration()),
@@ -1277,11 +1284,11 @@ class Harness {
       m.run_at = j.run_at;  // exact from now on
       m.run_at_approx = false;
     }
-    if (IsTerminal(m.state))
+    if (core::IsTerminal(m.state))
       MODEL_EXPECT(j.completed_at == m.completed_at,
                    absl::StrCat(who, "ended at ", Show(j.completed_at), ", the model expected ",
                                 Show(m.completed_at)));
-    if (m.state == JobState::kCompleted)
+    if (m.state == core::JobState::kCompleted)
       MODEL_EXPECT(j.result == m.result, absl::StrCat(who, "result \"", j.result, "\""));
     bool same_history = j.attempts.size() == m.attempts.size();
     for (size_t i = 0; same_history && i < j.attempts.size(); ++i) {
@@ -1290,7 +1297,7 @@ class Harness {
     }
     if (!same_history) {
       std::string have, want;
-      for (const AttemptRecord& r : j.attempts)
+      for (const core::AttemptRecord& r : j.attempts)
         absl::StrAppend(&have, " ", r.attempt, ":", static_cast<int>(r.outcome));
       for (const auto& [n, outcome] : m.attempts)
         absl::StrAppend(&want, " ", n, ":", static_cast<int>(outcome));
@@ -1302,10 +1309,10 @@ class Harness {
 
   FuzzedDataProvider& data_;
   FakeClock clock_;
-  MemoryStore store_;
+  storage::MemoryStore store_;
   std::unique_ptr<BlockingBroker> broker_;
   double uniform_ = 0.5;
-  PolicyOverride config_;
+  core::PolicyOverride config_;
 
   std::map<std::string, ModelJob> jobs_;
   std::vector<std::string> ids_;                             // in enqueue order

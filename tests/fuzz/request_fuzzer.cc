@@ -135,7 +135,7 @@ bool ValidLeaseLength(absl::Duration d) {
   return d == absl::ZeroDuration() || (d >= absl::Milliseconds(100) && d <= absl::Hours(12));
 }
 
-void CheckAccepted(const EnqueueSpec& s) {
+void CheckAccepted(const core::EnqueueSpec& s) {
   size_t header_bytes = 0;
   bool empty_header = false;
   for (const auto& [k, v] : s.headers) {
@@ -159,7 +159,7 @@ void CheckAccepted(const EnqueueSpec& s) {
                  absl::StrCat("accepted lease_duration ", absl::FormatDuration(s.lease_duration)));
 }
 
-void CheckAccepted(const LeaseSpec& s) {
+void CheckAccepted(const core::LeaseSpec& s) {
   REQUEST_EXPECT(ValidQueueName(s.queue), absl::StrCat("accepted queue name \"", s.queue, "\""));
   REQUEST_EXPECT(ValidKey(s.worker_id, true), "accepted a missing or over-long worker_id");
   REQUEST_EXPECT(s.max_jobs >= 0 && s.max_jobs <= 1000,
@@ -173,7 +173,7 @@ void CheckAcceptedRef(const std::string& job_id, const std::string& lease_id) {
                  "accepted a missing or over-long job_id or lease_id");
 }
 
-void CheckAccepted(const QueuePolicy& p, absl::string_view where) {
+void CheckAccepted(const core::QueuePolicy& p, absl::string_view where) {
   std::string why = absl::StrCat(where, ": accepted a policy out of range");
   REQUEST_EXPECT(p.max_concurrency >= 0 && p.max_concurrency_per_key >= 0, why);
   REQUEST_EXPECT(p.retry.max_attempts >= 1 && p.retry.max_attempts <= 1000, why);
@@ -182,8 +182,8 @@ void CheckAccepted(const QueuePolicy& p, absl::string_view where) {
                  why);
   REQUEST_EXPECT(std::isfinite(p.retry.backoff_multiplier) && p.retry.backoff_multiplier >= 1.0,
                  why);
-  REQUEST_EXPECT(p.retry.jitter == Jitter::kNone || p.retry.jitter == Jitter::kFull ||
-                     p.retry.jitter == Jitter::kEqual,
+  REQUEST_EXPECT(p.retry.jitter == core::Jitter::kNone || p.retry.jitter == core::Jitter::kFull ||
+                     p.retry.jitter == core::Jitter::kEqual,
                  why);
   REQUEST_EXPECT(p.lease_duration >= absl::Milliseconds(100) && p.lease_duration <= absl::Hours(12),
                  why);
@@ -201,10 +201,10 @@ void CheckAccepted(const QueuePolicy& p, absl::string_view where) {
 // Everything an operator can see: queues with their policies and counts, and every job.
 struct QueueView {
   std::string name;
-  QueuePolicy policy;
-  std::map<JobState, int64_t> counts;
+  core::QueuePolicy policy;
+  std::map<core::JobState, int64_t> counts;
   int64_t waiting_leases = 0;
-  std::vector<Job> jobs;
+  std::vector<core::Job> jobs;
   bool operator==(const QueueView&) const = default;
 };
 
@@ -214,22 +214,22 @@ class Harness {
 
   // A broker holding two jobs of kSeedQueue, the first leased (the "J"/"L" of requests).
   void Start() {
-    BrokerOptions options;
-    options.commit_mode = CommitPipeline::Mode::kInline;
+    core::BrokerOptions options;
+    options.commit_mode = core::CommitPipeline::Mode::kInline;
     options.uniform = [] { return 0.5; };
     absl::StatusOr<std::unique_ptr<BlockingBroker>> opened =
         BlockingBroker::Open(store_, clock_, options);
     REQUEST_EXPECT(opened.ok(), absl::StrCat("Broker::Open: ", opened.status().ToString()));
     broker_ = std::move(*opened);
-    EnqueueSpec first;
+    core::EnqueueSpec first;
     first.queue = kSeedQueue;
     first.payload = "p";
     first.dedup_key = kSeedDedupKey;
-    EnqueueSpec second = first;
+    core::EnqueueSpec second = first;
     second.dedup_key.clear();
     REQUEST_EXPECT(broker_->EnqueueBatch({first, second}).ok(), "seed enqueue failed");
-    absl::StatusOr<std::vector<LeasedJob>> leased =
-        broker_->Lease(LeaseSpec{kSeedQueue, "seed", 1, absl::ZeroDuration()});
+    absl::StatusOr<std::vector<core::LeasedJob>> leased =
+        broker_->Lease(core::LeaseSpec{kSeedQueue, "seed", 1, absl::ZeroDuration()});
     REQUEST_EXPECT(leased.ok() && leased->size() == 1, "seed lease failed");
     job_id_ = leased->front().job_id;
     lease_id_ = leased->front().lease_id;
@@ -280,7 +280,7 @@ class Harness {
       case RequestKind::kGetJob: {
         v1::GetJobRequest req;
         if (!req.ParseFromArray(data, static_cast<int>(size))) return;
-        absl::StatusOr<Job> job = broker_->GetJob(JobId(req.job_id()));
+        absl::StatusOr<core::Job> job = broker_->GetJob(JobId(req.job_id()));
         CheckAnswer(job.status(), {Code::kOk, Code::kInvalidArgument, Code::kNotFound}, "GetJob");
         return;
       }
@@ -313,7 +313,7 @@ class Harness {
       case RequestKind::kGetQueue: {
         v1::GetQueueRequest req;
         if (!req.ParseFromArray(data, static_cast<int>(size))) return;
-        absl::StatusOr<QueueInfo> info = broker_->GetQueue(req.queue());
+        absl::StatusOr<core::QueueInfo> info = broker_->GetQueue(req.queue());
         CheckAnswer(info.status(), {Code::kOk, Code::kInvalidArgument, Code::kNotFound},
                     "GetQueue");
         if (info.ok()) CheckAccepted(info->policy, "GetQueue");
@@ -353,12 +353,12 @@ class Harness {
 
   std::vector<QueueView> Snapshot() {
     std::vector<QueueView> out;
-    for (const QueueInfo& q : broker_->ListQueues()) {
+    for (const core::QueueInfo& q : broker_->ListQueues()) {
       QueueView v{q.name, q.policy, q.counts, q.waiting_leases, {}};
-      ListJobsSpec spec;
+      core::ListJobsSpec spec;
       spec.queue = q.name;
       spec.page_size = kMaxLeaseBatch;
-      absl::StatusOr<ListJobsResult> page = broker_->ListJobs(spec);
+      absl::StatusOr<core::ListJobsResult> page = broker_->ListJobs(spec);
       REQUEST_EXPECT(page.ok(), absl::StrCat("ListJobs ", q.name, ": ", page.status().ToString()));
       v.jobs = std::move(page->jobs);
       out.push_back(std::move(v));
@@ -391,16 +391,16 @@ class Harness {
   }
 
   void Enqueue(const v1::EnqueueRequest& req) {
-    absl::StatusOr<EnqueueSpec> spec = FromProto(req);
+    absl::StatusOr<core::EnqueueSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(EnqueueRequest)");
-    absl::Status valid = ValidateEnqueueSpec(*spec);
+    absl::Status valid = core::ValidateEnqueueSpec(*spec);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateEnqueueSpec");
     if (valid.ok()) CheckAccepted(*spec);
     std::string job_id;
     absl::Status s = Changing(
         "Enqueue",
         {Code::kOk, Code::kInvalidArgument, Code::kResourceExhausted, Code::kAlreadyExists}, [&] {
-          absl::StatusOr<EnqueueResult> r = broker_->Enqueue(*spec);
+          absl::StatusOr<core::EnqueueResult> r = broker_->Enqueue(*spec);
           if (r.ok()) job_id = r->job_id;
           return r.status();
         });
@@ -408,21 +408,21 @@ class Harness {
     REQUEST_EXPECT(s.code() != Code::kInvalidArgument,
                    absl::StrCat("Enqueue: validation passed, the broker said ", s.ToString()));
     if (!s.ok()) return;
-    absl::StatusOr<jobbroker::Job> job = broker_->GetJob(job_id);
+    absl::StatusOr<core::Job> job = broker_->GetJob(job_id);
     REQUEST_EXPECT(job.ok() && job->queue == spec->queue,
                    absl::StrCat("Enqueue answered job ", job_id, " which GetJob does not show"));
   }
 
   void EnqueueBatch(const v1::EnqueueBatchRequest& req) {
-    std::vector<EnqueueSpec> specs;
+    std::vector<core::EnqueueSpec> specs;
     for (int i = 0; i < req.jobs_size(); ++i) {
-      absl::StatusOr<EnqueueSpec> spec = FromProto(req.jobs(i));
+      absl::StatusOr<core::EnqueueSpec> spec = FromProto(req.jobs(i));
       if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(EnqueueBatchRequest)");
       specs.push_back(std::move(*spec));
     }
     absl::Status valid;
-    for (const EnqueueSpec& s : specs) {
-      absl::Status v = ValidateEnqueueSpec(s);
+    for (const core::EnqueueSpec& s : specs) {
+      absl::Status v = core::ValidateEnqueueSpec(s);
       if (!v.ok()) CheckShapeRefusal(v, "ValidateEnqueueSpec");
       if (v.ok()) CheckAccepted(s);
       if (valid.ok()) valid = v;
@@ -431,7 +431,7 @@ class Harness {
     absl::Status s = Changing(
         "EnqueueBatch",
         {Code::kOk, Code::kInvalidArgument, Code::kResourceExhausted, Code::kAlreadyExists}, [&] {
-          absl::StatusOr<std::vector<EnqueueResult>> r = broker_->EnqueueBatch(specs);
+          absl::StatusOr<std::vector<core::EnqueueResult>> r = broker_->EnqueueBatch(specs);
           if (r.ok()) results = r->size();
           return r.status();
         });
@@ -440,7 +440,7 @@ class Harness {
   }
 
   void Lease(const v1::LeaseRequest& req) {
-    absl::StatusOr<LeaseSpec> spec = FromProto(req);
+    absl::StatusOr<core::LeaseSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(LeaseRequest)");
     absl::Duration wait = absl::ZeroDuration();
     if (req.has_wait()) {
@@ -448,15 +448,15 @@ class Harness {
       if (!w.ok()) return CheckShapeRefusal(w.status(), "FromProto(LeaseRequest.wait)");
       wait = *w;
     }
-    absl::Status valid = ValidateLeaseSpec(*spec);
+    absl::Status valid = core::ValidateLeaseSpec(*spec);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateLeaseSpec");
     if (valid.ok()) CheckAccepted(*spec);
     const int max_jobs = std::max(spec->max_jobs, 1);
     absl::Status s = Changing("Lease", {Code::kOk, Code::kInvalidArgument}, [&] {
       // A long poll answers when a job comes or the wait ends; the clock has to get there.
       int answers = 0;
-      absl::StatusOr<std::vector<LeasedJob>> got;
-      broker_->Lease(*spec, wait, [&](absl::StatusOr<std::vector<LeasedJob>> r) {
+      absl::StatusOr<std::vector<core::LeasedJob>> got;
+      broker_->Lease(*spec, wait, [&](absl::StatusOr<std::vector<core::LeasedJob>> r) {
         ++answers;
         got = std::move(r);
       });
@@ -481,11 +481,11 @@ class Harness {
                                                       Code::kFailedPrecondition};
 
   void Heartbeat(const v1::HeartbeatRequest& req) {
-    absl::StatusOr<HeartbeatSpec> spec = FromProto(req);
+    absl::StatusOr<core::HeartbeatSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(HeartbeatRequest)");
     spec->job_id = JobId(spec->job_id);
     spec->lease_id = LeaseId(spec->lease_id);
-    absl::Status valid = ValidateHeartbeatSpec(*spec);
+    absl::Status valid = core::ValidateHeartbeatSpec(*spec);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateHeartbeatSpec");
     if (valid.ok()) {
       CheckAcceptedRef(spec->job_id, spec->lease_id);
@@ -497,10 +497,10 @@ class Harness {
   }
 
   void Ack(const v1::AckRequest& req) {
-    AckSpec spec = FromProto(req);
+    core::AckSpec spec = FromProto(req);
     spec.job_id = JobId(spec.job_id);
     spec.lease_id = LeaseId(spec.lease_id);
-    absl::Status valid = ValidateAckSpec(spec);
+    absl::Status valid = core::ValidateAckSpec(spec);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateAckSpec");
     if (valid.ok()) CheckAcceptedRef(spec.job_id, spec.lease_id);
     absl::Status s = Changing("Ack", kLeaseCodes, [&] { return broker_->Ack(spec); });
@@ -510,16 +510,16 @@ class Harness {
   // An ack_batch: every item checked as an Ack is, all applied by one call; a malformed item (or
   // an empty or oversized batch) refuses the whole batch and changes nothing.
   void AckBatch(const v1::AckBatchRequest& req) {
-    std::vector<AckSpec> specs;
+    std::vector<core::AckSpec> specs;
     absl::Status valid;
     if (req.acks_size() == 0 || req.acks_size() > kMaxLeaseBatch)
       valid = absl::InvalidArgumentError("acks: 1 to 1000");
     for (const v1::AckRequest& ack : req.acks()) {
-      AckSpec spec = FromProto(ack);
+      core::AckSpec spec = FromProto(ack);
       spec.job_id = JobId(spec.job_id);
       spec.lease_id = LeaseId(spec.lease_id);
       if (valid.ok()) {
-        valid = ValidateAckSpec(spec);
+        valid = core::ValidateAckSpec(spec);
         if (!valid.ok()) CheckShapeRefusal(valid, "ValidateAckSpec (ack_batch)");
       }
       specs.push_back(std::move(spec));
@@ -539,11 +539,11 @@ class Harness {
   }
 
   void Fail(const v1::FailRequest& req) {
-    absl::StatusOr<FailSpec> spec = FromProto(req);
+    absl::StatusOr<core::FailSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(FailRequest)");
     spec->job_id = JobId(spec->job_id);
     spec->lease_id = LeaseId(spec->lease_id);
-    absl::Status valid = ValidateFailSpec(*spec);
+    absl::Status valid = core::ValidateFailSpec(*spec);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateFailSpec");
     if (valid.ok()) {
       CheckAcceptedRef(spec->job_id, spec->lease_id);
@@ -555,10 +555,10 @@ class Harness {
   }
 
   void Release(const v1::ReleaseRequest& req) {
-    ReleaseSpec spec = FromProto(req);
+    core::ReleaseSpec spec = FromProto(req);
     spec.job_id = JobId(spec.job_id);
     spec.lease_id = LeaseId(spec.lease_id);
-    absl::Status valid = ValidateLeaseRef(spec.job_id, spec.lease_id);
+    absl::Status valid = core::ValidateLeaseRef(spec.job_id, spec.lease_id);
     if (!valid.ok()) CheckShapeRefusal(valid, "ValidateLeaseRef");
     if (valid.ok()) CheckAcceptedRef(spec.job_id, spec.lease_id);
     absl::Status s = Changing("Release", kLeaseCodes, [&] { return broker_->Release(spec); });
@@ -566,9 +566,9 @@ class Harness {
   }
 
   // Pushes to a Work stream; only counted.
-  class Sink final : public StreamSink {
+  class Sink final : public core::StreamSink {
    public:
-    void PushJob(LeasedJob) override { ++pushed; }
+    void PushJob(core::LeasedJob) override { ++pushed; }
     void LeaseLost(std::string) override {}
     void CancelRequested(std::string) override {}
     void End(absl::Status) override {}
@@ -579,9 +579,9 @@ class Harness {
   void Work(const v1::WorkRequest& req) {
     switch (req.request_case()) {
       case v1::WorkRequest::kSubscribe: {
-        absl::StatusOr<SubscribeSpec> parsed = FromProto(req.subscribe());
+        absl::StatusOr<core::SubscribeSpec> parsed = FromProto(req.subscribe());
         if (!parsed.ok()) return CheckShapeRefusal(parsed.status(), "FromProto(SubscribeRequest)");
-        const SubscribeSpec& spec = *parsed;
+        const core::SubscribeSpec& spec = *parsed;
         auto sink = std::make_shared<Sink>();
         std::optional<uint64_t> stream;
         absl::Status s = Changing("Subscribe", {Code::kOk, Code::kInvalidArgument}, [&] {
@@ -610,8 +610,8 @@ class Harness {
         return Release(req.release());
       case v1::WorkRequest::kFlow: {
         auto sink = std::make_shared<Sink>();
-        absl::StatusOr<uint64_t> stream =
-            broker_->Subscribe(SubscribeSpec{{kSeedQueue}, "w", 1, absl::ZeroDuration()}, sink);
+        absl::StatusOr<uint64_t> stream = broker_->Subscribe(
+            core::SubscribeSpec{{kSeedQueue}, "w", 1, absl::ZeroDuration()}, sink);
         REQUEST_EXPECT(stream.ok(), absl::StrCat("Subscribe: ", stream.status().ToString()));
         absl::Status s = broker_->SetFlow(*stream, req.flow().max_in_flight());
         CheckAnswer(s, {Code::kOk, Code::kInvalidArgument}, "SetFlow");
@@ -627,14 +627,14 @@ class Harness {
   }
 
   void ListJobs(const v1::ListJobsRequest& req) {
-    absl::StatusOr<ListJobsSpec> spec = FromProto(req);
+    absl::StatusOr<core::ListJobsSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(ListJobsRequest)");
-    absl::StatusOr<ListJobsResult> page = broker_->ListJobs(*spec);
+    absl::StatusOr<core::ListJobsResult> page = broker_->ListJobs(*spec);
     CheckAnswer(page.status(), {Code::kOk, Code::kInvalidArgument, Code::kNotFound}, "ListJobs");
     if (!page.ok()) return;
     const size_t limit = spec->page_size == 0 ? 100 : spec->page_size;
     REQUEST_EXPECT(page->jobs.size() <= limit, "ListJobs: a page over page_size");
-    for (const jobbroker::Job& j : page->jobs) {
+    for (const core::Job& j : page->jobs) {
       REQUEST_EXPECT(
           j.queue == spec->queue && (!spec->state.has_value() || j.state == *spec->state),
           "ListJobs: a job of another queue or state");
@@ -651,18 +651,18 @@ class Harness {
              [&] { return broker_->RetryJob(JobId(req.job_id())).status(); });
       return;
     }
-    absl::StatusOr<RetryJobsSpec> spec = FromProto(req);
+    absl::StatusOr<core::RetryJobsSpec> spec = FromProto(req);
     if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(RetryJobRequest)");
     Change("RetryJobs", {Code::kOk, Code::kInvalidArgument, Code::kNotFound},
            [&] { return broker_->RetryJobs(*spec).status(); });
   }
 
   void UpdateQueuePolicy(const v1::UpdateQueuePolicyRequest& req) {
-    absl::StatusOr<PolicyOverride> policy = FromProto(req.policy(), "policy");
+    absl::StatusOr<core::PolicyOverride> policy = FromProto(req.policy(), "policy");
     if (!policy.ok()) return CheckShapeRefusal(policy.status(), "FromProto(QueuePolicy)");
-    std::optional<QueuePolicy> effective;
+    std::optional<core::QueuePolicy> effective;
     absl::Status s = Changing("UpdateQueuePolicy", {Code::kOk, Code::kInvalidArgument}, [&] {
-      absl::StatusOr<QueueInfo> info =
+      absl::StatusOr<core::QueueInfo> info =
           broker_->UpdateQueuePolicy(req.queue(), *policy, req.reset());
       if (info.ok()) effective = info->policy;
       return info.status();
@@ -674,7 +674,7 @@ class Harness {
   }
 
   void PurgeQueue(const v1::PurgeQueueRequest& req) {
-    absl::StatusOr<std::vector<JobState>> states = FromProto(req);
+    absl::StatusOr<std::vector<core::JobState>> states = FromProto(req);
     if (!states.ok()) return CheckShapeRefusal(states.status(), "FromProto(PurgeQueueRequest)");
     Change("PurgeQueue", {Code::kOk, Code::kInvalidArgument, Code::kNotFound},
            [&] { return broker_->PurgeQueue(req.queue(), *states).status(); });
@@ -685,12 +685,12 @@ class Harness {
   void ServerConfig(const std::string& json) {
     absl::StatusOr<ServerPolicies> parsed = ParseServerConfig(json);
     if (!parsed.ok()) return CheckShapeRefusal(parsed.status(), "ParseServerConfig");
-    absl::Status valid = ValidateStartPolicies(parsed->default_policy, parsed->queues);
-    BrokerOptions options;
-    options.commit_mode = CommitPipeline::Mode::kInline;
+    absl::Status valid = core::ValidateStartPolicies(parsed->default_policy, parsed->queues);
+    core::BrokerOptions options;
+    options.commit_mode = core::CommitPipeline::Mode::kInline;
     options.default_policy = parsed->default_policy;
     options.queue_policies = parsed->queues;
-    MemoryStore store;
+    storage::MemoryStore store;
     absl::StatusOr<std::unique_ptr<BlockingBroker>> broker =
         BlockingBroker::Open(store, clock_, options);
     if (!valid.ok()) {
@@ -702,19 +702,19 @@ class Harness {
                                              broker.status().ToString()));
     for (const auto& [name, unused] : parsed->queues) {
       REQUEST_EXPECT(ValidQueueName(name), absl::StrCat("config accepted queue \"", name, "\""));
-      absl::StatusOr<QueueInfo> info = (*broker)->GetQueue(name);
+      absl::StatusOr<core::QueueInfo> info = (*broker)->GetQueue(name);
       REQUEST_EXPECT(info.ok(),
                      absl::StrCat("config queue ", name, ": ", info.status().ToString()));
       CheckAccepted(info->policy, absl::StrCat("config queue ", name));
     }
     // Any other queue gets the default policy.
-    absl::StatusOr<QueueInfo> other = (*broker)->UpdateQueuePolicy("zz-not-in-config", {});
+    absl::StatusOr<core::QueueInfo> other = (*broker)->UpdateQueuePolicy("zz-not-in-config", {});
     REQUEST_EXPECT(other.ok(), absl::StrCat("default policy: ", other.status().ToString()));
     CheckAccepted(other->policy, "config default_policy");
   }
 
   FakeClock clock_;
-  MemoryStore store_;
+  storage::MemoryStore store_;
   std::unique_ptr<BlockingBroker> broker_;
   std::string job_id_, lease_id_;
 };

@@ -82,7 +82,7 @@ TEST(EnqueueFromProtoTest, CopiesEveryField) {
   req.set_max_attempts(3);
   *req.mutable_lease_duration() = Dur(10, 0);
   req.set_concurrency_key("tenant");
-  absl::StatusOr<EnqueueSpec> spec = FromProto(req);
+  absl::StatusOr<core::EnqueueSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->queue, "emails");
   EXPECT_EQ(spec->payload, "p");
@@ -119,7 +119,7 @@ TEST(LeaseFromProtoTest, CopiesTheFieldsAndNamesABadLeaseDuration) {
   req.set_worker_id("w");
   req.set_max_jobs(4);
   *req.mutable_lease_duration() = Dur(20, 0);
-  absl::StatusOr<LeaseSpec> spec = FromProto(req);
+  absl::StatusOr<core::LeaseSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->queue, "q");
   EXPECT_EQ(spec->worker_id, "w");
@@ -133,7 +133,7 @@ TEST(HeartbeatFromProtoTest, ACheckpointIsSetOnlyWhenSentAndABadExtendByIsNamed)
   v1::HeartbeatRequest req;
   req.set_job_id("j");
   req.set_lease_id("l");
-  absl::StatusOr<HeartbeatSpec> spec = FromProto(req);
+  absl::StatusOr<core::HeartbeatSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->job_id, "j");
   EXPECT_EQ(spec->lease_id, "l");
@@ -152,7 +152,7 @@ TEST(AckFromProtoTest, AnAckBatchIsEachAckInOrder) {
     ack->set_lease_id(std::string("lease-") + id);
     ack->set_result("done");
   }
-  std::vector<AckSpec> specs = FromProto(req);
+  std::vector<core::AckSpec> specs = FromProto(req);
   ASSERT_EQ(specs.size(), 2u);
   EXPECT_EQ(specs[1].job_id, "b");
   EXPECT_EQ(specs[1].lease_id, "lease-b");
@@ -164,7 +164,7 @@ TEST(FailFromProtoTest, RetryAfterIsOptionalAndABadOneIsNamed) {
   req.set_job_id("j");
   req.set_error("boom");
   req.set_permanent(true);
-  absl::StatusOr<FailSpec> spec = FromProto(req);
+  absl::StatusOr<core::FailSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->error, "boom");
   EXPECT_TRUE(spec->permanent);
@@ -181,7 +181,7 @@ TEST(SubscribeFromProtoTest, CopiesTheFieldsAndNamesABadLeaseDuration) {
   req.add_queues("b");
   req.set_worker_id("w");
   req.set_max_in_flight(8);
-  absl::StatusOr<SubscribeSpec> spec = FromProto(req);
+  absl::StatusOr<core::SubscribeSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_THAT(spec->queues, ElementsAre("a", "b"));
   EXPECT_EQ(spec->worker_id, "w");
@@ -197,7 +197,7 @@ TEST(ListJobsFromProtoTest, AnUnsetStateListsEveryStateAndAnUnknownOneIsRefused)
   req.set_page_size(10);
   EXPECT_FALSE(FromProto(req)->state.has_value());
   req.set_state(v1::JOB_STATE_FAILED);
-  EXPECT_EQ(FromProto(req)->state, JobState::kFailed);
+  EXPECT_EQ(FromProto(req)->state, core::JobState::kFailed);
   req.set_state(static_cast<v1::JobState>(99));
   EXPECT_THAT(FromProto(req), StatusIs(kInvalid, StartsWith("state is not a known JobState")));
 }
@@ -208,10 +208,10 @@ TEST(RetryJobFromProtoTest, TheBulkFormCarriesQueueStateDryRunAndLimit) {
   req.set_state(v1::JOB_STATE_CANCELLED);
   req.set_dry_run(true);
   req.set_limit(5);
-  absl::StatusOr<RetryJobsSpec> spec = FromProto(req);
+  absl::StatusOr<core::RetryJobsSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->queue, "q");
-  EXPECT_EQ(spec->state, JobState::kCancelled);
+  EXPECT_EQ(spec->state, core::JobState::kCancelled);
   EXPECT_TRUE(spec->dry_run);
   EXPECT_EQ(spec->limit, 5);
   req.set_state(static_cast<v1::JobState>(-3));
@@ -221,7 +221,7 @@ TEST(RetryJobFromProtoTest, TheBulkFormCarriesQueueStateDryRunAndLimit) {
 TEST(PurgeQueueFromProtoTest, AnUnknownStateIsRefusedByItsIndex) {
   v1::PurgeQueueRequest req;
   req.add_states(v1::JOB_STATE_COMPLETED);
-  EXPECT_THAT(*FromProto(req), ElementsAre(JobState::kCompleted));
+  EXPECT_THAT(*FromProto(req), ElementsAre(core::JobState::kCompleted));
   req.add_states(v1::JOB_STATE_UNSPECIFIED);
   EXPECT_THAT(FromProto(req), StatusIs(kInvalid, StartsWith("states[1] is not a known JobState")));
 }
@@ -231,11 +231,11 @@ TEST(QueuePolicyFromProtoTest, SetFieldsOverrideAndTheRestStayUnset) {
   p.set_max_concurrency(3);
   *p.mutable_retry()->mutable_initial_backoff() = Dur(2, 0);
   p.mutable_retry()->set_jitter(v1::JITTER_EQUAL);
-  absl::StatusOr<PolicyOverride> o = FromProto(p, "policy");
+  absl::StatusOr<core::PolicyOverride> o = FromProto(p, "policy");
   ASSERT_THAT(o, IsOk());
   EXPECT_EQ(o->max_concurrency, 3);
   EXPECT_EQ(o->initial_backoff, absl::Seconds(2));
-  EXPECT_EQ(o->jitter, Jitter::kEqual);
+  EXPECT_EQ(o->jitter, core::Jitter::kEqual);
   EXPECT_FALSE(o->lease_duration.has_value());
 }
 
@@ -252,23 +252,23 @@ TEST(QueuePolicyFromProtoTest, ErrorsNameTheFieldUnderTheGivenPrefix) {
 
 TEST(ResultToProtoTest, AnEnqueueResultCarriesTheIdAndWhetherItWasDeduplicated) {
   v1::EnqueueResponse out;
-  ToProto(EnqueueResult{.job_id = "j1", .deduplicated = true}, &out);
+  ToProto(core::EnqueueResult{.job_id = "j1", .deduplicated = true}, &out);
   EXPECT_EQ(out.job_id(), "j1");
   EXPECT_TRUE(out.deduplicated());
 }
 
 TEST(ResultToProtoTest, ALeasedJobCarriesEveryFieldAndNoInfiniteTimes) {
-  LeasedJob j{.job_id = "j",
-              .lease_id = "l",
-              .queue = "q",
-              .payload = "p",
-              .headers = {{"h", "v"}},
-              .attempt = 2,
-              .max_attempts = 5,
-              .lease_deadline = kT,
-              .idempotency_key = "ik",
-              .checkpoint = "c",
-              .enqueued_at = absl::InfinitePast()};
+  core::LeasedJob j{.job_id = "j",
+                    .lease_id = "l",
+                    .queue = "q",
+                    .payload = "p",
+                    .headers = {{"h", "v"}},
+                    .attempt = 2,
+                    .max_attempts = 5,
+                    .lease_deadline = kT,
+                    .idempotency_key = "ik",
+                    .checkpoint = "c",
+                    .enqueued_at = absl::InfinitePast()};
   v1::LeasedJob out;
   ToProto(j, &out);
   EXPECT_EQ(out.job_id(), "j");
@@ -285,7 +285,7 @@ TEST(ResultToProtoTest, ALeasedJobCarriesEveryFieldAndNoInfiniteTimes) {
 }
 
 TEST(ResultToProtoTest, AHeartbeatResultReadsTheSameInTheUnaryReplyAndOnAStream) {
-  const HeartbeatResult r{.lease_deadline = kT, .cancel_requested = true};
+  const core::HeartbeatResult r{.lease_deadline = kT, .cancel_requested = true};
   v1::HeartbeatResponse unary;
   ToProto(r, &unary);
   v1::WorkResult stream;
@@ -298,11 +298,11 @@ TEST(ResultToProtoTest, AHeartbeatResultReadsTheSameInTheUnaryReplyAndOnAStream)
 
 TEST(ResultToProtoTest, AFailResultGivesTheNextAttemptOnlyWhenOneIsScheduled) {
   v1::FailResponse scheduled;
-  ToProto(FailResult{.state = JobState::kScheduled, .next_attempt_at = kT}, &scheduled);
+  ToProto(core::FailResult{.state = core::JobState::kScheduled, .next_attempt_at = kT}, &scheduled);
   EXPECT_EQ(scheduled.state(), v1::JOB_STATE_SCHEDULED);
   EXPECT_EQ(*FromProto(scheduled.next_attempt_at(), "next_attempt_at"), kT);
   v1::FailResponse dead;
-  ToProto(FailResult{.state = JobState::kFailed}, &dead);
+  ToProto(core::FailResult{.state = core::JobState::kFailed}, &dead);
   EXPECT_EQ(dead.state(), v1::JOB_STATE_FAILED);
   EXPECT_FALSE(dead.has_next_attempt_at());
 }
@@ -325,7 +325,7 @@ TEST(ResultToProtoTest, AnAckBatchResultListsOnlyTheRefusedItemsByIndex) {
 }
 
 TEST(ResultToProtoTest, AListJobsPageCarriesItsJobsAndTheNextPageToken) {
-  ListJobsResult page;
+  core::ListJobsResult page;
   page.jobs.resize(2);
   page.jobs[0].id = "a";
   page.jobs[1].id = "b";
@@ -339,16 +339,16 @@ TEST(ResultToProtoTest, AListJobsPageCarriesItsJobsAndTheNextPageToken) {
 
 TEST(ResultToProtoTest, ABulkRetryResultCarriesMatchedAndRetried) {
   v1::RetryJobResponse out;
-  ToProto(RetryJobsResult{.matched = 4, .retried = 3}, &out);
+  ToProto(core::RetryJobsResult{.matched = 4, .retried = 3}, &out);
   EXPECT_EQ(out.matched(), 4);
   EXPECT_EQ(out.retried(), 3);
 }
 
 TEST(ResultToProtoTest, AJobShowsALeaseDeadlineOnlyWhileActive) {
-  Job j;
+  core::Job j;
   j.id = "j";
   j.queue = "q";
-  j.state = JobState::kCompleted;
+  j.state = core::JobState::kCompleted;
   j.lease_deadline = kT;
   j.completed_at = kT;
   v1::Job out;
@@ -356,7 +356,7 @@ TEST(ResultToProtoTest, AJobShowsALeaseDeadlineOnlyWhileActive) {
   EXPECT_EQ(out.state(), v1::JOB_STATE_COMPLETED);
   EXPECT_FALSE(out.has_lease_deadline());
   EXPECT_EQ(*FromProto(out.completed_at(), "completed_at"), kT);
-  j.state = JobState::kActive;
+  j.state = core::JobState::kActive;
   ToProto(j, &out);
   EXPECT_EQ(*FromProto(out.lease_deadline(), "lease_deadline"), kT);
 }

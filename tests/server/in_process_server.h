@@ -36,10 +36,10 @@ class InProcessServer {
       : clock_(absl::FromUnixSeconds(1'800'000'000)),
         streams_(max_work_streams),
         rpc_metrics_(nullptr) {
-    BrokerOptions options;
-    options.commit_mode = CommitPipeline::Mode::kBackground;
+    core::BrokerOptions options;
+    options.commit_mode = core::CommitPipeline::Mode::kBackground;
     options.uniform = [] { return 0.5; };  // jitter: the middle of the range
-    broker_ = *Broker::Open(store_, clock_, options);
+    broker_ = *core::Broker::Open(store_, clock_, options);
     auth_ = std::make_unique<RpcAuth>(nullptr, *broker_);
     broker_service_ = std::make_unique<BrokerService>(*broker_, *auth_, streams_, rpc_metrics_);
     admin_service_ = std::make_unique<AdminService>(*broker_, *auth_, rpc_metrics_);
@@ -61,7 +61,7 @@ class InProcessServer {
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::unique_ptr<v1::Broker::Stub> NewBrokerStub() const { return v1::Broker::NewStub(channel_); }
   std::unique_ptr<v1::Admin::Stub> NewAdminStub() const { return v1::Admin::NewStub(channel_); }
-  Broker& broker() { return *broker_; }
+  core::Broker& broker() { return *broker_; }
   FakeClock& clock() { return clock_; }
 
   // A client context whose deadline turns a hang into a failure rather than a stalled test.
@@ -71,10 +71,10 @@ class InProcessServer {
 
  private:
   FakeClock clock_;
-  MemoryStore store_;
+  storage::MemoryStore store_;
   WorkStreamLimit streams_;
   RpcMetrics rpc_metrics_;
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<core::Broker> broker_;
   std::unique_ptr<RpcAuth> auth_;
   std::unique_ptr<BrokerService> broker_service_;
   std::unique_ptr<AdminService> admin_service_;

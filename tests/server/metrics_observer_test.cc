@@ -46,19 +46,19 @@ class MetricsObserverTest : public ::testing::Test {
       : clock_(absl::FromUnixSeconds(1'800'000'000)),
         labels_(max_queues),
         metrics_(registry_, labels_) {
-    BrokerOptions o;
-    o.commit_mode = CommitPipeline::Mode::kInline;
+    core::BrokerOptions o;
+    o.commit_mode = core::CommitPipeline::Mode::kInline;
     o.observer = &metrics_;
     o.uniform = [] { return 0.5; };
     broker_ = *BlockingBroker::Open(store_, clock_, o);
   }
 
-  LeasedJob LeaseOne(const std::string& queue, absl::Duration lease = absl::Seconds(30)) {
-    return broker_->Lease(LeaseSpec{queue, "w", 1, lease})->front();
+  core::LeasedJob LeaseOne(const std::string& queue, absl::Duration lease = absl::Seconds(30)) {
+    return broker_->Lease(core::LeaseSpec{queue, "w", 1, lease})->front();
   }
 
   FakeClock clock_;
-  MemoryStore store_;
+  storage::MemoryStore store_;
   prometheus::Registry registry_;
   QueueLabels labels_;
   MetricsObserver metrics_;
@@ -66,27 +66,27 @@ class MetricsObserverTest : public ::testing::Test {
 };
 
 TEST_F(MetricsObserverTest, EachTransitionCountsOnce) {
-  EnqueueSpec dedup{.queue = "q", .payload = "p"};
+  core::EnqueueSpec dedup{.queue = "q", .payload = "p"};
   dedup.dedup_key = "k";
   ASSERT_TRUE(broker_->Enqueue(dedup).ok());
   ASSERT_TRUE(broker_->Enqueue(dedup).ok());  // deduplicated
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}).ok());
 
   clock_.Advance(absl::Seconds(2));
-  LeasedJob acked = LeaseOne("q");
+  core::LeasedJob acked = LeaseOne("q");
   clock_.Advance(absl::Seconds(3));
-  ASSERT_TRUE(broker_->Ack(AckSpec{acked.job_id, acked.lease_id, ""}).ok());
-  LeasedJob retried = LeaseOne("q");
-  ASSERT_TRUE(broker_->Fail(FailSpec{retried.job_id, retried.lease_id, "x", false, {}}).ok());
-  LeasedJob dead = LeaseOne("q");
-  ASSERT_TRUE(broker_->Fail(FailSpec{dead.job_id, dead.lease_id, "bad", true, {}}).ok());
-  LeasedJob released = LeaseOne("q");
-  ASSERT_TRUE(broker_->Release(ReleaseSpec{released.job_id, released.lease_id}).ok());
-  LeasedJob expired = LeaseOne("q", absl::Seconds(1));
+  ASSERT_TRUE(broker_->Ack(core::AckSpec{acked.job_id, acked.lease_id, ""}).ok());
+  core::LeasedJob retried = LeaseOne("q");
+  ASSERT_TRUE(broker_->Fail(core::FailSpec{retried.job_id, retried.lease_id, "x", false, {}}).ok());
+  core::LeasedJob dead = LeaseOne("q");
+  ASSERT_TRUE(broker_->Fail(core::FailSpec{dead.job_id, dead.lease_id, "bad", true, {}}).ok());
+  core::LeasedJob released = LeaseOne("q");
+  ASSERT_TRUE(broker_->Release(core::ReleaseSpec{released.job_id, released.lease_id}).ok());
+  core::LeasedJob expired = LeaseOne("q", absl::Seconds(1));
   clock_.Advance(absl::Seconds(1));
   broker_->Tick();
   std::string waiting =
-      broker_->Enqueue(EnqueueSpec{.queue = "q", .delay = absl::Hours(1)})->job_id;
+      broker_->Enqueue(core::EnqueueSpec{.queue = "q", .delay = absl::Hours(1)})->job_id;
   ASSERT_TRUE(broker_->CancelJob(waiting).ok());
 
   std::map<std::string, double> s = Samples(registry_);
@@ -108,11 +108,11 @@ TEST_F(MetricsObserverTest, EachTransitionCountsOnce) {
 }
 
 TEST_F(MetricsObserverTest, HistogramsMeasureOnTheBrokersClock) {
-  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+  ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}).ok());
   clock_.Advance(absl::Seconds(7));  // waited 7 s in READY
-  LeasedJob j = LeaseOne("q");
+  core::LeasedJob j = LeaseOne("q");
   clock_.Advance(absl::Seconds(2));  // ran 2 s
-  ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+  ASSERT_TRUE(broker_->Ack(core::AckSpec{j.job_id, j.lease_id, ""}).ok());
   int seen = 0;
   for (const prometheus::MetricFamily& f : registry_.Collect()) {
     if (f.name == "jobbroker_schedule_to_start_seconds") {
@@ -152,9 +152,9 @@ class CappedMetricsTest : public MetricsObserverTest {
 
 TEST_F(CappedMetricsTest, QueuesPastTheLimitAreCountedUnderOther) {
   for (const char* q : {"a", "b", "c", "d", "d"})
-    ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = q}).ok());
-  LeasedJob j = LeaseOne("d");
-  ASSERT_TRUE(broker_->Ack(AckSpec{j.job_id, j.lease_id, ""}).ok());
+    ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = q}).ok());
+  core::LeasedJob j = LeaseOne("d");
+  ASSERT_TRUE(broker_->Ack(core::AckSpec{j.job_id, j.lease_id, ""}).ok());
 
   std::map<std::string, double> s = Samples(registry_);
   EXPECT_EQ(s["jobbroker_enqueued_total{queue=a}"], 1);
@@ -167,9 +167,9 @@ TEST_F(CappedMetricsTest, QueuesPastTheLimitAreCountedUnderOther) {
 
 TEST_F(CappedMetricsTest, TheScrapeGaugesSumTheOtherQueues) {
   for (const char* q : {"a", "b", "c", "d", "d"})
-    ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = q}).ok());
+    ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = q}).ok());
   clock_.Advance(absl::Seconds(5));
-  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "d"}).ok());
+  ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = "d"}).ok());
 
   // queue label -> state -> jobs, and queue label -> oldest ready age.
   std::map<std::string, std::map<std::string, double>> jobs;

@@ -20,7 +20,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::StatusIs;
 
@@ -51,8 +51,8 @@ class BrokerOnFaultyDiskTest : public ::testing::TestWithParam<Fault> {
     auto store = RocksDbStore::Open(path_, store_options);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
-    BrokerOptions o;
-    o.commit_mode = CommitPipeline::Mode::kInline;
+    core::BrokerOptions o;
+    o.commit_mode = core::CommitPipeline::Mode::kInline;
     o.uniform = [] { return 0.5; };
     o.wake = [this] { ++wakes_; };
     auto broker = BlockingBroker::Open(*store_, clock_, o);
@@ -68,18 +68,18 @@ class BrokerOnFaultyDiskTest : public ::testing::TestWithParam<Fault> {
   }
 
   std::string Enqueue(const std::string& payload) {
-    auto r = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = payload});
+    auto r = broker_->Enqueue(core::EnqueueSpec{.queue = "q", .payload = payload});
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? r->job_id : "";
   }
 
   // Id -> state of every job of "q".
-  std::vector<std::pair<std::string, JobState>> Jobs() {
-    auto r = broker_->ListJobs(ListJobsSpec{.queue = "q"});
+  std::vector<std::pair<std::string, core::JobState>> Jobs() {
+    auto r = broker_->ListJobs(core::ListJobsSpec{.queue = "q"});
     EXPECT_TRUE(r.ok()) << r.status();
-    std::vector<std::pair<std::string, JobState>> out;
+    std::vector<std::pair<std::string, core::JobState>> out;
     if (r.ok())
-      for (const Job& j : r->jobs) out.emplace_back(j.id, j.state);
+      for (const core::Job& j : r->jobs) out.emplace_back(j.id, j.state);
     return out;
   }
 
@@ -96,14 +96,14 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
   const std::string a = Enqueue("a");
   const std::string b = Enqueue("b");
   const std::string c = Enqueue("c");
-  auto leased = broker_->Lease(LeaseSpec{"q", "w", 1, absl::Seconds(60)});
+  auto leased = broker_->Lease(core::LeaseSpec{"q", "w", 1, absl::Seconds(60)});
   ASSERT_TRUE(leased.ok() && leased->size() == 1u) << leased.status();
-  const LeasedJob held = leased->front();
+  const core::LeasedJob held = leased->front();
   ASSERT_EQ(held.job_id, a);
 
   faulty_.fs->SetFault(GetParam());
   const int wakes_before = wakes_;
-  auto failed = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "d"});
+  auto failed = broker_->Enqueue(core::EnqueueSpec{.queue = "q", .payload = "d"});
   EXPECT_THAT(failed, StatusIs(Expected())) << failed.status();
   EXPECT_THAT(failed.status().message(), HasSubstr("could not be made durable"));
   EXPECT_THAT(failed.status().message(), HasSubstr(ExpectedWords()));
@@ -111,20 +111,20 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
   EXPECT_GT(wakes_, wakes_before) << "the ticker must be woken to schedule the retries";
 
   // Every change is refused now, with the same code and a message that says why.
-  auto refused = broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "e"});
+  auto refused = broker_->Enqueue(core::EnqueueSpec{.queue = "q", .payload = "e"});
   EXPECT_THAT(refused, StatusIs(Expected()));
   EXPECT_THAT(refused.status().message(), HasSubstr(ExpectedWords()));
   EXPECT_THAT(refused.status().message(), HasSubstr("writes resume"));
-  EXPECT_THAT(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}), StatusIs(Expected()));
-  EXPECT_THAT(broker_->Lease(LeaseSpec{"q", "w", 1, {}}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->Ack(core::AckSpec{held.job_id, held.lease_id, "r"}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->Lease(core::LeaseSpec{"q", "w", 1, {}}), StatusIs(Expected()));
   EXPECT_THAT(broker_->CancelJob(b), StatusIs(Expected()));
   EXPECT_THAT(broker_->storage_status(), StatusIs(Expected()));
 
   // Reads answer, and show the acknowledged jobs as they were.
   ASSERT_TRUE(broker_->GetJob(a).ok());
-  EXPECT_EQ(broker_->GetJob(a)->state, JobState::kActive);
-  EXPECT_EQ(broker_->GetJob(b)->state, JobState::kReady);
-  EXPECT_EQ(broker_->GetJob(c)->state, JobState::kReady);
+  EXPECT_EQ(broker_->GetJob(a)->state, core::JobState::kActive);
+  EXPECT_EQ(broker_->GetJob(b)->state, core::JobState::kReady);
+  EXPECT_EQ(broker_->GetJob(c)->state, core::JobState::kReady);
   EXPECT_TRUE(broker_->GetQueue("q").ok());
   EXPECT_FALSE(broker_->ListQueues().empty());
 
@@ -134,7 +134,7 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
   clock_.Advance(absl::Seconds(1));
   broker_->Tick();
   EXPECT_THAT(broker_->storage_status(), StatusIs(Expected())) << "the disk still fails";
-  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
 
   faulty_.fs->SetFault(Fault::kNone);
   clock_.Advance(absl::Milliseconds(500));
@@ -145,36 +145,37 @@ TEST_P(BrokerOnFaultyDiskTest, RefusesChangesKeepsReadsAndResumesWithoutLosingAc
   ASSERT_TRUE(broker_->storage_status().ok()) << broker_->storage_status();
 
   // Memory was rebuilt from the store: the refused enqueue left nothing, the lease held.
-  EXPECT_THAT(Jobs(),
-              UnorderedElementsAre(std::pair(a, JobState::kActive), std::pair(b, JobState::kReady),
-                                   std::pair(c, JobState::kReady)));
+  EXPECT_THAT(Jobs(), UnorderedElementsAre(std::pair(a, core::JobState::kActive),
+                                           std::pair(b, core::JobState::kReady),
+                                           std::pair(c, core::JobState::kReady)));
   // Writes work again, the worker's lease is still good.
-  EXPECT_TRUE(broker_->Ack(AckSpec{held.job_id, held.lease_id, "r"}).ok());
+  EXPECT_TRUE(broker_->Ack(core::AckSpec{held.job_id, held.lease_id, "r"}).ok());
   const std::string f = Enqueue("f");
-  auto next = broker_->Lease(LeaseSpec{"q", "w", 1, absl::Seconds(60)});
+  auto next = broker_->Lease(core::LeaseSpec{"q", "w", 1, absl::Seconds(60)});
   ASSERT_TRUE(next.ok() && next->size() == 1u);
   EXPECT_EQ(next->front().job_id, b);
 
   // All of it is on disk: a restart on the plain filesystem sees the same.
   Open(nullptr);
-  EXPECT_THAT(Jobs(), UnorderedElementsAre(
-                          std::pair(a, JobState::kCompleted), std::pair(b, JobState::kActive),
-                          std::pair(c, JobState::kReady), std::pair(f, JobState::kReady)));
+  EXPECT_THAT(Jobs(), UnorderedElementsAre(std::pair(a, core::JobState::kCompleted),
+                                           std::pair(b, core::JobState::kActive),
+                                           std::pair(c, core::JobState::kReady),
+                                           std::pair(f, core::JobState::kReady)));
   EXPECT_EQ(broker_->GetJob(a)->result, "r");
 }
 
 TEST_P(BrokerOnFaultyDiskTest, ResumeWritesTriesAtOnce) {
   const std::string a = Enqueue("a");
   faulty_.fs->SetFault(GetParam());
-  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
+  EXPECT_THAT(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}), StatusIs(Expected()));
   EXPECT_THAT(broker_->ResumeWrites(), StatusIs(Expected()));
   faulty_.fs->SetFault(Fault::kNone);
   ASSERT_TRUE(broker_->ResumeWrites().ok());
   EXPECT_TRUE(broker_->ResumeWrites().ok()) << "nothing to do is OK";
   const std::string b = Enqueue("b");
   Open(nullptr);
-  EXPECT_THAT(Jobs(),
-              UnorderedElementsAre(std::pair(a, JobState::kReady), std::pair(b, JobState::kReady)));
+  EXPECT_THAT(Jobs(), UnorderedElementsAre(std::pair(a, core::JobState::kReady),
+                                           std::pair(b, core::JobState::kReady)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, BrokerOnFaultyDiskTest,
@@ -184,4 +185,4 @@ INSTANTIATE_TEST_SUITE_P(Faults, BrokerOnFaultyDiskTest,
                          });
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

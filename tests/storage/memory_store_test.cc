@@ -7,7 +7,7 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
@@ -18,13 +18,15 @@ using storage_test::Dedup;
 using storage_test::RecordingVisitor;
 using storage_test::SimpleJob;
 
-Transition PutJob(const std::string& id) {
-  Transition t;
+core::Transition PutJob(const std::string& id) {
+  core::Transition t;
   t.put_jobs = {SimpleJob(id)};
   return t;
 }
 
-absl::Status WriteOne(MemoryStore& store, const Transition& t) { return store.Write({&t, 1}); }
+absl::Status WriteOne(MemoryStore& store, const core::Transition& t) {
+  return store.Write({&t, 1});
+}
 
 TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothing) {
   MemoryStore store;
@@ -56,11 +58,11 @@ TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
   MemoryStore store;
   ASSERT_THAT(WriteOne(store, PutJob("keep")), IsOk());
   store.FailWritesAfter(0);
-  Transition del;
+  core::Transition del;
   del.delete_jobs = {"keep"};
-  Transition put = PutJob("new");
+  core::Transition put = PutJob("new");
   put.put_dedup = {Dedup("q", "k", "new")};
-  put.put_policies = {{"q", PolicyOverride{}}};
+  put.put_policies = {{"q", core::PolicyOverride{}}};
   EXPECT_THAT(store.Write({del, put}), StatusIs(absl::StatusCode::kUnavailable));
 
   EXPECT_EQ(store.FindJob("keep"), SimpleJob("keep"));
@@ -85,4 +87,4 @@ TEST(MemoryStoreTest, ContentsOutliveTheirReaders) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

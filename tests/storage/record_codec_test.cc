@@ -10,7 +10,7 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::StatusIs;
 
@@ -23,26 +23,26 @@ using storage_test::SimpleJob;
 using ::testing::HasSubstr;
 
 TEST(RecordCodecTest, FullJobRoundTrips) {
-  Job job = FullJob();
-  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  core::Job job = FullJob();
+  absl::StatusOr<core::Job> decoded = DecodeJob(EncodeJob(job));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, job);
 }
 
 TEST(RecordCodecTest, DefaultJobRoundTrips) {
-  Job job;  // every time InfinitePast, every duration zero, no attempts
-  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  core::Job job;  // every time InfinitePast, every duration zero, no attempts
+  absl::StatusOr<core::Job> decoded = DecodeJob(EncodeJob(job));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, job);
 }
 
 TEST(RecordCodecTest, InfinitiesRoundTrip) {
-  Job job = SimpleJob("j");
+  core::Job job = SimpleJob("j");
   job.created_at = absl::InfinitePast();
   job.run_at = absl::InfiniteFuture();
   job.lease_duration = absl::InfiniteDuration();
   job.lease_length = -absl::InfiniteDuration();
-  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  absl::StatusOr<core::Job> decoded = DecodeJob(EncodeJob(job));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->created_at, absl::InfinitePast());
   EXPECT_EQ(decoded->run_at, absl::InfiniteFuture());
@@ -52,10 +52,10 @@ TEST(RecordCodecTest, InfinitiesRoundTrip) {
 
 // The format stores microseconds (see record_codec.h): finer parts are dropped, not rounded up.
 TEST(RecordCodecTest, SubMicrosecondPartsAreTruncated) {
-  Job job = SimpleJob("j");
+  core::Job job = SimpleJob("j");
   job.created_at = absl::FromUnixMicros(1700000000000001) + absl::Nanoseconds(999);
   job.lease_duration = absl::Microseconds(5) + absl::Nanoseconds(999);
-  absl::StatusOr<Job> decoded = DecodeJob(EncodeJob(job));
+  absl::StatusOr<core::Job> decoded = DecodeJob(EncodeJob(job));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->created_at, absl::FromUnixMicros(1700000000000001));
   EXPECT_EQ(decoded->lease_duration, absl::Microseconds(5));
@@ -69,19 +69,20 @@ TEST(RecordCodecTest, WritesCurrentFormatVersion) {
 }
 
 TEST(RecordCodecTest, GarbageJobBytesAreDataLoss) {
-  absl::StatusOr<Job> decoded = DecodeJob("\xff\xff\xff\xff not a record");
+  absl::StatusOr<core::Job> decoded = DecodeJob("\xff\xff\xff\xff not a record");
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("JobRecord does not parse"));
 }
 
 TEST(RecordCodecTest, TruncatedJobRecordIsDataLoss) {
   std::string bytes = EncodeJob(FullJob());
-  absl::StatusOr<Job> decoded = DecodeJob(absl::string_view(bytes).substr(0, bytes.size() - 3));
+  absl::StatusOr<core::Job> decoded =
+      DecodeJob(absl::string_view(bytes).substr(0, bytes.size() - 3));
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
 }
 
 TEST(RecordCodecTest, EmptyBytesAreDataLossForMissingVersion) {
-  absl::StatusOr<Job> decoded = DecodeJob("");
+  absl::StatusOr<core::Job> decoded = DecodeJob("");
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("no format_version"));
 }
@@ -90,8 +91,8 @@ TEST(RecordCodecTest, NewerJobFormatIsDataLoss) {
   storage::JobRecord record;
   record.set_format_version(99);
   record.set_id("j");
-  record.set_state(static_cast<int32_t>(JobState::kReady));
-  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  record.set_state(static_cast<int32_t>(core::JobState::kReady));
+  absl::StatusOr<core::Job> decoded = DecodeJob(record.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("format_version 99"));
 }
@@ -100,7 +101,7 @@ TEST(RecordCodecTest, UnknownJobStateIsDataLoss) {
   storage::JobRecord record;
   ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
   record.set_state(42);
-  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  absl::StatusOr<core::Job> decoded = DecodeJob(record.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("state 42"));
 }
@@ -109,7 +110,7 @@ TEST(RecordCodecTest, UnknownAttemptOutcomeIsDataLoss) {
   storage::JobRecord record;
   ASSERT_TRUE(record.ParseFromString(EncodeJob(FullJob())));
   record.mutable_attempts(0)->set_outcome(-1);
-  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  absl::StatusOr<core::Job> decoded = DecodeJob(record.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("attempts.outcome -1"));
 }
@@ -122,24 +123,25 @@ TEST(RecordCodecTest, DuplicateHeaderIsDataLoss) {
     h->set_key("k");
     h->set_value("v");
   }
-  absl::StatusOr<Job> decoded = DecodeJob(record.SerializeAsString());
+  absl::StatusOr<core::Job> decoded = DecodeJob(record.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
 }
 
 // A field added later without a version bump (allowed by record.proto's rules) is ignored.
 TEST(RecordCodecTest, UnknownFieldOfSameVersionIsIgnored) {
-  Job job = FullJob();
+  core::Job job = FullJob();
   std::string bytes = EncodeJob(job);
   bytes += std::string("\xa0\x06\x01", 3);  // field 100, varint 1
-  absl::StatusOr<Job> decoded = DecodeJob(bytes);
+  absl::StatusOr<core::Job> decoded = DecodeJob(bytes);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, job);
 }
 
 TEST(RecordCodecTest, DedupRoundTripsWithQueueAndKeyFromArguments) {
-  DedupEntry entry = Dedup("emails", std::string("k\0ey", 4), "job-1");
+  core::DedupEntry entry = Dedup("emails", std::string("k\0ey", 4), "job-1");
   entry.payload_hash = 0xfedcba9876543210ULL;
-  absl::StatusOr<DedupEntry> decoded = DecodeDedup(entry.queue, entry.key, EncodeDedup(entry));
+  absl::StatusOr<core::DedupEntry> decoded =
+      DecodeDedup(entry.queue, entry.key, EncodeDedup(entry));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, entry);
 }
@@ -148,30 +150,30 @@ TEST(RecordCodecTest, DedupGarbageAndNewerVersionAreDataLoss) {
   EXPECT_THAT(DecodeDedup("q", "k", "\xff\xff\xff"), StatusIs(absl::StatusCode::kDataLoss));
   storage::DedupRecord record;
   record.set_format_version(99);
-  absl::StatusOr<DedupEntry> decoded = DecodeDedup("q", "k", record.SerializeAsString());
+  absl::StatusOr<core::DedupEntry> decoded = DecodeDedup("q", "k", record.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("DedupRecord format_version 99"));
 }
 
 TEST(RecordCodecTest, FullPolicyRoundTrips) {
-  PolicyOverride policy = FullPolicy();
-  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
+  core::PolicyOverride policy = FullPolicy();
+  absl::StatusOr<core::PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, policy);
 }
 
 // Fields set to zero or false must stay set: "0 = unlimited" is a choice, not "use the default".
 TEST(RecordCodecTest, PolicyKeepsSetZeroValuesAndUnsetFields) {
-  PolicyOverride policy;
+  core::PolicyOverride policy;
   policy.max_concurrency = 0;
   policy.paused = false;
   policy.initial_backoff = absl::ZeroDuration();
-  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
+  absl::StatusOr<core::PolicyOverride> decoded = DecodePolicy(EncodePolicy(policy));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(*decoded, policy);
   EXPECT_FALSE(decoded->max_attempts.has_value());
 
-  absl::StatusOr<PolicyOverride> empty = DecodePolicy(EncodePolicy(PolicyOverride{}));
+  absl::StatusOr<core::PolicyOverride> empty = DecodePolicy(EncodePolicy(core::PolicyOverride{}));
   ASSERT_TRUE(empty.ok()) << empty.status();
   EXPECT_TRUE(empty->empty());
 }
@@ -186,10 +188,10 @@ TEST(RecordCodecTest, PolicyGarbageNewerVersionAndBadJitterAreDataLoss) {
   storage::PolicyRecord bad_jitter;
   bad_jitter.set_format_version(kPolicyRecordFormatVersion);
   bad_jitter.set_jitter(0);
-  absl::StatusOr<PolicyOverride> decoded = DecodePolicy(bad_jitter.SerializeAsString());
+  absl::StatusOr<core::PolicyOverride> decoded = DecodePolicy(bad_jitter.SerializeAsString());
   EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(decoded.status().message(), HasSubstr("jitter 0"));
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

@@ -15,7 +15,7 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::StatusIs;
 
@@ -31,14 +31,14 @@ using ::testing::HasSubstr;
 using Code = absl::StatusCode;
 using Fault = FaultyFileSystem::Fault;
 
-Transition Put(const std::string& id) {
-  Transition t;
+core::Transition Put(const std::string& id) {
+  core::Transition t;
   t.put_jobs = {SimpleJob(id)};
   return t;
 }
 
 absl::Status WriteOne(RocksDbStore& store, const std::string& id) {
-  Transition t = Put(id);
+  core::Transition t = Put(id);
   return store.Write({&t, 1});
 }
 
@@ -47,7 +47,7 @@ std::vector<std::string> StoredIds(RocksDbStore& store) {
   absl::Status s = store.Recover(r);
   EXPECT_TRUE(s.ok()) << s;
   std::vector<std::string> ids;
-  for (const Job& j : r.jobs) ids.push_back(j.id);
+  for (const core::Job& j : r.jobs) ids.push_back(j.id);
   return ids;
 }
 
@@ -145,4 +145,4 @@ TEST(RocksDbStoreFaultMessageTest, ResumeWithoutAFailureIsOkAndWritesWork) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

@@ -19,7 +19,7 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
@@ -101,7 +101,7 @@ class RocksDbStoreTest : public ::testing::Test {
   }
 
   // Writes `t` through a fresh store and closes it again.
-  void WriteAndClose(const Transition& t) {
+  void WriteAndClose(const core::Transition& t) {
     std::unique_ptr<RocksDbStore> store = OpenOk();
     ASSERT_NE(store, nullptr);
     ASSERT_THAT(store->Write({&t, 1}), IsOk());
@@ -112,9 +112,10 @@ class RocksDbStoreTest : public ::testing::Test {
 };
 
 TEST_F(RocksDbStoreTest, WriteReopenRecover) {
-  std::vector<Job> jobs;
+  std::vector<core::Job> jobs;
   for (int i = 0; i < 200; ++i) {
-    Job job = i % 10 == 0 ? FullJob(absl::StrCat("job-", i)) : SimpleJob(absl::StrCat("job-", i));
+    core::Job job =
+        i % 10 == 0 ? FullJob(absl::StrCat("job-", i)) : SimpleJob(absl::StrCat("job-", i));
     job.seq = i;
     jobs.push_back(job);
   }
@@ -122,13 +123,13 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
     std::unique_ptr<RocksDbStore> store = OpenOk();
     ASSERT_NE(store, nullptr);
     // Many small writes, as the broker makes them, and one that deletes half of the jobs.
-    for (const Job& job : jobs) {
-      Transition t;
+    for (const core::Job& job : jobs) {
+      core::Transition t;
       t.put_jobs = {job};
       t.put_dedup = {Dedup("q", job.id, job.id)};
       ASSERT_THAT(store->Write({&t, 1}), IsOk());
     }
-    Transition cleanup;
+    core::Transition cleanup;
     for (int i = 0; i < 200; i += 2) {
       cleanup.delete_jobs.push_back(jobs[i].id);
       cleanup.delete_dedup.emplace_back("q", jobs[i].id);
@@ -142,16 +143,16 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
   RecordingVisitor r;
   ASSERT_THAT(reopened->Recover(r), IsOk());
 
-  std::vector<Job> want_jobs;
-  std::vector<DedupEntry> want_dedup;
+  std::vector<core::Job> want_jobs;
+  std::vector<core::DedupEntry> want_dedup;
   for (int i = 1; i < 200; i += 2) {
     want_jobs.push_back(jobs[i]);
     want_dedup.push_back(Dedup("q", jobs[i].id, jobs[i].id));
   }
-  auto by_id = [](const Job& a, const Job& b) { return a.id < b.id; };
+  auto by_id = [](const core::Job& a, const core::Job& b) { return a.id < b.id; };
   std::sort(want_jobs.begin(), want_jobs.end(), by_id);
   std::sort(want_dedup.begin(), want_dedup.end(),
-            [](const DedupEntry& a, const DedupEntry& b) { return a.key < b.key; });
+            [](const core::DedupEntry& a, const core::DedupEntry& b) { return a.key < b.key; });
   EXPECT_EQ(r.jobs, want_jobs);
   EXPECT_EQ(r.dedup, want_dedup);
   EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
@@ -217,7 +218,7 @@ TEST_F(RocksDbStoreTest, SecondOpenOfSameDirectoryIsUnavailable) {
 // A record that does not decode is reported with its key and skipped; the scan goes on, so the
 // records after it (in key order) are still read.
 TEST_F(RocksDbStoreTest, CorruptJobRecordIsReportedNamingTheKeyAndSkipped) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("a-good"), SimpleJob("z-good")};
   WriteAndClose(t);
   {
@@ -238,7 +239,7 @@ TEST_F(RocksDbStoreTest, CorruptJobRecordIsReportedNamingTheKeyAndSkipped) {
 }
 
 TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsReportedAndSkipped) {
-  WriteAndClose(Transition{});
+  WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
     // A valid record of a format this build does not know.
@@ -258,7 +259,7 @@ TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsReportedAndSkipped) {
 }
 
 TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsReportedAndSkipped) {
-  WriteAndClose(Transition{});
+  WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
     raw.Put(kRocksDbJobsColumnFamily, "key", EncodeJob(SimpleJob("other")));
@@ -273,7 +274,7 @@ TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsReportedAndSkipped) {
 }
 
 TEST_F(RocksDbStoreTest, ReadJobOfUndecodableOrMisfiledRecordIsDataLoss) {
-  WriteAndClose(Transition{});
+  WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
     raw.Put(kRocksDbJobsColumnFamily, "bad", "\xff\xff\xff\xff secret payload");
@@ -291,7 +292,7 @@ TEST_F(RocksDbStoreTest, ReadJobOfUndecodableOrMisfiledRecordIsDataLoss) {
 }
 
 TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsReportedAndSkipped) {
-  WriteAndClose(Transition{});
+  WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
     raw.Put(kRocksDbDedupColumnFamily, "no-separator", EncodeDedup(Dedup("q", "k", "j")));
@@ -305,7 +306,7 @@ TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsReportedAndSkipped) {
 }
 
 TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsReportedAndSkipped) {
-  WriteAndClose(Transition{});
+  WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
     raw.Put(kRocksDbPoliciesColumnFamily, "q", "\xff\xff");
@@ -320,7 +321,7 @@ TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsReportedAndSkipped) {
 
 // The on-disk layout is a contract with older data and with tools: check it directly.
 TEST_F(RocksDbStoreTest, RecordsUseTheDocumentedKeys) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("j")};
   t.put_dedup = {Dedup("q", "k", "j")};
   t.put_policies = {{"q", FullPolicy()}};
@@ -333,4 +334,4 @@ TEST_F(RocksDbStoreTest, RecordsUseTheDocumentedKeys) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

@@ -21,11 +21,11 @@ namespace jobbroker::storage_test {
 
 // A job with every member set to a non-default value, binary and non-UTF-8 bytes in the text
 // fields, a history of attempts, and both infinities among its times. Extend it when Job grows.
-inline Job FullJob(std::string id = "job-\xff-1") {
-  Job j;
+inline core::Job FullJob(std::string id = "job-\xff-1") {
+  core::Job j;
   j.id = std::move(id);
   j.queue = "emails";
-  j.state = JobState::kActive;
+  j.state = core::JobState::kActive;
   j.payload = std::string("\0\x01\xfe payload", 11);
   j.headers = {{"content-type", "application/json"}, {"x-\xff", std::string("a\0b", 3)}};
   j.priority = -7;
@@ -43,14 +43,14 @@ inline Job FullJob(std::string id = "job-\xff-1") {
   j.lease_length = absl::Milliseconds(1500);
   j.cancel_requested = true;
   j.last_error = "timeout \xe2\x80\x94 upstream";
-  j.fail_reason = FailReason::kPermanent;
+  j.fail_reason = core::FailReason::kPermanent;
   j.attempts = {
       {1, "worker-a", absl::FromUnixMicros(1700000001000000),
-       absl::FromUnixMicros(1700000002000000), AttemptOutcome::kError, "boom"},
+       absl::FromUnixMicros(1700000002000000), core::AttemptOutcome::kError, "boom"},
       {2, "worker-a", absl::FromUnixMicros(1700000003000000),
-       absl::FromUnixMicros(1700000004000000), AttemptOutcome::kLeaseExpired, ""},
+       absl::FromUnixMicros(1700000004000000), core::AttemptOutcome::kLeaseExpired, ""},
       {3, "worker-b", absl::FromUnixMicros(1700000005000000), absl::InfinitePast(),
-       AttemptOutcome::kRunning, ""},
+       core::AttemptOutcome::kRunning, ""},
   };
   j.result = std::string("r\0s", 3);
   j.checkpoint = "step-2";
@@ -59,8 +59,8 @@ inline Job FullJob(std::string id = "job-\xff-1") {
 }
 
 // A small, mostly default job.
-inline Job SimpleJob(std::string id, std::string queue = "q", std::string payload = "p") {
-  Job j;
+inline core::Job SimpleJob(std::string id, std::string queue = "q", std::string payload = "p") {
+  core::Job j;
   j.id = std::move(id);
   j.queue = std::move(queue);
   j.payload = std::move(payload);
@@ -69,26 +69,26 @@ inline Job SimpleJob(std::string id, std::string queue = "q", std::string payloa
   return j;
 }
 
-inline DedupEntry Dedup(std::string queue, std::string key, std::string job_id) {
-  DedupEntry d;
+inline core::DedupEntry Dedup(std::string queue, std::string key, std::string job_id) {
+  core::DedupEntry d;
   d.queue = std::move(queue);
   d.key = std::move(key);
   d.job_id = std::move(job_id);
   d.expires_at = absl::FromUnixSeconds(1700086400);
-  d.payload_hash = PayloadHash(d.job_id);
+  d.payload_hash = core::PayloadHash(d.job_id);
   return d;
 }
 
 // Every field of PolicyOverride set, none to its QueuePolicy default.
-inline PolicyOverride FullPolicy() {
-  PolicyOverride p;
+inline core::PolicyOverride FullPolicy() {
+  core::PolicyOverride p;
   p.max_concurrency = 4;
   p.max_concurrency_per_key = 1;
   p.max_attempts = 7;
   p.initial_backoff = absl::Milliseconds(250);
   p.backoff_multiplier = 1.5;
   p.max_backoff = absl::Minutes(2);
-  p.jitter = Jitter::kEqual;
+  p.jitter = core::Jitter::kEqual;
   p.lease_duration = absl::Seconds(90);
   p.dedup_ttl = absl::Hours(1);
   p.completed_max_count = 50;
@@ -100,35 +100,36 @@ inline PolicyOverride FullPolicy() {
   p.rate_burst = 20;
   p.paused = true;
   p.max_payload_bytes = 2 << 20;
-  p.durability = Durability::kGroup;
+  p.durability = core::Durability::kGroup;
   p.group_commit_delay = absl::Milliseconds(25);
   return p;
 }
 
 // Records what Recover reports, in order.
-class RecordingVisitor final : public RecoveryVisitor {
+class RecordingVisitor final : public core::RecoveryVisitor {
  public:
-  void OnJob(Job job) override {
+  void OnJob(core::Job job) override {
     events.push_back("job:" + job.id);
     jobs.push_back(std::move(job));
   }
-  void OnDedup(DedupEntry entry) override {
+  void OnDedup(core::DedupEntry entry) override {
     events.push_back("dedup:" + entry.queue + "/" + entry.key);
     dedup.push_back(std::move(entry));
   }
-  void OnPolicy(std::string queue, PolicyOverride policy) override {
+  void OnPolicy(std::string queue, core::PolicyOverride policy) override {
     events.push_back("policy:" + queue);
     policies.emplace_back(std::move(queue), std::move(policy));
   }
-  void OnCorrupt(CorruptRecord record) override {
-    events.push_back(std::string("corrupt:") + RecordKindName(record.kind) + "/" + record.key);
+  void OnCorrupt(core::CorruptRecord record) override {
+    events.push_back(std::string("corrupt:") + core::RecordKindName(record.kind) + "/" +
+                     record.key);
     corrupt.push_back(std::move(record));
   }
 
-  std::vector<Job> jobs;
-  std::vector<DedupEntry> dedup;
-  std::vector<std::pair<std::string, PolicyOverride>> policies;
-  std::vector<CorruptRecord> corrupt;
+  std::vector<core::Job> jobs;
+  std::vector<core::DedupEntry> dedup;
+  std::vector<std::pair<std::string, core::PolicyOverride>> policies;
+  std::vector<core::CorruptRecord> corrupt;
   std::vector<std::string> events;
 };
 

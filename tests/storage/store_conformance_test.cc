@@ -15,7 +15,7 @@
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
-namespace jobbroker {
+namespace jobbroker::storage {
 
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
@@ -36,7 +36,7 @@ using ::testing::Pair;
 class MemoryBackend {
  public:
   static constexpr char kName[] = "MemoryStore";
-  Store& store() { return store_; }
+  core::Store& store() { return store_; }
   void Reopen() {}  // a MemoryStore outlives the broker; nothing to do
 
  private:
@@ -47,7 +47,7 @@ class RocksDbBackend {
  public:
   static constexpr char kName[] = "RocksDbStore";
   RocksDbBackend() { Open(); }
-  Store& store() { return *store_; }
+  core::Store& store() { return *store_; }
   void Reopen() {
     store_.reset();  // closes the DB and releases the directory lock
     Open();
@@ -67,11 +67,13 @@ class RocksDbBackend {
 template <typename Backend>
 class StoreConformanceTest : public ::testing::Test {
  protected:
-  Store& store() { return backend_.store(); }
+  core::Store& store() { return backend_.store(); }
   void Reopen() { backend_.Reopen(); }
 
-  absl::Status Write(std::vector<Transition> transitions) { return store().Write(transitions); }
-  absl::Status Write(Transition t) { return store().Write({&t, 1}); }
+  absl::Status Write(std::vector<core::Transition> transitions) {
+    return store().Write(transitions);
+  }
+  absl::Status Write(core::Transition t) { return store().Write({&t, 1}); }
 
   RecordingVisitor Recover() {
     RecordingVisitor visitor;
@@ -100,13 +102,13 @@ TYPED_TEST(StoreConformanceTest, EmptyStoreRecoversNothing) {
 
 TYPED_TEST(StoreConformanceTest, EmptySpanAndEmptyTransitionAreOk) {
   EXPECT_THAT(this->store().Write({}), IsOk());
-  EXPECT_THAT(this->Write(Transition{}), IsOk());
-  EXPECT_THAT(this->Write(std::vector<Transition>(3)), IsOk());
+  EXPECT_THAT(this->Write(core::Transition{}), IsOk());
+  EXPECT_THAT(this->Write(std::vector<core::Transition>(3)), IsOk());
   EXPECT_THAT(this->Recover().events, IsEmpty());
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversJobs) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("b"), SimpleJob("a", "other"), SimpleJob("c")};
   ASSERT_THAT(this->Write(t), IsOk());
 
@@ -116,7 +118,7 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversJobs) {
 }
 
 TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {FullJob()};
   ASSERT_THAT(this->Write(t), IsOk());
   RecordingVisitor r = this->Recover();
@@ -130,37 +132,37 @@ TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
 }
 
 TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
-  Job job = FullJob();
-  Transition t;
+  core::Job job = FullJob();
+  core::Transition t;
   t.put_jobs = {job};
   ASSERT_THAT(this->Write(t), IsOk());
-  absl::StatusOr<Job> read = this->store().ReadJob(job.id);
+  absl::StatusOr<core::Job> read = this->store().ReadJob(job.id);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, job);
 
   // An unsynced write is already visible: the broker reads cold jobs while syncs are pending.
-  job.state = JobState::kActive;
-  Transition update;
+  job.state = core::JobState::kActive;
+  core::Transition update;
   update.put_jobs = {job};
   ASSERT_THAT(this->store().WriteUnsynced({&update, 1}), IsOk());
   read = this->store().ReadJob(job.id);
   ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(read->state, JobState::kActive);
+  EXPECT_EQ(read->state, core::JobState::kActive);
 }
 
 TYPED_TEST(StoreConformanceTest, ReadJobOfMissingOrDeletedJobIsNotFound) {
   EXPECT_THAT(this->store().ReadJob("never"), StatusIs(absl::StatusCode::kNotFound));
-  Transition put;
+  core::Transition put;
   put.put_jobs = {SimpleJob("a")};
   ASSERT_THAT(this->Write(put), IsOk());
-  Transition del;
+  core::Transition del;
   del.delete_jobs = {"a"};
   ASSERT_THAT(this->Write(del), IsOk());
   EXPECT_THAT(this->store().ReadJob("a"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
-  Transition t;
+  core::Transition t;
   // An empty key and a key holding NUL bytes are legal: only the queue must be NUL-free.
   t.put_dedup = {Dedup("q2", "k", "j1"), Dedup("q", std::string("k\0x", 3), "j2"),
                  Dedup("q", "", "j3"), Dedup("q", "k", "j4")};
@@ -173,19 +175,20 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversPolicies) {
-  PolicyOverride paused;
+  core::PolicyOverride paused;
   paused.paused = true;
-  Transition t;
-  t.put_policies = {{"reports", FullPolicy()}, {"emails", paused}, {"empty", PolicyOverride{}}};
+  core::Transition t;
+  t.put_policies = {
+      {"reports", FullPolicy()}, {"emails", paused}, {"empty", core::PolicyOverride{}}};
   ASSERT_THAT(this->Write(t), IsOk());
 
   RecordingVisitor r = this->Recover();
-  EXPECT_THAT(r.policies, ElementsAre(Pair("emails", paused), Pair("empty", PolicyOverride{}),
+  EXPECT_THAT(r.policies, ElementsAre(Pair("emails", paused), Pair("empty", core::PolicyOverride{}),
                                       Pair("reports", FullPolicy())));
 }
 
 TYPED_TEST(StoreConformanceTest, RecoverVisitsPoliciesThenDedupThenJobs) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("a")};
   t.put_dedup = {Dedup("q", "k", "a")};
   t.put_policies = {{"q", FullPolicy()}};
@@ -194,18 +197,18 @@ TYPED_TEST(StoreConformanceTest, RecoverVisitsPoliciesThenDedupThenJobs) {
 }
 
 TYPED_TEST(StoreConformanceTest, LaterPutOfSameIdInOneWriteWins) {
-  Job first = SimpleJob("j", "q", "first");
-  Job second = SimpleJob("j", "q", "second");
-  Job third = SimpleJob("j", "q", "third");
-  second.state = JobState::kActive;
-  third.state = JobState::kCompleted;
+  core::Job first = SimpleJob("j", "q", "first");
+  core::Job second = SimpleJob("j", "q", "second");
+  core::Job third = SimpleJob("j", "q", "third");
+  second.state = core::JobState::kActive;
+  third.state = core::JobState::kCompleted;
 
   // Twice in one transition, then again in a later transition of the same Write.
-  Transition t1;
+  core::Transition t1;
   t1.put_jobs = {first, second};
   t1.put_dedup = {Dedup("q", "k", "old")};
-  t1.put_policies = {{"q", PolicyOverride{}}};
-  Transition t2;
+  t1.put_policies = {{"q", core::PolicyOverride{}}};
+  core::Transition t2;
   t2.put_jobs = {third};
   t2.put_dedup = {Dedup("q", "k", "new")};
   t2.put_policies = {{"q", FullPolicy()}};
@@ -218,13 +221,13 @@ TYPED_TEST(StoreConformanceTest, LaterPutOfSameIdInOneWriteWins) {
 }
 
 TYPED_TEST(StoreConformanceTest, DeletesRemoveRecords) {
-  Transition put;
+  core::Transition put;
   put.put_jobs = {SimpleJob("a"), SimpleJob("b")};
   put.put_dedup = {Dedup("q", "k1", "a"), Dedup("q", "k2", "b")};
   put.put_policies = {{"q", FullPolicy()}, {"r", FullPolicy()}};
   ASSERT_THAT(this->Write(put), IsOk());
 
-  Transition del;
+  core::Transition del;
   del.delete_jobs = {"a", "never-existed"};
   del.delete_dedup = {{"q", "k1"}, {"nope", "k2"}};
   del.delete_policies = {"r", "missing"};
@@ -238,7 +241,7 @@ TYPED_TEST(StoreConformanceTest, DeletesRemoveRecords) {
 
 // Inside one Transition the fields apply in declaration order: puts before deletes.
 TYPED_TEST(StoreConformanceTest, DeleteInSameTransitionBeatsPut) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("a"), SimpleJob("b")};
   t.delete_jobs = {"a"};
   t.put_dedup = {Dedup("q", "k", "a")};
@@ -255,17 +258,17 @@ TYPED_TEST(StoreConformanceTest, DeleteInSameTransitionBeatsPut) {
 
 // Transitions apply in order, so a put in a later transition revives a deleted key.
 TYPED_TEST(StoreConformanceTest, SeveralTransitionsInOneWriteApplyInOrder) {
-  Transition enqueue;
+  core::Transition enqueue;
   enqueue.put_jobs = {SimpleJob("a"), SimpleJob("b")};
   enqueue.put_dedup = {Dedup("q", "k", "a")};
-  Transition finish;
+  core::Transition finish;
   finish.delete_jobs = {"a"};
   finish.delete_dedup = {{"q", "k"}};
-  Transition requeue;
+  core::Transition requeue;
   requeue.put_jobs = {SimpleJob("a", "q", "again")};
-  Transition lease;
-  Job leased = SimpleJob("b");
-  leased.state = JobState::kActive;
+  core::Transition lease;
+  core::Job leased = SimpleJob("b");
+  leased.state = core::JobState::kActive;
   leased.attempt = 1;
   lease.put_jobs = {leased};
   ASSERT_THAT(this->Write({enqueue, finish, requeue, lease}), IsOk());
@@ -276,12 +279,12 @@ TYPED_TEST(StoreConformanceTest, SeveralTransitionsInOneWriteApplyInOrder) {
 }
 
 TYPED_TEST(StoreConformanceTest, RecordsSurviveReopen) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {FullJob("x"), SimpleJob("y")};
   t.put_dedup = {Dedup("q", "k", "x")};
   t.put_policies = {{"q", FullPolicy()}};
   ASSERT_THAT(this->Write(t), IsOk());
-  Transition del;
+  core::Transition del;
   del.delete_jobs = {"y"};
   ASSERT_THAT(this->Write(del), IsOk());
 
@@ -292,14 +295,14 @@ TYPED_TEST(StoreConformanceTest, RecordsSurviveReopen) {
   EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
 
   // And the reopened store takes writes.
-  Transition more;
+  core::Transition more;
   more.put_jobs = {SimpleJob("z")};
   ASSERT_THAT(this->Write(more), IsOk());
   EXPECT_EQ(this->Recover().jobs.size(), 2u);
 }
 
 TYPED_TEST(StoreConformanceTest, RecoverCanRunTwice) {
-  Transition t;
+  core::Transition t;
   t.put_jobs = {SimpleJob("a")};
   ASSERT_THAT(this->Write(t), IsOk());
   EXPECT_THAT(this->Recover().events, ElementsAre("job:a"));
@@ -308,13 +311,13 @@ TYPED_TEST(StoreConformanceTest, RecoverCanRunTwice) {
 
 // A NUL in a dedup queue cannot be keyed unambiguously; the whole Write is refused.
 TYPED_TEST(StoreConformanceTest, NulInDedupQueueIsRefusedAndNothingApplied) {
-  Transition good;
+  core::Transition good;
   good.put_jobs = {SimpleJob("a")};
-  Transition bad_put;
+  core::Transition bad_put;
   bad_put.put_dedup = {Dedup(std::string("q\0r", 3), "k", "a")};
   EXPECT_THAT(this->Write({good, bad_put}), StatusIs(absl::StatusCode::kInvalidArgument));
 
-  Transition bad_delete;
+  core::Transition bad_delete;
   bad_delete.delete_dedup = {{std::string("q\0r", 3), "k"}};
   EXPECT_THAT(this->Write({good, bad_delete}), StatusIs(absl::StatusCode::kInvalidArgument));
 
@@ -322,4 +325,4 @@ TYPED_TEST(StoreConformanceTest, NulInDedupQueueIsRefusedAndNothingApplied) {
 }
 
 }  // namespace
-}  // namespace jobbroker
+}  // namespace jobbroker::storage

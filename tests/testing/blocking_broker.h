@@ -31,81 +31,88 @@ T Await(Start start) {
 // through, so a test reads `broker->Enqueue(spec)` whichever it calls. Owns the broker.
 class BlockingBroker {
  public:
-  explicit BlockingBroker(std::unique_ptr<Broker> broker) : broker_(std::move(broker)) {}
-  static absl::StatusOr<std::unique_ptr<BlockingBroker>> Open(Store& store, const Clock& clock,
-                                                              BrokerOptions options);
+  explicit BlockingBroker(std::unique_ptr<core::Broker> broker) : broker_(std::move(broker)) {}
+  static absl::StatusOr<std::unique_ptr<BlockingBroker>> Open(core::Store& store,
+                                                              const core::Clock& clock,
+                                                              core::BrokerOptions options);
 
-  Broker& broker() { return *broker_; }
+  core::Broker& broker() { return *broker_; }
 
   // Blocking forms.
-  absl::StatusOr<EnqueueResult> Enqueue(EnqueueSpec spec);
-  absl::StatusOr<std::vector<EnqueueResult>> EnqueueBatch(std::vector<EnqueueSpec> specs);
-  absl::StatusOr<std::vector<LeasedJob>> Lease(LeaseSpec spec);
-  absl::StatusOr<HeartbeatResult> Heartbeat(HeartbeatSpec spec);
-  absl::Status Ack(AckSpec spec);
-  absl::StatusOr<std::vector<absl::Status>> AckBatch(std::vector<AckSpec> specs);
-  absl::StatusOr<FailResult> Fail(FailSpec spec);
-  absl::Status Release(ReleaseSpec spec);
-  absl::StatusOr<Job> CancelJob(std::string job_id);
-  absl::StatusOr<QueueInfo> UpdateQueuePolicy(std::string queue, PolicyOverride policy,
-                                              bool reset = false);
-  absl::StatusOr<Job> RetryJob(std::string job_id);
-  absl::StatusOr<RetryJobsResult> RetryJobs(RetryJobsSpec spec);
+  absl::StatusOr<core::EnqueueResult> Enqueue(core::EnqueueSpec spec);
+  absl::StatusOr<std::vector<core::EnqueueResult>> EnqueueBatch(
+      std::vector<core::EnqueueSpec> specs);
+  absl::StatusOr<std::vector<core::LeasedJob>> Lease(core::LeaseSpec spec);
+  absl::StatusOr<core::HeartbeatResult> Heartbeat(core::HeartbeatSpec spec);
+  absl::Status Ack(core::AckSpec spec);
+  absl::StatusOr<std::vector<absl::Status>> AckBatch(std::vector<core::AckSpec> specs);
+  absl::StatusOr<core::FailResult> Fail(core::FailSpec spec);
+  absl::Status Release(core::ReleaseSpec spec);
+  absl::StatusOr<core::Job> CancelJob(std::string job_id);
+  absl::StatusOr<core::QueueInfo> UpdateQueuePolicy(std::string queue, core::PolicyOverride policy,
+                                                    bool reset = false);
+  absl::StatusOr<core::Job> RetryJob(std::string job_id);
+  absl::StatusOr<core::RetryJobsResult> RetryJobs(core::RetryJobsSpec spec);
   absl::Status DeleteJob(std::string job_id);
-  absl::StatusOr<QueueInfo> SetQueuePaused(std::string queue, bool paused);
-  absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<JobState> states = {});
+  absl::StatusOr<core::QueueInfo> SetQueuePaused(std::string queue, bool paused);
+  absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<core::JobState> states = {});
 
   // Passed through.
-  void EnqueueBatch(std::vector<EnqueueSpec> specs,
-                    Done<absl::StatusOr<std::vector<EnqueueResult>>> done, bool batch = false) {
+  void EnqueueBatch(std::vector<core::EnqueueSpec> specs,
+                    core::Done<absl::StatusOr<std::vector<core::EnqueueResult>>> done,
+                    bool batch = false) {
     broker_->EnqueueBatch(std::move(specs), std::move(done), batch);
   }
-  uint64_t Lease(LeaseSpec spec, absl::Duration wait,
-                 Done<absl::StatusOr<std::vector<LeasedJob>>> done) {
+  uint64_t Lease(core::LeaseSpec spec, absl::Duration wait,
+                 core::Done<absl::StatusOr<std::vector<core::LeasedJob>>> done) {
     return broker_->Lease(std::move(spec), wait, std::move(done));
   }
   bool CancelWait(uint64_t waiter) { return broker_->CancelWait(waiter); }
-  absl::StatusOr<uint64_t> Subscribe(SubscribeSpec spec, std::shared_ptr<StreamSink> sink) {
+  absl::StatusOr<uint64_t> Subscribe(core::SubscribeSpec spec,
+                                     std::shared_ptr<core::StreamSink> sink) {
     return broker_->Subscribe(std::move(spec), std::move(sink));
   }
   absl::Status SetFlow(uint64_t stream, int max_in_flight) {
     return broker_->SetFlow(stream, max_in_flight);
   }
   void Unsubscribe(uint64_t stream) { broker_->Unsubscribe(stream); }
-  void Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>> done) {
+  void Heartbeat(core::HeartbeatSpec spec, core::Done<absl::StatusOr<core::HeartbeatResult>> done) {
     broker_->Heartbeat(std::move(spec), std::move(done));
   }
-  void Ack(AckSpec spec, Done<absl::Status> done) {
+  void Ack(core::AckSpec spec, core::Done<absl::Status> done) {
     broker_->Ack(std::move(spec), std::move(done));
   }
-  void AckBatch(std::vector<AckSpec> specs, Done<absl::StatusOr<std::vector<absl::Status>>> done) {
+  void AckBatch(std::vector<core::AckSpec> specs,
+                core::Done<absl::StatusOr<std::vector<absl::Status>>> done) {
     broker_->AckBatch(std::move(specs), std::move(done));
   }
-  void Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
+  void Fail(core::FailSpec spec, core::Done<absl::StatusOr<core::FailResult>> done) {
     broker_->Fail(std::move(spec), std::move(done));
   }
-  void Release(ReleaseSpec spec, Done<absl::Status> done) {
+  void Release(core::ReleaseSpec spec, core::Done<absl::Status> done) {
     broker_->Release(std::move(spec), std::move(done));
   }
-  void CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
+  void CancelJob(std::string job_id, core::Done<absl::StatusOr<core::Job>> done) {
     broker_->CancelJob(std::move(job_id), std::move(done));
   }
-  void RetryJobs(RetryJobsSpec spec, Done<absl::StatusOr<RetryJobsResult>> done) {
+  void RetryJobs(core::RetryJobsSpec spec, core::Done<absl::StatusOr<core::RetryJobsResult>> done) {
     broker_->RetryJobs(std::move(spec), std::move(done));
   }
-  void PurgeQueue(std::string queue, std::vector<JobState> states,
-                  Done<absl::StatusOr<int64_t>> done) {
+  void PurgeQueue(std::string queue, std::vector<core::JobState> states,
+                  core::Done<absl::StatusOr<int64_t>> done) {
     broker_->PurgeQueue(std::move(queue), std::move(states), std::move(done));
   }
-  absl::StatusOr<Job> GetJob(const std::string& job_id) { return broker_->GetJob(job_id); }
+  absl::StatusOr<core::Job> GetJob(const std::string& job_id) { return broker_->GetJob(job_id); }
   absl::StatusOr<std::string> JobQueue(const std::string& job_id) {
     return broker_->JobQueue(job_id);
   }
-  absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec) {
+  absl::StatusOr<core::ListJobsResult> ListJobs(const core::ListJobsSpec& spec) {
     return broker_->ListJobs(spec);
   }
-  absl::StatusOr<QueueInfo> GetQueue(const std::string& queue) { return broker_->GetQueue(queue); }
-  std::vector<QueueInfo> ListQueues() { return broker_->ListQueues(); }
+  absl::StatusOr<core::QueueInfo> GetQueue(const std::string& queue) {
+    return broker_->GetQueue(queue);
+  }
+  std::vector<core::QueueInfo> ListQueues() { return broker_->ListQueues(); }
   absl::Time Tick() { return broker_->Tick(); }
   void Shutdown() { broker_->Shutdown(); }
   absl::Status Flush() { return broker_->Flush(); }
@@ -113,10 +120,10 @@ class BlockingBroker {
   absl::Status storage_status() const { return broker_->storage_status(); }
   int64_t corrupt_records() const { return broker_->corrupt_records(); }
   uint64_t store_writes() const { return broker_->store_writes(); }
-  Broker::MemoryCounts memory_counts() const { return broker_->memory_counts(); }
+  core::Broker::MemoryCounts memory_counts() const { return broker_->memory_counts(); }
 
  private:
-  std::unique_ptr<Broker> broker_;
+  std::unique_ptr<core::Broker> broker_;
 };
 
 }  // namespace jobbroker::testing

@@ -9,7 +9,7 @@ namespace jobbroker::testing {
 
 // A clock that moves only when told to, so tests of leases, backoff and TTLs advance time
 // instead of sleeping. Thread-safe.
-class FakeClock final : public Clock {
+class FakeClock final : public core::Clock {
  public:
   explicit FakeClock(absl::Time start) : now_(start) {}
   absl::Time Now() const override {
