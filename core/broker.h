@@ -378,10 +378,17 @@ class Broker {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Operator calls (broker_admin.cc, broker_bulk.cc) -----------------------------------------
-  absl::StatusOr<Job> CancelLocked(const std::string& job_id, absl::Time now, Transition& t,
-                                   Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Job> RetryOneLocked(const std::string& job_id, absl::Time now, Transition& t,
-                                     Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An operator's change of one job (CancelLocked, RetryOneLocked), given the job. Called with
+  // mu_ held; a member pointer cannot carry the annotation, RunOnJob's lambda does.
+  using JobChangeLocked = absl::StatusOr<Job> (Broker::*)(Job& job, absl::Time now, Transition& t,
+                                                          Effects& fx);
+  // Checks `job_id`, then runs `change` on that job through the mutation path at kSync;
+  // kNotFound if there is no such job.
+  void RunOnJob(std::string job_id, JobChangeLocked change, Done<absl::StatusOr<Job>> done);
+  absl::StatusOr<Job> CancelLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job> RetryOneLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status DeleteLocked(const std::string& job_id, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges `policy` into the queue's run-time override (after dropping it if `reset`), creating

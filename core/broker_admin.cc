@@ -18,35 +18,40 @@ absl::Status NoSuchQueue(const std::string& queue) {
 
 }  // namespace
 
-void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
+void Broker::RunOnJob(std::string job_id, JobChangeLocked change, Done<absl::StatusOr<Job>> done) {
   if (absl::Status s = ValidateJobId(job_id); !s.ok()) return done(s);
   Run<Job>(std::move(done),
-           [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CancelLocked(job_id, now, t, fx); });
+           [this, change, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> absl::StatusOr<Job> {
+                 fx.Require(Durability::kSync);  // an operator's change (Effects)
+                 Job* job = FindJobLocked(job_id);
+                 if (job == nullptr) return NoSuchJob(job_id);
+                 return (this->*change)(*job, now, t, fx);
+               });
 }
 
-absl::StatusOr<Job> Broker::CancelLocked(const std::string& job_id, absl::Time now, Transition& t,
-                                         Effects& fx) {
-  fx.Require(Durability::kSync);  // an operator's change (Effects)
-  Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return NoSuchJob(job_id);
-  if (IsTerminal(job->state))
+void Broker::CancelJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
+  RunOnJob(std::move(job_id), &Broker::CancelLocked, std::move(done));
+}
+
+absl::StatusOr<Job> Broker::CancelLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  if (IsTerminal(job.state))
     return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " has already ended (", JobStateName(job->state), ")"));
-  UnindexLocked(*job);
-  if (job->state == JobState::kActive) {
+        absl::StrCat("job ", job.id, " has already ended (", JobStateName(job.state), ")"));
+  UnindexLocked(job);
+  if (job.state == JobState::kActive) {
     // The worker learns it from its next heartbeat, or at once on its stream.
-    job->cancel_requested = true;
-    if (Consumer* holder = consumers_.HolderOf(job->seq))
-      fx.cancelled.push_back({holder->sink, job->id});
+    job.cancel_requested = true;
+    if (Consumer* holder = consumers_.HolderOf(job.seq))
+      fx.cancelled.push_back({holder->sink, job.id});
   } else {
-    job->state = JobState::kCancelled;
-    job->completed_at = now;
-    observer_.Cancelled(*job);
+    job.state = JobState::kCancelled;
+    job.completed_at = now;
+    observer_.Cancelled(job);
   }
-  IndexLocked(*job);
-  t.put_jobs.push_back(*job);
-  return *job;
+  IndexLocked(job);
+  t.put_jobs.push_back(job);
+  return job;
 }
 
 void Broker::UpdateQueuePolicy(std::string queue, PolicyOverride policy, bool reset,
@@ -120,25 +125,18 @@ void Broker::RetryLocked(Job& job, absl::Time now, Transition& t) {
 }
 
 void Broker::RetryJob(std::string job_id, Done<absl::StatusOr<Job>> done) {
-  if (absl::Status s = ValidateJobId(job_id); !s.ok()) return done(s);
-  Run<Job>(std::move(done),
-           [this, job_id = std::move(job_id)](absl::Time now, Transition& t, Effects& fx)
-               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return RetryOneLocked(job_id, now, t, fx); });
+  RunOnJob(std::move(job_id), &Broker::RetryOneLocked, std::move(done));
 }
 
-absl::StatusOr<Job> Broker::RetryOneLocked(const std::string& job_id, absl::Time now, Transition& t,
-                                           Effects& fx) {
-  fx.Require(Durability::kSync);  // an operator's change (Effects)
-  Job* job = FindJobLocked(job_id);
-  if (job == nullptr) return NoSuchJob(job_id);
-  if (job->state != JobState::kFailed && job->state != JobState::kCancelled)
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " is ",
-                                                      JobStateName(job->state),
+absl::StatusOr<Job> Broker::RetryOneLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  if (job.state != JobState::kFailed && job.state != JobState::kCancelled)
+    return absl::FailedPreconditionError(absl::StrCat("job ", job.id, " is ",
+                                                      JobStateName(job.state),
                                                       ": only FAILED or CANCELLED jobs can be "
                                                       "retried"));
-  RetryLocked(*job, now, t);
-  ServeConsumersLocked(queues_.Get(job->queue), now, t, fx);
-  return *job;
+  RetryLocked(job, now, t);
+  ServeConsumersLocked(queues_.Get(job.queue), now, t, fx);
+  return job;
 }
 
 void Broker::DeleteJob(std::string job_id, Done<absl::Status> done) {
