@@ -17,6 +17,22 @@ v1::WorkResult* NewResult(v1::WorkResponse& m, uint64_t id, const absl::Status& 
   return result;
 }
 
+// What a WorkResult carries beside the status of the broker's answer: a heartbeat's new deadline,
+// the status of each ack of a batch; nothing for a plain status or a fail.
+absl::Status StatusOf(const absl::Status& s) { return s; }
+template <typename T>
+absl::Status StatusOf(const absl::StatusOr<T>& r) {
+  return r.status();
+}
+void AddDetails(const absl::Status&, v1::WorkResult*) {}
+void AddDetails(const absl::StatusOr<core::FailResult>&, v1::WorkResult*) {}
+void AddDetails(const absl::StatusOr<core::HeartbeatResult>& r, v1::WorkResult* out) {
+  if (r.ok()) ToProto(*r, out);
+}
+void AddDetails(const absl::StatusOr<std::vector<absl::Status>>& r, v1::WorkResult* out) {
+  if (r.ok()) ToProto(*r, out);
+}
+
 }  // namespace
 
 // What the broker pushes, forwarded to the stream while it lives. The broker may keep the sink
@@ -149,6 +165,17 @@ absl::Status WorkStream::Authorize(const v1::WorkRequest& request) const {
   }
 }
 
+template <typename Result>
+core::Done<Result> WorkStream::AnswerWhenDone(uint64_t request_id) {
+  BeginOp();
+  return [this, request_id](Result result) {
+    v1::WorkResponse m;
+    AddDetails(result, NewResult(m, request_id, StatusOf(result)));
+    Send(std::move(m));
+    EndOp();
+  };
+}
+
 void WorkStream::Handle(const v1::WorkRequest& request) {
   const uint64_t id = request.request_id();
   if (absl::Status s = Authorize(request); !s.ok()) return Answer(id, s);
@@ -159,52 +186,21 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
     case v1::WorkRequest::kHeartbeat: {
       absl::StatusOr<core::HeartbeatSpec> spec = FromProto(request.heartbeat());
       if (!spec.ok()) return Answer(id, spec.status());
-      BeginOp();
-      broker_.Heartbeat(std::move(*spec), [this, id](absl::StatusOr<core::HeartbeatResult> r) {
-        v1::WorkResponse m;
-        v1::WorkResult* result = NewResult(m, id, r.status());
-        if (r.ok()) ToProto(*r, result);
-        Send(std::move(m));
-        EndOp();
-      });
-      return;
+      return broker_.Heartbeat(std::move(*spec),
+                               AnswerWhenDone<absl::StatusOr<core::HeartbeatResult>>(id));
     }
     case v1::WorkRequest::kAck:
-      BeginOp();
-      broker_.Ack(FromProto(request.ack()), [this, id](absl::Status s) {
-        Answer(id, s);
-        EndOp();
-      });
-      return;
-    case v1::WorkRequest::kAckBatch: {
-      BeginOp();
-      broker_.AckBatch(FromProto(request.ack_batch()),
-                       [this, id](absl::StatusOr<std::vector<absl::Status>> r) {
-                         v1::WorkResponse m;
-                         v1::WorkResult* result = NewResult(m, id, r.status());
-                         if (r.ok()) ToProto(*r, result);
-                         Send(std::move(m));
-                         EndOp();
-                       });
-      return;
-    }
+      return broker_.Ack(FromProto(request.ack()), AnswerWhenDone<absl::Status>(id));
+    case v1::WorkRequest::kAckBatch:
+      return broker_.AckBatch(FromProto(request.ack_batch()),
+                              AnswerWhenDone<absl::StatusOr<std::vector<absl::Status>>>(id));
     case v1::WorkRequest::kFail: {
       absl::StatusOr<core::FailSpec> spec = FromProto(request.fail());
       if (!spec.ok()) return Answer(id, spec.status());
-      BeginOp();
-      broker_.Fail(std::move(*spec), [this, id](absl::StatusOr<core::FailResult> r) {
-        Answer(id, r.status());
-        EndOp();
-      });
-      return;
+      return broker_.Fail(std::move(*spec), AnswerWhenDone<absl::StatusOr<core::FailResult>>(id));
     }
     case v1::WorkRequest::kRelease:
-      BeginOp();
-      broker_.Release(FromProto(request.release()), [this, id](absl::Status s) {
-        Answer(id, s);
-        EndOp();
-      });
-      return;
+      return broker_.Release(FromProto(request.release()), AnswerWhenDone<absl::Status>(id));
     case v1::WorkRequest::kFlow: {
       uint64_t stream;
       {

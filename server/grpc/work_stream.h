@@ -70,6 +70,10 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   absl::Status Authorize(const v1::WorkRequest& request) const;
   void Subscribe(uint64_t request_id, const v1::SubscribeRequest& subscribe);
   void Answer(uint64_t request_id, const absl::Status& status);
+  // Begins an operation (BeginOp) and returns the callback for the broker's answer to it: the
+  // callback answers request `request_id` with that result, then ends the operation.
+  template <typename Result>
+  core::Done<Result> AnswerWhenDone(uint64_t request_id);
   // Each broker call in progress holds the stream open until its answer is queued.
   void BeginOp();
   void EndOp();
