@@ -486,7 +486,7 @@ TEST(BrokerConcurrencyTest, MemoryStoreEndStateAddsUp) {
 }
 
 TEST(BrokerConcurrencyTest, RocksDbStoreEndStateAddsUpAndSurvivesReopen) {
-  storage_test::ScopedTempDir dir;
+  storage::ScopedTempDir dir;
   const std::string path = dir.Sub("db");
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
   std::map<std::string, Kind> jobs;

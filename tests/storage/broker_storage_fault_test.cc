@@ -29,9 +29,6 @@ using ::jobbroker::testing::FakeClock;
 
 namespace {
 
-using storage_test::FaultyEnv;
-using storage_test::FaultyFileSystem;
-using storage_test::ScopedTempDir;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 using Code = absl::StatusCode;

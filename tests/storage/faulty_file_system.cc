@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace jobbroker::storage_test {
+namespace jobbroker::storage {
 namespace {
 
 // Every way of putting bytes on disk asks the file system first.
@@ -111,4 +111,4 @@ rocksdb::IOStatus FaultyFileSystem::ReuseWritableFile(
 FaultyEnv::FaultyEnv()
     : fs(std::make_shared<FaultyFileSystem>()), env(rocksdb::NewCompositeEnv(fs)) {}
 
-}  // namespace jobbroker::storage_test
+}  // namespace jobbroker::storage

@@ -12,7 +12,7 @@
 #include "rocksdb/env.h"
 #include "rocksdb/file_system.h"
 
-namespace jobbroker::storage_test {
+namespace jobbroker::storage {
 
 class FaultyFileSystem final : public rocksdb::FileSystemWrapper {
  public:
@@ -59,4 +59,4 @@ struct FaultyEnv {
   std::unique_ptr<rocksdb::Env> env;
 };
 
-}  // namespace jobbroker::storage_test
+}  // namespace jobbroker::storage

@@ -16,10 +16,6 @@ using ::jobbroker::testing::StatusIs;
 
 namespace {
 
-using storage_test::Dedup;
-using storage_test::FullJob;
-using storage_test::FullPolicy;
-using storage_test::SimpleJob;
 using ::testing::HasSubstr;
 
 TEST(RecordCodecTest, FullJobRoundTrips) {

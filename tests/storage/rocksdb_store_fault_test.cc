@@ -21,11 +21,6 @@ using ::jobbroker::testing::StatusIs;
 
 namespace {
 
-using storage_test::FaultyEnv;
-using storage_test::FaultyFileSystem;
-using storage_test::RecordingVisitor;
-using storage_test::ScopedTempDir;
-using storage_test::SimpleJob;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Code = absl::StatusCode;

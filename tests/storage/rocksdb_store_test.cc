@@ -26,12 +26,6 @@ using ::jobbroker::testing::StatusIs;
 
 namespace {
 
-using storage_test::Dedup;
-using storage_test::FullJob;
-using storage_test::FullPolicy;
-using storage_test::RecordingVisitor;
-using storage_test::ScopedTempDir;
-using storage_test::SimpleJob;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;

@@ -17,7 +17,7 @@
 #include "core/store.h"
 #include "gtest/gtest.h"
 
-namespace jobbroker::storage_test {
+namespace jobbroker::storage {
 
 // A job with every member set to a non-default value, binary and non-UTF-8 bytes in the text
 // fields, a history of attempts, and both infinities among its times. Extend it when Job grows.
@@ -163,4 +163,4 @@ class ScopedTempDir {
   std::filesystem::path path_;
 };
 
-}  // namespace jobbroker::storage_test
+}  // namespace jobbroker::storage
