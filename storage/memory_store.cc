@@ -27,9 +27,6 @@ absl::Status MemoryStore::Write(absl::Span<const core::Transition> transitions) 
   }
 
   absl::MutexLock lock(&mu_);
-  if (writes_before_failure_ == 0) return injected_failure_;
-  if (writes_before_failure_ > 0) --writes_before_failure_;
-
   for (const core::Transition& t : transitions) {
     for (const core::Job& job : t.put_jobs) jobs_.insert_or_assign(job.id, job);
     for (const std::string& id : t.delete_jobs) jobs_.erase(id);
@@ -38,7 +35,6 @@ absl::Status MemoryStore::Write(absl::Span<const core::Transition> transitions) 
     for (const auto& [queue, policy] : t.put_policies) policies_.insert_or_assign(queue, policy);
     for (const std::string& queue : t.delete_policies) policies_.erase(queue);
   }
-  ++successful_writes_;
   return absl::OkStatus();
 }
 
@@ -59,25 +55,6 @@ absl::Status MemoryStore::Recover(core::RecoveryVisitor& visitor) {
   for (core::DedupEntry& entry : dedup) visitor.OnDedup(std::move(entry));
   for (core::Job& job : jobs) visitor.OnJob(std::move(job));
   return absl::OkStatus();
-}
-
-void MemoryStore::FailWritesAfter(int n, absl::Status error) {
-  absl::MutexLock lock(&mu_);
-  writes_before_failure_ = n < 0 ? -1 : n;
-  injected_failure_ = std::move(error);
-}
-
-absl::Status MemoryStore::Resume() {
-  absl::MutexLock lock(&mu_);
-  ++resume_calls_;
-  // A write now would fail: still broken.
-  if (writes_before_failure_ == 0) return injected_failure_;
-  return absl::OkStatus();
-}
-
-int64_t MemoryStore::resume_calls() const {
-  absl::MutexLock lock(&mu_);
-  return resume_calls_;
 }
 
 absl::StatusOr<core::Job> MemoryStore::ReadJob(const std::string& id) {
@@ -106,11 +83,6 @@ size_t MemoryStore::dedup_count() const {
 size_t MemoryStore::policy_count() const {
   absl::MutexLock lock(&mu_);
   return policies_.size();
-}
-
-int64_t MemoryStore::successful_writes() const {
-  absl::MutexLock lock(&mu_);
-  return successful_writes_;
 }
 
 }  // namespace jobbroker::storage

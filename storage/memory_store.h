@@ -36,40 +36,25 @@ class MemoryStore final : public core::Store {
   MemoryStore& operator=(const MemoryStore&) = delete;
 
   // OK, or kInvalidArgument (nothing applied) if a dedup put or delete names a queue containing
-  // '\0' (RocksDbStore cannot key it), or FailWritesAfter's error (nothing applied) once its
-  // budget is spent.
+  // '\0' (RocksDbStore cannot key it).
   absl::Status Write(absl::Span<const core::Transition> transitions) override;
   absl::StatusOr<core::Job> ReadJob(const std::string& id) override;
   // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
   absl::Status Recover(core::RecoveryVisitor& visitor) override;
-  // OK unless FailWritesAfter's budget is spent (then its error): nothing else can break.
-  absl::Status Resume() override;
+  // Always OK: nothing in memory can break. (tests/testing/faulty_store.h makes writes fail.)
+  absl::Status Resume() override { return absl::OkStatus(); }
 
-  // Fault injection (LevelDB SpecialEnv style): after `n` more successful Write calls (an empty
-  // span counts), every Write returns `error` and applies nothing. n = 0 fails the next write; a
-  // negative n turns injection off again.
-  void FailWritesAfter(int n,
-                       absl::Status error = absl::UnavailableError("injected write failure"));
-
-  // Inspection for tests: the stored job, if any; counts of stored records; Write calls that
-  // returned OK.
+  // Inspection for tests: the stored job, if any; counts of stored records.
   std::optional<core::Job> FindJob(absl::string_view id) const;
   size_t job_count() const;
   size_t dedup_count() const;
   size_t policy_count() const;
-  int64_t successful_writes() const;
-  int64_t resume_calls() const;
 
  private:
   mutable absl::Mutex mu_;
   std::map<std::string, core::Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<std::string, std::string>, core::DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, core::PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
-  // Write calls left before injected failures start; negative = never.
-  int writes_before_failure_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Status injected_failure_ ABSL_GUARDED_BY(mu_);
-  int64_t successful_writes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t resume_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace jobbroker::storage

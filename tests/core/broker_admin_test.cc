@@ -44,7 +44,7 @@ struct Written {
 // writes back (Close) to show what happens while one is in progress.
 class RecordingStore final : public Store {
  public:
-  explicit RecordingStore(storage::MemoryStore& inner) : inner_(inner) {}
+  explicit RecordingStore(Store& inner) : inner_(inner) {}
 
   absl::Status Write(absl::Span<const Transition> transitions) override {
     {
@@ -84,7 +84,7 @@ class RecordingStore final : public Store {
   }
 
  private:
-  storage::MemoryStore& inner_;
+  Store& inner_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   int blocked_ ABSL_GUARDED_BY(mu_) = 0;
@@ -574,6 +574,28 @@ TEST_F(BrokerAdminTest, PauseStopsLeasingAndResumeServesWaitingWorkers) {
   ASSERT_TRUE(got.has_value()) << "a waiting Lease is served as soon as the queue resumes";
   ASSERT_TRUE(got->ok());
   EXPECT_THAT(**got, SizeIs(2));
+}
+
+TEST_F(BrokerAdminTest, APauseLeavesRunningJobsAloneAndResumeServesTheLineInOrder) {
+  for (int i = 0; i < 3; ++i) Enqueue("q");
+  LeasedJob running = LeaseOne("q");
+  ASSERT_TRUE(broker_->SetQueuePaused("q", true).ok());
+  EXPECT_TRUE(broker_->Ack(AckSpec{running.job_id, running.lease_id, ""}).ok())
+      << "a job leased before the pause finishes as usual";
+  EXPECT_EQ(Get(running.job_id).state, JobState::kCompleted);
+  Enqueue("q");
+
+  std::optional<absl::StatusOr<std::vector<LeasedJob>>> first, second;
+  broker_->Lease(LeaseSpec{"q", "first", 1, {}}, absl::Seconds(30),
+                 [&](absl::StatusOr<std::vector<LeasedJob>> r) { first = std::move(r); });
+  broker_->Lease(LeaseSpec{"q", "second", 10, {}}, absl::Seconds(30),
+                 [&](absl::StatusOr<std::vector<LeasedJob>> r) { second = std::move(r); });
+  EXPECT_EQ(broker_->GetQueue("q")->waiting_leases, 2);
+  ASSERT_TRUE(broker_->SetQueuePaused("q", false).ok());
+  ASSERT_TRUE(first.has_value() && first->ok());
+  ASSERT_TRUE(second.has_value() && second->ok());
+  EXPECT_THAT(**first, SizeIs(1)) << "the first in line is served first, with what it asked";
+  EXPECT_THAT(**second, SizeIs(2)) << "the next takes the rest";
 }
 
 TEST_F(BrokerAdminTest, PauseIsPersistedAndSurvivesARestart) {

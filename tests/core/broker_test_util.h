@@ -10,6 +10,7 @@
 #include "storage/memory_store.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/faulty_store.h"
 
 namespace jobbroker::core {
 
@@ -84,7 +85,7 @@ class BrokerFixture : public ::testing::Test {
   }
 
   FakeClock clock_;
-  storage::MemoryStore store_;
+  testing::FaultyStore store_;
   double uniform_ = 0.5;
   PolicyOverride default_policy_;
   std::map<std::string, PolicyOverride> queue_policies_;

@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "storage/memory_store.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/faulty_store.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::core {
@@ -113,7 +114,7 @@ class CountingObserver : public BrokerObserver {
 };
 
 TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
-  storage::MemoryStore store;
+  testing::FaultyStore store;
   store.FailWritesAfter(1);
   FakeClock clock(absl::FromUnixSeconds(1000));
   CountingObserver observer;
@@ -133,7 +134,7 @@ TEST(CommitPipelineTest, AFailedWriteFailsItsWaitersAndStopsThePipeline) {
 // Reset() after a failure: what was appended meanwhile is dropped for good (also for a waiter
 // that asks only afterwards), and later appends are written again.
 TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain) {
-  storage::MemoryStore store;
+  testing::FaultyStore store;
   std::vector<absl::Status> hooked;
   CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground, nullptr, nullptr,
                           [&](const absl::Status& s) { hooked.push_back(s); });

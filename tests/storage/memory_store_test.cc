@@ -1,10 +1,12 @@
-// MemoryStore's test hooks; its Store behaviour is covered by store_conformance_test.cc.
+// MemoryStore's inspection, and the fault injection tests/testing/faulty_store.h puts in front of
+// it; MemoryStore's Store behaviour is covered by store_conformance_test.cc.
 
 #include "storage/memory_store.h"
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/storage/storage_test_util.h"
+#include "tests/testing/faulty_store.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::storage {
@@ -14,22 +16,20 @@ using ::jobbroker::testing::StatusIs;
 
 namespace {
 
-using storage_test::Dedup;
-using storage_test::RecordingVisitor;
-using storage_test::SimpleJob;
-
 core::Transition PutJob(const std::string& id) {
   core::Transition t;
   t.put_jobs = {SimpleJob(id)};
   return t;
 }
 
-absl::Status WriteOne(MemoryStore& store, const core::Transition& t) {
+absl::Status WriteOne(core::Store& store, const core::Transition& t) {
   return store.Write({&t, 1});
 }
 
-TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothing) {
-  MemoryStore store;
+using FaultyStore = ::jobbroker::testing::FaultyStore;
+
+TEST(FaultyStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothing) {
+  FaultyStore store;
   store.FailWritesAfter(2);
   EXPECT_THAT(WriteOne(store, PutJob("a")), IsOk());
   EXPECT_THAT(store.Write({}), IsOk());  // an empty write counts too
@@ -45,8 +45,8 @@ TEST(MemoryStoreTest, FailWritesAfterLetsNWritesThroughThenFailsAndAppliesNothin
   EXPECT_EQ(store.successful_writes(), 2);
 }
 
-TEST(MemoryStoreTest, FailWritesAfterZeroFailsTheNextWriteAndNegativeHeals) {
-  MemoryStore store;
+TEST(FaultyStoreTest, FailWritesAfterZeroFailsTheNextWriteAndNegativeHeals) {
+  FaultyStore store;
   store.FailWritesAfter(0);
   EXPECT_THAT(WriteOne(store, PutJob("a")), StatusIs(absl::StatusCode::kUnavailable));
   store.FailWritesAfter(-1);
@@ -54,8 +54,8 @@ TEST(MemoryStoreTest, FailWritesAfterZeroFailsTheNextWriteAndNegativeHeals) {
   EXPECT_EQ(store.job_count(), 1u);
 }
 
-TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
-  MemoryStore store;
+TEST(FaultyStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
+  FaultyStore store;
   ASSERT_THAT(WriteOne(store, PutJob("keep")), IsOk());
   store.FailWritesAfter(0);
   core::Transition del;
@@ -69,6 +69,15 @@ TEST(MemoryStoreTest, FailedMultiTransitionWriteAppliesNoneOfIt) {
   EXPECT_EQ(store.job_count(), 1u);
   EXPECT_EQ(store.dedup_count(), 0u);
   EXPECT_EQ(store.policy_count(), 0u);
+}
+
+TEST(FaultyStoreTest, ResumeIsCountedAndFailsWhileAWriteWould) {
+  FaultyStore store;
+  store.FailWritesAfter(0, absl::ResourceExhaustedError("disk full"));
+  EXPECT_THAT(store.Resume(), StatusIs(absl::StatusCode::kResourceExhausted));
+  store.FailWritesAfter(-1);
+  EXPECT_THAT(store.Resume(), IsOk());
+  EXPECT_EQ(store.resume_calls(), 2);
 }
 
 // The store is the state that survives a "restart": a second reader sees what the first wrote.
