@@ -23,10 +23,12 @@
 #include "tests/crash/checker.h"
 #include "tests/crash/final_state.h"
 #include "tests/crash/line_log.h"
-#include "tests/crash/process.h"
+#include "tests/testing/child_process.h"
 
 namespace jobbroker::crash {
 namespace {
+
+using ::jobbroker::testing::ChildProcess;
 
 constexpr char kQueues[] = "crash.a,crash.b";
 constexpr char kServingPrefix[] = "jobbroker: serving ";
@@ -123,7 +125,7 @@ class Driver {
     int slot = 0;
     int incarnation = 0;
     std::string instance;
-    std::unique_ptr<Process> process;
+    std::unique_ptr<ChildProcess> process;
     bool stopped = false;
     absl::Time cont_at;
     absl::Time restart_at;  // while dead
@@ -131,7 +133,7 @@ class Driver {
 
   struct ProducerSlot {
     std::string name;
-    std::unique_ptr<Process> process;
+    std::unique_ptr<ChildProcess> process;
     bool exited = false;
   };
 
@@ -194,7 +196,7 @@ class Driver {
       args.push_back("--max-hot-jobs");
       args.push_back(HotJobs());
     }
-    absl::StatusOr<std::unique_ptr<Process>> p = Process::Spawn(args, output);
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(args, output);
     if (!p.ok()) return p.status();
     broker_ = *std::move(p);
     const absl::Time deadline = absl::Now() + kBrokerStartTimeout;
@@ -226,12 +228,12 @@ class Driver {
   absl::Status StartWorker(WorkerSlot& w) {
     ++w.incarnation;
     w.instance = absl::StrCat("w", w.slot, ".", w.incarnation);
-    absl::StatusOr<std::unique_ptr<Process>> p =
-        Process::Spawn({options_.self_exe, "worker", "--address", address_, "--log",
-                        absl::StrCat(out_, "/worker-", w.instance, ".log"), "--id", w.instance,
-                        "--seed", absl::StrCat(ChildSeed()), "--queues", kQueues, "--heartbeat",
-                        Seconds(options_.lease / 4)},
-                       absl::StrCat(out_, "/worker-", w.instance, ".out"));
+    absl::StatusOr<std::unique_ptr<ChildProcess>> p =
+        ChildProcess::Start({options_.self_exe, "worker", "--address", address_, "--log",
+                             absl::StrCat(out_, "/worker-", w.instance, ".log"), "--id", w.instance,
+                             "--seed", absl::StrCat(ChildSeed()), "--queues", kQueues,
+                             "--heartbeat", Seconds(options_.lease / 4)},
+                            absl::StrCat(out_, "/worker-", w.instance, ".out"));
     if (!p.ok()) return p.status();
     w.process = *std::move(p);
     w.stopped = false;
@@ -247,12 +249,12 @@ class Driver {
       ProducerSlot p;
       p.name = absl::StrCat("p", i + 1);
       const int jobs = per_producer + (i < options_.jobs % options_.producers ? 1 : 0);
-      absl::StatusOr<std::unique_ptr<Process>> process =
-          Process::Spawn({options_.self_exe, "producer", "--address", address_, "--log",
-                          absl::StrCat(out_, "/producer-", p.name, ".log"), "--name", p.name,
-                          "--jobs", absl::StrCat(jobs), "--seed", absl::StrCat(ChildSeed()),
-                          "--spread", Seconds(spread), "--queues", kQueues},
-                         absl::StrCat(out_, "/producer-", p.name, ".out"));
+      absl::StatusOr<std::unique_ptr<ChildProcess>> process =
+          ChildProcess::Start({options_.self_exe, "producer", "--address", address_, "--log",
+                               absl::StrCat(out_, "/producer-", p.name, ".log"), "--name", p.name,
+                               "--jobs", absl::StrCat(jobs), "--seed", absl::StrCat(ChildSeed()),
+                               "--spread", Seconds(spread), "--queues", kQueues},
+                              absl::StrCat(out_, "/producer-", p.name, ".out"));
       if (!process.ok()) return process.status();
       p.process = *std::move(process);
       producers_.push_back(std::move(p));
@@ -320,7 +322,7 @@ class Driver {
       log_->Write({"WORKER_KILL", w.instance, absl::StrCat(pid)});
       w.restart_at = absl::Now() + Uniform(absl::Milliseconds(100), kWorkerDeadMax);
     } else {
-      if (absl::Status s = w.process->Stop(); !s.ok()) {
+      if (absl::Status s = w.process->Pause(); !s.ok()) {
         return absl::InternalError(absl::StrCat("stopping ", w.instance, ": ", s.message()));
       }
       w.stopped = true;
@@ -395,7 +397,7 @@ class Driver {
     }
     for (auto& w : workers_) {
       if (w->process == nullptr) continue;
-      const int code = w->process->Terminate(absl::Seconds(10));
+      const int code = w->process->Stop(absl::Seconds(10)).value_or(-1);
       if (code != 0) {
         problems_.push_back(
             absl::StrCat("worker ", w->instance, " ended with code ", code, " on SIGTERM"));
@@ -441,7 +443,7 @@ class Driver {
     for (const std::string& gap : final_state->list_gaps) {
       problems_.push_back(absl::StrCat("admin views disagree: ", gap));
     }
-    const int broker_code = broker_->Terminate(absl::Seconds(30));
+    const int broker_code = broker_->Stop(absl::Seconds(30)).value_or(-1);
     if (broker_code != 0) {
       problems_.push_back(absl::StrCat("the last broker exited with code ", broker_code,
                                        " on SIGTERM; see ", out_, "/broker-", broker_generation_,
@@ -490,7 +492,7 @@ class Driver {
   std::string config_path_;
   std::string address_;
   std::unique_ptr<LineLog> log_;
-  std::unique_ptr<Process> broker_;
+  std::unique_ptr<ChildProcess> broker_;
   int broker_generation_ = 0;
   int broker_kills_ = 0;
   std::vector<std::unique_ptr<WorkerSlot>> workers_;

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,52 +31,6 @@ namespace {
 
 constexpr char kServingPrefix[] = "jobbroker: serving ";
 constexpr int kMaxMessageBytes = 64 << 20;
-
-// Everything the child needs, built before fork(): after fork only async-signal-safe calls are
-// allowed in the child, since the test process has other threads (gRPC's among them).
-struct ExecPlan {
-  std::string binary;
-  std::vector<std::string> args;  // without argv[0]
-  std::string stdout_path;        // used when stdout_fd < 0
-  std::string stderr_path;
-
-  std::vector<char*> Argv() {
-    std::vector<char*> argv;
-    argv.push_back(binary.data());
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    return argv;
-  }
-};
-
-// Forks and execs `plan`. The child's stdout goes to `stdout_fd` if >= 0, else to
-// plan.stdout_path. Returns the child's pid.
-absl::StatusOr<pid_t> Spawn(ExecPlan& plan, int stdout_fd) {
-  std::vector<char*> argv = plan.Argv();
-  const char* stdout_path = plan.stdout_path.c_str();
-  const char* stderr_path = plan.stderr_path.c_str();
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork");
-  if (pid == 0) {
-    // Child: async-signal-safe calls only until execv.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
-    const int in = open("/dev/null", O_RDONLY);
-    if (in >= 0) dup2(in, STDIN_FILENO);
-    const int out =
-        stdout_fd >= 0 ? stdout_fd : open(stdout_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int err = open(stderr_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || err < 0) _exit(125);
-    dup2(out, STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execv(argv[0], argv.data());
-    static constexpr char kMsg[] = "broker_process: execv failed\n";
-    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
-    _exit(127);
-  }
-  return pid;
-}
 
 }  // namespace
 
@@ -163,23 +116,18 @@ absl::Status BrokerProcess::Launch() {
     stdout_eof_ = false;
   }
 
-  ExecPlan plan;
-  plan.binary = BrokerBinaryPath();
-  plan.args = {"--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--data-dir", data_dir_};
+  std::vector<std::string> argv = {BrokerBinaryPath(), "--listen",   "127.0.0.1:0", "--http-listen",
+                                   "127.0.0.1:0",      "--data-dir", data_dir_};
   if (!config_path_.empty()) {
-    plan.args.push_back("--config");
-    plan.args.push_back(config_path_);
+    argv.push_back("--config");
+    argv.push_back(config_path_);
   }
-  for (const std::string& a : options_.extra_args) plan.args.push_back(a);
-  plan.stderr_path = stderr_path_;
-  if (access(plan.binary.c_str(), X_OK) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("broker binary ", plan.binary, " is not executable: ", std::strerror(errno)));
-  }
+  for (const std::string& a : options_.extra_args) argv.push_back(a);
 
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2");
-  absl::StatusOr<pid_t> pid = Spawn(plan, fds[1]);
+  absl::StatusOr<pid_t> pid = SpawnChild(
+      std::move(argv), {.stdout_fd = fds[1], .stderr_path = stderr_path_, .truncate = true});
   close(fds[1]);
   if (!pid.ok()) {
     close(fds[0]);
@@ -226,7 +174,7 @@ absl::Status BrokerProcess::Launch() {
       JoinReader();
     }
     return absl::UnavailableError(
-        absl::StrCat("jobbroker (", plan.binary, ") ", how, "\n", DescribeOutput()));
+        absl::StrCat("jobbroker (", BrokerBinaryPath(), ") ", how, "\n", DescribeOutput()));
   }
 
   for (absl::string_view token :
@@ -326,18 +274,18 @@ absl::StatusOr<ExitResult> RunBrokerToExit(const TempDir& dir, const std::vector
                                            absl::Duration timeout) {
   static std::atomic<int> counter{0};
   const int n = counter.fetch_add(1);
-  ExecPlan plan;
-  plan.binary = BrokerBinaryPath();
-  plan.args = args;
-  plan.stdout_path = absl::StrCat(dir.path(), "/run-", n, ".stdout");
-  plan.stderr_path = absl::StrCat(dir.path(), "/run-", n, ".stderr");
-  absl::StatusOr<pid_t> pid = Spawn(plan, -1);
+  std::vector<std::string> argv = {BrokerBinaryPath()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const ChildStreams streams = {.stdout_path = absl::StrCat(dir.path(), "/run-", n, ".stdout"),
+                                .stderr_path = absl::StrCat(dir.path(), "/run-", n, ".stderr"),
+                                .truncate = true};
+  absl::StatusOr<pid_t> pid = SpawnChild(std::move(argv), streams);
   if (!pid.ok()) return pid.status();
   absl::StatusOr<int> status = WaitPid(*pid, timeout);
   ExitResult result;
   if (!status.ok()) KillAndReap(*pid);
-  result.stdout_text = ReadWholeFile(plan.stdout_path);
-  result.stderr_text = ReadWholeFile(plan.stderr_path);
+  result.stdout_text = ReadWholeFile(streams.stdout_path);
+  result.stderr_text = ReadWholeFile(streams.stderr_path);
   if (!status.ok()) {
     return absl::DeadlineExceededError(
         absl::StrCat("jobbroker still running after ", absl::FormatDuration(timeout),

@@ -12,11 +12,11 @@
 
 namespace jobbroker::testing {
 
-// A helper program (Prometheus, say) run as a child process for the length of a test, with its
-// stdout and stderr in one log file. The destructor stops a child still running (SIGTERM, then
-// SIGKILL after 10 s). The child also gets SIGKILL if the thread that started it exits
-// (PR_SET_PDEATHSIG), so a crashed test leaves nothing behind: start it from the test's main
-// thread. Not thread-safe.
+// A helper program (Prometheus, say; the crash harness's broker, producers and workers) run as a
+// child process for the length of a test, with its stdout and stderr in one log file. The
+// destructor stops a child still running (SIGTERM, then SIGKILL after 10 s). The child also gets
+// SIGKILL if the thread that started it exits (PR_SET_PDEATHSIG), so a crashed test leaves nothing
+// behind: start it from the test's main thread. Not thread-safe.
 class ChildProcess {
  public:
   // Execs `argv` (argv[0] is the program's path) with stdin from /dev/null and stdout and stderr
@@ -29,11 +29,20 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   pid_t pid() const { return pid_; }
-  // False once the child has exited (it is reaped then).
+  // False once the child has exited (it is reaped then, and exit_code() says how it ended).
   bool Running();
+  // Exit code, or 128 + signal number if a signal ended it; -1 while it runs.
+  int exit_code() const { return exit_code_; }
   // SIGTERM, up to `grace` for the exit, then SIGKILL. Returns the exit code, or 128 + signal
   // number if a signal ended it; FAILED_PRECONDITION if it had already been stopped.
+  // A paused child is continued first.
   absl::StatusOr<int> Stop(absl::Duration grace = absl::Seconds(10));
+  // SIGKILL, then reaps: when this returns the child is gone and wrote its last byte.
+  void Kill9();
+  // SIGSTOP, then waits until the kernel reports the child stopped (every thread of it).
+  absl::Status Pause();
+  // SIGCONT.
+  absl::Status Continue();
   // What the child wrote so far.
   std::string ReadLog() const;
 

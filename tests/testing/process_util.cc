@@ -1,7 +1,10 @@
 #include "tests/testing/process_util.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -12,6 +15,42 @@
 #include "absl/time/clock.h"
 
 namespace jobbroker::testing {
+
+absl::StatusOr<pid_t> SpawnChild(std::vector<std::string> argv, const ChildStreams& streams) {
+  if (argv.empty()) return absl::InvalidArgumentError("empty argv");
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(argv[0], " is not executable: ", std::strerror(errno)));
+  }
+  // Everything the child touches is prepared before fork(): the parent has other threads
+  // (gRPC's), so the child may only make async-signal-safe calls until execv.
+  std::vector<char*> args;
+  for (std::string& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const char* stdin_path = streams.stdin_path.c_str();
+  const char* stdout_path = streams.stdout_path.c_str();
+  const char* stderr_path = streams.stderr_path.empty() ? nullptr : streams.stderr_path.c_str();
+  const int flags = O_WRONLY | O_CREAT | (streams.truncate ? O_TRUNC : O_APPEND);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(126);  // the parent died before prctl took effect
+    const int in = open(stdin_path, O_RDONLY);
+    const int out = streams.stdout_fd >= 0 ? streams.stdout_fd : open(stdout_path, flags, 0644);
+    const int err = stderr_path == nullptr ? out : open(stderr_path, flags, 0644);
+    if (in < 0 || out < 0 || err < 0) _exit(125);
+    dup2(in, STDIN_FILENO);
+    dup2(out, STDOUT_FILENO);
+    dup2(err, STDERR_FILENO);
+    execv(args[0], args.data());
+    static constexpr char kMsg[] = "execv failed\n";
+    (void)!write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+    _exit(127);
+  }
+  return pid;
+}
 
 absl::Status ErrnoError(absl::string_view what) {
   return absl::InternalError(absl::StrCat(what, ": ", std::strerror(errno)));

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -11,7 +12,23 @@
 
 namespace jobbroker::testing {
 
-// Small helpers shared by BrokerProcess and ChildProcess.
+// Small helpers shared by BrokerProcess, ChildProcess and the crash harness.
+
+// Where a spawned child's standard streams go: stdin from `stdin_path`; stdout to `stdout_fd`
+// if it is >= 0, else to the file `stdout_path`; stderr to the file `stderr_path`, or with
+// stdout if that is empty. Files are appended to, or truncated first if `truncate`.
+struct ChildStreams {
+  std::string stdin_path = "/dev/null";
+  int stdout_fd = -1;
+  std::string stdout_path;
+  std::string stderr_path;
+  bool truncate = false;
+};
+
+// Forks and execs `argv` (argv[0] is the program's path) with `streams`. The child gets SIGKILL
+// if the thread that spawned it exits (PR_SET_PDEATHSIG), so a crashed parent leaves nothing
+// behind. FAILED_PRECONDITION if argv[0] is not executable; the child's pid otherwise.
+absl::StatusOr<pid_t> SpawnChild(std::vector<std::string> argv, const ChildStreams& streams);
 
 // INTERNAL "<what>: <strerror(errno)>".
 absl::Status ErrnoError(absl::string_view what);
