@@ -49,6 +49,7 @@
 namespace jobbroker::bench {
 namespace {
 
+// jobbroker::bench::v1 is the echo server's API; the broker's is meant here.
 namespace v1 = ::jobbroker::v1;
 
 // The header a mixed run uses to carry each job's enqueue time to the worker.

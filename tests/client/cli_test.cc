@@ -30,6 +30,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/matchers.h"
 
 extern char** environ;
 
@@ -39,17 +40,6 @@ extern char** environ;
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::AllOf;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::Not;
-using ::testing::Pair;
-using ::testing::SizeIs;
-using ::testing::StartsWith;
-using ::testing::UnorderedElementsAre;
 
 struct CliResult {
   int exit_code = -1;

@@ -27,7 +27,6 @@
 namespace jobbroker::client {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using ::jobbroker::testing::BrokerClient;
 using ::jobbroker::testing::BrokerProcess;
 using ::jobbroker::testing::BrokerProcessOptions;

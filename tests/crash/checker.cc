@@ -16,8 +16,6 @@
 namespace jobbroker::crash {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 // Splits `text` into complete lines; counts a last line without its newline as torn.
 std::vector<absl::string_view> CompleteLines(absl::string_view text, CrashLogs& logs) {
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');

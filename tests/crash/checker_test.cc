@@ -15,7 +15,6 @@
 namespace jobbroker::crash {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::Field;

@@ -10,8 +10,6 @@
 namespace jobbroker::crash {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 constexpr absl::Duration kCallDeadline = absl::Seconds(30);
 
 void SetDeadline(grpc::ClientContext& ctx) {

@@ -14,8 +14,6 @@
 namespace jobbroker::crash {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 constexpr absl::Duration kCallDeadline = absl::Seconds(5);
 // Attempts of a job that fails on every attempt: few, so that it dies quickly.
 constexpr int kExhaustAttempts = 3;

@@ -25,8 +25,6 @@
 namespace jobbroker::crash {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 using WorkStream = grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>;
 
 // An ack or fail the worker owes the broker until the broker answers it.

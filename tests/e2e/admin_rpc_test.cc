@@ -15,15 +15,10 @@
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::AllOf;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::SizeIs;
 
 constexpr char kQueue[] = "ops";
 constexpr absl::Duration kWait = absl::Seconds(10);

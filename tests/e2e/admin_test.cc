@@ -13,14 +13,10 @@
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::HasSubstr;
-using ::testing::Not;
-using ::testing::SizeIs;
 
 constexpr char kQueue[] = "admin";
 constexpr absl::Duration kWait = absl::Seconds(10);

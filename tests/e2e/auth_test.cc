@@ -26,16 +26,11 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/matchers.h"
 #include "tests/testing/test_pki.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::AllOf;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::Not;
 
 constexpr char kProducerToken[] = "jb-producer-4a7c91";
 constexpr char kWorkerToken[] = "jb-worker-b83e02";

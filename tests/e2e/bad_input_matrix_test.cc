@@ -33,17 +33,14 @@
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/matchers.h"
 #include "tests/testing/work_stream_client.h"
 
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using ::google::protobuf::Descriptor;
 using ::google::protobuf::FieldDescriptor;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::StartsWith;
 using Code = ::grpc::StatusCode;
 
 constexpr char kQueue[] = "matrix";           // one ACTIVE and one READY job

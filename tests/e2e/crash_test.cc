@@ -17,12 +17,10 @@
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::SizeIs;
 
 // Retries due almost at once, exactly (no jitter); completed jobs are all kept, so that every
 // acknowledged job can still be found after the test acked it.

@@ -16,14 +16,10 @@
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using ::testing::SizeIs;
 
 constexpr char kJson[] = "Content-Type: application/json";
 

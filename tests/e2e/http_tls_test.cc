@@ -11,13 +11,11 @@
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/matchers.h"
 #include "tests/testing/test_pki.h"
 
 namespace jobbroker::testing {
 namespace {
-
-using ::testing::HasSubstr;
-using ::testing::Not;
 
 class HttpTlsTest : public TlsBrokerFixture {
  protected:

@@ -24,8 +24,6 @@ extern char** environ;
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 constexpr int kUsers = 20;
 constexpr char kConfig[] = R"({
   "defaultPolicy": {

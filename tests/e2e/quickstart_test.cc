@@ -16,8 +16,6 @@
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 using ExamplesTest = BrokerFixture;
 
 TEST_F(ExamplesTest, QuickstartEnqueuesWorksAndCompletesAJob) {

@@ -22,12 +22,10 @@
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::HasSubstr;
 
 using ServerTest = BrokerFixture;
 

@@ -31,13 +31,10 @@
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
 namespace {
-
-namespace v1 = ::jobbroker::v1;
-using ::testing::AnyOf;
-using ::testing::HasSubstr;
 
 constexpr char kQueue[] = "big";
 // A full disk shows within a few dozen of these; under the 1 MiB default payload limit.

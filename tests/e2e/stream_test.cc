@@ -15,7 +15,6 @@
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using ::grpc::StatusCode;
 
 // Retries due almost at once and exactly, so lease-expiry tests wait little.

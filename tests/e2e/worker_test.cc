@@ -17,7 +17,6 @@
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using client::JobContext;
 using client::Worker;
 using client::WorkerOptions;

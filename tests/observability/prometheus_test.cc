@@ -35,7 +35,6 @@
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 

@@ -38,8 +38,6 @@
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
-
 const std::string kAlertsFile = absl::StrCat(JOBBROKER_SOURCE_DIR, "/deploy/prometheus/alerts.yml");
 const std::string kAlertsTestFile =
     absl::StrCat(JOBBROKER_SOURCE_DIR, "/deploy/prometheus/alerts_test.yml");

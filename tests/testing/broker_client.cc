@@ -7,8 +7,6 @@
 
 namespace jobbroker::testing {
 
-namespace v1 = ::jobbroker::v1;
-
 std::string CodeName(grpc::StatusCode code) {
   switch (code) {
     case grpc::StatusCode::OK:

@@ -19,6 +19,7 @@
 #include "jobbroker/proto_time.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "tests/testing/status_matchers.h"
 
 namespace jobbroker::testing {
 
@@ -34,29 +35,6 @@ inline absl::Duration FromProto(const google::protobuf::Duration& d) {
 
 // "NOT_FOUND" etc., for failure messages.
 std::string CodeName(grpc::StatusCode code);
-
-// Matchers on grpc::Status, so that a failure prints the code name and the message.
-MATCHER(IsOk, "is OK") {
-  if (arg.ok()) return true;
-  *result_listener << "status is " << CodeName(arg.error_code()) << ": " << arg.error_message();
-  return false;
-}
-
-MATCHER_P(StatusIs, code, absl::StrCat("has code ", CodeName(code))) {
-  if (arg.error_code() == code) return true;
-  *result_listener << "status is " << CodeName(arg.error_code()) << ": " << arg.error_message();
-  return false;
-}
-
-MATCHER_P2(StatusIs, code, message_matcher,
-           absl::StrCat("has code ", CodeName(code), " and a message that ",
-                        ::testing::DescribeMatcher<std::string>(message_matcher))) {
-  *result_listener << "status is " << CodeName(arg.error_code()) << ": \"" << arg.error_message()
-                   << "\"";
-  return arg.error_code() == code &&
-         ::testing::Matches(::testing::SafeMatcherCast<const std::string&>(message_matcher))(
-             arg.error_message());
-}
 
 // The Broker and Admin APIs with a deadline on every call, so a hung broker fails a test instead
 // of stalling it until the ctest timeout. Thread-safe (the stubs are).

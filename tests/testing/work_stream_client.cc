@@ -5,8 +5,6 @@
 
 namespace jobbroker::testing {
 
-namespace v1 = ::jobbroker::v1;
-
 WorkStreamClient::WorkStreamClient(v1::Broker::Stub& stub) {
   stream_ = stub.Work(&ctx_);
   reader_ = std::thread([this] { ReadLoop(); });
