@@ -118,6 +118,21 @@ TEST_F(BrokerPolicyTest, RateLimitIsATokenBucket) {
   EXPECT_EQ(Leasable("q"), 4u) << "never more than the burst";
 }
 
+TEST_F(BrokerPolicyTest, ARateLimitChangeStartsAFullBucketOfTheNewSize) {
+  PolicyOverride p;
+  p.rate_per_second = 2;
+  p.rate_burst = 2;
+  SetPolicy("q", p);
+  for (int i = 0; i < 10; ++i) Enqueue("q");
+  EXPECT_EQ(Leasable("q"), 2u);
+  EXPECT_EQ(Leasable("q"), 0u) << "the bucket is empty";
+  PolicyOverride bigger;
+  bigger.rate_burst = 3;
+  SetPolicy("q", bigger);
+  EXPECT_EQ(Leasable("q"), 3u) << "no time passed: the new bucket starts full";
+  EXPECT_EQ(Leasable("q"), 0u);
+}
+
 TEST_F(BrokerPolicyTest, RateLimitedWaitersAreServedWhenATokenComesBack) {
   PolicyOverride p;
   p.rate_per_second = 1;

@@ -572,6 +572,37 @@ TEST_F(BrokerTest, FullQueueRefusesEnqueue) {
   EXPECT_THAT(broker_->GetQueue("other"), StatusIs(Code::kNotFound));
 }
 
+// What counts toward max_length: every job not yet finished (READY, SCHEDULED, ACTIVE); an
+// enqueue answered by its dedup key adds nothing, so a full queue still answers it; a finished
+// job makes room for exactly one.
+TEST_F(BrokerTest, MaxLengthCountsUnfinishedJobsOnly) {
+  PolicyOverride p;
+  p.max_length = 3;
+  ASSERT_TRUE(broker_->UpdateQueuePolicy("q", p).ok());
+  Enqueue("q");
+  ASSERT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q", .delay = absl::Hours(1)}).ok());
+  const EnqueueSpec keyed{.queue = "q", .payload = "keyed", .dedup_key = "k"};
+  auto first = broker_->Enqueue(keyed);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kResourceExhausted))
+      << "READY, SCHEDULED and a keyed job make 3";
+
+  auto again = broker_->Enqueue(keyed);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->deduplicated);
+  EXPECT_EQ(again->job_id, first->job_id);
+
+  LeasedJob running = LeaseOne("q");
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kResourceExhausted))
+      << "an ACTIVE job still counts";
+  ASSERT_TRUE(broker_->Ack(AckSpec{running.job_id, running.lease_id, ""}).ok());
+  EXPECT_THAT(broker_->EnqueueBatch(std::vector<EnqueueSpec>(2, EnqueueSpec{.queue = "q"})),
+              StatusIs(Code::kResourceExhausted))
+      << "room for one, not two";
+  EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q"}).ok());
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q"}), StatusIs(Code::kResourceExhausted));
+}
+
 TEST_F(BrokerTest, PayloadsAreHeldToTheQueuesMaxPayloadBytes) {
   const std::string one_mib(1 << 20, 'x');
   EXPECT_TRUE(broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = one_mib}).ok());

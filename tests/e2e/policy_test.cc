@@ -28,17 +28,13 @@
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/matchers.h"
 #include "tests/testing/work_stream_client.h"
 
 namespace jobbroker::testing {
 namespace {
 
-namespace v1 = ::jobbroker::v1;
 using ::grpc::StatusCode;
-using ::testing::AllOf;
-using ::testing::HasSubstr;
-using ::testing::IsEmpty;
-using ::testing::SizeIs;
 
 // Long enough for anything the broker does on its own (a tick, a sweep) on a loaded machine.
 constexpr absl::Duration kWait = absl::Seconds(10);
@@ -619,20 +615,12 @@ TEST_F(PolicyTest, MaxPayloadBytesIsPerQueueWithA1MiBDefault) {
 // ---------------------------------------------------------------------------------------------
 // max_length
 
+// What counts toward the length (SCHEDULED and ACTIVE jobs do, a deduplicated enqueue and
+// finished jobs do not) is core's (BrokerTest.MaxLengthCountsUnfinishedJobsOnly).
 TEST_F(PolicyTest, MaxLengthRefusesEnqueuesBeyondItAndWritesNothingHalfway) {
   ASSERT_NO_FATAL_FAILURE(StartBroker(R"({"queues": {"short": {"maxLength": 3}}})"));
-  client().MustEnqueue("short");
-  v1::EnqueueRequest delayed;
-  delayed.set_queue("short");
-  *delayed.mutable_delay() = ToProto(absl::Hours(1));
-  client().MustEnqueue(delayed);  // SCHEDULED jobs count too
-  v1::EnqueueRequest keyed;
-  keyed.set_queue("short");
-  keyed.set_payload("keyed");
-  keyed.set_dedup_key("k");
-  const std::string keyed_id = client().MustEnqueue(keyed);
+  EnqueueN("short", 3);
   const std::map<std::string, int64_t> full = client().Counts("short");
-  EXPECT_EQ(full.at("JOB_STATE_READY") + full.at("JOB_STATE_SCHEDULED"), 3);
 
   v1::EnqueueResponse resp;
   v1::EnqueueRequest one;
@@ -652,26 +640,6 @@ TEST_F(PolicyTest, MaxLengthRefusesEnqueuesBeyondItAndWritesNothingHalfway) {
   v1::QueueInfo info;
   EXPECT_THAT(client().GetQueue("elsewhere", &info), StatusIs(StatusCode::NOT_FOUND));
   EXPECT_THAT(client().ListAll("short"), SizeIs(3));
-
-  // A deduplicated enqueue adds nothing, so a full queue still answers it.
-  ASSERT_THAT(client().Enqueue(keyed, &resp), IsOk());
-  EXPECT_TRUE(resp.deduplicated());
-  EXPECT_EQ(resp.job_id(), keyed_id);
-
-  // Finished jobs do not count: completing one makes room for exactly one.
-  std::optional<v1::LeasedJob> job = client().LeaseOne("short", "w");
-  ASSERT_TRUE(job.has_value());
-  EXPECT_THAT(client().Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
-      << "an ACTIVE job still counts";
-  client().MustAck(*job);
-  v1::EnqueueBatchRequest two;
-  *two.add_jobs() = one;
-  *two.add_jobs() = one;
-  EXPECT_THAT(client().EnqueueBatch(two, &batch_resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED))
-      << "room for one, not two";
-  EXPECT_EQ(client().Counts("short")["JOB_STATE_READY"], 1);
-  ASSERT_THAT(client().EnqueueBatch(batch, &batch_resp), IsOk());
-  EXPECT_THAT(client().Enqueue(one, &resp), StatusIs(StatusCode::RESOURCE_EXHAUSTED));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -691,10 +659,8 @@ TEST_F(PolicyTest, RateLimitLetsABurstGoThenOneLeasePerTokenToALongPoll) {
   std::map<std::string, int64_t> counts = client().Counts("rated");
   EXPECT_EQ(counts["JOB_STATE_ACTIVE"], 3);
   EXPECT_EQ(counts["JOB_STATE_READY"], 3);
-
-  // A policy change starts a full bucket of the new size.
-  ASSERT_THAT(SetPolicy("rated", R"({"rateLimit": {"burst": 3}})"), IsOk());
-  EXPECT_THAT(client().MustLease("rated", "w", 10), SizeIs(3));
+  // A policy change starts a full bucket of the new size:
+  // BrokerPolicyTest.ARateLimitChangeStartsAFullBucketOfTheNewSize.
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -724,14 +690,8 @@ TEST_F(PolicyTest, APausedQueueAcceptsJobsLeasesNoneAndResumesWhenUnpaused) {
   EXPECT_THAT(polled, SizeIs(2));
   EXPECT_TRUE(stream.NextJob().has_value());
   EXPECT_EQ(client().Counts("held")["JOB_STATE_ACTIVE"], 3);
-
-  // Pausing again stops new leases but leaves running jobs alone.
-  ASSERT_THAT(SetPolicy("held", R"({"paused": true})"), IsOk());
-  client().MustEnqueue("held");
-  EXPECT_THAT(client().MustLease("held", "w", 10), IsEmpty());
-  client().MustAck(polled[0]);
-  EXPECT_EQ(client().Counts("held")["JOB_STATE_COMPLETED"], 1);
-  EXPECT_THAT(client().MustLease("held", "w", 10), IsEmpty());
+  // That a pause leaves running jobs alone is core's
+  // (BrokerAdminTest.APauseLeavesRunningJobsAloneAndResumeServesTheLineInOrder).
 }
 
 // ---------------------------------------------------------------------------------------------
