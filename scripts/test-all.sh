@@ -28,7 +28,8 @@ run_suite() {
     # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
     # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
     asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;
-    # Everything compiled by clang with -Wthread-safety -Werror: a member marked ABSL_GUARDED_BY
+    # The production code and the lock-holding tests compiled by clang with -Wthread-safety
+    # -Werror (CMakePresets.json: thread-safety): a member marked ABSL_GUARDED_BY
     # read or written without its mutex, or a ...Locked method called without it, fails the build.
     thread-safety) cmake --preset thread-safety >/dev/null && cmake --build --preset thread-safety ;;
     # The concurrency-heavy tests under ThreadSanitizer (tests/tsan/README.md).
