@@ -49,7 +49,7 @@ using Code = absl::StatusCode;
 constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 constexpr int kMaxOps = 64;       // per input: longer inputs add nothing but time
 constexpr size_t kJobLimit = 40;  // enqueues beyond this many jobs are skipped
-constexpr int kAttemptHistory = kMaxAttemptHistory;
+constexpr int kAttemptHistory = core::kMaxAttemptHistory;
 // A computed backoff goes through floating point; the model takes the broker's exact value once
 // it is within this much of the model's.
 constexpr absl::Duration kBackoffSlack = absl::Milliseconds(1);
@@ -297,7 +297,7 @@ class Harness {
   void Retention(absl::Time now) {
     for (const char* name : kQueues) {
       const core::QueuePolicy p = Policy(name);
-      auto sweep = [&](bool completed, const ::jobbroker::Retention& r) {
+      auto sweep = [&](bool completed, const core::Retention& r) {
         std::vector<ModelJob*> ended;
         for (auto& [id, j] : jobs_) {
           if (j.removed || j.queue != name) continue;
@@ -1222,7 +1222,7 @@ class Harness {
     core::ListJobsSpec spec;
     spec.queue = queue;
     spec.state = state;
-    spec.page_size = kMaxLeaseBatch;
+    spec.page_size = core::kMaxLeaseBatch;
     absl::StatusOr<core::ListJobsResult> page = broker_->ListJobs(spec);
     MODEL_EXPECT(page.ok(), absl::StrCat("ListJobs ", queue, ": ", page.status().ToString()));
     MODEL_EXPECT(page->next_page_token.empty(), "ListJobs: more than one page");

@@ -143,7 +143,7 @@ void CheckAccepted(const core::EnqueueSpec& s) {
     empty_header = empty_header || k.empty();
   }
   REQUEST_EXPECT(ValidQueueName(s.queue), absl::StrCat("accepted queue name \"", s.queue, "\""));
-  REQUEST_EXPECT(s.payload.size() <= kMaxPayloadBytes, "accepted an oversized payload");
+  REQUEST_EXPECT(s.payload.size() <= core::kMaxPayloadBytes, "accepted an oversized payload");
   REQUEST_EXPECT(!empty_header && header_bytes <= 64 << 10, "accepted bad headers");
   REQUEST_EXPECT(!(s.delay.has_value() && s.run_at.has_value()), "accepted delay with run_at");
   REQUEST_EXPECT(!s.delay.has_value() || *s.delay >= absl::ZeroDuration(),
@@ -357,7 +357,7 @@ class Harness {
       QueueView v{q.name, q.policy, q.counts, q.waiting_leases, {}};
       core::ListJobsSpec spec;
       spec.queue = q.name;
-      spec.page_size = kMaxLeaseBatch;
+      spec.page_size = core::kMaxLeaseBatch;
       absl::StatusOr<core::ListJobsResult> page = broker_->ListJobs(spec);
       REQUEST_EXPECT(page.ok(), absl::StrCat("ListJobs ", q.name, ": ", page.status().ToString()));
       v.jobs = std::move(page->jobs);
@@ -512,7 +512,7 @@ class Harness {
   void AckBatch(const v1::AckBatchRequest& req) {
     std::vector<core::AckSpec> specs;
     absl::Status valid;
-    if (req.acks_size() == 0 || req.acks_size() > kMaxLeaseBatch)
+    if (req.acks_size() == 0 || req.acks_size() > core::kMaxLeaseBatch)
       valid = absl::InvalidArgumentError("acks: 1 to 1000");
     for (const v1::AckRequest& ack : req.acks()) {
       core::AckSpec spec = FromProto(ack);
@@ -616,7 +616,7 @@ class Harness {
         absl::Status s = broker_->SetFlow(*stream, req.flow().max_in_flight());
         CheckAnswer(s, {Code::kOk, Code::kInvalidArgument}, "SetFlow");
         REQUEST_EXPECT(s.ok() == (req.flow().max_in_flight() >= 0 &&
-                                  req.flow().max_in_flight() <= kMaxInFlight),
+                                  req.flow().max_in_flight() <= core::kMaxInFlight),
                        absl::StrCat("SetFlow ", req.flow().max_in_flight(), ": ", s.ToString()));
         broker_->Unsubscribe(*stream);
         return;
