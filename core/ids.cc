@@ -22,14 +22,16 @@ int DigitValue(char c) {
 
 }  // namespace
 
-std::string NewJobId(absl::Time now, absl::BitGen& gen) {
+std::string NewJobId(absl::Time now, uint32_t partition, absl::BitGen& gen) {
   uint64_t ms = static_cast<uint64_t>(absl::ToUnixMillis(now)) & ((uint64_t{1} << 48) - 1);
-  uint64_t hi = absl::Uniform<uint64_t>(gen) & ((uint64_t{1} << 40) - 1);
+  uint64_t part = partition & (kMaxPartitions - 1);
+  uint64_t hi = absl::Uniform<uint64_t>(gen) & ((uint64_t{1} << 25) - 1);
   uint64_t lo = absl::Uniform<uint64_t>(gen) & ((uint64_t{1} << 40) - 1);
   std::string id(26, '0');
-  // 10 characters of time (50 bits, top 2 zero), then 8 + 8 characters of randomness.
+  // 10 characters of time (50 bits, top 2 zero), 3 of partition, then 5 + 8 of randomness.
   for (int i = 9; i >= 0; --i, ms >>= 5) id[i] = kAlphabet[ms & 31];
-  for (int i = 17; i >= 10; --i, hi >>= 5) id[i] = kAlphabet[hi & 31];
+  for (int i = 12; i >= 10; --i, part >>= 5) id[i] = kAlphabet[part & 31];
+  for (int i = 17; i >= 13; --i, hi >>= 5) id[i] = kAlphabet[hi & 31];
   for (int i = 25; i >= 18; --i, lo >>= 5) id[i] = kAlphabet[lo & 31];
   return id;
 }
@@ -56,6 +58,28 @@ std::string UnpackJobId(PackedJobId packed) {
 
 absl::Time JobIdTime(PackedJobId packed) {
   return absl::FromUnixMillis(static_cast<int64_t>(packed.hi >> 16));
+}
+
+uint32_t JobIdPartition(PackedJobId packed) {
+  // Bits 79..65 of the 130 (hi holds bits 127..64).
+  return static_cast<uint32_t>(packed.hi >> 1) & (kMaxPartitions - 1);
+}
+
+uint32_t PartitionOfQueue(std::string_view queue, uint32_t count) {
+  if (count <= 1) return 0;
+  uint64_t hash = 14695981039346656037ull;  // FNV-1a, 64 bits
+  for (unsigned char c : queue) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return static_cast<uint32_t>(hash % count);
+}
+
+std::optional<uint32_t> PartitionOfJobId(const std::string& id, uint32_t count) {
+  std::optional<PackedJobId> packed = PackJobId(id);
+  if (!packed.has_value()) return std::nullopt;
+  if (count <= 1) return 0;
+  return JobIdPartition(*packed) % count;
 }
 
 std::string NewLeaseId(int attempt, absl::BitGen& gen) {

@@ -12,17 +12,18 @@ TEST(IdsTest, JobIdsAreUniqueAndSortByTime) {
   absl::BitGen gen;
   std::set<std::string> seen;
   for (int i = 0; i < 1000; ++i) {
-    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000), gen);
+    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000), 0, gen);
     EXPECT_EQ(id.size(), 26u);
     EXPECT_TRUE(seen.insert(id).second);
   }
-  EXPECT_LT(NewJobId(absl::FromUnixMillis(1000), gen), NewJobId(absl::FromUnixMillis(2000), gen));
+  EXPECT_LT(NewJobId(absl::FromUnixMillis(1000), 5, gen),
+            NewJobId(absl::FromUnixMillis(2000), 0, gen));
 }
 
 TEST(IdsTest, JobIdsPackIntoSixteenBytesAndBack) {
   absl::BitGen gen;
   for (int i = 0; i < 1000; ++i) {
-    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000 + i), gen);
+    std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000 + i), i % kMaxPartitions, gen);
     std::optional<PackedJobId> packed = PackJobId(id);
     ASSERT_TRUE(packed.has_value()) << id;
     EXPECT_EQ(UnpackJobId(*packed), id);
@@ -38,9 +39,44 @@ TEST(IdsTest, JobIdsPackIntoSixteenBytesAndBack) {
 TEST(IdsTest, APackedIdTellsWhenItsJobWasCreated) {
   absl::BitGen gen;
   const absl::Time created = absl::FromUnixMicros(1'700'000'000'123'456);
-  std::optional<PackedJobId> packed = PackJobId(NewJobId(created, gen));
+  std::optional<PackedJobId> packed = PackJobId(NewJobId(created, 77, gen));
   ASSERT_TRUE(packed.has_value());
   EXPECT_EQ(JobIdTime(*packed), absl::FromUnixMillis(1'700'000'000'123));
+}
+
+TEST(IdsTest, AJobIdCarriesItsPartition) {
+  absl::BitGen gen;
+  for (uint32_t partition : {0u, 1u, 63u, 1000u, kMaxPartitions - 1}) {
+    const std::string id = NewJobId(absl::FromUnixMillis(1'700'000'000'000), partition, gen);
+    std::optional<PackedJobId> packed = PackJobId(id);
+    ASSERT_TRUE(packed.has_value()) << id;
+    EXPECT_EQ(JobIdPartition(*packed), partition) << id;
+    EXPECT_EQ(PartitionOfJobId(id, kMaxPartitions), partition) << id;
+  }
+  // Jobs of one partition share the three characters after the time.
+  const std::string a = NewJobId(absl::FromUnixMillis(1), 42, gen);
+  const std::string b = NewJobId(absl::FromUnixMillis(2), 42, gen);
+  EXPECT_EQ(a.substr(10, 3), b.substr(10, 3));
+  EXPECT_NE(a.substr(10, 3), NewJobId(absl::FromUnixMillis(1), 43, gen).substr(10, 3));
+}
+
+TEST(IdsTest, AnIdFromBeforePartitionsRoutesToTheOnlyPartitionItsStoreHas) {
+  // Format-1 ids hold random bits where the partition is now; their stores have one partition.
+  const std::string old_id = "01HF3Z8K2QZZZZXYV7W5R4N3M2";
+  ASSERT_NE(JobIdPartition(*PackJobId(old_id)), 0u);
+  EXPECT_EQ(PartitionOfJobId(old_id, 1), 0u);
+  EXPECT_EQ(PartitionOfJobId("not-an-id", 4), std::nullopt);
+}
+
+TEST(IdsTest, AQueuesPartitionIsTheFnv1aHashOfItsNameModuloTheCount) {
+  // Pinned: clients in other languages route by the same function (docs/cluster.md).
+  EXPECT_EQ(PartitionOfQueue("emails", 64), PayloadHash("emails") % 64);
+  EXPECT_EQ(PartitionOfQueue("", 64), 14695981039346656037ull % 64);
+  EXPECT_EQ(PartitionOfQueue("a", 64), 0xaf63dc4c8601ec8cull % 64);
+  EXPECT_EQ(PartitionOfQueue("a", 1), 0u);
+  std::set<uint32_t> used;
+  for (int i = 0; i < 1000; ++i) used.insert(PartitionOfQueue("queue-" + std::to_string(i), 8));
+  EXPECT_EQ(used.size(), 8u);  // a thousand names reach every partition
 }
 
 TEST(IdsTest, OnlyCanonicalJobIdsPack) {

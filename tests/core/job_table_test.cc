@@ -18,7 +18,7 @@ class JobTableTest : public ::testing::Test {
   // A READY job with an id NewJobId writes (only those can be packed).
   std::unique_ptr<Job> NewJob(JobState state = JobState::kReady) {
     auto job = std::make_unique<Job>();
-    job->id = NewJobId(absl::FromUnixSeconds(1'800'000'000), gen_);
+    job->id = NewJobId(absl::FromUnixSeconds(1'800'000'000), 0, gen_);
     job->queue = std::string(kQueue);
     job->state = state;
     job->seq = table_.NextSeq();

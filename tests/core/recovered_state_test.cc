@@ -10,7 +10,7 @@ namespace {
 
 Job StoredJob(absl::BitGen& gen, uint64_t seq, JobState state) {
   Job job;
-  job.id = NewJobId(absl::FromUnixSeconds(1'800'000'000), gen);
+  job.id = NewJobId(absl::FromUnixSeconds(1'800'000'000), 0, gen);
   job.queue = seq % 2 == 0 ? "even" : "odd";
   job.seq = seq;
   job.state = state;
