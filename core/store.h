@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,10 +14,17 @@
 
 namespace jobbroker::core {
 
-// The durable changes of one broker state transition. Applied all or nothing. Inside one
-// Transition the fields apply in declaration order (job puts, job deletes, dedup puts, dedup
-// deletes, policy puts, policy deletes), so a later put of the same key wins.
+// The durable changes of one broker state transition, in one partition. Applied all or nothing.
+// Inside one Transition the fields apply in declaration order (job puts, job deletes, dedup puts,
+// dedup deletes, policy puts, policy deletes), so a later put of the same key wins.
 struct Transition {
+  // The partition whose records it changes: each partition's keys are its own (a job id, a
+  // queue's dedup keys and policy are looked up within their partition).
+  uint32_t partition = 0;
+  // The partition's sequence number of this transition, one more than the last one the
+  // partition's broker committed: stored as the partition's applied_seq with it, so a replica
+  // knows how far its state goes. 0: not numbered (tools and tests writing by hand).
+  uint64_t seq = 0;
   std::vector<Job> put_jobs;  // whole records; a later put of the same id wins
   std::vector<std::string> delete_jobs;
   std::vector<DedupEntry> put_dedup;
@@ -57,6 +65,8 @@ struct CorruptRecord {
 class RecoveryVisitor {
  public:
   virtual ~RecoveryVisitor() = default;
+  // First, once: the seq of the partition's last numbered transition in the store (0: none).
+  virtual void OnAppliedSeq(uint64_t seq) { (void)seq; }
   virtual void OnJob(Job job) = 0;
   virtual void OnDedup(DedupEntry entry) = 0;
   virtual void OnPolicy(std::string queue, PolicyOverride policy) = 0;
@@ -64,8 +74,10 @@ class RecoveryVisitor {
   virtual void OnCorrupt(CorruptRecord record) = 0;
 };
 
-// The durable store behind the broker. Implementations: MemoryStore (tests), RocksDbStore.
-// Thread-compatible: the broker's CommitPipeline is the only writer, and Recover runs before it.
+// The durable store behind the brokers of one process: the records of every partition, each
+// partition's keys apart. Implementations: MemoryStore (tests), RocksDbStore.
+// Thread-compatible: the CommitPipeline is the only writer, and a partition's Recover runs while
+// nothing of that partition is being written.
 class Store {
  public:
   virtual ~Store() = default;
@@ -90,13 +102,14 @@ class Store {
   // none; kDataLoss if its record does not decode (or holds another id); kUnavailable for I/O
   // errors. Safe to call while the CommitPipeline writes (the broker reads cold jobs back this
   // way, see Broker's memory model in docs/architecture.md).
-  virtual absl::StatusOr<Job> ReadJob(const std::string& id) = 0;
+  virtual absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) = 0;
 
-  // Visits every stored policy override, then dedup entry, then job, each in key order. A record
+  // Visits the partition's applied seq, then every stored policy override, then dedup entry, then
+  // job of `partition`, each in key order. A record
   // that does not decode goes to OnCorrupt and the scan goes on. kDataLoss only if the store
   // cannot be read past some point (the visitor may have seen earlier records by then);
   // kUnavailable for I/O errors.
-  virtual absl::Status Recover(RecoveryVisitor& visitor) = 0;
+  virtual absl::Status Recover(uint32_t partition, RecoveryVisitor& visitor) = 0;
 
   // After a failed Write: makes the store accept writes again if it can. OK means a synced write
   // just succeeded (a later one may still fail); then Recover() reads what is durable, which may

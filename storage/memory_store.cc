@@ -28,61 +28,88 @@ absl::Status MemoryStore::Write(absl::Span<const core::Transition> transitions) 
 
   absl::MutexLock lock(&mu_);
   for (const core::Transition& t : transitions) {
-    for (const core::Job& job : t.put_jobs) jobs_.insert_or_assign(job.id, job);
-    for (const std::string& id : t.delete_jobs) jobs_.erase(id);
-    for (const core::DedupEntry& d : t.put_dedup) dedup_.insert_or_assign({d.queue, d.key}, d);
-    for (const auto& queue_key : t.delete_dedup) dedup_.erase(queue_key);
-    for (const auto& [queue, policy] : t.put_policies) policies_.insert_or_assign(queue, policy);
-    for (const std::string& queue : t.delete_policies) policies_.erase(queue);
+    Partition& p = partitions_[t.partition];
+    for (const core::Job& job : t.put_jobs) p.jobs.insert_or_assign(job.id, job);
+    for (const std::string& id : t.delete_jobs) p.jobs.erase(id);
+    for (const core::DedupEntry& d : t.put_dedup) p.dedup.insert_or_assign({d.queue, d.key}, d);
+    for (const auto& queue_key : t.delete_dedup) p.dedup.erase(queue_key);
+    for (const auto& [queue, policy] : t.put_policies) p.policies.insert_or_assign(queue, policy);
+    for (const std::string& queue : t.delete_policies) p.policies.erase(queue);
+    if (t.seq != 0) p.applied_seq = t.seq;
   }
   return absl::OkStatus();
 }
 
-absl::Status MemoryStore::Recover(core::RecoveryVisitor& visitor) {
+absl::Status MemoryStore::Recover(uint32_t partition, core::RecoveryVisitor& visitor) {
   // Copy under the lock and visit outside it, so that a visitor may call back into the store.
+  uint64_t applied_seq = 0;
   std::vector<std::pair<std::string, core::PolicyOverride>> policies;
   std::vector<core::DedupEntry> dedup;
   std::vector<core::Job> jobs;
   {
     absl::MutexLock lock(&mu_);
-    policies.assign(policies_.begin(), policies_.end());
-    dedup.reserve(dedup_.size());
-    for (const auto& [queue_key, entry] : dedup_) dedup.push_back(entry);
-    jobs.reserve(jobs_.size());
-    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+    auto found = partitions_.find(partition);
+    if (found != partitions_.end()) {
+      const Partition& p = found->second;
+      applied_seq = p.applied_seq;
+      policies.assign(p.policies.begin(), p.policies.end());
+      dedup.reserve(p.dedup.size());
+      for (const auto& [queue_key, entry] : p.dedup) dedup.push_back(entry);
+      jobs.reserve(p.jobs.size());
+      for (const auto& [id, job] : p.jobs) jobs.push_back(job);
+    }
   }
+  visitor.OnAppliedSeq(applied_seq);
   for (auto& [queue, policy] : policies) visitor.OnPolicy(std::move(queue), std::move(policy));
   for (core::DedupEntry& entry : dedup) visitor.OnDedup(std::move(entry));
   for (core::Job& job : jobs) visitor.OnJob(std::move(job));
   return absl::OkStatus();
 }
 
-absl::StatusOr<core::Job> MemoryStore::ReadJob(const std::string& id) {
-  std::optional<core::Job> job = FindJob(id);
-  if (!job.has_value()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
-  return *std::move(job);
+absl::StatusOr<core::Job> MemoryStore::ReadJob(uint32_t partition, const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto p = partitions_.find(partition);
+  if (p != partitions_.end()) {
+    auto it = p->second.jobs.find(id);
+    if (it != p->second.jobs.end()) return it->second;
+  }
+  return absl::NotFoundError(absl::StrCat("no stored job ", id, " in partition ", partition));
 }
 
 std::optional<core::Job> MemoryStore::FindJob(absl::string_view id) const {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return std::nullopt;
-  return it->second;
+  for (const auto& [number, p] : partitions_) {
+    auto it = p.jobs.find(id);
+    if (it != p.jobs.end()) return it->second;
+  }
+  return std::nullopt;
 }
 
 size_t MemoryStore::job_count() const {
   absl::MutexLock lock(&mu_);
-  return jobs_.size();
+  size_t n = 0;
+  for (const auto& [number, p] : partitions_) n += p.jobs.size();
+  return n;
 }
 
 size_t MemoryStore::dedup_count() const {
   absl::MutexLock lock(&mu_);
-  return dedup_.size();
+  size_t n = 0;
+  for (const auto& [number, p] : partitions_) n += p.dedup.size();
+  return n;
 }
 
 size_t MemoryStore::policy_count() const {
   absl::MutexLock lock(&mu_);
-  return policies_.size();
+  size_t n = 0;
+  for (const auto& [number, p] : partitions_) n += p.policies.size();
+  return n;
+}
+
+uint64_t MemoryStore::applied_seq(uint32_t partition) const {
+  absl::MutexLock lock(&mu_);
+  auto p = partitions_.find(partition);
+  return p == partitions_.end() ? 0 : p->second.applied_seq;
 }
 
 }  // namespace jobbroker::storage

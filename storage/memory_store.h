@@ -26,7 +26,8 @@ namespace jobbroker::storage {
 // transitions apply in order; inside one Transition, its fields apply in declaration order (all
 // puts of jobs, then job deletes, then dedup puts, dedup deletes, policy puts, policy deletes),
 // so a later put of the same key wins and a delete after a put of the same key removes it.
-// Recover visits policies, then dedup entries, then jobs, each in key order.
+// Each partition's records are apart; Recover visits one partition's applied seq, policies,
+// dedup entries, then jobs, each in key order.
 //
 // Thread-safe (a stricter promise than Store's).
 class MemoryStore final : public core::Store {
@@ -38,23 +39,29 @@ class MemoryStore final : public core::Store {
   // OK, or kInvalidArgument (nothing applied) if a dedup put or delete names a queue containing
   // '\0' (RocksDbStore cannot key it).
   absl::Status Write(absl::Span<const core::Transition> transitions) override;
-  absl::StatusOr<core::Job> ReadJob(const std::string& id) override;
+  absl::StatusOr<core::Job> ReadJob(uint32_t partition, const std::string& id) override;
   // Always OK: nothing in memory can be corrupt. The visitor runs without the lock held.
-  absl::Status Recover(core::RecoveryVisitor& visitor) override;
+  absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override;
   // Always OK: nothing in memory can break. (tests/testing/faulty_store.h makes writes fail.)
   absl::Status Resume() override { return absl::OkStatus(); }
 
-  // Inspection for tests: the stored job, if any; counts of stored records.
+  // Inspection for tests: the stored job (of any partition), if any; counts of stored records
+  // over every partition; a partition's applied seq.
   std::optional<core::Job> FindJob(absl::string_view id) const;
   size_t job_count() const;
   size_t dedup_count() const;
   size_t policy_count() const;
+  uint64_t applied_seq(uint32_t partition) const;
 
  private:
+  struct Partition {
+    uint64_t applied_seq = 0;
+    std::map<std::string, core::Job, std::less<>> jobs;
+    std::map<std::pair<std::string, std::string>, core::DedupEntry> dedup;
+    std::map<std::string, core::PolicyOverride> policies;
+  };
   mutable absl::Mutex mu_;
-  std::map<std::string, core::Job, std::less<>> jobs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<std::string, std::string>, core::DedupEntry> dedup_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, core::PolicyOverride> policies_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Partition> partitions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace jobbroker::storage

@@ -1,6 +1,8 @@
 #include "storage/rocksdb_store.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -8,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/ids.h"
 #include "core/status_macros.h"
 #include "rocksdb/db.h"
 #include "rocksdb/env.h"
@@ -74,14 +77,35 @@ absl::Status CheckDedupQueue(const std::string& queue) {
       absl::StrCat("dedup entry queue \"", absl::CHexEscape(queue), "\" contains a NUL byte"));
 }
 
-std::string DedupKey(const std::string& queue, const std::string& key) {
+std::string DedupKey(absl::string_view prefix, const std::string& queue, const std::string& key) {
   std::string out;
-  out.reserve(queue.size() + 1 + key.size());
+  out.reserve(prefix.size() + queue.size() + 1 + key.size());
+  out.append(prefix.data(), prefix.size());
   out.append(queue);
   out.push_back('\0');
   out.append(key);
   return out;
 }
+
+std::string BigEndian64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 7; i >= 0; --i, v >>= 8) out[i] = static_cast<char>(v & 0xff);
+  return out;
+}
+
+uint64_t FromBigEndian64(absl::string_view bytes) {
+  uint64_t v = 0;
+  for (unsigned char c : bytes) v = (v << 8) | c;
+  return v;
+}
+
+std::string AppliedSeqKey(uint32_t partition) {
+  return absl::StrCat(kRocksDbAppliedSeqKey, PartitionKeyPrefix(partition));
+}
+
+// Records moved per write batch by the format-1 upgrade: big enough to go fast, small enough
+// that one batch of 1 MiB payloads stays a reasonable write.
+constexpr int kUpgradeChunk = 256;
 
 absl::Status RecordError(const char* column_family, absl::string_view key,
                          const absl::Status& cause) {
@@ -103,8 +127,18 @@ class NoAutoRecovery final : public rocksdb::EventListener {
 
 }  // namespace
 
+std::string PartitionKeyPrefix(uint32_t partition) {
+  std::string out(4, '\0');
+  for (int i = 3; i >= 0; --i, partition >>= 8) out[i] = static_cast<char>(partition & 0xff);
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<RocksDbStore>> RocksDbStore::Open(const std::string& dir,
                                                                  RocksDbStoreOptions opts) {
+  if (opts.partitions < 1 || opts.partitions > core::kMaxPartitions) {
+    return absl::InvalidArgumentError(absl::StrCat("partitions is ", opts.partitions,
+                                                   "; it must be 1 to ", core::kMaxPartitions));
+  }
   std::unique_ptr<RocksDbStore> store(new RocksDbStore(dir, opts));
   absl::MutexLock lock(&store->mu_);
   BROKER_RETURN_IF_ERROR(store->OpenLocked());
@@ -157,10 +191,9 @@ absl::Status RocksDbStore::OpenLocked() {
       rocksdb::NewCompactOnDeletionCollectorFactory(10000, 5000, 0.5));
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
-      {rocksdb::kDefaultColumnFamilyName, base},
-      {kRocksDbJobsColumnFamily, churn},
-      {kRocksDbDedupColumnFamily, churn},
-      {kRocksDbPoliciesColumnFamily, base},
+      {rocksdb::kDefaultColumnFamilyName, base},   {kRocksDbJobsColumnFamily, churn},
+      {kRocksDbDedupColumnFamily, churn},          {kRocksDbPoliciesColumnFamily, base},
+      {kRocksDbReplicationLogColumnFamily, churn},
   };
   // RocksDB refuses to open a database without naming all its column families. A newer build may
   // have added some; open them too so that the format check below, not that refusal, answers.
@@ -186,6 +219,7 @@ absl::Status RocksDbStore::OpenLocked() {
   jobs_ = handles_[1];
   dedup_ = handles_[2];
   policies_ = handles_[3];
+  replication_log_ = handles_[4];
   closed_ = absl::OkStatus();
   return CheckFormatLocked();
 }
@@ -201,7 +235,7 @@ void RocksDbStore::CloseLocked() {
   db_->Close().PermitUncheckedError();
   db_.reset();
   handles_.clear();
-  meta_ = jobs_ = dedup_ = policies_ = nullptr;
+  meta_ = jobs_ = dedup_ = policies_ = replication_log_ = nullptr;
 }
 
 absl::Status RocksDbStore::CheckOpenLocked() const {
@@ -211,6 +245,8 @@ absl::Status RocksDbStore::CheckOpenLocked() const {
 }
 
 absl::Status RocksDbStore::CheckFormatLocked() {
+  rocksdb::WriteOptions write_options;
+  write_options.sync = true;
   std::string value;
   rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_, kRocksDbFormatKey, &value);
   if (s.IsNotFound()) {
@@ -225,11 +261,17 @@ absl::Status RocksDbStore::CheckFormatLocked() {
             dir_, " holds a database without a jobbroker format marker; refusing to use it"));
       }
     }
-    rocksdb::WriteOptions write_options;
-    write_options.sync = true;
-    return FromRocksDb(db_->Put(write_options, meta_, kRocksDbFormatKey,
-                                std::to_string(kRocksDbStoreFormatVersion)),
-                       absl::StrCat("write format marker in ", dir_));
+    rocksdb::WriteBatch batch;
+    BROKER_RETURN_IF_ERROR(
+        FromRocksDb(batch.Put(meta_, kRocksDbPartitionsKey, std::to_string(opts_.partitions)),
+                    "build write batch"));
+    BROKER_RETURN_IF_ERROR(
+        FromRocksDb(batch.Put(meta_, kRocksDbFormatKey, std::to_string(kRocksDbStoreFormatVersion)),
+                    "build write batch"));
+    BROKER_RETURN_IF_ERROR(FromRocksDb(db_->Write(write_options, &batch),
+                                       absl::StrCat("write format marker in ", dir_)));
+    partitions_ = opts_.partitions;
+    return absl::OkStatus();
   }
   BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read format marker in ", dir_)));
 
@@ -243,7 +285,58 @@ absl::Status RocksDbStore::CheckFormatLocked() {
         absl::StrCat("store in ", dir_, " has format ", version, ", newer than this build reads (",
                      kRocksDbStoreFormatVersion, "); upgrade jobbroker"));
   }
+  if (version == 1) BROKER_RETURN_IF_ERROR(UpgradeFromFormat1Locked());
+
+  s = db_->Get(rocksdb::ReadOptions(), meta_, kRocksDbPartitionsKey, &value);
+  BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read the partition count in ", dir_)));
+  int partitions = 0;
+  if (!absl::SimpleAtoi(value, &partitions) || partitions < 1 ||
+      static_cast<uint32_t>(partitions) > core::kMaxPartitions) {
+    return absl::DataLossError(absl::StrCat("partition count in ", dir_, " is unreadable: \"",
+                                            absl::CHexEscape(value), "\""));
+  }
+  partitions_ = static_cast<uint32_t>(partitions);
   return absl::OkStatus();
+}
+
+absl::Status RocksDbStore::UpgradeFromFormat1Locked() {
+  // Format-1 keys are job ids and queue names, which never start with a NUL byte; partition 0's
+  // prefix is four of them. So the keys still to move are exactly those from "\x01" on, and an
+  // upgrade cut short by a crash goes on where it stopped.
+  const std::string prefix = PartitionKeyPrefix(0);
+  for (rocksdb::ColumnFamilyHandle* handle : {jobs_, dedup_, policies_}) {
+    for (;;) {
+      rocksdb::WriteBatch batch;
+      std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), handle));
+      int moved = 0;
+      for (it->Seek("\x01"); it->Valid() && moved < kUpgradeChunk; it->Next(), ++moved) {
+        BROKER_RETURN_IF_ERROR(FromRocksDb(
+            batch.Put(handle, absl::StrCat(prefix, View(it->key())), it->value()), "upgrade"));
+        BROKER_RETURN_IF_ERROR(FromRocksDb(batch.Delete(handle, it->key()), "upgrade"));
+      }
+      BROKER_RETURN_IF_ERROR(FromRocksDb(it->status(), absl::StrCat("upgrade scan of ", dir_)));
+      if (moved == 0) break;
+      // Unsynced: the synced marker write below makes every chunk before it durable, and a
+      // chunk lost to a crash is moved again at the next open.
+      BROKER_RETURN_IF_ERROR(
+          FromRocksDb(db_->Write(rocksdb::WriteOptions(), &batch), absl::StrCat("upgrade ", dir_)));
+    }
+  }
+  rocksdb::WriteBatch batch;
+  BROKER_RETURN_IF_ERROR(
+      FromRocksDb(batch.Put(meta_, kRocksDbPartitionsKey, "1"), "build write batch"));
+  BROKER_RETURN_IF_ERROR(
+      FromRocksDb(batch.Put(meta_, kRocksDbFormatKey, std::to_string(kRocksDbStoreFormatVersion)),
+                  "build write batch"));
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  return FromRocksDb(db_->Write(sync, &batch),
+                     absl::StrCat("write the upgraded format marker in ", dir_));
+}
+
+uint32_t RocksDbStore::partitions() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return partitions_;
 }
 
 RocksDbStore::~RocksDbStore() {
@@ -318,27 +411,48 @@ absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> t
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::WriteBatch batch;
   auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
+  // The last numbered transition of each partition in this write: its applied_seq afterwards.
+  std::vector<std::pair<uint32_t, uint64_t>> applied;
+  std::string key;
   for (const core::Transition& t : transitions) {
+    const std::string prefix = PartitionKeyPrefix(t.partition);
+    auto keyed = [&](absl::string_view name) -> const std::string& {
+      key.assign(prefix);
+      key.append(name.data(), name.size());
+      return key;
+    };
     for (const core::Job& job : t.put_jobs) {
-      BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, job.id, EncodeJob(job))));
+      BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, keyed(job.id), EncodeJob(job))));
     }
     for (const std::string& id : t.delete_jobs) {
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, id)));
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, keyed(id))));
     }
     for (const core::DedupEntry& d : t.put_dedup) {
       BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
-      BROKER_RETURN_IF_ERROR(add(batch.Put(dedup_, DedupKey(d.queue, d.key), EncodeDedup(d))));
+      BROKER_RETURN_IF_ERROR(
+          add(batch.Put(dedup_, DedupKey(prefix, d.queue, d.key), EncodeDedup(d))));
     }
-    for (const auto& [queue, key] : t.delete_dedup) {
+    for (const auto& [queue, dedup_key] : t.delete_dedup) {
       BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(queue, key))));
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(prefix, queue, dedup_key))));
     }
     for (const auto& [queue, policy] : t.put_policies) {
-      BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, queue, EncodePolicy(policy))));
+      BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, keyed(queue), EncodePolicy(policy))));
     }
     for (const std::string& queue : t.delete_policies) {
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, queue)));
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
     }
+    if (t.seq == 0) continue;
+    auto same = std::find_if(applied.begin(), applied.end(),
+                             [&](const auto& a) { return a.first == t.partition; });
+    if (same == applied.end()) {
+      applied.emplace_back(t.partition, t.seq);
+    } else {
+      same->second = t.seq;
+    }
+  }
+  for (const auto& [partition, seq] : applied) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(meta_, AppliedSeqKey(partition), BigEndian64(seq))));
   }
   if (batch.Count() == 0) {
     // Nothing to write, but earlier unsynced writes may still have to reach the disk.
@@ -374,11 +488,12 @@ uint64_t RocksDbStore::PendingCompactionBytes() const {
   return total;
 }
 
-absl::StatusOr<core::Job> RocksDbStore::ReadJob(const std::string& id) {
+absl::StatusOr<core::Job> RocksDbStore::ReadJob(uint32_t partition, const std::string& id) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::PinnableSlice value;
-  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), jobs_, id, &value);
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), jobs_,
+                               absl::StrCat(PartitionKeyPrefix(partition), id), &value);
   if (s.IsNotFound()) return absl::NotFoundError(absl::StrCat("no stored job ", id));
   BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read job in ", dir_)));
   absl::StatusOr<core::Job> job = DecodeJob(View(value));
@@ -388,15 +503,35 @@ absl::StatusOr<core::Job> RocksDbStore::ReadJob(const std::string& id) {
   return job;
 }
 
-absl::Status RocksDbStore::Recover(core::RecoveryVisitor& visitor) {
+absl::Status RocksDbStore::Recover(uint32_t partition, core::RecoveryVisitor& visitor) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
-  // One snapshot for all column families, so the three scans see the same instant.
+  // One snapshot for all column families, so the scans see the same instant.
   rocksdb::ManagedSnapshot snapshot(db_.get());
   rocksdb::ReadOptions read_options;
   read_options.snapshot = snapshot.snapshot();
   // Each block is read once at start; caching it would only evict what serving needs later.
   read_options.fill_cache = false;
+  // The partition's key range: [prefix, prefix of the next partition).
+  const std::string prefix = PartitionKeyPrefix(partition);
+  const std::string end = PartitionKeyPrefix(partition + 1);
+  const rocksdb::Slice upper(end);
+  read_options.iterate_upper_bound = &upper;
+
+  {
+    std::string seq;
+    rocksdb::Status s = db_->Get(read_options, meta_, AppliedSeqKey(partition), &seq);
+    if (s.IsNotFound()) {
+      visitor.OnAppliedSeq(0);
+    } else {
+      BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read applied_seq in ", dir_)));
+      if (seq.size() != 8) {
+        return absl::DataLossError(absl::StrCat("applied_seq of partition ", partition, " in ",
+                                                dir_, " is ", seq.size(), " bytes, not 8"));
+      }
+      visitor.OnAppliedSeq(FromBigEndian64(seq));
+    }
+  }
 
   // A record that does not decode is reported and skipped: one bad record must not keep every
   // other job from being served. An error of the scan itself (a corrupt block, an I/O error)
@@ -404,8 +539,8 @@ absl::Status RocksDbStore::Recover(core::RecoveryVisitor& visitor) {
   auto scan = [&](rocksdb::ColumnFamilyHandle* handle, const char* name, core::RecordKind kind,
                   auto&& visit) ABSL_SHARED_LOCKS_REQUIRED(mu_) -> absl::Status {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, handle));
-    for (it->SeekToFirst(); it->Valid(); it->Next()) {
-      absl::string_view key = View(it->key());
+    for (it->Seek(prefix); it->Valid(); it->Next()) {
+      absl::string_view key = View(it->key()).substr(prefix.size());
       absl::Status s = visit(key, View(it->value()));
       if (!s.ok()) visitor.OnCorrupt({kind, std::string(key), RecordError(name, key, s)});
     }

@@ -25,22 +25,38 @@ class Logger;
 
 namespace jobbroker::storage {
 
-// On-disk layout, for tools and tests. Every value is a record of storage/record.proto.
-//   default  : "format" -> decimal store format version (kRocksDbStoreFormatVersion at creation)
-//   jobs     : job id -> JobRecord
-//   dedup    : queue + '\0' + dedup key -> DedupRecord
-//   policies : queue -> PolicyRecord (run-time overrides)
+// On-disk layout (format 2), for tools and tests. P is the partition as 4 bytes, big-endian, so
+// each partition's keys are one contiguous range; record values are of storage/record.proto.
+//   default  : "format" -> decimal store format version (kRocksDbStoreFormatVersion)
+//              "partitions" -> decimal partition count, fixed when the store is created
+//              "applied_seq" + P -> 8 bytes big-endian: the partition's last Transition::seq
+//   jobs     : P + job id -> JobRecord
+//   dedup    : P + queue + '\0' + dedup key -> DedupRecord
+//   policies : P + queue -> PolicyRecord (run-time overrides)
+//   replication_log : P + 8 bytes big-endian seq -> a replicated batch a follower holds before it
+//              is committed (cluster mode; empty in a single-node store)
+// Format 1 (before partitions) had the same column families without P and no replication_log; it
+// is upgraded in place when opened (one partition, its keys moved under partition 0).
 inline constexpr char kRocksDbFormatKey[] = "format";
+inline constexpr char kRocksDbPartitionsKey[] = "partitions";
+inline constexpr char kRocksDbAppliedSeqKey[] = "applied_seq";
 inline constexpr char kRocksDbJobsColumnFamily[] = "jobs";
 inline constexpr char kRocksDbDedupColumnFamily[] = "dedup";
 inline constexpr char kRocksDbPoliciesColumnFamily[] = "policies";
+inline constexpr char kRocksDbReplicationLogColumnFamily[] = "replication_log";
 // The store format this build writes and the newest it opens. Bump it when the layout above
 // changes in a way an older build would misread.
-inline constexpr int kRocksDbStoreFormatVersion = 1;
+inline constexpr int kRocksDbStoreFormatVersion = 2;
+// The key prefix of `partition` (P above).
+std::string PartitionKeyPrefix(uint32_t partition);
 // Bytes Resume() writes to a scratch file to see whether the disk takes writes again.
 inline constexpr size_t kResumeProbeBytes = size_t{64} << 10;
 
 struct RocksDbStoreOptions {
+  // Partitions of a store created by Open; 1 to core::kMaxPartitions. An existing store keeps
+  // the count it was created with (partitions() tells), since each queue's partition, and so
+  // where its records are, follows from it.
+  uint32_t partitions = 1;
   // Memtable size per column family, in bytes. Default 16 MiB: jobs are written once and deleted
   // soon, so a put and its delete often meet in the same memtable; bigger buys little.
   size_t write_buffer_size = size_t{16} << 20;
@@ -68,9 +84,11 @@ struct RocksDbStoreOptions {
 // The destructor closes the database; an open store owns its directory's lock until then.
 class RocksDbStore final : public core::Store {
  public:
-  // Opens the store in `dir`, creating it (and any missing column family) if needed.
-  // kFailedPrecondition if the directory holds a store of a newer format than this build, or a
-  // non-empty database without a format marker (not a jobbroker store). kUnavailable for I/O
+  // Opens the store in `dir`, creating it (and any missing column family) if needed, with
+  // opts.partitions partitions. A format-1 store is upgraded in place first (crash-safe: an
+  // interrupted upgrade goes on at the next open). kInvalidArgument for opts.partitions out of
+  // range. kFailedPrecondition if the directory holds a store of a newer format than this build, or
+  // a non-empty database without a format marker (not a jobbroker store). kUnavailable for I/O
   // errors, including another process (or RocksDbStore) holding the directory. kDataLoss if
   // RocksDB finds corruption or the format marker is unreadable.
   static absl::StatusOr<std::unique_ptr<RocksDbStore>> Open(const std::string& dir,
@@ -91,13 +109,14 @@ class RocksDbStore final : public core::Store {
   absl::Status WriteUnsynced(absl::Span<const core::Transition> transitions) override;
   absl::Status Sync() override;
 
-  absl::StatusOr<core::Job> ReadJob(const std::string& id) override;
+  absl::StatusOr<core::Job> ReadJob(uint32_t partition, const std::string& id) override;
 
-  // Visits policies, then dedup entries, then jobs, each in key order. A record that does not
+  // Visits the partition's applied seq, its policies, then dedup entries, then jobs, each in key
+  // order (keys as the broker knows them, without the partition prefix). A record that does not
   // decode (or a job record under another job's id) goes to OnCorrupt, with the column family,
   // the key (C-escaped) and what is wrong, and the scan goes on. kDataLoss if RocksDB reports
   // corruption (the visitor may have seen earlier records by then); kUnavailable for I/O errors.
-  absl::Status Recover(core::RecoveryVisitor& visitor) override;
+  absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override;
 
   // After a failed write: first a synced write of a scratch file next to the database (while
   // that fails, nothing else is tried and reads keep working); then DB::Resume() (flushes the
@@ -113,6 +132,8 @@ class RocksDbStore final : public core::Store {
   uint64_t PendingCompactionBytes() const;
 
   const std::string& dir() const { return dir_; }
+  // The store's partition count (fixed at creation; 1 for an upgraded format-1 store).
+  uint32_t partitions() const;
 
  private:
   // Out of line: the members' destructors need RocksDB's complete types.
@@ -122,8 +143,11 @@ class RocksDbStore final : public core::Store {
   absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Destroys the handles and closes the database; the members are empty afterwards.
   void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reads the format marker, writing it if the database is new.
-  absl::Status CheckFormatLocked() ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Reads the format marker and the partition count, writing them if the database is new, and
+  // upgrades a format-1 store.
+  absl::Status CheckFormatLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Format 1 -> 2: every record moved under partition 0, in chunks, then the marker rewritten.
+  absl::Status UpgradeFromFormat1Locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Creates, fills with kResumeProbeBytes, syncs and deletes a file in the directory: whether
   // the disk takes writes again, without touching the database.
   absl::Status ProbeDisk() const;
@@ -142,11 +166,14 @@ class RocksDbStore final : public core::Store {
   // exclusively, since it may close and reopen the database.
   mutable absl::Mutex mu_;
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);
-  // The four handles are also in handles_, which owns them.
+  // Read from the store when it opens.
+  uint32_t partitions_ ABSL_GUARDED_BY(mu_) = 0;
+  // The five handles are also in handles_, which owns them.
   rocksdb::ColumnFamilyHandle* meta_ ABSL_GUARDED_BY(mu_) = nullptr;  // "default": the marker
   rocksdb::ColumnFamilyHandle* jobs_ ABSL_GUARDED_BY(mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* dedup_ ABSL_GUARDED_BY(mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* policies_ ABSL_GUARDED_BY(mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* replication_log_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Every handle Open returned (ours and any column family a newer build added), destroyed
   // before the DB is closed.
   std::vector<rocksdb::ColumnFamilyHandle*> handles_ ABSL_GUARDED_BY(mu_);

@@ -58,9 +58,13 @@ class RecordingStore final : public Store {
     }
     return inner_.Write(transitions);
   }
-  absl::Status Recover(RecoveryVisitor& visitor) override { return inner_.Recover(visitor); }
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& visitor) override {
+    return inner_.Recover(partition, visitor);
+  }
   absl::Status Resume() override { return inner_.Resume(); }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner_.ReadJob(partition, id);
+  }
 
   // Writes wait until Open().
   void Close() {

@@ -222,8 +222,12 @@ class GateStore final : public Store {
     mu_.Await(absl::Condition(&open_));
     return inner_.Write(t);
   }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
-  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner_.ReadJob(partition, id);
+  }
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
+    return inner_.Recover(partition, v);
+  }
   absl::Status Resume() override { return inner_.Resume(); }
 
   void SetOpen(bool open) {

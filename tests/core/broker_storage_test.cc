@@ -196,12 +196,14 @@ class CorruptingStore final : public Store {
       for (const std::string& id : x.delete_jobs) deleted.push_back(id);
     return inner.Write(t);
   }
-  absl::Status Recover(RecoveryVisitor& v) override {
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
     for (const CorruptRecord& r : corrupt) v.OnCorrupt(r);
-    return inner.Recover(v);
+    return inner.Recover(partition, v);
   }
   absl::Status Resume() override { return inner.Resume(); }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner.ReadJob(id); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner.ReadJob(partition, id);
+  }
   storage::MemoryStore inner;
   std::vector<CorruptRecord> corrupt;
   std::vector<std::string> deleted;

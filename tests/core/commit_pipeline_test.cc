@@ -33,9 +33,13 @@ class GatedStore : public Store {
     batch_sizes_.push_back(t.size());
     return inner_.Write(t);
   }
-  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
+    return inner_.Recover(partition, v);
+  }
   absl::Status Resume() override { return inner_.Resume(); }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner_.ReadJob(partition, id);
+  }
 
   storage::MemoryStore inner_;
   std::atomic<int> calls_{0};
@@ -175,9 +179,13 @@ class LevelStore : public Store {
     calls_.push_back("fsync");
     return absl::OkStatus();
   }
-  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
+    return inner_.Recover(partition, v);
+  }
   absl::Status Resume() override { return inner_.Resume(); }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner_.ReadJob(partition, id);
+  }
 
   void Hold() {
     absl::MutexLock lock(&mu_);

@@ -213,13 +213,15 @@ void CorruptJobRecord(const std::string& dir, const std::string& job_id) {
   for (size_t i = 0; i < names.size(); ++i)
     if (names[i] == storage::kRocksDbJobsColumnFamily) jobs = handles[i];
   ASSERT_NE(jobs, nullptr);
+  // A one-partition store: every key starts with partition 0's prefix.
+  const std::string key = storage::PartitionKeyPrefix(0) + job_id;
   std::string value;
-  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), jobs, job_id, &value).ok());
+  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), jobs, key, &value).ok());
   // Flip every byte: no longer a JobRecord, and nothing of the payload is left readable.
   for (char& c : value) c = static_cast<char>(~c);
   rocksdb::WriteOptions sync;
   sync.sync = true;
-  ASSERT_TRUE(db->Put(sync, jobs, job_id, value).ok());
+  ASSERT_TRUE(db->Put(sync, jobs, key, value).ok());
   for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
   ASSERT_TRUE(db->Close().ok());
   delete db;

@@ -86,11 +86,11 @@ TEST(MemoryStoreTest, ContentsOutliveTheirReaders) {
   ASSERT_THAT(WriteOne(store, PutJob("a")), IsOk());
   {
     RecordingVisitor first;
-    ASSERT_THAT(store.Recover(first), IsOk());
+    ASSERT_THAT(store.Recover(0, first), IsOk());
     EXPECT_EQ(first.jobs.size(), 1u);
   }
   RecordingVisitor second;
-  ASSERT_THAT(store.Recover(second), IsOk());
+  ASSERT_THAT(store.Recover(0, second), IsOk());
   ASSERT_EQ(second.jobs.size(), 1u);
   EXPECT_EQ(second.jobs[0], SimpleJob("a"));
 }

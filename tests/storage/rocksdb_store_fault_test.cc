@@ -39,7 +39,7 @@ absl::Status WriteOne(RocksDbStore& store, const std::string& id) {
 
 std::vector<std::string> StoredIds(RocksDbStore& store) {
   RecordingVisitor r;
-  absl::Status s = store.Recover(r);
+  absl::Status s = store.Recover(0, r);
   EXPECT_TRUE(s.ok()) << s;
   std::vector<std::string> ids;
   for (const core::Job& j : r.jobs) ids.push_back(j.id);

@@ -11,9 +11,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
+#include "rocksdb/iterator.h"
 #include "rocksdb/options.h"
 #include "storage/record_codec.h"
 #include "tests/storage/storage_test_util.h"
@@ -30,6 +32,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::Pair;
+
+// Partition 0's key prefix, which every record of a one-partition store has.
+const std::string P0 = PartitionKeyPrefix(0);
 
 // A plain RocksDB handle on a closed store's directory, to inspect or tamper with its records.
 class RawDb {
@@ -78,6 +83,19 @@ class RawDb {
     std::string value;
     EXPECT_TRUE(db_->Get(rocksdb::ReadOptions(), Cf(cf), key, &value).ok());
     return value;
+  }
+  void Delete(const std::string& cf, const std::string& key) {
+    rocksdb::WriteOptions w;
+    w.sync = true;
+    ASSERT_TRUE(db_->Delete(w, Cf(cf), key).ok());
+  }
+  // Every key of `cf`, in order.
+  std::vector<std::string> Keys(const std::string& cf) {
+    std::vector<std::string> keys;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), Cf(cf)));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) keys.push_back(it->key().ToString());
+    EXPECT_TRUE(it->status().ok());
+    return keys;
   }
 
  private:
@@ -135,7 +153,7 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
   std::unique_ptr<RocksDbStore> reopened = OpenOk();
   ASSERT_NE(reopened, nullptr);
   RecordingVisitor r;
-  ASSERT_THAT(reopened->Recover(r), IsOk());
+  ASSERT_THAT(reopened->Recover(0, r), IsOk());
 
   std::vector<core::Job> want_jobs;
   std::vector<core::DedupEntry> want_dedup;
@@ -168,7 +186,7 @@ TEST_F(RocksDbStoreTest, OpenRefusesNewerFormat) {
   }
   absl::StatusOr<std::unique_ptr<RocksDbStore>> store = RocksDbStore::Open(path_);
   EXPECT_THAT(store, StatusIs(absl::StatusCode::kFailedPrecondition));
-  EXPECT_THAT(store.status().message(), HasSubstr("has format 2"));
+  EXPECT_THAT(store.status().message(), HasSubstr("has format 3"));
 }
 
 // A newer build may add a column family; the format check must still be what answers.
@@ -176,8 +194,8 @@ TEST_F(RocksDbStoreTest, OpenRefusesNewerFormatWithExtraColumnFamily) {
   OpenOk();
   {
     RawDb raw(path_);
-    raw.Put("added_by_v2", "x", "y");
-    raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "2");
+    raw.Put("added_by_v3", "x", "y");
+    raw.Put(rocksdb::kDefaultColumnFamilyName, kRocksDbFormatKey, "3");
   }
   EXPECT_THAT(RocksDbStore::Open(path_), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
@@ -217,12 +235,12 @@ TEST_F(RocksDbStoreTest, CorruptJobRecordIsReportedNamingTheKeyAndSkipped) {
   WriteAndClose(t);
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbJobsColumnFamily, "bad-job", "\xff\xff\xff\xff secret payload");
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "bad-job", "\xff\xff\xff\xff secret payload");
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_TRUE(store->Recover(0, r).ok());
   EXPECT_THAT(r.events, ElementsAre("job:a-good", "corrupt:job/bad-job", "job:z-good"));
   ASSERT_EQ(r.corrupt.size(), 1u);
   EXPECT_EQ(r.corrupt[0].key, "bad-job");
@@ -239,12 +257,12 @@ TEST_F(RocksDbStoreTest, NewerJobRecordVersionIsReportedAndSkipped) {
     // A valid record of a format this build does not know.
     std::string bytes = EncodeJob(SimpleJob("j"));
     bytes += std::string("\x08\x63", 2);  // format_version = 99; the last value parsed wins
-    raw.Put(kRocksDbJobsColumnFamily, "j", bytes);
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "j", bytes);
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_TRUE(store->Recover(0, r).ok());
   ASSERT_EQ(r.corrupt.size(), 1u);
   EXPECT_TRUE(r.jobs.empty());
   EXPECT_THAT(r.corrupt[0].reason, StatusIs(absl::StatusCode::kDataLoss));
@@ -256,12 +274,12 @@ TEST_F(RocksDbStoreTest, JobRecordUnderAnotherKeyIsReportedAndSkipped) {
   WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbJobsColumnFamily, "key", EncodeJob(SimpleJob("other")));
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "key", EncodeJob(SimpleJob("other")));
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_TRUE(store->Recover(0, r).ok());
   EXPECT_THAT(r.events, ElementsAre("corrupt:job/key"));
   EXPECT_THAT(r.corrupt[0].reason.message(),
               HasSubstr("jobs record \"key\": record holds job \"other\""));
@@ -271,16 +289,16 @@ TEST_F(RocksDbStoreTest, ReadJobOfUndecodableOrMisfiledRecordIsDataLoss) {
   WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbJobsColumnFamily, "bad", "\xff\xff\xff\xff secret payload");
-    raw.Put(kRocksDbJobsColumnFamily, "key", EncodeJob(SimpleJob("other")));
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "bad", "\xff\xff\xff\xff secret payload");
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "key", EncodeJob(SimpleJob("other")));
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
-  absl::Status bad = store->ReadJob("bad").status();
+  absl::Status bad = store->ReadJob(0, "bad").status();
   EXPECT_THAT(bad, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(bad.message(), HasSubstr("jobs record \"bad\""));
   EXPECT_THAT(bad.message(), Not(HasSubstr("secret"))) << "never the bytes";
-  absl::Status misfiled = store->ReadJob("key").status();
+  absl::Status misfiled = store->ReadJob(0, "key").status();
   EXPECT_THAT(misfiled, StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_THAT(misfiled.message(), HasSubstr("record holds job \"other\""));
 }
@@ -289,12 +307,12 @@ TEST_F(RocksDbStoreTest, DedupKeyWithoutSeparatorIsReportedAndSkipped) {
   WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbDedupColumnFamily, "no-separator", EncodeDedup(Dedup("q", "k", "j")));
+    raw.Put(kRocksDbDedupColumnFamily, P0 + "no-separator", EncodeDedup(Dedup("q", "k", "j")));
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_TRUE(store->Recover(0, r).ok());
   EXPECT_THAT(r.events, ElementsAre("corrupt:dedup/no-separator"));
   EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("dedup record \"no-separator\""));
 }
@@ -303,12 +321,12 @@ TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsReportedAndSkipped) {
   WriteAndClose(core::Transition{});
   {
     RawDb raw(path_);
-    raw.Put(kRocksDbPoliciesColumnFamily, "q", "\xff\xff");
+    raw.Put(kRocksDbPoliciesColumnFamily, P0 + "q", "\xff\xff");
   }
   std::unique_ptr<RocksDbStore> store = OpenOk();
   ASSERT_NE(store, nullptr);
   RecordingVisitor r;
-  ASSERT_TRUE(store->Recover(r).ok());
+  ASSERT_TRUE(store->Recover(0, r).ok());
   EXPECT_THAT(r.events, ElementsAre("corrupt:policy/q"));
   EXPECT_THAT(r.corrupt[0].reason.message(), HasSubstr("policies record \"q\""));
 }
@@ -316,15 +334,107 @@ TEST_F(RocksDbStoreTest, CorruptPolicyRecordIsReportedAndSkipped) {
 // The on-disk layout is a contract with older data and with tools: check it directly.
 TEST_F(RocksDbStoreTest, RecordsUseTheDocumentedKeys) {
   core::Transition t;
+  t.partition = 258;
+  t.seq = 0x0102030405060708;
   t.put_jobs = {SimpleJob("j")};
   t.put_dedup = {Dedup("q", "k", "j")};
   t.put_policies = {{"q", FullPolicy()}};
-  WriteAndClose(t);
+  {
+    absl::StatusOr<std::unique_ptr<RocksDbStore>> store =
+        RocksDbStore::Open(path_, {.partitions = 300});
+    ASSERT_THAT(store, IsOk());
+    ASSERT_THAT((*store)->Write({&t, 1}), IsOk());
+  }
   RawDb raw(path_);
-  EXPECT_EQ(raw.Get(kRocksDbJobsColumnFamily, "j"), EncodeJob(SimpleJob("j")));
-  EXPECT_EQ(raw.Get(kRocksDbDedupColumnFamily, std::string("q\0k", 3)),
+  const std::string p258("\0\0\x01\x02", 4);
+  EXPECT_EQ(PartitionKeyPrefix(258), p258);
+  EXPECT_EQ(raw.Get(kRocksDbJobsColumnFamily, p258 + "j"), EncodeJob(SimpleJob("j")));
+  EXPECT_EQ(raw.Get(kRocksDbDedupColumnFamily, p258 + std::string("q\0k", 3)),
             EncodeDedup(Dedup("q", "k", "j")));
-  EXPECT_EQ(raw.Get(kRocksDbPoliciesColumnFamily, "q"), EncodePolicy(FullPolicy()));
+  EXPECT_EQ(raw.Get(kRocksDbPoliciesColumnFamily, p258 + "q"), EncodePolicy(FullPolicy()));
+  EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, "format"), "2");
+  EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, "partitions"), "300");
+  EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, "applied_seq" + p258),
+            std::string("\x01\x02\x03\x04\x05\x06\x07\x08", 8));
+  EXPECT_THAT(raw.Keys(kRocksDbReplicationLogColumnFamily), ::testing::IsEmpty());
+}
+
+TEST_F(RocksDbStoreTest, TheStoreKeepsThePartitionCountItWasCreatedWith) {
+  {
+    absl::StatusOr<std::unique_ptr<RocksDbStore>> store =
+        RocksDbStore::Open(path_, {.partitions = 8});
+    ASSERT_THAT(store, IsOk());
+    EXPECT_EQ((*store)->partitions(), 8u);
+  }
+  absl::StatusOr<std::unique_ptr<RocksDbStore>> reopened =
+      RocksDbStore::Open(path_, {.partitions = 3});
+  ASSERT_THAT(reopened, IsOk());
+  EXPECT_EQ((*reopened)->partitions(), 8u);
+}
+
+TEST_F(RocksDbStoreTest, APartitionCountOutOfRangeIsRefusedNamingIt) {
+  for (uint32_t bad : {0u, core::kMaxPartitions + 1}) {
+    absl::StatusOr<std::unique_ptr<RocksDbStore>> store =
+        RocksDbStore::Open(path_, {.partitions = bad});
+    EXPECT_THAT(store, StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(store.status().message(), HasSubstr("partitions"));
+  }
+}
+
+// A directory as a format-1 build (before partitions) left it: the same column families,
+// records keyed without a partition, marker "1".
+void MakeFormat1Directory(const std::string& path) {
+  RawDb raw(path);
+  raw.Put(rocksdb::kDefaultColumnFamilyName, "format", "1");
+  for (int i = 0; i < 600; ++i) {  // more than one upgrade chunk
+    const std::string id = absl::StrCat("01HF3Z8K2Q", 100000 + i, "XYV7W5R4N3M2").substr(0, 26);
+    raw.Put(kRocksDbJobsColumnFamily, id, EncodeJob(SimpleJob(id)));
+  }
+  raw.Put(kRocksDbDedupColumnFamily, std::string("q\0k", 3), EncodeDedup(Dedup("q", "k", "j")));
+  raw.Put(kRocksDbPoliciesColumnFamily, "q", EncodePolicy(FullPolicy()));
+}
+
+TEST_F(RocksDbStoreTest, AFormat1DirectoryIsUpgradedInPlaceToOnePartition) {
+  MakeFormat1Directory(path_);
+  {
+    absl::StatusOr<std::unique_ptr<RocksDbStore>> store =
+        RocksDbStore::Open(path_, {.partitions = 16});  // the stored layout wins: one partition
+    ASSERT_THAT(store, IsOk());
+    EXPECT_EQ((*store)->partitions(), 1u);
+    RecordingVisitor r;
+    ASSERT_THAT((*store)->Recover(0, r), IsOk());
+    EXPECT_EQ(r.jobs.size(), 600u);
+    EXPECT_TRUE(r.corrupt.empty());
+    ASSERT_EQ(r.dedup.size(), 1u);
+    EXPECT_EQ(r.dedup[0].queue, "q");
+    EXPECT_EQ(r.dedup[0].key, "k");
+    EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+    const std::string some_id = r.jobs[123].id;
+    EXPECT_THAT((*store)->ReadJob(0, some_id), IsOk());
+  }
+  RawDb raw(path_);
+  EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, "format"), "2");
+  for (const std::string& key : raw.Keys(kRocksDbJobsColumnFamily))
+    EXPECT_EQ(key.substr(0, 4), P0) << "every record moved under partition 0";
+}
+
+TEST_F(RocksDbStoreTest, AnUpgradeCutShortGoesOnAtTheNextOpen) {
+  MakeFormat1Directory(path_);
+  {
+    // What a crash halfway through the upgrade leaves: some records moved, the marker still 1.
+    RawDb raw(path_);
+    std::vector<std::string> keys = raw.Keys(kRocksDbJobsColumnFamily);
+    for (size_t i = 0; i < keys.size() / 2; ++i) {
+      raw.Put(kRocksDbJobsColumnFamily, P0 + keys[i], raw.Get(kRocksDbJobsColumnFamily, keys[i]));
+      raw.Delete(kRocksDbJobsColumnFamily, keys[i]);
+    }
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  RecordingVisitor r;
+  ASSERT_THAT(store->Recover(0, r), IsOk());
+  EXPECT_EQ(r.jobs.size(), 600u);
+  EXPECT_TRUE(r.corrupt.empty());
 }
 
 }  // namespace

@@ -108,6 +108,7 @@ inline core::PolicyOverride FullPolicy() {
 // Records what Recover reports, in order.
 class RecordingVisitor final : public core::RecoveryVisitor {
  public:
+  void OnAppliedSeq(uint64_t seq) override { applied_seq = seq; }
   void OnJob(core::Job job) override {
     events.push_back("job:" + job.id);
     jobs.push_back(std::move(job));
@@ -130,7 +131,8 @@ class RecordingVisitor final : public core::RecoveryVisitor {
   std::vector<core::DedupEntry> dedup;
   std::vector<std::pair<std::string, core::PolicyOverride>> policies;
   std::vector<core::CorruptRecord> corrupt;
-  std::vector<std::string> events;
+  std::vector<std::string> events;      // every record, in the order visited
+  uint64_t applied_seq = ~uint64_t{0};  // not told
 };
 
 // A fresh directory under the test temp dir, removed when it goes out of scope.

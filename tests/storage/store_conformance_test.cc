@@ -69,9 +69,9 @@ class StoreConformanceTest : public ::testing::Test {
   }
   absl::Status Write(core::Transition t) { return store().Write({&t, 1}); }
 
-  RecordingVisitor Recover() {
+  RecordingVisitor Recover(uint32_t partition = 0) {
     RecordingVisitor visitor;
-    absl::Status s = store().Recover(visitor);
+    absl::Status s = store().Recover(partition, visitor);
     EXPECT_TRUE(s.ok()) << s;
     return visitor;
   }
@@ -125,12 +125,68 @@ TYPED_TEST(StoreConformanceTest, FullJobRecoversEqual) {
   EXPECT_EQ(r.jobs[0], FullJob());
 }
 
+TYPED_TEST(StoreConformanceTest, EachPartitionRecoversOnlyItsOwnRecords) {
+  core::Transition in0;
+  in0.put_jobs = {SimpleJob("a")};
+  in0.put_dedup = {Dedup("q", "k", "a")};
+  core::Transition in5;
+  in5.partition = 5;
+  in5.put_jobs = {SimpleJob("a", "other"), SimpleJob("b")};  // the same id, another job
+  in5.put_dedup = {Dedup("q", "k", "b")};
+  in5.put_policies = {{"q", FullPolicy()}};
+  ASSERT_THAT(this->Write({in0, in5}), IsOk());
+  this->Reopen();
+
+  EXPECT_THAT(this->Recover(0).events, ElementsAre("dedup:q/k", "job:a"));
+  RecordingVisitor r5 = this->Recover(5);
+  EXPECT_THAT(r5.events, ElementsAre("policy:q", "dedup:q/k", "job:a", "job:b"));
+  EXPECT_EQ(r5.dedup[0].job_id, "b");
+  EXPECT_EQ(r5.jobs[0], SimpleJob("a", "other"));
+  EXPECT_THAT(this->Recover(4).events, IsEmpty());
+  EXPECT_EQ(*this->store().ReadJob(0, "a"), SimpleJob("a"));
+  EXPECT_EQ(*this->store().ReadJob(5, "a"), SimpleJob("a", "other"));
+  EXPECT_THAT(this->store().ReadJob(0, "b"), StatusIs(absl::StatusCode::kNotFound));
+
+  core::Transition delete5;
+  delete5.partition = 5;
+  delete5.delete_jobs = {"a"};
+  ASSERT_THAT(this->Write(delete5), IsOk());
+  EXPECT_THAT(this->store().ReadJob(0, "a"), IsOk()) << "a delete stays in its partition";
+}
+
+TYPED_TEST(StoreConformanceTest, APartitionsAppliedSeqIsItsLastNumberedTransition) {
+  EXPECT_EQ(this->Recover(0).applied_seq, 0u) << "none yet";
+  core::Transition a;
+  a.partition = 2;
+  a.seq = 7;
+  a.put_jobs = {SimpleJob("a")};
+  core::Transition unnumbered;  // a tool's write: leaves applied_seq alone
+  unnumbered.partition = 2;
+  unnumbered.put_jobs = {SimpleJob("b")};
+  core::Transition b = a;
+  b.seq = 8;
+  core::Transition other;
+  other.partition = 3;
+  other.seq = 100;
+  other.put_jobs = {SimpleJob("c")};
+  ASSERT_THAT(this->Write({a, b, unnumbered, other}), IsOk());
+  this->Reopen();
+  EXPECT_EQ(this->Recover(2).applied_seq, 8u);
+  EXPECT_EQ(this->Recover(3).applied_seq, 100u);
+  EXPECT_EQ(this->Recover(0).applied_seq, 0u);
+
+  core::Transition next = a;
+  next.seq = 9;
+  ASSERT_THAT(this->Write(next), IsOk());
+  EXPECT_EQ(this->Recover(2).applied_seq, 9u);
+}
+
 TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
   core::Job job = FullJob();
   core::Transition t;
   t.put_jobs = {job};
   ASSERT_THAT(this->Write(t), IsOk());
-  absl::StatusOr<core::Job> read = this->store().ReadJob(job.id);
+  absl::StatusOr<core::Job> read = this->store().ReadJob(0, job.id);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(*read, job);
 
@@ -139,20 +195,20 @@ TYPED_TEST(StoreConformanceTest, ReadJobReturnsTheLastWrittenRecord) {
   core::Transition update;
   update.put_jobs = {job};
   ASSERT_THAT(this->store().WriteUnsynced({&update, 1}), IsOk());
-  read = this->store().ReadJob(job.id);
+  read = this->store().ReadJob(0, job.id);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->state, core::JobState::kActive);
 }
 
 TYPED_TEST(StoreConformanceTest, ReadJobOfMissingOrDeletedJobIsNotFound) {
-  EXPECT_THAT(this->store().ReadJob("never"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(this->store().ReadJob(0, "never"), StatusIs(absl::StatusCode::kNotFound));
   core::Transition put;
   put.put_jobs = {SimpleJob("a")};
   ASSERT_THAT(this->Write(put), IsOk());
   core::Transition del;
   del.delete_jobs = {"a"};
   ASSERT_THAT(this->Write(del), IsOk());
-  EXPECT_THAT(this->store().ReadJob("a"), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(this->store().ReadJob(0, "a"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TYPED_TEST(StoreConformanceTest, WritesAndRecoversDedupEntries) {

@@ -30,8 +30,12 @@ class FaultyStore final : public core::Store {
   // The injected error (nothing applied) once FailWritesAfter's budget is spent, else
   // MemoryStore's answer; a Write that MemoryStore refuses (a NUL in a dedup queue) uses none.
   absl::Status Write(absl::Span<const core::Transition> transitions) override;
-  absl::StatusOr<core::Job> ReadJob(const std::string& id) override { return memory_.ReadJob(id); }
-  absl::Status Recover(core::RecoveryVisitor& visitor) override { return memory_.Recover(visitor); }
+  absl::StatusOr<core::Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return memory_.ReadJob(partition, id);
+  }
+  absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override {
+    return memory_.Recover(partition, visitor);
+  }
   // Counted; the injected error while a write would fail (the disk is still broken), else OK.
   absl::Status Resume() override;
 
