@@ -12,7 +12,7 @@ namespace jobbroker::core {
 
 bool Broker::CanLeaseLocked(QueueState& q, absl::Time now) {
   // No lease while the store refuses writes: it could not be made durable.
-  if (q.policy.paused || shutting_down_ || !pipeline_.healthy()) return false;
+  if (q.policy.paused || shutting_down_ || !WritableLocked()) return false;
   if (q.policy.max_concurrency > 0 && q.count(JobState::kActive) >= q.policy.max_concurrency)
     return false;
   if (q.policy.rate_limit.per_second > 0) {
@@ -119,6 +119,8 @@ void Broker::ServeConsumersLocked(QueueState& q, absl::Time now, Transition& t, 
     }
     c.enlisted.erase(q.name);
     if (!c.has_slot()) continue;
+    // Out of line until the shared budget has room again (StreamCredit refills it).
+    if (c.credit != nullptr && !c.credit->TryTake(c.credit_member)) continue;
     LeaseSpec spec{q.name, c.spec.worker_id, 1, c.spec.lease_duration};
     auto [job, seq] = LeaseNextLocked(q, spec, now, t);
     fx.pushes.push_back({c.sink, std::move(job)});
@@ -147,6 +149,7 @@ void Broker::EndHoldLocked(const Job& job, bool lost, absl::Time now, Transition
   Consumer* stream = consumers_.EndHold(job.seq);
   if (stream == nullptr) return;  // no stream held it, or the stream has ended since
   --stream->in_flight;
+  if (stream->credit != nullptr && stream->credit->Give()) fx.refills.push_back(stream->credit);
   if (lost) fx.lost.push_back({stream->sink, job.id});
   EnlistLocked(*stream, now, t, fx);
 }
@@ -233,6 +236,8 @@ absl::StatusOr<uint64_t> Broker::Subscribe(SubscribeSpec spec, std::shared_ptr<S
                                       stream.queues = std::move(spec.queues);
                                       stream.max_in_flight = std::max(spec.max_in_flight, 1);
                                       stream.sink = std::move(sink);
+                                      stream.credit = std::move(spec.credit);
+                                      stream.credit_member = spec.credit_member;
                                       EnlistLocked(stream, now, t, effects);
                                       return absl::OkStatus();
                                     }));
@@ -259,6 +264,22 @@ absl::Status Broker::SetFlow(uint64_t stream, int max_in_flight) {
       });
   Finish(commit, std::move(fx), nullptr);
   return status;
+}
+
+void Broker::RefillStream(uint64_t stream) {
+  Effects fx;
+  uint64_t commit = 0;
+  absl::Status status = Mutate(fx, commit,
+                               [&](absl::Time now, Transition& t, Effects& effects)
+                                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                     Consumer* c = consumers_.Find(stream);
+                                     if (c == nullptr || !c->stream)
+                                       return absl::NotFoundError("the stream has not subscribed");
+                                     EnlistLocked(*c, now, t, effects);
+                                     return absl::OkStatus();
+                                   });
+  Finish(commit, std::move(fx), nullptr);
+  status.IgnoreError();  // a stream that ended meanwhile needs nothing
 }
 
 void Broker::Unsubscribe(uint64_t stream) {

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "core/done.h"
 #include "core/requests.h"
+#include "core/stream_credit.h"
 #include "core/stream_sink.h"
 
 namespace jobbroker::core {
@@ -33,6 +34,8 @@ struct Consumer {
   int in_flight = 0;
   std::shared_ptr<StreamSink> sink;
   absl::flat_hash_set<std::string> enlisted;  // queues whose line it stands in
+  std::shared_ptr<StreamCredit> credit;       // shared with other partitions' brokers, if any
+  int credit_member = 0;
 
   bool has_slot() const { return in_flight < max_in_flight; }
 };

@@ -10,6 +10,7 @@
 #include "core/consumers.h"
 #include "core/policy.h"
 #include "core/requests.h"
+#include "core/stream_credit.h"
 #include "core/stream_sink.h"
 
 namespace jobbroker::core {
@@ -34,6 +35,8 @@ struct Effects {
   std::vector<Notice> lost;       // leases that ran out under a stream
   std::vector<Notice> cancelled;  // cancel requests for jobs a stream holds
   bool wake = false;              // an earlier deadline appeared: wake the ticker
+  // Streams shared with other partitions that got credit back while some member starved.
+  std::vector<std::shared_ptr<StreamCredit>> refills;
 
   // The durability the change is committed at: the strictest asked for, by these rules (the
   // one place they are written down; Broker::CommitChangeLocked applies them):

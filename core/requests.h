@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +12,8 @@
 #include "core/policy.h"
 
 namespace jobbroker::core {
+
+class StreamCredit;
 
 // Arguments and results of the Broker's operations, free of any wire format.
 
@@ -39,6 +42,10 @@ struct SubscribeSpec {
   std::string worker_id;
   int max_in_flight = 1;  // unacknowledged pushed jobs at once; 0 means 1
   absl::Duration lease_duration = absl::ZeroDuration();  // zero = the job's, else the queue's
+  // A stream whose queues live in several partitions: the budget its members share, and which
+  // member this subscription is (core/stream_credit.h). Unset: max_in_flight alone bounds it.
+  std::shared_ptr<StreamCredit> credit;
+  int credit_member = 0;
 };
 
 struct LeaseSpec {
@@ -115,6 +122,7 @@ struct ListJobsResult {
 
 struct QueueInfo {
   std::string name;
+  uint32_t partition = 0;  // the partition the queue lives in (PartitionOfQueue)
   QueuePolicy policy;
   std::map<JobState, int64_t> counts;  // every state present, zero included
   absl::Duration oldest_ready_age = absl::ZeroDuration();
