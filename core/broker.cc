@@ -30,7 +30,9 @@ Broker::Broker(Store& store, const Clock& clock, BrokerOptions options)
                                 if (options_.wake) options_.wake();
                               })),
       pipeline_(options_.pipeline != nullptr ? *options_.pipeline : *own_pipeline_),
-      queues_(options_.default_policy, options_.queue_policies) {}
+      queues_(options_.default_policy, options_.queue_policies) {
+  rebuilt_at_resets_.store(pipeline_.resets());
+}
 
 BrokerObserver& Broker::NoObserver() {
   static BrokerObserver* const none = new BrokerObserver();
@@ -50,7 +52,7 @@ absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& 
 absl::Status Broker::Recover() {
   const absl::Time started = clock_.Now();
   RecoveredState found(options_.max_hot_jobs);
-  BROKER_RETURN_IF_ERROR(store_.Recover(found));
+  BROKER_RETURN_IF_ERROR(store_.Recover(options_.partition, found));
   uint64_t commit;
   size_t expired;
   {
@@ -75,6 +77,7 @@ void Broker::QuarantineLocked(CorruptRecord record) {
 
 size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, Effects& fx) {
   for (CorruptRecord& record : found.corrupt) QuarantineLocked(std::move(record));
+  applied_seq_ = found.applied_seq;
   queues_.CreateConfigured();
   for (auto& [name, policy] : found.policies) queues_.SetRuntime(queues_.Get(name), policy);
   // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
@@ -139,6 +142,10 @@ uint64_t Broker::CommitChangeLocked(Transition t, Effects& fx) {
   // Pushes to workers of a kSync change go out once it is written, while its fsync runs
   // (docs/decisions.md, "early pushes"): the pipeline must then tell written from durable.
   const bool early = fx.level() == Durability::kSync && fx.reaches_workers();
+  if (!t.empty()) {
+    t.partition = options_.partition;
+    t.seq = ++applied_seq_;
+  }
   const uint64_t commit = pipeline_.Append(std::move(t), fx.level(), fx.group_delay, early);
   jobs_.StampPuts(puts, commit);
   if (deadlines_.wake_needed()) fx.wake = true;
@@ -147,6 +154,8 @@ uint64_t Broker::CommitChangeLocked(Transition t, Effects& fx) {
 
 void Broker::Finish(uint64_t commit, Effects fx, absl::AnyInvocable<void(absl::Status)> done) {
   if (fx.wake && options_.wake) options_.wake();
+  for (const std::shared_ptr<StreamCredit>& credit : fx.refills) credit->Refill();
+  fx.refills.clear();
   const Durability level = fx.level();
   if (level == Durability::kSync && fx.reaches_workers()) {
     // Workers get what the transition handed them once it is in the store's log, while its fsync
@@ -198,7 +207,17 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
 
 absl::Status Broker::RefusalLocked() const {
   if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
-  return storage_status();
+  absl::Status storage = storage_status();
+  if (storage.ok() && !WritableLocked()) {
+    return absl::UnavailableError(
+        absl::StrCat("partition ", options_.partition,
+                     " is rebuilding its state after a storage failure; try again"));
+  }
+  return storage;
+}
+
+bool Broker::WritableLocked() const {
+  return pipeline_.healthy() && pipeline_.resets() == rebuilt_at_resets_.load();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,6 +36,9 @@
 namespace jobbroker::core {
 
 struct BrokerOptions {
+  // The partition this broker serves (its job ids carry it, its records are keyed by it);
+  // node::Partitions runs one broker per partition. Below core::kMaxPartitions.
+  uint32_t partition = 0;
   // Policy layers under the run-time changes: the config file's default_policy and its per-queue
   // policies (built-in defaults below both).
   PolicyOverride default_policy;
@@ -52,8 +56,10 @@ struct BrokerOptions {
   // A commit writer shared with other brokers of this process (one per partition, so that they
   // share fsyncs too); borrowed, must outlive the broker, and must write to the same `store`.
   // Unset: the broker makes its own, in commit_mode. A shared pipeline's owner wakes the
-  // brokers' tickers on a write failure; ResumeWrites resets the pipeline, so all brokers on it
-  // must be rebuilt together (today one broker runs per process; partitions will do that).
+  // brokers' tickers on a write failure. The first broker whose ResumeWrites succeeds resets
+  // the pipeline; every other broker on it then refuses changes until its own ResumeWrites (its
+  // next Tick) has rebuilt its memory from the store, since a failed write may have held some of
+  // its changes too (CommitPipeline::resets).
   CommitPipeline* pipeline = nullptr;
   // At most this much time-driven work (expiries, promotions, removals) per Tick.
   int tick_batch = 1000;
@@ -125,6 +131,9 @@ class Broker {
   // Changes a stream's max_in_flight; 0 drains it (no new jobs). kNotFound for an unknown
   // stream.
   absl::Status SetFlow(uint64_t stream, int max_in_flight);
+  // A stream with a shared budget (SubscribeSpec::credit) that got credit back: enlists it again
+  // in its queues here. What StreamCredit's refill calls; a stream that ended is ignored.
+  void RefillStream(uint64_t stream);
   // The stream ended: no more pushes. Its leases stay and run out unless acked (DESIGN.md: a
   // broken connection must not duplicate work).
   void Unsubscribe(uint64_t stream);
@@ -258,6 +267,9 @@ class Broker {
   static void Deliver(Effects& fx, const absl::Status& written);
   // Why no change can be made now (shutting down, or the store failed), or OK.
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the pipeline takes writes and this broker's memory matches the store (see
+  // rebuilt_at_resets_).
+  bool WritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Recovery and storage failures (broker.cc, broker_storage.cc) ----------------------------
   // Builds memory from what the store held (`found`; memory must be empty) and turns leases that
@@ -429,6 +441,12 @@ class Broker {
   Consumers consumers_ ABSL_GUARDED_BY(mu_);
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The partition's last Transition::seq (the store's applied_seq after recovery).
+  uint64_t applied_seq_ ABSL_GUARDED_BY(mu_) = 0;
+  // pipeline_.resets() when this broker last rebuilt its memory from the store (or opened): if
+  // the pipeline was reset since, by another broker sharing it, this one's memory may hold
+  // changes that the failed write lost, and it must rebuild before it writes.
+  std::atomic<uint64_t> rebuilt_at_resets_{0};
   // After a store failure: when Tick next tries the store (InfinitePast: not scheduled yet), and
   // whether a ResumeWrites is running.
   absl::Time resume_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

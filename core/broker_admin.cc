@@ -238,6 +238,7 @@ absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
 QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   QueueInfo info;
   info.name = q.name;
+  info.partition = options_.partition;
   info.policy = q.policy;
   for (JobState s : {JobState::kReady, JobState::kScheduled, JobState::kActive,
                      JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {

@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     fx.Touch(q.policy);
     auto owned = std::make_unique<Job>();
     Job& job = *owned;
-    job.id = NewJobId(now, gen_);
+    job.id = NewJobId(now, options_.partition, gen_);
     job.queue = s.queue;
     job.payload = std::move(s.payload);
     job.headers = std::move(s.headers);

@@ -18,7 +18,7 @@ Job* Broker::FindJobLocked(const std::string& id) {
   // has (its delete not written yet) names a seq that is not cold, so it is not taken.
   std::optional<PackedJobId> packed = PackJobId(id);
   if (!packed.has_value()) return nullptr;
-  absl::StatusOr<Job> stored = store_.ReadJob(id);
+  absl::StatusOr<Job> stored = store_.ReadJob(options_.partition, id);
   if (!stored.ok()) return nullptr;
   std::optional<PackedJobId> cold = jobs_.ColdId(stored->seq);
   if (!cold.has_value() || !(*cold == *packed)) return nullptr;
@@ -38,7 +38,7 @@ JobState Broker::StateOfLocked(const QueueState& q, uint64_t seq) {
 
 Job* Broker::ThawLocked(uint64_t seq, PackedJobId packed) {
   const std::string id = UnpackJobId(packed);
-  absl::StatusOr<Job> stored = store_.ReadJob(id);
+  absl::StatusOr<Job> stored = store_.ReadJob(options_.partition, id);
   if (stored.ok()) {
     // The record must be the one the indexes were built from; anything else would corrupt them.
     const Job& j = *stored;

@@ -29,11 +29,12 @@ int64_t Broker::corrupt_records() const {
 }
 
 void Broker::MaybeResume() {
-  if (pipeline_.healthy()) return;
+  if (pipeline_.healthy() && pipeline_.resets() == rebuilt_at_resets_.load()) return;
   bool due = false;
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_ || resuming_) return;
+    // failed_at is InfinitePast once another broker sharing the pipeline reset it: due at once.
     if (resume_at_ == absl::InfinitePast())
       resume_at_ = pipeline_.failed_at() + options_.store_retry_interval;
     due = clock_.Now() >= resume_at_;
@@ -47,15 +48,16 @@ absl::Status Broker::ResumeWrites() {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
     cause = pipeline_.status();
-    if (cause.ok()) return absl::OkStatus();
+    if (cause.ok() && WritableLocked()) return absl::OkStatus();
     if (resuming_) return absl::UnavailableError("the store is being tried again already");
     resuming_ = true;
   }
   // Nothing is written while the pipeline is stopped, so the store holds still for this read.
   const absl::Time started = clock_.Now();
   RecoveredState found(options_.max_hot_jobs);
-  absl::Status s = store_.Resume();
-  if (s.ok()) s = store_.Recover(found);
+  // A broker rebuilding after another one resumed the store (cause OK) only reads it.
+  absl::Status s = cause.ok() ? absl::OkStatus() : store_.Resume();
+  if (s.ok()) s = store_.Recover(options_.partition, found);
 
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;
@@ -74,9 +76,13 @@ absl::Status Broker::ResumeWrites() {
     // Memory may hold changes the store never took (and miss one it did take, if a failed fsync
     // left it in the log): what the store holds now is the truth.
     ClearLocked(waiting, streams);
-    observer_.StoreResumed(cause, now - pipeline_.failed_at());
+    // Told once per failure: by the broker that resets the pipeline, not by those that rebuild
+    // after it (their cause is OK).
+    if (!cause.ok()) observer_.StoreResumed(cause, now - pipeline_.failed_at());
     // Before anything is appended, and under mu_, so no transition of the old memory slips in.
+    // A no-op if another broker sharing the pipeline reset it already.
     pipeline_.Reset();
+    rebuilt_at_resets_.store(pipeline_.resets());
     resume_at_ = absl::InfinitePast();
     Transition t;
     fx.Require(Durability::kSync);  // as at Open: the rebuilt state's first commit

@@ -108,7 +108,7 @@ absl::Time Broker::Tick() {
     // removals): memory will be rebuilt from the store before writes resume anyway. Only long
     // polls time out meanwhile. So this is the one change that does not start with
     // StartChangeLocked when the store fails.
-    const bool writable = pipeline_.healthy();
+    const bool writable = WritableLocked();
     const absl::Time now = writable ? StartChangeLocked(t, fx) : clock_.Now();
     if (writable) {
       // Rate-limited queues whose bucket refilled serve whoever waits for them.

@@ -146,6 +146,7 @@ void CommitPipeline::Reset() {
   // Waiters register only while healthy and were all answered at the failure; none is left.
   error_ = absl::OkStatus();
   failed_at_ = absl::InfinitePast();
+  resets_.fetch_add(1, std::memory_order_acq_rel);  // before healthy: see resets()
   healthy_.store(true, std::memory_order_release);
 }
 

@@ -90,6 +90,11 @@ class CommitPipeline {
   // write in progress to finish. Nothing to do while healthy.
   void Reset();
 
+  // How many times Reset() restarted the pipeline after a failure. Brokers that share it compare
+  // it with the value at their last rebuild: the one that reset it rebuilt first, the others
+  // must rebuild before they write (BrokerOptions::pipeline).
+  uint64_t resets() const { return resets_.load(std::memory_order_acquire); }
+
   // Every transition up to this sequence number is in the store (Store::ReadJob sees it), synced
   // or not; a dropped one (Reset) counts as passed. Lock-free, for hot paths.
   uint64_t written() const { return written_.load(std::memory_order_acquire); }
@@ -141,6 +146,7 @@ class CommitPipeline {
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> written_{0};  // written_seq_, readable without mu_
+  std::atomic<uint64_t> resets_{0};
   // Sequence ranges Reset() dropped: first -> (last, the error they were dropped for). One entry
   // per failure, so it stays tiny.
   std::map<uint64_t, std::pair<uint64_t, absl::Status>> dropped_ ABSL_GUARDED_BY(mu_);

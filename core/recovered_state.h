@@ -32,6 +32,7 @@ class RecoveredState final : public RecoveryVisitor {
 
   explicit RecoveredState(int64_t hot_limit) : hot_limit_(hot_limit) {}
 
+  void OnAppliedSeq(uint64_t seq) override { applied_seq = seq; }
   void OnJob(Job job) override;
   void OnDedup(DedupEntry entry) override { dedup.push_back(std::move(entry)); }
   void OnPolicy(std::string queue, PolicyOverride policy) override {
@@ -41,6 +42,7 @@ class RecoveredState final : public RecoveryVisitor {
 
   size_t job_count() const { return jobs.size() + cold.size(); }
 
+  uint64_t applied_seq = 0;
   std::vector<Job> jobs;  // whole
   std::vector<ColdJob> cold;
   std::vector<std::string> queue_names;  // of cold jobs, each once
