@@ -11,12 +11,14 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/recording_sink.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::RecordingSink;
 using ::jobbroker::testing::StatusIs;
 
 namespace {
@@ -25,55 +27,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using Code = absl::StatusCode;
-
-// Records what the broker pushes to one stream.
-class RecordingSink : public StreamSink {
- public:
-  void PushJob(LeasedJob job) override {
-    absl::MutexLock lock(&mu_);
-    jobs_.push_back(std::move(job));
-  }
-  void LeaseLost(std::string job_id) override {
-    absl::MutexLock lock(&mu_);
-    lost_.push_back(std::move(job_id));
-  }
-  void CancelRequested(std::string job_id) override {
-    absl::MutexLock lock(&mu_);
-    cancelled_.push_back(std::move(job_id));
-  }
-  void End(absl::Status status) override {
-    absl::MutexLock lock(&mu_);
-    ended_ = status;
-  }
-
-  std::vector<LeasedJob> jobs() {
-    absl::MutexLock lock(&mu_);
-    return jobs_;
-  }
-  std::vector<std::string> job_ids() {
-    std::vector<std::string> ids;
-    for (const LeasedJob& j : jobs()) ids.push_back(j.job_id);
-    return ids;
-  }
-  std::vector<std::string> lost() {
-    absl::MutexLock lock(&mu_);
-    return lost_;
-  }
-  std::vector<std::string> cancelled() {
-    absl::MutexLock lock(&mu_);
-    return cancelled_;
-  }
-  std::optional<absl::Status> ended() {
-    absl::MutexLock lock(&mu_);
-    return ended_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<LeasedJob> jobs_;
-  std::vector<std::string> lost_, cancelled_;
-  std::optional<absl::Status> ended_;
-};
 
 class BrokerStreamTest : public BrokerFixture {
  protected:
@@ -273,8 +226,12 @@ class SyncGateStore final : public Store {
         +[](bool* held) { return !*held; }, &held_));
     return absl::OkStatus();
   }
-  absl::StatusOr<Job> ReadJob(const std::string& id) override { return inner_.ReadJob(id); }
-  absl::Status Recover(RecoveryVisitor& v) override { return inner_.Recover(v); }
+  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
+    return inner_.ReadJob(partition, id);
+  }
+  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
+    return inner_.Recover(partition, v);
+  }
   absl::Status Resume() override { return inner_.Resume(); }
 
   void HoldSyncs(bool held) {

@@ -26,17 +26,23 @@ T Await(Start start) {
   return std::move(*out);
 }
 
-// A Broker with blocking forms of its changes, for tests and the fuzzers: each waits until the
-// change is durable (or refused) and returns its answer. Every other Broker method is passed
-// through, so a test reads `broker->Enqueue(spec)` whichever it calls. Owns the broker.
-class BlockingBroker {
+// A Broker (or node::Partitions, which has the same API) with blocking forms of its changes,
+// for tests and the fuzzers: each waits until the change is durable (or refused) and returns its
+// answer. Every other method is passed through, so a test reads `broker->Enqueue(spec)`
+// whichever it calls. Owns the engine.
+template <typename Engine>
+class BlockingEngine {
  public:
-  explicit BlockingBroker(std::unique_ptr<core::Broker> broker) : broker_(std::move(broker)) {}
-  static absl::StatusOr<std::unique_ptr<BlockingBroker>> Open(core::Store& store,
-                                                              const core::Clock& clock,
-                                                              core::BrokerOptions options);
+  explicit BlockingEngine(std::unique_ptr<Engine> broker) : broker_(std::move(broker)) {}
+  // Engine::Open(args...), wrapped.
+  template <typename... Args>
+  static absl::StatusOr<std::unique_ptr<BlockingEngine>> Open(Args&&... args) {
+    absl::StatusOr<std::unique_ptr<Engine>> opened = Engine::Open(std::forward<Args>(args)...);
+    if (!opened.ok()) return opened.status();
+    return std::make_unique<BlockingEngine>(*std::move(opened));
+  }
 
-  core::Broker& broker() { return *broker_; }
+  Engine& broker() { return *broker_; }
 
   // Blocking forms.
   absl::StatusOr<core::EnqueueResult> Enqueue(core::EnqueueSpec spec);
@@ -123,7 +129,114 @@ class BlockingBroker {
   core::Broker::MemoryCounts memory_counts() const { return broker_->memory_counts(); }
 
  private:
-  std::unique_ptr<core::Broker> broker_;
+  std::unique_ptr<Engine> broker_;
 };
+
+using BlockingBroker = BlockingEngine<core::Broker>;
+
+template <typename Engine>
+absl::StatusOr<core::EnqueueResult> BlockingEngine<Engine>::Enqueue(core::EnqueueSpec spec) {
+  std::vector<core::EnqueueSpec> one;
+  one.push_back(std::move(spec));
+  absl::StatusOr<std::vector<core::EnqueueResult>> r = EnqueueBatch(std::move(one));
+  if (!r.ok()) return r.status();
+  return std::move(r->front());
+}
+
+template <typename Engine>
+absl::StatusOr<std::vector<core::EnqueueResult>> BlockingEngine<Engine>::EnqueueBatch(
+    std::vector<core::EnqueueSpec> specs) {
+  using R = absl::StatusOr<std::vector<core::EnqueueResult>>;
+  return Await<R>([&](core::Done<R> d) { broker_->EnqueueBatch(std::move(specs), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<std::vector<core::LeasedJob>> BlockingEngine<Engine>::Lease(core::LeaseSpec spec) {
+  using R = absl::StatusOr<std::vector<core::LeasedJob>>;
+  return Await<R>([&](core::Done<R> d) {
+    broker_->Lease(std::move(spec), absl::ZeroDuration(), std::move(d));
+  });
+}
+
+template <typename Engine>
+absl::StatusOr<core::HeartbeatResult> BlockingEngine<Engine>::Heartbeat(core::HeartbeatSpec spec) {
+  using R = absl::StatusOr<core::HeartbeatResult>;
+  return Await<R>([&](core::Done<R> d) { broker_->Heartbeat(std::move(spec), std::move(d)); });
+}
+
+template <typename Engine>
+absl::Status BlockingEngine<Engine>::Ack(core::AckSpec spec) {
+  return Await<absl::Status>(
+      [&](core::Done<absl::Status> d) { broker_->Ack(std::move(spec), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<std::vector<absl::Status>> BlockingEngine<Engine>::AckBatch(
+    std::vector<core::AckSpec> specs) {
+  using R = absl::StatusOr<std::vector<absl::Status>>;
+  return Await<R>([&](core::Done<R> d) { broker_->AckBatch(std::move(specs), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<core::FailResult> BlockingEngine<Engine>::Fail(core::FailSpec spec) {
+  using R = absl::StatusOr<core::FailResult>;
+  return Await<R>([&](core::Done<R> d) { broker_->Fail(std::move(spec), std::move(d)); });
+}
+
+template <typename Engine>
+absl::Status BlockingEngine<Engine>::Release(core::ReleaseSpec spec) {
+  return Await<absl::Status>(
+      [&](core::Done<absl::Status> d) { broker_->Release(std::move(spec), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<core::Job> BlockingEngine<Engine>::CancelJob(std::string job_id) {
+  using R = absl::StatusOr<core::Job>;
+  return Await<R>([&](core::Done<R> d) { broker_->CancelJob(std::move(job_id), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<core::QueueInfo> BlockingEngine<Engine>::UpdateQueuePolicy(
+    std::string queue, core::PolicyOverride policy, bool reset) {
+  using R = absl::StatusOr<core::QueueInfo>;
+  return Await<R>([&](core::Done<R> d) {
+    broker_->UpdateQueuePolicy(std::move(queue), std::move(policy), reset, std::move(d));
+  });
+}
+
+template <typename Engine>
+absl::StatusOr<core::Job> BlockingEngine<Engine>::RetryJob(std::string job_id) {
+  using R = absl::StatusOr<core::Job>;
+  return Await<R>([&](core::Done<R> d) { broker_->RetryJob(std::move(job_id), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<core::RetryJobsResult> BlockingEngine<Engine>::RetryJobs(core::RetryJobsSpec spec) {
+  using R = absl::StatusOr<core::RetryJobsResult>;
+  return Await<R>([&](core::Done<R> d) { broker_->RetryJobs(std::move(spec), std::move(d)); });
+}
+
+template <typename Engine>
+absl::Status BlockingEngine<Engine>::DeleteJob(std::string job_id) {
+  return Await<absl::Status>(
+      [&](core::Done<absl::Status> d) { broker_->DeleteJob(std::move(job_id), std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<core::QueueInfo> BlockingEngine<Engine>::SetQueuePaused(std::string queue,
+                                                                       bool paused) {
+  using R = absl::StatusOr<core::QueueInfo>;
+  return Await<R>(
+      [&](core::Done<R> d) { broker_->SetQueuePaused(std::move(queue), paused, std::move(d)); });
+}
+
+template <typename Engine>
+absl::StatusOr<int64_t> BlockingEngine<Engine>::PurgeQueue(std::string queue,
+                                                           std::vector<core::JobState> states) {
+  using R = absl::StatusOr<int64_t>;
+  return Await<R>([&](core::Done<R> d) {
+    broker_->PurgeQueue(std::move(queue), std::move(states), std::move(d));
+  });
+}
 
 }  // namespace jobbroker::testing

@@ -123,6 +123,11 @@ absl::Status BrokerProcess::Launch() {
     argv.push_back(config_path_);
   }
   for (const std::string& a : options_.extra_args) argv.push_back(a);
+  // tests/e2e/CMakeLists.txt runs some suites again with several partitions.
+  if (const char* partitions = std::getenv("JOBBROKER_TEST_PARTITIONS")) {
+    argv.push_back("--partitions");
+    argv.push_back(partitions);
+  }
 
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2");
