@@ -17,6 +17,7 @@
 #include "core/clock.h"
 #include "core/validation.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "node/partitions.h"
 #include "prometheus/registry.h"
 #include "server/auth/auth_tokens.h"
 #include "server/auth/authorizer.h"
@@ -137,9 +138,17 @@ int Run(int argc, char** argv) {
   std::filesystem::create_directories(flags->data_dir, ec);
   if (ec) return Fatal("--data-dir " + flags->data_dir + ": " + ec.message());
   Log::Write(LogLevel::kInfo, "starting", {{"data_dir", flags->data_dir}});
-  absl::StatusOr<std::unique_ptr<storage::RocksDbStore>> store =
-      storage::RocksDbStore::Open(flags->data_dir);
+  absl::StatusOr<std::unique_ptr<storage::RocksDbStore>> store = storage::RocksDbStore::Open(
+      flags->data_dir, {.partitions = static_cast<uint32_t>(flags->partitions)});
   if (!store.ok()) return Fatal("--data-dir: " + std::string(store.status().message()));
+  const uint32_t partition_count = (*store)->partitions();
+  if (flags->partitions_given && partition_count != flags->partitions) {
+    // Where each queue's records are follows from the count: the data dir's wins.
+    Log::Write(LogLevel::kWarn, "partitions_kept",
+               {{"data_dir", flags->data_dir},
+                {"partitions", absl::StrCat(partition_count)},
+                {"asked", absl::StrCat(flags->partitions)}});
+  }
 
   core::RealClock clock;
   Ticker ticker;
@@ -154,8 +163,8 @@ int Run(int argc, char** argv) {
   options.commit_mode = core::CommitPipeline::Mode::kBackground;
   options.wake = [&ticker] { ticker.Wake(); };
   options.observer = &observer;
-  absl::StatusOr<std::unique_ptr<core::Broker>> broker =
-      core::Broker::Open(**store, clock, options);
+  absl::StatusOr<std::unique_ptr<node::Partitions>> broker =
+      node::Partitions::Open(**store, clock, partition_count, options);
   if (!broker.ok()) {
     std::string where = flags->config.empty() ? "" : flags->config + ": ";
     return Fatal(where + std::string(broker.status().message()));
@@ -203,7 +212,10 @@ int Run(int argc, char** argv) {
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);
   const std::string http_address = WithPort(flags->http_listen, (*http)->port());
-  Log::Write(LogLevel::kInfo, "serving", {{"grpc", grpc_address}, {"http", http_address}});
+  Log::Write(LogLevel::kInfo, "serving",
+             {{"grpc", grpc_address},
+              {"http", http_address},
+              {"partitions", absl::StrCat(partition_count)}});
   std::printf("jobbroker: serving grpc=%s http=%s\n", grpc_address.c_str(), http_address.c_str());
   std::fflush(stdout);
 

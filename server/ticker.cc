@@ -2,7 +2,7 @@
 
 namespace jobbroker::server {
 
-void Ticker::Start(core::Broker& broker) {
+void Ticker::Start(node::Partitions& broker) {
   thread_ = std::thread([this, &broker] { Loop(broker); });
 }
 
@@ -19,7 +19,7 @@ void Ticker::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Ticker::Loop(core::Broker& broker) {
+void Ticker::Loop(node::Partitions& broker) {
   while (true) {
     absl::Time next = broker.Tick();
     absl::MutexLock lock(&mu_);

@@ -3,7 +3,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "core/broker.h"
+#include "node/partitions.h"
 
 namespace jobbroker::server {
 
@@ -18,12 +18,12 @@ class Ticker {
   Ticker& operator=(const Ticker&) = delete;
 
   // Starts ticking `broker`, which must outlive Stop().
-  void Start(core::Broker& broker);
+  void Start(node::Partitions& broker);
   void Wake();
   void Stop();
 
  private:
-  void Loop(core::Broker& broker);
+  void Loop(node::Partitions& broker);
 
   absl::Mutex mu_;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;

@@ -44,6 +44,10 @@ ABSL_FLAG(int, max_work_streams, 10000,
 ABSL_FLAG(int64_t, max_hot_jobs, 100'000,
           "jobs kept whole in memory (about 1 KB each), 0 to 1000000000; waiting jobs past it "
           "take about 90 bytes each and are read from disk when leased");
+ABSL_FLAG(int64_t, partitions, 1,
+          "partitions of a new --data-dir, 1 to 32768: each is a broker of its own with its own "
+          "lock (queues are spread by a hash of their name); a data dir keeps the count it was "
+          "created with");
 ABSL_FLAG(bool, check_config, false,
           "validate the flags, the --config file and the TLS files, say so, exit (0 if the broker "
           "would start with them, 1 otherwise)");
@@ -63,7 +67,8 @@ struct Range {
 constexpr Range kMaxWorkStreams = {"max_work_streams", 1, 1'000'000};
 constexpr Range kMaxHotJobs = {"max_hot_jobs", 0, 1'000'000'000};
 constexpr Range kMetricsMaxQueues = {"metrics_max_queues", 0, 1'000'000};
-constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs, kMetricsMaxQueues};
+constexpr Range kPartitions = {"partitions", 1, 32768};
+constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs, kMetricsMaxQueues, kPartitions};
 
 std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
@@ -140,6 +145,7 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
     absl::CommandLineFlag* flag = FindFlag(name);
     if (flag == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown flag ", arg));
     if (!value.has_value() && flag->IsOfType<bool>()) value = "true";
+    if (flag->Name() == "partitions") out.partitions_given = true;
     if (!value.has_value()) {
       if (i + 1 >= argc) return absl::InvalidArgumentError(absl::StrCat(name, " needs a value"));
       value = argv[++i];
@@ -170,11 +176,13 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.max_work_streams = absl::GetFlag(FLAGS_max_work_streams);
   out.max_hot_jobs = absl::GetFlag(FLAGS_max_hot_jobs);
   out.metrics_max_queues = absl::GetFlag(FLAGS_metrics_max_queues);
+  out.partitions = absl::GetFlag(FLAGS_partitions);
   out.check_config = absl::GetFlag(FLAGS_check_config);
 
   if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
   if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
   if (!kMetricsMaxQueues.Holds(out.metrics_max_queues)) return OutOfRange(kMetricsMaxQueues);
+  if (!kPartitions.Holds(out.partitions)) return OutOfRange(kPartitions);
 
   if (out.tls_cert.empty() != out.tls_key.empty())
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");

@@ -39,8 +39,11 @@ struct ServerFlags {
   // Queues with a `queue` label of their own in /metrics (server/observability/queue_labels.h);
   // later ones are counted under queue="(other)". 0: no limit. 0 to 1000000.
   int64_t metrics_max_queues = 0;
-  bool check_config = false;  // validate the flags and --config, print the verdict, exit
-  bool help = false;          // --help or -h: print Usage() and exit 0
+  // Partitions of a new data directory (RocksDbStoreOptions::partitions); 1 to 32768.
+  int64_t partitions = 1;
+  bool partitions_given = false;  // on the command line (a data dir's own count wins; told if so)
+  bool check_config = false;      // validate the flags and --config, print the verdict, exit
+  bool help = false;              // --help or -h: print Usage() and exit 0
 };
 
 // Parses argv[1..]: "--flag value" and "--flag=value", flag names spelt with '-' as --help shows

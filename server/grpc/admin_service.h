@@ -2,8 +2,8 @@
 
 #include <string>
 
-#include "core/broker.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
+#include "node/partitions.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 
@@ -16,7 +16,7 @@ namespace jobbroker::server {
 class AdminService final : public v1::Admin::CallbackService {
  public:
   // Unary calls are timed in `metrics`.
-  AdminService(core::Broker& broker, const RpcAuth& auth, const RpcMetrics& metrics)
+  AdminService(node::Partitions& broker, const RpcAuth& auth, const RpcMetrics& metrics)
       : broker_(broker),
         auth_(auth),
         timers_(metrics.For(*v1::GetJobRequest::descriptor()->file(), "Admin")) {}
@@ -57,7 +57,7 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const grpc::CallbackServerContext& ctx,
                                       const std::string& queue, bool paused, v1::QueueInfo* resp);
 
-  core::Broker& broker_;
+  node::Partitions& broker_;
   const RpcAuth& auth_;
   const RpcServiceTimers timers_;
 };

@@ -17,7 +17,7 @@ namespace {
 // waiter handle lives in shared state that outlives the reactor rather than in the reactor.
 class LeaseReactor final : public grpc::ServerUnaryReactor {
  public:
-  LeaseReactor(core::Broker& broker, v1::LeaseResponse* resp, RpcTiming timing)
+  LeaseReactor(node::Partitions& broker, v1::LeaseResponse* resp, RpcTiming timing)
       : broker_(broker),
         resp_(resp),
         timing_(timing),
@@ -43,7 +43,7 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  core::Broker& broker_;
+  node::Partitions& broker_;
   v1::LeaseResponse* resp_;
   const RpcTiming timing_;
   std::shared_ptr<std::atomic<uint64_t>> waiter_;

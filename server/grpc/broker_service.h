@@ -1,7 +1,7 @@
 #pragma once
 
-#include "core/broker.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "node/partitions.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/grpc/work_stream_limit.h"
@@ -16,7 +16,7 @@ class BrokerService final : public v1::Broker::CallbackService {
  public:
   // `streams` bounds the open Work streams; borrowed, like the others. Unary calls are timed in
   // `metrics`.
-  BrokerService(core::Broker& broker, const RpcAuth& auth, WorkStreamLimit& streams,
+  BrokerService(node::Partitions& broker, const RpcAuth& auth, WorkStreamLimit& streams,
                 const RpcMetrics& metrics)
       : broker_(broker),
         auth_(auth),
@@ -44,7 +44,7 @@ class BrokerService final : public v1::Broker::CallbackService {
       grpc::CallbackServerContext* ctx) override;
 
  private:
-  core::Broker& broker_;
+  node::Partitions& broker_;
   const RpcAuth& auth_;
   WorkStreamLimit& streams_;
   const RpcServiceTimers timers_;

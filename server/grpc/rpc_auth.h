@@ -5,7 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/broker.h"
+#include "node/partitions.h"
 #include "server/auth/authorizer.h"
 
 namespace grpc {
@@ -19,7 +19,7 @@ namespace jobbroker::server {
 // caller is nullptr. Thread-safe; `authorizer` and `broker` are borrowed and must outlive it.
 class RpcAuth {
  public:
-  RpcAuth(const Authorizer* authorizer, core::Broker& broker)
+  RpcAuth(const Authorizer* authorizer, node::Partitions& broker)
       : authorizer_(authorizer), broker_(broker) {}
 
   bool enabled() const { return authorizer_ != nullptr; }
@@ -42,7 +42,7 @@ class RpcAuth {
 
  private:
   const Authorizer* const authorizer_;
-  core::Broker& broker_;
+  node::Partitions& broker_;
 };
 
 }  // namespace jobbroker::server

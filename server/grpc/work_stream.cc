@@ -105,8 +105,8 @@ class WorkStream::Sink final : public core::StreamSink {
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
 };
 
-WorkStream* WorkStream::Start(core::Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
-                              WorkStreamLimit* limit) {
+WorkStream* WorkStream::Start(node::Partitions& broker, const RpcAuth& auth,
+                              const TokenEntry* caller, WorkStreamLimit* limit) {
   std::shared_ptr<WorkStream> stream(new WorkStream(broker, auth, caller, limit));
   stream->self_ = stream;
   stream->StartRead(&stream->request_);

@@ -8,8 +8,8 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "core/broker.h"
 #include "jobbroker/v1/broker.pb.h"
+#include "node/partitions.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/work_stream_limit.h"
 
@@ -43,7 +43,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // authenticated token (nullptr: auth off); every subscribed queue and every job the stream
   // heartbeats, acks, fails or releases is checked against it. `auth` must outlive the stream.
   // `limit` holds the slot the caller took for it; the stream gives it back when it ends.
-  static WorkStream* Start(core::Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
+  static WorkStream* Start(node::Partitions& broker, const RpcAuth& auth, const TokenEntry* caller,
                            WorkStreamLimit* limit);
 
   void OnReadDone(bool ok) override;
@@ -55,7 +55,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   class Sink;
   friend class Sink;
 
-  WorkStream(core::Broker& broker, const RpcAuth& auth, const TokenEntry* caller,
+  WorkStream(node::Partitions& broker, const RpcAuth& auth, const TokenEntry* caller,
              WorkStreamLimit* limit)
       : broker_(broker), auth_(auth), caller_(caller), limit_(limit) {}
 
@@ -82,7 +82,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // Merges the pushed jobs at the front of the outbox into one JobBatch message.
   void CoalesceJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  core::Broker& broker_;
+  node::Partitions& broker_;
   const RpcAuth& auth_;
   const TokenEntry* const caller_;
   WorkStreamLimit* const limit_;      // the slot this stream holds, given back in OnDone

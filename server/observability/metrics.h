@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "core/broker.h"
+#include "node/partitions.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 #include "server/observability/queue_labels.h"
@@ -32,11 +32,12 @@ class FunctionGauges final : public prometheus::Collectable {
 // `labels` are borrowed and must outlive the collector.
 class BrokerCollector final : public prometheus::Collectable {
  public:
-  BrokerCollector(core::Broker& broker, QueueLabels& labels) : broker_(broker), labels_(labels) {}
+  BrokerCollector(node::Partitions& broker, QueueLabels& labels)
+      : broker_(broker), labels_(labels) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  core::Broker& broker_;
+  node::Partitions& broker_;
   QueueLabels& labels_;
 };
 

@@ -40,6 +40,7 @@ TEST(FlagsTest, NoFlagsGiveTheDocumentedDefaults) {
   EXPECT_EQ(f->max_work_streams, 10000);
   EXPECT_EQ(f->max_hot_jobs, 100'000);
   EXPECT_EQ(f->metrics_max_queues, 1000);
+  EXPECT_EQ(f->partitions, 1);
   EXPECT_FALSE(f->check_config);
   EXPECT_FALSE(f->help);
 }
@@ -93,6 +94,12 @@ TEST(FlagsTest, NumbersOutOfRangeOrNotNumbersAreRefusedWithTheRange) {
       StatusIs(kInvalid, HasSubstr("--max-hot-jobs must be a number from 0 to 1000000000")));
   EXPECT_THAT(Parse({"--metrics-max-queues", "-1"}),
               StatusIs(kInvalid, HasSubstr("--metrics-max-queues must be a number")));
+  for (const char* bad : {"0", "32769"}) {
+    EXPECT_THAT(Parse({"--partitions", bad}),
+                StatusIs(kInvalid, HasSubstr("--partitions must be a number from 1 to 32768")))
+        << bad;
+  }
+  EXPECT_EQ(Parse({"--partitions", "8"})->partitions, 8);
 }
 
 TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {

@@ -2,14 +2,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "core/broker.h"
 #include "core/clock.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "node/partitions.h"
 #include "server/grpc/admin_service.h"
 #include "server/grpc/broker_service.h"
 #include "server/grpc/rpc_auth.h"
@@ -23,23 +24,26 @@ namespace jobbroker::server {
 using ::jobbroker::testing::FakeClock;
 
 // The broker's gRPC services wired as main.cc wires them (BrokerService, and through it the Work
-// stream reactor, and AdminService) on a real core Broker over MemoryStore with a FakeClock,
-// served by a grpc::Server that listens on no port: clients reach it through channel(). Commits
-// run on the broker's writer thread as in production, so a reply comes once its change is
+// stream reactor, and AdminService) on real brokers (node::Partitions) over MemoryStore with a
+// FakeClock, served by a grpc::Server that listens on no port: clients reach it through channel().
+// Commits run on the broker's writer thread as in production, so a reply comes once its change is
 // durable. Nothing ticks by itself: a test moves clock() and calls broker().Tick(). No auth, no
 // metrics registry.
 class InProcessServer {
  public:
   static constexpr absl::Duration kCallTimeout = absl::Seconds(30);
 
-  explicit InProcessServer(int max_work_streams = 100)
+  // `partitions`: how many the broker has (node::Partitions); its queues spread over them. The
+  // default is 1, or JOBBROKER_TEST_PARTITIONS (tests/server/CMakeLists.txt runs suites again
+  // with several).
+  explicit InProcessServer(int max_work_streams = 100, uint32_t partitions = DefaultPartitions())
       : clock_(absl::FromUnixSeconds(1'800'000'000)),
         streams_(max_work_streams),
         rpc_metrics_(nullptr) {
     core::BrokerOptions options;
     options.commit_mode = core::CommitPipeline::Mode::kBackground;
     options.uniform = [] { return 0.5; };  // jitter: the middle of the range
-    broker_ = *core::Broker::Open(store_, clock_, options);
+    broker_ = *node::Partitions::Open(store_, clock_, partitions, options);
     auth_ = std::make_unique<RpcAuth>(nullptr, *broker_);
     broker_service_ = std::make_unique<BrokerService>(*broker_, *auth_, streams_, rpc_metrics_);
     admin_service_ = std::make_unique<AdminService>(*broker_, *auth_, rpc_metrics_);
@@ -58,10 +62,15 @@ class InProcessServer {
     broker_.reset();
   }
 
+  static uint32_t DefaultPartitions() {
+    const char* env = std::getenv("JOBBROKER_TEST_PARTITIONS");
+    return env == nullptr ? 1 : static_cast<uint32_t>(std::atoi(env));
+  }
+
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   std::unique_ptr<v1::Broker::Stub> NewBrokerStub() const { return v1::Broker::NewStub(channel_); }
   std::unique_ptr<v1::Admin::Stub> NewAdminStub() const { return v1::Admin::NewStub(channel_); }
-  core::Broker& broker() { return *broker_; }
+  node::Partitions& broker() { return *broker_; }
   FakeClock& clock() { return clock_; }
 
   // A client context whose deadline turns a hang into a failure rather than a stalled test.
@@ -74,7 +83,7 @@ class InProcessServer {
   storage::MemoryStore store_;
   WorkStreamLimit streams_;
   RpcMetrics rpc_metrics_;
-  std::unique_ptr<core::Broker> broker_;
+  std::unique_ptr<node::Partitions> broker_;
   std::unique_ptr<RpcAuth> auth_;
   std::unique_ptr<BrokerService> broker_service_;
   std::unique_ptr<AdminService> admin_service_;

@@ -8,6 +8,7 @@
 #include "core/broker.h"
 #include "core/clock.h"
 #include "gtest/gtest.h"
+#include "node/partitions.h"
 #include "prometheus/registry.h"
 #include "server/observability/metrics.h"
 #include "storage/memory_store.h"
@@ -16,7 +17,8 @@
 
 namespace jobbroker::server {
 
-using ::jobbroker::testing::BlockingBroker;
+using BlockingPartitions = ::jobbroker::testing::BlockingEngine<node::Partitions>;
+
 using ::jobbroker::testing::FakeClock;
 
 namespace {
@@ -50,7 +52,8 @@ class MetricsObserverTest : public ::testing::Test {
     o.commit_mode = core::CommitPipeline::Mode::kInline;
     o.observer = &metrics_;
     o.uniform = [] { return 0.5; };
-    broker_ = *BlockingBroker::Open(store_, clock_, o);
+    // Several partitions: what the collector scrapes is the sum over them.
+    broker_ = *BlockingPartitions::Open(store_, clock_, 3u, o);
   }
 
   core::LeasedJob LeaseOne(const std::string& queue, absl::Duration lease = absl::Seconds(30)) {
@@ -62,7 +65,7 @@ class MetricsObserverTest : public ::testing::Test {
   prometheus::Registry registry_;
   QueueLabels labels_;
   MetricsObserver metrics_;
-  std::unique_ptr<BlockingBroker> broker_;
+  std::unique_ptr<BlockingPartitions> broker_;
 };
 
 TEST_F(MetricsObserverTest, EachTransitionCountsOnce) {

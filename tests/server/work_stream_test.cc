@@ -71,8 +71,11 @@ class WorkStreamTest : public ::testing::Test {
     ASSERT_TRUE(stream_->Write(req));
   }
   void Subscribe(uint64_t id, const std::string& queue, int max_in_flight) {
+    Subscribe(id, std::vector<std::string>{queue}, max_in_flight);
+  }
+  void Subscribe(uint64_t id, const std::vector<std::string>& queues, int max_in_flight) {
     v1::WorkRequest req;
-    req.mutable_subscribe()->add_queues(queue);
+    for (const std::string& queue : queues) req.mutable_subscribe()->add_queues(queue);
     req.mutable_subscribe()->set_worker_id("w1");
     req.mutable_subscribe()->set_max_in_flight(max_in_flight);
     Send(id, req);
@@ -188,6 +191,36 @@ TEST_F(WorkStreamTest, NoMoreThanMaxInFlightJobsArePushedUntilOneIsAcked) {
   EXPECT_TRUE(answered);
   EXPECT_TRUE(pushed);
   EXPECT_EQ(GetQueue("emails").active(), 2);
+}
+
+// Under the "partitioned." run (4 partitions) these queues live in several partitions, so the
+// stream's limit is one budget shared by their brokers (core/stream_credit.h).
+TEST_F(WorkStreamTest, AStreamOverManyQueuesHoldsAtMostItsLimitAndGetsEveryQueuesJobs) {
+  const std::vector<std::string> queues = {"emails", "sms", "push", "webhooks", "reports"};
+  Subscribe(1, queues, 2);
+  ExpectOk(1);
+  for (const std::string& q : queues) Enqueue(q, q);
+  std::set<std::string> payloads;
+  std::vector<v1::LeasedJob> held = {NextJob(), NextJob()};
+  for (uint64_t request = 2; payloads.size() < queues.size(); ++request) {
+    int active = 0;
+    for (const std::string& q : queues) active += GetQueue(q).active();
+    ASSERT_EQ(active, static_cast<int>(held.size())) << "the broker pushed past the limit";
+    v1::LeasedJob done = held.front();
+    held.erase(held.begin());
+    payloads.insert(done.payload());
+    Ack(request, done);
+    if (payloads.size() + held.size() == queues.size()) {
+      ExpectOk(request);
+      continue;
+    }
+    // The ack's answer and the next job, in either order.
+    for (int i = 0; i < 2; ++i) {
+      v1::WorkResponse m = Next();
+      if (m.has_job()) held.push_back(m.job());
+    }
+  }
+  EXPECT_EQ(payloads, std::set<std::string>(queues.begin(), queues.end()));
 }
 
 TEST_F(WorkStreamTest, RaisingTheFlowLimitPushesAJobThatWasWaiting) {
