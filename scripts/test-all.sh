@@ -37,9 +37,11 @@ run_suite() {
     # The broker killed with SIGKILL 20 times under producers and workers; the checker proves
     # nothing acknowledged was lost (tests/crash/README.md). Once with the default durability
     # (SYNC), once with DURABILITY_GROUP queues, which must survive a killed process too, and
-    # every waiting job cold (--max-hot-jobs 0), so each lease reads its job back from RocksDB.
+    # every waiting job cold (--max-hot-jobs 0), so each lease reads its job back from RocksDB,
+    # on 4 partitions (the two queues in two of them: each worker's stream spans both).
     crash) BUILD="$build" tests/crash/run.sh --kills 20 &&
-      BUILD="$build" tests/crash/run.sh --kills 20 --durability group --max-hot-jobs 0 ;;
+      BUILD="$build" tests/crash/run.sh --kills 20 --durability group --max-hot-jobs 0 \
+        --partitions 4 ;;
     # The libFuzzer targets, 60 s each, from the committed corpus (tests/fuzz/README.md).
     fuzz) tests/fuzz/run.sh ;;
     api) scripts/api-check.sh ;;

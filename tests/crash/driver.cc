@@ -94,14 +94,17 @@ class Driver {
     if (absl::Status s = Setup(); !s.ok()) return Abort(s);
     std::printf(
         "crash harness: seed %llu, %d broker kills, %d jobs, %d producers, %d workers, "
-        "durability %s, max hot jobs %s\n",
+        "durability %s, max hot jobs %s, %d partitions\n",
         static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
-        options_.producers, options_.workers, options_.durability.c_str(), HotJobs().c_str());
+        options_.producers, options_.workers, options_.durability.c_str(), HotJobs().c_str(),
+        options_.partitions);
     std::printf(
-        "  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d --durability %s%s\n",
+        "  replay: tests/crash/run.sh --seed %llu --kills %d --jobs %d --durability %s%s%s\n",
         static_cast<unsigned long long>(options_.seed), options_.kills, options_.jobs,
         options_.durability.c_str(),
-        options_.max_hot_jobs < 0 ? "" : absl::StrCat(" --max-hot-jobs ", HotJobs()).c_str());
+        options_.max_hot_jobs < 0 ? "" : absl::StrCat(" --max-hot-jobs ", HotJobs()).c_str(),
+        options_.partitions == 1 ? ""
+                                 : absl::StrCat(" --partitions ", options_.partitions).c_str());
     std::printf("  broker %s on %s, logs in %s\n", options_.broker_binary.c_str(), address_.c_str(),
                 out_.c_str());
     std::fflush(stdout);
@@ -195,6 +198,10 @@ class Driver {
     if (options_.max_hot_jobs >= 0) {
       args.push_back("--max-hot-jobs");
       args.push_back(HotJobs());
+    }
+    if (options_.partitions != 1) {
+      args.push_back("--partitions");
+      args.push_back(absl::StrCat(options_.partitions));
     }
     absl::StatusOr<std::unique_ptr<ChildProcess>> p = ChildProcess::Start(args, output);
     if (!p.ok()) return p.status();

@@ -23,6 +23,9 @@ struct DriverOptions {
   // The broker's --max-hot-jobs; negative = its default. 0 makes every waiting job cold, so each
   // lease reads its job back from the store after every restart.
   int64_t max_hot_jobs = -1;
+  // The broker's --partitions (the data dir is new): with 4, the harness's two queues live in
+  // partitions 1 and 0, so every worker's stream spans two brokers.
+  int partitions = 1;
   // How long the last broker gets to bring every job to an end (and producers to finish).
   absl::Duration settle_timeout = absl::Seconds(120);
   // Where logs and the data dir go; empty = a fresh directory under $TMPDIR (or /tmp).

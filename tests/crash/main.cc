@@ -3,7 +3,7 @@
 //
 //   crash_harness [--kills 20] [--seed S] [--jobs 2400] [--producers 3] [--workers 3]
 //                 [--lease 1s] [--settle-timeout 120s] [--out DIR] [--keep 1]
-//                 [--durability sync|group] [--max-hot-jobs N]
+//                 [--durability sync|group] [--max-hot-jobs N] [--partitions N]
 //   crash_harness producer --address A --log F --name N --jobs J --seed S --spread D --queues Q,..
 //   crash_harness worker --address A --log F --id W --seed S --queues Q,.. [--heartbeat D]
 
@@ -97,11 +97,12 @@ int Driver(Flags& flags) {
   absl::StatusOr<absl::Duration> settle = flags.Duration("settle-timeout", o.settle_timeout);
   absl::StatusOr<int64_t> keep = flags.Int("keep", 0);
   absl::StatusOr<int64_t> max_hot_jobs = flags.Int("max-hot-jobs", o.max_hot_jobs);
+  absl::StatusOr<int64_t> partitions = flags.Int("partitions", o.partitions);
   o.out_dir = flags.String("out", "");
   o.durability = flags.String("durability", o.durability);
-  for (const absl::Status& s :
-       {kills.status(), seed.status(), jobs.status(), producers.status(), workers.status(),
-        lease.status(), settle.status(), keep.status(), max_hot_jobs.status()}) {
+  for (const absl::Status& s : {kills.status(), seed.status(), jobs.status(), producers.status(),
+                                workers.status(), lease.status(), settle.status(), keep.status(),
+                                max_hot_jobs.status(), partitions.status()}) {
     if (!s.ok()) return Usage(std::string(s.message()));
   }
   if (std::string unused = flags.Unused(); !unused.empty())
@@ -110,6 +111,7 @@ int Driver(Flags& flags) {
     return Usage("--kills must be >= 0, --jobs >= --producers >= 1, --workers >= 1");
   }
   if (*lease < absl::Milliseconds(100)) return Usage("--lease: at least 100ms");
+  if (*partitions < 1 || *partitions > 32768) return Usage("--partitions: 1 to 32768");
   if (o.durability != "sync" && o.durability != "group")
     return Usage("--durability: sync or group");
   o.kills = static_cast<int>(*kills);
@@ -121,6 +123,7 @@ int Driver(Flags& flags) {
   o.settle_timeout = *settle;
   o.keep = *keep != 0;
   o.max_hot_jobs = *max_hot_jobs;
+  o.partitions = static_cast<int>(*partitions);
   o.self_exe = SelfExe();
   o.broker_binary = BrokerBinary();
   if (o.self_exe.empty()) return Usage("cannot read /proc/self/exe");

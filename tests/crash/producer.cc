@@ -63,8 +63,11 @@ class Producer {
       Pause(deadline, options_.jobs - next);
       const bool as_batch = std::uniform_int_distribution<int>(0, 99)(rng_) < 20;
       const int size = as_batch ? std::uniform_int_distribution<int>(2, 8)(rng_) : 1;
+      // A batch goes to one queue: queues may live in different partitions, and a batch is all
+      // or nothing within one (node/partitions.h).
+      const size_t queue = static_cast<size_t>(next) % options_.queues.size();
       std::vector<Planned> jobs;
-      for (int i = 0; i < size && next < options_.jobs; ++i) jobs.push_back(Plan(next++));
+      for (int i = 0; i < size && next < options_.jobs; ++i) jobs.push_back(Plan(next++, queue));
       const bool ok = as_batch ? EnqueueBatch(jobs, ++batch) : Enqueue(jobs.front());
       if (!ok) return 2;
     }
@@ -72,12 +75,12 @@ class Producer {
   }
 
  private:
-  Planned Plan(int index) {
+  Planned Plan(int index, size_t queue) {
     Planned p;
     p.kind = PickKind(rng_);
     const std::string key = absl::StrCat(options_.name, "-", index);
     v1::EnqueueRequest& r = p.request;
-    r.set_queue(options_.queues[static_cast<size_t>(index) % options_.queues.size()]);
+    r.set_queue(options_.queues[queue]);
     r.set_dedup_key(key);
     r.set_payload(absl::StrCat("kind=", p.kind, ";key=", key));
     if (p.kind == kKindExhaust) r.set_max_attempts(kExhaustAttempts);
