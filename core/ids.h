@@ -40,8 +40,9 @@ absl::Time JobIdTime(PackedJobId packed);
 uint32_t JobIdPartition(PackedJobId packed);
 
 // The partition of `queue` among `count`: FNV-1a (64 bits) of its name modulo `count`. Stable
-// across builds and languages (clients may route by it; docs/cluster.md), and fixed for a store
-// once created, so every policy, dedup key and limit of a queue lives in one partition.
+// across builds and languages (clients may route by it; docs/architecture.md, "Partitions"),
+// and fixed for a store once created, so every policy, dedup key and limit of a queue lives in
+// one partition.
 uint32_t PartitionOfQueue(std::string_view queue, uint32_t count);
 // The partition the job `id` lives in among `count`; nullopt unless `id` is of NewJobId's form.
 std::optional<uint32_t> PartitionOfJobId(const std::string& id, uint32_t count);

@@ -142,6 +142,12 @@ int Run(int argc, char** argv) {
       flags->data_dir, {.partitions = static_cast<uint32_t>(flags->partitions)});
   if (!store.ok()) return Fatal("--data-dir: " + std::string(store.status().message()));
   const uint32_t partition_count = (*store)->partitions();
+  if (const int from = (*store)->upgraded_from(); from != 0) {
+    Log::Write(LogLevel::kInfo, "store_upgraded",
+               {{"data_dir", flags->data_dir},
+                {"from_format", absl::StrCat(from)},
+                {"to_format", absl::StrCat(storage::kRocksDbStoreFormatVersion)}});
+  }
   if (flags->partitions_given && partition_count != flags->partitions) {
     // Where each queue's records are follows from the count: the data dir's wins.
     Log::Write(LogLevel::kWarn, "partitions_kept",

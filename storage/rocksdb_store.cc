@@ -285,7 +285,10 @@ absl::Status RocksDbStore::CheckFormatLocked() {
         absl::StrCat("store in ", dir_, " has format ", version, ", newer than this build reads (",
                      kRocksDbStoreFormatVersion, "); upgrade jobbroker"));
   }
-  if (version == 1) BROKER_RETURN_IF_ERROR(UpgradeFromFormat1Locked());
+  if (version == 1) {
+    BROKER_RETURN_IF_ERROR(UpgradeFromFormat1Locked());
+    upgraded_from_ = 1;
+  }
 
   s = db_->Get(rocksdb::ReadOptions(), meta_, kRocksDbPartitionsKey, &value);
   BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read the partition count in ", dir_)));
@@ -332,6 +335,11 @@ absl::Status RocksDbStore::UpgradeFromFormat1Locked() {
   sync.sync = true;
   return FromRocksDb(db_->Write(sync, &batch),
                      absl::StrCat("write the upgraded format marker in ", dir_));
+}
+
+int RocksDbStore::upgraded_from() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return upgraded_from_;
 }
 
 uint32_t RocksDbStore::partitions() const {

@@ -134,6 +134,9 @@ class RocksDbStore final : public core::Store {
   const std::string& dir() const { return dir_; }
   // The store's partition count (fixed at creation; 1 for an upgraded format-1 store).
   uint32_t partitions() const;
+  // The format the directory had when this store first opened it, if Open upgraded it (0 if
+  // it was new or already current): for the start-up log.
+  int upgraded_from() const;
 
  private:
   // Out of line: the members' destructors need RocksDB's complete types.
@@ -168,6 +171,7 @@ class RocksDbStore final : public core::Store {
   std::unique_ptr<rocksdb::DB> db_ ABSL_GUARDED_BY(mu_);
   // Read from the store when it opens.
   uint32_t partitions_ ABSL_GUARDED_BY(mu_) = 0;
+  int upgraded_from_ ABSL_GUARDED_BY(mu_) = 0;
   // The five handles are also in handles_, which owns them.
   rocksdb::ColumnFamilyHandle* meta_ ABSL_GUARDED_BY(mu_) = nullptr;  // "default": the marker
   rocksdb::ColumnFamilyHandle* jobs_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -69,7 +69,8 @@ TEST(IdsTest, AnIdFromBeforePartitionsRoutesToTheOnlyPartitionItsStoreHas) {
 }
 
 TEST(IdsTest, AQueuesPartitionIsTheFnv1aHashOfItsNameModuloTheCount) {
-  // Pinned: clients in other languages route by the same function (docs/cluster.md).
+  // Pinned: clients in other languages route by the same function (docs/architecture.md,
+  // "Partitions").
   EXPECT_EQ(PartitionOfQueue("emails", 64), PayloadHash("emails") % 64);
   EXPECT_EQ(PartitionOfQueue("", 64), 14695981039346656037ull % 64);
   EXPECT_EQ(PartitionOfQueue("a", 64), 0xaf63dc4c8601ec8cull % 64);

@@ -26,6 +26,7 @@
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
 #include "rocksdb/options.h"
+#include "storage/record_codec.h"
 #include "storage/rocksdb_store.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
@@ -264,6 +265,86 @@ TEST_F(StorageFaultTest, ACorruptJobRecordIsReportedAndTheBrokerServesTheRest) {
   EXPECT_TRUE(client().DeleteJob(bad).ok());
   EXPECT_EQ(client().GetJob(bad, &job).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_corrupt_records"), 0);
+}
+
+// A data directory as a build before partitions (store format 1) left it: one waiting job, its
+// dedup key and a paused queue's policy, keyed without a partition.
+void MakeFormat1Directory(const std::string& dir, const core::Job& job) {
+  rocksdb::DBOptions options;
+  options.create_if_missing = true;
+  options.create_missing_column_families = true;
+  std::vector<rocksdb::ColumnFamilyDescriptor> descriptors;
+  for (const std::string& n : {std::string(rocksdb::kDefaultColumnFamilyName),
+                               std::string(storage::kRocksDbJobsColumnFamily),
+                               std::string(storage::kRocksDbDedupColumnFamily),
+                               std::string(storage::kRocksDbPoliciesColumnFamily)})
+    descriptors.emplace_back(n, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, dir, descriptors, &handles, &db);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  rocksdb::WriteOptions sync;
+  sync.sync = true;
+  core::DedupEntry dedup;
+  dedup.queue = job.queue;
+  dedup.key = job.dedup_key;
+  dedup.job_id = job.id;
+  dedup.expires_at = absl::Now() + absl::Hours(1);
+  dedup.payload_hash = core::PayloadHash(job.payload);
+  core::PolicyOverride paused;
+  paused.paused = true;
+  ASSERT_TRUE(db->Put(sync, handles[0], storage::kRocksDbFormatKey, "1").ok());
+  ASSERT_TRUE(db->Put(sync, handles[1], job.id, storage::EncodeJob(job)).ok());
+  ASSERT_TRUE(db->Put(sync, handles[2], job.queue + std::string(1, '\0') + job.dedup_key,
+                      storage::EncodeDedup(dedup))
+                  .ok());
+  ASSERT_TRUE(db->Put(sync, handles[3], "held", storage::EncodePolicy(paused)).ok());
+  for (rocksdb::ColumnFamilyHandle* h : handles) ASSERT_TRUE(db->DestroyColumnFamilyHandle(h).ok());
+  ASSERT_TRUE(db->Close().ok());
+  delete db;
+}
+
+TEST_F(StorageFaultTest, AFormat1DataDirectoryIsUpgradedAndItsJobsAreServed) {
+  auto tmp = TempDir::Create();
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  const std::string dir = (*tmp)->path() + "/old-data";
+  core::Job old;
+  old.id = "01HF3Z8K2QZZZZXYV7W5R4N3M2";  // random bits where the partition is now
+  old.queue = "q";
+  old.payload = "from-format-1";
+  old.dedup_key = "order-7";
+  old.seq = 1;
+  old.max_attempts = 3;
+  old.created_at = absl::Now() - absl::Minutes(1);
+  old.run_at = old.created_at;
+  ASSERT_NO_FATAL_FAILURE(MakeFormat1Directory(dir, old));
+
+  ASSERT_NO_FATAL_FAILURE(Start({.data_dir = dir}));
+  EXPECT_THAT(process().ReadStderr(), HasSubstr("\"event\":\"store_upgraded\""));
+  EXPECT_EQ(client().MustGetJob(old.id).payload(), "from-format-1");
+  // Its dedup key is still held, and the paused queue is still paused.
+  v1::EnqueueRequest again;
+  again.set_queue("q");
+  again.set_payload("from-format-1");
+  again.set_dedup_key("order-7");
+  v1::EnqueueResponse resp;
+  ASSERT_TRUE(client().Enqueue(again, &resp).ok());
+  EXPECT_TRUE(resp.deduplicated());
+  EXPECT_EQ(resp.job_id(), old.id);
+  v1::QueueInfo held;
+  ASSERT_TRUE(client().GetQueue("held", &held).ok());
+  EXPECT_TRUE(held.policy().paused());
+  // The old job runs as any other.
+  auto leased = client().LeaseOne("q", "w");
+  ASSERT_TRUE(leased.has_value());
+  EXPECT_EQ(leased->job_id(), old.id);
+  client().MustAck(*leased);
+  const std::string fresh = client().MustEnqueue("q", "new");
+  ASSERT_NO_FATAL_FAILURE(Restart());
+  EXPECT_THAT(process().ReadStderr(), ::testing::Not(HasSubstr("store_upgraded")))
+      << "upgraded once";
+  EXPECT_EQ(client().MustGetJob(old.id).state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(client().MustGetJob(fresh).payload(), "new");
 }
 
 }  // namespace

@@ -401,6 +401,7 @@ TEST_F(RocksDbStoreTest, AFormat1DirectoryIsUpgradedInPlaceToOnePartition) {
         RocksDbStore::Open(path_, {.partitions = 16});  // the stored layout wins: one partition
     ASSERT_THAT(store, IsOk());
     EXPECT_EQ((*store)->partitions(), 1u);
+    EXPECT_EQ((*store)->upgraded_from(), 1);
     RecordingVisitor r;
     ASSERT_THAT((*store)->Recover(0, r), IsOk());
     EXPECT_EQ(r.jobs.size(), 600u);
@@ -412,6 +413,7 @@ TEST_F(RocksDbStoreTest, AFormat1DirectoryIsUpgradedInPlaceToOnePartition) {
     const std::string some_id = r.jobs[123].id;
     EXPECT_THAT((*store)->ReadJob(0, some_id), IsOk());
   }
+  EXPECT_EQ(OpenOk()->upgraded_from(), 0) << "upgraded once";
   RawDb raw(path_);
   EXPECT_EQ(raw.Get(rocksdb::kDefaultColumnFamilyName, "format"), "2");
   for (const std::string& key : raw.Keys(kRocksDbJobsColumnFamily))
