@@ -26,6 +26,7 @@
 #   RESULTS          where the JSON lines go (default bench/peers/results/<timestamp>.jsonl)
 #   RUN_TIMEOUT      seconds one load run may take before it is cut short (default 180)
 #   SKIP_INSTALL=1   do not run install.sh
+#   JOBBROKER_ARGS   extra flags for the jobbroker configurations (e.g. "--partitions 4")
 # Only one server runs at a time; the systems take turns workload by workload.
 set -euo pipefail
 
@@ -206,8 +207,10 @@ start_server() {
         [[ "$config" == jobbroker-group ]] && durability=DURABILITY_GROUP
         printf '{"defaultPolicy": {"durability": "%s", "groupCommitDelay": "0.01s"}}\n' \
           "$durability" >"$dir/config.json"
+        # JOBBROKER_ARGS unquoted on purpose: one word per flag.
+        # shellcheck disable=SC2086
         "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$dir/data" \
-          --config "$dir/config.json" >"$dir/stdout" 2>"$server_log" &
+          --config "$dir/config.json" ${JOBBROKER_ARGS:-} >"$dir/stdout" 2>"$server_log" &
         server_pid=$!
         server_address=""
         # Port 0: the "serving" line is the only way to learn the address (as bench/run.sh).
