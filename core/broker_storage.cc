@@ -34,10 +34,10 @@ void Broker::MaybeResume() {
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_ || resuming_) return;
-    // failed_at is InfinitePast once another broker sharing the pipeline reset it: due at once.
     if (resume_at_ == absl::InfinitePast())
       resume_at_ = pipeline_.failed_at() + options_.store_retry_interval;
-    due = clock_.Now() >= resume_at_;
+    // Healthy but reset by another broker: rebuild now, not at the retry interval.
+    due = pipeline_.healthy() || clock_.Now() >= resume_at_;
   }
   if (due) ResumeWrites().IgnoreError();  // a failure schedules the next try
 }

@@ -352,6 +352,20 @@ TEST(PartitionsConcurrencyTest, ProducersAndAStreamAcrossPartitionsCompleteEvery
   }
 }
 
+TEST_F(PartitionsTest, APartitionWhoseOwnRetryFailedRebuildsAtOnceWhenAnotherResumed) {
+  store_.FailWritesAfter(0);
+  EXPECT_THAT(partitions_->Enqueue({.queue = QueueIn(2)}), StatusIs(Code::kUnavailable));
+  clock_.Advance(absl::Seconds(1));
+  partitions_->Tick();  // every partition tries the store, fails, and plans its next try in 1 s
+  EXPECT_THAT(partitions_->storage_status(), StatusIs(Code::kUnavailable));
+
+  store_.FailWritesAfter(-1);
+  ASSERT_THAT(partitions_->broker().broker(0).ResumeWrites(), IsOk());
+  partitions_->Tick();  // no time has passed: the others rebuild without waiting for their try
+  for (uint32_t p = 0; p < kPartitions; ++p)
+    EXPECT_THAT(partitions_->Enqueue({.queue = QueueIn(p)}), IsOk()) << "partition " << p;
+}
+
 TEST(PartitionsOpenTest, ACountOutOfRangeIsRefused) {
   storage::MemoryStore store;
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
