@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-
 #include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
