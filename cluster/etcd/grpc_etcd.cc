@@ -534,7 +534,8 @@ void GrpcEtcd::RunWatch(WatchState& watch) {
     // The stream waits for the channel to connect (and so drives it) instead of failing at once.
     context.set_wait_for_ready(true);
     bool ended = false;  // by compaction: the watch is over
-    if (Authorize(endpoint, context).ok()) {
+    // Connect first: a stream that waits for ready would wait on a dead endpoint for ever.
+    if (Connect(endpoint, absl::Now()).ok() && Authorize(endpoint, context).ok()) {
       {
         absl::MutexLock lock(&watch.mu);
         if (watch.cancelled) return;
@@ -592,9 +593,10 @@ void GrpcEtcd::RunWatch(WatchState& watch) {
       (void)stream->Finish();
     }
     if (ended) return;
-    NextEndpoint(index);
     absl::MutexLock lock(&watch.mu);
-    if (!watch.cancelled) watch.wake.WaitWithTimeout(&watch.mu, options_.watch_retry_delay);
+    if (watch.cancelled) return;
+    NextEndpoint(index);
+    watch.wake.WaitWithTimeout(&watch.mu, options_.watch_retry_delay);
     if (watch.cancelled) return;
   }
 }
