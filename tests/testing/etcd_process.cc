@@ -38,16 +38,18 @@ absl::StatusOr<int> FreeLoopbackPort() {
   return ntohs(addr.sin_port);
 }
 
-EtcdProcess::EtcdProcess(std::string data_dir, int client_port, int peer_port)
+EtcdProcess::EtcdProcess(std::string data_dir, EtcdTls tls, int client_port, int peer_port)
     : data_dir_(std::move(data_dir)),
+      tls_(std::move(tls)),
       client_port_(client_port),
       peer_port_(peer_port),
-      client_url_(absl::StrCat("http://127.0.0.1:", client_port)),
+      client_url_(
+          absl::StrCat(tls_.cert_file.empty() ? "http" : "https", "://127.0.0.1:", client_port)),
       log_path_(data_dir_ + ".log") {}
 
 EtcdProcess::~EtcdProcess() { Kill9(); }
 
-absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string data_dir,
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string data_dir, EtcdTls tls,
                                                                 absl::Duration timeout) {
   if (access(kEtcdBinary, X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(kEtcdBinary,
@@ -58,8 +60,8 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string data
   if (!client_port.ok()) return client_port.status();
   absl::StatusOr<int> peer_port = FreeLoopbackPort();
   if (!peer_port.ok()) return peer_port.status();
-  auto etcd =
-      std::unique_ptr<EtcdProcess>(new EtcdProcess(std::move(data_dir), *client_port, *peer_port));
+  auto etcd = std::unique_ptr<EtcdProcess>(
+      new EtcdProcess(std::move(data_dir), std::move(tls), *client_port, *peer_port));
   if (absl::Status s = etcd->Launch(timeout); !s.ok()) return s;
   return etcd;
 }
@@ -94,6 +96,14 @@ absl::Status EtcdProcess::Launch(absl::Duration timeout) {
       "--logger=zap",
       "--log-level=warn",
   };
+  if (!tls_.cert_file.empty()) {
+    argv.push_back("--cert-file=" + tls_.cert_file);
+    argv.push_back("--key-file=" + tls_.key_file);
+  }
+  if (!tls_.ca_file.empty()) {
+    argv.push_back("--trusted-ca-file=" + tls_.ca_file);
+    argv.push_back("--client-cert-auth");
+  }
   absl::StatusOr<std::unique_ptr<ChildProcess>> process =
       ChildProcess::Start(std::move(argv), log_path_);
   if (!process.ok()) return process.status();
@@ -102,6 +112,9 @@ absl::Status EtcdProcess::Launch(absl::Duration timeout) {
   cluster::GrpcEtcdOptions options;
   options.endpoints = {client_url_};
   options.call_timeout = absl::Seconds(1);
+  options.ca_file = tls_.ca_file;
+  options.cert_file = tls_.client_cert_file;
+  options.key_file = tls_.client_key_file;
   absl::StatusOr<std::unique_ptr<cluster::GrpcEtcd>> client =
       cluster::GrpcEtcd::Create(std::move(options));
   if (!client.ok()) return client.status();
