@@ -494,7 +494,8 @@ void FakeEtcd::DeliverWatchEvents() {
       // The watch whose next event is the oldest, so that all of them see revision order.
       WatchId next = 0;
       int64_t next_revision = std::numeric_limits<int64_t>::max();
-      for (auto& [id, w] : watchers_) {
+      for (auto& [id, watcher] : watchers_) {
+        Watcher& w = watcher;  // a reference lambdas can capture (clang 14: not a binding)
         if (w.done || partitioned_.contains(w.client)) continue;
         if (w.next_revision >= compact_revision_) {
           auto it = std::lower_bound(history_.begin(), history_.end(), w.next_revision,
