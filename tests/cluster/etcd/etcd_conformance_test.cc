@@ -418,9 +418,18 @@ TYPED_TEST(EtcdConformanceTest, ATxnBranchRunsAtOneRevisionAndReportsEachOp) {
 TYPED_TEST(EtcdConformanceTest, ATxnThatPutsOneKeyTwiceIsRefused) {
   EXPECT_THAT(this->etcd().Txn({}, {TxnOp::Put("/dup", "1"), TxnOp::Put("/dup", "2")}, {}),
               StatusIs(absl::StatusCode::kInvalidArgument));
+  // In the branch that would not run, too; and a put inside a range the branch deletes.
+  EXPECT_THAT(this->etcd().Txn({}, {}, {TxnOp::Put("/dup", "1"), TxnOp::Put("/dup", "2")}),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      this->etcd().Txn({}, {TxnOp::Delete("/d", /*prefix=*/true), TxnOp::Put("/dup", "1")}, {}),
+      StatusIs(absl::StatusCode::kInvalidArgument));
   absl::StatusOr<GetResult> got = this->etcd().Get("/dup");
   ASSERT_THAT(got, IsOk());
   EXPECT_THAT(got->kvs, IsEmpty());
+  // Different keys are fine.
+  EXPECT_THAT(this->etcd().Txn({}, {TxnOp::Put("/dup/a", "1"), TxnOp::Put("/dup/b", "2")}, {}),
+              IsOk());
 }
 
 TYPED_TEST(EtcdConformanceTest, KeepAliveOnceRenewsALeaseForItsTtl) {
