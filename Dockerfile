@@ -37,9 +37,12 @@ WORKDIR /src
 COPY . .
 
 # Parallel compile jobs: 2 suits a 2-core machine; raise it on a bigger one.
-# JOBBROKER_BUILD_TESTS=OFF: no tests/, bench/ or GoogleTest.
+# JOBBROKER_BUILD_TESTS=OFF: no tests/, bench/ or GoogleTest. JOBBROKER_BUILD_CLUSTER=OFF: cluster/
+# is not in the binary yet, and it needs etcd's protos (golang-etcd-server-dev); turn it on (and
+# install that, and let cluster/ in through .dockerignore) when cluster mode is.
 ARG JOBS=2
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_TESTS=OFF \
+      -DJOBBROKER_BUILD_CLUSTER=OFF \
  && cmake --build /build --parallel "${JOBS}" --target jobbroker jobbroker-cli \
  && install -D --strip -m 0755 /build/server/jobbroker /out/jobbroker \
  && install -D --strip -m 0755 /build/client/cpp/jobbroker-cli /out/jobbroker-cli

@@ -15,6 +15,8 @@ packages=(
   openssl     # a throwaway CA for the TLS tests
   libssl-dev  # the HTTP endpoint's TLS (server/http/tls_front.cc)
   libjemalloc-dev  # the broker's allocator (CMakeLists.txt: JOBBROKER_JEMALLOC)
+  golang-etcd-server-dev  # etcd's .proto files, compiled into cluster/etcd's client at build time
+  etcd-server  # /usr/bin/etcd, for tests/cluster/real_etcd (the etcd conformance suite)
 )
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
