@@ -22,8 +22,8 @@ absl::Status FromJson(const std::string& json, const char* kind,
                       google::protobuf::Message* message) {
   auto status = google::protobuf::util::JsonStringToMessage(json, message);
   if (!status.ok()) {
-    return absl::DataLossError(absl::StrCat("etcd ", kind, " value does not parse: ",
-                                            status.message().as_string()));
+    return absl::DataLossError(
+        absl::StrCat("etcd ", kind, " value does not parse: ", status.message().as_string()));
   }
   return absl::OkStatus();
 }

@@ -64,11 +64,11 @@ void Replica::RunElection(absl::Time now, const PartitionView& view, const NodeL
   // the floor before reading the log end, so no older leader can add to the log after it.
   if (!RaiseFloor(view.revision + 1)) return;
   LogPosition start{storage_.log_end(), EpochAtOrZero(storage_.log_end())};
-  auto result = etcd_.Txn(
-      {Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, 0),
-       Compare::ModRevision(keys_.sync, Compare::Op::kEqual, view.sync->mod_revision)},
-      {TxnOp::Put(keys_.leader, EncodeLeader({options_.node_id, start.seq}), lease.id)},
-      {TxnOp::Get(keys_.leader)});
+  auto result =
+      etcd_.Txn({Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, 0),
+                 Compare::ModRevision(keys_.sync, Compare::Op::kEqual, view.sync->mod_revision)},
+                {TxnOp::Put(keys_.leader, EncodeLeader({options_.node_id, start.seq}), lease.id)},
+                {TxnOp::Get(keys_.leader)});
   if (!result.ok()) return;  // unknown: if it was applied, the next Tick deletes the key
   int64_t epoch = result->revision;
   if (!result->succeeded) {
@@ -203,23 +203,22 @@ void Replica::UpdateInSyncSet(absl::Time now) {
 }
 
 absl::Status Replica::WriteInSyncSet(const std::vector<std::string>& members) {
-  auto result = etcd_.Txn(
-      {Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, leader_->epoch)},
-      {TxnOp::Put(keys_.sync, EncodeSync({members, leader_->epoch}))}, {});
+  auto result =
+      etcd_.Txn({Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, leader_->epoch)},
+                {TxnOp::Put(keys_.sync, EncodeSync({members, leader_->epoch}))}, {});
   if (!result.ok()) return result.status();
   if (!result->succeeded) {
-    return absl::AbortedError(absl::StrCat("partition ", options_.partition, ": epoch ",
-                                           leader_->epoch, " is over"));
+    return absl::AbortedError(
+        absl::StrCat("partition ", options_.partition, ": epoch ", leader_->epoch, " is over"));
   }
   return absl::OkStatus();
 }
 
 void Replica::StepDown(const std::string& why) {
   if (!leader_) return;
-  absl::Status status = absl::UnavailableError(
-      absl::StrCat("partition ", options_.partition, ": ", options_.node_id,
-                   " stopped leading epoch ", leader_->epoch, " (", why,
-                   "); the outcome of this write is unknown"));
+  absl::Status status = absl::UnavailableError(absl::StrCat(
+      "partition ", options_.partition, ": ", options_.node_id, " stopped leading epoch ",
+      leader_->epoch, " (", why, "); the outcome of this write is unknown"));
   for (const auto& position : leader_->pending) outcomes_.push_back({position, status});
   leader_.reset();
 }
@@ -248,8 +247,8 @@ int64_t Replica::EpochAtOrZero(uint64_t seq) const {
 absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition transition) {
   if (!broken_.ok()) return broken_;
   if (!leader_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "partition ", options_.partition, ": ", options_.node_id, " is not its leader"));
+    return absl::FailedPreconditionError(absl::StrCat("partition ", options_.partition, ": ",
+                                                      options_.node_id, " is not its leader"));
   }
   if (!leader_->started) {
     return absl::UnavailableError(absl::StrCat("partition ", options_.partition,
@@ -260,17 +259,16 @@ absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition tr
     auto it = leader_->followers.find(node);
     if (it == leader_->followers.end() ||
         (it->second.match < end && now - it->second.caught_up_at > options_.lag_timeout)) {
-      return absl::UnavailableError(absl::StrCat(
-          "partition ", options_.partition, ": in-sync replica ", node,
-          " is not keeping up and the set may not shrink below min_in_sync ",
-          options_.min_in_sync, "; nothing was written"));
+      return absl::UnavailableError(
+          absl::StrCat("partition ", options_.partition, ": in-sync replica ", node,
+                       " is not keeping up and the set may not shrink below min_in_sync ",
+                       options_.min_in_sync, "; nothing was written"));
     }
   }
   if (leader_->in_sync.size() < options_.min_in_sync) {
-    return absl::UnavailableError(absl::StrCat("partition ", options_.partition, ": ",
-                                               leader_->in_sync.size(),
-                                               " replicas in sync, below min_in_sync ",
-                                               options_.min_in_sync, "; nothing was written"));
+    return absl::UnavailableError(absl::StrCat(
+        "partition ", options_.partition, ": ", leader_->in_sync.size(),
+        " replicas in sync, below min_in_sync ", options_.min_in_sync, "; nothing was written"));
   }
   LogEntry entry{end + 1, leader_->epoch, std::move(transition)};
   entry.transition.partition = options_.partition;

@@ -23,11 +23,11 @@ namespace jobbroker::cluster {
 // mistake it is about (tests/cluster/sim). Nothing else sets them.
 enum class PlantedBug {
   kNone,
-  kAckBeforeCommit,         // answer a proposal once the leader has written it
-  kIgnoreElectionOutcome,   // lead after losing the election txn, in the winner's epoch
-  kNoEpochFence,            // accept batches of any epoch, never raise the floor
-  kApplyOnReceipt,          // a follower applies what it receives before it is committed
-  kShrinkWithoutEtcd,       // stop waiting for a lagging member without removing it in etcd
+  kAckBeforeCommit,        // answer a proposal once the leader has written it
+  kIgnoreElectionOutcome,  // lead after losing the election txn, in the winner's epoch
+  kNoEpochFence,           // accept batches of any epoch, never raise the floor
+  kApplyOnReceipt,         // a follower applies what it receives before it is committed
+  kShrinkWithoutEtcd,      // stop waiting for a lagging member without removing it in etcd
 };
 
 struct ReplicaOptions {

@@ -11,7 +11,8 @@ namespace {
 // Collects a partition's records into chunks of puts.
 class ChunkingVisitor final : public core::RecoveryVisitor {
  public:
-  ChunkingVisitor(uint32_t partition, size_t per_chunk) : partition_(partition), per_chunk_(per_chunk) {}
+  ChunkingVisitor(uint32_t partition, size_t per_chunk)
+      : partition_(partition), per_chunk_(per_chunk) {}
   void OnJob(core::Job job) override { Next().put_jobs.push_back(std::move(job)); }
   void OnDedup(core::DedupEntry entry) override { Next().put_dedup.push_back(std::move(entry)); }
   void OnPolicy(std::string queue, core::PolicyOverride policy) override {

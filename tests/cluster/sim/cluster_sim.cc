@@ -260,12 +260,10 @@ void Simulation::StartNode(int n) {
     replica.snapshot_records_per_chunk = 16;
     replica.log_retention = 100;
     replica.TEST_planted_bug = options_.bug;
-    node.replicas.push_back(
-        std::make_unique<Replica>(replica, *node.storages[p], *node.etcd));
+    node.replicas.push_back(std::make_unique<Replica>(replica, *node.storages[p], *node.etcd));
   }
   Trace(absl::StrCat(node.id, " starts"));
-  Schedule(random_.Between(absl::Milliseconds(1), absl::Milliseconds(20)),
-           {Event::Kind::kTick, n});
+  Schedule(random_.Between(absl::Milliseconds(1), absl::Milliseconds(20)), {Event::Kind::kTick, n});
 }
 
 void Simulation::CrashNode(int n) {
@@ -302,9 +300,9 @@ void Simulation::TickNode(int n) {
       node.lease_lost = false;
       cluster::LeaseKeeperOptions keeper;
       keeper.ttl = kLeaseTtl;
-      node.keeper = std::make_unique<cluster::LeaseKeeper>(
-          *node.etcd, clock_, *lease, now(), keeper,
-          [&node](absl::Status) { node.lease_lost = true; });
+      node.keeper =
+          std::make_unique<cluster::LeaseKeeper>(*node.etcd, clock_, *lease, now(), keeper,
+                                                 [&node](absl::Status) { node.lease_lost = true; });
       Trace(absl::StrCat(node.id, " holds lease ", *lease));
     }
   }
@@ -336,7 +334,8 @@ void Simulation::Flush(int n) {
     Replica& replica = *node.replicas[p];
     for (auto& outcome : replica.TakeOutcomes()) {
       if (!outcome.status.ok()) continue;
-      auto found = op_at_.find({static_cast<uint32_t>(p), outcome.position.seq, outcome.position.epoch});
+      auto found =
+          op_at_.find({static_cast<uint32_t>(p), outcome.position.seq, outcome.position.epoch});
       Batch batch{outcome.position, found == op_at_.end() ? "" : found->second};
       ++report_.acked;
       Trace(absl::StrCat("ack ", batch.op, " p", p, " seq ", batch.position.seq, " epoch ",
@@ -364,9 +363,9 @@ void Simulation::Flush(int n) {
       if (cut || random_.Chance(drop_chance_)) continue;
       int copies = random_.Chance(0.01) ? 2 : 1;
       for (int c = 0; c < copies; ++c) {
-        absl::Duration delay = random_.Chance(0.05)
-                                   ? random_.Between(absl::Milliseconds(5), absl::Milliseconds(200))
-                                   : random_.Between(absl::Microseconds(200), absl::Milliseconds(5));
+        absl::Duration delay =
+            random_.Chance(0.05) ? random_.Between(absl::Milliseconds(5), absl::Milliseconds(200))
+                                 : random_.Between(absl::Microseconds(200), absl::Milliseconds(5));
         Schedule(delay, {Event::Kind::kDeliver, to, message});
       }
     }
@@ -450,7 +449,8 @@ void Simulation::InjectFault() {
       if (!node.up || now() < node.paused_until) break;
       node.paused_until = now() + 2 * kLeaseTtl;  // SIGSTOP for 2×TTL
       Trace(absl::StrCat(node.id, " paused"));
-      // After what reached it meanwhile: a resumed process reads its sockets before its timers fire.
+      // After what reached it meanwhile: a resumed process reads its sockets before its timers
+      // fire.
       events_.emplace(node.paused_until + absl::Microseconds(1), Event{Event::Kind::kTick, n});
       break;
     case 2:
@@ -546,9 +546,9 @@ void Simulation::CheckApplied(int n, uint32_t p, const Batch& batch) {
   for (const auto& member : InSyncSet(p)) {
     for (int k = 0; k < options_.nodes; ++k) {
       if (nodes_[k].id != member || Holds(k, p, batch.position)) continue;
-      Violate("apply-committed", absl::StrCat(nodes_[n].id, " applied seq ", batch.position.seq,
-                                              " of partition ", p, " that in-sync member ",
-                                              member, " does not hold: not committed"));
+      Violate("apply-committed",
+              absl::StrCat(nodes_[n].id, " applied seq ", batch.position.seq, " of partition ", p,
+                           " that in-sync member ", member, " does not hold: not committed"));
     }
   }
 }
@@ -593,8 +593,8 @@ void Simulation::CheckStep() {
       if (storage.snapshots_installed() != snapshots) {
         snapshots = storage.snapshots_installed();
         ++report_.snapshots;
-        Trace(absl::StrCat(node.id, " installed a snapshot of p", p, " at ",
-                           storage.applied_seq()));
+        Trace(
+            absl::StrCat(node.id, " installed a snapshot of p", p, " at ", storage.applied_seq()));
         CheckSnapshotState(n, partition);
       }
       uint64_t& removals = removals_seen_[{n, partition}];
@@ -605,8 +605,8 @@ void Simulation::CheckStep() {
       if (!node.up) continue;
       const Replica& replica = *node.replicas[p];
       if (replica.role() != Replica::Role::kLeader) continue;
-      auto [writer, first] = writer_of_epoch_.emplace(std::make_pair(partition, replica.epoch()),
-                                                      node.id);
+      auto [writer, first] =
+          writer_of_epoch_.emplace(std::make_pair(partition, replica.epoch()), node.id);
       if (first) {
         ++report_.elections;
         Trace(absl::StrCat(node.id, " leads p", p, " in epoch ", replica.epoch()));
@@ -645,9 +645,9 @@ void Simulation::CheckSettled() {
       }
     }
     if (leader < 0) {
-      Violate("settles", absl::StrCat("partition ", p, " has no serving leader ",
-                                      absl::FormatDuration(options_.settle_for),
-                                      " after the faults healed"));
+      Violate("settles",
+              absl::StrCat("partition ", p, " has no serving leader ",
+                           absl::FormatDuration(options_.settle_for), " after the faults healed"));
       continue;
     }
     const MemoryReplicaStorage& lead = *nodes_[leader].storages[p];
@@ -663,10 +663,10 @@ void Simulation::CheckSettled() {
         const MemoryReplicaStorage& replica = *nodes_[n].storages[p];
         if (replica.applied_seq() != lead.applied_seq() ||
             replica.state().job_count() != lead.state().job_count()) {
-          Violate("settles", absl::StrCat(node, " applied partition ", p, " through ",
-                                          replica.applied_seq(), " (", replica.state().job_count(),
-                                          " jobs), its leader through ", lead.applied_seq(), " (",
-                                          lead.state().job_count(), " jobs)"));
+          Violate("settles",
+                  absl::StrCat(node, " applied partition ", p, " through ", replica.applied_seq(),
+                               " (", replica.state().job_count(), " jobs), its leader through ",
+                               lead.applied_seq(), " (", lead.state().job_count(), " jobs)"));
         }
       }
     }

@@ -17,7 +17,7 @@ struct SimOptions {
   absl::Duration faulty_for = absl::Seconds(6);
   absl::Duration settle_for = absl::Seconds(6);
   cluster::PlantedBug bug = cluster::PlantedBug::kNone;
-  bool trace = false;  // keep a line per notable event (for replaying a seed)
+  bool trace = false;           // keep a line per notable event (for replaying a seed)
   bool trace_messages = false;  // and one per message delivered
 };
 

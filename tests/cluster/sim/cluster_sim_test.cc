@@ -75,8 +75,7 @@ TEST_P(PlantedBugTest, IsCaughtByItsInvariant) {
     violation = RunSimulation(options).violation;
   }
   ASSERT_NE(violation, "") << PlantedBugName(planted.bug) << " went unnoticed over 300 seeds";
-  EXPECT_THAT(violation, StartsWith(std::string(planted.invariant) + ":"))
-      << "seed " << seed - 1;
+  EXPECT_THAT(violation, StartsWith(std::string(planted.invariant) + ":")) << "seed " << seed - 1;
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -56,10 +56,11 @@ int main(int argc, char** argv) {
     } else if (arg == "--bug" && ParseBug(value, &options.bug)) {
       ++i;
     } else {
-      std::fprintf(stderr,
-                   "usage: %s [--seeds A-B | --seed N] [--trace | --messages] [--nodes N] [--partitions P] "
-                   "[--bug NAME]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--seeds A-B | --seed N] [--trace | --messages] [--nodes N] [--partitions P] "
+          "[--bug NAME]\n",
+          argv[0]);
       return 2;
     }
   }
@@ -78,8 +79,11 @@ int main(int argc, char** argv) {
     if (!report.violation.empty()) {
       std::printf("seed %llu: %s\nreplay: %s --seed %llu --trace%s%s\n",
                   static_cast<unsigned long long>(seed), report.violation.c_str(), argv[0],
-                  static_cast<unsigned long long>(seed), options.bug == jobbroker::cluster::PlantedBug::kNone ? "" : " --bug ",
-                  options.bug == jobbroker::cluster::PlantedBug::kNone ? "" : jobbroker::testing::PlantedBugName(options.bug));
+                  static_cast<unsigned long long>(seed),
+                  options.bug == jobbroker::cluster::PlantedBug::kNone ? "" : " --bug ",
+                  options.bug == jobbroker::cluster::PlantedBug::kNone
+                      ? ""
+                      : jobbroker::testing::PlantedBugName(options.bug));
       return 1;
     }
   }
