@@ -493,7 +493,10 @@ void Replica::OnSnapshotChunk(absl::Time /*now*/, const std::string& from,
     Reply(from, response);
     return;
   }
-  if (chunk.index == 0) staging_ = Staging{chunk.at, {}};
+  // A new snapshot starts at chunk 0; a repeated chunk 0 of the one being staged is a duplicate.
+  if (chunk.index == 0 && (!staging_ || !(staging_->at == chunk.at))) {
+    staging_ = Staging{chunk.at, {}};
+  }
   if (staging_ && staging_->at == chunk.at && chunk.index == staging_->chunks.size()) {
     staging_->chunks.push_back(chunk.records);
     if (chunk.last) {
@@ -555,7 +558,9 @@ void Replica::OnSnapshotAck(absl::Time now, const std::string& from, const Snaps
   if (it == leader_->followers.end()) return;
   Follower& follower = it->second;
   if (!follower.snapshot_at || !(*follower.snapshot_at == ack.at)) return;
-  if (ack.next_index != follower.next_chunk + 1 && ack.next_index != 0) return;  // a stale one
+  // The follower says what it has: go on from there (a late ack only makes the leader send a
+  // chunk again, which the follower ignores and answers with where it is).
+  if (ack.next_index > follower.chunks.size()) return;
   follower.next_chunk = ack.next_index;
   follower.last_progress = now;
   SendChunk(now, from, follower);
