@@ -153,13 +153,16 @@ std::set<std::string> Replica::RequiredFollowers() const {
   return required;
 }
 
+bool Replica::Lagging(absl::Time now, const std::string& node, uint64_t log_end) const {
+  auto it = leader_->followers.find(node);
+  return it == leader_->followers.end() ||
+         (it->second.match < log_end && now - it->second.caught_up_at > options_.lag_timeout);
+}
+
 void Replica::UpdateInSyncSet(absl::Time now) {
   const uint64_t end = storage_.log_end();
   for (const auto& node : RequiredFollowers()) {
-    auto it = leader_->followers.find(node);
-    bool lagging = it == leader_->followers.end() ||
-                   (it->second.match < end && now - it->second.caught_up_at > options_.lag_timeout);
-    if (!lagging) continue;
+    if (!Lagging(now, node, end)) continue;
     if (!Contains(leader_->in_sync, node)) {
       leader_->joining.erase(node);  // never in etcd's set: nothing to undo there
       continue;
@@ -256,9 +259,7 @@ absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition tr
   }
   const uint64_t end = storage_.log_end();
   for (const auto& node : RequiredFollowers()) {
-    auto it = leader_->followers.find(node);
-    if (it == leader_->followers.end() ||
-        (it->second.match < end && now - it->second.caught_up_at > options_.lag_timeout)) {
+    if (Lagging(now, node, end)) {
       return absl::UnavailableError(
           absl::StrCat("partition ", options_.partition, ": in-sync replica ", node,
                        " is not keeping up and the set may not shrink below min_in_sync ",

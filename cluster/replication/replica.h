@@ -171,6 +171,8 @@ class Replica {
 
   // The members whose acks a commit needs besides the leader's own.
   std::set<std::string> RequiredFollowers() const;
+  // Leader: `node` has not caught up with the log end for longer than lag_timeout.
+  bool Lagging(absl::Time now, const std::string& node, uint64_t log_end) const;
   void UpdateInSyncSet(absl::Time now);
   // Puts `members` as the in-sync set, guarded by this leader's epoch. OK if written; kAborted
   // if the guard failed (this replica no longer leads); the etcd error otherwise (unknown).
