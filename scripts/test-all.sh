@@ -9,12 +9,16 @@
 #
 #   scripts/test-all.sh                  # all suites
 #   scripts/test-all.sh python go        # some of them
+#
+# Each suite may run for SUITE_TIMEOUT seconds (default 1800); one that hangs is stopped and
+# FAILED, and the rest still run, so a hang shows in the summary instead of using up CI's time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
 build="${BUILD:-build}"
 jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
+suite_timeout="${SUITE_TIMEOUT:-1800}"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
 all_suites=(cpp thread-safety asan tsan crash fuzz api chart image-lint ui python go typescript interop java
@@ -62,6 +66,10 @@ run_suite() {
   esac
 }
 
+# run_suite runs in a child bash under timeout(1), which needs the function and what it reads.
+export -f run_suite
+export root build jobs
+
 summary=()
 passed=0
 failed=0
@@ -69,11 +77,14 @@ for suite in "${suites[@]}"; do
   echo
   echo "=== $suite ==="
   start=$SECONDS
-  if run_suite "$suite"; then
+  timeout --kill-after=60 "$suite_timeout" bash -c 'run_suite "$1"' _ "$suite"
+  rc=$?
+  if [ "$rc" -eq 0 ]; then
     result=passed
     passed=$((passed + 1))
   else
     result=FAILED
+    [ "$rc" -eq 124 ] && result=TIMEOUT && echo "=== $suite: stopped after ${suite_timeout} s ==="
     failed=$((failed + 1))
   fi
   summary+=("$(printf '%-12s %-7s %5ss' "$suite" "$result" $((SECONDS - start)))")
