@@ -302,4 +302,69 @@ absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes) {
   return p;
 }
 
+std::string EncodeLogEntry(int64_t epoch, const core::Transition& t) {
+  storage::LogEntryRecord r;
+  r.set_format_version(kLogEntryRecordFormatVersion);
+  r.set_epoch(epoch);
+  storage::TransitionRecord& out = *r.mutable_transition();
+  for (const core::Job& job : t.put_jobs) out.add_put_jobs(EncodeJob(job));
+  for (const std::string& id : t.delete_jobs) out.add_delete_jobs(id);
+  for (const core::DedupEntry& d : t.put_dedup) {
+    storage::TransitionRecord::Dedup& put = *out.add_put_dedup();
+    put.set_queue(d.queue);
+    put.set_key(d.key);
+    put.set_record(EncodeDedup(d));
+  }
+  for (const auto& [queue, key] : t.delete_dedup) {
+    storage::TransitionRecord::DedupKey& del = *out.add_delete_dedup();
+    del.set_queue(queue);
+    del.set_key(key);
+  }
+  for (const auto& [queue, policy] : t.put_policies) {
+    storage::TransitionRecord::Policy& put = *out.add_put_policies();
+    put.set_queue(queue);
+    put.set_record(EncodePolicy(policy));
+  }
+  for (const std::string& queue : t.delete_policies) out.add_delete_policies(queue);
+  return r.SerializeAsString();
+}
+
+absl::StatusOr<DecodedLogEntry> DecodeLogEntry(uint32_t partition, uint64_t seq,
+                                               absl::string_view bytes) {
+  storage::LogEntryRecord r;
+  BROKER_RETURN_IF_ERROR(Parse("LogEntryRecord", bytes, r));
+  BROKER_RETURN_IF_ERROR(
+      CheckVersion("LogEntryRecord", r.format_version(), kLogEntryRecordFormatVersion));
+  DecodedLogEntry entry;
+  entry.epoch = r.epoch();
+  core::Transition& t = entry.transition;
+  t.partition = partition;
+  t.seq = seq;
+  auto inside = [seq](const absl::Status& s) {
+    return absl::DataLossError(absl::StrCat("log entry ", seq, ": ", s.message()));
+  };
+  const storage::TransitionRecord& in = r.transition();
+  for (const std::string& bytes : in.put_jobs()) {
+    absl::StatusOr<core::Job> job = DecodeJob(bytes);
+    if (!job.ok()) return inside(job.status());
+    t.put_jobs.push_back(*std::move(job));
+  }
+  t.delete_jobs.assign(in.delete_jobs().begin(), in.delete_jobs().end());
+  for (const storage::TransitionRecord::Dedup& put : in.put_dedup()) {
+    absl::StatusOr<core::DedupEntry> d = DecodeDedup(put.queue(), put.key(), put.record());
+    if (!d.ok()) return inside(d.status());
+    t.put_dedup.push_back(*std::move(d));
+  }
+  for (const storage::TransitionRecord::DedupKey& del : in.delete_dedup()) {
+    t.delete_dedup.emplace_back(del.queue(), del.key());
+  }
+  for (const storage::TransitionRecord::Policy& put : in.put_policies()) {
+    absl::StatusOr<core::PolicyOverride> policy = DecodePolicy(put.record());
+    if (!policy.ok()) return inside(policy.status());
+    t.put_policies.emplace_back(put.queue(), *std::move(policy));
+  }
+  t.delete_policies.assign(in.delete_policies().begin(), in.delete_policies().end());
+  return entry;
+}
+
 }  // namespace jobbroker::storage

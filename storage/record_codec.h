@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "core/job.h"
 #include "core/policy.h"
+#include "core/store.h"
 
 namespace jobbroker::storage {
 
@@ -18,6 +19,7 @@ namespace jobbroker::storage {
 inline constexpr uint32_t kJobRecordFormatVersion = 1;
 inline constexpr uint32_t kDedupRecordFormatVersion = 1;
 inline constexpr uint32_t kPolicyRecordFormatVersion = 1;
+inline constexpr uint32_t kLogEntryRecordFormatVersion = 1;
 
 // Times are stored in whole microseconds: a finite time with a sub-microsecond part reads back
 // rounded down to the microsecond (absl::ToUnixMicros). InfinitePast/InfiniteFuture and
@@ -36,5 +38,16 @@ absl::StatusOr<core::DedupEntry> DecodeDedup(absl::string_view queue, absl::stri
 std::string EncodePolicy(const core::PolicyOverride& policy);
 // kDataLoss as for DecodeJob.
 absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes);
+
+// A replication log entry (cluster mode): the transition of `epoch`, whole. Its partition and seq
+// are not encoded: they are the store's key (or travel beside it).
+std::string EncodeLogEntry(int64_t epoch, const core::Transition& transition);
+struct DecodedLogEntry {
+  int64_t epoch = 0;
+  core::Transition transition;  // partition and seq as passed to DecodeLogEntry
+};
+// kDataLoss as for DecodeJob, for the entry or any record inside it; the message names which.
+absl::StatusOr<DecodedLogEntry> DecodeLogEntry(uint32_t partition, uint64_t seq,
+                                               absl::string_view bytes);
 
 }  // namespace jobbroker::storage
