@@ -413,43 +413,49 @@ absl::Status RocksDbStore::Sync() {
   return FromRocksDb(db_->SyncWAL(), absl::StrCat("sync the log of ", dir_));
 }
 
+absl::Status RocksDbStore::AddTransitionLocked(const core::Transition& t,
+                                               rocksdb::WriteBatch& batch) {
+  auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
+  const std::string prefix = PartitionKeyPrefix(t.partition);
+  std::string key;
+  auto keyed = [&](absl::string_view name) -> const std::string& {
+    key.assign(prefix);
+    key.append(name.data(), name.size());
+    return key;
+  };
+  for (const core::Job& job : t.put_jobs) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, keyed(job.id), EncodeJob(job))));
+  }
+  for (const std::string& id : t.delete_jobs) {
+    BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, keyed(id))));
+  }
+  for (const core::DedupEntry& d : t.put_dedup) {
+    BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
+    BROKER_RETURN_IF_ERROR(
+        add(batch.Put(dedup_, DedupKey(prefix, d.queue, d.key), EncodeDedup(d))));
+  }
+  for (const auto& [queue, dedup_key] : t.delete_dedup) {
+    BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
+    BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(prefix, queue, dedup_key))));
+  }
+  for (const auto& [queue, policy] : t.put_policies) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, keyed(queue), EncodePolicy(policy))));
+  }
+  for (const std::string& queue : t.delete_policies) {
+    BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> transitions,
                                             bool sync) {
   absl::ReaderMutexLock lock(&mu_);
   BROKER_RETURN_IF_ERROR(CheckOpenLocked());
   rocksdb::WriteBatch batch;
-  auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
   // The last numbered transition of each partition in this write: its applied_seq afterwards.
   std::vector<std::pair<uint32_t, uint64_t>> applied;
-  std::string key;
   for (const core::Transition& t : transitions) {
-    const std::string prefix = PartitionKeyPrefix(t.partition);
-    auto keyed = [&](absl::string_view name) -> const std::string& {
-      key.assign(prefix);
-      key.append(name.data(), name.size());
-      return key;
-    };
-    for (const core::Job& job : t.put_jobs) {
-      BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, keyed(job.id), EncodeJob(job))));
-    }
-    for (const std::string& id : t.delete_jobs) {
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, keyed(id))));
-    }
-    for (const core::DedupEntry& d : t.put_dedup) {
-      BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
-      BROKER_RETURN_IF_ERROR(
-          add(batch.Put(dedup_, DedupKey(prefix, d.queue, d.key), EncodeDedup(d))));
-    }
-    for (const auto& [queue, dedup_key] : t.delete_dedup) {
-      BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(prefix, queue, dedup_key))));
-    }
-    for (const auto& [queue, policy] : t.put_policies) {
-      BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, keyed(queue), EncodePolicy(policy))));
-    }
-    for (const std::string& queue : t.delete_policies) {
-      BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
-    }
+    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch));
     if (t.seq == 0) continue;
     auto same = std::find_if(applied.begin(), applied.end(),
                              [&](const auto& a) { return a.first == t.partition; });
@@ -460,7 +466,8 @@ absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> t
     }
   }
   for (const auto& [partition, seq] : applied) {
-    BROKER_RETURN_IF_ERROR(add(batch.Put(meta_, AppliedSeqKey(partition), BigEndian64(seq))));
+    BROKER_RETURN_IF_ERROR(FromRocksDb(batch.Put(meta_, AppliedSeqKey(partition), BigEndian64(seq)),
+                                       "build write batch"));
   }
   if (batch.Count() == 0) {
     // Nothing to write, but earlier unsynced writes may still have to reach the disk.
@@ -471,6 +478,143 @@ absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> t
   // The promise: OK means on disk (DESIGN.md, delivery semantics). A synced write also syncs
   // every unsynced one before it: they are earlier in the same log.
   write_options.sync = sync;
+  return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
+}
+
+absl::StatusOr<ReplicaRecords> RocksDbStore::ReadReplica(uint32_t partition) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
+  ReplicaRecords records;
+  // A missing key is the value of a new replica: 0.
+  auto get = [&](const std::string& key, size_t size, std::string* value)
+                 ABSL_SHARED_LOCKS_REQUIRED(mu_) -> absl::Status {
+    rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), meta_, key, value);
+    if (s.IsNotFound()) {
+      value->assign(size, '\0');
+      return absl::OkStatus();
+    }
+    BROKER_RETURN_IF_ERROR(FromRocksDb(s, absl::StrCat("read ", absl::CHexEscape(key))));
+    if (value->size() != size) {
+      return absl::DataLossError(absl::StrCat("\"", absl::CHexEscape(key), "\" in ", dir_, " is ",
+                                              value->size(), " bytes, not ", size));
+    }
+    return absl::OkStatus();
+  };
+  const std::string prefix = PartitionKeyPrefix(partition);
+  std::string value;
+  BROKER_RETURN_IF_ERROR(get(absl::StrCat(kRocksDbEpochFloorKey, prefix), 8, &value));
+  records.epoch_floor = static_cast<int64_t>(FromBigEndian64(value));
+  BROKER_RETURN_IF_ERROR(get(AppliedSeqKey(partition), 8, &value));
+  records.applied_seq = FromBigEndian64(value);
+  BROKER_RETURN_IF_ERROR(get(absl::StrCat(kRocksDbLogBaseKey, prefix), 16, &value));
+  records.base_seq = FromBigEndian64(absl::string_view(value).substr(0, 8));
+  records.base_epoch = static_cast<int64_t>(FromBigEndian64(absl::string_view(value).substr(8)));
+  records.last_seq = records.base_seq;
+  records.last_epoch = records.base_epoch;
+
+  // The last entry: the greatest key of the partition's range.
+  const std::string end = PartitionKeyPrefix(partition + 1);
+  const rocksdb::Slice lower(prefix);
+  const rocksdb::Slice upper(end);
+  rocksdb::ReadOptions read_options;
+  read_options.iterate_lower_bound = &lower;
+  read_options.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, replication_log_));
+  it->SeekToLast();
+  if (it->Valid()) {
+    absl::string_view key = View(it->key()).substr(prefix.size());
+    if (key.size() != 8) {
+      return absl::DataLossError(absl::StrCat("replication_log key \"",
+                                              absl::CHexEscape(View(it->key())), "\" in ", dir_,
+                                              " is not a partition and a seq"));
+    }
+    records.last_seq = FromBigEndian64(key);
+    absl::StatusOr<DecodedLogEntry> entry =
+        DecodeLogEntry(partition, records.last_seq, View(it->value()));
+    if (!entry.ok()) {
+      return RecordError(kRocksDbReplicationLogColumnFamily, View(it->key()), entry.status());
+    }
+    records.last_epoch = entry->epoch;
+  }
+  BROKER_RETURN_IF_ERROR(FromRocksDb(it->status(), absl::StrCat("scan replication_log in ", dir_)));
+  return records;
+}
+
+absl::StatusOr<std::vector<ReplicaLogRecord>> RocksDbStore::ReadReplicaLog(uint32_t partition,
+                                                                           uint64_t from,
+                                                                           size_t max_entries) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
+  const std::string prefix = PartitionKeyPrefix(partition);
+  const std::string end = PartitionKeyPrefix(partition + 1);
+  const rocksdb::Slice upper(end);
+  rocksdb::ReadOptions read_options;
+  read_options.iterate_upper_bound = &upper;
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(read_options, replication_log_));
+  std::vector<ReplicaLogRecord> out;
+  for (it->Seek(absl::StrCat(prefix, BigEndian64(from))); it->Valid() && out.size() < max_entries;
+       it->Next()) {
+    absl::string_view key = View(it->key()).substr(prefix.size());
+    uint64_t seq = FromBigEndian64(key);
+    absl::StatusOr<DecodedLogEntry> entry = DecodeLogEntry(partition, seq, View(it->value()));
+    if (key.size() != 8) entry = absl::DataLossError("the key is not a partition and a seq");
+    if (!entry.ok()) {
+      return RecordError(kRocksDbReplicationLogColumnFamily, View(it->key()), entry.status());
+    }
+    out.push_back({seq, entry->epoch, std::move(entry->transition)});
+  }
+  BROKER_RETURN_IF_ERROR(FromRocksDb(it->status(), absl::StrCat("scan replication_log in ", dir_)));
+  return out;
+}
+
+absl::Status RocksDbStore::WriteReplica(uint32_t partition, const ReplicaWrite& write) {
+  absl::ReaderMutexLock lock(&mu_);
+  BROKER_RETURN_IF_ERROR(CheckOpenLocked());
+  rocksdb::WriteBatch batch;
+  auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
+  const std::string prefix = PartitionKeyPrefix(partition);
+  auto log_key = [&](uint64_t seq) { return absl::StrCat(prefix, BigEndian64(seq)); };
+  if (write.epoch_floor.has_value()) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(meta_, absl::StrCat(kRocksDbEpochFloorKey, prefix),
+                                         BigEndian64(static_cast<uint64_t>(*write.epoch_floor)))));
+  }
+  if (write.clear_partition) {
+    const std::string end = PartitionKeyPrefix(partition + 1);
+    for (rocksdb::ColumnFamilyHandle* handle : {jobs_, dedup_, policies_, replication_log_}) {
+      BROKER_RETURN_IF_ERROR(add(batch.DeleteRange(handle, prefix, end)));
+    }
+  }
+  if (write.delete_log.has_value()) {
+    for (uint64_t seq = write.delete_log->first; seq <= write.delete_log->second; ++seq) {
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(replication_log_, log_key(seq))));
+    }
+  }
+  for (const ReplicaLogRecord& entry : write.append) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(replication_log_, log_key(entry.seq),
+                                         EncodeLogEntry(entry.epoch, entry.transition))));
+  }
+  std::optional<uint64_t> applied = write.applied_seq;
+  for (const core::Transition& t : write.apply) {
+    if (t.partition != partition) {
+      return absl::InvalidArgumentError(absl::StrCat("a replica write of partition ", partition,
+                                                     " applies a transition of partition ",
+                                                     t.partition));
+    }
+    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch));
+    if (t.seq != 0 && !write.applied_seq.has_value()) applied = t.seq;
+  }
+  if (applied.has_value()) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(meta_, AppliedSeqKey(partition), BigEndian64(*applied))));
+  }
+  if (write.log_base.has_value()) {
+    BROKER_RETURN_IF_ERROR(
+        add(batch.Put(meta_, absl::StrCat(kRocksDbLogBaseKey, prefix),
+                      absl::StrCat(BigEndian64(write.log_base->first),
+                                   BigEndian64(static_cast<uint64_t>(write.log_base->second))))));
+  }
+  if (batch.Count() == 0) return absl::OkStatus();
+  rocksdb::WriteOptions write_options;
+  write_options.sync = true;
   return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
 }
 

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,6 +22,7 @@ class DB;
 class Env;
 class EventListener;
 class Logger;
+class WriteBatch;
 }  // namespace rocksdb
 
 namespace jobbroker::storage {
@@ -33,13 +35,18 @@ namespace jobbroker::storage {
 //   jobs     : P + job id -> JobRecord
 //   dedup    : P + queue + '\0' + dedup key -> DedupRecord
 //   policies : P + queue -> PolicyRecord (run-time overrides)
-//   replication_log : P + 8 bytes big-endian seq -> a replicated batch a follower holds before it
-//              is committed (cluster mode; empty in a single-node store)
+//   replication_log : P + 8 bytes big-endian seq -> LogEntryRecord: an entry of the partition's
+//              replication log (cluster mode; empty in a single-node store)
+//   default  : "epoch_floor" + P -> 8 bytes big-endian: the replica's epoch floor (cluster mode)
+//              "log_base" + P -> 16 bytes big-endian: seq, then epoch, of the entry before the
+//              first one stored (trimmed, or the snapshot the replica was built from)
 // Format 1 (before partitions) had the same column families without P and no replication_log; it
 // is upgraded in place when opened (one partition, its keys moved under partition 0).
 inline constexpr char kRocksDbFormatKey[] = "format";
 inline constexpr char kRocksDbPartitionsKey[] = "partitions";
 inline constexpr char kRocksDbAppliedSeqKey[] = "applied_seq";
+inline constexpr char kRocksDbEpochFloorKey[] = "epoch_floor";
+inline constexpr char kRocksDbLogBaseKey[] = "log_base";
 inline constexpr char kRocksDbJobsColumnFamily[] = "jobs";
 inline constexpr char kRocksDbDedupColumnFamily[] = "dedup";
 inline constexpr char kRocksDbPoliciesColumnFamily[] = "policies";
@@ -69,6 +76,38 @@ struct RocksDbStoreOptions {
   // Default null: RocksDB's default Env, the local filesystem. Tests pass one that injects
   // faults (tests/storage/faulty_file_system.h).
   rocksdb::Env* env = nullptr;
+};
+
+// Cluster mode: a partition's replica records beside its state (the layout above), for
+// cluster/replication/rocksdb_replica_storage.h, their one user. Single-node mode never writes
+// them.
+struct ReplicaLogRecord {
+  uint64_t seq = 0;
+  int64_t epoch = 0;
+  core::Transition transition;
+};
+struct ReplicaRecords {
+  int64_t epoch_floor = 0;
+  uint64_t base_seq = 0;
+  int64_t base_epoch = 0;
+  uint64_t last_seq = 0;  // the last stored log entry: the base when there is none
+  int64_t last_epoch = 0;
+  uint64_t applied_seq = 0;
+};
+// One atomic, synced write of a replica's records, applied in the order of its fields.
+struct ReplicaWrite {
+  std::optional<int64_t> epoch_floor;
+  // Deletes the partition's whole log and its jobs, dedup entries and policies (a snapshot
+  // replaces them).
+  bool clear_partition = false;
+  // Deletes the log entries first..last (both included), one by one: the caller knows which exist.
+  std::optional<std::pair<uint64_t, uint64_t>> delete_log;
+  std::vector<ReplicaLogRecord> append;
+  // Applied to the state as Write does; each numbered one advances applied_seq.
+  std::vector<core::Transition> apply;
+  // Sets applied_seq outright (a snapshot's position), after `apply`.
+  std::optional<uint64_t> applied_seq;
+  std::optional<std::pair<uint64_t, int64_t>> log_base;  // (seq, epoch)
 };
 
 // The durable Store: one RocksDB database in a directory, with the column families above.
@@ -126,6 +165,14 @@ class RocksDbStore final : public core::Store {
   // failed, every call is kUnavailable until a Resume() reopens it.
   absl::Status Resume() override;
 
+  // Cluster mode (ReplicaWrite above). kDataLoss if a record does not decode; kUnavailable for
+  // I/O errors. WriteReplica: errors as Write; kInvalidArgument (nothing written) as Write.
+  absl::StatusOr<ReplicaRecords> ReadReplica(uint32_t partition);
+  // The log entries from `from` on, at most `max_entries`, in seq order.
+  absl::StatusOr<std::vector<ReplicaLogRecord>> ReadReplicaLog(uint32_t partition, uint64_t from,
+                                                               size_t max_entries);
+  absl::Status WriteReplica(uint32_t partition, const ReplicaWrite& write);
+
   // RocksDB's estimates over every column family, for metrics: bytes of live data, and bytes
   // that compaction still has to rewrite (a growing figure means compaction cannot keep up).
   uint64_t LiveDataBytes() const;
@@ -156,6 +203,9 @@ class RocksDbStore final : public core::Store {
   absl::Status ProbeDisk() const;
   // kUnavailable if a failed reopen left the store without a database.
   absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds the puts and deletes of `t` to `batch`.
+  absl::Status AddTransitionLocked(const core::Transition& t, rocksdb::WriteBatch& batch)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Write (sync) and WriteUnsynced.
   absl::Status WriteTransitions(absl::Span<const core::Transition> transitions, bool sync);
 
