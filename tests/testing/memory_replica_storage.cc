@@ -4,38 +4,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cluster/replication/snapshot_chunks.h"
 
 namespace jobbroker::testing {
 namespace {
-
-// Collects a partition's records into chunks of puts.
-class ChunkingVisitor final : public core::RecoveryVisitor {
- public:
-  ChunkingVisitor(uint32_t partition, size_t per_chunk)
-      : partition_(partition), per_chunk_(per_chunk) {}
-  void OnJob(core::Job job) override { Next().put_jobs.push_back(std::move(job)); }
-  void OnDedup(core::DedupEntry entry) override { Next().put_dedup.push_back(std::move(entry)); }
-  void OnPolicy(std::string queue, core::PolicyOverride policy) override {
-    Next().put_policies.emplace_back(std::move(queue), std::move(policy));
-  }
-  void OnCorrupt(core::CorruptRecord) override {}
-  std::vector<core::Transition> Take() { return std::move(chunks_); }
-
- private:
-  core::Transition& Next() {
-    if (chunks_.empty() || in_last_ == per_chunk_) {
-      chunks_.emplace_back();
-      chunks_.back().partition = partition_;
-      in_last_ = 0;
-    }
-    ++in_last_;
-    return chunks_.back();
-  }
-  const uint32_t partition_;
-  const size_t per_chunk_;
-  size_t in_last_ = 0;
-  std::vector<core::Transition> chunks_;
-};
 
 absl::Status Misuse(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrCat("replica storage misused: ", what));
@@ -112,9 +84,7 @@ absl::Status MemoryReplicaStorage::ApplyThrough(uint64_t seq) {
 
 absl::StatusOr<std::vector<core::Transition>> MemoryReplicaStorage::SnapshotChunks(
     size_t records_per_chunk) const {
-  ChunkingVisitor visitor(partition_, records_per_chunk == 0 ? 1 : records_per_chunk);
-  if (auto status = state_->Recover(partition_, visitor); !status.ok()) return status;
-  return visitor.Take();
+  return cluster::CutSnapshotChunks(*state_, partition_, records_per_chunk);
 }
 
 absl::Status MemoryReplicaStorage::InstallSnapshot(cluster::LogPosition at,

@@ -38,6 +38,7 @@ class MemoryReplicaStorage final : public cluster::ReplicaStorage {
 
   // The applied state.
   const storage::MemoryStore& state() const { return *state_; }
+  storage::MemoryStore& state() { return *state_; }
   // How many calls dropped entries that were not applied (truncations, snapshot installs): the
   // simulator's checker looks again at what this replica holds after each.
   uint64_t removals() const { return removals_; }

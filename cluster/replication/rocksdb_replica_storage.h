@@ -1,0 +1,58 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cluster/replication/replica_storage.h"
+#include "storage/rocksdb_store.h"
+
+namespace jobbroker::cluster {
+
+// The ReplicaStorage of a node: one partition's floor, replication log and state in the node's
+// RocksDbStore (its replication_log column family and the partition's records; the layout is in
+// storage/rocksdb_store.h). Every mutating call is one synced WriteBatch, so what a call changes
+// survives kill -9 and power loss whole or not at all. Applying entries and trimming the log go
+// into one write with the applied_seq they reach.
+//
+// It keeps the log's bounds in memory (read once by Open) so that the replica's hot calls read
+// nothing but entries. Not thread-safe, like every ReplicaStorage; the store may serve other
+// partitions meanwhile.
+class RocksDbReplicaStorage final : public ReplicaStorage {
+ public:
+  // Reads the partition's replica records from `store` (borrowed: it must outlive this object).
+  // Errors as RocksDbStore::ReadReplica.
+  static absl::StatusOr<std::unique_ptr<RocksDbReplicaStorage>> Open(storage::RocksDbStore* store,
+                                                                     uint32_t partition);
+
+  int64_t epoch_floor() const override { return floor_; }
+  absl::Status RaiseEpochFloor(int64_t epoch) override;
+  LogPosition log_base() const override { return base_; }
+  uint64_t log_end() const override { return end_.seq; }
+  absl::StatusOr<int64_t> EpochAt(uint64_t seq) const override;
+  absl::StatusOr<std::vector<LogEntry>> Read(uint64_t from, size_t max_entries) const override;
+  absl::Status Append(const std::vector<LogEntry>& entries) override;
+  absl::Status TruncateAfter(uint64_t seq) override;
+  absl::Status TrimThrough(uint64_t seq) override;
+  uint64_t applied_seq() const override { return applied_; }
+  absl::Status ApplyThrough(uint64_t seq) override;
+  absl::StatusOr<std::vector<core::Transition>> SnapshotChunks(
+      size_t records_per_chunk) const override;
+  absl::Status InstallSnapshot(LogPosition at,
+                               const std::vector<core::Transition>& chunks) override;
+
+ private:
+  RocksDbReplicaStorage(storage::RocksDbStore* store, uint32_t partition,
+                        const storage::ReplicaRecords& records);
+
+  storage::RocksDbStore* const store_;
+  const uint32_t partition_;
+  int64_t floor_ = 0;
+  LogPosition base_;
+  LogPosition end_;  // the last stored entry; base_ when the log is empty
+  uint64_t applied_ = 0;
+};
+
+}  // namespace jobbroker::cluster
