@@ -144,7 +144,8 @@ TEST(PeerTransportTest, MessagesFlowBothWaysInOrderOnEachStream) {
     EXPECT_EQ(request->entries[0].seq, i + 1);
     EXPECT_EQ(request->entries[0].transition.delete_jobs[0], absl::StrCat("job-", i + 1));
   }
-  const auto* answer = std::get_if<AppendResponse>(&a.received()[0].body);
+  std::vector<ReplicationMessage> at_a = a.received();
+  const auto* answer = std::get_if<AppendResponse>(&at_a[0].body);
   ASSERT_NE(answer, nullptr);
   EXPECT_EQ(answer->match_seq, 200u);
   EXPECT_EQ(a.transport().counters().sent, 200u);
