@@ -80,7 +80,8 @@ test('the overview shows every queue with its counts by state', async () => {
   await page.getByRole('heading', { level: 1, name: 'Queue emails' }).waitFor();
   assert.match(page.url(), /#\/queues\/emails\?state=JOB_STATE_READY$/);
   const list = page.getByRole('region', { name: 'Ready jobs, newest first', exact: true });
-  await list.waitFor();
+  // The region is drawn before its rows arrive: wait for the last one, then count them all.
+  await list.getByRole('row').nth(3).waitFor();
   assert.equal(await list.getByRole('row').count(), 4, 'a header row and three jobs');
   assert.deepEqual(page.problems, []);
 });
