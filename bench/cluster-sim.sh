@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The long mode of the cluster simulation (tests/cluster/sim): SEEDS seeds from FIRST, split over
-# JOBS cluster_sim processes side by side. ctest runs 1,000 seeds; this is the run the issue's
+# JOBS cluster_sim processes side by side. ctest runs 2,000 seeds; this is the run the issue's
 # "10,000 seeds and more" is measured by. Prints each process's summary line, then the total.
 # A failing seed stops its process and prints the command that replays it.
 #   bench/cluster-sim.sh                        # seeds 0-9999 on 2 processes
