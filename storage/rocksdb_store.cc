@@ -414,10 +414,9 @@ absl::Status RocksDbStore::Sync() {
 }
 
 absl::Status RocksDbStore::AddTransitionLocked(const core::Transition& t,
-                                               rocksdb::WriteBatch& batch) {
+                                               rocksdb::WriteBatch& batch, std::string& key) {
   auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
   const std::string prefix = PartitionKeyPrefix(t.partition);
-  std::string key;
   auto keyed = [&](absl::string_view name) -> const std::string& {
     key.assign(prefix);
     key.append(name.data(), name.size());
@@ -454,8 +453,9 @@ absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> t
   rocksdb::WriteBatch batch;
   // The last numbered transition of each partition in this write: its applied_seq afterwards.
   std::vector<std::pair<uint32_t, uint64_t>> applied;
+  std::string key;
   for (const core::Transition& t : transitions) {
-    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch));
+    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch, key));
     if (t.seq == 0) continue;
     auto same = std::find_if(applied.begin(), applied.end(),
                              [&](const auto& a) { return a.first == t.partition; });
@@ -555,9 +555,10 @@ absl::StatusOr<std::vector<ReplicaLogRecord>> RocksDbStore::ReadReplicaLog(uint3
   for (it->Seek(absl::StrCat(prefix, BigEndian64(from))); it->Valid() && out.size() < max_entries;
        it->Next()) {
     absl::string_view key = View(it->key()).substr(prefix.size());
-    uint64_t seq = FromBigEndian64(key);
-    absl::StatusOr<DecodedLogEntry> entry = DecodeLogEntry(partition, seq, View(it->value()));
-    if (key.size() != 8) entry = absl::DataLossError("the key is not a partition and a seq");
+    const uint64_t seq = FromBigEndian64(key);
+    absl::StatusOr<DecodedLogEntry> entry =
+        key.size() == 8 ? DecodeLogEntry(partition, seq, View(it->value()))
+                        : absl::DataLossError("the key is not a partition and a seq");
     if (!entry.ok()) {
       return RecordError(kRocksDbReplicationLogColumnFamily, View(it->key()), entry.status());
     }
@@ -594,13 +595,14 @@ absl::Status RocksDbStore::WriteReplica(uint32_t partition, const ReplicaWrite& 
                                          EncodeLogEntry(entry.epoch, entry.transition))));
   }
   std::optional<uint64_t> applied = write.applied_seq;
+  std::string key;
   for (const core::Transition& t : write.apply) {
     if (t.partition != partition) {
       return absl::InvalidArgumentError(absl::StrCat("a replica write of partition ", partition,
                                                      " applies a transition of partition ",
                                                      t.partition));
     }
-    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch));
+    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch, key));
     if (t.seq != 0 && !write.applied_seq.has_value()) applied = t.seq;
   }
   if (applied.has_value()) {

@@ -203,9 +203,10 @@ class RocksDbStore final : public core::Store {
   absl::Status ProbeDisk() const;
   // kUnavailable if a failed reopen left the store without a database.
   absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Adds the puts and deletes of `t` to `batch`.
-  absl::Status AddTransitionLocked(const core::Transition& t, rocksdb::WriteBatch& batch)
-      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds the puts and deletes of `t` to `batch`. `key` is scratch space, reused across the
+  // transitions of one write so that building keys does not allocate for each.
+  absl::Status AddTransitionLocked(const core::Transition& t, rocksdb::WriteBatch& batch,
+                                   std::string& key) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Write (sync) and WriteUnsynced.
   absl::Status WriteTransitions(absl::Span<const core::Transition> transitions, bool sync);
 
