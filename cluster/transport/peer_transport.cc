@@ -276,7 +276,7 @@ PeerTransport::PeerTransport(PeerTransportOptions options, Deliver deliver, Auth
       authorize_(std::move(authorize)) {}
 
 PeerTransport::~PeerTransport() {
-  std::map<std::string, std::unique_ptr<Link>> links;
+  std::map<std::string, std::shared_ptr<Link>> links;
   {
     absl::MutexLock lock(&mu_);
     links.swap(links_);
@@ -288,14 +288,14 @@ void PeerTransport::SetPeer(const std::string& node_id, const std::string& addre
   absl::MutexLock lock(&mu_);
   auto it = links_.find(node_id);
   if (it == links_.end()) {
-    links_.emplace(node_id, std::make_unique<Link>(this, address));
+    links_.emplace(node_id, std::make_shared<Link>(this, address));
   } else {
     it->second->SetAddress(address);
   }
 }
 
 void PeerTransport::RemovePeer(const std::string& node_id) {
-  std::unique_ptr<Link> link;
+  std::shared_ptr<Link> link;
   {
     absl::MutexLock lock(&mu_);
     auto it = links_.find(node_id);
@@ -308,9 +308,14 @@ void PeerTransport::RemovePeer(const std::string& node_id) {
 
 void PeerTransport::Send(const ReplicationMessage& message) {
   v1::ReplicationFrame frame = ToWire(message);
-  absl::MutexLock lock(&mu_);
-  auto it = links_.find(message.to);
-  if (it == links_.end() || !it->second->Enqueue(std::move(frame))) {
+  std::shared_ptr<Link> link;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(message.to);
+    if (it != links_.end()) link = it->second;
+  }
+  // Outside mu_: Enqueue may start a gRPC write, and sends to other peers need not wait for it.
+  if (link == nullptr || !link->Enqueue(std::move(frame))) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
   }
 }

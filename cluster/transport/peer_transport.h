@@ -99,7 +99,9 @@ class PeerTransport {
   Receiver service_{this};
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
+  // Shared so that Send can enqueue (and start a gRPC write) outside mu_ while RemovePeer runs;
+  // the last owner's release stops the link's thread.
+  std::map<std::string, std::shared_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> dropped_{0};
