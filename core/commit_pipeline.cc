@@ -150,6 +150,26 @@ void CommitPipeline::Reset() {
   healthy_.store(true, std::memory_order_release);
 }
 
+void CommitPipeline::Halt(absl::Status cause) {
+  std::vector<Callback> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return;
+    error_ = cause.ok() ? absl::UnavailableError("the pipeline was halted") : std::move(cause);
+    failed_at_ = clock_ != nullptr ? clock_->Now() : absl::InfinitePast();
+    healthy_.store(false, std::memory_order_release);
+    for (auto* waiters : {&waiters_, &written_waiters_}) {
+      for (auto& [seq, cb] : *waiters) ready.push_back(std::move(cb));
+      waiters->clear();
+    }
+    // What is pending is taken by the writer as broken, and so not written.
+    work_cv_.Signal();
+    cause = error_;
+  }
+  if (on_failure_) on_failure_(cause);
+  for (Callback& cb : ready) cb(cause);
+}
+
 void CommitPipeline::WriterLoop() {
   while (true) {
     WriteTask job;

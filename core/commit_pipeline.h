@@ -90,6 +90,15 @@ class CommitPipeline {
   // write in progress to finish. Nothing to do while healthy.
   void Reset();
 
+  // Stops the pipeline as a failed write would, with `cause`: every transition not yet durable
+  // and every later one is answered with it, nothing more is written until Reset(), and
+  // on_failure runs. For an owner that knows the store refuses what comes next, before a write
+  // tells it: cluster mode halts a partition's pipeline when this node stops leading it, so that
+  // the broker rebuilds its memory from the replicated state before it writes again. A write in
+  // progress finishes (its transitions may be stored; their callbacks have `cause` already). The
+  // observer is not told: nothing failed in the store. Nothing to do once stopped.
+  void Halt(absl::Status cause);
+
   // How many times Reset() restarted the pipeline after a failure. Brokers that share it compare
   // it with the value at their last rebuild: the one that reset it rebuilt first, the others
   // must rebuild before they write (BrokerOptions::pipeline).

@@ -165,6 +165,45 @@ TEST(CommitPipelineTest, ResetDropsWhatWasAppendedSinceTheFailureAndWritesAgain)
   EXPECT_THAT(hooked[0], StatusIs(absl::StatusCode::kUnavailable));
 }
 
+// Halt(): the owner stops the pipeline before any write fails (cluster mode, on losing a
+// partition's leadership). What waits and what comes later gets the cause; the store is not
+// written and the observer is not told of a store failure; Reset() writes again.
+TEST(CommitPipelineTest, HaltFailsWhatIsNotDurableAndWritesNothingUntilReset) {
+  GatedStore store;
+  CountingObserver observer;
+  std::vector<absl::Status> hooked;
+  CommitPipeline pipeline(store, CommitPipeline::Mode::kBackground, nullptr, &observer,
+                          [&](const absl::Status& s) { hooked.push_back(s); });
+  pipeline.Append(PutJob("a", ""));
+  store.entered_.WaitForNotification();  // the writer is inside Write with "a"
+  const uint64_t pending = pipeline.Append(PutJob("b", ""));
+  absl::Notification answered;
+  absl::Status pending_status;
+  pipeline.WhenDurable(pending, [&](absl::Status s) {
+    pending_status = std::move(s);
+    answered.Notify();
+  });
+  pipeline.Halt(absl::UnavailableError("partition 3: node-a stopped leading it"));
+  ASSERT_TRUE(answered.HasBeenNotified()) << "a waiter is answered by Halt itself";
+  EXPECT_THAT(pending_status,
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("node-a stopped")));
+  EXPECT_FALSE(pipeline.healthy());
+  EXPECT_THAT(pipeline.WaitDurable(pipeline.Append(PutJob("c", ""))),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("node-a stopped")));
+  store.release_.Notify();  // the write in progress finishes; what was halted is not written
+  pipeline.Halt(absl::UnavailableError("again"));  // stopped already: nothing changes
+  EXPECT_THAT(pipeline.status(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("node-a stopped")));
+  pipeline.Reset();
+  EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("d", ""))).ok());
+  EXPECT_TRUE(store.inner_.FindJob("a").has_value());
+  EXPECT_FALSE(store.inner_.FindJob("b").has_value());
+  EXPECT_FALSE(store.inner_.FindJob("c").has_value());
+  EXPECT_TRUE(store.inner_.FindJob("d").has_value());
+  EXPECT_EQ(observer.failures, 0) << "a halt is not a store failure";
+  ASSERT_EQ(hooked.size(), 1u) << "the hook runs once, so the owner's ticker wakes";
+}
+
 // Records which kind of write each call was, and can hold writes until released.
 class LevelStore : public Store {
  public:
