@@ -23,23 +23,41 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::Open(core::Store& store,
                                                              const core::Clock& clock,
                                                              uint32_t count,
                                                              core::BrokerOptions options) {
+  return OpenOver({&store}, clock, count, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Partitions>> Partitions::Open(std::vector<core::Store*> stores,
+                                                             const core::Clock& clock,
+                                                             core::BrokerOptions options) {
+  const auto count = static_cast<uint32_t>(stores.size());
+  return OpenOver(std::move(stores), clock, count, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<core::Store*> stores,
+                                                                 const core::Clock& clock,
+                                                                 uint32_t count,
+                                                                 core::BrokerOptions options) {
   if (count < 1 || count > core::kMaxPartitions) {
     return absl::InvalidArgumentError(
         absl::StrCat("partitions is ", count, "; it must be 1 to ", core::kMaxPartitions));
   }
   if (options.pipeline != nullptr)
-    return absl::InvalidArgumentError("Partitions makes the pipeline its brokers share");
+    return absl::InvalidArgumentError("Partitions makes the pipelines of its brokers");
   std::unique_ptr<Partitions> partitions(new Partitions());
-  // A failed write stops every partition: the ticker must wake to schedule their retries.
-  partitions->pipeline_ =
-      std::make_unique<core::CommitPipeline>(store, options.commit_mode, &clock, options.observer,
-                                             [wake = options.wake](const absl::Status&) {
-                                               if (wake) wake();
-                                             });
+  for (core::Store* store : stores) {
+    // A failed write stops the partitions on that pipeline: the ticker must wake to schedule
+    // their retries.
+    partitions->pipelines_.push_back(std::make_unique<core::CommitPipeline>(
+        *store, options.commit_mode, &clock, options.observer,
+        [wake = options.wake](const absl::Status&) {
+          if (wake) wake();
+        }));
+  }
   for (uint32_t p = 0; p < count; ++p) {
+    const size_t own_store = stores.size() == 1 ? 0 : p;
     core::BrokerOptions own = options;
     own.partition = p;
-    own.pipeline = partitions->pipeline_.get();
+    own.pipeline = partitions->pipelines_[own_store].get();
     // The memory bound is the node's: each partition keeps its share whole (rounded up).
     own.max_hot_jobs = (options.max_hot_jobs + count - 1) / count;
     // Each configured queue is created by the broker it lives in only, so it is listed once.
@@ -47,7 +65,7 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::Open(core::Store& store,
     for (const auto& [queue, policy] : options.queue_policies)
       if (core::PartitionOfQueue(queue, count) == p) own.queue_policies.emplace(queue, policy);
     BROKER_ASSIGN_OR_RETURN(std::unique_ptr<core::Broker> broker,
-                            core::Broker::Open(store, clock, std::move(own)));
+                            core::Broker::Open(*stores[own_store], clock, std::move(own)));
     partitions->brokers_.push_back(std::move(broker));
   }
   return partitions;
@@ -57,7 +75,17 @@ Partitions::~Partitions() {
   // Ends bulk work that continues from the pipeline's callbacks (core::Broker::PurgeQueue).
   Shutdown();
   Flush().IgnoreError();
-  brokers_.clear();  // before the pipeline they share
+  brokers_.clear();  // before the pipelines they write on
+}
+
+uint64_t Partitions::store_writes() const {
+  uint64_t writes = 0;
+  for (const auto& pipeline : pipelines_) writes += pipeline->writes();
+  return writes;
+}
+
+void Partitions::HaltWrites(uint32_t partition, absl::Status cause) {
+  pipelines_[pipelines_.size() == 1 ? 0 : partition]->Halt(std::move(cause));
 }
 
 uint32_t Partitions::PartitionOfQueue(std::string_view queue) const {

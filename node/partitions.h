@@ -25,7 +25,8 @@ namespace jobbroker::node {
 
 // The partitions one jobbroker process serves: a core::Broker per partition, each with its own
 // mutex (so partitions run on several cores at once), all sharing one CommitPipeline over one
-// Store (so fsyncs do not multiply with partitions). And the routing of the Broker API to them:
+// Store (so fsyncs do not multiply with partitions); in cluster mode each partition writes to its
+// own replicated store on a pipeline of its own instead. And the routing of the Broker API to them:
 // a queue lives in PartitionOfQueue(queue) (core/ids.h), a job in the partition its id carries.
 //
 // Every call has core::Broker's contract. Where a call spans partitions:
@@ -48,6 +49,12 @@ class Partitions {
   // error if one does not open (see core::Broker::Open).
   static absl::StatusOr<std::unique_ptr<Partitions>> Open(core::Store& store,
                                                           const core::Clock& clock, uint32_t count,
+                                                          core::BrokerOptions options);
+  // Cluster mode: partition p's broker writes through `stores[p]` (the partition's replicated
+  // store, cluster/node), on a pipeline of its own: a partition whose writes stop (this node
+  // stopped leading it) stops alone, and each waits for its own followers. Otherwise as Open.
+  static absl::StatusOr<std::unique_ptr<Partitions>> Open(std::vector<core::Store*> stores,
+                                                          const core::Clock& clock,
                                                           core::BrokerOptions options);
   // Shuts every broker down, then closes the pipeline (which writes what is pending).
   ~Partitions();
@@ -99,12 +106,16 @@ class Partitions {
   void Shutdown();
   // Waits until everything appended so far, in any partition, is durable.
   absl::Status Flush();
+  // Halts the partition's pipeline with `cause` (core::CommitPipeline::Halt): its broker refuses
+  // changes until its ResumeWrites rebuilds its memory from the store. Cluster mode, when this
+  // node stops leading the partition (or before it rebuilds on leading it again).
+  void HaltWrites(uint32_t partition, absl::Status cause);
   // Every partition's ResumeWrites; the first error.
   absl::Status ResumeWrites();
   // OK while every partition takes writes, else the first refusal.
   absl::Status storage_status() const;
   int64_t corrupt_records() const;
-  uint64_t store_writes() const { return pipeline_->writes(); }
+  uint64_t store_writes() const;
   core::Broker::MemoryCounts memory_counts() const;
 
  private:
@@ -120,8 +131,17 @@ class Partitions {
 
   Partitions() = default;
 
+  // `stores` holds one store for all partitions (Open) or one per partition (Open over several
+  // stores).
+  static absl::StatusOr<std::unique_ptr<Partitions>> OpenOver(std::vector<core::Store*> stores,
+                                                              const core::Clock& clock,
+                                                              uint32_t count,
+                                                              core::BrokerOptions options);
+
   // Constant after construction (Open).
-  std::unique_ptr<core::CommitPipeline> pipeline_;  // declared first: outlives the brokers
+  // One shared by every partition (Open), or one per partition (Open over several stores). Declared
+  // first: they outlive the brokers.
+  std::vector<std::unique_ptr<core::CommitPipeline>> pipelines_;
   std::vector<std::unique_ptr<core::Broker>> brokers_;
 
   absl::Mutex streams_mu_;

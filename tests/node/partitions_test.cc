@@ -373,6 +373,41 @@ TEST(PartitionsOpenTest, ACountOutOfRangeIsRefused) {
               StatusIs(Code::kInvalidArgument, HasSubstr("partitions is 32769")));
 }
 
+// Cluster mode: a store and a pipeline per partition. Halting one partition (its node stopped
+// leading it) refuses its changes with the cause and leaves the others writing; its
+// ResumeWrites brings it back with what its store holds.
+TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
+  std::vector<std::unique_ptr<storage::MemoryStore>> stores;
+  std::vector<core::Store*> borrowed;
+  for (uint32_t p = 0; p < kPartitions; ++p) {
+    stores.push_back(std::make_unique<storage::MemoryStore>());
+    borrowed.push_back(stores.back().get());
+  }
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  core::BrokerOptions options;
+  options.commit_mode = core::CommitPipeline::Mode::kInline;
+  auto opened = BlockingPartitions::Open(borrowed, clock, options);
+  ASSERT_THAT(opened, IsOk());
+  BlockingPartitions& partitions = **opened;
+  ASSERT_EQ(partitions.broker().count(), kPartitions);
+  const std::string kept = partitions.Enqueue({.queue = QueueIn(1)})->job_id;
+  EXPECT_THAT(stores[1]->ReadJob(1, kept), IsOk()) << "partition 1 writes to its own store";
+  EXPECT_THAT(stores[0]->ReadJob(1, kept), StatusIs(Code::kNotFound));
+
+  partitions.broker().HaltWrites(1,
+                                 absl::UnavailableError("partition 1: node a no longer leads it"));
+  EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}),
+              StatusIs(Code::kUnavailable, HasSubstr("no longer leads it")));
+  EXPECT_THAT(partitions.broker().storage_status(), StatusIs(Code::kUnavailable));
+  for (uint32_t p : {0u, 2u, 3u})
+    EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(p)}), IsOk()) << "partition " << p;
+
+  ASSERT_THAT(partitions.broker().broker(1).ResumeWrites(), IsOk());
+  EXPECT_EQ(partitions.GetJob(kept)->queue, QueueIn(1)) << "rebuilt from its store";
+  EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}), IsOk());
+  EXPECT_THAT(partitions.broker().storage_status(), IsOk());
+}
+
 // The real store: each partition recovers its own jobs, and numbering goes on after a restart.
 TEST(PartitionsRecoveryTest, EachPartitionRecoversItsJobsFromTheStoreAfterARestart) {
   storage::ScopedTempDir dir;
