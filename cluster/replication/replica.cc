@@ -248,6 +248,14 @@ int64_t Replica::EpochAtOrZero(uint64_t seq) const {
 // ---- Leader: proposals, commit, sending ----
 
 absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition transition) {
+  std::vector<core::Transition> one;
+  one.push_back(std::move(transition));
+  return ProposeBatch(now, std::move(one));
+}
+
+absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
+                                                  std::vector<core::Transition> transitions) {
+  if (transitions.empty()) return absl::InvalidArgumentError("a proposal needs a transition");
   if (!broken_.ok()) return broken_;
   if (!leader_) {
     return absl::FailedPreconditionError(absl::StrCat("partition ", options_.partition, ": ",
@@ -271,11 +279,17 @@ absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition tr
         "partition ", options_.partition, ": ", leader_->in_sync.size(),
         " replicas in sync, below min_in_sync ", options_.min_in_sync, "; nothing was written"));
   }
-  LogEntry entry{end + 1, leader_->epoch, std::move(transition)};
-  entry.transition.partition = options_.partition;
-  entry.transition.seq = entry.seq;
-  LogPosition position{entry.seq, entry.epoch};
-  if (auto status = storage_.Append({std::move(entry)}); !status.ok()) {
+  std::vector<LogEntry> entries;
+  entries.reserve(transitions.size());
+  uint64_t seq = end;
+  for (core::Transition& transition : transitions) {
+    ++seq;
+    transition.partition = options_.partition;
+    transition.seq = seq;
+    entries.push_back(LogEntry{seq, leader_->epoch, std::move(transition)});
+  }
+  const LogPosition position{entries.back().seq, entries.back().epoch};
+  if (auto status = storage_.Append(entries); !status.ok()) {
     Break(status);
     return status;
   }

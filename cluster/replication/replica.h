@@ -116,6 +116,11 @@ class Replica {
   // the leader (the caller goes to the leader); kUnavailable while the epoch has not started or
   // fewer than min_in_sync members keep up.
   absl::StatusOr<LogPosition> Propose(absl::Time now, core::Transition transition);
+  // Propose of several transitions as one proposal: consecutive entries in one storage append
+  // (one fsync for a commit pipeline's group), answered together by one outcome, at the
+  // position of the last. `transitions` must not be empty.
+  absl::StatusOr<LogPosition> ProposeBatch(absl::Time now,
+                                           std::vector<core::Transition> transitions);
 
   // Messages to send, in order; the outbox is then empty.
   std::vector<ReplicationMessage> TakeOutbox();

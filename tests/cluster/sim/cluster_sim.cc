@@ -189,7 +189,8 @@ class Simulation {
   SimReport report_;
 
   // Checker state.
-  std::map<std::tuple<uint32_t, uint64_t, int64_t>, std::string> op_at_;  // (p, seq, epoch) -> op
+  // (p, seq, epoch) of a proposal's last entry -> the op of each of its entries, in order.
+  std::map<std::tuple<uint32_t, uint64_t, int64_t>, std::vector<std::string>> ops_at_;
   std::map<uint32_t, std::vector<Batch>> acked_;
   std::map<std::pair<uint32_t, uint64_t>, Batch> applied_at_;  // the reference: first apply
   std::map<std::pair<uint32_t, int64_t>, std::string> writer_of_epoch_;
@@ -335,13 +336,18 @@ void Simulation::Flush(int n) {
     for (auto& outcome : replica.TakeOutcomes()) {
       if (!outcome.status.ok()) continue;
       auto found =
-          op_at_.find({static_cast<uint32_t>(p), outcome.position.seq, outcome.position.epoch});
-      Batch batch{outcome.position, found == op_at_.end() ? "" : found->second};
-      ++report_.acked;
-      Trace(absl::StrCat("ack ", batch.op, " p", p, " seq ", batch.position.seq, " epoch ",
-                         batch.position.epoch));
-      acked_[p].push_back(batch);
-      CheckDurability(p, batch);
+          ops_at_.find({static_cast<uint32_t>(p), outcome.position.seq, outcome.position.epoch});
+      // One outcome answers every entry of its proposal: the last is at outcome.position.
+      const std::vector<std::string> ops =
+          found == ops_at_.end() ? std::vector<std::string>{""} : found->second;
+      for (size_t i = 0; i < ops.size(); ++i) {
+        Batch batch{{outcome.position.seq - (ops.size() - 1 - i), outcome.position.epoch}, ops[i]};
+        ++report_.acked;
+        Trace(absl::StrCat("ack ", batch.op, " p", p, " seq ", batch.position.seq, " epoch ",
+                           batch.position.epoch));
+        acked_[p].push_back(batch);
+        CheckDurability(p, batch);
+      }
     }
     for (auto& message : replica.TakeOutbox()) {
       if (const auto* response = std::get_if<AppendResponse>(&message.body);
@@ -420,14 +426,24 @@ void Simulation::ClientWrite() {
   }
   if (leaders.empty()) return;
   int n = leaders[random_.Below(leaders.size())];
-  std::string op = absl::StrCat("op-", next_op_++);
-  core::Transition transition;
-  core::Job job;
-  job.id = op;
-  job.queue = "q";
-  transition.put_jobs.push_back(job);
-  auto position = nodes_[n].replicas[p]->Propose(now(), std::move(transition));
-  if (position.ok()) op_at_[{p, position->seq, position->epoch}] = op;
+  // Mostly one transition, as Propose; sometimes a commit group of several, as a node's
+  // pipeline proposes them (ProposeBatch: consecutive entries, one outcome for all).
+  const size_t count = random_.Below(4) == 0 ? 2 + random_.Below(3) : 1;
+  std::vector<std::string> ops;
+  std::vector<core::Transition> transitions;
+  for (size_t i = 0; i < count; ++i) {
+    ops.push_back(absl::StrCat("op-", next_op_++));
+    core::Transition transition;
+    core::Job job;
+    job.id = ops.back();
+    job.queue = "q";
+    transition.put_jobs.push_back(job);
+    transitions.push_back(std::move(transition));
+  }
+  Replica& replica = *nodes_[n].replicas[p];
+  auto position = count == 1 ? replica.Propose(now(), std::move(transitions.front()))
+                             : replica.ProposeBatch(now(), std::move(transitions));
+  if (position.ok()) ops_at_[{p, position->seq, position->epoch}] = std::move(ops);
   Flush(n);
 }
 
