@@ -35,6 +35,41 @@ PartitionKeys KeysOfPartition(const std::string& cluster_name, uint32_t partitio
   return {base + "leader", base + "sync", base + "replicas"};
 }
 
+std::string ConfigKey(const std::string& cluster_name) { return cluster_name + "/config"; }
+std::string NodesPrefix(const std::string& cluster_name) { return cluster_name + "/nodes/"; }
+std::string NodeKey(const std::string& cluster_name, const std::string& node_id) {
+  return NodesPrefix(cluster_name) + node_id;
+}
+std::string PartitionsPrefix(const std::string& cluster_name) {
+  return cluster_name + "/partitions/";
+}
+
+std::string EncodeConfig(const ClusterConfig& config) {
+  state::ClusterConfig message;
+  message.set_partitions(config.partitions);
+  message.set_replication_factor(config.replication_factor);
+  message.set_min_in_sync(config.min_in_sync);
+  return ToJson(message);
+}
+
+std::string EncodeNode(const NodeInfo& node) {
+  state::NodeInfo message;
+  message.set_grpc(node.grpc);
+  return ToJson(message);
+}
+
+absl::StatusOr<ClusterConfig> DecodeConfig(const std::string& json) {
+  state::ClusterConfig message;
+  if (auto status = FromJson(json, "config", &message); !status.ok()) return status;
+  return ClusterConfig{message.partitions(), message.replication_factor(), message.min_in_sync()};
+}
+
+absl::StatusOr<NodeInfo> DecodeNode(const std::string& json) {
+  state::NodeInfo message;
+  if (auto status = FromJson(json, "node", &message); !status.ok()) return status;
+  return NodeInfo{message.grpc()};
+}
+
 std::string EncodeLeader(const LeaderValue& value) {
   state::PartitionLeader message;
   message.set_node(value.node);

@@ -26,6 +26,27 @@ struct SyncValue {
   int64_t epoch = 0;  // who wrote it: 0 for the set the cluster was created with
 };
 
+// <name>/config and <name>/nodes/<id>, and the prefix every node key starts with.
+std::string ConfigKey(const std::string& cluster_name);
+std::string NodeKey(const std::string& cluster_name, const std::string& node_id);
+std::string NodesPrefix(const std::string& cluster_name);
+std::string PartitionsPrefix(const std::string& cluster_name);
+
+struct ClusterConfig {
+  uint32_t partitions = 0;
+  uint32_t replication_factor = 0;
+  uint32_t min_in_sync = 0;
+  bool operator==(const ClusterConfig&) const = default;
+};
+struct NodeInfo {
+  std::string grpc;  // host:port
+};
+
+std::string EncodeConfig(const ClusterConfig& config);
+std::string EncodeNode(const NodeInfo& node);
+absl::StatusOr<ClusterConfig> DecodeConfig(const std::string& json);
+absl::StatusOr<NodeInfo> DecodeNode(const std::string& json);
+
 std::string EncodeLeader(const LeaderValue& value);
 std::string EncodeSync(const SyncValue& value);
 std::string EncodeReplicas(const std::vector<std::string>& nodes);

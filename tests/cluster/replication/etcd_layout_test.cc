@@ -37,6 +37,23 @@ TEST(EtcdLayoutTest, ValuesReadBackAsWritten) {
   EXPECT_THAT(*replicas, ElementsAre("a", "c"));
 }
 
+TEST(EtcdLayoutTest, TheConfigAndEachNodeLiveUnderTheClusterName) {
+  EXPECT_EQ(ConfigKey("prod"), "prod/config");
+  EXPECT_EQ(NodeKey("prod", "node-a"), "prod/nodes/node-a");
+  EXPECT_EQ(NodesPrefix("prod"), "prod/nodes/");
+  EXPECT_EQ(PartitionsPrefix("prod"), "prod/partitions/");
+  EXPECT_EQ(EncodeConfig({8, 3, 2}), R"({"partitions":8,"replication_factor":3,"min_in_sync":2})");
+  EXPECT_EQ(EncodeNode({"10.0.0.7:7000"}), R"({"grpc":"10.0.0.7:7000"})");
+  auto config = DecodeConfig(EncodeConfig({8, 3, 2}));
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(*config, (ClusterConfig{8, 3, 2}));
+  auto node = DecodeNode(EncodeNode({"10.0.0.7:7000"}));
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_EQ(node->grpc, "10.0.0.7:7000");
+  EXPECT_THAT(DecodeConfig("[]"),
+              testing::StatusIs(absl::StatusCode::kDataLoss, HasSubstr("config")));
+}
+
 TEST(EtcdLayoutTest, AValueThatDoesNotParseIsDataLossNamingItsKind) {
   EXPECT_THAT(DecodeSync("{not json"),
               testing::StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sync")));
