@@ -171,7 +171,10 @@ void Replica::UpdateInSyncSet(absl::Time now) {
       leader_->dropped.insert(node);
       continue;
     }
-    if (leader_->in_sync.size() <= options_.min_in_sync) continue;  // writes wait (Propose)
+    // Never below min_in_sync: writes wait instead (Propose), and every member stays eligible
+    // to lead, so the partition comes back if any of them does. A follower that catches up is
+    // added meanwhile (below), and then this one can leave.
+    if (leader_->in_sync.size() <= options_.min_in_sync) continue;
     std::vector<std::string> members;
     for (const auto& member : leader_->in_sync) {
       if (member != node) members.push_back(member);
@@ -185,10 +188,14 @@ void Replica::UpdateInSyncSet(absl::Time now) {
     if (written.ok()) leader_->in_sync = std::move(members);
   }
   // A follower that has everything committed is required from now on, then added (I3): every
-  // batch acknowledged so far is on it, and every later one waits for it.
-  if (!leader_->started) return;
+  // batch acknowledged so far is on it, and every later one waits for it. Before the epoch has
+  // started this leader does not know what its predecessors acknowledged, only that it is all
+  // in its own log up to start_seq: the follower must hold that much. (Adding before the start
+  // is what lets a partition start whose set, at min_in_sync, holds a dead member: the new one
+  // joins, then the dead one leaves.)
+  const uint64_t needed = std::max(commit_seq_, leader_->start_seq);
   for (const auto& [node, follower] : leader_->followers) {
-    if (Contains(leader_->in_sync, node) || follower.match < commit_seq_) continue;
+    if (Contains(leader_->in_sync, node) || follower.match < needed) continue;
     if (now - follower.caught_up_at > options_.lag_timeout) continue;
     leader_->joining.insert(node);
     std::vector<std::string> members = leader_->in_sync;

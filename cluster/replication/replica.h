@@ -42,7 +42,7 @@ struct ReplicaOptions {
   absl::Duration resend_after = absl::Milliseconds(300);
   // A member that has not caught up with the leader's log end for this long leaves the in-sync
   // set (Kafka's replica.lag.time.max.ms), unless the set would drop below min_in_sync: then
-  // writes are refused until it is back.
+  // writes are refused until it is back, or until another replica has caught up and joined.
   absl::Duration lag_timeout = absl::Seconds(1);
   size_t max_entries_per_message = 256;
   size_t snapshot_records_per_chunk = 256;

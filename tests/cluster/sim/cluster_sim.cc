@@ -180,6 +180,7 @@ class Simulation {
   FakeEtcd etcd_;
   absl::Time start_;
   absl::Time heal_at_;
+  int stays_down_ = -1;  // the node left dead at the heal, or -1
   absl::Time end_at_;
   std::vector<Node> nodes_;
   std::multimap<absl::Time, Event> events_;
@@ -675,7 +676,7 @@ void Simulation::CheckSettled() {
     }
     for (const auto& node : ReplicasOf(p)) {
       for (int n = 0; n < options_.nodes; ++n) {
-        if (nodes_[n].id != node) continue;
+        if (nodes_[n].id != node || n == stays_down_) continue;
         const MemoryReplicaStorage& replica = *nodes_[n].storages[p];
         if (replica.applied_seq() != lead.applied_seq() ||
             replica.state().job_count() != lead.state().job_count()) {
@@ -698,8 +699,15 @@ SimReport Simulation::Run() {
     if (!healed && next->first >= heal_at_) {
       clock_.Set(heal_at_);
       Heal();
+      // Half the runs end with one node dead for good (a machine that never comes back): the
+      // others must settle without it, whatever the in-sync sets were when it died.
+      if (random_.Chance(0.5)) {
+        stays_down_ = static_cast<int>(random_.Below(options_.nodes));
+        if (nodes_[stays_down_].up) CrashNode(stays_down_);
+        Trace(absl::StrCat(nodes_[stays_down_].id, " stays down"));
+      }
       for (int n = 0; n < options_.nodes; ++n) {
-        if (!nodes_[n].up) StartNode(n);
+        if (!nodes_[n].up && n != stays_down_) StartNode(n);
       }
       healed = true;
       continue;
