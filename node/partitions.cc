@@ -23,20 +23,21 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::Open(core::Store& store,
                                                              const core::Clock& clock,
                                                              uint32_t count,
                                                              core::BrokerOptions options) {
-  return OpenOver({&store}, clock, count, std::move(options));
+  return OpenOver({&store}, clock, count, std::move(options), /*start_halted=*/false);
 }
 
 absl::StatusOr<std::unique_ptr<Partitions>> Partitions::Open(std::vector<core::Store*> stores,
                                                              const core::Clock& clock,
                                                              core::BrokerOptions options) {
   const auto count = static_cast<uint32_t>(stores.size());
-  return OpenOver(std::move(stores), clock, count, std::move(options));
+  return OpenOver(std::move(stores), clock, count, std::move(options), /*start_halted=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<core::Store*> stores,
                                                                  const core::Clock& clock,
                                                                  uint32_t count,
-                                                                 core::BrokerOptions options) {
+                                                                 core::BrokerOptions options,
+                                                                 bool start_halted) {
   if (count < 1 || count > core::kMaxPartitions) {
     return absl::InvalidArgumentError(
         absl::StrCat("partitions is ", count, "; it must be 1 to ", core::kMaxPartitions));
@@ -52,6 +53,14 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<cor
         [wake = options.wake](const absl::Status&) {
           if (wake) wake();
         }));
+  }
+  // Over a store per partition (cluster mode) no partition may write before its node leads it:
+  // each starts halted, and its broker's first ResumeWrites after that rebuilds it.
+  if (start_halted) {
+    for (size_t p = 0; p < partitions->pipelines_.size(); ++p) {
+      partitions->pipelines_[p]->Halt(
+          absl::UnavailableError(absl::StrCat("partition ", p, ": no leader elected yet")));
+    }
   }
   for (uint32_t p = 0; p < count; ++p) {
     const size_t own_store = stores.size() == 1 ? 0 : p;

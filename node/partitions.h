@@ -52,7 +52,9 @@ class Partitions {
                                                           core::BrokerOptions options);
   // Cluster mode: partition p's broker writes through `stores[p]` (the partition's replicated
   // store, cluster/node), on a pipeline of its own: a partition whose writes stop (this node
-  // stopped leading it) stops alone, and each waits for its own followers. Otherwise as Open.
+  // stopped leading it) stops alone, and each waits for its own followers. Every partition
+  // starts halted ("no leader elected yet"): it writes after its broker's first successful
+  // ResumeWrites (Tick retries it). Otherwise as Open.
   static absl::StatusOr<std::unique_ptr<Partitions>> Open(std::vector<core::Store*> stores,
                                                           const core::Clock& clock,
                                                           core::BrokerOptions options);
@@ -131,12 +133,14 @@ class Partitions {
 
   Partitions() = default;
 
+  // `start_halted`: every pipeline halted before its broker opens (cluster mode).
   // `stores` holds one store for all partitions (Open) or one per partition (Open over several
   // stores).
   static absl::StatusOr<std::unique_ptr<Partitions>> OpenOver(std::vector<core::Store*> stores,
                                                               const core::Clock& clock,
                                                               uint32_t count,
-                                                              core::BrokerOptions options);
+                                                              core::BrokerOptions options,
+                                                              bool start_halted);
 
   // Constant after construction (Open).
   // One shared by every partition (Open), or one per partition (Open over several stores). Declared

@@ -373,14 +373,14 @@ TEST(PartitionsOpenTest, ACountOutOfRangeIsRefused) {
               StatusIs(Code::kInvalidArgument, HasSubstr("partitions is 32769")));
 }
 
-// Cluster mode: a store and a pipeline per partition. Halting one partition (its node stopped
-// leading it) refuses its changes with the cause and leaves the others writing; its
-// ResumeWrites brings it back with what its store holds.
+// Cluster mode: a store and a pipeline per partition, each halted until it resumes. Halting one
+// partition (its node stopped leading it) refuses its changes with the cause and leaves the others
+// writing; its ResumeWrites brings it back with what its store holds.
 TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
-  std::vector<std::unique_ptr<storage::MemoryStore>> stores;
+  std::vector<std::unique_ptr<testing::FaultyStore>> stores;
   std::vector<core::Store*> borrowed;
   for (uint32_t p = 0; p < kPartitions; ++p) {
-    stores.push_back(std::make_unique<storage::MemoryStore>());
+    stores.push_back(std::make_unique<testing::FaultyStore>());
     borrowed.push_back(stores.back().get());
   }
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
@@ -390,6 +390,11 @@ TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
   ASSERT_THAT(opened, IsOk());
   BlockingPartitions& partitions = **opened;
   ASSERT_EQ(partitions.broker().count(), kPartitions);
+  // No partition writes before its node leads it.
+  EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}),
+              StatusIs(Code::kUnavailable, HasSubstr("partition 1: no leader elected yet")));
+  EXPECT_EQ(stores[1]->successful_writes(), 0) << "not even the broker's opening commit";
+  ASSERT_THAT(partitions.broker().ResumeWrites(), IsOk());
   const std::string kept = partitions.Enqueue({.queue = QueueIn(1)})->job_id;
   EXPECT_THAT(stores[1]->ReadJob(1, kept), IsOk()) << "partition 1 writes to its own store";
   EXPECT_THAT(stores[0]->ReadJob(1, kept), StatusIs(Code::kNotFound));
