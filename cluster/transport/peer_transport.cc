@@ -87,6 +87,12 @@ class PeerTransport::Link {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(options.max_frame_bytes);
     args.SetMaxReceiveMessageSize(options.max_frame_bytes);
+    // gRPC backs a failing channel's reconnects off up to 120 s: a peer that restarts after a
+    // few seconds down would not hear from this node for tens of seconds, and its partitions
+    // could not rejoin their in-sync sets meanwhile. Peers come back at the speed of a restart.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     std::shared_ptr<grpc::ChannelCredentials> credentials =
         options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
     std::shared_ptr<grpc::Channel> channel;
