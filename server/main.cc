@@ -22,6 +22,7 @@
 #include "server/auth/auth_tokens.h"
 #include "server/auth/authorizer.h"
 #include "server/auth/tls.h"
+#include "server/cluster/cluster_mode.h"
 #include "server/config/config.h"
 #include "server/config/flags.h"
 #include "server/grpc/admin_service.h"
@@ -169,8 +170,19 @@ int Run(int argc, char** argv) {
   options.commit_mode = core::CommitPipeline::Mode::kBackground;
   options.wake = [&ticker] { ticker.Wake(); };
   options.observer = &observer;
+  // Cluster mode: each partition's broker writes through its replica, and starts halted until
+  // this node leads it; its retries (every 200 ms here) rebuild it once it does.
+  std::unique_ptr<ClusterMode> cluster;
+  if (!flags->cluster_etcd.empty()) {
+    absl::StatusOr<std::unique_ptr<ClusterMode>> started =
+        ClusterMode::Start(*flags, **store, clock);
+    if (!started.ok()) return Fatal(std::string(started.status().message()));
+    cluster = *std::move(started);
+    options.store_retry_interval = absl::Milliseconds(200);
+  }
   absl::StatusOr<std::unique_ptr<node::Partitions>> broker =
-      node::Partitions::Open(**store, clock, partition_count, options);
+      cluster != nullptr ? node::Partitions::Open(cluster->stores(), clock, options)
+                         : node::Partitions::Open(**store, clock, partition_count, options);
   if (!broker.ok()) {
     std::string where = flags->config.empty() ? "" : flags->config + ": ";
     return Fatal(where + std::string(broker.status().message()));
@@ -191,6 +203,7 @@ int Run(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);
+  if (cluster != nullptr) builder.RegisterService(cluster->peer_service());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0)
     return Fatal("--listen: cannot listen on " + flags->listen);
@@ -211,12 +224,20 @@ int Run(int argc, char** argv) {
   (*http)->SetApi(&admin_http);
   (*http)->SetReady(true);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  storage_health.Attach([&http, health](bool writable) {
-    (*http)->SetReady(writable);
-    health->SetServingStatus(v1::Broker::service_full_name(), writable);
-  });
+  // A cluster node is ready while it serves RPCs: its partitions' writability follows their
+  // leadership, not this node's disk (per-partition status is the cluster's to report).
+  if (cluster == nullptr) {
+    storage_health.Attach([&http, health](bool writable) {
+      (*http)->SetReady(writable);
+      health->SetServingStatus(v1::Broker::service_full_name(), writable);
+    });
+  }
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);
+  if (cluster != nullptr) {
+    if (absl::Status s = cluster->Attach(**broker, grpc_address); !s.ok())
+      return Fatal("cluster mode: " + std::string(s.message()));
+  }
   const std::string http_address = WithPort(flags->http_listen, (*http)->port());
   Log::Write(LogLevel::kInfo, "serving",
              {{"grpc", grpc_address},
@@ -241,7 +262,9 @@ int Run(int argc, char** argv) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + kDrainTimeout));
   ticker.Stop();
   http_stop.join();
+  if (cluster != nullptr) cluster->Stop();  // gives up its leadership: others take over now
   broker->reset();
+  cluster.reset();
   store->reset();
   if (!flushed.ok()) {
     Log::Write(LogLevel::kError, "flush_failed", {{"reason", std::string(flushed.message())}});

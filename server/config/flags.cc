@@ -48,6 +48,24 @@ ABSL_FLAG(int64_t, partitions, 1,
           "partitions of a new --data-dir, 1 to 32768: each is a broker of its own with its own "
           "lock (queues are spread by a hash of their name); a data dir keeps the count it was "
           "created with");
+ABSL_FLAG(std::string, cluster_etcd, "",
+          "cluster mode: etcd's client URLs, comma-separated (http://host:port); empty: a "
+          "single node");
+ABSL_FLAG(std::string, cluster_name, "jobbroker",
+          "cluster mode: the cluster's name, the prefix of its keys in etcd");
+ABSL_FLAG(std::string, node_id, "",
+          "cluster mode: this node's id, unique in the cluster and the same across restarts");
+ABSL_FLAG(std::string, advertise_address, "",
+          "cluster mode: HOST:PORT where the other nodes reach this node's gRPC (empty: "
+          "--listen)");
+ABSL_FLAG(int64_t, cluster_lease_ttl, 3,
+          "cluster mode: seconds a node's etcd lease lives without renewal, 2 to 60; a dead "
+          "leader's partitions get a new one after about this long");
+ABSL_FLAG(int64_t, replication_factor, 3,
+          "cluster mode: replicas of each partition, 1 to 7 (fixed when the cluster is created)");
+ABSL_FLAG(int64_t, min_in_sync, 2,
+          "cluster mode: replicas a write must be durable on before it is answered, 1 to "
+          "--replication-factor (fixed when the cluster is created)");
 ABSL_FLAG(bool, check_config, false,
           "validate the flags, the --config file and the TLS files, say so, exit (0 if the broker "
           "would start with them, 1 otherwise)");
@@ -68,7 +86,11 @@ constexpr Range kMaxWorkStreams = {"max_work_streams", 1, 1'000'000};
 constexpr Range kMaxHotJobs = {"max_hot_jobs", 0, 1'000'000'000};
 constexpr Range kMetricsMaxQueues = {"metrics_max_queues", 0, 1'000'000};
 constexpr Range kPartitions = {"partitions", 1, 32768};
-constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs, kMetricsMaxQueues, kPartitions};
+constexpr Range kClusterLeaseTtl = {"cluster_lease_ttl", 2, 60};
+constexpr Range kReplicationFactor = {"replication_factor", 1, 7};
+constexpr Range kMinInSync = {"min_in_sync", 1, 7};
+constexpr Range kRanges[] = {kMaxWorkStreams,  kMaxHotJobs,        kMetricsMaxQueues, kPartitions,
+                             kClusterLeaseTtl, kReplicationFactor, kMinInSync};
 
 std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
@@ -178,11 +200,32 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.metrics_max_queues = absl::GetFlag(FLAGS_metrics_max_queues);
   out.partitions = absl::GetFlag(FLAGS_partitions);
   out.check_config = absl::GetFlag(FLAGS_check_config);
+  out.cluster_etcd = absl::GetFlag(FLAGS_cluster_etcd);
+  out.cluster_name = absl::GetFlag(FLAGS_cluster_name);
+  out.node_id = absl::GetFlag(FLAGS_node_id);
+  out.advertise_address = absl::GetFlag(FLAGS_advertise_address);
+  out.cluster_lease_ttl = absl::GetFlag(FLAGS_cluster_lease_ttl);
+  out.replication_factor = absl::GetFlag(FLAGS_replication_factor);
+  out.min_in_sync = absl::GetFlag(FLAGS_min_in_sync);
 
   if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
   if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
   if (!kMetricsMaxQueues.Holds(out.metrics_max_queues)) return OutOfRange(kMetricsMaxQueues);
   if (!kPartitions.Holds(out.partitions)) return OutOfRange(kPartitions);
+  if (!kClusterLeaseTtl.Holds(out.cluster_lease_ttl)) return OutOfRange(kClusterLeaseTtl);
+  if (!kReplicationFactor.Holds(out.replication_factor)) return OutOfRange(kReplicationFactor);
+  if (!kMinInSync.Holds(out.min_in_sync)) return OutOfRange(kMinInSync);
+  if (out.min_in_sync > out.replication_factor) {
+    return absl::InvalidArgumentError(absl::StrCat("--min-in-sync (", out.min_in_sync,
+                                                   ") must not exceed --replication-factor (",
+                                                   out.replication_factor, ")"));
+  }
+  if (!out.cluster_etcd.empty() && out.node_id.empty())
+    return absl::InvalidArgumentError("--cluster-etcd needs --node-id (this node's id)");
+  if (out.cluster_name.find('/') != std::string::npos)
+    return absl::InvalidArgumentError("--cluster-name must not hold a '/'");
+  if (out.node_id.find('/') != std::string::npos)
+    return absl::InvalidArgumentError("--node-id must not hold a '/'");
 
   if (out.tls_cert.empty() != out.tls_key.empty())
     return absl::InvalidArgumentError("--tls-cert and --tls-key go together: give both or neither");

@@ -42,8 +42,20 @@ struct ServerFlags {
   // Partitions of a new data directory (RocksDbStoreOptions::partitions); 1 to 32768.
   int64_t partitions = 1;
   bool partitions_given = false;  // on the command line (a data dir's own count wins; told if so)
-  bool check_config = false;      // validate the flags and --config, print the verdict, exit
-  bool help = false;              // --help or -h: print Usage() and exit 0
+  // Cluster mode (../shared/CLUSTER.md), on when cluster_etcd is set: etcd's URLs
+  // (comma-separated), the cluster's key prefix, this node's id (needed then) and the address
+  // its peers reach its gRPC at (empty: listen), its lease's TTL in seconds (2 to 60), and
+  // what a new cluster is created with: replicas per partition (1 to 7) and the fewest in sync
+  // a write needs (1 to replication_factor).
+  std::string cluster_etcd;
+  std::string cluster_name;
+  std::string node_id;
+  std::string advertise_address;
+  int64_t cluster_lease_ttl = 3;
+  int64_t replication_factor = 3;
+  int64_t min_in_sync = 2;
+  bool check_config = false;  // validate the flags and --config, print the verdict, exit
+  bool help = false;          // --help or -h: print Usage() and exit 0
 };
 
 // Parses argv[1..]: "--flag value" and "--flag=value", flag names spelt with '-' as --help shows

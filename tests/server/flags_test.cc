@@ -102,6 +102,33 @@ TEST(FlagsTest, NumbersOutOfRangeOrNotNumbersAreRefusedWithTheRange) {
   EXPECT_EQ(Parse({"--partitions", "8"})->partitions, 8);
 }
 
+TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
+  absl::StatusOr<ServerFlags> f = Parse({});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->cluster_etcd, "") << "a single node unless etcd is given";
+  EXPECT_EQ(f->cluster_name, "jobbroker");
+  EXPECT_EQ(f->cluster_lease_ttl, 3);
+  EXPECT_EQ(f->replication_factor, 3);
+  EXPECT_EQ(f->min_in_sync, 2);
+
+  f = Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--advertise-address",
+             "10.0.0.1:7070", "--replication-factor", "1", "--min-in-sync", "1"});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->node_id, "a");
+  EXPECT_EQ(f->advertise_address, "10.0.0.1:7070");
+  EXPECT_EQ(f->replication_factor, 1);
+
+  EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379"}),
+              StatusIs(kInvalid, HasSubstr("--cluster-etcd needs --node-id")));
+  EXPECT_THAT(Parse({"--node-id", "a/b"}), StatusIs(kInvalid, HasSubstr("--node-id")));
+  EXPECT_THAT(Parse({"--min-in-sync", "3", "--replication-factor", "2"}),
+              StatusIs(kInvalid, HasSubstr("--min-in-sync (3) must not exceed")));
+  EXPECT_THAT(Parse({"--cluster-lease-ttl", "1"}),
+              StatusIs(kInvalid, HasSubstr("--cluster-lease-ttl must be a number from 2 to 60")));
+  EXPECT_THAT(Parse({"--replication-factor", "8"}),
+              StatusIs(kInvalid, HasSubstr("--replication-factor must be a number from 1 to 7")));
+}
+
 TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {
   EXPECT_THAT(Parse({"--tls-cert", "c.pem"}),
               StatusIs(kInvalid, HasSubstr("--tls-cert and --tls-key go together")));
@@ -113,11 +140,32 @@ TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {
 
 TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
   const std::string usage = Usage();
-  for (const char* flag :
-       {"--listen", "--http-listen", "--data-dir", "--config", "--log-level", "--log-format",
-        "--metrics", "--metrics-max-queues", "--tls-cert", "--tls-key", "--tls-client-ca",
-        "--http-tls-cert", "--http-tls-key", "--http-tls-client-ca", "--auth-tokens",
-        "--max-work-streams", "--max-hot-jobs", "--check-config", "--help"}) {
+  for (const char* flag : {"--listen",
+                           "--http-listen",
+                           "--data-dir",
+                           "--config",
+                           "--log-level",
+                           "--log-format",
+                           "--metrics",
+                           "--metrics-max-queues",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--tls-client-ca",
+                           "--http-tls-cert",
+                           "--http-tls-key",
+                           "--http-tls-client-ca",
+                           "--auth-tokens",
+                           "--max-work-streams",
+                           "--max-hot-jobs",
+                           "--check-config",
+                           "--cluster-etcd",
+                           "--cluster-name",
+                           "--node-id",
+                           "--advertise-address",
+                           "--cluster-lease-ttl",
+                           "--replication-factor",
+                           "--min-in-sync",
+                           "--help"}) {
     EXPECT_THAT(usage, HasSubstr(std::string("  ") + flag)) << flag;
   }
   EXPECT_THAT(usage, HasSubstr("--data-dir  (default \"./data\")"));

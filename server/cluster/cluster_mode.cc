@@ -1,0 +1,95 @@
+#include "server/cluster/cluster_mode.h"
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cluster/etcd/grpc_etcd.h"
+#include "cluster/node/cluster_node.h"
+#include "server/observability/log.h"
+
+namespace jobbroker::server {
+
+struct ClusterMode::Parts {
+  std::string advertise_address;
+  std::unique_ptr<cluster::GrpcEtcd> etcd;
+  std::unique_ptr<cluster::ClusterNode> node;
+};
+
+ClusterMode::ClusterMode(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+
+ClusterMode::~ClusterMode() { Stop(); }
+
+absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlags& flags,
+                                                                storage::RocksDbStore& store,
+                                                                const core::Clock& clock) {
+  auto parts = std::make_unique<Parts>();
+  parts->advertise_address = flags.advertise_address;
+  cluster::GrpcEtcdOptions etcd_options;
+  for (absl::string_view url : absl::StrSplit(flags.cluster_etcd, ',', absl::SkipEmpty()))
+    etcd_options.endpoints.emplace_back(url);
+  // Well below the lease's TTL: the driver's read must not outlast the time a leader may serve.
+  etcd_options.call_timeout = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<cluster::GrpcEtcd>> etcd =
+      cluster::GrpcEtcd::Create(std::move(etcd_options));
+  if (!etcd.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--cluster-etcd: ", etcd.status().message()));
+  parts->etcd = *std::move(etcd);
+
+  cluster::ClusterNodeOptions options;
+  options.cluster_name = flags.cluster_name;
+  options.node_id = flags.node_id;
+  options.partitions = store.partitions();
+  options.replication_factor = static_cast<uint32_t>(flags.replication_factor);
+  options.min_in_sync = static_cast<uint32_t>(flags.min_in_sync);
+  options.lease.ttl = absl::Seconds(flags.cluster_lease_ttl);
+  options.lease_file = (std::filesystem::path(flags.data_dir) / "cluster-lease").string();
+  options.on_partition_change =
+      [node = flags.node_id](uint32_t partition, const cluster::ReplicatedPartition::State& state) {
+        Log::Write(state.broken.ok() ? LogLevel::kInfo : LogLevel::kError, "partition_role",
+                   {{"partition", absl::StrCat(partition)},
+                    {"node", node},
+                    {"role", cluster::RoleName(state.role)},
+                    {"epoch", absl::StrCat(state.epoch)},
+                    {"serving", state.serving ? "true" : "false"},
+                    {"log_end", absl::StrCat(state.log_end)},
+                    {"broken", std::string(state.broken.message())}});
+      };
+  options.on_lease_lost = [](const absl::Status& why) {
+    Log::Write(LogLevel::kWarn, "cluster_lease_lost", {{"reason", std::string(why.message())}});
+  };
+  absl::StatusOr<std::unique_ptr<cluster::ClusterNode>> node =
+      cluster::ClusterNode::Start(std::move(options), *parts->etcd, &store, clock);
+  if (!node.ok()) {
+    return absl::Status(node.status().code(),
+                        absl::StrCat("cluster mode: ", node.status().message()));
+  }
+  parts->node = *std::move(node);
+  return std::unique_ptr<ClusterMode>(new ClusterMode(std::move(parts)));
+}
+
+std::vector<core::Store*> ClusterMode::stores() { return parts_->node->stores(); }
+
+grpc::Service* ClusterMode::peer_service() { return parts_->node->peer_service(); }
+
+absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string& grpc_address) {
+  const std::string advertised =
+      parts_->advertise_address.empty() ? grpc_address : parts_->advertise_address;
+  absl::Status attached = parts_->node->Attach(&partitions, advertised);
+  if (attached.ok()) {
+    const cluster::ClusterConfig& config = parts_->node->config();
+    Log::Write(LogLevel::kInfo, "cluster_joined",
+               {{"advertised", advertised},
+                {"partitions", absl::StrCat(config.partitions)},
+                {"replication_factor", absl::StrCat(config.replication_factor)},
+                {"min_in_sync", absl::StrCat(config.min_in_sync)}});
+  }
+  return attached;
+}
+
+void ClusterMode::Stop() {
+  if (parts_ != nullptr && parts_->node != nullptr) parts_->node->Stop();
+}
+
+}  // namespace jobbroker::server

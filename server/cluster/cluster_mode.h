@@ -1,0 +1,52 @@
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/clock.h"
+#include "core/store.h"
+#include "node/partitions.h"
+#include "server/config/flags.h"
+#include "storage/rocksdb_store.h"
+
+namespace grpc {
+class Service;
+}
+
+namespace jobbroker::server {
+
+// Cluster mode's wiring from the flags (../shared/CLUSTER.md): the etcd client, the node
+// (cluster/node/cluster_node.h) and its log lines. In a build without cluster/
+// (JOBBROKER_BUILD_CLUSTER=OFF, the container image for now) Start refuses with a message that
+// says so, and main.cc needs no #ifdef.
+class ClusterMode {
+ public:
+  // Connects to --cluster-etcd, checks or creates the cluster's config and opens a replica of
+  // each partition over `store`. Borrows store and clock. The reason it cannot, naming the flag.
+  static absl::StatusOr<std::unique_ptr<ClusterMode>> Start(const ServerFlags& flags,
+                                                            storage::RocksDbStore& store,
+                                                            const core::Clock& clock);
+  ~ClusterMode();  // Stop()
+  ClusterMode(const ClusterMode&) = delete;
+  ClusterMode& operator=(const ClusterMode&) = delete;
+
+  // The partitions' stores, for node::Partitions::Open.
+  std::vector<core::Store*> stores();
+  // The replication service, to register on the gRPC server.
+  grpc::Service* peer_service();
+  // Once the server listens at `grpc_address`: registers the node (at --advertise-address, or
+  // there) and starts replicating for `partitions`.
+  absl::Status Attach(node::Partitions& partitions, const std::string& grpc_address);
+  // Stops replicating and gives up the node's lease (its partitions fail over at once).
+  void Stop();
+
+ private:
+  struct Parts;
+  explicit ClusterMode(std::unique_ptr<Parts> parts);
+  std::unique_ptr<Parts> parts_;
+};
+
+}  // namespace jobbroker::server

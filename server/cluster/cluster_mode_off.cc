@@ -1,0 +1,26 @@
+// ClusterMode in a build without cluster/ (JOBBROKER_BUILD_CLUSTER=OFF): it refuses to start.
+#include "server/cluster/cluster_mode.h"
+
+namespace jobbroker::server {
+
+struct ClusterMode::Parts {};
+
+ClusterMode::ClusterMode(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
+ClusterMode::~ClusterMode() = default;
+
+absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlags&,
+                                                                storage::RocksDbStore&,
+                                                                const core::Clock&) {
+  return absl::FailedPreconditionError(
+      "--cluster-etcd: this jobbroker was built without cluster mode "
+      "(cmake -DJOBBROKER_BUILD_CLUSTER=ON builds it)");
+}
+
+std::vector<core::Store*> ClusterMode::stores() { return {}; }
+grpc::Service* ClusterMode::peer_service() { return nullptr; }
+absl::Status ClusterMode::Attach(node::Partitions&, const std::string&) {
+  return absl::FailedPreconditionError("built without cluster mode");
+}
+void ClusterMode::Stop() {}
+
+}  // namespace jobbroker::server
