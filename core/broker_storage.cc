@@ -7,7 +7,7 @@
 namespace jobbroker::core {
 
 absl::Status Broker::StorageRefusal(const absl::Status& cause) {
-  if (cause.ok()) return cause;
+  if (cause.ok() || IsNotStorageFailure(cause)) return cause;
   if (cause.code() == absl::StatusCode::kResourceExhausted)
     return absl::ResourceExhaustedError(
         absl::StrCat("storage is full: ", cause.message(), "; writes resume when space is freed"));

@@ -145,6 +145,7 @@ void CommitPipeline::Reset() {
   pending_sync_by_ = unsynced_by_ = absl::InfiniteFuture();
   // Waiters register only while healthy and were all answered at the failure; none is left.
   error_ = absl::OkStatus();
+  halted_ = false;
   failed_at_ = absl::InfinitePast();
   resets_.fetch_add(1, std::memory_order_acq_rel);  // before healthy: see resets()
   healthy_.store(true, std::memory_order_release);
@@ -154,7 +155,11 @@ void CommitPipeline::Halt(absl::Status cause) {
   std::vector<Callback> ready;
   {
     absl::MutexLock lock(&mu_);
-    if (!error_.ok()) return;
+    if (!error_.ok()) {
+      if (halted_ && !cause.ok()) error_ = std::move(cause);
+      return;
+    }
+    halted_ = true;
     error_ = cause.ok() ? absl::UnavailableError("the pipeline was halted") : std::move(cause);
     failed_at_ = clock_ != nullptr ? clock_->Now() : absl::InfinitePast();
     healthy_.store(false, std::memory_order_release);

@@ -96,7 +96,9 @@ class CommitPipeline {
   // tells it: cluster mode halts a partition's pipeline when this node stops leading it, so that
   // the broker rebuilds its memory from the replicated state before it writes again. A write in
   // progress finishes (its transitions may be stored; their callbacks have `cause` already). The
-  // observer is not told: nothing failed in the store. Nothing to do once stopped.
+  // observer is not told: nothing failed in the store. Once stopped by a write's failure,
+  // nothing to do; once halted, only the cause changes (later refusals say the new one: the
+  // partition's leader moved on, say).
   void Halt(absl::Status cause);
 
   // How many times Reset() restarted the pipeline after a failure. Brokers that share it compare
@@ -152,6 +154,7 @@ class CommitPipeline {
   // Written unsynced, to be fsynced by then (kGroup); InfiniteFuture if nothing waits for it.
   absl::Time unsynced_by_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool halted_ ABSL_GUARDED_BY(mu_) = false;  // error_ is a Halt's cause, not a failed write's
   absl::Time failed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::atomic<bool> healthy_{true};
   std::atomic<uint64_t> written_{0};  // written_seq_, readable without mu_

@@ -8,6 +8,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/types/span.h"
 #include "core/job.h"
 #include "core/policy.h"
@@ -73,6 +74,18 @@ class RecoveryVisitor {
   // A record that does not decode: skipped, so the rest can still be served.
   virtual void OnCorrupt(CorruptRecord record) = 0;
 };
+
+// A refusal of writes whose reason is not the store failing (cluster mode: this node does not
+// lead the partition, and who does): the broker answers changes with it as it is, instead of as
+// "storage is failing: …". Marked by a payload, so it survives being passed on.
+inline constexpr char kNotStorageFailurePayload[] = "type.jobbroker.dev/not-storage-failure";
+inline absl::Status NotStorageFailure(absl::Status status) {
+  status.SetPayload(kNotStorageFailurePayload, absl::Cord());
+  return status;
+}
+inline bool IsNotStorageFailure(const absl::Status& status) {
+  return status.GetPayload(kNotStorageFailurePayload).has_value();
+}
 
 // The durable store behind the brokers of one process: the records of every partition, each
 // partition's keys apart. Implementations: MemoryStore (tests), RocksDbStore.

@@ -191,9 +191,12 @@ TEST(CommitPipelineTest, HaltFailsWhatIsNotDurableAndWritesNothingUntilReset) {
   EXPECT_THAT(pipeline.WaitDurable(pipeline.Append(PutJob("c", ""))),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("node-a stopped")));
   store.release_.Notify();  // the write in progress finishes; what was halted is not written
-  pipeline.Halt(absl::UnavailableError("again"));  // stopped already: nothing changes
+  // Halted already: only the cause changes (the partition's leader moved on).
+  pipeline.Halt(absl::UnavailableError("partition 3 is led by node-b"));
   EXPECT_THAT(pipeline.status(),
-              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("node-a stopped")));
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("led by node-b")));
+  EXPECT_THAT(pipeline.WaitDurable(pipeline.Append(PutJob("c2", ""))),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("led by node-b")));
   pipeline.Reset();
   EXPECT_TRUE(pipeline.WaitDurable(pipeline.Append(PutJob("d", ""))).ok());
   EXPECT_TRUE(store.inner_.FindJob("a").has_value());
