@@ -58,8 +58,8 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<cor
   // each starts halted, and its broker's first ResumeWrites after that rebuilds it.
   if (start_halted) {
     for (size_t p = 0; p < partitions->pipelines_.size(); ++p) {
-      partitions->pipelines_[p]->Halt(
-          absl::UnavailableError(absl::StrCat("partition ", p, ": no leader elected yet")));
+      partitions->pipelines_[p]->Halt(core::NotStorageFailure(
+          absl::UnavailableError(absl::StrCat("partition ", p, " has no leader yet"))));
     }
   }
   for (uint32_t p = 0; p < count; ++p) {

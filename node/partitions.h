@@ -53,7 +53,7 @@ class Partitions {
   // Cluster mode: partition p's broker writes through `stores[p]` (the partition's replicated
   // store, cluster/node), on a pipeline of its own: a partition whose writes stop (this node
   // stopped leading it) stops alone, and each waits for its own followers. Every partition
-  // starts halted ("no leader elected yet"): it writes after its broker's first successful
+  // starts halted ("partition P has no leader yet"): it writes after its broker's first successful
   // ResumeWrites (Tick retries it). Otherwise as Open.
   static absl::StatusOr<std::unique_ptr<Partitions>> Open(std::vector<core::Store*> stores,
                                                           const core::Clock& clock,

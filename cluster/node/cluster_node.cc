@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -168,8 +169,8 @@ absl::Status ClusterNode::Attach(node::Partitions* partitions, std::string adver
   absl::MutexLock lock(&mu_);
   partitions_ = partitions;
   for (uint32_t p = 0; p < partitions->count(); ++p) {
-    partitions->HaltWrites(
-        p, absl::UnavailableError(absl::StrCat("partition ", p, ": no leader elected yet")));
+    partitions->HaltWrites(p, core::NotStorageFailure(absl::UnavailableError(
+                                  absl::StrCat("partition ", p, " has no leader yet"))));
   }
   driver_ = std::thread([this] { DriverLoop(); });
   return absl::OkStatus();
@@ -285,24 +286,49 @@ void ClusterNode::Step() {
     const ReplicatedPartition::State before = last_[p];
     const ReplicatedPartition::State after = replicas_[p]->Tick(views[p], lease);
     last_[p] = after;
-    // The broker built in `before.broker_epoch` may not write once this node stops serving that
-    // epoch: halt it now, so what waits fails at once (the store's fence refuses it anyway).
-    auto stale = [](const ReplicatedPartition::State& state) {
-      return state.broker_epoch != 0 && (!state.serving || state.epoch != state.broker_epoch);
+    // A broker may write only while this node serves the epoch it was rebuilt in. Otherwise it
+    // is halted (at once when this node stops leading, so what waits fails now; the store's
+    // fence would refuse it anyway), and kept halted with a refusal that says who leads.
+    auto current = [](const ReplicatedPartition::State& state) {
+      return state.serving && state.epoch == state.broker_epoch;
     };
     // Read again just before: a Resume since the Tick (the epoch start committed on the
     // receiving thread) made the broker current, and it must not be halted for nothing.
-    if (partitions != nullptr && stale(after) && stale(replicas_[p]->state())) {
-      partitions->HaltWrites(
-          p, absl::UnavailableError(absl::StrCat("partition ", p, ": ", options_.node_id,
-                                                 " no longer leads epoch ", after.broker_epoch)));
-    }
+    if (partitions != nullptr && !current(after) && !current(replicas_[p]->state()))
+      partitions->HaltWrites(p, NotLeadingCause(p, views[p], nodes, after));
     if (options_.on_partition_change &&
         (before.role != after.role || before.epoch != after.epoch ||
          before.serving != after.serving || before.broken.ok() != after.broken.ok())) {
       options_.on_partition_change(p, after);
     }
   }
+}
+
+absl::Status ClusterNode::NotLeadingCause(uint32_t p, const PartitionView& view,
+                                          const std::map<std::string, std::string>& nodes,
+                                          const ReplicatedPartition::State& state) const {
+  std::string why;
+  std::optional<LeaderValue> leader;
+  if (view.leader) {
+    if (auto decoded = DecodeLeader(view.leader->value); decoded.ok()) leader = *decoded;
+  }
+  if (!state.broken.ok()) {
+    why = absl::StrCat("partition ", p, ": its replica on ", options_.node_id,
+                       " stopped: ", state.broken.message());
+  } else if (!view.known) {
+    why = absl::StrCat("partition ", p, ": ", options_.node_id,
+                       " cannot read the cluster's state from etcd");
+  } else if (!leader) {
+    why = absl::StrCat("partition ", p, " has no leader yet: an election is under way");
+  } else if (leader->node == options_.node_id) {
+    why = absl::StrCat("partition ", p, ": ", options_.node_id, " is starting to lead it");
+  } else {
+    auto address = nodes.find(leader->node);
+    why = absl::StrCat("partition ", p, " is led by ", leader->node,
+                       address == nodes.end() ? "" : absl::StrCat(" at ", address->second),
+                       ", not by ", options_.node_id, "; send its writes there");
+  }
+  return core::NotStorageFailure(absl::UnavailableError(why));
 }
 
 void ClusterNode::PlaceMissing(const std::map<std::string, std::string>& nodes,

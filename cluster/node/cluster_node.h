@@ -110,6 +110,10 @@ class ClusterNode {
   void DriverLoop();
   // One read of the cluster's keys, the placements it lacks, a Tick of every replica.
   void Step();
+  // What partition p's broker on this node refuses writes with while it may not write.
+  absl::Status NotLeadingCause(uint32_t p, const PartitionView& view,
+                               const std::map<std::string, std::string>& nodes,
+                               const ReplicatedPartition::State& state) const;
   void PlaceMissing(const std::map<std::string, std::string>& nodes,
                     const std::vector<bool>& placed);
 

@@ -93,6 +93,10 @@ ReplicatedPartition::State ReplicatedPartition::StateLocked() const {
 }
 
 absl::Status ReplicatedPartition::NotServingLocked() const {
+  return core::NotStorageFailure(NotServingReasonLocked());
+}
+
+absl::Status ReplicatedPartition::NotServingReasonLocked() const {
   const uint32_t p = options_.replica.partition;
   const std::string& self = options_.replica.node_id;
   if (!replica_.broken().ok()) {

@@ -103,8 +103,10 @@ class ReplicatedPartition final : public core::Store {
   // After every replica call: its outcomes to their waiting writes, its messages to the sender.
   void CollectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   State StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The refusal of a write or resume while this node does not serve the partition.
+  // The refusal of a write or resume while this node does not serve the partition (marked
+  // core::NotStorageFailure: the broker says it as it is).
   absl::Status NotServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NotServingReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   storage::RocksDbStore* const store_;

@@ -392,7 +392,10 @@ TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
   ASSERT_EQ(partitions.broker().count(), kPartitions);
   // No partition writes before its node leads it.
   EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}),
-              StatusIs(Code::kUnavailable, HasSubstr("partition 1: no leader elected yet")));
+              StatusIs(Code::kUnavailable, HasSubstr("partition 1 has no leader yet")));
+  EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}).status().message(),
+              ::testing::Not(HasSubstr("storage")))
+      << "not a storage failure: said as it is";
   EXPECT_EQ(stores[1]->successful_writes(), 0) << "not even the broker's opening commit";
   ASSERT_THAT(partitions.broker().ResumeWrites(), IsOk());
   const std::string kept = partitions.Enqueue({.queue = QueueIn(1)})->job_id;

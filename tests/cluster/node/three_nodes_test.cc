@@ -122,6 +122,22 @@ TEST_F(ThreeNodesTest, EveryAcknowledgedJobSurvivesKillingItsPartitionsLeader) {
   EXPECT_EQ(core::PartitionOfJobId(acked[0], kPartitions),
             core::PartitionOfQueue(queue, kPartitions));
 
+  // Another node refuses the partition's writes (until routing forwards them), saying who leads
+  // it and that it is not a storage failure. Its view follows etcd within a tick or so.
+  const int other = (leader + 1) % kNodes;
+  const std::string expected =
+      absl::StrCat("is led by node-", leader, " at ", nodes_[leader]->address());
+  grpc::Status refused;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  do {
+    refused = EnqueueAt(other, queue, "to a follower", &id);
+    if (refused.error_message().find(expected) != std::string::npos) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < until);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr(expected));
+  EXPECT_THAT(refused.error_message(), ::testing::Not(::testing::HasSubstr("storage")));
+
   nodes_[leader]->Kill9();
   const int next = EnqueueAtLeader(queue, "after the failover", &id);
   ASSERT_GE(next, 0) << "no new leader took a write";
