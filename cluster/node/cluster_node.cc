@@ -5,7 +5,9 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace jobbroker::cluster {
 namespace {
@@ -13,15 +15,9 @@ namespace {
 // Where a key under <name>/partitions/ belongs: "<p>/<kind>" gives its partition and kind.
 bool ParsePartitionKey(const std::string& rest, uint32_t* partition, std::string* kind) {
   const size_t slash = rest.find('/');
-  if (slash == std::string::npos || slash == 0) return false;
+  if (slash == std::string::npos) return false;
   *kind = rest.substr(slash + 1);
-  uint32_t p = 0;
-  for (size_t i = 0; i < slash; ++i) {
-    if (rest[i] < '0' || rest[i] > '9' || p > 100'000'000) return false;
-    p = p * 10 + static_cast<uint32_t>(rest[i] - '0');
-  }
-  *partition = p;
-  return true;
+  return absl::SimpleAtoi(absl::string_view(rest).substr(0, slash), partition);
 }
 
 std::string ConfigText(const ClusterConfig& c) {
