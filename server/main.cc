@@ -27,6 +27,7 @@
 #include "server/config/flags.h"
 #include "server/grpc/admin_service.h"
 #include "server/grpc/broker_service.h"
+#include "server/grpc/forwarder.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/http/admin_http_api.h"
@@ -37,6 +38,7 @@
 #include "server/observability/metrics_observer.h"
 #include "server/observability/process_metrics.h"
 #include "server/observability/storage_health.h"
+#include "server/routing/router.h"
 #include "server/ticker.h"
 #include "storage/rocksdb_store.h"
 
@@ -192,8 +194,15 @@ int Run(int argc, char** argv) {
   RpcAuth auth(authorizer.get(), **broker);
   WorkStreamLimit work_streams(flags->max_work_streams);
   RpcMetrics rpc_metrics(metrics_on ? &registry : nullptr);
-  BrokerService broker_service(**broker, auth, work_streams, rpc_metrics);
-  AdminService admin_service(**broker, auth, rpc_metrics);
+  // Which node answers each call; in cluster mode the others' calls are forwarded to them.
+  const std::string node_id = flags->node_id.empty() ? "local" : flags->node_id;
+  std::unique_ptr<Router> router =
+      cluster != nullptr ? Router::Cluster(flags->cluster_name, node_id, partition_count)
+                         : Router::SingleNode(node_id, partition_count);
+  std::unique_ptr<Forwarder> forwarder;
+  if (cluster != nullptr) forwarder = std::make_unique<Forwarder>(node_id, nullptr);
+  BrokerService broker_service(**broker, auth, work_streams, rpc_metrics, *router, forwarder.get());
+  AdminService admin_service(**broker, auth, rpc_metrics, *router, forwarder.get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -235,8 +244,10 @@ int Run(int argc, char** argv) {
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);
   if (cluster != nullptr) {
-    if (absl::Status s = cluster->Attach(**broker, grpc_address); !s.ok())
+    if (absl::Status s = cluster->Attach(**broker, grpc_address, *router); !s.ok())
       return Fatal("cluster mode: " + std::string(s.message()));
+  } else {
+    router->Publish(SingleNodeView(node_id, grpc_address, partition_count));
   }
   const std::string http_address = WithPort(flags->http_listen, (*http)->port());
   Log::Write(LogLevel::kInfo, "serving",

@@ -135,13 +135,13 @@ absl::Status ClusterNode::Register() {
     out.flush();
     if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", options_.lease_file));
   }
-  std::string address;
+  NodeInfo info;
   {
     absl::MutexLock lock(&mu_);
-    address = advertise_address_;
+    info = {advertise_address_};
   }
   absl::StatusOr<int64_t> put =
-      etcd_.Put(NodeKey(options_.cluster_name, options_.node_id), EncodeNode({address}), *lease);
+      etcd_.Put(NodeKey(options_.cluster_name, options_.node_id), EncodeNode(info), *lease);
   if (!put.ok()) return put.status();
   auto keeper = std::make_unique<LeaseKeeper>(etcd_, clock_, *lease, asked, options_.lease,
                                               [this](absl::Status why) {
@@ -171,6 +171,7 @@ absl::Status ClusterNode::Attach(node::Partitions* partitions, std::string adver
   driver_ = std::thread([this] { DriverLoop(); });
   return absl::OkStatus();
 }
+
 
 void ClusterNode::Stop() {
   std::unique_ptr<LeaseKeeper> keeper;
@@ -296,6 +297,37 @@ void ClusterNode::Step() {
         (before.role != after.role || before.epoch != after.epoch ||
          before.serving != after.serving || before.broken.ok() != after.broken.ok())) {
       options_.on_partition_change(p, after);
+    }
+  }
+  if (options_.on_snapshot) {
+    Snapshot(read.ok(), views, nodes);
+    options_.on_snapshot(snapshot_);
+  }
+}
+
+void ClusterNode::Snapshot(bool known, const std::vector<PartitionView>& views,
+                           const std::map<std::string, std::string>& nodes) {
+  snapshot_.known = known;
+  snapshot_.partitions.resize(replicas_.size());
+  if (known) snapshot_.nodes = nodes;
+  for (uint32_t p = 0; p < replicas_.size(); ++p) {
+    ClusterSnapshot::Partition& out = snapshot_.partitions[p];
+    const ReplicatedPartition::State state = replicas_[p]->state();
+    out.served_here = state.serving && state.epoch == state.broker_epoch;
+    if (!known) continue;  // the leaders as last read: calls still go there, or fail there
+    const PartitionView& view = views[p];
+    out.leader.clear();
+    out.epoch = 0;
+    if (view.leader) {
+      if (auto leader = DecodeLeader(view.leader->value); leader.ok()) {
+        out.leader = leader->node;
+        out.epoch = view.leader->create_revision;
+      }
+    }
+    out.replicas = view.replicas;
+    out.in_sync.clear();
+    if (view.sync) {
+      if (auto sync = DecodeSync(view.sync->value); sync.ok()) out.in_sync = sync->members;
     }
   }
 }

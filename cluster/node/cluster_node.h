@@ -25,6 +25,20 @@
 
 namespace jobbroker::cluster {
 
+// The cluster as one driver step read it: what the node's router sends calls by.
+struct ClusterSnapshot {
+  struct Partition {
+    std::string leader;  // node id; empty: none now
+    int64_t epoch = 0;   // the leader key's create_revision
+    std::vector<std::string> replicas;
+    std::vector<std::string> in_sync;
+    bool served_here = false;  // this node's broker of it takes writes
+  };
+  bool known = false;                        // false: etcd could not be read; leaders as before
+  std::map<std::string, std::string> nodes;  // registered node id -> gRPC address
+  std::vector<Partition> partitions;
+};
+
 struct ClusterNodeOptions {
   std::string cluster_name = "jobbroker";  // the etcd key prefix
   std::string node_id;                     // unique in the cluster, stable across restarts
@@ -48,6 +62,8 @@ struct ClusterNodeOptions {
   // the node's log. Unset: nobody listens.
   std::function<void(uint32_t partition, const ReplicatedPartition::State& state)>
       on_partition_change;
+  // Told (on the driver thread) after every step: for the node's router. Unset: nobody listens.
+  std::function<void(const ClusterSnapshot& cluster)> on_snapshot;
   // Told when the node's lease is lost (and a new one is granted): for the node's log.
   std::function<void(const absl::Status& why)> on_lease_lost;
 };
@@ -114,6 +130,9 @@ class ClusterNode {
   absl::Status NotLeadingCause(uint32_t p, const PartitionView& view,
                                const std::map<std::string, std::string>& nodes,
                                const ReplicatedPartition::State& state) const;
+  // Fills snapshot_ from the step's read (`known`: it succeeded) and the replicas' states.
+  void Snapshot(bool known, const std::vector<PartitionView>& views,
+                const std::map<std::string, std::string>& nodes);
   void PlaceMissing(const std::map<std::string, std::string>& nodes,
                     const std::vector<bool>& placed);
 
@@ -135,6 +154,7 @@ class ClusterNode {
   // The driver's own (only it reads or writes them).
   std::vector<ReplicatedPartition::State> last_;
   std::map<std::string, std::string> peers_;  // node id -> address given to the transport
+  ClusterSnapshot snapshot_;                  // as last published
 };
 
 }  // namespace jobbroker::cluster

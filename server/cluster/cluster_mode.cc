@@ -1,5 +1,6 @@
 #include "server/cluster/cluster_mode.h"
 
+#include <atomic>
 #include <filesystem>
 #include <utility>
 
@@ -12,7 +13,10 @@
 namespace jobbroker::server {
 
 struct ClusterMode::Parts {
+  std::string node_id;
   std::string advertise_address;
+  // Set by Attach; the driver's snapshots go to it from then on.
+  std::atomic<Router*> router{nullptr};
   std::unique_ptr<cluster::GrpcEtcd> etcd;
   std::unique_ptr<cluster::ClusterNode> node;
 };
@@ -25,6 +29,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
                                                                 storage::RocksDbStore& store,
                                                                 const core::Clock& clock) {
   auto parts = std::make_unique<Parts>();
+  parts->node_id = flags.node_id;
   parts->advertise_address = flags.advertise_address;
   cluster::GrpcEtcdOptions etcd_options;
   for (absl::string_view url : absl::StrSplit(flags.cluster_etcd, ',', absl::SkipEmpty()))
@@ -56,6 +61,32 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
                     {"log_end", absl::StrCat(state.log_end)},
                     {"broken", std::string(state.broken.message())}});
       };
+  Parts* raw = parts.get();
+  options.on_snapshot = [raw, name = flags.cluster_name](const cluster::ClusterSnapshot& cluster) {
+    Router* router = raw->router.load();
+    if (router == nullptr) return;
+    ClusterView view;
+    view.cluster_name = name;
+    view.node_id = raw->node_id;
+    if (raw->node != nullptr) {
+      view.replication_factor = raw->node->config().replication_factor;
+      view.min_in_sync = raw->node->config().min_in_sync;
+    }
+    view.known = cluster.known;
+    for (const auto& [id, address] : cluster.nodes) view.nodes.push_back({id, address, true});
+    view.partitions.reserve(cluster.partitions.size());
+    for (const cluster::ClusterSnapshot::Partition& p : cluster.partitions) {
+      ClusterView::Partition& out = view.partitions.emplace_back();
+      out.leader = p.leader;
+      if (auto at = cluster.nodes.find(p.leader); at != cluster.nodes.end())
+        out.leader_address = at->second;
+      out.epoch = p.epoch;
+      out.replicas = p.replicas;
+      out.in_sync = p.in_sync;
+      out.served_here = p.served_here;
+    }
+    router->Publish(std::move(view));
+  };
   options.on_lease_lost = [](const absl::Status& why) {
     Log::Write(LogLevel::kWarn, "cluster_lease_lost", {{"reason", std::string(why.message())}});
   };
@@ -73,7 +104,9 @@ std::vector<core::Store*> ClusterMode::stores() { return parts_->node->stores();
 
 grpc::Service* ClusterMode::peer_service() { return parts_->node->peer_service(); }
 
-absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string& grpc_address) {
+absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string& grpc_address,
+                                 Router& router) {
+  parts_->router.store(&router);
   const std::string advertised =
       parts_->advertise_address.empty() ? grpc_address : parts_->advertise_address;
   absl::Status attached = parts_->node->Attach(&partitions, advertised);
@@ -90,6 +123,7 @@ absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string
 
 void ClusterMode::Stop() {
   if (parts_ != nullptr && parts_->node != nullptr) parts_->node->Stop();
+  if (parts_ != nullptr) parts_->router.store(nullptr);
 }
 
 }  // namespace jobbroker::server

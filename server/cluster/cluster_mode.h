@@ -10,6 +10,7 @@
 #include "core/store.h"
 #include "node/partitions.h"
 #include "server/config/flags.h"
+#include "server/routing/router.h"
 #include "storage/rocksdb_store.h"
 
 namespace grpc {
@@ -38,8 +39,10 @@ class ClusterMode {
   // The replication service, to register on the gRPC server.
   grpc::Service* peer_service();
   // Once the server listens at `grpc_address`: registers the node (at --advertise-address, or
-  // there) and starts replicating for `partitions`.
-  absl::Status Attach(node::Partitions& partitions, const std::string& grpc_address);
+  // there) and starts replicating for `partitions`, publishing what it reads of the cluster to
+  // `router` (borrowed until Stop).
+  absl::Status Attach(node::Partitions& partitions, const std::string& grpc_address,
+                      Router& router);
   // Stops replicating and gives up the node's lease (its partitions fail over at once).
   void Stop();
 

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
 
 std::vector<core::Store*> ClusterMode::stores() { return {}; }
 grpc::Service* ClusterMode::peer_service() { return nullptr; }
-absl::Status ClusterMode::Attach(node::Partitions&, const std::string&) {
+absl::Status ClusterMode::Attach(node::Partitions&, const std::string&, Router&) {
   return absl::FailedPreconditionError("built without cluster mode");
 }
 void ClusterMode::Stop() {}

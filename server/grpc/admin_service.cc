@@ -1,18 +1,136 @@
 #include "server/grpc/admin_service.h"
 
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
+#include "server/routing/router.h"
 
 namespace jobbroker::server {
+namespace {
+
+// ListQueues in cluster mode: this node's queues are in the response already; each other leader's
+// are added as they come, and the whole is answered once all have (or with the first failure).
+class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
+ public:
+  struct Part {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    v1::ListQueuesResponse response;
+  };
+
+  ListQueuesFanOut(v1::ListQueuesResponse* resp, RpcTiming timing, size_t parts)
+      : resp_(resp), timing_(timing), pending_(parts) {}
+
+  // Made before any call starts, so the map does not change while answers arrive.
+  Part& part(const std::string& address) { return parts_[address]; }
+
+  void Done(Part& part, const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && failure_.ok()) failure_ = status;
+      if (status.ok()) {
+        for (v1::QueueInfo& q : *part.response.mutable_queues()) resp_->add_queues()->Swap(&q);
+      }
+      if (--pending_ > 0) return;
+    }
+    // The last answer: every other thread is done with the response.
+    if (failure_.ok()) {
+      auto* queues = resp_->mutable_queues();
+      std::sort(queues->begin(), queues->end(),
+                [](const v1::QueueInfo& a, const v1::QueueInfo& b) { return a.name() < b.name(); });
+    } else {
+      resp_->Clear();
+    }
+    timing_.Record(failure_);
+    Finish(failure_);
+  }
+  void OnCancel() override {
+    for (auto& [address, part] : parts_) part.ctx->TryCancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  v1::ListQueuesResponse* const resp_;
+  const RpcTiming timing_;
+  std::map<std::string, Part> parts_;
+  absl::Mutex mu_;
+  size_t pending_ ABSL_GUARDED_BY(mu_);
+  grpc::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+template <typename Start>
+grpc::ServerUnaryReactor* AdminService::Elsewhere(grpc::CallbackServerContext* ctx,
+                                                  uint32_t partition, RpcTiming timing,
+                                                  Start start) {
+  if (!router_.cluster_mode()) return nullptr;
+  const Route route = router_.RouteOf(partition, *ctx);
+  if (route.kind == Route::Kind::kLocal) return nullptr;
+  return forwarder_->ForwardAdmin(ctx, route, timing, std::move(start));
+}
+
+void AdminService::AddPlacement(v1::QueueInfo* info) const { AddPlacement(info, *router_.view()); }
+
+void AdminService::AddPlacement(v1::QueueInfo* info, const ClusterView& view) const {
+  const uint32_t partition = router_.PartitionOfQueue(info->name());
+  info->set_partition(partition);
+  if (partition < view.partitions.size())
+    info->set_leader_node_id(view.partitions[partition].leader);
+}
+
+grpc::ServerUnaryReactor* AdminService::GetCluster(grpc::CallbackServerContext* ctx,
+                                                   const v1::GetClusterRequest*,
+                                                   v1::ClusterInfo* resp) {
+  UnaryCall call(ctx, timers_.Start("GetCluster"));
+  // Any valid token: a worker or producer needs the leaders as much as an operator does.
+  if (absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx); !caller.ok())
+    return call.Finish(caller.status());
+  std::shared_ptr<const ClusterView> view = router_.view();
+  resp->set_cluster_name(view->cluster_name);
+  resp->set_node_id(view->node_id);
+  resp->set_partition_count(static_cast<uint32_t>(view->partitions.size()));
+  resp->set_replication_factor(view->replication_factor);
+  resp->set_min_in_sync(view->min_in_sync);
+  for (const ClusterView::Node& node : view->nodes) {
+    v1::NodeInfo* out = resp->add_nodes();
+    out->set_node_id(node.node_id);
+    out->set_address(node.address);
+    out->set_alive(node.alive);
+  }
+  for (uint32_t p = 0; p < view->partitions.size(); ++p) {
+    const ClusterView::Partition& partition = view->partitions[p];
+    v1::PartitionInfo* out = resp->add_partitions();
+    out->set_partition(p);
+    out->set_leader_node_id(partition.leader);
+    out->set_leader_address(partition.leader_address);
+    out->set_epoch(partition.epoch);
+    for (const std::string& node : partition.replicas) out->add_replicas(node);
+    for (const std::string& node : partition.in_sync) out->add_in_sync(node);
+  }
+  return call.Finish(absl::OkStatus());
+}
+
 grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
                                                const v1::GetJobRequest* req, v1::Job* resp) {
-  UnaryCall call(ctx, timers_.Start("GetJob"));
+  const RpcTiming timing = timers_.Start("GetJob");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->GetJob(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   absl::StatusOr<core::Job> job = broker_.GetJob(req->job_id());
   if (job.ok()) ToProto(*job, resp);
   return call.Finish(job.status());
@@ -21,11 +139,18 @@ grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ctx,
                                                  const v1::ListJobsRequest* req,
                                                  v1::ListJobsResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("ListJobs"));
+  const RpcTiming timing = timers_.Start("ListJobs");
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<core::ListJobsSpec> spec = FromProto(*req);
-  if (!spec.ok()) return call.Finish(spec.status());
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->ListJobs(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   absl::StatusOr<core::ListJobsResult> page = broker_.ListJobs(*spec);
   if (page.ok()) ToProto(*page, resp);
   return call.Finish(page.status());
@@ -33,9 +158,16 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* ctx,
                                                   const v1::CancelJobRequest* req, v1::Job* resp) {
-  UnaryCall call(ctx, timers_.Start("CancelJob"));
+  const RpcTiming timing = timers_.Start("CancelJob");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->CancelJob(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.CancelJob(req->job_id(), [call, resp](absl::StatusOr<core::Job> job) {
     if (job.ok()) ToProto(*job, resp);
     call.Finish(job.status());
@@ -46,14 +178,24 @@ grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ctx,
                                                  const v1::RetryJobRequest* req,
                                                  v1::RetryJobResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("RetryJob"));
+  const RpcTiming timing = timers_.Start("RetryJob");
   const bool one = !req->job_id().empty();
   const bool bulk = !req->queue().empty();
   absl::Status allowed = auth_.Check(*ctx, Role::kAdmin);
   if (allowed.ok() && bulk) allowed = auth_.Check(*ctx, Role::kAdmin, req->queue());
   if (allowed.ok() && one) allowed = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id());
-  if (!allowed.ok()) return call.Finish(allowed);
-  if (absl::Status form = CheckRetryJobForm(*req); !form.ok()) return call.Finish(form);
+  if (!allowed.ok()) return UnaryCall(ctx, timing).Finish(allowed);
+  if (absl::Status form = CheckRetryJobForm(*req); !form.ok())
+    return UnaryCall(ctx, timing).Finish(form);
+  if (auto* forwarded = Elsewhere(
+          ctx, one ? router_.PartitionOfJob(req->job_id()) : router_.PartitionOfQueue(req->queue()),
+          timing,
+          [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                      std::function<void(grpc::Status)> done) {
+            stub.async()->RetryJob(c, req, resp, std::move(done));
+          }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   if (one) {
     broker_.RetryJob(req->job_id(), [call, resp](absl::StatusOr<core::Job> job) {
       if (job.ok()) {
@@ -76,54 +218,113 @@ grpc::ServerUnaryReactor* AdminService::RetryJob(grpc::CallbackServerContext* ct
 
 grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                   const v1::DeleteJobRequest* req,
-                                                  v1::DeleteJobResponse*) {
-  UnaryCall call(ctx, timers_.Start("DeleteJob"));
+                                                  v1::DeleteJobResponse* resp) {
+  const RpcTiming timing = timers_.Start("DeleteJob");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kAdmin, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->DeleteJob(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.DeleteJob(req->job_id(), [call](absl::Status s) { call.Finish(s); });
   return call.reactor();
 }
 
 grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* ctx,
-                                                   const v1::ListQueuesRequest*,
+                                                   const v1::ListQueuesRequest* req,
                                                    v1::ListQueuesResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("ListQueues"));
+  const RpcTiming timing = timers_.Start("ListQueues");
   absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
-  if (!caller.ok()) return call.Finish(caller.status());
+  if (!caller.ok()) return UnaryCall(ctx, timing).Finish(caller.status());
   if (*caller != nullptr) {
     if (absl::Status s = Authorizer::AllowRole(**caller, Role::kAdmin); !s.ok())
-      return call.Finish(s);
+      return UnaryCall(ctx, timing).Finish(s);
   }
+  std::shared_ptr<const ClusterView> view = router_.view();
   for (const core::QueueInfo& q : broker_.ListQueues()) {
     // A token scoped to some queues sees those only; the others' names are not its business.
-    if (*caller == nullptr || Authorizer::MatchesQueue(**caller, q.name))
-      ToProto(q, resp->add_queues());
+    if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, q.name)) continue;
+    const uint32_t partition = router_.PartitionOfQueue(q.name);
+    // A broker that stopped leading its partition still remembers its queues as they were.
+    if (router_.cluster_mode() && !view->partitions[partition].served_here) continue;
+    v1::QueueInfo* info = resp->add_queues();
+    ToProto(q, info);
+    AddPlacement(info, *view);
   }
-  return call.Finish(absl::OkStatus());
+  if (!router_.cluster_mode() || Router::IsForwarded(*ctx))
+    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  // Cluster mode: and the queues of every other partition, from the nodes that lead them. A
+  // partition without a leader fails the call rather than leave its queues out unsaid.
+  std::vector<std::string> leaders;
+  for (uint32_t p = 0; p < view->partitions.size(); ++p) {
+    if (view->partitions[p].served_here) continue;
+    const Route route = router_.RouteOf(p, /*forwarded=*/false);
+    if (route.kind == Route::Kind::kLocal) {
+      return UnaryCall(ctx, timing)
+          .Finish(absl::UnavailableError(absl::StrCat("partition ", p, ": ", router_.node_id(),
+                                                      " is starting to lead it; retry")));
+    }
+    if (route.kind == Route::Kind::kUnavailable) return UnaryCall(ctx, timing).Finish(route.why);
+    if (std::find(leaders.begin(), leaders.end(), route.address) == leaders.end())
+      leaders.push_back(route.address);
+  }
+  if (leaders.empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  auto* fan_out = new ListQueuesFanOut(resp, timing, leaders.size());
+  for (const std::string& address : leaders) {
+    ListQueuesFanOut::Part& part = fan_out->part(address);
+    part.ctx = forwarder_->ContextFor(*ctx);
+    forwarder_->AdminAt(address).async()->ListQueues(
+        part.ctx.get(), req, &part.response,
+        [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
+  }
+  return fan_out;
 }
 
 grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ctx,
                                                  const v1::GetQueueRequest* req,
                                                  v1::QueueInfo* resp) {
-  UnaryCall call(ctx, timers_.Start("GetQueue"));
+  const RpcTiming timing = timers_.Start("GetQueue");
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->GetQueue(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   absl::StatusOr<core::QueueInfo> info = broker_.GetQueue(req->queue());
-  if (info.ok()) ToProto(*info, resp);
+  if (info.ok()) {
+    ToProto(*info, resp);
+    AddPlacement(resp);
+  }
   return call.Finish(info.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
                                                           const v1::UpdateQueuePolicyRequest* req,
                                                           v1::QueueInfo* resp) {
-  UnaryCall call(ctx, timers_.Start("UpdateQueuePolicy"));
+  const RpcTiming timing = timers_.Start("UpdateQueuePolicy");
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<core::PolicyOverride> policy = FromProto(req->policy(), "policy");
-  if (!policy.ok()) return call.Finish(policy.status());
+  if (!policy.ok()) return UnaryCall(ctx, timing).Finish(policy.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->UpdateQueuePolicy(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.UpdateQueuePolicy(req->queue(), std::move(*policy), req->reset(),
-                            [call, resp](absl::StatusOr<core::QueueInfo> info) {
-                              if (info.ok()) ToProto(*info, resp);
+                            [this, call, resp](absl::StatusOr<core::QueueInfo> info) {
+                              if (info.ok()) {
+                                ToProto(*info, resp);
+                                AddPlacement(resp);
+                              }
                               call.Finish(info.status());
                             });
   return call.reactor();
@@ -132,24 +333,45 @@ grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* AdminService::PauseQueue(grpc::CallbackServerContext* ctx,
                                                    const v1::PauseQueueRequest* req,
                                                    v1::QueueInfo* resp) {
-  return SetPaused(UnaryCall(ctx, timers_.Start("PauseQueue")), *ctx, req->queue(), /*paused=*/true,
-                   resp);
+  const RpcTiming timing = timers_.Start("PauseQueue");
+  if (auto* refused = CheckQueue(ctx, timing, req->queue())) return refused;
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->PauseQueue(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  return SetPaused(UnaryCall(ctx, timing), req->queue(), /*paused=*/true, resp);
 }
 
 grpc::ServerUnaryReactor* AdminService::ResumeQueue(grpc::CallbackServerContext* ctx,
                                                     const v1::ResumeQueueRequest* req,
                                                     v1::QueueInfo* resp) {
-  return SetPaused(UnaryCall(ctx, timers_.Start("ResumeQueue")), *ctx, req->queue(),
-                   /*paused=*/false, resp);
+  const RpcTiming timing = timers_.Start("ResumeQueue");
+  if (auto* refused = CheckQueue(ctx, timing, req->queue())) return refused;
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->ResumeQueue(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  return SetPaused(UnaryCall(ctx, timing), req->queue(), /*paused=*/false, resp);
 }
 
-grpc::ServerUnaryReactor* AdminService::SetPaused(UnaryCall call,
-                                                  const grpc::CallbackServerContext& ctx,
-                                                  const std::string& queue, bool paused,
-                                                  v1::QueueInfo* resp) {
-  if (absl::Status s = auth_.Check(ctx, Role::kAdmin, queue); !s.ok()) return call.Finish(s);
-  broker_.SetQueuePaused(queue, paused, [call, resp](absl::StatusOr<core::QueueInfo> info) {
-    if (info.ok()) ToProto(*info, resp);
+grpc::ServerUnaryReactor* AdminService::CheckQueue(grpc::CallbackServerContext* ctx,
+                                                   RpcTiming timing, const std::string& queue) {
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, queue); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  return nullptr;
+}
+
+grpc::ServerUnaryReactor* AdminService::SetPaused(UnaryCall call, const std::string& queue,
+                                                  bool paused, v1::QueueInfo* resp) {
+  broker_.SetQueuePaused(queue, paused, [this, call, resp](absl::StatusOr<core::QueueInfo> info) {
+    if (info.ok()) {
+      ToProto(*info, resp);
+      AddPlacement(resp);
+    }
     call.Finish(info.status());
   });
   return call.reactor();
@@ -158,11 +380,18 @@ grpc::ServerUnaryReactor* AdminService::SetPaused(UnaryCall call,
 grpc::ServerUnaryReactor* AdminService::PurgeQueue(grpc::CallbackServerContext* ctx,
                                                    const v1::PurgeQueueRequest* req,
                                                    v1::PurgeQueueResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("PurgeQueue"));
+  const RpcTiming timing = timers_.Start("PurgeQueue");
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, req->queue()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<std::vector<core::JobState>> states = FromProto(*req);
-  if (!states.ok()) return call.Finish(states.status());
+  if (!states.ok()) return UnaryCall(ctx, timing).Finish(states.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->PurgeQueue(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.PurgeQueue(req->queue(), std::move(*states),
                      [call, resp](absl::StatusOr<int64_t> purged) {
                        if (purged.ok()) resp->set_purged(*purged);

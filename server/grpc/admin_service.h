@@ -4,21 +4,28 @@
 
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "node/partitions.h"
+#include "server/grpc/forwarder.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
+#include "server/routing/router.h"
 
 namespace jobbroker::server {
 
 // The Admin gRPC service. Reads answer at once; changes answer once durable (bulk ones, a
 // RetryJob with `queue` and PurgeQueue, once their last batch is). Every call passes `auth` first
 // (role admin, on the queue it names or its job's queue; ListQueues shows only the queues the
-// caller's token matches). `broker` and `auth` are borrowed and must outlive the service.
+// caller's token matches). In cluster mode a call goes to the node that leads its partition
+// (`router` decides, `forwarder` sends), and ListQueues asks every leader. Everything is borrowed
+// and must outlive the service.
 class AdminService final : public v1::Admin::CallbackService {
  public:
-  // Unary calls are timed in `metrics`.
-  AdminService(node::Partitions& broker, const RpcAuth& auth, const RpcMetrics& metrics)
+  // Unary calls are timed in `metrics`. `forwarder` may be null on a single node.
+  AdminService(node::Partitions& broker, const RpcAuth& auth, const RpcMetrics& metrics,
+               const Router& router, Forwarder* forwarder)
       : broker_(broker),
         auth_(auth),
+        router_(router),
+        forwarder_(forwarder),
         timers_(metrics.For(*v1::GetJobRequest::descriptor()->file(), "Admin")) {}
 
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
@@ -52,13 +59,29 @@ class AdminService final : public v1::Admin::CallbackService {
                                        const v1::PurgeQueueRequest* req,
                                        v1::PurgeQueueResponse* resp) override;
 
+  grpc::ServerUnaryReactor* GetCluster(grpc::CallbackServerContext* ctx,
+                                       const v1::GetClusterRequest* req,
+                                       v1::ClusterInfo* resp) override;
+
  private:
-  // PauseQueue and ResumeQueue.
-  grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const grpc::CallbackServerContext& ctx,
-                                      const std::string& queue, bool paused, v1::QueueInfo* resp);
+  // As BrokerService::Elsewhere.
+  template <typename Start>
+  grpc::ServerUnaryReactor* Elsewhere(grpc::CallbackServerContext* ctx, uint32_t partition,
+                                      RpcTiming timing, Start start);
+  // The refusal when the caller may not administer `queue`; null when it may.
+  grpc::ServerUnaryReactor* CheckQueue(grpc::CallbackServerContext* ctx, RpcTiming timing,
+                                       const std::string& queue);
+  // PauseQueue and ResumeQueue, once checked and routed here.
+  grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const std::string& queue, bool paused,
+                                      v1::QueueInfo* resp);
+  // Sets the queue's partition and the node that leads it.
+  void AddPlacement(v1::QueueInfo* info) const;
+  void AddPlacement(v1::QueueInfo* info, const ClusterView& view) const;
 
   node::Partitions& broker_;
   const RpcAuth& auth_;
+  const Router& router_;
+  Forwarder* const forwarder_;
   const RpcServiceTimers timers_;
 };
 

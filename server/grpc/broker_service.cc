@@ -1,6 +1,8 @@
 #include "server/grpc/broker_service.h"
 
+#include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/work_stream.h"
+#include "server/routing/router.h"
 
 namespace jobbroker::server {
 namespace {
@@ -71,14 +74,31 @@ class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::
 
 }  // namespace
 
+template <typename Start>
+grpc::ServerUnaryReactor* BrokerService::Elsewhere(grpc::CallbackServerContext* ctx,
+                                                   uint32_t partition, RpcTiming timing,
+                                                   Start start) {
+  if (!router_.cluster_mode()) return nullptr;
+  const Route route = router_.RouteOf(partition, *ctx);
+  if (route.kind == Route::Kind::kLocal) return nullptr;
+  return forwarder_->ForwardBroker(ctx, route, timing, std::move(start));
+}
+
 grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,
                                                  const v1::EnqueueRequest* req,
                                                  v1::EnqueueResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("Enqueue"));
+  const RpcTiming timing = timers_.Start("Enqueue");
   if (absl::Status s = auth_.Check(*ctx, Role::kProducer, req->queue()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<core::EnqueueSpec> spec = FromProto(*req);
-  if (!spec.ok()) return call.Finish(spec.status());
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Enqueue(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   std::vector<core::EnqueueSpec> one;
   one.push_back(std::move(*spec));
   broker_.EnqueueBatch(std::move(one),
@@ -92,17 +112,35 @@ grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ct
 grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContext* ctx,
                                                       const v1::EnqueueBatchRequest* req,
                                                       v1::EnqueueBatchResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("EnqueueBatch"));
-  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok()) return call.Finish(s);
+  const RpcTiming timing = timers_.Start("EnqueueBatch");
+  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
   std::vector<core::EnqueueSpec> specs;
   specs.reserve(req->jobs_size());
   for (int i = 0; i < req->jobs_size(); ++i) {
     absl::StatusOr<core::EnqueueSpec> spec = FromProto(req->jobs(i));
     if (!spec.ok())
-      return call.Finish(absl::Status(spec.status().code(),
-                                      absl::StrCat("jobs[", i, "].", spec.status().message())));
+      return UnaryCall(ctx, timing)
+          .Finish(absl::Status(spec.status().code(),
+                               absl::StrCat("jobs[", i, "].", spec.status().message())));
     specs.push_back(std::move(*spec));
   }
+  // A batch over several partitions is refused by this node's brokers (naming the partitions).
+  if (router_.cluster_mode() && !specs.empty()) {
+    const uint32_t first = router_.PartitionOfQueue(specs.front().queue);
+    const bool one = std::all_of(specs.begin(), specs.end(), [&](const core::EnqueueSpec& spec) {
+      return router_.PartitionOfQueue(spec.queue) == first;
+    });
+    if (one) {
+      if (auto* forwarded = Elsewhere(ctx, first, timing,
+                                      [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                                  std::function<void(grpc::Status)> done) {
+                                        stub.async()->EnqueueBatch(c, req, resp, std::move(done));
+                                      }))
+        return forwarded;
+    }
+  }
+  UnaryCall call(ctx, timing);
   broker_.EnqueueBatch(
       std::move(specs),
       [call, resp](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
@@ -129,6 +167,12 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
     if (!w.ok()) return UnaryCall(ctx, timing).Finish(w.status());
     wait = *w;
   }
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Lease(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
   auto* reactor = new LeaseReactor(broker_, resp, timing);
   reactor->Start(std::move(*spec), wait);
   return reactor;
@@ -137,11 +181,18 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                    const v1::HeartbeatRequest* req,
                                                    v1::HeartbeatResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("Heartbeat"));
+  const RpcTiming timing = timers_.Start("Heartbeat");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<core::HeartbeatSpec> spec = FromProto(*req);
-  if (!spec.ok()) return call.Finish(spec.status());
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Heartbeat(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.Heartbeat(std::move(*spec), [call, resp](absl::StatusOr<core::HeartbeatResult> r) {
     if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
@@ -150,21 +201,35 @@ grpc::ServerUnaryReactor* BrokerService::Heartbeat(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* BrokerService::Ack(grpc::CallbackServerContext* ctx,
-                                             const v1::AckRequest* req, v1::AckResponse*) {
-  UnaryCall call(ctx, timers_.Start("Ack"));
+                                             const v1::AckRequest* req, v1::AckResponse* resp) {
+  const RpcTiming timing = timers_.Start("Ack");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Ack(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.Ack(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
   return call.reactor();
 }
 
 grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
                                               const v1::FailRequest* req, v1::FailResponse* resp) {
-  UnaryCall call(ctx, timers_.Start("Fail"));
+  const RpcTiming timing = timers_.Start("Fail");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
   absl::StatusOr<core::FailSpec> spec = FromProto(*req);
-  if (!spec.ok()) return call.Finish(spec.status());
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Fail(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.Fail(std::move(*spec), [call, resp](absl::StatusOr<core::FailResult> r) {
     if (r.ok()) ToProto(*r, resp);
     call.Finish(r.status());
@@ -174,10 +239,17 @@ grpc::ServerUnaryReactor* BrokerService::Fail(grpc::CallbackServerContext* ctx,
 
 grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ctx,
                                                  const v1::ReleaseRequest* req,
-                                                 v1::ReleaseResponse*) {
-  UnaryCall call(ctx, timers_.Start("Release"));
+                                                 v1::ReleaseResponse* resp) {
+  const RpcTiming timing = timers_.Start("Release");
   if (absl::Status s = auth_.CheckJob(*ctx, Role::kWorker, req->job_id()); !s.ok())
-    return call.Finish(s);
+    return UnaryCall(ctx, timing).Finish(s);
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfJob(req->job_id()), timing,
+                                  [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->Release(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
   broker_.Release(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
   return call.reactor();
 }
@@ -195,7 +267,7 @@ grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(
     return new RefusedStream(absl::ResourceExhaustedError(
         absl::StrCat("Work streams: all ", streams_.max(),
                      " are open (--max-work-streams); retry later or on another broker")));
-  return WorkStream::Start(broker_, auth_, *caller, &streams_);
+  return WorkStream::Start(broker_, auth_, *caller, &streams_, router_, forwarder_, ctx);
 }
 
 }  // namespace jobbroker::server

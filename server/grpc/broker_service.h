@@ -2,25 +2,30 @@
 
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "node/partitions.h"
+#include "server/grpc/forwarder.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/grpc/work_stream_limit.h"
+#include "server/routing/router.h"
 
 namespace jobbroker::server {
 
 // The Broker gRPC service: convert, call core, map the status, finish. Handlers never block:
 // each reply is finished from the broker's callback once the change is durable, and a long-poll
 // Lease holds no thread while it waits. Every call passes `auth` first (roles producer and
-// worker). `broker` and `auth` are borrowed and must outlive the service.
+// worker). In cluster mode a call for a partition another node leads goes there (`router`
+// decides, `forwarder` sends). Everything is borrowed and must outlive the service.
 class BrokerService final : public v1::Broker::CallbackService {
  public:
-  // `streams` bounds the open Work streams; borrowed, like the others. Unary calls are timed in
-  // `metrics`.
+  // `streams` bounds the open Work streams. Unary calls are timed in `metrics`. `forwarder` may
+  // be null on a single node (the router sends nothing elsewhere).
   BrokerService(node::Partitions& broker, const RpcAuth& auth, WorkStreamLimit& streams,
-                const RpcMetrics& metrics)
+                const RpcMetrics& metrics, Router& router, Forwarder* forwarder)
       : broker_(broker),
         auth_(auth),
         streams_(streams),
+        router_(router),
+        forwarder_(forwarder),
         timers_(metrics.For(*v1::EnqueueRequest::descriptor()->file(), "Broker")) {}
 
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
@@ -44,9 +49,17 @@ class BrokerService final : public v1::Broker::CallbackService {
       grpc::CallbackServerContext* ctx) override;
 
  private:
+  // Null when this node's broker answers a call for `partition`; else the reactor that answers
+  // it from the partition's leader (`start` sends it there) or refuses it (no leader now).
+  template <typename Start>
+  grpc::ServerUnaryReactor* Elsewhere(grpc::CallbackServerContext* ctx, uint32_t partition,
+                                      RpcTiming timing, Start start);
+
   node::Partitions& broker_;
   const RpcAuth& auth_;
   WorkStreamLimit& streams_;
+  Router& router_;
+  Forwarder* const forwarder_;
   const RpcServiceTimers timers_;
 };
 

@@ -1,9 +1,12 @@
 #include "server/grpc/work_stream.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/validation.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
 
@@ -105,9 +108,36 @@ class WorkStream::Sink final : public core::StreamSink {
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
 };
 
+// An ack batch split over several leaders: answered once every part is.
+struct WorkStream::AckJoin {
+  // Pending starts at 1: the sending of the parts, which ends with Add({}, {}).
+  AckJoin(uint64_t id, size_t items) : request_id(id), statuses(items) {}
+  // One more part will answer.
+  void Expect() {
+    absl::MutexLock lock(&mu);
+    ++pending;
+  }
+  // A part's answer: `part[k]` for the batch's item `indexes[k]`. True for the last part.
+  bool Add(const std::vector<int>& indexes, const std::vector<absl::Status>& part) {
+    absl::MutexLock lock(&mu);
+    for (size_t k = 0; k < indexes.size() && k < part.size(); ++k) statuses[indexes[k]] = part[k];
+    return --pending == 0;
+  }
+  bool AddAll(const std::vector<int>& indexes, const absl::Status& status) {
+    return Add(indexes, std::vector<absl::Status>(indexes.size(), status));
+  }
+
+  const uint64_t request_id;
+  absl::Mutex mu;
+  std::vector<absl::Status> statuses ABSL_GUARDED_BY(mu);
+  int pending ABSL_GUARDED_BY(mu) = 1;
+};
+
 WorkStream* WorkStream::Start(node::Partitions& broker, const RpcAuth& auth,
-                              const TokenEntry* caller, WorkStreamLimit* limit) {
-  std::shared_ptr<WorkStream> stream(new WorkStream(broker, auth, caller, limit));
+                              const TokenEntry* caller, WorkStreamLimit* limit, Router& router,
+                              Forwarder* forwarder, grpc::CallbackServerContext* ctx) {
+  std::shared_ptr<WorkStream> stream(
+      new WorkStream(broker, auth, caller, limit, router, forwarder, ctx));
   stream->self_ = stream;
   stream->StartRead(&stream->request_);
   return stream.get();
@@ -123,6 +153,7 @@ void WorkStream::OnReadDone(bool ok) {
     }
     // No new jobs for a worker that stopped talking; what it holds runs out or is acked.
     if (stream != 0) broker_.Unsubscribe(stream);
+    for (const auto& upstream : Upstreams()) upstream->CloseWrites();
     Pump();
     return;
   }
@@ -179,6 +210,40 @@ core::Done<Result> WorkStream::AnswerWhenDone(uint64_t request_id) {
 void WorkStream::Handle(const v1::WorkRequest& request) {
   const uint64_t id = request.request_id();
   if (absl::Status s = Authorize(request); !s.ok()) return Answer(id, s);
+  if (router_.cluster_mode()) {
+    const std::string* job_id = nullptr;
+    switch (request.request_case()) {
+      case v1::WorkRequest::kHeartbeat:
+        job_id = &request.heartbeat().job_id();
+        break;
+      case v1::WorkRequest::kAck:
+        job_id = &request.ack().job_id();
+        break;
+      case v1::WorkRequest::kFail:
+        job_id = &request.fail().job_id();
+        break;
+      case v1::WorkRequest::kRelease:
+        job_id = &request.release().job_id();
+        break;
+      case v1::WorkRequest::kAckBatch:
+        return AckBatchAcross(id, request.ack_batch());
+      case v1::WorkRequest::kFlow: {
+        bool across;
+        {
+          absl::MutexLock lock(&mu_);
+          across = !upstreams_.empty();
+        }
+        if (across) return FlowAcross(id, request.flow().max_in_flight());
+        break;
+      }
+      default:
+        break;
+    }
+    if (job_id != nullptr) {
+      const Destination where = DestinationOfJob(*job_id);
+      if (where.kind != Destination::Kind::kLocal) return HandleElsewhere(request, where);
+    }
+  }
   switch (request.request_case()) {
     case v1::WorkRequest::kSubscribe:
       Subscribe(id, request.subscribe());
@@ -222,7 +287,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   bool already;
   {
     absl::MutexLock lock(&mu_);
-    already = stream_id_ != 0;
+    already = stream_id_ != 0 || subscribed_;
   }
   if (already)
     return Answer(
@@ -231,6 +296,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
             "subscribe: this stream has already subscribed; open another stream for other queues"));
   absl::StatusOr<core::SubscribeSpec> spec = FromProto(subscribe);
   if (!spec.ok()) return Answer(request_id, spec.status());
+  if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe)) return;
   auto sink = std::make_shared<Sink>(self_);
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
@@ -241,6 +307,418 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   }
   Answer(request_id, absl::OkStatus());
   sink->Open();
+  if (router_.cluster_mode()) {
+    std::vector<uint32_t> partitions;
+    for (const std::string& queue : subscribe.queues())
+      partitions.push_back(router_.PartitionOfQueue(queue));
+    ListenForLeaderChanges(std::move(partitions));
+  }
+}
+
+// ---- Cluster mode ----
+
+bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe) {
+  std::vector<std::string> local;
+  std::map<std::string, std::vector<std::string>> remote;  // leader address -> its queues
+  std::vector<uint32_t> partitions;
+  for (const std::string& queue : subscribe.queues()) {
+    const uint32_t partition = router_.PartitionOfQueue(queue);
+    partitions.push_back(partition);
+    const Route route = router_.RouteOf(partition, forwarded_);
+    if (route.kind == Route::Kind::kUnavailable) {
+      Answer(request_id, absl::UnavailableError(
+                             absl::StrCat("subscribe: queue ", queue, ": ", route.why.message())));
+      return true;
+    }
+    if (route.kind == Route::Kind::kLocal) {
+      local.push_back(queue);
+    } else {
+      remote[route.address].push_back(queue);
+    }
+  }
+  if (remote.empty()) return false;
+
+  std::vector<int> shares;
+  {
+    absl::MutexLock lock(&mu_);
+    subscribed_ = true;
+    has_local_ = !local.empty();
+    batch_pushes_ = subscribe.batch_pushes();
+    for (const auto& [address, queues] : remote) upstreams_[address] = nullptr;  // for Shares
+    shares = Shares(std::max(1, subscribe.max_in_flight()));  // 0 means 1, as on one node
+  }
+  size_t share = 0;
+  std::shared_ptr<Sink> sink;
+  if (!local.empty()) {
+    v1::SubscribeRequest here = subscribe;
+    here.clear_queues();
+    for (const std::string& queue : local) here.add_queues(queue);
+    here.set_max_in_flight(shares[share++]);
+    absl::StatusOr<core::SubscribeSpec> spec = FromProto(here);
+    absl::StatusOr<uint64_t> stream = spec.status();
+    if (spec.ok()) {
+      sink = std::make_shared<Sink>(self_);
+      stream = broker_.Subscribe(*std::move(spec), sink);
+    }
+    if (!stream.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        subscribed_ = false;
+        upstreams_.clear();
+      }
+      Answer(request_id, stream.status());
+      return true;
+    }
+    absl::MutexLock lock(&mu_);
+    stream_id_ = *stream;
+  }
+  // Answered before any upstream starts, so the worker sees the answer before any push.
+  Answer(request_id, absl::OkStatus());
+  if (sink != nullptr) sink->Open();
+  for (const auto& [address, queues] : remote) {
+    v1::WorkRequest first;
+    v1::SubscribeRequest* there = first.mutable_subscribe();
+    *there = subscribe;
+    there->clear_queues();
+    for (const std::string& queue : queues) there->add_queues(queue);
+    there->set_max_in_flight(shares[share++]);
+    uint64_t relay_id;
+    {
+      absl::MutexLock lock(&mu_);
+      relay_id = next_relay_id_++;
+      relayed_[relay_id] = Relayed{.kind = Relayed::Kind::kSubscribe, .address = address};
+    }
+    first.set_request_id(relay_id);
+    std::weak_ptr<WorkStream> weak = self_;
+    auto upstream = WorkUpstream::Start(
+        forwarder_->BrokerAt(address), forwarder_->ContextFor(*ctx_), std::move(first),
+        [weak, address](v1::WorkResponse message) {
+          if (auto stream = weak.lock()) stream->OnUpstreamMessage(address, std::move(message));
+        },
+        [weak, address](const grpc::Status& status) {
+          if (auto stream = weak.lock()) stream->OnUpstreamEnd(address, status);
+        });
+    absl::MutexLock lock(&mu_);
+    auto it = upstreams_.find(address);
+    if (it != upstreams_.end()) it->second = std::move(upstream);
+  }
+  ListenForLeaderChanges(std::move(partitions));
+  // The client may have gone while the upstreams started: they end with it.
+  bool gone;
+  {
+    absl::MutexLock lock(&mu_);
+    gone = cancelled_ || finished_;
+  }
+  if (gone) {
+    for (const auto& upstream : Upstreams()) upstream->Cancel();
+  }
+  return true;
+}
+
+std::vector<int> WorkStream::Shares(int max_in_flight) const {
+  const int leaders = static_cast<int>(upstreams_.size()) + (has_local_ ? 1 : 0);
+  std::vector<int> shares(leaders, 0);
+  if (max_in_flight <= 0) return shares;  // drained everywhere
+  for (int i = 0; i < leaders; ++i)
+    shares[i] = std::max(1, max_in_flight / leaders + (i < max_in_flight % leaders ? 1 : 0));
+  return shares;
+}
+
+void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions) {
+  std::sort(partitions.begin(), partitions.end());
+  partitions.erase(std::unique(partitions.begin(), partitions.end()), partitions.end());
+  std::weak_ptr<WorkStream> weak = self_;
+  const uint64_t handle = router_.Listen([weak, partitions](const std::vector<uint32_t>& changed) {
+    for (uint32_t p : changed) {
+      if (!std::binary_search(partitions.begin(), partitions.end(), p)) continue;
+      if (auto stream = weak.lock()) {
+        stream->End(absl::UnavailableError(
+            absl::StrCat("partition ", p,
+                         " changed leader: reconnect (the leases this worker holds stay valid)")));
+      }
+      return;
+    }
+  });
+  absl::MutexLock lock(&mu_);
+  listener_ = handle;
+}
+
+WorkStream::Destination WorkStream::DestinationOfJob(const std::string& job_id) {
+  const Route route = router_.RouteOf(router_.PartitionOfJob(job_id), forwarded_);
+  Destination where;
+  switch (route.kind) {
+    case Route::Kind::kLocal:
+      return where;
+    case Route::Kind::kUnavailable:
+      where.kind = Destination::Kind::kUnavailable;
+      where.why = route.why;
+      return where;
+    case Route::Kind::kForward:
+      break;
+  }
+  where.address = route.address;
+  absl::MutexLock lock(&mu_);
+  auto it = upstreams_.find(route.address);
+  where.kind = it != upstreams_.end() && it->second != nullptr ? Destination::Kind::kUpstream
+                                                               : Destination::Kind::kUnary;
+  return where;
+}
+
+bool WorkStream::Relay(const std::string& address, v1::WorkRequest request, Relayed relayed) {
+  std::shared_ptr<WorkUpstream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = upstreams_.find(address);
+    if (it == upstreams_.end() || it->second == nullptr) return false;
+    upstream = it->second;
+    const uint64_t relay_id = next_relay_id_++;
+    relayed.address = address;
+    relayed_[relay_id] = std::move(relayed);
+    request.set_request_id(relay_id);
+  }
+  upstream->Send(std::move(request));
+  return true;
+}
+
+void WorkStream::HandleElsewhere(const v1::WorkRequest& request, const Destination& where) {
+  const uint64_t id = request.request_id();
+  if (where.kind == Destination::Kind::kUnavailable) return Answer(id, where.why);
+  if (where.kind == Destination::Kind::kUpstream) {
+    BeginOp();  // ended when the upstream answers, or ends
+    if (Relay(where.address, request,
+              Relayed{.kind = Relayed::Kind::kAnswer, .client_request_id = id})) {
+      return;
+    }
+    EndOp();
+  }
+  ForwardUnary(request, where.address);
+}
+
+void WorkStream::ForwardUnary(const v1::WorkRequest& request, const std::string& address) {
+  // One call's state, alive until its answer.
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    v1::WorkRequest request;
+    v1::HeartbeatResponse heartbeat;
+    v1::AckResponse ack;
+    v1::FailResponse fail;
+    v1::ReleaseResponse release;
+  };
+  auto call = std::make_shared<Call>();
+  call->ctx = forwarder_->ContextFor(*ctx_);
+  call->request = request;
+  const uint64_t id = request.request_id();
+  BeginOp();
+  auto answer = [this, call, id](const grpc::Status& status) {
+    v1::WorkResponse m;
+    v1::WorkResult* result = NewResult(
+        m, id,
+        absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+    if (status.ok() && call->request.has_heartbeat()) {
+      *result->mutable_lease_deadline() = call->heartbeat.lease_deadline();
+      result->set_cancel_requested(call->heartbeat.cancel_requested());
+    }
+    Send(std::move(m));
+    EndOp();
+  };
+  auto* stub = forwarder_->BrokerAt(address).async();
+  switch (request.request_case()) {
+    case v1::WorkRequest::kHeartbeat:
+      return stub->Heartbeat(call->ctx.get(), &call->request.heartbeat(), &call->heartbeat,
+                             std::move(answer));
+    case v1::WorkRequest::kAck:
+      return stub->Ack(call->ctx.get(), &call->request.ack(), &call->ack, std::move(answer));
+    case v1::WorkRequest::kFail:
+      return stub->Fail(call->ctx.get(), &call->request.fail(), &call->fail, std::move(answer));
+    case v1::WorkRequest::kRelease:
+      return stub->Release(call->ctx.get(), &call->request.release(), &call->release,
+                           std::move(answer));
+    default:
+      EndOp();
+      return Answer(id, absl::InternalError("only a job's request is forwarded"));
+  }
+}
+
+void WorkStream::AckBatchAcross(uint64_t request_id, const v1::AckBatchRequest& batch) {
+  std::vector<core::AckSpec> specs = FromProto(batch);
+  if (absl::Status s = core::ValidateAckBatch(specs); !s.ok()) return Answer(request_id, s);
+  // The items by where they go: "" for this node's broker.
+  std::map<std::string, std::vector<int>> parts;
+  std::map<std::string, bool> by_upstream;  // address -> the stream has an upstream to it
+  std::vector<int> unavailable;
+  absl::Status why;
+  for (int i = 0; i < batch.acks_size(); ++i) {
+    const Destination where = DestinationOfJob(batch.acks(i).job_id());
+    if (where.kind == Destination::Kind::kUnavailable) {
+      unavailable.push_back(i);
+      why = where.why;
+      continue;
+    }
+    const std::string key = where.kind == Destination::Kind::kLocal ? "" : where.address;
+    parts[key].push_back(i);
+    by_upstream[key] = where.kind == Destination::Kind::kUpstream;
+  }
+  if (parts.size() == 1 && parts.begin()->first.empty() && unavailable.empty()) {
+    return broker_.AckBatch(std::move(specs),
+                            AnswerWhenDone<absl::StatusOr<std::vector<absl::Status>>>(request_id));
+  }
+  auto join = std::make_shared<AckJoin>(request_id, specs.size());
+  BeginOp();  // ended by FinishJoin
+  for (auto& [address, indexes] : parts) {
+    if (address.empty()) {
+      join->Expect();
+      std::vector<core::AckSpec> here;
+      for (int i : indexes) here.push_back(specs[i]);
+      broker_.AckBatch(std::move(here), [this, join, indexes = indexes](
+                                            absl::StatusOr<std::vector<absl::Status>> r) {
+        if (r.ok() ? join->Add(indexes, *r) : join->AddAll(indexes, r.status())) FinishJoin(*join);
+      });
+      continue;
+    }
+    if (by_upstream[address]) {
+      v1::WorkRequest there;
+      for (int i : indexes) *there.mutable_ack_batch()->add_acks() = batch.acks(i);
+      join->Expect();  // before: the answer may come at once
+      if (Relay(address, std::move(there),
+                Relayed{.kind = Relayed::Kind::kBatchPart, .join = join, .indexes = indexes}))
+        continue;
+      join->Add({}, {});  // not sent after all; never the last part (the sending still holds one)
+    }
+    // No stream to that leader: each ack goes as a unary call.
+    for (int i : indexes) {
+      join->Expect();
+      auto ctx = std::shared_ptr<grpc::ClientContext>(forwarder_->ContextFor(*ctx_));
+      auto request = std::make_shared<v1::AckRequest>(batch.acks(i));
+      auto response = std::make_shared<v1::AckResponse>();
+      forwarder_->BrokerAt(address).async()->Ack(
+          ctx.get(), request.get(), response.get(),
+          [this, join, i, ctx, request, response](const grpc::Status& status) {
+            const absl::Status result(static_cast<absl::StatusCode>(status.error_code()),
+                                      status.error_message());
+            if (join->AddAll({i}, result)) FinishJoin(*join);
+          });
+    }
+  }
+  if (!unavailable.empty()) {
+    join->Expect();
+    if (join->AddAll(unavailable, why)) FinishJoin(*join);
+  }
+  if (join->Add({}, {})) FinishJoin(*join);  // the sending is done
+}
+
+void WorkStream::FinishJoin(AckJoin& join) {
+  v1::WorkResponse m;
+  std::vector<absl::Status> statuses;
+  {
+    absl::MutexLock lock(&join.mu);
+    statuses = join.statuses;
+  }
+  ToProto(statuses, NewResult(m, join.request_id, absl::OkStatus()));
+  Send(std::move(m));
+  EndOp();
+}
+
+void WorkStream::FlowAcross(uint64_t request_id, int max_in_flight) {
+  std::vector<int> shares;
+  uint64_t stream;
+  std::vector<std::string> addresses;
+  {
+    absl::MutexLock lock(&mu_);
+    shares = Shares(max_in_flight);
+    stream = stream_id_;
+    for (const auto& [address, upstream] : upstreams_) addresses.push_back(address);
+  }
+  size_t share = 0;
+  absl::Status status = absl::OkStatus();
+  if (stream != 0) status = broker_.SetFlow(stream, shares[share++]);
+  for (const std::string& address : addresses) {
+    v1::WorkRequest flow;
+    flow.mutable_flow()->set_max_in_flight(shares[share++]);
+    Relay(address, std::move(flow), Relayed{.kind = Relayed::Kind::kFlow});
+  }
+  Answer(request_id, status);
+}
+
+void WorkStream::OnUpstreamMessage(const std::string& address, v1::WorkResponse message) {
+  if (!message.has_result()) {
+    Send(std::move(message));  // a push: relayed as is
+    return;
+  }
+  Relayed relayed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = relayed_.find(message.result().request_id());
+    if (it == relayed_.end()) return;
+    relayed = std::move(it->second);
+    relayed_.erase(it);
+  }
+  const v1::WorkResult& result = message.result();
+  const absl::Status status(static_cast<absl::StatusCode>(result.code()), result.message());
+  switch (relayed.kind) {
+    case Relayed::Kind::kAnswer:
+      message.mutable_result()->set_request_id(relayed.client_request_id);
+      Send(std::move(message));
+      EndOp();
+      return;
+    case Relayed::Kind::kBatchPart: {
+      std::vector<absl::Status> part(relayed.indexes.size(), status);
+      if (status.ok()) {
+        for (const v1::ItemError& e : result.item_errors()) {
+          if (e.index() >= 0 && static_cast<size_t>(e.index()) < part.size())
+            part[e.index()] = absl::Status(static_cast<absl::StatusCode>(e.code()), e.message());
+        }
+      }
+      if (relayed.join->Add(relayed.indexes, part)) FinishJoin(*relayed.join);
+      return;
+    }
+    case Relayed::Kind::kSubscribe:
+      if (!status.ok()) {
+        End(absl::Status(status.code(),
+                         absl::StrCat("subscribe at ", address, ": ", status.message())));
+      }
+      return;
+    case Relayed::Kind::kFlow:
+      return;
+  }
+}
+
+void WorkStream::OnUpstreamEnd(const std::string& address, const grpc::Status& status) {
+  const absl::Status why = absl::UnavailableError(
+      absl::StrCat("the stream to the leader at ", address, " ended (",
+                   status.ok() ? "OK" : status.error_message(), "); reconnect"));
+  std::vector<Relayed> owed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = relayed_.begin(); it != relayed_.end();) {
+      if (it->second.address == address) {
+        owed.push_back(std::move(it->second));
+        relayed_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+    auto upstream = upstreams_.find(address);
+    if (upstream != upstreams_.end()) upstream->second = nullptr;
+  }
+  for (Relayed& relayed : owed) {
+    if (relayed.kind == Relayed::Kind::kAnswer) {
+      Answer(relayed.client_request_id, why);
+      EndOp();
+    } else if (relayed.kind == Relayed::Kind::kBatchPart) {
+      if (relayed.join->AddAll(relayed.indexes, why)) FinishJoin(*relayed.join);
+    }
+  }
+  // A worker that still talks is told to reconnect: its queues there get no more jobs here.
+  End(why);
+}
+
+std::vector<std::shared_ptr<WorkUpstream>> WorkStream::Upstreams() {
+  std::vector<std::shared_ptr<WorkUpstream>> upstreams;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [address, upstream] : upstreams_) {
+    if (upstream != nullptr) upstreams.push_back(upstream);
+  }
+  return upstreams;
 }
 
 void WorkStream::Answer(uint64_t request_id, const absl::Status& status) {
@@ -358,16 +836,21 @@ void WorkStream::OnCancel() {
     stream = stream_id_;
   }
   if (stream != 0) broker_.Unsubscribe(stream);
+  for (const auto& upstream : Upstreams()) upstream->Cancel();
   Pump();
 }
 
 void WorkStream::OnDone() {
   uint64_t stream;
+  uint64_t listener;
   {
     absl::MutexLock lock(&mu_);
     stream = stream_id_;
+    listener = listener_;
   }
   if (stream != 0) broker_.Unsubscribe(stream);
+  for (const auto& upstream : Upstreams()) upstream->Cancel();
+  if (listener != 0) router_.Unlisten(listener);
   limit_->Release();
   self_.reset();  // may delete this
 }

@@ -4,14 +4,21 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "jobbroker/v1/broker.pb.h"
 #include "node/partitions.h"
+#include "server/grpc/forwarder.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/work_stream_limit.h"
+#include "server/grpc/work_upstream.h"
+#include "server/routing/router.h"
 
 namespace jobbroker::server {
 
@@ -26,6 +33,14 @@ namespace jobbroker::server {
 // Ending: when the client half-closes or goes away the subscription ends at once (its leases
 // stay, DESIGN.md), answers still owed are sent, then the stream finishes. When the broker
 // shuts down the stream finishes with UNAVAILABLE so workers reconnect elsewhere.
+//
+// Cluster mode: the queues of partitions another node leads are subscribed there, through a
+// WorkUpstream per leader, and what it pushes is relayed; the stream's max_in_flight is shared
+// out evenly over the leaders (each gets at least 1). A heartbeat, ack, fail or release goes to
+// the leader of its job's partition (on its upstream, or as a unary call when the stream has
+// none to it); an ack batch is split by leader and its answers joined. When a subscribed
+// partition changes leader, or an upstream ends, the stream ends with UNAVAILABLE: the worker
+// reconnects and is routed afresh, and the leases it holds stay valid (they are replicated).
 //
 // Owns itself (self_) until OnDone; the broker's sink holds only a weak reference, so a push
 // racing the stream's end is dropped safely. Thread-safe: gRPC reactions, broker callbacks and
@@ -43,8 +58,10 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // authenticated token (nullptr: auth off); every subscribed queue and every job the stream
   // heartbeats, acks, fails or releases is checked against it. `auth` must outlive the stream.
   // `limit` holds the slot the caller took for it; the stream gives it back when it ends.
+  // `router`, `forwarder` (null on a single node) and `ctx` (the stream's) must outlive it too.
   static WorkStream* Start(node::Partitions& broker, const RpcAuth& auth, const TokenEntry* caller,
-                           WorkStreamLimit* limit);
+                           WorkStreamLimit* limit, Router& router, Forwarder* forwarder,
+                           grpc::CallbackServerContext* ctx);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -54,10 +71,36 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
  private:
   class Sink;
   friend class Sink;
+  struct AckJoin;
+
+  // Where a request about one job goes (cluster mode).
+  struct Destination {
+    enum class Kind { kLocal, kUpstream, kUnary, kUnavailable };
+    Kind kind = Kind::kLocal;
+    std::string address;  // kUpstream, kUnary
+    absl::Status why;     // kUnavailable
+  };
+  // A request sent on an upstream, waiting for its answer there.
+  struct Relayed {
+    enum class Kind { kAnswer, kBatchPart, kSubscribe, kFlow };
+    Kind kind = Kind::kAnswer;
+    std::string address;             // the upstream's
+    uint64_t client_request_id = 0;  // kAnswer
+    std::shared_ptr<AckJoin> join;   // kBatchPart
+    std::vector<int> indexes;        // kBatchPart: the items' places in the client's batch
+  };
 
   WorkStream(node::Partitions& broker, const RpcAuth& auth, const TokenEntry* caller,
-             WorkStreamLimit* limit)
-      : broker_(broker), auth_(auth), caller_(caller), limit_(limit) {}
+             WorkStreamLimit* limit, Router& router, Forwarder* forwarder,
+             grpc::CallbackServerContext* ctx)
+      : broker_(broker),
+        auth_(auth),
+        caller_(caller),
+        limit_(limit),
+        router_(router),
+        forwarder_(forwarder),
+        ctx_(ctx),
+        forwarded_(router.cluster_mode() && Router::IsForwarded(*ctx)) {}
 
   // Queues `message` for the client; safe from any thread.
   void Send(v1::WorkResponse message);
@@ -69,6 +112,31 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // PERMISSION_DENIED if the caller may not touch a queue or job `request` names.
   absl::Status Authorize(const v1::WorkRequest& request) const;
   void Subscribe(uint64_t request_id, const v1::SubscribeRequest& subscribe);
+
+  // --- Cluster mode -------------------------------------------------------------------------
+  // Subscribes the local queues here and the others at their leaders. False when every queue is
+  // local (the caller subscribes as on a single node).
+  bool SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe);
+  // Ends the stream when one of its partitions changes leader.
+  void ListenForLeaderChanges(std::vector<uint32_t> partitions);
+  Destination DestinationOfJob(const std::string& job_id);
+  // Sends `request` on the upstream to `address`, to be answered as `relayed` says. False if
+  // the stream has none to it (any more).
+  bool Relay(const std::string& address, v1::WorkRequest request, Relayed relayed);
+  // Sends a request about one job that is not local (Destination kUpstream, kUnary,
+  // kUnavailable) and answers it.
+  void HandleElsewhere(const v1::WorkRequest& request, const Destination& where);
+  void ForwardUnary(const v1::WorkRequest& request, const std::string& address);
+  void AckBatchAcross(uint64_t request_id, const v1::AckBatchRequest& batch);
+  // Answers a split ack batch once its last part has answered.
+  void FinishJoin(AckJoin& join);
+  void FlowAcross(uint64_t request_id, int max_in_flight);
+  void OnUpstreamMessage(const std::string& address, v1::WorkResponse message);
+  void OnUpstreamEnd(const std::string& address, const grpc::Status& status);
+  // Every upstream, to close or cancel them (called without mu_).
+  std::vector<std::shared_ptr<WorkUpstream>> Upstreams();
+  // `max_in_flight` shared out over the stream's leaders: the local one (if any) first.
+  std::vector<int> Shares(int max_in_flight) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Answer(uint64_t request_id, const absl::Status& status);
   // Begins an operation (BeginOp) and returns the callback for the broker's answer to it: the
   // callback answers request `request_id` with that result, then ends the operation.
@@ -85,7 +153,11 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   node::Partitions& broker_;
   const RpcAuth& auth_;
   const TokenEntry* const caller_;
-  WorkStreamLimit* const limit_;      // the slot this stream holds, given back in OnDone
+  WorkStreamLimit* const limit_;  // the slot this stream holds, given back in OnDone
+  Router& router_;
+  Forwarder* const forwarder_;
+  grpc::CallbackServerContext* const ctx_;
+  const bool forwarded_;  // another node relays this stream: nothing is sent on from here
   std::shared_ptr<WorkStream> self_;  // released in OnDone
   v1::WorkRequest request_;           // the read in progress
 
@@ -100,6 +172,13 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   int pending_ops_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t stream_id_ ABSL_GUARDED_BY(mu_) = 0;     // the broker's subscription; 0 = none
   bool batch_pushes_ ABSL_GUARDED_BY(mu_) = false;  // the client takes JobBatch messages
+  // Cluster mode.
+  bool subscribed_ ABSL_GUARDED_BY(mu_) = false;  // across nodes (stream_id_ may stay 0)
+  bool has_local_ ABSL_GUARDED_BY(mu_) = false;   // some queues are subscribed here
+  std::map<std::string, std::shared_ptr<WorkUpstream>> upstreams_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Relayed> relayed_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_relay_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t listener_ ABSL_GUARDED_BY(mu_) = 0;  // Router::Listen's handle; 0 = none
 };
 
 }  // namespace jobbroker::server

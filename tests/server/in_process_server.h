@@ -16,6 +16,7 @@
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/grpc/work_stream_limit.h"
+#include "server/routing/router.h"
 #include "storage/memory_store.h"
 #include "tests/testing/fake_clock.h"
 
@@ -45,8 +46,11 @@ class InProcessServer {
     options.uniform = [] { return 0.5; };  // jitter: the middle of the range
     broker_ = *node::Partitions::Open(store_, clock_, partitions, options);
     auth_ = std::make_unique<RpcAuth>(nullptr, *broker_);
-    broker_service_ = std::make_unique<BrokerService>(*broker_, *auth_, streams_, rpc_metrics_);
-    admin_service_ = std::make_unique<AdminService>(*broker_, *auth_, rpc_metrics_);
+    router_ = Router::SingleNode("local", partitions);
+    broker_service_ = std::make_unique<BrokerService>(*broker_, *auth_, streams_, rpc_metrics_,
+                                                      *router_, /*forwarder=*/nullptr);
+    admin_service_ = std::make_unique<AdminService>(*broker_, *auth_, rpc_metrics_, *router_,
+                                                    /*forwarder=*/nullptr);
     grpc::ServerBuilder builder;
     builder.RegisterService(broker_service_.get());
     builder.RegisterService(admin_service_.get());
@@ -85,6 +89,7 @@ class InProcessServer {
   RpcMetrics rpc_metrics_;
   std::unique_ptr<node::Partitions> broker_;
   std::unique_ptr<RpcAuth> auth_;
+  std::unique_ptr<Router> router_;
   std::unique_ptr<BrokerService> broker_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<grpc::Server> server_;

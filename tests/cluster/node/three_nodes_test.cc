@@ -5,6 +5,7 @@
 // acknowledges nothing.
 #include <grpcpp/grpcpp.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -78,13 +79,38 @@ class ThreeNodesTest : public ::testing::Test {
     return status;
   }
 
-  // Enqueues at whichever running node leads the queue's partition, trying until one takes it.
-  // The node that did, or -1 after kGiveUp.
+  absl::StatusOr<v1::ClusterInfo> GetClusterAt(int n) {
+    auto stub = nodes_[n]->NewAdminStub();
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::ClusterInfo info;
+    grpc::Status status = stub->GetCluster(&context, v1::GetClusterRequest(), &info);
+    if (!status.ok()) return absl::UnavailableError(status.error_message());
+    return info;
+  }
+
+  // The running node that leads the queue's partition as node `asked` sees it, or -1.
+  int LeaderOf(const std::string& queue, int asked) {
+    absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(asked);
+    if (!info.ok()) return -1;
+    const uint32_t p = core::PartitionOfQueue(queue, kPartitions);
+    if (p >= static_cast<uint32_t>(info->partitions_size())) return -1;
+    const std::string& leader = info->partitions(p).leader_node_id();
+    for (int n = 0; n < kNodes; ++n) {
+      if (nodes_[n]->running() && leader == absl::StrCat("node-", n)) return n;
+    }
+    return -1;
+  }
+
+  // Enqueues at the node that leads the queue's partition (as the running nodes see it), trying
+  // until it takes the job. The node that did, or -1 after kGiveUp.
   int EnqueueAtLeader(const std::string& queue, const std::string& payload, std::string* id) {
     const absl::Time give_up = absl::Now() + kGiveUp;
     while (absl::Now() < give_up) {
       for (int n = 0; n < kNodes; ++n) {
-        if (nodes_[n]->running() && EnqueueAt(n, queue, payload, id).ok()) return n;
+        if (!nodes_[n]->running()) continue;
+        const int leader = LeaderOf(queue, n);
+        if (leader >= 0 && EnqueueAt(leader, queue, payload, id).ok()) return leader;
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
@@ -122,21 +148,21 @@ TEST_F(ThreeNodesTest, EveryAcknowledgedJobSurvivesKillingItsPartitionsLeader) {
   EXPECT_EQ(core::PartitionOfJobId(acked[0], kPartitions),
             core::PartitionOfQueue(queue, kPartitions));
 
-  // Another node refuses the partition's writes (until routing forwards them), saying who leads
-  // it and that it is not a storage failure. Its view follows etcd within a tick or so.
+  // Any other node serves the partition's calls: it forwards them to the leader. Its view follows
+  // etcd within a tick or so, so the first tries may be refused with UNAVAILABLE.
   const int other = (leader + 1) % kNodes;
-  const std::string expected =
-      absl::StrCat("is led by node-", leader, " at ", nodes_[leader]->address());
-  grpc::Status refused;
+  grpc::Status forwarded;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   do {
-    refused = EnqueueAt(other, queue, "to a follower", &id);
-    if (refused.error_message().find(expected) != std::string::npos) break;
+    forwarded = EnqueueAt(other, queue, "through a follower", &id);
+    if (forwarded.ok()) break;
     absl::SleepFor(absl::Milliseconds(50));
   } while (absl::Now() < until);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
-  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr(expected));
-  EXPECT_THAT(refused.error_message(), ::testing::Not(::testing::HasSubstr("storage")));
+  ASSERT_TRUE(forwarded.ok()) << forwarded.error_message();
+  acked.push_back(id);
+  absl::StatusOr<v1::Job> through_other = GetJobAt(other, id);
+  ASSERT_TRUE(through_other.ok()) << through_other.status();
+  EXPECT_EQ(through_other->payload(), "through a follower");
 
   nodes_[leader]->Kill9();
   const int next = EnqueueAtLeader(queue, "after the failover", &id);
@@ -210,6 +236,196 @@ TEST_F(ThreeNodesTest, APartitionWithTwoOfItsThreeReplicasDownAcknowledgesNothin
   const int back = EnqueueAtLeader(queue, "after", &id);
   ASSERT_GE(back, 0) << "the partition did not come back with two replicas";
   EXPECT_TRUE(GetJobAt(back, before).ok());
+}
+
+// A queue name that lives in `partition`.
+std::string QueueIn(uint32_t partition, const std::string& prefix) {
+  for (int i = 0;; ++i) {
+    std::string queue = absl::StrCat(prefix, "-", i);
+    if (core::PartitionOfQueue(queue, kPartitions) == partition) return queue;
+  }
+}
+
+TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
+  const std::vector<std::string> queues = {QueueIn(0, "alpha"), QueueIn(1, "beta")};
+  std::string id;
+  std::vector<int> leaders;
+  for (const std::string& queue : queues) {
+    const int leader = EnqueueAtLeader(queue, "warm-up", &id);
+    ASSERT_GE(leader, 0) << queue << " got no leader";
+    leaders.push_back(leader);
+  }
+
+  // Every node tells the same story: the cluster, its nodes and who leads what, where.
+  for (int n = 0; n < kNodes; ++n) {
+    absl::StatusOr<v1::ClusterInfo> info;
+    const absl::Time until = absl::Now() + absl::Seconds(10);
+    do {
+      info = GetClusterAt(n);
+      if (info.ok() && info->nodes_size() == kNodes &&
+          info->partitions(0).leader_node_id() == absl::StrCat("node-", leaders[0]) &&
+          info->partitions(1).leader_node_id() == absl::StrCat("node-", leaders[1]))
+        break;
+      absl::SleepFor(absl::Milliseconds(50));
+    } while (absl::Now() < until);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->cluster_name(), "test");
+    EXPECT_EQ(info->node_id(), absl::StrCat("node-", n));
+    EXPECT_EQ(info->partition_count(), kPartitions);
+    EXPECT_EQ(info->replication_factor(), 3u);
+    EXPECT_EQ(info->min_in_sync(), 2u);
+    ASSERT_EQ(info->nodes_size(), kNodes);
+    for (int m = 0; m < kNodes; ++m) {
+      EXPECT_EQ(info->nodes(m).node_id(), absl::StrCat("node-", m));
+      EXPECT_EQ(info->nodes(m).address(), nodes_[m]->address());
+      EXPECT_TRUE(info->nodes(m).alive());
+    }
+    ASSERT_EQ(info->partitions_size(), static_cast<int>(kPartitions));
+    for (uint32_t p = 0; p < kPartitions; ++p) {
+      const v1::PartitionInfo& partition = info->partitions(p);
+      EXPECT_EQ(partition.partition(), p);
+      EXPECT_EQ(partition.leader_node_id(), absl::StrCat("node-", leaders[p]));
+      EXPECT_EQ(partition.leader_address(), nodes_[leaders[p]]->address());
+      EXPECT_GT(partition.epoch(), 0);
+      EXPECT_EQ(partition.replicas_size(), 3);
+      EXPECT_GE(partition.in_sync_size(), 2);
+    }
+  }
+
+  // Two partitions, three nodes: one node leads neither, and serves both.
+  int idle = 0;
+  while (idle == leaders[0] || idle == leaders[1]) ++idle;
+  std::vector<std::string> jobs;
+  for (const std::string& queue : queues) {
+    for (int n = 0; n < kNodes; ++n) {
+      ASSERT_TRUE(EnqueueAt(n, queue, absl::StrCat("from node ", n), &id).ok()) << queue << n;
+      jobs.push_back(id);
+    }
+  }
+  auto admin = nodes_[idle]->NewAdminStub();
+  for (size_t q = 0; q < queues.size(); ++q) {
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::GetQueueRequest request;
+    request.set_queue(queues[q]);
+    v1::QueueInfo info;
+    ASSERT_TRUE(admin->GetQueue(&context, request, &info).ok());
+    EXPECT_EQ(info.partition(), q);
+    EXPECT_EQ(info.leader_node_id(), absl::StrCat("node-", leaders[q]));
+    EXPECT_EQ(info.counts().at("JOB_STATE_READY"), 1 + kNodes) << queues[q];
+  }
+  {
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::ListQueuesResponse listed;
+    ASSERT_TRUE(admin->ListQueues(&context, v1::ListQueuesRequest(), &listed).ok());
+    std::vector<std::string> names;
+    for (const v1::QueueInfo& q : listed.queues()) names.push_back(q.name());
+    EXPECT_THAT(names, ::testing::ElementsAreArray(queues)) << "every leader's queues, by name";
+  }
+  {
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::PauseQueueRequest request;
+    request.set_queue(queues[1]);
+    v1::QueueInfo paused;
+    ASSERT_TRUE(admin->PauseQueue(&context, request, &paused).ok());
+    EXPECT_TRUE(paused.policy().paused());
+    grpc::ClientContext again;
+    WithDeadline(again);
+    v1::ResumeQueueRequest resume;
+    resume.set_queue(queues[1]);
+    ASSERT_TRUE(admin->ResumeQueue(&again, resume, &paused).ok());
+    EXPECT_FALSE(paused.policy().paused());
+  }
+  {
+    // Cancelled through the idle node: the leader's answer comes back whole.
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::CancelJobRequest request;
+    request.set_job_id(jobs.back());
+    v1::Job cancelled;
+    ASSERT_TRUE(admin->CancelJob(&context, request, &cancelled).ok());
+    EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+    jobs.pop_back();
+  }
+
+  // A forwarded call is never forwarded again: it is refused, naming the partition.
+  {
+    auto broker = nodes_[idle]->NewBrokerStub();
+    grpc::ClientContext context;
+    WithDeadline(context);
+    context.AddMetadata("jobbroker-forwarded-by", "node-x");
+    v1::EnqueueRequest request;
+    request.set_queue(queues[0]);
+    request.set_payload("bounced");
+    v1::EnqueueResponse response;
+    grpc::Status status = broker->Enqueue(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("partition 0 is led by"));
+  }
+
+  // A Work stream at the idle node gets the jobs of both partitions and acks them there: one
+  // alone, the rest in one batch spanning both partitions.
+  auto broker = nodes_[idle]->NewBrokerStub();
+  grpc::ClientContext work_context;
+  work_context.set_deadline(absl::ToChronoTime(absl::Now() + kGiveUp));
+  auto stream = broker->Work(&work_context);
+  v1::WorkRequest subscribe;
+  subscribe.set_request_id(1);
+  for (const std::string& queue : queues) subscribe.mutable_subscribe()->add_queues(queue);
+  subscribe.mutable_subscribe()->set_worker_id("w-idle");
+  subscribe.mutable_subscribe()->set_max_in_flight(100);
+  ASSERT_TRUE(stream->Write(subscribe));
+  std::map<std::string, std::string> leases;  // job id -> lease id
+  bool subscribed = false;
+  const size_t expected = jobs.size() + queues.size();  // and the warm-ups
+  v1::WorkResponse message;
+  while (leases.size() < expected && stream->Read(&message)) {
+    if (message.has_result()) {
+      EXPECT_EQ(message.result().request_id(), 1u);
+      ASSERT_EQ(message.result().code(), 0) << message.result().message();
+      subscribed = true;
+    } else if (message.has_job()) {
+      EXPECT_TRUE(subscribed) << "a push before the subscribe's answer";
+      leases[message.job().job_id()] = message.job().lease_id();
+    }
+  }
+  ASSERT_EQ(leases.size(), expected);
+  for (const std::string& job : jobs) EXPECT_EQ(leases.count(job), 1u) << job << " not pushed";
+  v1::WorkRequest one;
+  one.set_request_id(2);
+  one.mutable_ack()->set_job_id(leases.begin()->first);
+  one.mutable_ack()->set_lease_id(leases.begin()->second);
+  ASSERT_TRUE(stream->Write(one));
+  v1::WorkRequest batch;
+  batch.set_request_id(3);
+  for (auto it = std::next(leases.begin()); it != leases.end(); ++it) {
+    v1::AckRequest* ack = batch.mutable_ack_batch()->add_acks();
+    ack->set_job_id(it->first);
+    ack->set_lease_id(it->second);
+  }
+  ASSERT_TRUE(stream->Write(batch));
+  int answered = 0;
+  while (answered < 2 && stream->Read(&message)) {
+    if (!message.has_result()) continue;
+    ++answered;
+    EXPECT_EQ(message.result().code(), 0) << message.result().message();
+    EXPECT_EQ(message.result().item_errors_size(), 0) << message.result().item_errors(0).message();
+  }
+  ASSERT_EQ(answered, 2);
+  for (const auto& [job, lease] : leases) {
+    absl::StatusOr<v1::Job> done = GetJobAt(idle, job);
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->state(), v1::JOB_STATE_COMPLETED) << job;
+  }
+
+  // Its partition's leader dies: the stream ends with UNAVAILABLE, so the worker reconnects.
+  nodes_[leaders[0]]->Kill9();
+  while (stream->Read(&message)) {
+  }
+  grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
 }
 
 }  // namespace

@@ -1,0 +1,95 @@
+#include "server/grpc/forwarder.h"
+
+#include <utility>
+
+namespace jobbroker::server {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;  // as the server's own limit (main.cc)
+
+// One forwarded unary call: answers the caller with whatever the leader answered.
+class ForwardedUnary final : public grpc::ServerUnaryReactor {
+ public:
+  ForwardedUnary(std::unique_ptr<grpc::ClientContext> client, RpcTiming timing)
+      : client_(std::move(client)), timing_(timing) {}
+
+  grpc::ClientContext* client() { return client_.get(); }
+  void Answer(const grpc::Status& status) {
+    timing_.Record(status);
+    Finish(status);
+  }
+  // The context propagates the caller's cancellation; this only makes it prompt.
+  void OnCancel() override { client_->TryCancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> client_;
+  const RpcTiming timing_;
+};
+
+}  // namespace
+
+Forwarder::Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : node_id_(std::move(node_id)),
+      credentials_(credentials != nullptr ? std::move(credentials)
+                                          : grpc::InsecureChannelCredentials()) {}
+
+Forwarder::Peer& Forwarder::PeerAt(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  std::unique_ptr<Peer>& peer = peers_[address];
+  if (peer == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    // A restarted node is found again within a second, not after gRPC's default of up to 120 s.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    peer = std::make_unique<Peer>();
+    peer->channel = grpc::CreateCustomChannel(address, credentials_, args);
+    peer->broker = v1::Broker::NewStub(peer->channel);
+    peer->admin = v1::Admin::NewStub(peer->channel);
+  }
+  return *peer;
+}
+
+v1::Broker::Stub& Forwarder::BrokerAt(const std::string& address) {
+  return *PeerAt(address).broker;
+}
+
+v1::Admin::Stub& Forwarder::AdminAt(const std::string& address) { return *PeerAt(address).admin; }
+
+std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
+    const grpc::CallbackServerContext& server) const {
+  std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromCallbackServerContext(server);
+  for (const auto& [key, value] : server.client_metadata()) {
+    if (key == "authorization")
+      ctx->AddMetadata(std::string(key.data(), key.size()),
+                       std::string(value.data(), value.size()));
+  }
+  ctx->AddMetadata(Router::kForwardedHeader, node_id_);
+  return ctx;
+}
+
+template <typename Stub>
+grpc::ServerUnaryReactor* Forwarder::Forward(grpc::CallbackServerContext* ctx, RpcTiming timing,
+                                             Stub& stub, const StartCall<Stub>& start) {
+  auto* call = new ForwardedUnary(ContextFor(*ctx), timing);
+  start(stub, call->client(), [call](grpc::Status status) { call->Answer(status); });
+  return call;
+}
+
+grpc::ServerUnaryReactor* Forwarder::ForwardBroker(grpc::CallbackServerContext* ctx,
+                                                   const Route& route, RpcTiming timing,
+                                                   StartCall<v1::Broker::Stub> start) {
+  if (route.kind != Route::Kind::kForward) return UnaryCall(ctx, timing).Finish(route.why);
+  return Forward(ctx, timing, BrokerAt(route.address), start);
+}
+
+grpc::ServerUnaryReactor* Forwarder::ForwardAdmin(grpc::CallbackServerContext* ctx,
+                                                  const Route& route, RpcTiming timing,
+                                                  StartCall<v1::Admin::Stub> start) {
+  if (route.kind != Route::Kind::kForward) return UnaryCall(ctx, timing).Finish(route.why);
+  return Forward(ctx, timing, AdminAt(route.address), start);
+}
+
+}  // namespace jobbroker::server

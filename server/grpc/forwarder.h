@@ -1,0 +1,68 @@
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
+#include "server/grpc/rpc_metrics.h"
+#include "server/routing/router.h"
+
+namespace jobbroker::server {
+
+// Sends calls for partitions this node does not lead to the node that does (Router), over one
+// channel per node address, and relays the answer as is: the client cannot tell a forwarded call
+// from a direct one except by its latency. The forwarded call keeps the caller's deadline,
+// cancellation and `authorization` metadata (the leader checks the token again: it knows the
+// job's queue), and carries Router::kForwardedHeader so it is not forwarded on.
+//
+// Thread-safe.
+class Forwarder {
+ public:
+  // `node_id` goes in kForwardedHeader. `credentials` dial the other nodes (null: plaintext).
+  Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials);
+
+  v1::Broker::Stub& BrokerAt(const std::string& address);
+  v1::Admin::Stub& AdminAt(const std::string& address);
+
+  // A client context for a call forwarded on behalf of `server`'s caller.
+  std::unique_ptr<grpc::ClientContext> ContextFor(const grpc::CallbackServerContext& server) const;
+
+  // Answers a unary call that does not go to this node's broker: UNAVAILABLE for a route
+  // nowhere, else `start(stub, client_context, done)` sends it (e.g. stub.async()->Enqueue(ctx,
+  // req, resp, done)) into the server's own response, which gRPC then sends. `route` must not be
+  // kLocal.
+  template <typename Stub>
+  using StartCall =
+      std::function<void(Stub& stub, grpc::ClientContext* ctx, std::function<void(grpc::Status)>)>;
+  grpc::ServerUnaryReactor* ForwardBroker(grpc::CallbackServerContext* ctx, const Route& route,
+                                          RpcTiming timing, StartCall<v1::Broker::Stub> start);
+  grpc::ServerUnaryReactor* ForwardAdmin(grpc::CallbackServerContext* ctx, const Route& route,
+                                         RpcTiming timing, StartCall<v1::Admin::Stub> start);
+
+ private:
+  struct Peer {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Broker::Stub> broker;
+    std::unique_ptr<v1::Admin::Stub> admin;
+  };
+  Peer& PeerAt(const std::string& address);
+  template <typename Stub>
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* ctx, RpcTiming timing, Stub& stub,
+                                    const StartCall<Stub>& start);
+
+  const std::string node_id_;
+  const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  absl::Mutex mu_;
+  // Peers are never removed: a node's address set is small, and a stub must outlive its calls.
+  absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace jobbroker::server
