@@ -51,6 +51,9 @@ constexpr int kMaxMessageBytes = 64 << 20;  // room for a batch of large payload
 constexpr int kMaxConcurrentStreamsPerConnection = 1000;
 // Replies are already computed when the drain starts; this bounds only their delivery.
 constexpr absl::Duration kDrainTimeout = absl::Seconds(1);
+// Cluster mode: how long SIGTERM waits for the node's partitions to move to other nodes before it
+// stops anyway (Kubernetes' default grace period is 30 s; a hand-over takes a tick or two).
+constexpr absl::Duration kHandOverTimeout = absl::Seconds(5);
 
 // A start that fails prints one plain line, for the person at the terminal (and the tests);
 // everything after the start is structured (server/observability/log.h).
@@ -260,6 +263,15 @@ int Run(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   Log::Write(LogLevel::kInfo, "shutting_down", {{"signal", absl::StrCat(sig)}});
+  if (cluster != nullptr) {
+    // Leadership first, while this node still serves (forwarding to the new leaders) and still
+    // acknowledges as a follower: the partitions it led move in a tick instead of a lease TTL.
+    const absl::Time started = absl::Now();
+    absl::Status handed = cluster->HandOver(kHandOverTimeout);
+    Log::Write(handed.ok() ? LogLevel::kInfo : LogLevel::kWarn, "handed_over",
+               {{"took_ms", absl::StrCat(absl::ToInt64Milliseconds(absl::Now() - started))},
+                {"reason", std::string(handed.message())}});
+  }
 
   // Stop leasing and answer long polls, let in-flight RPCs finish, flush, exit 0.
   (*http)->SetServing(false);

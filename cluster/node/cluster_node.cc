@@ -138,7 +138,7 @@ absl::Status ClusterNode::Register() {
   NodeInfo info;
   {
     absl::MutexLock lock(&mu_);
-    info = {advertise_address_};
+    info = {advertise_address_, leaving_};
   }
   absl::StatusOr<int64_t> put =
       etcd_.Put(NodeKey(options_.cluster_name, options_.node_id), EncodeNode(info), *lease);
@@ -172,6 +172,59 @@ absl::Status ClusterNode::Attach(node::Partitions* partitions, std::string adver
   return absl::OkStatus();
 }
 
+absl::Status ClusterNode::HandOver(absl::Duration timeout) {
+  NodeInfo info;
+  LeaseId lease = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || partitions_ == nullptr) return absl::FailedPreconditionError("not attached");
+    leaving_ = true;
+    handed_over_ = false;
+    info = {advertise_address_, true};
+    if (keeper_ != nullptr && keeper_->lost().ok()) lease = keeper_->lease();
+  }
+  // The other nodes learn it from this key; this node's replicas from the driver's next step.
+  if (lease != 0) {
+    absl::StatusOr<int64_t> put =
+        etcd_.Put(NodeKey(options_.cluster_name, options_.node_id), EncodeNode(info), lease);
+    if (!put.ok()) return put.status();
+  }
+  absl::MutexLock lock(&mu_);
+  if (mu_.AwaitWithTimeout(absl::Condition(&handed_over_), timeout)) return absl::OkStatus();
+  return absl::DeadlineExceededError(absl::StrCat(options_.node_id, " did not hand over within ",
+                                                  absl::FormatDuration(timeout), ": ",
+                                                  still_held_));
+}
+
+std::string ClusterNode::StillHeld(const std::vector<PartitionView>& views) const {
+  for (uint32_t p = 0; p < views.size(); ++p) {
+    const PartitionView& view = views[p];
+    if (std::find(view.replicas.begin(), view.replicas.end(), options_.node_id) ==
+        view.replicas.end())
+      continue;
+    if (last_[p].role == Replica::Role::kLeader)
+      return absl::StrCat("partition ", p, ": it still leads it");
+    std::optional<LeaderValue> leader;
+    if (view.leader) {
+      if (auto decoded = DecodeLeader(view.leader->value); decoded.ok()) leader = *decoded;
+    }
+    if (leader && leader->node == options_.node_id)
+      return absl::StrCat("partition ", p, ": its leader key is still this node's");
+    std::vector<std::string> in_sync;
+    if (view.sync) {
+      if (auto sync = DecodeSync(view.sync->value); sync.ok()) in_sync = sync->members;
+    }
+    const bool member =
+        std::find(in_sync.begin(), in_sync.end(), options_.node_id) != in_sync.end();
+    // Another member can take over: wait until one has.
+    if (!leader && in_sync.size() > (member ? 1u : 0u))
+      return absl::StrCat("partition ", p, ": no other node leads it yet");
+    // A set at min_in_sync keeps this node: writes will wait for it to come back.
+    if (member && in_sync.size() > config_.min_in_sync)
+      return absl::StrCat("partition ", p, ": it is still in the in-sync set");
+  }
+  return "";
+}
 
 void ClusterNode::Stop() {
   std::unique_ptr<LeaseKeeper> keeper;
@@ -214,12 +267,14 @@ void ClusterNode::Step() {
   // If etcd is out of reach, the replicas are ticked below without a lease, so none leads.
   if (lost) Register().IgnoreError();
   NodeLease lease;
+  bool leaving = false;
   {
     absl::MutexLock lock(&mu_);
     if (keeper_ != nullptr && keeper_->lost().ok()) {
       lease.id = keeper_->lease();
       lease.may_serve = keeper_->MayServe();
     }
+    lease.leaving = leaving = leaving_;
   }
 
   // One linearizable read of the whole cluster, after every replica's last Tick returned: each
@@ -228,6 +283,7 @@ void ClusterNode::Step() {
   std::vector<PartitionView> views(count);
   std::map<std::string, std::string> nodes;  // id -> grpc address
   std::vector<bool> placed(count, false);
+  std::vector<std::string> leaving_nodes;
   absl::StatusOr<GetResult> read = etcd_.GetPrefix(options_.cluster_name + "/");
   if (read.ok()) {
     const std::string partitions_prefix = PartitionsPrefix(options_.cluster_name);
@@ -240,7 +296,10 @@ void ClusterNode::Step() {
       const std::string& key = kv.key;
       if (key.starts_with(nodes_prefix)) {
         auto info = DecodeNode(kv.value);
-        if (info.ok()) nodes[key.substr(nodes_prefix.size())] = info->grpc;
+        if (!info.ok()) continue;
+        const std::string id = key.substr(nodes_prefix.size());
+        nodes[id] = info->grpc;
+        if (info->leaving) leaving_nodes.push_back(id);
         continue;
       }
       if (!key.starts_with(partitions_prefix)) continue;
@@ -266,6 +325,14 @@ void ClusterNode::Step() {
       if (added || it->second != address) {
         it->second = address;
         transport_->SetPeer(id, address);
+      }
+    }
+    // Not to be waited for: nodes handing over, and replicas with no live registration (stopped,
+    // or dead for longer than the TTL).
+    for (auto& view : views) {
+      view.leaving = leaving_nodes;
+      for (const std::string& replica : view.replicas) {
+        if (nodes.count(replica) == 0) view.leaving.push_back(replica);
       }
     }
     if (std::find(placed.begin(), placed.end(), false) != placed.end()) {
@@ -302,6 +369,12 @@ void ClusterNode::Step() {
   if (options_.on_snapshot) {
     Snapshot(read.ok(), views, nodes);
     options_.on_snapshot(snapshot_);
+  }
+  if (leaving && read.ok()) {
+    std::string held = StillHeld(views);
+    absl::MutexLock lock(&mu_);
+    handed_over_ = held.empty();
+    still_held_ = std::move(held);
   }
 }
 

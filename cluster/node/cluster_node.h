@@ -108,6 +108,14 @@ class ClusterNode {
   // node on it and starts the driver over `partitions` (opened over stores(); borrowed: Stop()
   // before it is destroyed). etcd's error if it cannot be reached.
   absl::Status Attach(node::Partitions* partitions, std::string advertise_address);
+  // A graceful stop's first half (SIGTERM): marks the node leaving in etcd, so it resigns every
+  // partition it leads (another in-sync member takes each over at once, while this node still
+  // acknowledges as a follower) and the leaders drop it from their in-sync sets (no write then
+  // waits for it after it stops). Returns once that is so for every partition it holds, or after
+  // `timeout` (kDeadlineExceeded naming what is still waiting; a partition whose other replicas
+  // are down cannot be handed over). The node keeps serving calls meanwhile, forwarding them
+  // to the new leaders. Stop() follows.
+  absl::Status HandOver(absl::Duration timeout);
   // Stops the driver and every replica, and revokes the node's lease (its leader keys go at
   // once, so other nodes take over without waiting for the TTL).
   void Stop();
@@ -130,6 +138,8 @@ class ClusterNode {
   absl::Status NotLeadingCause(uint32_t p, const PartitionView& view,
                                const std::map<std::string, std::string>& nodes,
                                const ReplicatedPartition::State& state) const;
+  // While leaving: what still keeps this node from stopping without stalling a partition, or "".
+  std::string StillHeld(const std::vector<PartitionView>& views) const;
   // Fills snapshot_ from the step's read (`known`: it succeeded) and the replicas' states.
   void Snapshot(bool known, const std::vector<PartitionView>& views,
                 const std::map<std::string, std::string>& nodes);
@@ -149,6 +159,10 @@ class ClusterNode {
   node::Partitions* partitions_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string advertise_address_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;  // HandOver was called
+  // What the last step found still held here while leaving_: empty once handed over.
+  std::string still_held_ ABSL_GUARDED_BY(mu_) = "not read yet";
+  bool handed_over_ ABSL_GUARDED_BY(mu_) = false;
   std::thread driver_;
 
   // The driver's own (only it reads or writes them).

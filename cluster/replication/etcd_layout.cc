@@ -55,6 +55,7 @@ std::string EncodeConfig(const ClusterConfig& config) {
 std::string EncodeNode(const NodeInfo& node) {
   state::NodeInfo message;
   message.set_grpc(node.grpc);
+  message.set_leaving(node.leaving);
   return ToJson(message);
 }
 
@@ -67,7 +68,7 @@ absl::StatusOr<ClusterConfig> DecodeConfig(const std::string& json) {
 absl::StatusOr<NodeInfo> DecodeNode(const std::string& json) {
   state::NodeInfo message;
   if (auto status = FromJson(json, "node", &message); !status.ok()) return status;
-  return NodeInfo{message.grpc()};
+  return NodeInfo{message.grpc(), message.leaving()};
 }
 
 std::string EncodeLeader(const LeaderValue& value) {

@@ -39,7 +39,8 @@ struct ClusterConfig {
   bool operator==(const ClusterConfig&) const = default;
 };
 struct NodeInfo {
-  std::string grpc;  // host:port
+  std::string grpc;      // host:port
+  bool leaving = false;  // handing over before it stops (NodeLease::leaving)
 };
 
 std::string EncodeConfig(const ClusterConfig& config);

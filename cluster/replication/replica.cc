@@ -57,7 +57,7 @@ void Replica::TickFollower(absl::Time now, const PartitionView& view, const Node
 }
 
 void Replica::RunElection(absl::Time now, const PartitionView& view, const NodeLease& lease) {
-  if (!lease.may_serve || lease.id == 0 || !view.sync) return;
+  if (!lease.may_serve || lease.id == 0 || lease.leaving || !view.sync) return;
   auto sync = DecodeSync(view.sync->value);
   if (!sync.ok() || !Contains(sync->members, options_.node_id)) return;  // I2: not eligible
   // I4: every epoch that exists is at most the read's revision, and ours will be above it. Raise
@@ -115,7 +115,12 @@ void Replica::TickLeader(absl::Time now, const PartitionView& view, const NodeLe
     StepDown("its node lease may not serve");
     return;
   }
+  if (lease.leaving) {
+    Resign();
+    return;
+  }
   if (view.known) {
+    leader_->leaving = view.leaving;
     if (!view.leader || view.leader->create_revision != leader_->epoch) {
       StepDown("its leader key is gone");
       return;
@@ -162,7 +167,7 @@ bool Replica::Lagging(absl::Time now, const std::string& node, uint64_t log_end)
 void Replica::UpdateInSyncSet(absl::Time now) {
   const uint64_t end = storage_.log_end();
   for (const auto& node : RequiredFollowers()) {
-    if (!Lagging(now, node, end)) continue;
+    if (!Lagging(now, node, end) && !Contains(leader_->leaving, node)) continue;
     if (!Contains(leader_->in_sync, node)) {
       leader_->joining.erase(node);  // never in etcd's set: nothing to undo there
       continue;
@@ -196,6 +201,7 @@ void Replica::UpdateInSyncSet(absl::Time now) {
   const uint64_t needed = std::max(commit_seq_, leader_->start_seq);
   for (const auto& [node, follower] : leader_->followers) {
     if (Contains(leader_->in_sync, node) || follower.match < needed) continue;
+    if (Contains(leader_->leaving, node)) continue;
     if (now - follower.caught_up_at > options_.lag_timeout) continue;
     leader_->joining.insert(node);
     std::vector<std::string> members = leader_->in_sync;
@@ -231,6 +237,15 @@ void Replica::StepDown(const std::string& why) {
       leader_->epoch, " (", why, "); the outcome of this write is unknown"));
   for (const auto& position : leader_->pending) outcomes_.push_back({position, status});
   leader_.reset();
+}
+
+void Replica::Resign() {
+  const int64_t epoch = leader_->epoch;
+  // Stops first, so nothing is acknowledged in this epoch once another replica may lead.
+  StepDown("its node is handing over before it stops");
+  // Unknown outcome: the key then goes with the node's lease when it stops.
+  (void)etcd_.Txn({Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, epoch)},
+                  {TxnOp::Delete(keys_.leader)}, {});
 }
 
 void Replica::Break(absl::Status status) {

@@ -60,12 +60,21 @@ struct PartitionView {
   std::optional<KeyValue> leader;
   std::optional<KeyValue> sync;
   std::vector<std::string> replicas;
+  // Nodes not to wait for: handing over before they stop (a SIGTERM), or no longer registered
+  // (stopped; dead past the TTL). A leader drops them from its in-sync set at once, as if they
+  // lagged, rather than after lag_timeout of stalled writes, and adds none of them back (a node
+  // that was caught up when it stopped would otherwise look caught up until the next write).
+  std::vector<std::string> leaving;
 };
 
 // The node's etcd lease (LeaseKeeper): leader keys are put on it.
 struct NodeLease {
   LeaseId id = 0;
   bool may_serve = false;  // LeaseKeeper::MayServe()
+  // This node is handing over before it stops: it resigns what it leads (its leader key goes,
+  // so another in-sync member takes over at once) and stands in no election; as a follower it
+  // still acknowledges, so the next leader's epoch can start with it in the set.
+  bool leaving = false;
 };
 
 // How a proposal ended: OK once committed; kUnavailable when the replica stopped leading first
@@ -157,7 +166,8 @@ class Replica {
     std::set<std::string> joining;     // required, but not (yet) in etcd's set
     std::set<std::string> dropped;     // kShrinkWithoutEtcd only
     std::map<std::string, Follower> followers;
-    std::deque<LogPosition> pending;  // proposals not answered yet, in order
+    std::deque<LogPosition> pending;   // proposals not answered yet, in order
+    std::vector<std::string> leaving;  // PartitionView::leaving, as last read
   };
   struct Staging {
     LogPosition at;
@@ -170,6 +180,8 @@ class Replica {
   void BecomeLeader(absl::Time now, int64_t epoch, LogPosition start,
                     std::vector<std::string> in_sync, const std::vector<std::string>& replicas);
   void StepDown(const std::string& why);
+  // Steps down and deletes its leader key (guarded by its epoch): a graceful hand-over.
+  void Resign();
   void Break(absl::Status status);
   // Raises the floor to `epoch` if it is higher. False if the storage failed.
   bool RaiseFloor(int64_t epoch);

@@ -121,6 +121,10 @@ absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string
   return attached;
 }
 
+absl::Status ClusterMode::HandOver(absl::Duration timeout) {
+  return parts_->node->HandOver(timeout);
+}
+
 void ClusterMode::Stop() {
   if (parts_ != nullptr && parts_->node != nullptr) parts_->node->Stop();
   if (parts_ != nullptr) parts_->router.store(nullptr);

@@ -43,6 +43,9 @@ class ClusterMode {
   // `router` (borrowed until Stop).
   absl::Status Attach(node::Partitions& partitions, const std::string& grpc_address,
                       Router& router);
+  // SIGTERM's first step: hands every partition this node leads to another in-sync replica and
+  // leaves the in-sync sets, within `timeout` (cluster/node/cluster_node.h, HandOver).
+  absl::Status HandOver(absl::Duration timeout);
   // Stops replicating and gives up the node's lease (its partitions fail over at once).
   void Stop();
 

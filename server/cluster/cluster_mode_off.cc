@@ -21,6 +21,9 @@ grpc::Service* ClusterMode::peer_service() { return nullptr; }
 absl::Status ClusterMode::Attach(node::Partitions&, const std::string&, Router&) {
   return absl::FailedPreconditionError("built without cluster mode");
 }
+absl::Status ClusterMode::HandOver(absl::Duration) {
+  return absl::FailedPreconditionError("built without cluster mode");
+}
 void ClusterMode::Stop() {}
 
 }  // namespace jobbroker::server

@@ -428,5 +428,53 @@ TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
 }
 
+TEST_F(ThreeNodesTest, SigtermHandsLeadershipOverBeforeTheNodeExits) {
+  const std::vector<std::string> queues = {QueueIn(0, "gamma"), QueueIn(1, "delta")};
+  std::string id;
+  std::vector<std::string> acked;
+  int leader = -1;
+  for (const std::string& queue : queues) {
+    leader = EnqueueAtLeader(queue, "before", &id);
+    ASSERT_GE(leader, 0) << queue << " got no leader";
+    acked.push_back(id);
+  }
+  // The leader of the second queue's partition stops as an upgrade stops it.
+  absl::StatusOr<int> exit_code = nodes_[leader]->Terminate();
+  ASSERT_TRUE(exit_code.ok()) << exit_code.status();
+  EXPECT_EQ(*exit_code, 0) << nodes_[leader]->ReadStderr();
+  const std::string log = nodes_[leader]->ReadStderr();
+  EXPECT_THAT(log, ::testing::HasSubstr("\"event\":\"handed_over\""));
+  EXPECT_THAT(log, ::testing::Not(::testing::HasSubstr("did not hand over"))) << log;
+
+  // Before it exited, every partition it held had another leader and an in-sync set without it:
+  // the first view that no longer lists the node (its lease went last) shows both.
+  const int survivor = (leader + 1) % kNodes;
+  const std::string gone = absl::StrCat("node-", leader);
+  absl::StatusOr<v1::ClusterInfo> info;
+  const absl::Time until = absl::Now() + kGiveUp;
+  bool listed = true;
+  while (listed && absl::Now() < until) {
+    info = GetClusterAt(survivor);
+    ASSERT_TRUE(info.ok()) << info.status();
+    listed = false;
+    for (const v1::NodeInfo& node : info->nodes()) listed = listed || node.node_id() == gone;
+    if (listed) absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_FALSE(listed) << gone << " is still registered";
+  for (const v1::PartitionInfo& partition : info->partitions()) {
+    EXPECT_NE(partition.leader_node_id(), gone) << "partition " << partition.partition();
+    EXPECT_FALSE(partition.leader_node_id().empty()) << "partition " << partition.partition();
+    EXPECT_THAT(partition.in_sync(), ::testing::Not(::testing::Contains(gone)))
+        << "partition " << partition.partition();
+  }
+  // Both partitions take writes from the two nodes left, and kept what was acknowledged.
+  for (const std::string& queue : queues) {
+    const int next = EnqueueAtLeader(queue, "after", &id);
+    ASSERT_GE(next, 0) << queue;
+    EXPECT_NE(next, leader);
+  }
+  for (const std::string& job : acked) EXPECT_TRUE(GetJobAt(survivor, job).ok()) << job;
+}
+
 }  // namespace
 }  // namespace jobbroker::testing

@@ -96,6 +96,9 @@ class LossyEtcd final : public cluster::Etcd {
 struct Node {
   std::string id;
   bool up = true;
+  // Handing over before a graceful stop (NodeLease::leaving); the stop follows.
+  bool leaving = false;
+  absl::Time crashed_at = absl::InfinitePast();
   absl::Time paused_until = absl::InfinitePast();
   absl::Time cut_from_peers_until = absl::InfinitePast();
   absl::Time cut_from_etcd_until = absl::InfinitePast();
@@ -111,7 +114,7 @@ struct Node {
 };
 
 struct Event {
-  enum class Kind { kDeliver, kTick, kClient, kFault, kRestart, kHealEtcd };
+  enum class Kind { kDeliver, kTick, kClient, kFault, kRestart, kHealEtcd, kStop };
   Event(Kind kind_in, int node_in = 0, ReplicationMessage message_in = {})
       : kind(kind_in), node(node_in), message(std::move(message_in)) {}
   Kind kind = Kind::kTick;
@@ -271,6 +274,8 @@ void Simulation::StartNode(int n) {
 void Simulation::CrashNode(int n) {
   Node& node = nodes_[n];
   node.up = false;
+  node.leaving = false;
+  node.crashed_at = now();
   node.keeper.reset();
   node.replicas.clear();
   Trace(absl::StrCat(node.id, " crashes"));
@@ -287,6 +292,12 @@ cluster::PartitionView Simulation::ReadView(Node& node, uint32_t p) {
   if (!leader->kvs.empty()) view.leader = leader->kvs.front();
   if (!sync->kvs.empty()) view.sync = sync->kvs.front();
   view.replicas = ReplicasOf(p);
+  // What a real node reads from the node keys: who is handing over, and who has no lease any
+  // more (down for longer than the TTL).
+  for (const Node& other : nodes_) {
+    if (other.leaving || (!other.up && now() - other.crashed_at >= kLeaseTtl))
+      view.leaving.push_back(other.id);
+  }
   return view;
 }
 
@@ -314,6 +325,7 @@ void Simulation::TickNode(int n) {
     lease.id = node.keeper->lease();
     lease.may_serve = node.keeper->MayServe();
   }
+  lease.leaving = node.leaving;
   for (int p = 0; p < options_.partitions; ++p) {
     // A follower may act on a view that is behind etcd (a real node's watch lags): the
     // transactions' guards, not the view, must keep it safe. A leader's view is always fresh:
@@ -455,7 +467,7 @@ void Simulation::InjectFault() {
   ++report_.faults;
   int n = static_cast<int>(random_.Below(options_.nodes));
   Node& node = nodes_[n];
-  switch (random_.Below(6)) {
+  switch (random_.Below(7)) {
     case 0:
       if (!node.up) break;
       CrashNode(n);
@@ -485,6 +497,13 @@ void Simulation::InjectFault() {
       drop_chance_ = drop_chance_ > 0.1 ? 0.01 : 0.3;
       Trace(absl::StrCat("links drop ", drop_chance_));
       break;
+    case 5:
+      // A graceful stop (SIGTERM): the node hands over for a while, then stops.
+      if (!node.up || node.leaving) break;
+      node.leaving = true;
+      Trace(absl::StrCat(node.id, " hands over"));
+      Schedule(random_.Between(absl::Milliseconds(50), absl::Seconds(1)), {Event::Kind::kStop, n});
+      break;
     default: {
       // Kill the leader of a partition: the nemesis that matters most.
       uint32_t p = static_cast<uint32_t>(random_.Below(options_.partitions));
@@ -504,6 +523,7 @@ void Simulation::Heal() {
   drop_chance_ = 0;
   for (int n = 0; n < options_.nodes; ++n) {
     Node& node = nodes_[n];
+    node.leaving = false;  // a stop under way is called off
     node.cut_from_peers_until = absl::InfinitePast();
     if (now() < node.paused_until) {  // SIGCONT
       node.paused_until = now();
@@ -736,6 +756,13 @@ SimReport Simulation::Run() {
         break;
       case Event::Kind::kHealEtcd:
         if (now() >= nodes_[event.node].cut_from_etcd_until) etcd_.Heal(nodes_[event.node].id);
+        break;
+      case Event::Kind::kStop:
+        if (!healed && nodes_[event.node].up && nodes_[event.node].leaving) {
+          CrashNode(event.node);
+          Schedule(random_.Between(absl::Milliseconds(300), absl::Seconds(3)),
+                   {Event::Kind::kRestart, event.node});
+        }
         break;
     }
     CheckStep();
