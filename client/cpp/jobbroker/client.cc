@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "jobbroker/health.h"
 #include "jobbroker/proto_time.h"
+#include "jobbroker/router.h"
 
 namespace jobbroker::client {
 namespace {
@@ -37,24 +38,36 @@ bool IsTransient(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
 }
 
-// Runs `call` (a function of a fresh grpc::ClientContext* that returns grpc::Status) with the
-// per-attempt deadline, retrying transient failures when `retryable`.
+// Runs `call` (a function of the Router::Node to call and a fresh grpc::ClientContext* that
+// returns grpc::Status) on the node `route` names, with the per-attempt deadline, retrying
+// transient failures when `retryable`. A transient failure also makes the router ask for the
+// cluster's layout again before the next call, retried or not: the node may no longer lead.
 template <typename Call>
-absl::Status Run(const ClientOptions& options, bool retryable, Call call) {
+absl::Status Run(const ClientOptions& options, Router& router, const Router::Route& route,
+                 bool retryable, Call call) {
   const int attempts = retryable ? std::max(1, options.max_attempts) : 1;
   absl::Duration wait = kFirstBackoff;
   for (int attempt = 1;; ++attempt) {
+    const std::shared_ptr<const Router::Node> node = router.NodeFor(route);
     grpc::ClientContext ctx;
     if (options.timeout != absl::InfiniteDuration()) {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
     }
     if (absl::Status s = AddBearerToken(options.token, &ctx); !s.ok()) return s;
-    absl::Status status = FromGrpc(call(&ctx));
+    absl::Status status = FromGrpc(call(*node, &ctx));
+    if (IsTransient(status.code())) router.MarkStale();
     if (status.ok() || attempt >= attempts || !IsTransient(status.code())) return status;
     if (options.on_retry) options.on_retry(attempt, status, wait);
     absl::SleepFor(wait);
     wait = std::min(wait * 2, kMaxBackoff);
   }
+}
+
+// A batch is all or nothing within one partition: it goes to the leader of its first job's
+// queue. One whose jobs span partitions is refused there (INVALID_ARGUMENT naming them).
+Router::Route BatchRoute(const v1::EnqueueBatchRequest& request) {
+  if (request.jobs().empty()) return Router::Route::Any();
+  return Router::Route::Queue(request.jobs(0).queue());
 }
 
 Enqueued FromProto(const v1::EnqueueResponse& resp) {
@@ -159,13 +172,24 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
 }
 
 Client::Client(ClientOptions options) : options_(std::move(options)) {
-  if (options_.address.empty()) options_.address = DefaultAddress();
+  if (options_.address.empty() && options_.addresses.empty()) options_.address = DefaultAddress();
   if (options_.token.empty()) options_.token = DefaultToken();
-  channel_ =
-      options_.channel != nullptr ? options_.channel : DialBroker(options_.address, options_.tls);
-  broker_ = v1::Broker::NewStub(channel_);
-  admin_ = v1::Admin::NewStub(channel_);
+  Router::Options router;
+  if (!options_.address.empty()) router.addresses.push_back(options_.address);
+  router.addresses.insert(router.addresses.end(), options_.addresses.begin(),
+                          options_.addresses.end());
+  router.tls = options_.tls;
+  router.token = options_.token;
+  router.timeout = options_.timeout;
+  router.channel = options_.channel;
+  router_ = std::make_unique<Router>(std::move(router));
 }
+
+Client::~Client() = default;
+Client::Client(Client&&) noexcept = default;
+Client& Client::operator=(Client&&) noexcept = default;
+
+const std::shared_ptr<grpc::Channel>& Client::channel() const { return router_->first()->channel; }
 
 absl::StatusOr<Enqueued> Client::Enqueue(const std::string& queue, const std::string& payload,
                                          const EnqueueOptions& options) {
@@ -174,10 +198,12 @@ absl::StatusOr<Enqueued> Client::Enqueue(const std::string& queue, const std::st
 
 absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request) {
   v1::EnqueueResponse resp;
-  absl::Status s = Run(options_, !request.dedup_key().empty(), [&](grpc::ClientContext* ctx) {
-    resp.Clear();
-    return broker_->Enqueue(ctx, request, &resp);
-  });
+  absl::Status s =
+      Run(options_, *router_, Router::Route::Queue(request.queue()), !request.dedup_key().empty(),
+          [&](const Router::Node& node, grpc::ClientContext* ctx) {
+            resp.Clear();
+            return node.broker->Enqueue(ctx, request, &resp);
+          });
   if (!s.ok()) return s;
   return FromProto(resp);
 }
@@ -190,10 +216,11 @@ absl::StatusOr<std::vector<Enqueued>> Client::EnqueueBatch(const v1::EnqueueBatc
       std::all_of(request.jobs().begin(), request.jobs().end(),
                   [](const v1::EnqueueRequest& job) { return !job.dedup_key().empty(); });
   v1::EnqueueBatchResponse resp;
-  absl::Status s = Run(options_, retryable, [&](grpc::ClientContext* ctx) {
-    resp.Clear();
-    return broker_->EnqueueBatch(ctx, request, &resp);
-  });
+  absl::Status s = Run(options_, *router_, BatchRoute(request), retryable,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.broker->EnqueueBatch(ctx, request, &resp);
+                       });
   if (!s.ok()) return s;
   std::vector<Enqueued> results;
   results.reserve(resp.results_size());
@@ -205,20 +232,22 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& job_id) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
   v1::Job job;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    job.Clear();
-    return admin_->GetJob(ctx, req, &job);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Job(job_id), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         job.Clear();
+                         return node.admin->GetJob(ctx, req, &job);
+                       });
   if (!s.ok()) return s;
   return job;
 }
 
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& request) {
   v1::ListJobsResponse resp;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    resp.Clear();
-    return admin_->ListJobs(ctx, request, &resp);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(request.queue()),
+                       /*retryable=*/true, [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->ListJobs(ctx, request, &resp);
+                       });
   if (!s.ok()) return s;
   return resp;
 }
@@ -229,8 +258,10 @@ absl::StatusOr<v1::Job> Client::CancelJob(const std::string& job_id) {
   v1::Job job;
   // Not retried: after a lost reply the repeat would answer FAILED_PRECONDITION (the job has
   // already ended), hiding that the cancel worked.
-  absl::Status s = Run(options_, /*retryable=*/false,
-                       [&](grpc::ClientContext* ctx) { return admin_->CancelJob(ctx, req, &job); });
+  absl::Status s = Run(options_, *router_, Router::Route::Job(job_id), /*retryable=*/false,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         return node.admin->CancelJob(ctx, req, &job);
+                       });
   if (!s.ok()) return s;
   return job;
 }
@@ -245,11 +276,14 @@ absl::StatusOr<v1::Job> Client::RetryJob(const std::string& job_id) {
 
 absl::StatusOr<v1::RetryJobResponse> Client::RetryJob(const v1::RetryJobRequest& request) {
   v1::RetryJobResponse resp;
+  const Router::Route route = request.queue().empty() ? Router::Route::Job(request.job_id())
+                                                      : Router::Route::Queue(request.queue());
   // Not retried: after a lost reply the repeat would answer FAILED_PRECONDITION (the job is
   // READY now) or, in bulk, find nothing left and answer retried = 0.
-  absl::Status s = Run(options_, /*retryable=*/false, [&](grpc::ClientContext* ctx) {
-    return admin_->RetryJob(ctx, request, &resp);
-  });
+  absl::Status s = Run(options_, *router_, route, /*retryable=*/false,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         return node.admin->RetryJob(ctx, request, &resp);
+                       });
   if (!s.ok()) return s;
   return resp;
 }
@@ -259,17 +293,20 @@ absl::Status Client::DeleteJob(const std::string& job_id) {
   req.set_job_id(job_id);
   v1::DeleteJobResponse resp;
   // Not retried: after a lost reply the repeat would answer NOT_FOUND.
-  return Run(options_, /*retryable=*/false,
-             [&](grpc::ClientContext* ctx) { return admin_->DeleteJob(ctx, req, &resp); });
+  return Run(options_, *router_, Router::Route::Job(job_id), /*retryable=*/false,
+             [&](const Router::Node& node, grpc::ClientContext* ctx) {
+               return node.admin->DeleteJob(ctx, req, &resp);
+             });
 }
 
 absl::StatusOr<std::vector<v1::QueueInfo>> Client::ListQueues() {
   v1::ListQueuesRequest req;
   v1::ListQueuesResponse resp;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    resp.Clear();
-    return admin_->ListQueues(ctx, req, &resp);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->ListQueues(ctx, req, &resp);
+                       });
   if (!s.ok()) return s;
   return std::vector<v1::QueueInfo>(resp.queues().begin(), resp.queues().end());
 }
@@ -278,10 +315,11 @@ absl::StatusOr<v1::QueueInfo> Client::GetQueue(const std::string& queue) {
   v1::GetQueueRequest req;
   req.set_queue(queue);
   v1::QueueInfo info;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    info.Clear();
-    return admin_->GetQueue(ctx, req, &info);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(queue), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         info.Clear();
+                         return node.admin->GetQueue(ctx, req, &info);
+                       });
   if (!s.ok()) return s;
   return info;
 }
@@ -291,10 +329,11 @@ absl::StatusOr<v1::QueueInfo> Client::UpdateQueuePolicy(
   v1::QueueInfo info;
   // Safe to repeat: the same fields set to the same values (after the same reset) end in the
   // same policy.
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    info.Clear();
-    return admin_->UpdateQueuePolicy(ctx, request, &info);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(request.queue()),
+                       /*retryable=*/true, [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         info.Clear();
+                         return node.admin->UpdateQueuePolicy(ctx, request, &info);
+                       });
   if (!s.ok()) return s;
   return info;
 }
@@ -304,10 +343,11 @@ absl::StatusOr<v1::QueueInfo> Client::PauseQueue(const std::string& queue) {
   req.set_queue(queue);
   v1::QueueInfo info;
   // Safe to repeat: pausing a paused queue leaves it paused.
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    info.Clear();
-    return admin_->PauseQueue(ctx, req, &info);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(queue), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         info.Clear();
+                         return node.admin->PauseQueue(ctx, req, &info);
+                       });
   if (!s.ok()) return s;
   return info;
 }
@@ -316,10 +356,11 @@ absl::StatusOr<v1::QueueInfo> Client::ResumeQueue(const std::string& queue) {
   v1::ResumeQueueRequest req;
   req.set_queue(queue);
   v1::QueueInfo info;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    info.Clear();
-    return admin_->ResumeQueue(ctx, req, &info);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(queue), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         info.Clear();
+                         return node.admin->ResumeQueue(ctx, req, &info);
+                       });
   if (!s.ok()) return s;
   return info;
 }
@@ -331,19 +372,21 @@ absl::StatusOr<int64_t> Client::PurgeQueue(const std::string& queue,
   for (v1::JobState state : states) req.add_states(state);
   v1::PurgeQueueResponse resp;
   // Safe to repeat: a second purge removes what the first did not get to.
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    resp.Clear();
-    return admin_->PurgeQueue(ctx, req, &resp);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(queue), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->PurgeQueue(ctx, req, &resp);
+                       });
   if (!s.ok()) return s;
   return resp.purged();
 }
 
 absl::Status Client::Health() {
   int serving = kHealthUnknown;
-  absl::Status s = Run(options_, /*retryable=*/true, [&](grpc::ClientContext* ctx) {
-    return CheckHealth(ctx, channel_, "", &serving);
-  });
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         return CheckHealth(ctx, node.channel, "", &serving);
+                       });
   if (!s.ok()) return s;
   if (serving != kHealthServing) {
     // It answered, but is not taking work (e.g. shutting down): as good as unavailable.
@@ -351,6 +394,18 @@ absl::Status Client::Health() {
         absl::StrCat("health check answered ", HealthStatusName(serving)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ClusterInfo> Client::GetCluster() {
+  v1::GetClusterRequest req;
+  v1::ClusterInfo info;
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         info.Clear();
+                         return node.admin->GetCluster(ctx, req, &info);
+                       });
+  if (!s.ok()) return s;
+  return info;
 }
 
 }  // namespace jobbroker::client

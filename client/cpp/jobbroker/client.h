@@ -21,6 +21,8 @@ class ClientContext;
 
 namespace jobbroker::client {
 
+class Router;
+
 // TLS for the channel to the broker (its --tls-cert, and --tls-client-ca for mutual TLS). PEM
 // text; ReadTlsFiles loads it from files.
 struct TlsOptions {
@@ -44,8 +46,13 @@ absl::StatusOr<TlsOptions> ReadTlsFiles(const std::string& ca_file, const std::s
 absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 
 struct ClientOptions {
-  // "host:port". Default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
+  // "host:port", or several nodes of one cluster as "h1:p1,h2:p2". Default (when `addresses`
+  // is empty too): $JOBBROKER_ADDRESS, which may be such a list, else 127.0.0.1:7070.
   std::string address;
+  // More nodes of the same cluster, after those in `address`. The client asks the first that
+  // answers for the cluster's layout (Admin.GetCluster) and sends each call straight to the
+  // leader of its partition; see Client.
+  std::vector<std::string> addresses;
   // Deadline of each call attempt.
   absl::Duration timeout = absl::Seconds(10);
   // Attempts for calls that are safe to repeat, when the broker is UNAVAILABLE (restarting,
@@ -56,7 +63,7 @@ struct ClientOptions {
   // wait that follows; for logging and metrics. Runs on the calling thread.
   std::function<void(int attempt, const absl::Status& status, absl::Duration wait)> on_retry;
   // Use this channel instead of dialing `address` (tests, custom credentials); `tls` is then
-  // ignored, `token` is still sent.
+  // ignored, `token` is still sent. Every call goes through it: no routing to leaders.
   std::shared_ptr<grpc::Channel> channel;
   // TLS to the broker; nullopt: plaintext.
   std::optional<TlsOptions> tls;
@@ -67,7 +74,8 @@ struct ClientOptions {
   std::string token;
 };
 
-// The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
+// The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. May be a
+// comma-separated list.
 std::string DefaultAddress();
 // The token ClientOptions{} sends: $JOBBROKER_TOKEN, else "" (none).
 std::string DefaultToken();
@@ -102,7 +110,19 @@ struct Enqueued {
   bool deduplicated = false;
 };
 
-// A producer's and operator's handle on one broker. Thread-safe; cheap calls share one channel.
+// A producer's and operator's handle on one broker or a cluster. Thread-safe; calls share one
+// channel per broker node.
+//
+// Cluster mode: before its first call the client asks the first address that answers for the
+// cluster's layout (Admin.GetCluster), then sends each call to the leader of its partition:
+// calls about a queue (Enqueue, GetQueue, ListJobs, UpdateQueuePolicy, Pause, Resume, Purge, the
+// queue form of RetryJob) by the queue's partition, calls about a job (GetJob, CancelJob,
+// RetryJob, DeleteJob) by the partition its id carries, EnqueueBatch by its first job's queue
+// (a batch spanning partitions is the broker's to refuse), and ListQueues, Health and
+// GetCluster to any node. A call that fails UNAVAILABLE or DEADLINE_EXCEEDED (a leader moved, a
+// node died) makes the next attempt ask for the layout again, from the nodes it knows and the
+// given addresses. A broker outside a cluster, or one that does not know GetCluster, gets every
+// call: any node forwards a call to its partition's leader, so routing only saves a hop.
 //
 // Errors come back as absl::Status with the broker's code and message (INVALID_ARGUMENT names
 // the bad field, NOT_FOUND, FAILED_PRECONDITION, ALREADY_EXISTS, RESOURCE_EXHAUSTED,
@@ -114,6 +134,9 @@ struct Enqueued {
 class Client {
  public:
   explicit Client(ClientOptions options = {});
+  ~Client();
+  Client(Client&&) noexcept;
+  Client& operator=(Client&&) noexcept;
 
   absl::StatusOr<Enqueued> Enqueue(const std::string& queue, const std::string& payload,
                                    const EnqueueOptions& options = {});
@@ -140,17 +163,19 @@ class Client {
   // a retry (a lost reply) the count is only the repeat's.
   absl::StatusOr<int64_t> PurgeQueue(const std::string& queue,
                                      const std::vector<v1::JobState>& states = {});
-  // OK when the broker answers the standard health check with SERVING.
+  // OK when the broker answers the standard health check with SERVING (one node of a cluster).
   absl::Status Health();
+  // The cluster's nodes, partitions and leaders, as one node sees them. A single broker answers
+  // with an empty cluster_name; one older than cluster mode with UNIMPLEMENTED.
+  absl::StatusOr<v1::ClusterInfo> GetCluster();
 
-  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
+  // The channel to the first address given (or ClientOptions::channel).
+  const std::shared_ptr<grpc::Channel>& channel() const;
   const ClientOptions& options() const { return options_; }
 
  private:
   ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Broker::Stub> broker_;
-  std::unique_ptr<v1::Admin::Stub> admin_;
+  std::unique_ptr<Router> router_;
 };
 
 // Builds the EnqueueRequest that Client::Enqueue(queue, payload, options) sends.
