@@ -1,4 +1,4 @@
-// The C++ client in front of several broker nodes: each call goes straight to the
+// The C++ client and worker in front of several broker nodes: each call goes straight to the
 // leader of its partition, found with one GetCluster, and a call that fails because the leader
 // moved or died asks again and reaches the new one. The nodes are fakes in this process
 // (tests/testing/fake_cluster.h) that record what they receive; the real cluster's own test is
@@ -21,12 +21,14 @@
 #include "gtest/gtest.h"
 #include "jobbroker/client.h"
 #include "jobbroker/partition.h"
+#include "jobbroker/worker.h"
 #include "tests/testing/fake_cluster.h"
 
 namespace jobbroker::client {
 namespace {
 
 using ::jobbroker::testing::FakeCluster;
+using ::testing::ElementsAre;
 
 constexpr uint32_t kPartitions = 6;
 
@@ -241,6 +243,75 @@ TEST(ClientRoutingTest, GetClusterReturnsTheLayout) {
   EXPECT_EQ(info->cluster_name(), "fake");
   EXPECT_EQ(info->nodes_size(), 3);
   EXPECT_EQ(info->partitions_size(), static_cast<int>(kPartitions));
+}
+
+// Waits up to 10 s (a hang fails, a slow machine does not) for `done`.
+template <typename Done>
+bool Eventually(Done done) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > give_up) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+TEST(WorkerRoutingTest, TheStreamGoesToTheLeaderOfTheQueuesAndAcksThere) {
+  FakeCluster cluster(3, kPartitions);
+  const uint32_t p = 2;
+  const int leader = cluster.LeaderOf(p);
+  const std::string queue = QueueOf(p);
+  absl::BitGen gen;
+  const std::string id = core::NewJobId(absl::Now(), p, gen);
+  cluster.node(leader).PushJob(queue, id);
+
+  Worker worker(WorkerOptions{.addresses = cluster.addresses()});
+  absl::Mutex mu;
+  std::vector<std::string> ran;
+  worker.Handle(queue, [&](JobContext& job) {
+    absl::MutexLock lock(&mu);
+    ran.push_back(job.job_id());
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(Eventually([&] { return cluster.node(leader).Count("Ack") == 1; }))
+      << "calls at the leader: " << ::testing::PrintToString(cluster.node(leader).Calls());
+  EXPECT_EQ(NodesThatGot(cluster, "Work " + queue), std::vector{leader});
+  EXPECT_EQ(NodesThatGot(cluster, "Ack " + id), std::vector{leader});
+  worker.Stop(absl::Seconds(1));
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(ran, ElementsAre(id));
+}
+
+TEST(WorkerRoutingTest, QueuesOfSeveralLeadersShareOneStreamToANode) {
+  FakeCluster cluster(3, kPartitions);
+  const std::string first = QueueOf(1), second = QueueOf(2);  // led by nodes 1 and 2
+  Worker worker(WorkerOptions{.addresses = cluster.addresses()});
+  worker.Handle(first, [](JobContext&) { return absl::OkStatus(); });
+  worker.Handle(second, [](JobContext&) { return absl::OkStatus(); });
+  ASSERT_TRUE(worker.Start().ok());
+  const std::string subscribe =
+      absl::StrCat("Work ", std::min(first, second), ",", std::max(first, second));
+  EXPECT_EQ(NodesThatGot(cluster, subscribe), std::vector{0});
+  worker.Stop(absl::Seconds(1));
+}
+
+TEST(WorkerRoutingTest, AfterTheLeaderDiedTheStreamGoesToTheNewOne) {
+  FakeCluster cluster(3, kPartitions);
+  const uint32_t p = 1;  // led by node 1
+  const std::string queue = QueueOf(p);
+  Worker worker(WorkerOptions{.addresses = cluster.addresses()});
+  worker.Handle(queue, [](JobContext&) { return absl::OkStatus(); });
+  ASSERT_TRUE(worker.Start().ok());
+  EXPECT_EQ(NodesThatGot(cluster, "Work " + queue), std::vector{1});
+
+  cluster.SetLeader(p, 2);
+  cluster.SetAlive(1, false);
+  cluster.node(1).Stop();
+  EXPECT_TRUE(Eventually([&] { return cluster.node(2).Count("Work") == 1; }))
+      << "the worker did not reconnect to the new leader";
+  EXPECT_EQ(cluster.node(0).Count("Work"), 0);
+  worker.Stop(absl::Seconds(1));
 }
 
 }  // namespace

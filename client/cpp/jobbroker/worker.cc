@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "jobbroker/client.h"
 #include "jobbroker/proto_time.h"
+#include "jobbroker/router.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 
 namespace jobbroker::client {
@@ -32,6 +33,10 @@ std::string DefaultWorkerId() {
   gethostname(host, sizeof host - 1);
   return absl::StrCat(host, "-", getpid());
 }
+
+// Deadline of each GetCluster the worker sends before it connects. Shorter than a call's
+// default, because Stop() waits for a refresh under way.
+constexpr absl::Duration kGetClusterTimeout = absl::Seconds(5);
 
 // The broker takes at most 1000 acks per AckBatch.
 constexpr int kMaxAcksPerMessage = 1000;
@@ -95,9 +100,15 @@ class Worker::Impl {
     if (options_.concurrency < 1) options_.concurrency = 1;
     if (options_.prefetch < 0) options_.prefetch = 0;
     if (options_.token.empty()) options_.token = DefaultToken();
-    channel_ = options_.channel;
-    if (channel_ == nullptr) channel_ = DialBroker(options_.address, options_.tls);
-    stub_ = v1::Broker::NewStub(channel_);
+    Router::Options router;
+    if (!options_.address.empty()) router.addresses.push_back(options_.address);
+    router.addresses.insert(router.addresses.end(), options_.addresses.begin(),
+                            options_.addresses.end());
+    router.tls = options_.tls;
+    router.token = options_.token;
+    router.timeout = kGetClusterTimeout;
+    router.channel = options_.channel;
+    router_ = std::make_unique<Router>(std::move(router));
   }
 
   void Handle(std::string queue, Handler handler) {
@@ -213,9 +224,26 @@ class Worker::Impl {
 
   uint64_t NextRequestIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_request_id_++; }
 
+  // The node to open the Work stream on: the leader of every handled queue if they share one,
+  // else any node (it serves all partitions through one stream).
+  std::shared_ptr<const Router::Node> StreamNode() {
+    std::vector<std::string> queues;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [queue, handler] : handlers_) queues.push_back(queue);
+    }
+    const RoutingTable table = router_->Table();
+    if (!table.is_cluster()) return router_->NodeFor(Router::Route::Any());
+    std::set<std::string> leaders;
+    for (const std::string& queue : queues) leaders.insert(table.AddressOfQueue(queue));
+    if (leaders.size() == 1) return router_->NodeAt(*leaders.begin());
+    return router_->NodeAt(table.AnyAddress());
+  }
+
   void ConnectionLoop() {
     absl::Duration backoff = options_.reconnect_initial;
     while (true) {
+      const std::shared_ptr<const Router::Node> node = StreamNode();
       auto context = std::make_unique<grpc::ClientContext>();
       if (absl::Status s = AddBearerToken(options_.token, context.get()); !s.ok()) {
         absl::MutexLock lock(&mu_);
@@ -223,7 +251,7 @@ class Worker::Impl {
         return;  // a token that cannot be sent never will be: Start() reports it
       }
       std::unique_ptr<grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>> stream =
-          stub_->Work(context.get());
+          node->broker->Work(context.get());
       std::vector<v1::WorkRequest> resend;
       v1::WorkRequest subscribe;
       {
@@ -265,6 +293,8 @@ class Worker::Impl {
         context_ = nullptr;
       }
       grpc::Status end = stream->Finish();
+      // The node may have died or stopped leading the queues: ask where they are now.
+      router_->MarkStale();
       {
         absl::MutexLock lock(&mu_);
         if (!first_subscribe_.has_value())
@@ -528,8 +558,7 @@ class Worker::Impl {
   }
 
   WorkerOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Broker::Stub> stub_;
+  std::unique_ptr<Router> router_;
 
   mutable absl::Mutex mu_;
   std::map<std::string, Handler> handlers_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -65,9 +66,12 @@ absl::Status PermanentError(absl::string_view message);
 absl::Status RetryAfter(absl::Duration delay, absl::string_view message);
 
 struct WorkerOptions {
-  // "host:port"; default $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
+  // "host:port", or several nodes of one cluster as "h1:p1,h2:p2"; default (when `addresses`
+  // is empty too) $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
   std::string address;
-  // Use this channel instead of dialing `address` (`tls` is then ignored).
+  // More nodes of the same cluster, after those in `address` (see Worker).
+  std::vector<std::string> addresses;
+  // Use this channel instead of dialing `address` (`tls` is then ignored; no routing).
   std::shared_ptr<grpc::Channel> channel;
   // TLS to the broker; nullopt: plaintext (see client.h).
   std::optional<TlsOptions> tls;
@@ -101,6 +105,11 @@ struct WorkerOptions {
 //   worker.Start();
 //   ...
 //   worker.Stop();  // or wait in Run()
+//
+// In a cluster the stream goes straight to the leader when every handled queue's partition has
+// the same leader (Admin.GetCluster tells which); otherwise to any node, which serves the
+// queues of every partition through it. After the stream ends the worker asks for the cluster's
+// layout again and connects to the leader it names (a leader that moved or died).
 //
 // Thread-safe. Handlers run on the worker's threads.
 class Worker {
