@@ -4,10 +4,12 @@
 
 #include "absl/time/time.h"
 #include "client/cpp/cli/args.h"
+#include "client/cpp/cli/cluster_view.h"
 #include "client/cpp/cli/format.h"
 #include "client/cpp/cli/table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobbroker/client.h"
 
 namespace jobbroker::cli {
 namespace {
@@ -105,6 +107,50 @@ TEST(FormatTest, PrintableShowsTextAndSizesBinary) {
   EXPECT_EQ(Printable(std::string("\x00\x01", 2), 10), "<2 bytes, binary>");
   EXPECT_EQ(Printable("", 10), "(empty)");
   EXPECT_EQ(OneLine("line one\nline two", 12), "line one lin...");
+}
+
+TEST(ClusterViewTest, ListsNodesAndPartitionsWithTheirLeaders) {
+  v1::ClusterInfo info;
+  info.set_cluster_name("prod");
+  info.set_partition_count(2);
+  info.set_replication_factor(3);
+  info.set_min_in_sync(2);
+  info.set_node_id("b");
+  for (const char* id : {"a", "b"}) {
+    v1::NodeInfo* node = info.add_nodes();
+    node->set_node_id(id);
+    node->set_address(std::string(id) + ".example:7070");
+    node->set_alive(std::string(id) == "a");
+  }
+  v1::PartitionInfo* p0 = info.add_partitions();
+  p0->set_partition(0);
+  p0->set_leader_node_id("a");
+  p0->set_epoch(1234);
+  for (const char* id : {"a", "b"}) p0->add_replicas(id);
+  p0->add_in_sync("a");
+  v1::PartitionInfo* p1 = info.add_partitions();
+  p1->set_partition(1);
+  p1->add_replicas("b");
+  EXPECT_EQ(FormatCluster(info),
+            "cluster prod: 2 partitions, replication factor 3, min in-sync 2; answered by b\n"
+            "\n"
+            "NODE  ADDRESS         ALIVE\n"
+            "a     a.example:7070  yes\n"
+            "b     b.example:7070  no\n"
+            "\n"
+            "PARTITION  LEADER  EPOCH  REPLICAS  IN SYNC\n"
+            "        0  a        1234  a,b       a\n"
+            "        1  -           -  b\n");
+
+  info.clear_cluster_name();
+  EXPECT_THAT(FormatCluster(info), ::testing::StartsWith("single broker (not a cluster), "
+                                                         "answered by b\n"));
+}
+
+TEST(AddressListTest, SplitsOnCommasAndDropsBlanks) {
+  EXPECT_THAT(client::SplitAddresses("h1:1, h2:2 ,,h3:3,"), ElementsAre("h1:1", "h2:2", "h3:3"));
+  EXPECT_THAT(client::SplitAddresses("localhost:7070"), ElementsAre("localhost:7070"));
+  EXPECT_THAT(client::SplitAddresses(" , "), ::testing::IsEmpty());
 }
 
 }  // namespace

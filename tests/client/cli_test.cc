@@ -26,10 +26,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/fake_cluster.h"
 #include "tests/testing/matchers.h"
 
 extern char** environ;
@@ -711,6 +713,45 @@ TEST_F(CliTest, AddressComesFromTheEnvironment) {
   EXPECT_EQ(r.out, "SERVING\n");
 }
 
+TEST_F(CliTest, AnAddressListReachesTheLeaderAndClusterShowsTheLayout) {
+  // Fake nodes in this process (tests/testing/fake_cluster.h): partition p led by node p % 3.
+  FakeCluster cluster(3, 4);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);  // bound, not listening: a node that is down
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string list = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port), ",",
+                                        cluster.node(1).address(), ",", cluster.node(2).address());
+
+  CliResult r = RunCli({"--address", list, "cluster"}, "", {});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("cluster fake: 4 partitions"));
+  for (int n = 0; n < 3; ++n) EXPECT_THAT(r.out, HasSubstr(cluster.node(n).address()));
+  r = RunCli({"--address", list, "--json", "cluster"}, "", {});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  const v1::ClusterInfo info = FromJson<v1::ClusterInfo>(r.out);
+  EXPECT_EQ(info.nodes_size(), 3);
+  EXPECT_EQ(info.partitions_size(), 4);
+
+  // A queue of partition 0, led by node 0, which is not in the list.
+  std::string queue = "q0";
+  for (int i = 1; core::PartitionOfQueue(queue, 4) != 0; ++i) queue = absl::StrCat("q", i);
+  r = RunCli({"--address", list, "enqueue", queue, "x"}, "", {});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  r = RunCli({"enqueue", queue, "y"}, "", {absl::StrCat("JOBBROKER_ADDRESS=", list)});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(cluster.node(0).Count("Enqueue"), 2);
+  EXPECT_EQ(cluster.node(1).Count("Enqueue") + cluster.node(2).Count("Enqueue"), 0);
+
+  r = RunCli({"--address", " , ", "health"}, "", {});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--address must name at least one HOST:PORT"));
+  close(fd);
+}
+
 TEST_F(CliTest, HelpListsCommandsFlagsAndExitCodes) {
   for (const std::vector<std::string>& args :
        std::vector<std::vector<std::string>>{{"help"}, {"--help"}, {"-h"}}) {
@@ -719,8 +760,8 @@ TEST_F(CliTest, HelpListsCommandsFlagsAndExitCodes) {
     for (const char* word :
          {"enqueue QUEUE [PAYLOAD]", "get JOB", "list QUEUE", "cancel JOB",
           "retry JOB | --queue QUEUE", "delete JOB", "queues", "pause QUEUE", "resume QUEUE",
-          "purge QUEUE", "policy get QUEUE", "policy set QUEUE JSON", "health", "--address",
-          "--json", "--timeout", "Exit codes", "1.5s"}) {
+          "purge QUEUE", "policy get QUEUE", "policy set QUEUE JSON", "health", "cluster",
+          "--address HOST:PORT[,...]", "--json", "--timeout", "Exit codes", "1.5s"}) {
       EXPECT_THAT(r.out, HasSubstr(word)) << absl::StrJoin(args, " ");
     }
   }

@@ -9,7 +9,8 @@ namespace jobbroker::cli {
 
 const std::vector<FlagSpec>& GlobalFlags() {
   static const auto* const kFlags = new std::vector<FlagSpec>{
-      {"--address", "HOST:PORT", "the broker (default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070)"},
+      {"--address", "HOST:PORT[,...]",
+       "the broker, or nodes of one cluster (default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070)"},
       {"--json", "", "machine-readable output: proto3 JSON"},
       {"--timeout", "DURATION", "deadline of each call (default 10s)"},
       {"--token-file", "FILE",
@@ -187,6 +188,15 @@ const std::vector<Command>& Commands() {
           .name = "health",
           .summary = "check that the broker is serving (exit 0 and SERVING if so)",
           .run = RunHealth,
+      },
+      {
+          .name = "cluster",
+          .summary = "show the cluster: nodes, partitions, their leaders and epochs",
+          .details = "Admin.GetCluster as one node sees it: each node (id, address, alive) and\n"
+                     "each partition (leader, epoch, replicas, in-sync set; leader - while it\n"
+                     "has none). A single broker says so. With --json, the ClusterInfo as\n"
+                     "proto3 JSON.",
+          .run = RunCluster,
       },
   };
   return *kCommands;

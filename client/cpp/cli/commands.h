@@ -89,5 +89,6 @@ int RunPurge(CommandContext& ctx);
 int RunPolicyGet(CommandContext& ctx);
 int RunPolicySet(CommandContext& ctx);
 int RunHealth(CommandContext& ctx);
+int RunCluster(CommandContext& ctx);
 
 }  // namespace jobbroker::cli

@@ -1,5 +1,5 @@
-// queues, pause, resume, purge, policy get, policy set, health: the commands about queues and
-// the broker.
+// queues, pause, resume, purge, policy get, policy set, health, cluster: the commands about
+// queues and the broker.
 #include <google/protobuf/util/json_util.h>
 
 #include <iterator>
@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/cpp/cli/cluster_view.h"
 #include "client/cpp/cli/commands.h"
 #include "client/cpp/cli/format.h"
 #include "client/cpp/cli/table.h"
@@ -125,6 +126,13 @@ int RunHealth(CommandContext& ctx) {
   absl::Status health = ctx.client.Health();
   if (!health.ok()) return BrokerError(ctx, health);
   ctx.io.out << (ctx.json ? R"({"status":"SERVING"})" : "SERVING") << "\n";
+  return kExitOk;
+}
+
+int RunCluster(CommandContext& ctx) {
+  absl::StatusOr<v1::ClusterInfo> info = ctx.client.GetCluster();
+  if (!info.ok()) return BrokerError(ctx, info.status());
+  ctx.io.out << (ctx.json ? ToJson(*info) + "\n" : FormatCluster(*info));
   return kExitOk;
 }
 

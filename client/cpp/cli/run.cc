@@ -98,7 +98,9 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
   client::ClientOptions options;
   options.address = all.Get("--address").value_or(client::DefaultAddress());
   std::string problem;
-  if (options.address.empty()) problem = "--address must not be empty";
+  if (client::SplitAddresses(options.address).empty()) {
+    problem = "--address must name at least one HOST:PORT";
+  }
   if (auto v = all.Get("--timeout")) {
     absl::StatusOr<absl::Duration> timeout = ParseDurationValue("--timeout", *v);
     if (!timeout.ok()) {

@@ -36,6 +36,9 @@ constexpr char kTrailer[] =
     "  2  bad command line; nothing was sent\n"
     "  3  the broker could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), after retries\n"
     "\n"
+    "--address may list several nodes of a cluster (h1:7070,h2:7070): the first that answers\n"
+    "tells where each partition's leader is, and each call goes straight there.\n"
+    "\n"
     "A broker started with --auth-tokens wants a bearer token: put it in a file (--token-file)\n"
     "or in $JOBBROKER_TOKEN. There is no --token flag: the command line of a running program\n"
     "is visible to every user of the machine. Refusals are UNAUTHENTICATED (no or unknown\n"
@@ -60,7 +63,7 @@ std::string GeneralUsage() {
   std::string out =
       "jobbroker-cli: enqueue jobs and inspect a jobbroker from the shell.\n"
       "\n"
-      "usage: jobbroker-cli [--address HOST:PORT] [--json] [--timeout DURATION]\n"
+      "usage: jobbroker-cli [--address HOST:PORT[,...]] [--json] [--timeout DURATION]\n"
       "                     [--token-file FILE] [--tls] [--tls-ca FILE]\n"
       "                     [--tls-cert FILE --tls-key FILE] [--tls-server-name NAME]\n"
       "                     COMMAND [ARGS]\n"

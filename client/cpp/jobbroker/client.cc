@@ -9,8 +9,10 @@
 #include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "jobbroker/health.h"
 #include "jobbroker/proto_time.h"
 #include "jobbroker/router.h"
@@ -108,6 +110,15 @@ absl::StatusOr<TlsOptions> ReadTlsFiles(const std::string& ca_file, const std::s
 std::string DefaultAddress() {
   const char* env = std::getenv("JOBBROKER_ADDRESS");
   return env != nullptr && *env != '\0' ? env : kFallbackAddress;
+}
+
+std::vector<std::string> SplitAddresses(std::string_view text) {
+  std::vector<std::string> addresses;
+  for (absl::string_view item :
+       absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
+    addresses.emplace_back(absl::StripAsciiWhitespace(item));
+  }
+  return addresses;
 }
 
 std::string DefaultToken() {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -77,6 +78,10 @@ struct ClientOptions {
 // The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. May be a
 // comma-separated list.
 std::string DefaultAddress();
+// The addresses in `text`, a comma-separated list ("h1:p1, h2:p2"); spaces around each and
+// empty items are dropped.
+std::vector<std::string> SplitAddresses(std::string_view text);
+
 // The token ClientOptions{} sends: $JOBBROKER_TOKEN, else "" (none).
 std::string DefaultToken();
 

@@ -5,9 +5,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/str_split.h"
-
 namespace jobbroker::client {
 namespace {
 
@@ -41,15 +38,6 @@ bool Unreachable(grpc::StatusCode code) {
 }
 
 }  // namespace
-
-std::vector<std::string> SplitAddresses(std::string_view text) {
-  std::vector<std::string> addresses;
-  for (absl::string_view item :
-       absl::StrSplit(absl::string_view(text.data(), text.size()), ',', absl::SkipWhitespace())) {
-    addresses.emplace_back(absl::StripAsciiWhitespace(item));
-  }
-  return addresses;
-}
 
 Router::Router(Options options)
     : addresses_(GivenAddresses(options.addresses)),

@@ -21,10 +21,6 @@ class Channel;
 
 namespace jobbroker::client {
 
-// The addresses in `text`, a comma-separated list ("h1:p1, h2:p2"); spaces around each and
-// empty items are dropped.
-std::vector<std::string> SplitAddresses(std::string_view text);
-
 // What the Client and the Worker share to reach a cluster's nodes: the addresses they were
 // given, one channel per node (dialled on first use and kept), and the RoutingTable from the
 // latest Admin.GetCluster answer. Internal to the client library.
