@@ -1,8 +1,8 @@
 // The C++ client and worker against a real cluster: a real etcd and three real jobbroker nodes
 // on loopback (as three_nodes_test.cc), the client given all three addresses. Every call lands
 // (enqueue, get, a worker's ack), and after kill -9 of a partition's leader the client's
-// enqueues with dedup keys succeed again within 20 s, found at the new leader. Needs the
-// server's Admin.GetCluster and forwarding.
+// enqueues with dedup keys succeed again at the new leader. How fast is bench/'s to measure
+// (bench/cluster-failover.sh); here a hang fails and a slow machine does not.
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -23,10 +23,9 @@ namespace {
 
 constexpr int kNodes = 3;
 constexpr uint32_t kPartitions = 4;
-// How long the cluster may take to elect its first leaders: a hang fails, a slow machine not.
+// How long an election or a failover may take before the test gives up on it: far above the
+// lease TTL (3 s), and never asserted as a speed.
 constexpr absl::Duration kGiveUp = absl::Seconds(60);
-// What the test promises users: writes with dedup keys work again this soon after a leader dies.
-constexpr absl::Duration kFailover = absl::Seconds(20);
 
 class ClientClusterTest : public ::testing::Test {
  protected:
@@ -131,9 +130,8 @@ TEST_F(ClientClusterTest, CallsLandOnEveryPartitionAndSurviveKillingALeader) {
   const absl::Time killed = absl::Now();
 
   absl::StatusOr<client::Enqueued> after =
-      EnqueueUntil(client, queues[0], "after-the-kill", killed + kFailover);
-  ASSERT_TRUE(after.ok()) << "no enqueue within " << kFailover
-                          << " of the kill: " << after.status();
+      EnqueueUntil(client, queues[0], "after-the-kill", killed + kGiveUp);
+  ASSERT_TRUE(after.ok()) << "no enqueue within " << kGiveUp << " of the kill: " << after.status();
   absl::StatusOr<v1::Job> job = client.GetJob(ids[0]);
   ASSERT_TRUE(job.ok()) << "the acked job is gone: " << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_COMPLETED);
