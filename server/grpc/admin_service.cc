@@ -33,6 +33,7 @@ class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
   Part& part(const std::string& address) { return parts_[address]; }
 
   void Done(Part& part, const grpc::Status& status) {
+    grpc::Status failure;
     {
       absl::MutexLock lock(&mu_);
       if (!status.ok() && failure_.ok()) failure_ = status;
@@ -40,17 +41,18 @@ class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
         for (v1::QueueInfo& q : *part.response.mutable_queues()) resp_->add_queues()->Swap(&q);
       }
       if (--pending_ > 0) return;
+      failure = failure_;
     }
     // The last answer: every other thread is done with the response.
-    if (failure_.ok()) {
+    if (failure.ok()) {
       auto* queues = resp_->mutable_queues();
       std::sort(queues->begin(), queues->end(),
                 [](const v1::QueueInfo& a, const v1::QueueInfo& b) { return a.name() < b.name(); });
     } else {
       resp_->Clear();
     }
-    timing_.Record(failure_);
-    Finish(failure_);
+    timing_.Record(failure);
+    Finish(failure);
   }
   void OnCancel() override {
     for (auto& [address, part] : parts_) part.ctx->TryCancel();

@@ -392,10 +392,10 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     std::weak_ptr<WorkStream> weak = self_;
     auto upstream = WorkUpstream::Start(
         forwarder_->BrokerAt(address), forwarder_->ContextFor(*ctx_), std::move(first),
-        [weak, address](v1::WorkResponse message) {
+        [weak, address = address](v1::WorkResponse message) {
           if (auto stream = weak.lock()) stream->OnUpstreamMessage(address, std::move(message));
         },
-        [weak, address](const grpc::Status& status) {
+        [weak, address = address](const grpc::Status& status) {
           if (auto stream = weak.lock()) stream->OnUpstreamEnd(address, status);
         });
     absl::MutexLock lock(&mu_);
