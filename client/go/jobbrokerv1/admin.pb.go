@@ -634,8 +634,13 @@ type QueueInfo struct {
 	EnqueuedTotal int64 `protobuf:"varint,8,opt,name=enqueued_total,json=enqueuedTotal,proto3" json:"enqueued_total,omitempty"`
 	// Attempts that ended with an ack since the broker started.
 	CompletedTotal int64 `protobuf:"varint,9,opt,name=completed_total,json=completedTotal,proto3" json:"completed_total,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The partition the queue lives in: hash(queue) mod the partition count (CLUSTER.md).
+	Partition uint32 `protobuf:"varint,10,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The node that leads that partition and answered for the queue (cluster mode); the node's
+	// own id, or empty, on a single node.
+	LeaderNodeId  string `protobuf:"bytes,11,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -729,6 +734,20 @@ func (x *QueueInfo) GetCompletedTotal() int64 {
 		return x.CompletedTotal
 	}
 	return 0
+}
+
+func (x *QueueInfo) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetLeaderNodeId() string {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return ""
 }
 
 type UpdateQueuePolicyRequest struct {
@@ -986,6 +1005,294 @@ func (x *PurgeQueueResponse) GetPurged() int64 {
 	return 0
 }
 
+type GetClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClusterRequest) Reset() {
+	*x = GetClusterRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClusterRequest) ProtoMessage() {}
+
+func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
+func (*GetClusterRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+type ClusterInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The cluster's name (its etcd key prefix); empty on a single node.
+	ClusterName string `protobuf:"bytes,1,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	// Partitions, fixed when the cluster was created.
+	PartitionCount uint32 `protobuf:"varint,2,opt,name=partition_count,json=partitionCount,proto3" json:"partition_count,omitempty"`
+	// Replicas of each partition (1 on a single node).
+	ReplicationFactor uint32 `protobuf:"varint,3,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
+	// The fewest in-sync replicas a partition needs to take writes (1 on a single node).
+	MinInSync uint32 `protobuf:"varint,4,opt,name=min_in_sync,json=minInSync,proto3" json:"min_in_sync,omitempty"`
+	// Every node registered in the cluster, by id.
+	Nodes []*NodeInfo `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Every partition, by number.
+	Partitions []*PartitionInfo `protobuf:"bytes,6,rep,name=partitions,proto3" json:"partitions,omitempty"`
+	// The node that answered.
+	NodeId        string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterInfo) Reset() {
+	*x = ClusterInfo{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterInfo) ProtoMessage() {}
+
+func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterInfo.ProtoReflect.Descriptor instead.
+func (*ClusterInfo) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ClusterInfo) GetClusterName() string {
+	if x != nil {
+		return x.ClusterName
+	}
+	return ""
+}
+
+func (x *ClusterInfo) GetPartitionCount() uint32 {
+	if x != nil {
+		return x.PartitionCount
+	}
+	return 0
+}
+
+func (x *ClusterInfo) GetReplicationFactor() uint32 {
+	if x != nil {
+		return x.ReplicationFactor
+	}
+	return 0
+}
+
+func (x *ClusterInfo) GetMinInSync() uint32 {
+	if x != nil {
+		return x.MinInSync
+	}
+	return 0
+}
+
+func (x *ClusterInfo) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *ClusterInfo) GetPartitions() []*PartitionInfo {
+	if x != nil {
+		return x.Partitions
+	}
+	return nil
+}
+
+func (x *ClusterInfo) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type NodeInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's --node-id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where clients and other nodes reach its gRPC listener (host:port).
+	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	// It holds a live etcd lease (a node that stopped or lost etcd is listed no more, or false).
+	Alive         bool `protobuf:"varint,3,opt,name=alive,proto3" json:"alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *NodeInfo) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+type PartitionInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The partition's number, 0 to partition_count - 1.
+	Partition uint32 `protobuf:"varint,1,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The node that leads it; empty while it has none (its calls fail with UNAVAILABLE).
+	LeaderNodeId string `protobuf:"bytes,2,opt,name=leader_node_id,json=leaderNodeId,proto3" json:"leader_node_id,omitempty"`
+	// The leader's epoch (an etcd revision); 0 while it has no leader.
+	Epoch int64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The nodes holding a replica of it, the preferred leader first.
+	Replicas []string `protobuf:"bytes,4,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// The replicas every acknowledged write of it is on (the leader among them).
+	InSync []string `protobuf:"bytes,5,rep,name=in_sync,json=inSync,proto3" json:"in_sync,omitempty"`
+	// The leader's address (host:port), so a client routes without looking it up in nodes.
+	LeaderAddress string `protobuf:"bytes,6,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PartitionInfo) Reset() {
+	*x = PartitionInfo{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionInfo) ProtoMessage() {}
+
+func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
+func (*PartitionInfo) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PartitionInfo) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetLeaderNodeId() string {
+	if x != nil {
+		return x.LeaderNodeId
+	}
+	return ""
+}
+
+func (x *PartitionInfo) GetEpoch() int64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *PartitionInfo) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *PartitionInfo) GetInSync() []string {
+	if x != nil {
+		return x.InSync
+	}
+	return nil
+}
+
+func (x *PartitionInfo) GetLeaderAddress() string {
+	if x != nil {
+		return x.LeaderAddress
+	}
+	return ""
+}
+
 var File_jobbroker_v1_admin_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_admin_proto_rawDesc = "" +
@@ -1023,7 +1330,7 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x12ListQueuesResponse\x12/\n" +
 	"\x06queues\x18\x01 \x03(\v2\x17.jobbroker.v1.QueueInfoR\x06queues\"'\n" +
 	"\x0fGetQueueRequest\x12\x14\n" +
-	"\x05queue\x18\x01 \x01(\tR\x05queue\"\xb2\x03\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\"\xf6\x03\n" +
 	"\tQueueInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x121\n" +
 	"\x06policy\x18\x02 \x01(\v2\x19.jobbroker.v1.QueuePolicyR\x06policy\x12;\n" +
@@ -1033,7 +1340,10 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x06active\x18\x06 \x01(\x03R\x06active\x12\x12\n" +
 	"\x04dead\x18\a \x01(\x03R\x04dead\x12%\n" +
 	"\x0eenqueued_total\x18\b \x01(\x03R\renqueuedTotal\x12'\n" +
-	"\x0fcompleted_total\x18\t \x01(\x03R\x0ecompletedTotal\x1a9\n" +
+	"\x0fcompleted_total\x18\t \x01(\x03R\x0ecompletedTotal\x12\x1c\n" +
+	"\tpartition\x18\n" +
+	" \x01(\rR\tpartition\x12$\n" +
+	"\x0eleader_node_id\x18\v \x01(\tR\fleaderNodeId\x1a9\n" +
 	"\vCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"y\n" +
@@ -1049,7 +1359,29 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12.\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x16.jobbroker.v1.JobStateR\x06states\",\n" +
 	"\x12PurgeQueueResponse\x12\x16\n" +
-	"\x06purged\x18\x01 \x01(\x03R\x06purged2\xb3\x06\n" +
+	"\x06purged\x18\x01 \x01(\x03R\x06purged\"\x13\n" +
+	"\x11GetClusterRequest\"\xac\x02\n" +
+	"\vClusterInfo\x12!\n" +
+	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12'\n" +
+	"\x0fpartition_count\x18\x02 \x01(\rR\x0epartitionCount\x12-\n" +
+	"\x12replication_factor\x18\x03 \x01(\rR\x11replicationFactor\x12\x1e\n" +
+	"\vmin_in_sync\x18\x04 \x01(\rR\tminInSync\x12,\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x16.jobbroker.v1.NodeInfoR\x05nodes\x12;\n" +
+	"\n" +
+	"partitions\x18\x06 \x03(\v2\x1b.jobbroker.v1.PartitionInfoR\n" +
+	"partitions\x12\x17\n" +
+	"\anode_id\x18\a \x01(\tR\x06nodeId\"S\n" +
+	"\bNodeInfo\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05alive\x18\x03 \x01(\bR\x05alive\"\xc5\x01\n" +
+	"\rPartitionInfo\x12\x1c\n" +
+	"\tpartition\x18\x01 \x01(\rR\tpartition\x12$\n" +
+	"\x0eleader_node_id\x18\x02 \x01(\tR\fleaderNodeId\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x1a\n" +
+	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x17\n" +
+	"\ain_sync\x18\x05 \x03(\tR\x06inSync\x12%\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\xfd\x06\n" +
 	"\x05Admin\x128\n" +
 	"\x06GetJob\x12\x1b.jobbroker.v1.GetJobRequest\x1a\x11.jobbroker.v1.Job\x12I\n" +
 	"\bListJobs\x12\x1d.jobbroker.v1.ListJobsRequest\x1a\x1e.jobbroker.v1.ListJobsResponse\x12>\n" +
@@ -1064,7 +1396,9 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"PauseQueue\x12\x1f.jobbroker.v1.PauseQueueRequest\x1a\x17.jobbroker.v1.QueueInfo\x12H\n" +
 	"\vResumeQueue\x12 .jobbroker.v1.ResumeQueueRequest\x1a\x17.jobbroker.v1.QueueInfo\x12O\n" +
 	"\n" +
-	"PurgeQueue\x12\x1f.jobbroker.v1.PurgeQueueRequest\x1a .jobbroker.v1.PurgeQueueResponseBT\n" +
+	"PurgeQueue\x12\x1f.jobbroker.v1.PurgeQueueRequest\x1a .jobbroker.v1.PurgeQueueResponse\x12H\n" +
+	"\n" +
+	"GetCluster\x12\x1f.jobbroker.v1.GetClusterRequest\x1a\x19.jobbroker.v1.ClusterInfoBT\n" +
 	"\x10dev.jobbroker.v1P\x01Z/jobbroker.dev/client/go/jobbrokerv1;jobbrokerv1\xaa\x02\fJobBroker.V1b\x06proto3"
 
 var (
@@ -1079,7 +1413,7 @@ func file_jobbroker_v1_admin_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_admin_proto_rawDescData
 }
 
-var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_jobbroker_v1_admin_proto_goTypes = []any{
 	(*GetJobRequest)(nil),            // 0: jobbroker.v1.GetJobRequest
 	(*ListJobsRequest)(nil),          // 1: jobbroker.v1.ListJobsRequest
@@ -1098,50 +1432,58 @@ var file_jobbroker_v1_admin_proto_goTypes = []any{
 	(*ResumeQueueRequest)(nil),       // 14: jobbroker.v1.ResumeQueueRequest
 	(*PurgeQueueRequest)(nil),        // 15: jobbroker.v1.PurgeQueueRequest
 	(*PurgeQueueResponse)(nil),       // 16: jobbroker.v1.PurgeQueueResponse
-	nil,                              // 17: jobbroker.v1.QueueInfo.CountsEntry
-	(JobState)(0),                    // 18: jobbroker.v1.JobState
-	(*Job)(nil),                      // 19: jobbroker.v1.Job
-	(*QueuePolicy)(nil),              // 20: jobbroker.v1.QueuePolicy
-	(*durationpb.Duration)(nil),      // 21: google.protobuf.Duration
+	(*GetClusterRequest)(nil),        // 17: jobbroker.v1.GetClusterRequest
+	(*ClusterInfo)(nil),              // 18: jobbroker.v1.ClusterInfo
+	(*NodeInfo)(nil),                 // 19: jobbroker.v1.NodeInfo
+	(*PartitionInfo)(nil),            // 20: jobbroker.v1.PartitionInfo
+	nil,                              // 21: jobbroker.v1.QueueInfo.CountsEntry
+	(JobState)(0),                    // 22: jobbroker.v1.JobState
+	(*Job)(nil),                      // 23: jobbroker.v1.Job
+	(*QueuePolicy)(nil),              // 24: jobbroker.v1.QueuePolicy
+	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
 }
 var file_jobbroker_v1_admin_proto_depIdxs = []int32{
-	18, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
-	19, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
-	18, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
-	19, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
+	22, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
+	23, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
+	22, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
+	23, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
 	11, // 4: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
-	20, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
-	17, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
-	21, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
-	20, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
-	18, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
-	0,  // 10: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
-	1,  // 11: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
-	3,  // 12: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
-	4,  // 13: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
-	6,  // 14: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
-	8,  // 15: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
-	10, // 16: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
-	12, // 17: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
-	13, // 18: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
-	14, // 19: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
-	15, // 20: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
-	19, // 21: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
-	2,  // 22: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
-	19, // 23: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
-	5,  // 24: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
-	7,  // 25: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
-	9,  // 26: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
-	11, // 27: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
-	11, // 28: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
-	11, // 29: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
-	11, // 30: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
-	16, // 31: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
-	21, // [21:32] is the sub-list for method output_type
-	10, // [10:21] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	24, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
+	21, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
+	25, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
+	24, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
+	22, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
+	19, // 10: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
+	20, // 11: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
+	0,  // 12: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
+	1,  // 13: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
+	3,  // 14: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
+	4,  // 15: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
+	6,  // 16: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
+	8,  // 17: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
+	10, // 18: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
+	12, // 19: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
+	13, // 20: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
+	14, // 21: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
+	15, // 22: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
+	17, // 23: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
+	23, // 24: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
+	2,  // 25: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
+	23, // 26: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
+	5,  // 27: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
+	7,  // 28: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
+	9,  // 29: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
+	11, // 30: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
+	11, // 31: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
+	11, // 32: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
+	11, // 33: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
+	16, // 34: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
+	18, // 35: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
+	24, // [24:36] is the sub-list for method output_type
+	12, // [12:24] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_admin_proto_init() }
@@ -1157,7 +1499,7 @@ func file_jobbroker_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_admin_proto_rawDesc), len(file_jobbroker_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -30,6 +30,7 @@ const (
 	Admin_PauseQueue_FullMethodName        = "/jobbroker.v1.Admin/PauseQueue"
 	Admin_ResumeQueue_FullMethodName       = "/jobbroker.v1.Admin/ResumeQueue"
 	Admin_PurgeQueue_FullMethodName        = "/jobbroker.v1.Admin/PurgeQueue"
+	Admin_GetCluster_FullMethodName        = "/jobbroker.v1.Admin/GetCluster"
 )
 
 // AdminClient is the client API for Admin service.
@@ -58,6 +59,10 @@ type AdminClient interface {
 	ResumeQueue(ctx context.Context, in *ResumeQueueRequest, opts ...grpc.CallOption) (*QueueInfo, error)
 	// Removes the queue's jobs in the given states (all terminal states if none given).
 	PurgeQueue(ctx context.Context, in *PurgeQueueRequest, opts ...grpc.CallOption) (*PurgeQueueResponse, error)
+	// The cluster as the node asked sees it: its nodes and, per partition, its leader, epoch and
+	// replicas, so a client can send each call straight to the node that leads its partition. A
+	// single node answers as a cluster of one that leads every partition. Any token may call it.
+	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*ClusterInfo, error)
 }
 
 type adminClient struct {
@@ -178,6 +183,16 @@ func (c *adminClient) PurgeQueue(ctx context.Context, in *PurgeQueueRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*ClusterInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClusterInfo)
+	err := c.cc.Invoke(ctx, Admin_GetCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -204,6 +219,10 @@ type AdminServer interface {
 	ResumeQueue(context.Context, *ResumeQueueRequest) (*QueueInfo, error)
 	// Removes the queue's jobs in the given states (all terminal states if none given).
 	PurgeQueue(context.Context, *PurgeQueueRequest) (*PurgeQueueResponse, error)
+	// The cluster as the node asked sees it: its nodes and, per partition, its leader, epoch and
+	// replicas, so a client can send each call straight to the node that leads its partition. A
+	// single node answers as a cluster of one that leads every partition. Any token may call it.
+	GetCluster(context.Context, *GetClusterRequest) (*ClusterInfo, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -246,6 +265,9 @@ func (UnimplementedAdminServer) ResumeQueue(context.Context, *ResumeQueueRequest
 }
 func (UnimplementedAdminServer) PurgeQueue(context.Context, *PurgeQueueRequest) (*PurgeQueueResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PurgeQueue not implemented")
+}
+func (UnimplementedAdminServer) GetCluster(context.Context, *GetClusterRequest) (*ClusterInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCluster not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -466,6 +488,24 @@ func _Admin_PurgeQueue_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_GetCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetCluster(ctx, req.(*GetClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -516,6 +556,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "PurgeQueue",
 			Handler:    _Admin_PurgeQueue_Handler,
+		},
+		{
+			MethodName: "GetCluster",
+			Handler:    _Admin_GetCluster_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
