@@ -74,10 +74,8 @@ template <typename Start>
 grpc::ServerUnaryReactor* AdminService::Elsewhere(grpc::CallbackServerContext* ctx,
                                                   uint32_t partition, RpcTiming timing,
                                                   Start start) {
-  if (!router_.cluster_mode()) return nullptr;
-  const Route route = router_.RouteOf(partition, *ctx);
-  if (route.kind == Route::Kind::kLocal) return nullptr;
-  return forwarder_->ForwardAdmin(ctx, route, timing, std::move(start));
+  return AnswerElsewhere<v1::Admin::Stub>(router_, forwarder_, ctx, partition, timing,
+                                          std::move(start));
 }
 
 void AdminService::AddPlacement(v1::QueueInfo* info) const { AddPlacement(info, *router_.view()); }

@@ -78,10 +78,8 @@ template <typename Start>
 grpc::ServerUnaryReactor* BrokerService::Elsewhere(grpc::CallbackServerContext* ctx,
                                                    uint32_t partition, RpcTiming timing,
                                                    Start start) {
-  if (!router_.cluster_mode()) return nullptr;
-  const Route route = router_.RouteOf(partition, *ctx);
-  if (route.kind == Route::Kind::kLocal) return nullptr;
-  return forwarder_->ForwardBroker(ctx, route, timing, std::move(start));
+  return AnswerElsewhere<v1::Broker::Stub>(router_, forwarder_, ctx, partition, timing,
+                                           std::move(start));
 }
 
 grpc::ServerUnaryReactor* BrokerService::Enqueue(grpc::CallbackServerContext* ctx,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -64,5 +65,23 @@ class Forwarder {
   // Peers are never removed: a node's address set is small, and a stub must outlive its calls.
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
 };
+
+// What a unary handler calls before it answers a call for `partition` itself: null when this
+// node's broker answers it (always on a single node), else the reactor that answers it from the
+// partition's leader (`start` sends it there on a Stub, v1::Broker::Stub or v1::Admin::Stub) or
+// refuses it (UNAVAILABLE naming the partition).
+template <typename Stub, typename Start>
+grpc::ServerUnaryReactor* AnswerElsewhere(const Router& router, Forwarder* forwarder,
+                                          grpc::CallbackServerContext* ctx, uint32_t partition,
+                                          RpcTiming timing, Start start) {
+  if (!router.cluster_mode()) return nullptr;
+  const Route route = router.RouteOf(partition, *ctx);
+  if (route.kind == Route::Kind::kLocal) return nullptr;
+  if constexpr (std::is_same_v<Stub, v1::Broker::Stub>) {
+    return forwarder->ForwardBroker(ctx, route, timing, std::move(start));
+  } else {
+    return forwarder->ForwardAdmin(ctx, route, timing, std::move(start));
+  }
+}
 
 }  // namespace jobbroker::server

@@ -16,6 +16,7 @@
 #include "jobbroker/partition.h"
 #include "jobbroker/worker.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
 
 namespace jobbroker::testing {
@@ -37,20 +38,7 @@ class ClientClusterTest : public ::testing::Test {
     ASSERT_TRUE(etcd.ok()) << etcd.status();
     etcd_ = *std::move(etcd);
     for (int n = 0; n < kNodes; ++n) {
-      BrokerProcessOptions options;
-      options.extra_args = {"--cluster-etcd",
-                            etcd_->client_url(),
-                            "--cluster-name",
-                            "test",
-                            "--node-id",
-                            absl::StrCat("node-", n),
-                            "--partitions",
-                            absl::StrCat(kPartitions),
-                            "--replication-factor",
-                            "3",
-                            "--min-in-sync",
-                            "2"};
-      auto node = BrokerProcess::Start(options);
+      auto node = BrokerProcess::Start(ClusterNodeOptions(*etcd_, n, kPartitions));
       ASSERT_TRUE(node.ok()) << node.status();
       addresses_.push_back((*node)->address());
       nodes_.push_back(*std::move(node));
