@@ -43,13 +43,21 @@ TEST(EtcdLayoutTest, TheConfigAndEachNodeLiveUnderTheClusterName) {
   EXPECT_EQ(NodesPrefix("prod"), "prod/nodes/");
   EXPECT_EQ(PartitionsPrefix("prod"), "prod/partitions/");
   EXPECT_EQ(EncodeConfig({8, 3, 2}), R"({"partitions":8,"replication_factor":3,"min_in_sync":2})");
-  EXPECT_EQ(EncodeNode({"10.0.0.7:7000"}), R"({"grpc":"10.0.0.7:7000"})");
+  EXPECT_EQ(EncodeNode({"10.0.0.7:7000"}), R"({"grpc":"10.0.0.7:7000","leaving":false})");
   auto config = DecodeConfig(EncodeConfig({8, 3, 2}));
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(*config, (ClusterConfig{8, 3, 2}));
   auto node = DecodeNode(EncodeNode({"10.0.0.7:7000"}));
   ASSERT_TRUE(node.ok()) << node.status();
   EXPECT_EQ(node->grpc, "10.0.0.7:7000");
+  EXPECT_FALSE(node->leaving);
+  // A node handing over says so; a value written before the field existed reads as staying.
+  node = DecodeNode(EncodeNode({"10.0.0.7:7000", /*leaving=*/true}));
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_TRUE(node->leaving);
+  node = DecodeNode(R"({"grpc":"10.0.0.7:7000"})");
+  ASSERT_TRUE(node.ok()) << node.status();
+  EXPECT_FALSE(node->leaving);
   EXPECT_THAT(DecodeConfig("[]"),
               testing::StatusIs(absl::StatusCode::kDataLoss, HasSubstr("config")));
 }
