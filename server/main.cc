@@ -200,8 +200,9 @@ int Run(int argc, char** argv) {
   // Which node answers each call; in cluster mode the others' calls are forwarded to them.
   const std::string node_id = flags->node_id.empty() ? "local" : flags->node_id;
   std::unique_ptr<Router> router =
-      cluster != nullptr ? Router::Cluster(flags->cluster_name, node_id, partition_count)
-                         : Router::SingleNode(node_id, partition_count);
+      cluster != nullptr
+          ? Router::Cluster(flags->cluster_name, node_id, partition_count, cluster->served_check())
+          : Router::SingleNode(node_id, partition_count);
   std::unique_ptr<Forwarder> forwarder;
   if (cluster != nullptr) forwarder = std::make_unique<Forwarder>(node_id, nullptr);
   BrokerService broker_service(**broker, auth, work_streams, rpc_metrics, *router, forwarder.get());

@@ -124,6 +124,8 @@ class ClusterNode {
   ReplicatedPartition::State partition_state(uint32_t partition) const {
     return replicas_[partition]->state();
   }
+  // This node's broker of `partition` answers for it now (ReplicatedPartition::served).
+  bool served(uint32_t partition) const { return replicas_[partition]->served(); }
 
  private:
   ClusterNode(ClusterNodeOptions options, Etcd& etcd, const core::Clock& clock);

@@ -34,6 +34,7 @@ ReplicatedPartition::~ReplicatedPartition() {
 void ReplicatedPartition::Stop() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;
+  served_.store(false, std::memory_order_release);
 }
 
 void ReplicatedPartition::ReceiveLoop() {
@@ -64,6 +65,12 @@ void ReplicatedPartition::CollectLocked() {
     if (found != waiting_.end()) found->second = std::move(outcome.status);
   }
   for (ReplicationMessage& message : replica_.TakeOutbox()) outbox_.push_back(std::move(message));
+  UpdateServedLocked();
+}
+
+void ReplicatedPartition::UpdateServedLocked() {
+  served_.store(!stopping_ && replica_.serving() && replica_.epoch() == broker_epoch_,
+                std::memory_order_release);
 }
 
 ReplicatedPartition::State ReplicatedPartition::Tick(const PartitionView& view,
@@ -184,6 +191,7 @@ absl::Status ReplicatedPartition::Resume() {
         " of ", storage_->log_end(), "; the broker rebuilds once every entry is applied"));
   }
   broker_epoch_ = replica_.epoch();
+  UpdateServedLocked();
   return absl::OkStatus();
 }
 

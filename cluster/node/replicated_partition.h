@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -87,6 +88,10 @@ class ReplicatedPartition final : public core::Store {
   // A message from a peer, queued for the receiving thread. Returns at once.
   void Deliver(ReplicationMessage message);
   State state() const;
+  // The partition's broker on this node answers for it now: the replica serves the epoch the
+  // broker was rebuilt in (State's serving && epoch == broker_epoch), as of the replica's last
+  // step. Lock-free: the router asks it on every call.
+  bool served() const { return served_.load(std::memory_order_acquire); }
 
   // --- core::Store --------------------------------------------------------------------------
   absl::Status Write(absl::Span<const core::Transition> transitions) override;
@@ -101,6 +106,7 @@ class ReplicatedPartition final : public core::Store {
 
   void ReceiveLoop();
   // After every replica call: its outcomes to their waiting writes, its messages to the sender.
+  void UpdateServedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   State StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The refusal of a write or resume while this node does not serve the partition (marked
@@ -123,6 +129,7 @@ class ReplicatedPartition final : public core::Store {
   std::vector<ReplicationMessage> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<ReplicationMessage> outbox_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> served_{false};  // written under mu_ (UpdateServedLocked), read without it
   std::thread receiver_;
 };
 

@@ -102,6 +102,11 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
 
 std::vector<core::Store*> ClusterMode::stores() { return parts_->node->stores(); }
 
+std::function<bool(uint32_t)> ClusterMode::served_check() {
+  cluster::ClusterNode* node = parts_->node.get();
+  return [node](uint32_t partition) { return node->served(partition); };
+}
+
 grpc::Service* ClusterMode::peer_service() { return parts_->node->peer_service(); }
 
 absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string& grpc_address,

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,9 @@ class ClusterMode {
 
   // The partitions' stores, for node::Partitions::Open.
   std::vector<core::Store*> stores();
+  // Whether this node's broker of a partition answers for it right now, for the Router (valid
+  // until this object is destroyed).
+  std::function<bool(uint32_t partition)> served_check();
   // The replication service, to register on the gRPC server.
   grpc::Service* peer_service();
   // Once the server listens at `grpc_address`: registers the node (at --advertise-address, or

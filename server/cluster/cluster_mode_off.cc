@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
 }
 
 std::vector<core::Store*> ClusterMode::stores() { return {}; }
+std::function<bool(uint32_t)> ClusterMode::served_check() { return nullptr; }
 grpc::Service* ClusterMode::peer_service() { return nullptr; }
 absl::Status ClusterMode::Attach(node::Partitions&, const std::string&, Router&) {
   return absl::FailedPreconditionError("built without cluster mode");

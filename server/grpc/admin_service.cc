@@ -244,12 +244,15 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
       return UnaryCall(ctx, timing).Finish(s);
   }
   std::shared_ptr<const ClusterView> view = router_.view();
+  // Which partitions this node answers for, read once: the others are asked below.
+  std::vector<bool> here(router_.partitions());
+  for (uint32_t p = 0; p < here.size(); ++p) here[p] = router_.ServedHere(p);
   for (const core::QueueInfo& q : broker_.ListQueues()) {
     // A token scoped to some queues sees those only; the others' names are not its business.
     if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, q.name)) continue;
     const uint32_t partition = router_.PartitionOfQueue(q.name);
     // A broker that stopped leading its partition still remembers its queues as they were.
-    if (router_.cluster_mode() && !view->partitions[partition].served_here) continue;
+    if (partition >= here.size() || !here[partition]) continue;
     v1::QueueInfo* info = resp->add_queues();
     ToProto(q, info);
     AddPlacement(info, *view);
@@ -259,13 +262,13 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
   // Cluster mode: and the queues of every other partition, from the nodes that lead them. A
   // partition without a leader fails the call rather than leave its queues out unsaid.
   std::vector<std::string> leaders;
-  for (uint32_t p = 0; p < view->partitions.size(); ++p) {
-    if (view->partitions[p].served_here) continue;
+  for (uint32_t p = 0; p < here.size(); ++p) {
+    if (here[p]) continue;  // listed above
     const Route route = router_.RouteOf(p, /*forwarded=*/false);
-    if (route.kind == Route::Kind::kLocal) {
+    if (route.kind == Route::Kind::kLocal) {  // this node began to serve it just now
       return UnaryCall(ctx, timing)
-          .Finish(absl::UnavailableError(absl::StrCat("partition ", p, ": ", router_.node_id(),
-                                                      " is starting to lead it; retry")));
+          .Finish(absl::UnavailableError(
+              absl::StrCat("partition ", p, " changed leader while listed; retry")));
     }
     if (route.kind == Route::Kind::kUnavailable) return UnaryCall(ctx, timing).Finish(route.why);
     if (std::find(leaders.begin(), leaders.end(), route.address) == leaders.end())

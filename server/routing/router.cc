@@ -28,23 +28,25 @@ ClusterView SingleNodeView(const std::string& node_id, const std::string& addres
 std::unique_ptr<Router> Router::SingleNode(std::string node_id, uint32_t partitions) {
   auto view = std::make_shared<const ClusterView>(SingleNodeView(node_id, "", partitions));
   return std::unique_ptr<Router>(
-      new Router(/*cluster_mode=*/false, std::move(node_id), partitions, std::move(view)));
+      new Router(/*cluster_mode=*/false, std::move(node_id), partitions, std::move(view), nullptr));
 }
 
 std::unique_ptr<Router> Router::Cluster(std::string cluster_name, std::string node_id,
-                                        uint32_t partitions) {
+                                        uint32_t partitions,
+                                        std::function<bool(uint32_t)> served_now) {
   auto view = std::make_shared<ClusterView>();
   view->cluster_name = std::move(cluster_name);
   view->node_id = node_id;
   view->known = false;
   view->partitions.resize(partitions);
-  return std::unique_ptr<Router>(
-      new Router(/*cluster_mode=*/true, std::move(node_id), partitions, std::move(view)));
+  return std::unique_ptr<Router>(new Router(/*cluster_mode=*/true, std::move(node_id), partitions,
+                                            std::move(view), std::move(served_now)));
 }
 
 Router::Router(bool cluster_mode, std::string node_id, uint32_t partitions,
-               std::shared_ptr<const ClusterView> view)
+               std::shared_ptr<const ClusterView> view, std::function<bool(uint32_t)> served_now)
     : cluster_mode_(cluster_mode),
+      served_now_(std::move(served_now)),
       node_id_(std::move(node_id)),
       partitions_(partitions),
       view_(std::move(view)) {}
@@ -72,8 +74,15 @@ Route Router::RouteOf(uint32_t partition, bool forwarded) const {
   std::shared_ptr<const ClusterView> view = this->view();
   if (partition >= view->partitions.size()) return route;  // the broker refuses it
   const ClusterView::Partition& p = view->partitions[partition];
-  if (p.served_here || p.leader == node_id_) return route;  // the broker answers, even "starting"
+  if (served_now_ ? served_now_(partition) : p.served_here) return route;
   route.kind = Route::Kind::kUnavailable;
+  if (p.leader == node_id_) {
+    // Its broker is not rebuilt yet, or it has just stopped leading: its memory may be behind.
+    route.why = absl::UnavailableError(absl::StrCat(
+        "partition ", partition, ": ", node_id_,
+        " leads it but does not serve it at this moment (starting, or handing over); retry"));
+    return route;
+  }
   if (p.leader.empty()) {
     route.why = absl::UnavailableError(
         view->known ? absl::StrCat("partition ", partition,
@@ -94,6 +103,13 @@ Route Router::RouteOf(uint32_t partition, bool forwarded) const {
   route.leader = p.leader;
   route.address = p.leader_address;
   return route;
+}
+
+bool Router::ServedHere(uint32_t partition) const {
+  if (!cluster_mode_) return true;
+  if (served_now_) return served_now_(partition);
+  std::shared_ptr<const ClusterView> view = this->view();
+  return partition < view->partitions.size() && view->partitions[partition].served_here;
 }
 
 std::shared_ptr<const ClusterView> Router::view() const {

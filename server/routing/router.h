@@ -56,9 +56,13 @@ class Router {
   // "", partitions) until the node publishes it with its address.
   static std::unique_ptr<Router> SingleNode(std::string node_id, uint32_t partitions);
   // Cluster mode: a node of `cluster_name` with `partitions` partitions; until the first Publish
-  // no partition has a leader (their calls are UNAVAILABLE).
+  // no partition has a leader (their calls are UNAVAILABLE). `served_now(p)`: whether this
+  // node's broker of partition p answers for it at this moment (the replica's own state, not
+  // the view of up to a tick ago: a broker that just stopped leading must not answer a read
+  // from memory the new leader has moved past). Null: the view's served_here.
   static std::unique_ptr<Router> Cluster(std::string cluster_name, std::string node_id,
-                                         uint32_t partitions);
+                                         uint32_t partitions,
+                                         std::function<bool(uint32_t)> served_now = nullptr);
 
   bool cluster_mode() const { return cluster_mode_; }
   uint32_t partitions() const { return partitions_; }
@@ -71,6 +75,8 @@ class Router {
   // Where a call for `partition` goes; `ctx` tells whether it was forwarded here already.
   Route RouteOf(uint32_t partition, const grpc::ServerContextBase& ctx) const;
   Route RouteOf(uint32_t partition, bool forwarded) const;
+  // This node's broker answers for `partition` now (always on a single node).
+  bool ServedHere(uint32_t partition) const;
   static bool IsForwarded(const grpc::ServerContextBase& ctx);
 
   // The view last published (single node: the one it was made with). Never null.
@@ -91,9 +97,10 @@ class Router {
 
  private:
   Router(bool cluster_mode, std::string node_id, uint32_t partitions,
-         std::shared_ptr<const ClusterView> view);
+         std::shared_ptr<const ClusterView> view, std::function<bool(uint32_t)> served_now);
 
   const bool cluster_mode_;
+  const std::function<bool(uint32_t)> served_now_;
   const std::string node_id_;
   const uint32_t partitions_;
 
