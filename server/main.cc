@@ -180,7 +180,7 @@ int Run(int argc, char** argv) {
   std::unique_ptr<ClusterMode> cluster;
   if (!flags->cluster_etcd.empty()) {
     absl::StatusOr<std::unique_ptr<ClusterMode>> started =
-        ClusterMode::Start(*flags, **store, clock);
+        ClusterMode::Start(*flags, **store, clock, authorizer.get());
     if (!started.ok()) return Fatal(std::string(started.status().message()));
     cluster = *std::move(started);
     options.store_retry_interval = absl::Milliseconds(200);

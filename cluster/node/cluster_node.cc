@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 
 namespace jobbroker::cluster {
 namespace {
@@ -59,7 +60,7 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptio
         if (message.partition < self->replicas_.size())
           self->replicas_[message.partition]->Deliver(std::move(message));
       },
-      nullptr);
+      node->options_.authorize_peer);
   for (uint32_t p = 0; p < node->config_.partitions; ++p) {
     ReplicatedPartitionOptions own;
     own.replica = node->options_.replica;
@@ -116,7 +117,7 @@ absl::Status ClusterNode::CheckConfig() {
   return absl::OkStatus();
 }
 
-absl::Status ClusterNode::Register() {
+absl::Status ClusterNode::Register(bool first) {
   // The previous run's lease: its leader keys would stand until the TTL ran out.
   if (!options_.lease_file.empty()) {
     std::ifstream in(options_.lease_file);
@@ -124,6 +125,26 @@ absl::Status ClusterNode::Register() {
     if (in >> old && old != 0) {
       absl::Status revoked = etcd_.RevokeLease(old);
       if (!revoked.ok() && revoked.code() != absl::StatusCode::kNotFound) return revoked;
+    }
+  }
+  if (first) {
+    // A node key left now is another live process's with this id (or this node's previous
+    // run's, if its lease file is gone: that one vanishes within the TTL). Two processes with
+    // one id would each take the other's partitions for their own.
+    const std::string key = NodeKey(options_.cluster_name, options_.node_id);
+    const absl::Time give_up = absl::Now() + options_.lease.ttl + absl::Seconds(1);
+    while (true) {
+      absl::StatusOr<GetResult> existing = etcd_.Get(key);
+      if (!existing.ok()) return existing.status();
+      if (existing->kvs.empty()) break;
+      if (absl::Now() >= give_up) {
+        auto info = DecodeNode(existing->kvs.front().value);
+        return absl::AlreadyExistsError(
+            absl::StrCat("node id ", options_.node_id, " is registered by another live node",
+                         info.ok() ? absl::StrCat(" at ", info->grpc) : "",
+                         ": every node needs its own --node-id"));
+      }
+      absl::SleepFor(absl::Milliseconds(100));
     }
   }
   const absl::Time asked = clock_.Now();
@@ -161,7 +182,7 @@ absl::Status ClusterNode::Attach(node::Partitions* partitions, std::string adver
     absl::MutexLock lock(&mu_);
     advertise_address_ = std::move(advertise_address);
   }
-  if (auto s = Register(); !s.ok()) return s;
+  if (auto s = Register(/*first=*/true); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   partitions_ = partitions;
   for (uint32_t p = 0; p < partitions->count(); ++p) {
@@ -265,7 +286,7 @@ void ClusterNode::Step() {
     lost = keeper_ == nullptr || !keeper_->lost().ok();
   }
   // If etcd is out of reach, the replicas are ticked below without a lease, so none leads.
-  if (lost) Register().IgnoreError();
+  if (lost) Register(/*first=*/false).IgnoreError();
   NodeLease lease;
   bool leaving = false;
   {

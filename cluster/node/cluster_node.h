@@ -58,6 +58,8 @@ struct ClusterNodeOptions {
   ReplicaOptions replica;
   absl::Duration commit_timeout = absl::Seconds(10);
   PeerTransportOptions transport;  // node_id is set here
+  // Who may open a replication stream to this node (the peer role's check); unset: anyone.
+  PeerTransport::Authorize authorize_peer;
   // Told (on the driver thread) when a partition's replica changes role or epoch, or stops: for
   // the node's log. Unset: nobody listens.
   std::function<void(uint32_t partition, const ReplicatedPartition::State& state)>
@@ -106,7 +108,8 @@ class ClusterNode {
   // Once the node's gRPC server listens at `advertise_address` (host:port, where peers and
   // clients reach it): revokes the lease in options.lease_file, grants a new one, registers the
   // node on it and starts the driver over `partitions` (opened over stores(); borrowed: Stop()
-  // before it is destroyed). etcd's error if it cannot be reached.
+  // before it is destroyed). etcd's error if it cannot be reached; kAlreadyExists if another
+  // live node has this node id (waiting up to the TTL for a previous run's key to go).
   absl::Status Attach(node::Partitions* partitions, std::string advertise_address);
   // A graceful stop's first half (SIGTERM): marks the node leaving in etcd, so it resigns every
   // partition it leads (another in-sync member takes each over at once, while this node still
@@ -131,8 +134,9 @@ class ClusterNode {
   ClusterNode(ClusterNodeOptions options, Etcd& etcd, const core::Clock& clock);
 
   absl::Status CheckConfig();
-  // Grants a lease (and keeps it), writes the lease file, registers the node on it.
-  absl::Status Register();
+  // Grants a lease (and keeps it), writes the lease file, registers the node on it. `first`
+  // (at Attach): kAlreadyExists if another live process holds this node id.
+  absl::Status Register(bool first);
   void DriverLoop();
   // One read of the cluster's keys, the placements it lacks, a Tick of every replica.
   void Step();

@@ -20,7 +20,7 @@ using google::protobuf::ListValue;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 
-constexpr Role kRoles[] = {Role::kProducer, Role::kWorker, Role::kAdmin};
+constexpr Role kRoles[] = {Role::kProducer, Role::kWorker, Role::kAdmin, Role::kPeer};
 
 absl::Status Invalid(absl::string_view where, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
@@ -124,11 +124,13 @@ absl::StatusOr<TokenEntry> ParseEntry(const Value& value, int index) {
                               [&r](Role role) { return RoleName(role) == r; });
     if (known == std::end(kRoles))
       return Invalid(where, absl::StrCat("roles[", i, "]: unknown role \"", r,
-                                         "\" (producer, worker or admin)"));
+                                         "\" (producer, worker, admin or peer)"));
     if (std::find(out.roles.begin(), out.roles.end(), *known) == out.roles.end())
       out.roles.push_back(*known);
   }
 
+  const bool peer_only = out.roles == std::vector<Role>{Role::kPeer};
+  if (peer_only && entry.fields().find("queues") == entry.fields().end()) return out;
   absl::StatusOr<std::vector<std::string>> queues = Strings(entry, "queues", where);
   if (!queues.ok()) return queues.status();
   for (size_t i = 0; i < queues->size(); ++i) {
@@ -149,6 +151,8 @@ absl::string_view RoleName(Role role) {
       return "worker";
     case Role::kAdmin:
       return "admin";
+    case Role::kPeer:
+      return "peer";
   }
   return "unknown";
 }

@@ -16,9 +16,10 @@ enum class Role : uint8_t {
   kProducer,  // Enqueue, EnqueueBatch
   kWorker,    // Lease, Work, Heartbeat, Ack, Fail, Release
   kAdmin,     // every Admin RPC
+  kPeer,      // the Replication service between cluster nodes, and nothing else
 };
 
-// "producer", "worker", "admin".
+// "producer", "worker", "admin", "peer".
 absl::string_view RoleName(Role role);
 
 using Sha256Digest = std::array<uint8_t, 32>;
@@ -44,7 +45,9 @@ struct TokenEntry {
 //
 // Each entry has `name`, exactly one of `sha256` (hex SHA-256 of the token) and `token` (the
 // token in plain text, for development: the file then reveals it), a non-empty `roles` list of
-// producer | worker | admin, and a non-empty `queues` list of patterns. kInvalidArgument whose
+// producer | worker | admin | peer, and a non-empty `queues` list of patterns (which a token
+// whose only role is peer, the one cluster nodes present to each other, may leave out: the
+// replication service touches no queue by name). kInvalidArgument whose
 // message names the entry (`tokens[2] ("billing-producer")`) and the field, for malformed JSON,
 // an unknown field, an unknown role, an empty or malformed pattern, bad hex, or a name or token
 // that another entry already has. The message never contains a plaintext token.

@@ -1,9 +1,14 @@
 #include "server/cluster/cluster_mode.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cluster/etcd/grpc_etcd.h"
@@ -25,9 +30,41 @@ ClusterMode::ClusterMode(std::unique_ptr<Parts> parts) : parts_(std::move(parts)
 
 ClusterMode::~ClusterMode() { Stop(); }
 
+namespace {
+
+// The token in --cluster-peer-token-file (surrounding whitespace dropped), checked against this
+// node's own --auth-tokens: the other nodes hold the same table. Messages never hold the token.
+absl::StatusOr<std::string> ReadPeerToken(const std::string& path, const Authorizer* authorizer) {
+  std::ifstream in(path);
+  if (!in)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster-peer-token-file ", path, ": cannot be read"));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string token(absl::StripAsciiWhitespace(text.str()));
+  if (token.empty())
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster-peer-token-file ", path, ": is empty"));
+  if (authorizer != nullptr) {
+    const std::string bearer = "Bearer " + token;
+    absl::StatusOr<const TokenEntry*> entry = authorizer->Authenticate({bearer});
+    absl::Status allowed =
+        entry.ok() ? Authorizer::AllowRole(**entry, Role::kPeer) : entry.status();
+    if (!allowed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cluster-peer-token-file ", path,
+                       ": the other nodes would refuse it: ", allowed.message()));
+    }
+  }
+  return token;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlags& flags,
                                                                 storage::RocksDbStore& store,
-                                                                const core::Clock& clock) {
+                                                                const core::Clock& clock,
+                                                                const Authorizer* authorizer) {
   auto parts = std::make_unique<Parts>();
   parts->node_id = flags.node_id;
   parts->advertise_address = flags.advertise_address;
@@ -50,6 +87,23 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   options.min_in_sync = static_cast<uint32_t>(flags.min_in_sync);
   options.lease.ttl = absl::Seconds(flags.cluster_lease_ttl);
   options.lease_file = (std::filesystem::path(flags.data_dir) / "cluster-lease").string();
+  if (!flags.cluster_peer_token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadPeerToken(flags.cluster_peer_token_file, authorizer);
+    if (!token.ok()) return token.status();
+    options.transport.peer_token = *std::move(token);
+  }
+  if (authorizer != nullptr) {
+    // Only a peer's token replicates: a client's token, whatever its roles, is refused.
+    options.authorize_peer = [authorizer](const grpc::CallbackServerContext& ctx) {
+      std::vector<absl::string_view> values;
+      auto [begin, end] = ctx.client_metadata().equal_range("authorization");
+      for (auto it = begin; it != end; ++it)
+        values.emplace_back(it->second.data(), it->second.size());
+      absl::StatusOr<const TokenEntry*> caller = authorizer->Authenticate(values);
+      if (!caller.ok()) return caller.status();
+      return Authorizer::AllowRole(**caller, Role::kPeer);
+    };
+  }
   options.on_partition_change =
       [node = flags.node_id](uint32_t partition, const cluster::ReplicatedPartition::State& state) {
         Log::Write(state.broken.ok() ? LogLevel::kInfo : LogLevel::kError, "partition_role",

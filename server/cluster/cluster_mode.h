@@ -10,6 +10,7 @@
 #include "core/clock.h"
 #include "core/store.h"
 #include "node/partitions.h"
+#include "server/auth/authorizer.h"
 #include "server/config/flags.h"
 #include "server/routing/router.h"
 #include "storage/rocksdb_store.h"
@@ -28,9 +29,12 @@ class ClusterMode {
  public:
   // Connects to --cluster-etcd, checks or creates the cluster's config and opens a replica of
   // each partition over `store`. Borrows store and clock. The reason it cannot, naming the flag.
+  // `authorizer` (null: auth off) decides who may replicate to this node: a token with the peer
+  // role; this node presents --cluster-peer-token-file's token to the others.
   static absl::StatusOr<std::unique_ptr<ClusterMode>> Start(const ServerFlags& flags,
                                                             storage::RocksDbStore& store,
-                                                            const core::Clock& clock);
+                                                            const core::Clock& clock,
+                                                            const Authorizer* authorizer);
   ~ClusterMode();  // Stop()
   ClusterMode(const ClusterMode&) = delete;
   ClusterMode& operator=(const ClusterMode&) = delete;

@@ -10,7 +10,8 @@ ClusterMode::~ClusterMode() = default;
 
 absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlags&,
                                                                 storage::RocksDbStore&,
-                                                                const core::Clock&) {
+                                                                const core::Clock&,
+                                                                const Authorizer*) {
   return absl::FailedPreconditionError(
       "--cluster-etcd: this jobbroker was built without cluster mode "
       "(cmake -DJOBBROKER_BUILD_CLUSTER=ON builds it)");

@@ -66,6 +66,9 @@ ABSL_FLAG(int64_t, replication_factor, 3,
 ABSL_FLAG(int64_t, min_in_sync, 2,
           "cluster mode: replicas a write must be durable on before it is answered, 1 to "
           "--replication-factor (fixed when the cluster is created)");
+ABSL_FLAG(std::string, cluster_peer_token_file, "",
+          "cluster mode with --auth-tokens: a file holding the token this node presents to the "
+          "others (one with the peer role in every node's --auth-tokens); required then");
 ABSL_FLAG(bool, check_config, false,
           "validate the flags, the --config file and the TLS files, say so, exit (0 if the broker "
           "would start with them, 1 otherwise)");
@@ -207,6 +210,7 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.cluster_lease_ttl = absl::GetFlag(FLAGS_cluster_lease_ttl);
   out.replication_factor = absl::GetFlag(FLAGS_replication_factor);
   out.min_in_sync = absl::GetFlag(FLAGS_min_in_sync);
+  out.cluster_peer_token_file = absl::GetFlag(FLAGS_cluster_peer_token_file);
 
   if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
   if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
@@ -222,6 +226,14 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   }
   if (!out.cluster_etcd.empty() && out.node_id.empty())
     return absl::InvalidArgumentError("--cluster-etcd needs --node-id (this node's id)");
+  // With tokens on, the other nodes refuse a node that presents none.
+  if (!out.cluster_etcd.empty() && !out.auth_tokens.empty() && out.cluster_peer_token_file.empty())
+    return absl::InvalidArgumentError(
+        "--cluster-etcd with --auth-tokens needs --cluster-peer-token-file (the token, with the "
+        "peer role, this node presents to the others)");
+  if (!out.cluster_peer_token_file.empty() && out.cluster_etcd.empty())
+    return absl::InvalidArgumentError(
+        "--cluster-peer-token-file is for cluster mode (--cluster-etcd)");
   if (out.cluster_name.find('/') != std::string::npos)
     return absl::InvalidArgumentError("--cluster-name must not hold a '/'");
   if (out.node_id.find('/') != std::string::npos)

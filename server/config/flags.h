@@ -54,6 +54,8 @@ struct ServerFlags {
   int64_t cluster_lease_ttl = 3;
   int64_t replication_factor = 3;
   int64_t min_in_sync = 2;
+  // With auth_tokens: the file holding the token this node presents to its peers (peer role).
+  std::string cluster_peer_token_file;
   bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;          // --help or -h: print Usage() and exit 0
 };

@@ -80,6 +80,18 @@ TEST(ParseAuthTokensTest, UpperCaseHexAndRepeatedRolesAreAccepted) {
   EXPECT_THAT((*tokens)[0].roles, ElementsAre(Role::kWorker));
 }
 
+TEST(ParseAuthTokensTest, APeerTokenNeedsNoQueuesButAnyOtherRoleDoes) {
+  // What cluster nodes present to each other: the replication service names no queue.
+  absl::StatusOr<std::vector<TokenEntry>> tokens =
+      ParseAuthTokens(File(R"({"name": "nodes", "token": "p", "roles": ["peer"]})"));
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_THAT((*tokens)[0].roles, ElementsAre(Role::kPeer));
+  EXPECT_TRUE((*tokens)[0].queues.empty());
+  EXPECT_EQ(RoleName(Role::kPeer), "peer");
+  EXPECT_THAT(ErrorOf(File(R"({"name": "a", "token": "t", "roles": ["peer", "admin"]})")),
+              HasSubstr(R"(tokens[0] ("a"): queues is required)"));
+}
+
 TEST(ParseAuthTokensTest, RefusesAFileThatIsNotTheExpectedShape) {
   EXPECT_THAT(ErrorOf("not json"), HasSubstr("not valid JSON"));
   EXPECT_THAT(ErrorOf("{}"), HasSubstr("tokens: is required"));

@@ -127,6 +127,16 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
               StatusIs(kInvalid, HasSubstr("--cluster-lease-ttl must be a number from 2 to 60")));
   EXPECT_THAT(Parse({"--replication-factor", "8"}),
               StatusIs(kInvalid, HasSubstr("--replication-factor must be a number from 1 to 7")));
+  // With tokens on, a node must bring the token it presents to the others.
+  EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--auth-tokens",
+                     "tokens.json"}),
+              StatusIs(kInvalid, HasSubstr("needs --cluster-peer-token-file")));
+  EXPECT_THAT(Parse({"--cluster-peer-token-file", "peer.token"}),
+              StatusIs(kInvalid, HasSubstr("--cluster-peer-token-file is for cluster mode")));
+  f = Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--auth-tokens",
+             "tokens.json", "--cluster-peer-token-file", "peer.token"});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->cluster_peer_token_file, "peer.token");
 }
 
 TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {
@@ -165,6 +175,7 @@ TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
                            "--cluster-lease-ttl",
                            "--replication-factor",
                            "--min-in-sync",
+                           "--cluster-peer-token-file",
                            "--help"}) {
     EXPECT_THAT(usage, HasSubstr(std::string("  ") + flag)) << flag;
   }
