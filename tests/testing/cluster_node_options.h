@@ -1,7 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/etcd_process.h"
@@ -26,6 +31,34 @@ inline BrokerProcessOptions ClusterNodeOptions(const EtcdProcess& etcd, int n,
                         "--min-in-sync",
                         "2"};
   return options;
+}
+
+// A real etcd and `nodes` real jobbroker nodes of cluster "test" (ClusterNodeOptions), each
+// also given `extra_args`; everything in `dir`, stopped by PID when the object dies.
+struct TestCluster {
+  std::unique_ptr<TempDir> dir;
+  std::unique_ptr<EtcdProcess> etcd;
+  std::vector<std::unique_ptr<BrokerProcess>> nodes;
+};
+
+// Fails with the first process that does not start (its output in the message).
+inline absl::StatusOr<TestCluster> StartTestCluster(
+    int nodes, uint32_t partitions, const std::vector<std::string>& extra_args = {}) {
+  TestCluster cluster;
+  auto dir = TempDir::Create();
+  if (!dir.ok()) return dir.status();
+  cluster.dir = *std::move(dir);
+  auto etcd = EtcdProcess::Start(cluster.dir->path() + "/etcd");
+  if (!etcd.ok()) return etcd.status();
+  cluster.etcd = *std::move(etcd);
+  for (int n = 0; n < nodes; ++n) {
+    BrokerProcessOptions options = ClusterNodeOptions(*cluster.etcd, n, partitions);
+    options.extra_args.insert(options.extra_args.end(), extra_args.begin(), extra_args.end());
+    auto node = BrokerProcess::Start(options);
+    if (!node.ok()) return node.status();
+    cluster.nodes.push_back(*std::move(node));
+  }
+  return cluster;
 }
 
 }  // namespace jobbroker::testing

@@ -185,15 +185,9 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
 Client::Client(ClientOptions options) : options_(std::move(options)) {
   if (options_.address.empty() && options_.addresses.empty()) options_.address = DefaultAddress();
   if (options_.token.empty()) options_.token = DefaultToken();
-  Router::Options router;
-  if (!options_.address.empty()) router.addresses.push_back(options_.address);
-  router.addresses.insert(router.addresses.end(), options_.addresses.begin(),
-                          options_.addresses.end());
-  router.tls = options_.tls;
-  router.token = options_.token;
-  router.timeout = options_.timeout;
-  router.channel = options_.channel;
-  router_ = std::make_unique<Router>(std::move(router));
+  router_ = std::make_unique<Router>(Router::Options::From(options_.address, options_.addresses,
+                                                           options_.tls, options_.token,
+                                                           options_.timeout, options_.channel));
 }
 
 Client::~Client() = default;

@@ -48,6 +48,21 @@ class Router {
     // Deadline of each GetCluster attempt.
     absl::Duration timeout = absl::Seconds(10);
     std::shared_ptr<grpc::Channel> channel;
+
+    // What ClientOptions and WorkerOptions give: `address` (may be a list) first, then
+    // `addresses`.
+    static Options From(const std::string& address, const std::vector<std::string>& addresses,
+                        const std::optional<TlsOptions>& tls, const std::string& token,
+                        absl::Duration timeout, std::shared_ptr<grpc::Channel> channel) {
+      Options options;
+      if (!address.empty()) options.addresses.push_back(address);
+      options.addresses.insert(options.addresses.end(), addresses.begin(), addresses.end());
+      options.tls = tls;
+      options.token = token;
+      options.timeout = timeout;
+      options.channel = std::move(channel);
+      return options;
+    }
   };
 
   // One node's channel and stubs; stays valid after the table changes.

@@ -100,15 +100,9 @@ class Worker::Impl {
     if (options_.concurrency < 1) options_.concurrency = 1;
     if (options_.prefetch < 0) options_.prefetch = 0;
     if (options_.token.empty()) options_.token = DefaultToken();
-    Router::Options router;
-    if (!options_.address.empty()) router.addresses.push_back(options_.address);
-    router.addresses.insert(router.addresses.end(), options_.addresses.begin(),
-                            options_.addresses.end());
-    router.tls = options_.tls;
-    router.token = options_.token;
-    router.timeout = kGetClusterTimeout;
-    router.channel = options_.channel;
-    router_ = std::make_unique<Router>(std::move(router));
+    router_ = std::make_unique<Router>(Router::Options::From(options_.address, options_.addresses,
+                                                             options_.tls, options_.token,
+                                                             kGetClusterTimeout, options_.channel));
   }
 
   void Handle(std::string queue, Handler handler) {

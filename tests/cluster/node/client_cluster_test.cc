@@ -31,18 +31,12 @@ constexpr absl::Duration kGiveUp = absl::Seconds(60);
 class ClientClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    auto etcd = EtcdProcess::Start(dir_->path() + "/etcd");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    for (int n = 0; n < kNodes; ++n) {
-      auto node = BrokerProcess::Start(ClusterNodeOptions(*etcd_, n, kPartitions));
-      ASSERT_TRUE(node.ok()) << node.status();
-      addresses_.push_back((*node)->address());
-      nodes_.push_back(*std::move(node));
-    }
+    auto cluster = StartTestCluster(kNodes, kPartitions);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    dir_ = std::move(cluster->dir);
+    etcd_ = std::move(cluster->etcd);
+    nodes_ = std::move(cluster->nodes);
+    for (const auto& node : nodes_) addresses_.push_back(node->address());
   }
 
   // Enqueues with `dedup_key` until it succeeds or `until`; the last result.

@@ -35,24 +35,20 @@ constexpr char kTokens[] = R"({"tokens": [
 class SecuredClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    auto tokens = dir_->WriteFile("tokens.json", kTokens);
+    // The token files live beside the cluster's own directory (the test reads them again).
+    auto files = TempDir::Create();
+    ASSERT_TRUE(files.ok()) << files.status();
+    files_ = *std::move(files);
+    auto tokens = files_->WriteFile("tokens.json", kTokens);
     ASSERT_TRUE(tokens.ok()) << tokens.status();
-    auto peer = dir_->WriteFile("peer.token", "peer-secret\n");
+    auto peer = files_->WriteFile("peer.token", "peer-secret\n");
     ASSERT_TRUE(peer.ok()) << peer.status();
-    auto etcd = EtcdProcess::Start(dir_->path() + "/etcd");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    for (int n = 0; n < kNodes; ++n) {
-      BrokerProcessOptions options = ClusterNodeOptions(*etcd_, n, kPartitions);
-      options.extra_args.insert(options.extra_args.end(),
-                                {"--auth-tokens", *tokens, "--cluster-peer-token-file", *peer});
-      auto node = BrokerProcess::Start(options);
-      ASSERT_TRUE(node.ok()) << node.status();
-      nodes_.push_back(*std::move(node));
-    }
+    auto cluster = StartTestCluster(kNodes, kPartitions,
+                                    {"--auth-tokens", *tokens, "--cluster-peer-token-file", *peer});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    dir_ = std::move(cluster->dir);
+    etcd_ = std::move(cluster->etcd);
+    nodes_ = std::move(cluster->nodes);
   }
 
   grpc::Status EnqueueAt(int n, const std::string& token) {
@@ -79,6 +75,7 @@ class SecuredClusterTest : public ::testing::Test {
     return stream->Finish();
   }
 
+  std::unique_ptr<TempDir> files_;
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<EtcdProcess> etcd_;
   std::vector<std::unique_ptr<BrokerProcess>> nodes_;
@@ -111,8 +108,8 @@ TEST_F(SecuredClusterTest, ASecondProcessWithANodeIdInUseRefusesToStart) {
   BrokerProcessOptions options = ClusterNodeOptions(*etcd_, 1, kPartitions);
   // Its own data dir: it shares only the id (no lease file of node-1's to revoke).
   options.extra_args.insert(options.extra_args.end(),
-                            {"--auth-tokens", dir_->path() + "/tokens.json",
-                             "--cluster-peer-token-file", dir_->path() + "/peer.token"});
+                            {"--auth-tokens", files_->path() + "/tokens.json",
+                             "--cluster-peer-token-file", files_->path() + "/peer.token"});
   auto twin = BrokerProcess::Start(options);
   ASSERT_FALSE(twin.ok()) << "a second node-1 started";
   EXPECT_THAT(std::string(twin.status().message()),
