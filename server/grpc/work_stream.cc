@@ -355,11 +355,10 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     for (const std::string& queue : local) here.add_queues(queue);
     here.set_max_in_flight(shares[share++]);
     absl::StatusOr<core::SubscribeSpec> spec = FromProto(here);
-    absl::StatusOr<uint64_t> stream = spec.status();
-    if (spec.ok()) {
-      sink = std::make_shared<Sink>(self_);
-      stream = broker_.Subscribe(*std::move(spec), sink);
-    }
+    // The whole subscribe was checked already (Subscribe), so its part checks too.
+    sink = std::make_shared<Sink>(self_);
+    absl::StatusOr<uint64_t> stream =
+        spec.ok() ? broker_.Subscribe(*std::move(spec), sink) : spec.status();
     if (!stream.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -708,7 +707,17 @@ void WorkStream::OnUpstreamEnd(const std::string& address, const grpc::Status& s
       if (relayed.join->AddAll(relayed.indexes, why)) FinishJoin(*relayed.join);
     }
   }
-  // A worker that still talks is told to reconnect: its queues there get no more jobs here.
+  // A worker that still talks is told to reconnect: its queues there get no more jobs here. One
+  // that has stopped talking closed the upstream itself (CloseWrites): the stream just ends.
+  bool closing;
+  {
+    absl::MutexLock lock(&mu_);
+    closing = read_closed_ || cancelled_;
+  }
+  if (closing && status.ok()) {
+    Pump();
+    return;
+  }
   End(why);
 }
 

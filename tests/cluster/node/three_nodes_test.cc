@@ -39,17 +39,11 @@ void WithDeadline(Context& context) {
 class ThreeNodesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto dir = TempDir::Create();
-    ASSERT_TRUE(dir.ok()) << dir.status();
-    dir_ = *std::move(dir);
-    auto etcd = EtcdProcess::Start(dir_->path() + "/etcd");
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = *std::move(etcd);
-    for (int n = 0; n < kNodes; ++n) {
-      auto node = BrokerProcess::Start(ClusterNodeOptions(*etcd_, n, kPartitions));
-      ASSERT_TRUE(node.ok()) << node.status();
-      nodes_.push_back(*std::move(node));
-    }
+    auto cluster = StartTestCluster(kNodes, kPartitions);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    dir_ = std::move(cluster->dir);
+    etcd_ = std::move(cluster->etcd);
+    nodes_ = std::move(cluster->nodes);
   }
 
   // Enqueues to `queue` at node `n`: the job id, or the status.
@@ -406,6 +400,58 @@ TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
     absl::StatusOr<v1::Job> done = GetJobAt(idle, job);
     ASSERT_TRUE(done.ok()) << done.status();
     EXPECT_EQ(done->state(), v1::JOB_STATE_COMPLETED) << job;
+  }
+
+  // A stream at a leader of one of the partitions: that queue is subscribed in its own broker,
+  // the other at the other leader, and both push to it.
+  if (leaders[0] != leaders[1]) {
+    auto at_leader = nodes_[leaders[0]]->NewBrokerStub();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kGiveUp));
+    auto mixed = at_leader->Work(&context);
+    // Queues of their own, in the same partitions: the idle node's stream must not take these.
+    const std::vector<std::string> own = {QueueIn(0, "mixed"), QueueIn(1, "mixed")};
+    v1::WorkRequest both;
+    both.set_request_id(1);
+    for (const std::string& queue : own) both.mutable_subscribe()->add_queues(queue);
+    both.mutable_subscribe()->set_worker_id("w-leader");
+    both.mutable_subscribe()->set_max_in_flight(10);
+    ASSERT_TRUE(mixed->Write(both));
+    std::vector<std::string> fresh;
+    for (const std::string& queue : own) {
+      ASSERT_TRUE(EnqueueAt(idle, queue, "to a leader's stream", &id).ok());
+      fresh.push_back(id);
+    }
+    std::vector<std::string> pushed;
+    v1::WorkResponse got;
+    uint64_t next_id = 10;
+    while (pushed.size() < fresh.size() && mixed->Read(&got)) {
+      if (got.has_result()) {
+        ASSERT_EQ(got.result().code(), 0) << got.result().message();
+        continue;
+      }
+      if (!got.has_job()) continue;
+      pushed.push_back(got.job().job_id());
+      v1::WorkRequest ack;
+      ack.set_request_id(next_id++);
+      ack.mutable_ack()->set_job_id(got.job().job_id());
+      ack.mutable_ack()->set_lease_id(got.job().lease_id());
+      ASSERT_TRUE(mixed->Write(ack));
+    }
+    EXPECT_THAT(pushed, ::testing::UnorderedElementsAreArray(fresh));
+    mixed->WritesDone();
+    while (mixed->Read(&got)) {
+      if (got.has_result()) {
+        EXPECT_EQ(got.result().code(), 0) << got.result().message();
+      }
+    }
+    grpc::Status finished = mixed->Finish();
+    EXPECT_TRUE(finished.ok()) << finished.error_message();
+    for (const std::string& job : fresh) {
+      absl::StatusOr<v1::Job> done = GetJobAt(idle, job);
+      ASSERT_TRUE(done.ok()) << done.status();
+      EXPECT_EQ(done->state(), v1::JOB_STATE_COMPLETED) << job;
+    }
   }
 
   // Its partition's leader dies: the stream ends with UNAVAILABLE, so the worker reconnects.
