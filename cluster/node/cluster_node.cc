@@ -340,8 +340,11 @@ void ClusterNode::Step() {
         }
       }
     }
-    for (const auto& [id, address] : nodes) {
+    for (const auto& [id, registered] : nodes) {
       if (id == options_.node_id) continue;
+      auto dialled = options_.peer_addresses.find(id);
+      const std::string& address =
+          dialled == options_.peer_addresses.end() ? registered : dialled->second;
       auto [it, added] = peers_.emplace(id, address);
       if (added || it->second != address) {
         it->second = address;

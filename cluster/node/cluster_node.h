@@ -58,6 +58,9 @@ struct ClusterNodeOptions {
   ReplicaOptions replica;
   absl::Duration commit_timeout = absl::Seconds(10);
   PeerTransportOptions transport;  // node_id is set here
+  // Peers dialled at another address than the one they registered, by node id (a proxy or NAT
+  // between nodes; the Jepsen harness puts a fault-injecting proxy on every link this way).
+  std::map<std::string, std::string> peer_addresses;
   // Who may open a replication stream to this node (the peer role's check); unset: anyone.
   PeerTransport::Authorize authorize_peer;
   // Told (on the driver thread) when a partition's replica changes role or epoch, or stops: for

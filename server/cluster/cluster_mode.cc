@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   options.replication_factor = static_cast<uint32_t>(flags.replication_factor);
   options.min_in_sync = static_cast<uint32_t>(flags.min_in_sync);
   options.lease.ttl = absl::Seconds(flags.cluster_lease_ttl);
+  options.peer_addresses = flags.cluster_peer_addresses;
   options.lease_file = (std::filesystem::path(flags.data_dir) / "cluster-lease").string();
   if (!flags.cluster_peer_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadPeerToken(flags.cluster_peer_token_file, authorizer);
@@ -116,7 +117,8 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
                     {"broken", std::string(state.broken.message())}});
       };
   Parts* raw = parts.get();
-  options.on_snapshot = [raw, name = flags.cluster_name](const cluster::ClusterSnapshot& cluster) {
+  options.on_snapshot = [raw, name = flags.cluster_name, dialled = flags.cluster_peer_addresses](
+                            const cluster::ClusterSnapshot& cluster) {
     Router* router = raw->router.load();
     if (router == nullptr) return;
     ClusterView view;
@@ -134,6 +136,9 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
       out.leader = p.leader;
       if (auto at = cluster.nodes.find(p.leader); at != cluster.nodes.end())
         out.leader_address = at->second;
+      // Forwarded calls and relayed streams go where this node dials the leader.
+      if (auto at = dialled.find(p.leader); at != dialled.end())
+        out.leader_dial_address = at->second;
       out.epoch = p.epoch;
       out.replicas = p.replicas;
       out.in_sync = p.in_sync;

@@ -69,6 +69,9 @@ ABSL_FLAG(int64_t, min_in_sync, 2,
 ABSL_FLAG(std::string, cluster_peer_token_file, "",
           "cluster mode with --auth-tokens: a file holding the token this node presents to the "
           "others (one with the peer role in every node's --auth-tokens); required then");
+ABSL_FLAG(std::string, cluster_peer_addresses, "",
+          "cluster mode: ID=HOST:PORT,... peers this node dials somewhere else than the address "
+          "they advertise (a proxy, a NAT or a sidecar between nodes); others: as advertised");
 ABSL_FLAG(bool, check_config, false,
           "validate the flags, the --config file and the TLS files, say so, exit (0 if the broker "
           "would start with them, 1 otherwise)");
@@ -211,6 +214,17 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.replication_factor = absl::GetFlag(FLAGS_replication_factor);
   out.min_in_sync = absl::GetFlag(FLAGS_min_in_sync);
   out.cluster_peer_token_file = absl::GetFlag(FLAGS_cluster_peer_token_file);
+  for (absl::string_view entry :
+       absl::StrSplit(absl::GetFlag(FLAGS_cluster_peer_addresses), ',', absl::SkipEmpty())) {
+    const size_t eq = entry.find('=');
+    if (eq == 0 || eq == absl::string_view::npos || eq + 1 == entry.size() ||
+        entry.find(':', eq) == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--cluster-peer-addresses: \"", entry, "\" is not ID=HOST:PORT"));
+    }
+    out.cluster_peer_addresses[std::string(entry.substr(0, eq))] =
+        std::string(entry.substr(eq + 1));
+  }
 
   if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
   if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
@@ -234,6 +248,9 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   if (!out.cluster_peer_token_file.empty() && out.cluster_etcd.empty())
     return absl::InvalidArgumentError(
         "--cluster-peer-token-file is for cluster mode (--cluster-etcd)");
+  if (!out.cluster_peer_addresses.empty() && out.cluster_etcd.empty())
+    return absl::InvalidArgumentError(
+        "--cluster-peer-addresses is for cluster mode (--cluster-etcd)");
   if (out.cluster_name.find('/') != std::string::npos)
     return absl::InvalidArgumentError("--cluster-name must not hold a '/'");
   if (out.node_id.find('/') != std::string::npos)

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -56,6 +57,8 @@ struct ServerFlags {
   int64_t min_in_sync = 2;
   // With auth_tokens: the file holding the token this node presents to its peers (peer role).
   std::string cluster_peer_token_file;
+  // Peers dialled at another address than the one they advertise, by node id.
+  std::map<std::string, std::string> cluster_peer_addresses;
   bool check_config = false;  // validate the flags and --config, print the verdict, exit
   bool help = false;          // --help or -h: print Usage() and exit 0
 };

@@ -17,6 +17,8 @@ struct ClusterView {
   struct Partition {
     std::string leader;          // node id; empty: no leader now
     std::string leader_address;  // empty when unknown
+    // Where this node dials the leader (--cluster-peer-addresses); empty: leader_address.
+    std::string leader_dial_address;
     int64_t epoch = 0;
     std::vector<std::string> replicas;
     std::vector<std::string> in_sync;

@@ -101,7 +101,7 @@ Route Router::RouteOf(uint32_t partition, bool forwarded) const {
   }
   route.kind = Route::Kind::kForward;
   route.leader = p.leader;
-  route.address = p.leader_address;
+  route.address = p.leader_dial_address.empty() ? p.leader_address : p.leader_dial_address;
   return route;
 }
 

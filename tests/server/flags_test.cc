@@ -2,6 +2,7 @@
 // meaning what it meant, and a bad value is refused naming the flag.
 #include "server/config/flags.h"
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -139,6 +140,23 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
   EXPECT_EQ(f->cluster_peer_token_file, "peer.token");
 }
 
+TEST(FlagsTest, PeerAddressesAreIdEqualsHostPortPairs) {
+  absl::StatusOr<ServerFlags> f =
+      Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a",
+             "--cluster-peer-addresses", "b=127.0.0.1:9001,c=proxy:9002"});
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->cluster_peer_addresses,
+            (std::map<std::string, std::string>{{"b", "127.0.0.1:9001"}, {"c", "proxy:9002"}}));
+  for (const char* bad : {"b", "=127.0.0.1:1", "b=", "b=host-without-port"}) {
+    EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a",
+                       "--cluster-peer-addresses", bad}),
+                StatusIs(kInvalid, HasSubstr("--cluster-peer-addresses")))
+        << bad;
+  }
+  EXPECT_THAT(Parse({"--cluster-peer-addresses", "b=127.0.0.1:9001"}),
+              StatusIs(kInvalid, HasSubstr("--cluster-peer-addresses is for cluster mode")));
+}
+
 TEST(FlagsTest, TlsFilesThatOnlyWorkTogetherAreRefusedAlone) {
   EXPECT_THAT(Parse({"--tls-cert", "c.pem"}),
               StatusIs(kInvalid, HasSubstr("--tls-cert and --tls-key go together")));
@@ -176,6 +194,7 @@ TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
                            "--replication-factor",
                            "--min-in-sync",
                            "--cluster-peer-token-file",
+                           "--cluster-peer-addresses",
                            "--help"}) {
     EXPECT_THAT(usage, HasSubstr(std::string("  ") + flag)) << flag;
   }
