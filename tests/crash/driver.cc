@@ -1,8 +1,6 @@
 #include "tests/crash/driver.h"
 
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +22,7 @@
 #include "tests/crash/final_state.h"
 #include "tests/crash/line_log.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/process_util.h"
 
 namespace jobbroker::crash {
 namespace {
@@ -53,33 +52,6 @@ std::string ReadFile(const std::string& path) {
 }
 
 std::string Seconds(absl::Duration d) { return absl::StrCat(absl::ToDoubleSeconds(d), "s"); }
-
-// A port below the kernel's ephemeral range that is free now. Fixed for the whole run, because
-// workers and producers reconnect to the restarted broker at the same address; and outside the
-// ephemeral range, because another program binding port 0 while our broker is down could
-// otherwise be handed it and take our clients' calls.
-absl::StatusOr<int> PickPort() {
-  int low = 32768;
-  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  range >> low;
-  const int hi = std::min(low, 32768) - 1;
-  const int lo = std::max(1024, hi - 12000);
-  std::random_device device;  // not the run's seed: the port has no bearing on the schedule
-  std::mt19937 pick(device());
-  for (int i = 0; i < 100; ++i) {
-    const int port = std::uniform_int_distribution<int>(lo, hi)(pick);
-    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    close(fd);
-    if (free) return port;
-  }
-  return absl::UnavailableError(absl::StrCat("no free port in ", lo, "..", hi));
-}
 
 class Driver {
  public:
@@ -172,7 +144,7 @@ class Driver {
            << "\n";
     config.close();
     if (!config) return absl::InternalError(absl::StrCat("cannot write ", config_path_));
-    absl::StatusOr<int> port = PickPort();
+    absl::StatusOr<int> port = testing::PortBelowEphemeralRange();
     if (!port.ok()) return port.status();
     address_ = absl::StrCat("127.0.0.1:", *port);
     absl::StatusOr<std::unique_ptr<LineLog>> log = LineLog::Open(absl::StrCat(out_, "/driver.log"));

@@ -15,11 +15,9 @@
 #include <random>
 #include <string>
 
-#include "absl/strings/str_split.h"
 #include "tests/crash/driver.h"
 #include "tests/crash/flags.h"
-#include "tests/crash/producer.h"
-#include "tests/crash/worker.h"
+#include "tests/crash/roles.h"
 
 #ifndef JOBBROKER_BINARY
 #error "JOBBROKER_BINARY must name the jobbroker binary under test"
@@ -43,47 +41,6 @@ std::string SelfExe() {
 std::string BrokerBinary() {
   const char* env = std::getenv("JOBBROKER_BINARY");
   return env != nullptr && *env != '\0' ? env : JOBBROKER_BINARY;
-}
-
-std::vector<std::string> Queues(Flags& flags) {
-  return absl::StrSplit(flags.String("queues", ""), ',', absl::SkipEmpty());
-}
-
-int Producer(Flags& flags) {
-  ProducerOptions o;
-  o.address = flags.String("address", "");
-  o.log_path = flags.String("log", "");
-  o.name = flags.String("name", "");
-  o.queues = Queues(flags);
-  absl::StatusOr<int64_t> jobs = flags.Int("jobs", 0);
-  absl::StatusOr<uint64_t> seed = flags.Uint("seed", 0);
-  absl::StatusOr<absl::Duration> spread = flags.Duration("spread", absl::ZeroDuration());
-  if (!jobs.ok()) return Usage(std::string(jobs.status().message()));
-  if (!seed.ok()) return Usage(std::string(seed.status().message()));
-  if (!spread.ok()) return Usage(std::string(spread.status().message()));
-  if (std::string unused = flags.Unused(); !unused.empty())
-    return Usage("unknown flag --" + unused);
-  o.jobs = static_cast<int>(*jobs);
-  o.seed = *seed;
-  o.spread = *spread;
-  return RunProducer(o);
-}
-
-int Worker(Flags& flags) {
-  WorkerOptions o;
-  o.address = flags.String("address", "");
-  o.log_path = flags.String("log", "");
-  o.instance = flags.String("id", "");
-  o.queues = Queues(flags);
-  absl::StatusOr<uint64_t> seed = flags.Uint("seed", 0);
-  absl::StatusOr<absl::Duration> heartbeat = flags.Duration("heartbeat", o.heartbeat_interval);
-  if (!seed.ok()) return Usage(std::string(seed.status().message()));
-  if (!heartbeat.ok()) return Usage(std::string(heartbeat.status().message()));
-  if (std::string unused = flags.Unused(); !unused.empty())
-    return Usage("unknown flag --" + unused);
-  o.seed = *seed;
-  o.heartbeat_interval = *heartbeat;
-  return RunWorker(o);
 }
 
 int Driver(Flags& flags) {
@@ -139,7 +96,7 @@ int main(int argc, char** argv) {
   const bool is_role = role == "producer" || role == "worker";
   absl::StatusOr<Flags> flags = Flags::Parse(argc, argv, is_role ? 2 : 1);
   if (!flags.ok()) return Usage(std::string(flags.status().message()));
-  if (role == "producer") return Producer(*flags);
-  if (role == "worker") return Worker(*flags);
+  if (role == "producer") return ProducerMain(*flags);
+  if (role == "worker") return WorkerMain(*flags);
   return Driver(*flags);
 }

@@ -50,10 +50,7 @@ struct Planned {
 class Producer {
  public:
   Producer(const ProducerOptions& options, std::unique_ptr<LineLog> log)
-      : options_(options),
-        log_(std::move(log)),
-        stub_(v1::Broker::NewStub(DialBroker(options.address))),
-        rng_(options.seed) {}
+      : options_(options), log_(std::move(log)), brokers_(options.address), rng_(options.seed) {}
 
   int Run() {
     const absl::Time deadline = absl::Now() + options_.spread;
@@ -109,6 +106,7 @@ class Producer {
                      what.c_str(), static_cast<int>(s.error_code()), s.error_message().c_str());
         return false;
       }
+      brokers_.Next();  // a cluster: another node answers for this one meanwhile
       absl::SleepFor(absl::Milliseconds(50) * std::min(*tries, 6));
     }
   }
@@ -124,7 +122,7 @@ class Producer {
     if (!UntilAnswered(absl::StrCat("enqueue ", p.request.dedup_key()), &tries,
                        [&](grpc::ClientContext& ctx) {
                          response.Clear();
-                         return stub_->Enqueue(&ctx, p.request, &response);
+                         return brokers_.Current().Enqueue(&ctx, p.request, &response);
                        })) {
       return false;
     }
@@ -143,7 +141,7 @@ class Producer {
     int tries = 0;
     if (!UntilAnswered(absl::StrCat("batch ", batch), &tries, [&](grpc::ClientContext& ctx) {
           response.Clear();
-          return stub_->EnqueueBatch(&ctx, request, &response);
+          return brokers_.Current().EnqueueBatch(&ctx, request, &response);
         })) {
       return false;
     }
@@ -161,7 +159,7 @@ class Producer {
 
   const ProducerOptions& options_;
   std::unique_ptr<LineLog> log_;
-  std::unique_ptr<v1::Broker::Stub> stub_;
+  BrokerRing brokers_;
   std::mt19937_64 rng_;
 };
 

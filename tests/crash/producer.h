@@ -9,7 +9,7 @@
 namespace jobbroker::crash {
 
 struct ProducerOptions {
-  std::string address;   // the broker, "127.0.0.1:PORT"
+  std::string address;   // the broker, "127.0.0.1:PORT", or a cluster's nodes, comma-separated
   std::string log_path;  // one ENQ line per acknowledged job (checker.h)
   std::string name;      // prefix of every dedup key; unique per producer of a run
   int jobs = 0;

@@ -54,10 +54,7 @@ std::string KindOf(const std::string& payload) {
 class Worker {
  public:
   Worker(const WorkerOptions& options, std::unique_ptr<LineLog> log)
-      : options_(options),
-        log_(std::move(log)),
-        stub_(v1::Broker::NewStub(DialBroker(options.address))),
-        rng_(options.seed) {}
+      : options_(options), log_(std::move(log)), brokers_(options.address), rng_(options.seed) {}
 
   // Runs the session and processing threads until `stop` is signalled; never returns.
   [[noreturn]] void Run(const sigset_t& stop_signals) {
@@ -80,7 +77,7 @@ class Worker {
     absl::Duration backoff = absl::Milliseconds(50);
     while (true) {
       grpc::ClientContext ctx;
-      std::unique_ptr<WorkStream> stream = stub_->Work(&ctx);
+      std::unique_ptr<WorkStream> stream = brokers_.Current().Work(&ctx);
       uint64_t subscribe_id = 0;
       {
         absl::MutexLock write_lock(&write_mu_);
@@ -142,6 +139,7 @@ class Worker {
                      absl::StrCat(static_cast<int>(status.error_code()))});
         backoff = absl::Milliseconds(50);
       }
+      if (!status.ok()) brokers_.Next();  // a cluster: resubscribe at another node
       absl::SleepFor(backoff);
       backoff = std::min(backoff * 2, absl::Milliseconds(400));
     }
@@ -327,7 +325,7 @@ class Worker {
 
   const WorkerOptions& options_;
   std::unique_ptr<LineLog> log_;
-  std::unique_ptr<v1::Broker::Stub> stub_;
+  BrokerRing brokers_;
   std::mt19937_64 rng_;      // processing thread only
   int64_t connections_ = 0;  // session thread only (read by Handle, which it runs)
 

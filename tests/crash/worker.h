@@ -9,7 +9,7 @@
 namespace jobbroker::crash {
 
 struct WorkerOptions {
-  std::string address;   // the broker, "127.0.0.1:PORT"
+  std::string address;   // the broker, "127.0.0.1:PORT", or a cluster's nodes, comma-separated
   std::string log_path;  // one line per receipt and per answer heard (checker.h)
   std::string instance;  // worker_id, unique per process: "w<slot>.<incarnation>"
   uint64_t seed = 0;

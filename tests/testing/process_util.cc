@@ -1,14 +1,18 @@
 #include "tests/testing/process_util.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -91,6 +95,29 @@ int KillAndReap(pid_t pid) {
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   return status;
+}
+
+absl::StatusOr<int> PortBelowEphemeralRange() {
+  int low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> low;
+  const int hi = std::min(low, 32768) - 1;
+  const int lo = std::max(1024, hi - 12000);
+  std::random_device device;
+  std::mt19937 pick(device());
+  for (int i = 0; i < 100; ++i) {
+    const int port = std::uniform_int_distribution<int>(lo, hi)(pick);
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool free = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    close(fd);
+    if (free) return port;
+  }
+  return absl::UnavailableError(absl::StrCat("no free port in ", lo, "..", hi));
 }
 
 }  // namespace jobbroker::testing

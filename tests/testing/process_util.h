@@ -41,4 +41,11 @@ absl::StatusOr<int> WaitPid(pid_t pid, absl::Duration timeout);
 // SIGKILLs `pid` and reaps it; the raw wait status.
 int KillAndReap(pid_t pid);
 
+// A loopback port below the kernel's ephemeral range that is free now, for a process that is
+// killed and restarted on the same port while its clients reconnect (the crash and cluster
+// harnesses): outside the ephemeral range, no program binding port 0 while ours is down can be
+// handed it and take our clients' calls. Random (not from a run's seed): callers that need
+// several ports check they differ.
+absl::StatusOr<int> PortBelowEphemeralRange();
+
 }  // namespace jobbroker::testing
