@@ -16,6 +16,8 @@ std::shared_ptr<WorkUpstream> WorkUpstream::Start(v1::Broker::Stub& stub,
     absl::MutexLock lock(&upstream->mu_);
     upstream->outbox_.push_back(std::move(first));
   }
+  // Released in MaybeRelease or Pump (held_).
+  upstream->AddHold();
   upstream->StartRead(&upstream->incoming_);
   upstream->Pump();
   upstream->StartCall();
@@ -25,7 +27,7 @@ std::shared_ptr<WorkUpstream> WorkUpstream::Start(v1::Broker::Stub& stub,
 void WorkUpstream::Send(v1::WorkRequest request) {
   {
     absl::MutexLock lock(&mu_);
-    if (done_) return;
+    if (done_ || broken_ || closed_) return;
     outbox_.push_back(std::move(request));
   }
   Pump();
@@ -46,17 +48,31 @@ void WorkUpstream::Pump() {
   bool writes_done = false;
   {
     absl::MutexLock lock(&mu_);
-    if (writing_ || done_ || closed_) return;
+    if (writing_ || !held_ || broken_ || closed_) return;
     if (!outbox_.empty()) {
       writing_ = true;
       next = &outbox_.front();  // stays put until OnWriteDone pops it
     } else if (close_) {
       closed_ = true;
       writes_done = true;
+      held_ = false;  // the last write this side starts: its completion keeps the call
     }
   }
   if (next != nullptr) StartWrite(next);
-  if (writes_done) StartWritesDone();
+  if (writes_done) {
+    StartWritesDone();
+    RemoveHold();
+  }
+}
+
+void WorkUpstream::MaybeRelease() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!held_ || writing_ || !broken_) return;
+    held_ = false;
+    outbox_.clear();
+  }
+  RemoveHold();
 }
 
 void WorkUpstream::OnWriteDone(bool ok) {
@@ -64,16 +80,22 @@ void WorkUpstream::OnWriteDone(bool ok) {
     absl::MutexLock lock(&mu_);
     writing_ = false;
     outbox_.pop_front();
-    if (!ok) {
-      outbox_.clear();  // the stream is broken: OnDone says how
-      return;
-    }
+    if (!ok) broken_ = true;  // OnDone says how, once the hold is gone
   }
   Pump();
+  MaybeRelease();
 }
 
 void WorkUpstream::OnReadDone(bool ok) {
-  if (!ok) return;  // the other node finished the stream: OnDone follows
+  if (!ok) {
+    // The other node finished the stream, or it broke: nothing more goes out.
+    {
+      absl::MutexLock lock(&mu_);
+      broken_ = true;
+    }
+    MaybeRelease();
+    return;
+  }
   on_message_(std::move(incoming_));
   incoming_.Clear();
   StartRead(&incoming_);

@@ -47,6 +47,9 @@ class WorkUpstream final : public grpc::ClientBidiReactor<v1::WorkRequest, v1::W
       : ctx_(std::move(ctx)), on_message_(std::move(on_message)), on_end_(std::move(on_end)) {}
   // Starts the next write if none is in progress. Call without mu_.
   void Pump();
+  // Removes the hold once no write is in progress and none will start: the stream broke or
+  // ended (gRPC then calls OnDone once the read is over too). Call without mu_.
+  void MaybeRelease();
 
   const std::unique_ptr<grpc::ClientContext> ctx_;
   const OnMessage on_message_;
@@ -60,6 +63,12 @@ class WorkUpstream final : public grpc::ClientBidiReactor<v1::WorkRequest, v1::W
   bool close_ ABSL_GUARDED_BY(mu_) = false;   // CloseWrites was called
   bool closed_ ABSL_GUARDED_BY(mu_) = false;  // writes-done sent
   bool done_ ABSL_GUARDED_BY(mu_) = false;
+  // A hold (AddHold) is on the call while this is true: gRPC does not call OnDone, so a write
+  // that Send starts from outside gRPC's reactions never meets a finished call. Writes start only
+  // while it holds; it is released once, when the stream broke (a read or a write failed) or
+  // writes-done was sent.
+  bool held_ ABSL_GUARDED_BY(mu_) = true;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a read or a write failed: no more writes
 };
 
 }  // namespace jobbroker::server
