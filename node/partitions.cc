@@ -363,7 +363,14 @@ void Partitions::Shutdown() {
 
 absl::Status Partitions::Flush() {
   absl::Status first;
-  for (const std::unique_ptr<core::Broker>& broker : brokers_) first.Update(broker->Flush());
+  for (const std::unique_ptr<core::Broker>& broker : brokers_) {
+    absl::Status flushed = broker->Flush();
+    // A partition halted because this node does not lead it (cluster mode) has nothing of its
+    // own to make durable: every change it took before it stopped leading was answered, as
+    // committed or as of unknown outcome. Only a failing store is a failed flush.
+    if (!flushed.ok() && core::IsNotStorageFailure(flushed)) continue;
+    first.Update(flushed);
+  }
   return first;
 }
 

@@ -106,7 +106,8 @@ class Partitions {
   // Ticks every partition; the earliest time one of them asks to run again.
   absl::Time Tick();
   void Shutdown();
-  // Waits until everything appended so far, in any partition, is durable.
+  // Waits until everything appended so far, in any partition, is durable. A partition halted
+  // because this node does not lead it (a core::NotStorageFailure cause) has nothing to flush.
   absl::Status Flush();
   // Halts the partition's pipeline with `cause` (core::CommitPipeline::Halt): its broker refuses
   // changes until its ResumeWrites rebuilds its memory from the store. Cluster mode, when this

@@ -138,9 +138,10 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
     CollectLocked();
     // kFailedPrecondition (not the leader) cannot happen under the fence; a refusal here is
     // kUnavailable (too few in sync) or the storage's own error.
-    return position.status().code() == absl::StatusCode::kFailedPrecondition
-               ? absl::UnavailableError(position.status().message())
-               : position.status();
+    return NotStorageUnlessBrokenLocked(position.status().code() ==
+                                                absl::StatusCode::kFailedPrecondition
+                                            ? absl::UnavailableError(position.status().message())
+                                            : position.status());
   }
   const auto key = std::make_pair(position->seq, position->epoch);
   // Registered before the outcomes are collected: a proposal that committed inside
@@ -167,7 +168,14 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
                                                  " is shutting down; the outcome is unknown"));
   }
   waiting_.erase(key);
-  return result;
+  return NotStorageUnlessBrokenLocked(std::move(result));
+}
+
+absl::Status ReplicatedPartition::NotStorageUnlessBrokenLocked(absl::Status status) const {
+  // Leadership lost, replicas not keeping up, a commit timeout, a shutdown: the broker answers
+  // them as they are, and its flush at shutdown does not count them as the store failing.
+  if (status.ok() || !replica_.broken().ok()) return status;
+  return core::NotStorageFailure(std::move(status));
 }
 
 absl::StatusOr<core::Job> ReplicatedPartition::ReadJob(uint32_t partition, const std::string& id) {

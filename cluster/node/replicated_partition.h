@@ -111,6 +111,9 @@ class ReplicatedPartition final : public core::Store {
   State StateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The refusal of a write or resume while this node does not serve the partition (marked
   // core::NotStorageFailure: the broker says it as it is).
+  // `status`, marked core::NotStorageFailure unless the replica's storage failed (it broke).
+  absl::Status NotStorageUnlessBrokenLocked(absl::Status status) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotServingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status NotServingReasonLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
