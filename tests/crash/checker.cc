@@ -1,11 +1,15 @@
 #include "tests/crash/checker.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -114,6 +118,17 @@ constexpr DriverLineType kDriverLines[] = {
     {"WORKER_CONT", DriverEventType::kWorkerCont, 4},
     {"PRODUCER_EXIT", DriverEventType::kProducerExit, 4},
     {"SETTLED", DriverEventType::kSettled, 3},
+    {"FAULT", DriverEventType::kFault, 5},
+    {"HEAL", DriverEventType::kHeal, 3},
+    {"NODE_UP", DriverEventType::kNodeUp, 4},
+    {"NODE_KILL", DriverEventType::kNodeKill, 4},
+    {"NODE_PAUSE", DriverEventType::kNodePause, 4},
+    {"NODE_CONT", DriverEventType::kNodeCont, 4},
+    {"NODE_STOP", DriverEventType::kNodeStop, 4},
+    {"NODE_EXIT", DriverEventType::kNodeExit, 4},
+    {"NODE_SKEW", DriverEventType::kNodeSkew, 4},
+    {"ETCD_KILL", DriverEventType::kEtcdKill, 4},
+    {"POWER_LOSS", DriverEventType::kPowerLoss, 4},
 };
 
 bool ParseDriverFields(const std::vector<absl::string_view>& f, DriverEvent& e) {
@@ -123,9 +138,29 @@ bool ParseDriverFields(const std::vector<absl::string_view>& f, DriverEvent& e) 
   }
   if (kind == nullptr || f.size() != kind->fields || !ToInt(f[0], &e.ts)) return false;
   e.type = kind->type;
+  if (e.type == DriverEventType::kFault) {  // FAULT <id> <kind> <target>
+    e.subject = std::string(f[3]);
+    e.target = std::string(f[4]);
+    return !e.subject.empty() && !e.target.empty() && ToInt(f[2], &e.value);
+  }
   if (f.size() == 3) return ToInt(f[2], &e.value);
   e.subject = std::string(f[2]);
   return ToInt(f[3], &e.value);
+}
+
+// What is wrong with a FAULT or HEAL line given the driver events before it; empty if nothing.
+std::string FaultProblem(const DriverEvent& e, const std::vector<DriverEvent>& before) {
+  if (e.type != DriverEventType::kFault && e.type != DriverEventType::kHeal) return "";
+  bool faulted = false;
+  bool healed = false;
+  for (const DriverEvent& b : before) {
+    if (b.value != e.value) continue;
+    faulted |= b.type == DriverEventType::kFault;
+    healed |= b.type == DriverEventType::kHeal;
+  }
+  if (e.type == DriverEventType::kFault) return faulted ? "a second FAULT of one id" : "";
+  if (!faulted) return "a HEAL of no earlier FAULT";
+  return healed ? "a second HEAL of one FAULT" : "";
 }
 
 int64_t Micros(const google::protobuf::Timestamp& t) {
@@ -177,10 +212,12 @@ struct DriverTimeline {
   std::map<std::string, std::vector<int64_t>> worker_kills;
   std::map<std::string, std::vector<Stop>> worker_stops;
   std::vector<int64_t> broker_kills;
+  std::vector<Stop> faults;  // [FAULT, HEAL], to = max when never healed
 };
 
 DriverTimeline BuildTimeline(const std::vector<DriverEvent>& events) {
   DriverTimeline t;
+  std::map<int64_t, size_t> fault_index;  // FAULT id -> its place in t.faults
   std::vector<const DriverEvent*> sorted;
   for (const DriverEvent& e : events) sorted.push_back(&e);
   std::stable_sort(sorted.begin(), sorted.end(),
@@ -195,6 +232,15 @@ DriverTimeline BuildTimeline(const std::vector<DriverEvent>& events) {
         break;
       case DriverEventType::kWorkerStop:
         t.worker_stops[e->subject].push_back({e->ts, std::numeric_limits<int64_t>::max()});
+        break;
+      case DriverEventType::kFault:
+        fault_index[e->value] = t.faults.size();
+        t.faults.push_back({e->ts, std::numeric_limits<int64_t>::max()});
+        break;
+      case DriverEventType::kHeal:  // ParseDriverLog saw to it that its FAULT came first
+        if (auto it = fault_index.find(e->value); it != fault_index.end()) {
+          t.faults[it->second].to = e->ts;
+        }
         break;
       case DriverEventType::kWorkerCont: {
         std::vector<Stop>& stops = t.worker_stops[e->subject];
@@ -243,7 +289,263 @@ RerunCause Explain(const Run& prev, const Run& next, const v1::AttemptRecord* re
     }
   }
   if (AnyIn(timeline.broker_kills, lo, hi)) return RerunCause::kBrokerCrash;
+  // Any fault of a cluster may hold up a partition's commits (heartbeats too) for longer than a
+  // lease: a dead follower until it leaves the in-sync set, etcd between leaders, a frozen node.
+  for (const Stop& f : timeline.faults) {
+    if (f.from < hi && f.to > lo) return RerunCause::kClusterFault;
+  }
   return RerunCause::kUnexplained;
+}
+
+// ---- The cluster harness's evidence ----
+
+bool ToUint(absl::string_view s, uint64_t* out) { return absl::SimpleAtoi(s, out); }
+
+bool ToUint(absl::string_view s, uint32_t* out) { return absl::SimpleAtoi(s, out); }
+
+void AppendUtf8(uint32_t code, std::string& out) {
+  if (code < 0x80) {
+    out += static_cast<char>(code);
+  } else if (code < 0x800) {
+    out += static_cast<char>(0xc0 | (code >> 6));
+    out += static_cast<char>(0x80 | (code & 0x3f));
+  } else {
+    out += static_cast<char>(0xe0 | (code >> 12));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (code & 0x3f));
+  }
+}
+
+// Reads the JSON string that starts at text[*at] (its opening quote) into `out` and moves *at
+// past it. Takes every escape of JSON; server/observability/log.cc writes \" \\ \n \t and \u00XX
+// (below 0x20), and copies every other byte as is. A \u of a surrogate half is kept as that one
+// code point: our writer never escapes one.
+bool ReadJsonString(absl::string_view text, size_t* at, std::string& out) {
+  if (*at >= text.size() || text[*at] != '"') return false;
+  out.clear();
+  for (size_t i = *at + 1; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '"') {
+      *at = i + 1;
+      return true;
+    }
+    if (static_cast<unsigned char>(c) < 0x20) return false;
+    if (c != '\\') {
+      out += c;
+      continue;
+    }
+    if (++i == text.size()) return false;
+    switch (text[i]) {
+      case '"':
+      case '\\':
+      case '/':
+        out += text[i];
+        break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'u': {
+        if (i + 4 >= text.size()) return false;
+        uint32_t code = 0;
+        for (char h : text.substr(i + 1, 4)) {
+          if (!absl::ascii_isxdigit(static_cast<unsigned char>(h))) return false;
+          code =
+              code * 16 + static_cast<uint32_t>(absl::ascii_isdigit(static_cast<unsigned char>(h))
+                                                    ? h - '0'
+                                                    : absl::ascii_tolower(h) - 'a' + 10);
+        }
+        AppendUtf8(code, out);
+        i += 4;
+        break;
+      }
+      default:
+        return false;
+    }
+  }
+  return false;
+}
+
+void SkipJsonSpace(absl::string_view text, size_t* at) {
+  while (*at < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[*at]))) ++*at;
+}
+
+// One line of server/observability/log.h's JSON format: a flat object whose values are all
+// strings (a later key wins). False for anything else, a line of another program included. Not
+// a JSON library on purpose: the lines are flat and written by our own code.
+bool ParseFlatJsonObject(absl::string_view line, std::map<std::string, std::string>& fields) {
+  size_t at = 0;
+  SkipJsonSpace(line, &at);
+  if (at == line.size() || line[at++] != '{') return false;
+  SkipJsonSpace(line, &at);
+  if (at < line.size() && line[at] == '}') {
+    ++at;
+  } else {
+    for (;;) {
+      std::string key;
+      std::string value;
+      SkipJsonSpace(line, &at);
+      if (!ReadJsonString(line, &at, key)) return false;
+      SkipJsonSpace(line, &at);
+      if (at == line.size() || line[at++] != ':') return false;
+      SkipJsonSpace(line, &at);
+      if (!ReadJsonString(line, &at, value)) return false;
+      fields[key] = std::move(value);
+      SkipJsonSpace(line, &at);
+      if (at == line.size()) return false;
+      const char next = line[at++];
+      if (next == '}') break;
+      if (next != ',') return false;
+    }
+  }
+  SkipJsonSpace(line, &at);
+  return at == line.size();
+}
+
+// A partition_role event's fields as a record; false if one is missing or unreadable.
+bool RoleRecordOf(const std::map<std::string, std::string>& fields, PartitionRoleRecord& r) {
+  auto get = [&fields](const char* key) -> const std::string* {
+    auto it = fields.find(key);
+    return it == fields.end() ? nullptr : &it->second;
+  };
+  const std::string* partition = get("partition");
+  const std::string* node = get("node");
+  const std::string* role = get("role");
+  const std::string* epoch = get("epoch");
+  if (partition == nullptr || node == nullptr || role == nullptr || epoch == nullptr ||
+      node->empty() || role->empty() || !ToUint(*partition, &r.partition) ||
+      !ToInt(*epoch, &r.epoch)) {
+    return false;
+  }
+  r.node = *node;
+  r.role = *role;
+  if (const std::string* time = get("time")) r.time = *time;
+  if (const std::string* broken = get("broken")) r.broken = *broken;
+  if (const std::string* serving = get("serving")) {
+    if (*serving != "true" && *serving != "false") return false;
+    r.serving = *serving == "true";
+  }
+  if (const std::string* log_end = get("log_end");
+      log_end != nullptr && !ToUint(*log_end, &r.log_end)) {
+    return false;
+  }
+  return true;
+}
+
+// "# partition <p> floor <f> base <seq>/<epoch> applied <a> end <e>"
+bool ParseDumpHeader(absl::string_view line, ReplicaLogHeader& h) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+  if (f.size() != 11 || f[0] != "#" || f[1] != "partition" || f[3] != "floor" || f[5] != "base" ||
+      f[7] != "applied" || f[9] != "end") {
+    return false;
+  }
+  std::vector<absl::string_view> base = absl::StrSplit(f[6], '/');
+  return base.size() == 2 && ToUint(f[2], &h.partition) && ToInt(f[4], &h.epoch_floor) &&
+         ToUint(base[0], &h.base_seq) && ToInt(base[1], &h.base_epoch) &&
+         ToUint(f[8], &h.applied_seq) && ToUint(f[10], &h.end_seq);
+}
+
+bool IsHexDigest(absl::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return absl::ascii_isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+  });
+}
+
+std::string DescribeRole(const PartitionRoleRecord& r) {
+  return absl::StrCat(r.node, " (log ", r.log, ", at ", r.time.empty() ? "?" : r.time, ")");
+}
+
+// One writer per epoch (I4 of CLUSTER.md) and each node's log in order; the figures go to `s`.
+void CheckWriters(const CrashLogs& logs, Summary& s,
+                  const std::function<void(ViolationKind, std::string)>& violate) {
+  // (a) Leadership as the nodes logged it: one node per (partition, epoch).
+  std::map<std::pair<uint32_t, int64_t>, std::map<std::string, const PartitionRoleRecord*>> led;
+  std::set<uint32_t> partitions_led;
+  for (const PartitionRoleRecord& r : logs.partition_roles) {
+    ++s.role_records;
+    if (r.role != "leader" || r.epoch <= 0) continue;
+    led[{r.partition, r.epoch}].emplace(r.node, &r);
+    partitions_led.insert(r.partition);
+  }
+  s.epochs_led = static_cast<int64_t>(led.size());
+  s.partitions_led = static_cast<int64_t>(partitions_led.size());
+  for (const auto& [at, by_node] : led) {
+    if (by_node.size() < 2) continue;
+    std::vector<std::string> who;
+    for (const auto& [node, record] : by_node) who.push_back(DescribeRole(*record));
+    violate(ViolationKind::kTwoWritersInEpoch,
+            absl::StrCat("partition ", at.first, " epoch ", at.second, " was led by ",
+                         absl::StrJoin(who, " and ")));
+  }
+
+  // (b) A (partition, seq, epoch) names one entry on every node that holds it. One seq of two
+  // epochs is no violation: a new leader replaces what older epochs left uncommitted.
+  std::map<std::tuple<uint32_t, uint64_t, int64_t>, std::map<std::string, std::string>> holders;
+  for (const ReplicaLogEntry& e : logs.replica_entries) {
+    holders[{e.partition, e.seq, e.epoch}].emplace(e.node, e.digest);  // a repeat is (c)'s
+  }
+  s.replica_entries = static_cast<int64_t>(logs.replica_entries.size());
+  for (const auto& [at, by_node] : holders) {
+    if (by_node.size() < 2) continue;
+    ++s.entries_compared;
+    std::set<std::string> digests;
+    for (const auto& [node, digest] : by_node) digests.insert(digest);
+    if (digests.size() < 2) continue;
+    std::vector<std::string> who;
+    for (const auto& [node, digest] : by_node) who.push_back(absl::StrCat(node, " ", digest));
+    violate(ViolationKind::kTwoWritersInEpoch,
+            absl::StrCat("partition ", std::get<0>(at), " seq ", std::get<1>(at), " epoch ",
+                         std::get<2>(at), " holds different entries: ", absl::StrJoin(who, ", ")));
+  }
+
+  // (c) Each node's log of each partition: the seqs (base, end] each once, in order, epochs
+  // never going back (replica_storage.h's Append).
+  std::map<std::pair<std::string, uint32_t>, std::vector<const ReplicaLogEntry*>> by_log;
+  for (const ReplicaLogEntry& e : logs.replica_entries) by_log[{e.node, e.partition}].push_back(&e);
+  s.replica_logs = static_cast<int64_t>(logs.replica_logs.size());
+  for (const ReplicaLogHeader& h : logs.replica_logs) {
+    const std::string name = absl::StrCat(h.node, "'s log of partition ", h.partition);
+    if (h.applied_seq < h.base_seq || h.applied_seq > h.end_seq) {
+      violate(ViolationKind::kLogOrder,
+              absl::StrCat(name, ": applied ", h.applied_seq, " lies outside (base ", h.base_seq,
+                           ", end ", h.end_seq, "]"));
+    }
+    std::vector<const ReplicaLogEntry*>& entries = by_log[{h.node, h.partition}];
+    std::stable_sort(
+        entries.begin(), entries.end(),
+        [](const ReplicaLogEntry* a, const ReplicaLogEntry* b) { return a->seq < b->seq; });
+    uint64_t last_seq = h.base_seq;
+    int64_t last_epoch = h.base_epoch;
+    std::string last = absl::StrCat("the base ", h.base_seq, "/", h.base_epoch);
+    for (const ReplicaLogEntry* e : entries) {
+      std::vector<std::string> problems;
+      if (e->seq != last_seq + 1) problems.push_back("its seq does not follow");
+      if (e->epoch < last_epoch) problems.push_back("its epoch goes back");
+      if (!problems.empty()) {
+        violate(ViolationKind::kLogOrder,
+                absl::StrCat(name, ": entry ", e->seq, "/", e->epoch, " follows ", last, " (",
+                             absl::StrJoin(problems, ", "), ")"));
+      }
+      last_seq = e->seq;
+      last_epoch = e->epoch;
+      last = absl::StrCat("entry ", e->seq, "/", e->epoch);
+    }
+    if (last_seq != h.end_seq) {
+      violate(ViolationKind::kLogOrder, absl::StrCat(name, ": its header says end ", h.end_seq,
+                                                     ", its last entry is ", last));
+    }
+  }
 }
 
 const char* CauseName(RerunCause cause) {
@@ -256,6 +558,8 @@ const char* CauseName(RerunCause cause) {
       return "worker SIGSTOP (lease expiry)";
     case RerunCause::kBrokerCrash:
       return "broker crash between lease and ack";
+    case RerunCause::kClusterFault:
+      return "cluster fault (node, network, etcd, disk or clock)";
     case RerunCause::kUnexplained:
       return "UNEXPLAINED";
   }
@@ -302,7 +606,66 @@ void ParseDriverLog(absl::string_view text, CrashLogs& logs) {
       Malformed("driver", line, logs);
       continue;
     }
+    if (std::string problem = FaultProblem(e, logs.driver_events); !problem.empty()) {
+      Malformed(absl::StrCat("driver (", problem, ")"), line, logs);
+      continue;
+    }
     logs.driver_events.push_back(std::move(e));
+  }
+}
+
+void ParseNodeLog(absl::string_view node, absl::string_view text, CrashLogs& logs) {
+  const std::string where = absl::StrCat("node log ", node);
+  for (absl::string_view line : CompleteLines(text, logs)) {
+    std::map<std::string, std::string> fields;
+    if (!ParseFlatJsonObject(line, fields)) {
+      // Another program's line (gRPC's, RocksDB's): skipped, unless it claims to be the event
+      // this check reads (the text log format, say, which the check cannot read).
+      if (absl::StrContains(line, "partition_role")) Malformed(where, line, logs);
+      continue;
+    }
+    if (auto event = fields.find("event");
+        event == fields.end() || event->second != "partition_role") {
+      continue;
+    }
+    PartitionRoleRecord r;
+    r.log = std::string(node);
+    if (!RoleRecordOf(fields, r)) {
+      Malformed(where, line, logs);
+      continue;
+    }
+    logs.partition_roles.push_back(std::move(r));
+  }
+}
+
+void ParseReplicaLogDump(absl::string_view node, absl::string_view text, CrashLogs& logs) {
+  const std::string where = absl::StrCat("log dump ", node);
+  int64_t partition = -1;  // the one of the last header; -1 before it or after a bad one
+  std::set<uint32_t> headers;
+  for (absl::string_view line : CompleteLines(text, logs)) {
+    if (absl::StartsWith(line, "#")) {
+      ReplicaLogHeader h;
+      h.node = std::string(node);
+      partition = -1;
+      if (!ParseDumpHeader(line, h) || !headers.insert(h.partition).second) {
+        Malformed(where, line, logs);
+        continue;
+      }
+      partition = h.partition;
+      logs.replica_logs.push_back(std::move(h));
+      continue;
+    }
+    std::vector<absl::string_view> f = absl::StrSplit(line, '\t');
+    ReplicaLogEntry e;
+    e.node = std::string(node);
+    if (f.size() != 4 || !ToUint(f[0], &e.partition) || !ToUint(f[1], &e.seq) ||
+        !ToInt(f[2], &e.epoch) || !IsHexDigest(f[3]) ||
+        partition != static_cast<int64_t>(e.partition)) {
+      Malformed(where, line, logs);
+      continue;
+    }
+    e.digest = std::string(f[3]);
+    logs.replica_entries.push_back(std::move(e));
   }
 }
 
@@ -328,6 +691,10 @@ const char* ViolationKindName(ViolationKind kind) {
       return "OVERLAPPING_LEASE";
     case ViolationKind::kMalformedLog:
       return "MALFORMED_LOG";
+    case ViolationKind::kTwoWritersInEpoch:
+      return "TWO_WRITERS_IN_EPOCH";
+    case ViolationKind::kLogOrder:
+      return "LOG_ORDER";
   }
   return "?";
 }
@@ -478,12 +845,20 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
 
   const DriverTimeline timeline = BuildTimeline(logs.driver_events);
   s.broker_kills = static_cast<int64_t>(timeline.broker_kills.size());
+  s.cluster_faults = static_cast<int64_t>(timeline.faults.size());
+  for (const Stop& f : timeline.faults) {
+    if (f.to == std::numeric_limits<int64_t>::max()) ++s.cluster_faults_unhealed;
+  }
+  for (const DriverEvent& e : logs.driver_events) {
+    if (e.type == DriverEventType::kFault) ++s.faults_by_kind[e.subject];
+  }
   for (const auto& [instance, kills] : timeline.worker_kills) s.worker_kills += kills.size();
   for (const auto& [instance, stops] : timeline.worker_stops) s.worker_stops += stops.size();
   for (RerunCause c : {RerunCause::kIntendedRetry, RerunCause::kWorkerKill, RerunCause::kWorkerStop,
                        RerunCause::kBrokerCrash, RerunCause::kUnexplained}) {
     s.reruns[c] = 0;
   }
+  if (s.cluster_faults > 0) s.reruns[RerunCause::kClusterFault] = 0;
 
   for (const auto& [job_id, by_lease] : runs) {
     std::vector<const Run*> ordered;
@@ -573,13 +948,17 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
         violate(
             ViolationKind::kUnexplainedDuplicate, job_id,
             absl::StrCat(
-                "ran again (", Describe(next), ") after ", Describe(prev),
-                " with no kill, stop, broker crash or intended failure in between; broker "
-                "recorded that attempt as ",
+                "ran again (", Describe(next), ") after ", Describe(prev), " with no kill, stop, ",
+                timeline.faults.empty() ? "" : "cluster fault, ",
+                "broker crash or intended failure in between; broker recorded that attempt as ",
                 record == nullptr ? "(no record)" : v1::AttemptOutcome_Name(record->outcome())));
       }
     }
   }
+
+  CheckWriters(logs, s, [&violate](ViolationKind kind, std::string detail) {
+    violate(kind, "", std::move(detail));
+  });
   return report;
 }
 
@@ -596,11 +975,23 @@ std::string Report::SummaryTable(
       {"  enqueues acknowledged after a retry", absl::StrCat(s.enqueues_retried)},
       {"  dedup hits after crash", absl::StrCat(s.dedup_hits_after_crash)},
       {"broker kills (SIGKILL)", absl::StrCat(s.broker_kills)},
-      {"worker kills (SIGKILL)", absl::StrCat(s.worker_kills)},
-      {"worker stops (SIGSTOP > lease)", absl::StrCat(s.worker_stops)},
-      {"jobs received by workers (runs)", absl::StrCat(s.runs)},
-      {"  jobs run more than once", absl::StrCat(s.jobs_run_more_than_once)},
   };
+  // The cluster harness's rows, only where it ran: a crash harness run prints what it did.
+  const bool cluster = s.cluster_faults > 0 || s.role_records > 0 || s.replica_logs > 0;
+  if (cluster) {
+    rows.push_back({"cluster faults injected (never healed)",
+                    absl::StrCat(s.cluster_faults, " (", s.cluster_faults_unhealed, ")")});
+    for (const auto& [kind, n] : s.faults_by_kind) {
+      rows.push_back({absl::StrCat("  faults: ", kind), absl::StrCat(n)});
+    }
+  }
+  rows.insert(rows.end(),
+              {
+                  {"worker kills (SIGKILL)", absl::StrCat(s.worker_kills)},
+                  {"worker stops (SIGSTOP > lease)", absl::StrCat(s.worker_stops)},
+                  {"jobs received by workers (runs)", absl::StrCat(s.runs)},
+                  {"  jobs run more than once", absl::StrCat(s.jobs_run_more_than_once)},
+              });
   for (const auto& [cause, n] : s.reruns) {
     rows.push_back({absl::StrCat("  reruns: ", CauseName(cause)), absl::StrCat(n)});
   }
@@ -614,9 +1005,22 @@ std::string Report::SummaryTable(
           {"final COMPLETED / FAILED / other",
            absl::StrCat(s.final_completed, " / ", s.final_failed, " / ", s.final_other)},
           {"torn log lines skipped", absl::StrCat(s.torn_lines)},
-          {"lost", absl::StrCat(s.lost)},
-          {"violations", absl::StrCat(violations.size())},
       });
+  if (cluster) {
+    rows.insert(
+        rows.end(),
+        {
+            {"partition_role events read (node logs)", absl::StrCat(s.role_records)},
+            {"partitions / epochs led", absl::StrCat(s.partitions_led, " / ", s.epochs_led)},
+            {"replication logs dumped (entries)",
+             absl::StrCat(s.replica_logs, " (", s.replica_entries, ")")},
+            {"  entries compared across nodes", absl::StrCat(s.entries_compared)},
+        });
+  }
+  rows.insert(rows.end(), {
+                              {"lost", absl::StrCat(s.lost)},
+                              {"violations", absl::StrCat(violations.size())},
+                          });
   rows.insert(rows.end(), extra.begin(), extra.end());
   size_t width = 0;
   for (const auto& [name, value] : rows) width = std::max(width, name.size());

@@ -33,9 +33,31 @@
 //             <ts> WORKER_UP|WORKER_KILL|WORKER_STOP|WORKER_CONT <instance> <pid>
 //             <ts> PRODUCER_EXIT <name> <code>
 //             <ts> SETTLED <0|1>
+//   cluster   <ts> FAULT <id> <kind> <target>           a nemesis strikes (tests/cluster/jepsen/);
+//                                                       kind and target are opaque words
+//             <ts> HEAL <id>                            ... it is over, the cluster whole again
+//             <ts> NODE_UP|NODE_KILL|NODE_PAUSE|NODE_CONT <node> <pid>
+//             <ts> NODE_STOP|NODE_EXIT <node> <code>    SIGTERMed / exited by itself
+//             <ts> NODE_SKEW <node> <seconds>           restarted with its wall clock off
+//             <ts> ETCD_KILL <member> <k> | POWER_LOSS <node> 0
 //
 // The driver stamps a kill after the process is reaped and a stop after the kernel reported it
 // stopped, so every line a worker wrote before the event has a smaller timestamp.
+//
+// The cluster harness adds two kinds of evidence of who wrote each partition's log:
+//
+//   node log  a node's stderr: JSON lines of server/observability/log.h, flat objects of string
+//             values. Only the `partition_role` events count (server/cluster/cluster_mode.cc
+//             writes one at every role or epoch change of a partition):
+//             {"time":"..","level":"info","event":"partition_role","partition":"4",
+//              "node":"node-2","role":"leader","epoch":"16","serving":"true","log_end":"9",
+//              "broken":""}
+//             Every other event and every line that is not a JSON object are skipped.
+//   log dump  tests/cluster/jepsen/log_dump/replica_log_dump's output for one stopped node's
+//             data dir, per partition a header, then one line per stored log entry, in seq
+//             order (the digest: 16 hex digits, FNV-1a 64 of the entry as the wire encodes it):
+//             # partition <p> floor <epoch> base <seq>/<epoch> applied <seq> end <seq>
+//             <p>\t<seq>\t<epoch>\t<digest>
 namespace jobbroker::crash {
 
 // Payload kinds: what the worker does with the job, hence how it must end.
@@ -92,13 +114,60 @@ enum class DriverEventType {
   kWorkerCont,
   kProducerExit,
   kSettled,
+  // The cluster harness: a fault's start and end, and what the nemeses did to nodes and etcd
+  // (facts for the reader: the fault's interval is what explains reruns).
+  kFault,
+  kHeal,
+  kNodeUp,
+  kNodeKill,
+  kNodePause,
+  kNodeCont,
+  kNodeStop,
+  kNodeExit,
+  kNodeSkew,
+  kEtcdKill,
+  kPowerLoss,
 };
 
 struct DriverEvent {
   int64_t ts = 0;
   DriverEventType type = DriverEventType::kSeed;
-  std::string subject;  // worker instance, producer name, broker generation
-  int64_t value = 0;    // pid, exit code, seed, settled flag
+  std::string subject;  // worker instance, producer name, broker generation, node, fault kind
+  std::string target;   // FAULT: what it strikes (a node, an etcd member)
+  int64_t value = 0;    // pid, exit code, seed, settled flag, fault id (FAULT and HEAL)
+};
+
+// One partition_role event of a node's log.
+struct PartitionRoleRecord {
+  std::string log;   // the log it came from (ParseNodeLog's `node`)
+  std::string time;  // as the node wrote it (its wall clock, which a nemesis may skew)
+  std::string node;  // the node that wrote it (its "node" field)
+  uint32_t partition = 0;
+  std::string role;   // cluster::RoleName: "leader" or "follower"
+  int64_t epoch = 0;  // the epoch it leads; 0 for a follower
+  bool serving = false;
+  uint64_t log_end = 0;
+  std::string broken;  // why the replica stopped, empty while it works
+};
+
+// A partition's header in a node's log dump: its replica's bounds.
+struct ReplicaLogHeader {
+  std::string node;
+  uint32_t partition = 0;
+  int64_t epoch_floor = 0;
+  uint64_t base_seq = 0;  // the entry before the first one stored (trimmed, or a snapshot's)
+  int64_t base_epoch = 0;
+  uint64_t applied_seq = 0;
+  uint64_t end_seq = 0;  // the last stored entry (base_seq when none is)
+};
+
+// One stored entry of a node's replication log.
+struct ReplicaLogEntry {
+  std::string node;
+  uint32_t partition = 0;
+  uint64_t seq = 0;
+  int64_t epoch = 0;
+  std::string digest;  // of the entry's bytes: equal digests, equal entries
 };
 
 // Everything read from the logs of one run.
@@ -106,16 +175,28 @@ struct CrashLogs {
   std::vector<EnqueueRecord> enqueues;
   std::vector<WorkerEvent> worker_events;
   std::vector<DriverEvent> driver_events;
+  // The cluster harness only: none of these in a crash harness run, whose checks are then
+  // exactly the crash harness's.
+  std::vector<PartitionRoleRecord> partition_roles;
+  std::vector<ReplicaLogHeader> replica_logs;
+  std::vector<ReplicaLogEntry> replica_entries;
   // A last line without its newline (the writer was killed inside write): skipped.
   int torn_lines = 0;
   // Complete lines that do not parse: a harness bug, reported as violations.
   std::vector<std::string> malformed;
 };
 
-// Each parser appends what `text` holds to `logs`.
+// Each parser appends what `text` holds to `logs`. A HEAL of no earlier FAULT (in `logs`), a
+// second HEAL of one fault and a second FAULT of one id are malformed.
 void ParseProducerLog(absl::string_view producer, absl::string_view text, CrashLogs& logs);
 void ParseWorkerLog(absl::string_view text, CrashLogs& logs);
 void ParseDriverLog(absl::string_view text, CrashLogs& logs);
+// The cluster harness's evidence (formats above). `node` names the node whose stderr (any of
+// its launches: call once per file) or data dir's dump `text` is. A node log's partition_role
+// event without a readable partition, node, role or epoch is malformed, and so is any dump line
+// that is neither a header nor an entry of the partition of the header before it.
+void ParseNodeLog(absl::string_view node, absl::string_view text, CrashLogs& logs);
+void ParseReplicaLogDump(absl::string_view node, absl::string_view text, CrashLogs& logs);
 
 enum class ViolationKind {
   kLost,                  // an acknowledged enqueue has no job in the final state
@@ -129,6 +210,11 @@ enum class ViolationKind {
   kAttemptReused,         // one attempt number was handed out under two lease ids
   kOverlappingLease,      // an attempt started before the one before it ended
   kMalformedLog,          // a log line the checker cannot read
+  // The cluster harness (one writer per epoch, I4 of CLUSTER.md):
+  kTwoWritersInEpoch,  // two nodes logged leading a partition in one epoch, or two nodes hold
+                       // different entries at one (partition, seq, epoch)
+  kLogOrder,           // a node's log of a partition skips or repeats a seq, goes back an
+                       // epoch, or does not fit its own header's bounds
 };
 
 const char* ViolationKindName(ViolationKind kind);
@@ -145,6 +231,7 @@ enum class RerunCause {
   kWorkerKill,     // the worker holding the previous run was SIGKILLed before the rerun
   kWorkerStop,     // that worker was SIGSTOPped (its lease ran out) before the rerun
   kBrokerCrash,    // the broker was SIGKILLed between the previous lease and the rerun
+  kClusterFault,   // a cluster harness's fault, [FAULT, HEAL], overlapped that window
   kUnexplained,    // none of these: a violation
 };
 
@@ -160,6 +247,9 @@ struct Summary {
   int64_t enqueues_retried = 0;        // acknowledged only after one or more failed tries
   int64_t dedup_hits_after_crash = 0;  // of those, answered deduplicated (committed before)
   int64_t broker_kills = 0;
+  int64_t cluster_faults = 0;           // FAULT lines (the cluster harness's nemeses)
+  int64_t cluster_faults_unhealed = 0;  // of those, with no HEAL (the run ended first)
+  std::map<std::string, int64_t> faults_by_kind;
   int64_t worker_kills = 0;
   int64_t worker_stops = 0;
   int64_t runs = 0;  // jobs received by workers (distinct leases)
@@ -176,6 +266,13 @@ struct Summary {
   int64_t final_other = 0;
   int64_t lost = 0;
   int torn_lines = 0;
+  // The cluster harness's writer check.
+  int64_t role_records = 0;      // partition_role events read from node logs
+  int64_t partitions_led = 0;    // distinct partitions some node logged leading
+  int64_t epochs_led = 0;        // distinct (partition, epoch) some node logged leading
+  int64_t replica_logs = 0;      // (node, partition) logs dumped
+  int64_t replica_entries = 0;   // entries in them
+  int64_t entries_compared = 0;  // distinct (partition, seq, epoch) held by two nodes or more
 };
 
 struct Report {
@@ -191,7 +288,8 @@ struct Report {
 };
 
 // Checks `logs` against `final_jobs` (every job the broker holds at the end, from the Admin
-// API). See README.md for what each check proves.
+// API). See README.md for what each check proves. The writer check runs over the node logs and
+// dumps in `logs` alone, so it may be run with no final state: Check(logs, {}).
 Report Check(const CrashLogs& logs, const std::vector<jobbroker::v1::Job>& final_jobs);
 
 }  // namespace jobbroker::crash

@@ -20,6 +20,7 @@ using ::testing::ElementsAre;
 using ::testing::Field;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using ::testing::UnorderedElementsAre;
 
 constexpr char kQueue[] = "crash.a";
@@ -380,6 +381,317 @@ TEST(CheckerTest, ParsesEveryDriverLineType) {
 
   EXPECT_THAT(logs.malformed, IsEmpty());
   EXPECT_EQ(logs.driver_events.size(), 9u);
+}
+
+// ---- The cluster harness: faults explain reruns ----
+
+std::string Fault(int64_t ts, int id, const std::string& kind, const std::string& target) {
+  return Line({absl::StrCat(ts), "FAULT", absl::StrCat(id), kind, target});
+}
+
+std::string Heal(int64_t ts, int id) { return Line({absl::StrCat(ts), "HEAL", absl::StrCat(id)}); }
+
+TEST(CheckerClusterTest, AFaultOverlappingTheWindowExplainsTheRerun) {
+  // Attempt 1 was leased at 1000 and attempt 2 received at 5000: a fault over [1500, 3000] (or
+  // one that began before the lease and healed inside the window) lies in between.
+  for (const std::string& driver : {Fault(1500, 1, "kill-leader", "node-1") + Heal(3000, 1),
+                                    Fault(500, 1, "cut-etcd", "node-2") + Heal(1200, 1)}) {
+    Scenario s = TwoRuns();
+    s.driver = driver;
+    const Report report = s.Run();
+    EXPECT_TRUE(report.ok()) << driver << report.ViolationList();
+    EXPECT_EQ(report.summary.reruns.at(RerunCause::kClusterFault), 1) << driver;
+    EXPECT_EQ(report.summary.reruns.at(RerunCause::kUnexplained), 0) << driver;
+    EXPECT_EQ(report.summary.cluster_faults, 1);
+  }
+}
+
+TEST(CheckerClusterTest, AFaultNeverHealedExplainsEveryRerunAfterIt) {
+  Scenario s = TwoRuns();
+  s.driver = Fault(2000, 7, "disk-full", "node-0");
+
+  const Report report = s.Run();
+
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kClusterFault), 1);
+  EXPECT_EQ(report.summary.cluster_faults_unhealed, 1);
+}
+
+TEST(CheckerClusterTest, AFaultHealedBeforeTheLeaseOrBegunAfterTheRerunExplainsNothing) {
+  Scenario s = TwoRuns();
+  s.driver = Fault(100, 1, "kill-leader", "node-1") + Heal(900, 1) +  // over before the lease
+             Fault(6000, 2, "stop-leader", "node-2");                 // after the rerun
+
+  const Report report = s.Run();
+
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("cluster fault"));
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kClusterFault), 0);
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kUnexplained), 1);
+}
+
+TEST(CheckerClusterTest, TheCrashHarnessCausesComeBeforeAFault) {
+  Scenario s = TwoRuns();
+  s.driver =
+      Fault(1500, 1, "kill-leader", "node-1") + Driver(2000, "BROKER_KILL", "1") + Heal(3000, 1);
+
+  const Report report = s.Run();
+
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kBrokerCrash), 1);
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kClusterFault), 0);
+}
+
+TEST(CheckerClusterTest, AWorkerErrorOfAnOkJobIsNotExplainedByAFault) {
+  Scenario s = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_ERROR, kKindOk);
+  s.driver = Fault(1500, 1, "kill-leader", "node-1") + Heal(3000, 1);
+
+  EXPECT_THAT(Kinds(s.Run()), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+}
+
+TEST(CheckerClusterTest, AHealOfNoEarlierFaultIsMalformed) {
+  Scenario s = TwoRuns();
+  // HEAL 3 before its FAULT, HEAL 9 of none, FAULT 4 twice, HEAL 4 twice.
+  s.driver = Heal(1100, 3) + Fault(1200, 3, "kill-leader", "node-1") + Heal(1300, 9) +
+             Fault(1400, 4, "cut-peers", "node-0") + Fault(1500, 4, "cut-peers", "node-0") +
+             Heal(1600, 4) + Heal(1700, 4) + Heal(1800, 3);
+
+  const Report report = s.Run();
+
+  EXPECT_THAT(Kinds(report),
+              ElementsAre(ViolationKind::kMalformedLog, ViolationKind::kMalformedLog,
+                          ViolationKind::kMalformedLog, ViolationKind::kMalformedLog));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("HEAL of no earlier FAULT"));
+  EXPECT_THAT(report.violations[2].detail, HasSubstr("second FAULT"));
+  EXPECT_THAT(report.violations[3].detail, HasSubstr("second HEAL"));
+  EXPECT_EQ(report.summary.cluster_faults, 2);
+  EXPECT_EQ(report.summary.reruns.at(RerunCause::kClusterFault), 1);
+}
+
+TEST(CheckerClusterTest, ParsesEveryClusterDriverLineType) {
+  CrashLogs logs;
+  ParseDriverLog(
+      Fault(1, 1, "kill-leader", "node-1") + Driver(2, "NODE_KILL", "node-1") +
+          Driver(3, "NODE_UP", "node-1") + Driver(4, "NODE_PAUSE", "node-2") +
+          Driver(5, "NODE_CONT", "node-2") + Line({"6", "NODE_STOP", "node-0", "0"}) +
+          Line({"7", "NODE_EXIT", "node-0", "1"}) + Line({"8", "NODE_SKEW", "node-0", "-7"}) +
+          Line({"9", "ETCD_KILL", "etcd-2", "2"}) + Line({"10", "POWER_LOSS", "node-1", "0"}) +
+          Heal(11, 1) + Line({"12", "FAULT", "2", "skew"}),  // no target
+      logs);
+
+  ASSERT_EQ(logs.driver_events.size(), 11u);
+  EXPECT_THAT(logs.malformed, ElementsAre(HasSubstr("FAULT\t2\tskew")));
+  const DriverEvent& fault = logs.driver_events[0];
+  EXPECT_EQ(fault.type, DriverEventType::kFault);
+  EXPECT_EQ(fault.value, 1);
+  EXPECT_EQ(fault.subject, "kill-leader");
+  EXPECT_EQ(fault.target, "node-1");
+  EXPECT_EQ(logs.driver_events[7].type, DriverEventType::kNodeSkew);
+  EXPECT_EQ(logs.driver_events[7].value, -7);
+  EXPECT_EQ(logs.driver_events[10].type, DriverEventType::kHeal);
+  EXPECT_EQ(logs.driver_events[10].value, 1);
+}
+
+TEST(CheckerClusterTest, TheSummaryCountsFaultsByKindAndOnlyAClusterRunShowsThem) {
+  Scenario s = TwoRuns();
+  s.driver = Fault(1500, 1, "kill-leader", "node-1") + Heal(1600, 1) +
+             Fault(1700, 2, "kill-leader", "node-2") + Heal(1800, 2) +
+             Fault(1900, 3, "power-loss", "node-0");
+
+  const Report report = s.Run();
+
+  EXPECT_EQ(report.summary.cluster_faults, 3);
+  EXPECT_THAT(report.summary.faults_by_kind,
+              UnorderedElementsAre(std::pair<const std::string, int64_t>("kill-leader", 2),
+                                   std::pair<const std::string, int64_t>("power-loss", 1)));
+  EXPECT_THAT(report.SummaryTable(), HasSubstr("faults: kill-leader"));
+  EXPECT_THAT(report.SummaryTable(),
+              HasSubstr("cluster fault (node, network, etcd, disk or clock)"));
+  // The crash harness's table is as it was.
+  Scenario crash = TwoRuns();
+  crash.driver = Driver(2000, "BROKER_KILL", "1");
+  const std::string table = crash.Run().SummaryTable();
+  EXPECT_THAT(table, Not(HasSubstr("fault")));
+  EXPECT_THAT(table, Not(HasSubstr("epoch")));
+}
+
+// ---- The cluster harness: one writer per epoch ----
+
+// A partition_role line exactly as server/cluster/cluster_mode.cc writes it through log.cc.
+std::string RoleLine(const std::string& node, int partition, const std::string& role, int64_t epoch,
+                     const std::string& broken_json = "") {
+  return absl::StrCat(
+      "{\"time\":\"2026-12-03T13:12:14.141Z\",\"level\":\"", broken_json.empty() ? "info" : "error",
+      "\",\"event\":\"partition_role\",\"partition\":\"", partition, "\",\"node\":\"", node,
+      "\",\"role\":\"", role, "\",\"epoch\":\"", epoch,
+      "\",\"serving\":\"true\",\"log_end\":\"12\",\"broken\":\"", broken_json, "\"}\n");
+}
+
+std::string DumpHeader(int partition, uint64_t base_seq, int64_t base_epoch, uint64_t applied,
+                       uint64_t end, int64_t floor = 9) {
+  return absl::StrCat("# partition ", partition, " floor ", floor, " base ", base_seq, "/",
+                      base_epoch, " applied ", applied, " end ", end, "\n");
+}
+
+std::string DumpEntry(int partition, uint64_t seq, int64_t epoch, const std::string& digest) {
+  return Line({absl::StrCat(partition), absl::StrCat(seq), absl::StrCat(epoch), digest});
+}
+
+// Three entries of partition 0, base 0: 1/3 (epoch start), 2/3, 3/5 (epoch 5's start).
+std::string GoodDump() {
+  return DumpHeader(0, 0, 0, 3, 3) + DumpEntry(0, 1, 3, "00aa") + DumpEntry(0, 2, 3, "00bb") +
+         DumpEntry(0, 3, 5, "00cc") + DumpHeader(1, 0, 0, 0, 0);
+}
+
+Report CheckWriters(const std::vector<std::pair<std::string, std::string>>& node_logs,
+                    const std::vector<std::pair<std::string, std::string>>& dumps) {
+  CrashLogs logs;
+  for (const auto& [node, text] : node_logs) ParseNodeLog(node, text, logs);
+  for (const auto& [node, text] : dumps) ParseReplicaLogDump(node, text, logs);
+  return Check(logs, {});
+}
+
+TEST(CheckerWritersTest, ANodeLogInTheRealFormatParses) {
+  CrashLogs logs;
+  ParseNodeLog(
+      "node-2",
+      "jobbroker: starting\n"
+      "{\"time\":\"2026-12-03T13:12:14.100Z\",\"level\":\"info\",\"event\":\"serving\","
+      "\"grpc\":\"127.0.0.1:1\"}\n"
+      "E1203 13:12:14.120 grpc something about partition_roles\n" +
+          RoleLine("node-2", 4, "leader", 16) + RoleLine("node-2", 5, "follower", 0) +
+          // log.cc's escapes: a quote, a backslash, a newline, a tab, a control byte.
+          RoleLine("node-2", 4, "follower", 0, "disk \\\"full\\\" \\\\ at\\n\\tx\\u0001y") +
+          "{\"time\":\"x\",\"level\":\"info\",\"event\":\"partition_role\",\"partition\":\"4\","
+          "\"node\":\"node-2\",\"role\":\"leader\"}\n"  // no epoch: malformed
+          "{\"time\":\"x\",\"level\":\"info\",\"event\":\"partition_role\",\"parti",  // torn
+      logs);
+
+  ASSERT_EQ(logs.partition_roles.size(), 3u);
+  const PartitionRoleRecord& leader = logs.partition_roles[0];
+  EXPECT_EQ(leader.log, "node-2");
+  EXPECT_EQ(leader.node, "node-2");
+  EXPECT_EQ(leader.partition, 4u);
+  EXPECT_EQ(leader.role, "leader");
+  EXPECT_EQ(leader.epoch, 16);
+  EXPECT_TRUE(leader.serving);
+  EXPECT_EQ(leader.log_end, 12u);
+  EXPECT_EQ(leader.time, "2026-12-03T13:12:14.141Z");
+  EXPECT_EQ(logs.partition_roles[2].broken, "disk \"full\" \\ at\n\tx\x01y");
+  // The gRPC line names partition_role but is no JSON: malformed, like the one with no epoch.
+  EXPECT_THAT(logs.malformed,
+              ElementsAre(HasSubstr("partition_roles"), HasSubstr("\"role\":\"leader\"}")));
+  EXPECT_EQ(logs.torn_lines, 1);
+}
+
+TEST(CheckerWritersTest, OneLeaderPerEpochAndAgreeingLogsAreClean) {
+  const std::string dump = GoodDump();
+  const Report report = CheckWriters(
+      {{"node-0", RoleLine("node-0", 0, "leader", 3) + RoleLine("node-0", 0, "leader", 3) +
+                      RoleLine("node-0", 1, "follower", 0)},
+       {"node-1", RoleLine("node-1", 0, "follower", 0) + RoleLine("node-1", 0, "leader", 5) +
+                      RoleLine("node-1", 1, "leader", 4)}},
+      {{"node-0", dump},
+       {"node-1", dump},
+       {"node-2",
+        DumpHeader(0, 0, 0, 2, 2) + DumpEntry(0, 1, 3, "00aa") + DumpEntry(0, 2, 3, "00bb")}});
+
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  EXPECT_EQ(report.summary.partitions_led, 2);
+  EXPECT_EQ(report.summary.epochs_led, 3);
+  EXPECT_EQ(report.summary.replica_logs, 5);
+  EXPECT_EQ(report.summary.replica_entries, 8);
+  EXPECT_EQ(report.summary.entries_compared, 3);
+  EXPECT_THAT(report.SummaryTable(), HasSubstr("entries compared across nodes"));
+}
+
+TEST(CheckerWritersTest, TwoNodesLeadingOnePartitionInOneEpochAreTwoWriters) {
+  const Report report = CheckWriters({{"node-0", RoleLine("node-0", 2, "leader", 7)},
+                                      {"node-1", RoleLine("node-1", 2, "leader", 7)}},
+                                     {});
+
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kTwoWritersInEpoch));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("partition 2 epoch 7"));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("node-0"));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("node-1"));
+  EXPECT_STREQ(ViolationKindName(report.violations[0].kind), "TWO_WRITERS_IN_EPOCH");
+}
+
+TEST(CheckerWritersTest, TheNodeFieldNamesTheWriterWhateverTheLogIsCalled) {
+  // One node's two launches, read as two logs: one writer. Two nodes in one log file: two.
+  const Report one = CheckWriters({{"node-0.1", RoleLine("node-0", 2, "leader", 7)},
+                                   {"node-0.2", RoleLine("node-0", 2, "leader", 7)}},
+                                  {});
+  EXPECT_TRUE(one.ok()) << one.ViolationList();
+  const Report two = CheckWriters(
+      {{"all", RoleLine("node-0", 2, "leader", 7) + RoleLine("node-1", 2, "leader", 7)}}, {});
+  EXPECT_THAT(Kinds(two), ElementsAre(ViolationKind::kTwoWritersInEpoch));
+}
+
+TEST(CheckerWritersTest, TwoEntriesAtOneSeqAndEpochAreTwoWriters) {
+  const Report report =
+      CheckWriters({}, {{"node-0", GoodDump()},
+                        {"node-2", DumpHeader(0, 0, 0, 2, 2) + DumpEntry(0, 1, 3, "00aa") +
+                                       DumpEntry(0, 2, 3, "ffff")}});
+
+  EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kTwoWritersInEpoch));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("partition 0 seq 2 epoch 3"));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("node-2 ffff"));
+  EXPECT_EQ(report.summary.entries_compared, 2);
+}
+
+TEST(CheckerWritersTest, OneSeqOfTwoEpochsIsNoViolation) {
+  // node-2 kept epoch 3's uncommitted entry 3; epoch 5's leader wrote its own entry 3. Both are
+  // stored entries of their epochs, and neither log is out of order.
+  const Report report =
+      CheckWriters({}, {{"node-0", GoodDump()},
+                        {"node-2", DumpHeader(0, 0, 0, 2, 3) + DumpEntry(0, 1, 3, "00aa") +
+                                       DumpEntry(0, 2, 3, "00bb") + DumpEntry(0, 3, 3, "0dd0")}});
+
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  EXPECT_EQ(report.summary.entries_compared, 2);
+}
+
+TEST(CheckerWritersTest, ALogThatSkipsOrRepeatsASeqOrGoesBackAnEpochIsOutOfOrder) {
+  struct Case {
+    std::string dump;
+    std::string says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {DumpHeader(0, 0, 0, 3, 3) + DumpEntry(0, 1, 3, "aa") + DumpEntry(0, 3, 3, "cc"),
+            "entry 3/3 follows entry 1/3 (its seq does not follow)"},
+           {DumpHeader(0, 0, 0, 2, 2) + DumpEntry(0, 1, 5, "aa") + DumpEntry(0, 2, 3, "bb"),
+            "entry 2/3 follows entry 1/5 (its epoch goes back)"},
+           {DumpHeader(0, 0, 0, 2, 2) + DumpEntry(0, 1, 3, "aa") + DumpEntry(0, 1, 3, "aa") +
+                DumpEntry(0, 2, 3, "bb"),
+            "entry 1/3 follows entry 1/3"},
+           {DumpHeader(0, 4, 6, 5, 5) + DumpEntry(0, 5, 3, "aa"),
+            "entry 5/3 follows the base 4/6 (its epoch goes back)"},
+           {DumpHeader(0, 4, 6, 4, 6) + DumpEntry(0, 6, 6, "aa"), "its seq does not follow"},
+           {DumpHeader(0, 0, 0, 1, 3) + DumpEntry(0, 1, 3, "aa"), "its header says end 3"},
+           {DumpHeader(0, 2, 3, 1, 3) + DumpEntry(0, 3, 3, "aa"), "applied 1 lies outside"},
+       }) {
+    const Report report = CheckWriters({}, {{"node-1", c.dump}});
+    EXPECT_THAT(Kinds(report), ElementsAre(ViolationKind::kLogOrder)) << c.dump;
+    EXPECT_THAT(report.ViolationList(), HasSubstr(c.says)) << c.dump;
+    EXPECT_THAT(report.ViolationList(), HasSubstr("node-1's log of partition 0")) << c.dump;
+  }
+}
+
+TEST(CheckerWritersTest, DumpLinesThatAreNeitherHeaderNorEntryAreMalformed) {
+  CrashLogs logs;
+  ParseReplicaLogDump("node-0",
+                      DumpEntry(0, 1, 3, "aa") +  // before any header
+                          DumpHeader(0, 0, 0, 1, 1) + DumpEntry(1, 1, 3, "aa") +  // partition 1
+                          DumpEntry(0, 1, 3, "not-hex") + "# partition 1 floor x\n" +
+                          DumpEntry(0, 1, 3, "aa") +  // after a bad header
+                          DumpHeader(0, 0, 0, 1, 1),  // a partition's header twice
+                      logs);
+
+  EXPECT_EQ(logs.malformed.size(), 6u) << absl::StrJoin(logs.malformed, "\n");
+  EXPECT_THAT(logs.malformed, Each(HasSubstr("log dump node-0")));
+  EXPECT_EQ(logs.replica_logs.size(), 1u);
+  EXPECT_TRUE(logs.replica_entries.empty());
 }
 
 }  // namespace

@@ -19,9 +19,12 @@ constexpr absl::Duration kCallDeadline = absl::Seconds(5);
 constexpr int kExhaustAttempts = 3;
 
 // A broker being killed or restarting answers with one of these; a retry with the same dedup
-// keys is then safe (a committed job is found again, deduplicated).
+// keys is then safe (a committed job is found again, deduplicated). RESOURCE_EXHAUSTED is a
+// full disk (the cluster harness fills one): writes resume once it has room, or another
+// replica leads.
 bool Retryable(grpc::StatusCode code) {
   switch (code) {
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
