@@ -116,8 +116,15 @@ absl::Status BrokerProcess::Launch() {
     stdout_eof_ = false;
   }
 
-  std::vector<std::string> argv = {BrokerBinaryPath(), "--listen",   "127.0.0.1:0", "--http-listen",
-                                   "127.0.0.1:0",      "--data-dir", data_dir_};
+  std::vector<std::string> argv;
+  if (!options_.environment.empty()) {
+    argv.push_back("/usr/bin/env");
+    argv.insert(argv.end(), options_.environment.begin(), options_.environment.end());
+  }
+  for (const std::string& a : {BrokerBinaryPath(), std::string("--listen"),
+                               std::string("127.0.0.1:0"), std::string("--http-listen"),
+                               std::string("127.0.0.1:0"), std::string("--data-dir"), data_dir_})
+    argv.push_back(a);
   if (!config_path_.empty()) {
     argv.push_back("--config");
     argv.push_back(config_path_);
@@ -238,6 +245,12 @@ absl::StatusOr<int> BrokerProcess::Terminate(absl::Duration timeout) {
                                                     absl::FormatDuration(timeout),
                                                     " of SIGTERM; killed it\n", DescribeOutput()));
   }
+  return ExitCodeOf(*status);
+}
+
+absl::StatusOr<int> BrokerProcess::AwaitExit(absl::Duration timeout) {
+  absl::StatusOr<int> status = WaitForExit(timeout);
+  if (!status.ok()) return status.status();
   return ExitCodeOf(*status);
 }
 

@@ -57,6 +57,9 @@ struct BrokerProcessOptions {
   std::string data_dir;
   // Appended to the command line as is.
   std::vector<std::string> extra_args;
+  // NAME=VALUE settings added to the child's environment (through env(1)), e.g. an LD_PRELOAD
+  // fault shim.
+  std::vector<std::string> environment;
   // How long to wait for the "serving" line before giving up.
   absl::Duration startup_timeout = absl::Seconds(30);
 };
@@ -99,6 +102,10 @@ class BrokerProcess {
   // SIGTERM, then waits up to `timeout` for the exit. Returns the exit code, or 128 + signal
   // number if a signal ended it. On timeout the child is SIGKILLed and an error returned.
   absl::StatusOr<int> Terminate(absl::Duration timeout = absl::Seconds(30));
+
+  // Waits up to `timeout` for the broker to exit by itself (no signal sent) and returns its exit
+  // code, or 128 + signal number. On timeout it is left running and an error returned.
+  absl::StatusOr<int> AwaitExit(absl::Duration timeout);
 
   // Starts the binary again on the same data dir and config. A child still running is first
   // stopped with Terminate(). Same failure reporting as Start().
