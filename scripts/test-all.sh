@@ -21,7 +21,7 @@ export JOBBROKER_BIN="$root/$build/server/jobbroker"
 suite_timeout="${SUITE_TIMEOUT:-1800}"
 
 # interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp thread-safety asan tsan crash fuzz api chart image-lint ui python go typescript interop java
+all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python go typescript interop java
   rust ruby bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
@@ -46,6 +46,11 @@ run_suite() {
     crash) BUILD="$build" tests/crash/run.sh --kills 20 &&
       BUILD="$build" tests/crash/run.sh --kills 20 --durability group --max-hot-jobs 0 \
         --partitions 4 ;;
+    # Cluster mode under faults: etcd (3 members), 3 nodes, Toxiproxy on every link; 12
+    # nemeses, every kind of CLUSTER.md at least once, under the crash harness's producers and
+    # workers; the checker proves nothing acknowledged was lost or undone, one writer per epoch
+    # (tests/cluster/jepsen/README.md). The 100-nemesis run is bench/cluster-jepsen.sh.
+    jepsen) BUILD="$build" tests/cluster/jepsen/run.sh --nemeses 12 ;;
     # The libFuzzer targets, 60 s each, from the committed corpus (tests/fuzz/README.md).
     fuzz) tests/fuzz/run.sh ;;
     api) scripts/api-check.sh ;;
