@@ -389,6 +389,9 @@ void ClusterNode::Step() {
          before.serving != after.serving || before.broken.ok() != after.broken.ok())) {
       options_.on_partition_change(p, after);
     }
+    // After the role change is told: the log then says what the replica was doing.
+    if (options_.on_replica_failed && !after.broken.ok() && before.broken.ok())
+      options_.on_replica_failed(p, after.broken);
   }
   if (options_.on_snapshot) {
     Snapshot(read.ok(), views, nodes);

@@ -71,6 +71,12 @@ struct ClusterNodeOptions {
   std::function<void(const ClusterSnapshot& cluster)> on_snapshot;
   // Told when the node's lease is lost (and a new one is granted): for the node's log.
   std::function<void(const absl::Status& why)> on_lease_lost;
+  // Told (on the driver thread, once per partition) when a replica stops for good: its storage
+  // failed (a full or failing disk) or its log broke an invariant. Nothing in the process brings
+  // it back; the server exits so that it restarts from what is durable (fail-stop, as Kafka's
+  // broker does when its log directory fails), and the partition's other replicas lead
+  // meanwhile. Unset: the replica stays stopped and the others drop it from the in-sync set.
+  std::function<void(uint32_t partition, const absl::Status& why)> on_replica_failed;
 };
 
 // One node of a cluster (../shared/CLUSTER.md): its etcd lease and registration, the cluster's

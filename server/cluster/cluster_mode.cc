@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -31,6 +32,10 @@ ClusterMode::ClusterMode(std::unique_ptr<Parts> parts) : parts_(std::move(parts)
 ClusterMode::~ClusterMode() { Stop(); }
 
 namespace {
+
+// The exit code of a node whose replica failed for good (sysexits' EX_IOERR: nearly always a
+// full or failing disk): a supervisor restarts it, and it rejoins from what it had synced.
+constexpr int kExitReplicaFailed = 74;
 
 // The token in --cluster-peer-token-file (surrounding whitespace dropped), checked against this
 // node's own --auth-tokens: the other nodes hold the same table. Messages never hold the token.
@@ -145,6 +150,17 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
       out.served_here = p.served_here;
     }
     router->Publish(std::move(view));
+  };
+  options.on_replica_failed = [](uint32_t partition, const absl::Status& why) {
+    Log::Write(LogLevel::kError, "replica_failed",
+               {{"partition", absl::StrCat(partition)},
+                {"reason", std::string(why.message())},
+                {"effect",
+                 "the node exits (code 74) and rejoins from its synced data when "
+                 "restarted; the partition's other replicas serve meanwhile"}});
+    // At once, as a crash would: everything acknowledged is durable on the in-sync replicas,
+    // and a graceful stop could hang on the storage that just failed.
+    std::_Exit(kExitReplicaFailed);
   };
   options.on_lease_lost = [](const absl::Status& why) {
     Log::Write(LogLevel::kWarn, "cluster_lease_lost", {{"reason", std::string(why.message())}});
