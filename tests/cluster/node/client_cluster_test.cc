@@ -53,6 +53,16 @@ class ClientClusterTest : public ::testing::Test {
     return result;
   }
 
+  // The surviving nodes' logs, for a failure's message: what each replica did after the kill.
+  std::string NodeLogs(int killed) const {
+    std::string logs;
+    for (int n = 0; n < kNodes; ++n) {
+      if (n == killed) continue;
+      absl::StrAppend(&logs, "\nnode ", n, "'s log:\n", nodes_[n]->ReadStderr());
+    }
+    return logs;
+  }
+
   std::unique_ptr<TempDir> dir_;
   std::unique_ptr<EtcdProcess> etcd_;
   std::vector<std::unique_ptr<BrokerProcess>> nodes_;
@@ -113,7 +123,8 @@ TEST_F(ClientClusterTest, CallsLandOnEveryPartitionAndSurviveKillingALeader) {
 
   absl::StatusOr<client::Enqueued> after =
       EnqueueUntil(client, queues[0], "after-the-kill", killed + kGiveUp);
-  ASSERT_TRUE(after.ok()) << "no enqueue within " << kGiveUp << " of the kill: " << after.status();
+  ASSERT_TRUE(after.ok()) << "no enqueue within " << kGiveUp << " of the kill: " << after.status()
+                          << NodeLogs(leader);
   absl::StatusOr<v1::Job> job = client.GetJob(ids[0]);
   ASSERT_TRUE(job.ok()) << "the acked job is gone: " << job.status();
   EXPECT_EQ(job->state(), v1::JOB_STATE_COMPLETED);
