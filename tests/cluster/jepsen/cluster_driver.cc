@@ -72,8 +72,9 @@ class ClusterDriver {
         static_cast<unsigned long long>(options_.seed), options_.nemeses, options_.jobs,
         options_.producers, options_.workers, kNodes, kEtcdMembers, options_.partitions,
         options_.lease_ttl);
-    std::printf("  replay: tests/cluster/jepsen/run.sh --seed %llu --nemeses %d --jobs %d\n",
-                static_cast<unsigned long long>(options_.seed), options_.nemeses, options_.jobs);
+    std::printf("  replay: tests/cluster/jepsen/run.sh --seed %llu --nemeses %d --jobs %d%s\n",
+                static_cast<unsigned long long>(options_.seed), options_.nemeses, options_.jobs,
+                options_.kinds == "all" ? "" : absl::StrCat(" --kinds ", options_.kinds).c_str());
     std::printf("  logs in %s\n", out_.c_str());
     std::fflush(stdout);
     if (absl::Status s = StartRig(); !s.ok()) return Abort(s);
@@ -741,7 +742,9 @@ class ClusterDriver {
 
   absl::Status NemesisPhase() {
     next_worker_event_ = absl::Now() + Uniform(kWorkerEventMin, kWorkerEventMax);
-    const std::vector<Nemesis> schedule = NemesisSchedule(ChildSeed(), options_.nemeses);
+    absl::StatusOr<std::vector<Nemesis>> kinds = ParseNemeses(options_.kinds);
+    if (!kinds.ok()) return kinds.status();
+    const std::vector<Nemesis> schedule = NemesisSchedule(ChildSeed(), options_.nemeses, *kinds);
     for (size_t i = 0; i < schedule.size(); ++i) {
       Wait(Uniform(absl::Milliseconds(500), absl::Seconds(2)));
       if (absl::Status s = Inject(static_cast<int>(i + 1), schedule[i]); !s.ok()) return s;

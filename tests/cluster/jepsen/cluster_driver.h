@@ -10,6 +10,8 @@ namespace jobbroker::jepsen {
 struct ClusterDriverOptions {
   // Nemesis events (nemesis.h) before the run settles; every kind once in each run of ten.
   int nemeses = 12;
+  // The kinds drawn from ("--kinds cut-peers,kill-leader" replays one kind of fault many times).
+  std::string kinds = "all";
   uint64_t seed = 0;
   // Jobs in all, shared among the producers, spread over the nemesis phase.
   int jobs = 1200;

@@ -1,7 +1,7 @@
 // cluster_harness: the Jepsen-style harness of cluster mode (README.md). With no role it is the
 // driver; the driver runs it again as the crash harness's `producer` and `worker` children.
 //
-//   cluster_harness [--nemeses 12] [--seed S] [--jobs 1200] [--producers 3] [--workers 3]
+//   cluster_harness [--nemeses 12] [--kinds all|KIND,...] [--seed S] [--jobs 1200] [--producers 3] [--workers 3]
 //                   [--partitions 6] [--lease-ttl 2] [--job-lease 2s] [--settle-timeout 180s]
 //                   [--out DIR] [--keep 1] --toxiproxy PATH
 //   cluster_harness producer|worker ...   (tests/crash/roles.h)
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tests/cluster/jepsen/cluster_driver.h"
+#include "tests/cluster/jepsen/nemesis.h"
 #include "tests/crash/flags.h"
 #include "tests/crash/roles.h"
 
@@ -55,6 +56,9 @@ int Driver(crash::Flags& flags) {
   absl::StatusOr<absl::Duration> settle = flags.Duration("settle-timeout", o.settle_timeout);
   absl::StatusOr<int64_t> keep = flags.Int("keep", 0);
   o.out_dir = flags.String("out", "");
+  o.kinds = flags.String("kinds", "all");
+  if (absl::StatusOr<std::vector<Nemesis>> kinds = ParseNemeses(o.kinds); !kinds.ok())
+    return Usage(std::string(kinds.status().message()));
   o.toxiproxy_binary = flags.String("toxiproxy", FromEnv("JOBBROKER_TOXIPROXY", ""));
   for (const absl::Status& s :
        {nemeses.status(), seed.status(), jobs.status(), producers.status(), workers.status(),

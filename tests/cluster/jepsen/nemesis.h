@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
 namespace jobbroker::jepsen {
 
 // The faults of ../shared/CLUSTER.md "What done means", one per kind.
@@ -25,9 +28,17 @@ inline constexpr int kNemesisKinds = 10;
 // "kill-leader", "kill-follower", ...: the word the driver log's FAULT lines carry.
 const char* NemesisName(Nemesis nemesis);
 
-// The order of `count` nemeses for `seed`: every kind once, shuffled, in each run of
-// kNemesisKinds (so a short CI run meets every kind, and a long one meets each as often).
-// Deterministic: the same seed, the same schedule.
-std::vector<Nemesis> NemesisSchedule(uint64_t seed, int count);
+// Every kind, in enum order.
+std::vector<Nemesis> AllNemeses();
+
+// The kinds named in `list` ("cut-peers,kill-leader"; "all" or empty: every kind), or an
+// InvalidArgument error naming the word that is no kind.
+absl::StatusOr<std::vector<Nemesis>> ParseNemeses(absl::string_view list);
+
+// The order of `count` nemeses for `seed` drawn from `kinds`: each kind once, shuffled, in every
+// run of kinds.size() (so a short CI run meets every kind, and a long one meets each as often).
+// Deterministic: the same seed and kinds, the same schedule.
+std::vector<Nemesis> NemesisSchedule(uint64_t seed, int count,
+                                     const std::vector<Nemesis>& kinds = AllNemeses());
 
 }  // namespace jobbroker::jepsen

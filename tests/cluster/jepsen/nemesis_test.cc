@@ -24,6 +24,26 @@ TEST(NemesisScheduleTest, TheSameSeedGivesTheSameScheduleAndAnotherSeedAnother) 
   EXPECT_NE(NemesisSchedule(7, 20), NemesisSchedule(8, 20));
 }
 
+TEST(NemesisScheduleTest, ChosenKindsAloneEachOnceInEveryRoundOfThem) {
+  absl::StatusOr<std::vector<Nemesis>> kinds = ParseNemeses("cut-peers,kill-leader");
+  ASSERT_TRUE(kinds.ok()) << kinds.status();
+  const std::vector<Nemesis> schedule = NemesisSchedule(3, 6, *kinds);
+  ASSERT_EQ(schedule.size(), 6u);
+  for (size_t first = 0; first < schedule.size(); first += 2) {
+    EXPECT_THAT(std::vector<Nemesis>(schedule.begin() + first, schedule.begin() + first + 2),
+                ::testing::UnorderedElementsAre(Nemesis::kCutPeers, Nemesis::kKillLeader));
+  }
+}
+
+TEST(NemesisScheduleTest, AWordThatIsNoKindIsRefusedByName) {
+  absl::StatusOr<std::vector<Nemesis>> kinds = ParseNemeses("cut-peers,unplug");
+  ASSERT_FALSE(kinds.ok());
+  EXPECT_EQ(kinds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(kinds.status().message()), ::testing::HasSubstr("\"unplug\""));
+  EXPECT_EQ(ParseNemeses("all")->size(), static_cast<size_t>(kNemesisKinds));
+  EXPECT_EQ(ParseNemeses("")->size(), static_cast<size_t>(kNemesisKinds));
+}
+
 TEST(NemesisScheduleTest, EveryKindHasItsOwnName) {
   std::set<std::string> names;
   for (int k = 0; k < kNemesisKinds; ++k) names.insert(NemesisName(static_cast<Nemesis>(k)));
