@@ -199,7 +199,9 @@ absl::Status WorkStream::Authorize(const v1::WorkRequest& request) const {
 template <typename Result>
 core::Done<Result> WorkStream::AnswerWhenDone(uint64_t request_id) {
   BeginOp();
-  return [this, request_id](Result result) {
+  // `alive`: the broker may answer after the stream finished (a read that completed as the
+  // client cancelled, then a commit held up by a slow follower); the object must outlive it.
+  return [this, alive = KeepAlive(), request_id](Result result) {
     v1::WorkResponse m;
     AddDetails(result, NewResult(m, request_id, StatusOf(result)));
     Send(std::move(m));
@@ -508,7 +510,7 @@ void WorkStream::ForwardUnary(const v1::WorkRequest& request, const std::string&
   call->request = request;
   const uint64_t id = request.request_id();
   BeginOp();
-  auto answer = [this, call, id](const grpc::Status& status) {
+  auto answer = [this, alive = KeepAlive(), call, id](const grpc::Status& status) {
     v1::WorkResponse m;
     v1::WorkResult* result = NewResult(
         m, id,
@@ -568,7 +570,7 @@ void WorkStream::AckBatchAcross(uint64_t request_id, const v1::AckBatchRequest& 
       join->Expect();
       std::vector<core::AckSpec> here;
       for (int i : indexes) here.push_back(specs[i]);
-      broker_.AckBatch(std::move(here), [this, join, indexes = indexes](
+      broker_.AckBatch(std::move(here), [this, alive = KeepAlive(), join, indexes = indexes](
                                             absl::StatusOr<std::vector<absl::Status>> r) {
         if (r.ok() ? join->Add(indexes, *r) : join->AddAll(indexes, r.status())) FinishJoin(*join);
       });
@@ -591,7 +593,7 @@ void WorkStream::AckBatchAcross(uint64_t request_id, const v1::AckBatchRequest& 
       auto response = std::make_shared<v1::AckResponse>();
       forwarder_->BrokerAt(address).async()->Ack(
           ctx.get(), request.get(), response.get(),
-          [this, join, i, ctx, request, response](const grpc::Status& status) {
+          [this, alive = KeepAlive(), join, i, ctx, request, response](const grpc::Status& status) {
             const absl::Status result(static_cast<absl::StatusCode>(status.error_code()),
                                       status.error_message());
             if (join->AddAll({i}, result)) FinishJoin(*join);

@@ -159,7 +159,11 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   grpc::CallbackServerContext* const ctx_;
   const bool forwarded_;  // another node relays this stream: nothing is sent on from here
   std::shared_ptr<WorkStream> self_;  // released in OnDone
-  v1::WorkRequest request_;           // the read in progress
+  // What an answer that may come after OnDone holds (the broker's callbacks, forwarded calls):
+  // the stream's memory stays until it has run; a finished stream sends nothing. Called only
+  // from reactions (Handle), so never while OnDone releases self_.
+  std::shared_ptr<WorkStream> KeepAlive() const { return self_; }
+  v1::WorkRequest request_;  // the read in progress
 
   absl::Mutex mu_;
   std::deque<v1::WorkResponse> outbox_ ABSL_GUARDED_BY(mu_);
