@@ -234,6 +234,11 @@ int Run(int argc, char** argv) {
   });
   (*http)->AddCollectable(&collector);
   (*http)->AddCollectable(&storage);
+  if (cluster != nullptr) {
+    // Per partition: leader, epoch, in-sync set, followers' lag; and the commit-wait histogram.
+    if (prometheus::Collectable* gauges = cluster->AttachMetrics(registry, *router))
+      (*http)->AddCollectable(gauges);
+  }
   (*http)->SetApi(&admin_http);
   (*http)->SetReady(true);
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();

@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<ClusterNode>> ClusterNode::Start(ClusterNodeOptio
     own.replica.partition = p;
     own.replica.min_in_sync = node->config_.min_in_sync;
     own.commit_timeout = node->options_.commit_timeout;
+    own.on_commit_wait = node->options_.on_commit_wait;
     PeerTransport* sender = node->transport_.get();
     auto replica = ReplicatedPartition::Open(
         store, etcd, clock, std::move(own),

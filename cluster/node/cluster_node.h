@@ -77,6 +77,8 @@ struct ClusterNodeOptions {
   // broker does when its log directory fails), and the partition's other replicas lead
   // meanwhile. Unset: the replica stays stopped and the others drop it from the in-sync set.
   std::function<void(uint32_t partition, const absl::Status& why)> on_replica_failed;
+  // ReplicatedPartitionOptions::on_commit_wait of every partition: for the node's metrics.
+  std::function<void(absl::Duration)> on_commit_wait;
 };
 
 // One node of a cluster (../shared/CLUSTER.md): its etcd lease and registration, the cluster's
@@ -138,6 +140,11 @@ class ClusterNode {
   }
   // This node's broker of `partition` answers for it now (ReplicatedPartition::served).
   bool served(uint32_t partition) const { return replicas_[partition]->served(); }
+  // While this node leads `partition`: how many entries each follower lacks, by node id.
+  std::map<std::string, uint64_t> FollowerLag(uint32_t partition) const {
+    return replicas_[partition]->FollowerLag();
+  }
+  uint32_t partition_count() const { return static_cast<uint32_t>(replicas_.size()); }
 
  private:
   ClusterNode(ClusterNodeOptions options, Etcd& etcd, const core::Clock& clock);

@@ -93,6 +93,11 @@ ReplicatedPartition::State ReplicatedPartition::state() const {
   return StateLocked();
 }
 
+std::map<std::string, uint64_t> ReplicatedPartition::FollowerLag() const {
+  absl::MutexLock lock(&mu_);
+  return replica_.FollowerLag();
+}
+
 ReplicatedPartition::State ReplicatedPartition::StateLocked() const {
   return State{replica_.role(),         replica_.epoch(),      replica_.serving(),
                broker_epoch_,           replica_.commit_seq(), storage_->log_end(),
@@ -133,7 +138,8 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
   if (stopping_ || !replica_.serving() || replica_.epoch() != broker_epoch_)
     return NotServingLocked();
   if (proposal.empty()) return absl::OkStatus();
-  absl::StatusOr<LogPosition> position = replica_.ProposeBatch(clock_.Now(), std::move(proposal));
+  const absl::Time proposed = clock_.Now();
+  absl::StatusOr<LogPosition> position = replica_.ProposeBatch(proposed, std::move(proposal));
   if (!position.ok()) {
     CollectLocked();
     // kFailedPrecondition (not the leader) cannot happen under the fence; a refusal here is
@@ -168,6 +174,7 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
                                                  " is shutting down; the outcome is unknown"));
   }
   waiting_.erase(key);
+  if (result.ok() && options_.on_commit_wait) options_.on_commit_wait(clock_.Now() - proposed);
   return NotStorageUnlessBrokenLocked(std::move(result));
 }
 

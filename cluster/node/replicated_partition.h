@@ -33,6 +33,9 @@ struct ReplicatedPartitionOptions {
   // it loses its lease; this bounds a write stuck behind followers that neither answer nor are
   // dropped from the in-sync set.
   absl::Duration commit_timeout = absl::Seconds(10);
+  // Told, on the writing thread, how long each committed write waited for its commit (the
+  // followers' fsyncs and the round trips): for the node's metrics. Unset: nobody listens.
+  std::function<void(absl::Duration)> on_commit_wait;
 };
 
 // One partition of a cluster node, as the core::Store its broker writes through: a write is a
@@ -88,6 +91,8 @@ class ReplicatedPartition final : public core::Store {
   // A message from a peer, queued for the receiving thread. Returns at once.
   void Deliver(ReplicationMessage message);
   State state() const;
+  // Replica::FollowerLag: while this node leads, the entries each follower lacks.
+  std::map<std::string, uint64_t> FollowerLag() const;
   // The partition's broker on this node answers for it now: the replica serves the epoch the
   // broker was rebuilt in (State's serving && epoch == broker_epoch), as of the replica's last
   // step. Lock-free: the router asks it on every call.

@@ -603,6 +603,15 @@ void Replica::OnSnapshotAck(absl::Time now, const std::string& from, const Snaps
   SendChunk(now, from, follower);
 }
 
+std::map<std::string, uint64_t> Replica::FollowerLag() const {
+  std::map<std::string, uint64_t> lag;
+  if (!leader_) return lag;
+  const uint64_t end = storage_.log_end();
+  for (const auto& [node, follower] : leader_->followers)
+    lag[node] = end > follower.match ? end - follower.match : 0;
+  return lag;
+}
+
 std::vector<ReplicationMessage> Replica::TakeOutbox() { return std::exchange(outbox_, {}); }
 
 std::vector<ProposalOutcome> Replica::TakeOutcomes() { return std::exchange(outcomes_, {}); }

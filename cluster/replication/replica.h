@@ -145,6 +145,9 @@ class Replica {
   uint64_t commit_seq() const { return commit_seq_; }
   // A storage error stopped the replica (it then neither leads nor answers); OK otherwise.
   const absl::Status& broken() const { return broken_; }
+  // Leader: how many entries of its log each follower lacks (log end minus what the follower
+  // holds durably), by node id. Empty on a follower.
+  std::map<std::string, uint64_t> FollowerLag() const;
 
  private:
   struct Follower {

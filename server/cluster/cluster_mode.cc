@@ -14,6 +14,9 @@
 #include "absl/strings/str_split.h"
 #include "cluster/etcd/grpc_etcd.h"
 #include "cluster/node/cluster_node.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/cluster/cluster_metrics.h"
 #include "server/observability/log.h"
 
 namespace jobbroker::server {
@@ -25,6 +28,9 @@ struct ClusterMode::Parts {
   std::atomic<Router*> router{nullptr};
   std::unique_ptr<cluster::GrpcEtcd> etcd;
   std::unique_ptr<cluster::ClusterNode> node;
+  // Set by AttachMetrics; commit waits are observed from then on.
+  std::atomic<prometheus::Histogram*> commit_wait{nullptr};
+  std::unique_ptr<ClusterCollector> collector;
 };
 
 ClusterMode::ClusterMode(std::unique_ptr<Parts> parts) : parts_(std::move(parts)) {}
@@ -162,6 +168,10 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
     // and a graceful stop could hang on the storage that just failed.
     std::_Exit(kExitReplicaFailed);
   };
+  options.on_commit_wait = [raw](absl::Duration waited) {
+    if (prometheus::Histogram* h = raw->commit_wait.load(std::memory_order_acquire))
+      h->Observe(absl::ToDoubleSeconds(waited));
+  };
   options.on_lease_lost = [](const absl::Status& why) {
     Log::Write(LogLevel::kWarn, "cluster_lease_lost", {{"reason", std::string(why.message())}});
   };
@@ -208,6 +218,24 @@ absl::Status ClusterMode::HandOver(absl::Duration timeout) {
 void ClusterMode::Stop() {
   if (parts_ != nullptr && parts_->node != nullptr) parts_->node->Stop();
   if (parts_ != nullptr) parts_->router.store(nullptr);
+}
+
+prometheus::Collectable* ClusterMode::AttachMetrics(prometheus::Registry& registry,
+                                                    const Router& router) {
+  prometheus::Histogram& commit_wait =
+      prometheus::BuildHistogram()
+          .Name("jobbroker_cluster_commit_wait_seconds")
+          .Help(
+              "How long a write this node leads waited for its in-sync followers (their "
+              "fsyncs and the round trips) before it was acknowledged.")
+          .Register(registry)
+          .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                                                           0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10});
+  parts_->commit_wait.store(&commit_wait, std::memory_order_release);
+  cluster::ClusterNode* node = parts_->node.get();
+  parts_->collector = std::make_unique<ClusterCollector>(
+      router, [node](uint32_t partition) { return node->FollowerLag(partition); });
+  return parts_->collector.get();
 }
 
 }  // namespace jobbroker::server

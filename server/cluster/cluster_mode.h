@@ -18,6 +18,10 @@
 namespace grpc {
 class Service;
 }
+namespace prometheus {
+class Collectable;
+class Registry;
+}  // namespace prometheus
 
 namespace jobbroker::server {
 
@@ -56,6 +60,12 @@ class ClusterMode {
   absl::Status HandOver(absl::Duration timeout);
   // Stops replicating and gives up the node's lease (its partitions fail over at once).
   void Stop();
+
+  // The node's cluster metrics: registers the commit-wait histogram
+  // (jobbroker_cluster_commit_wait_seconds) in `registry` and returns the gauges of
+  // server/cluster/cluster_metrics.h, read through `router` (borrowed), for /metrics. Valid until
+  // this object is destroyed; null in a build without cluster mode.
+  prometheus::Collectable* AttachMetrics(prometheus::Registry& registry, const Router& router);
 
  private:
   struct Parts;

@@ -27,5 +27,8 @@ absl::Status ClusterMode::HandOver(absl::Duration) {
   return absl::FailedPreconditionError("built without cluster mode");
 }
 void ClusterMode::Stop() {}
+prometheus::Collectable* ClusterMode::AttachMetrics(prometheus::Registry&, const Router&) {
+  return nullptr;
+}
 
 }  // namespace jobbroker::server

@@ -84,6 +84,8 @@ TEST_F(ServerTest, HttpServesHealthAndMetrics) {
   // Far below --max-hot-jobs: both jobs are whole in memory.
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs_in_memory{form=\"whole\"}"), 2);
   EXPECT_EQ(Sample(metrics, "jobbroker_jobs_in_memory{form=\"index_only\"}"), 0);
+  // A single node has no cluster to report on.
+  EXPECT_THAT(metrics, ::testing::Not(HasSubstr("jobbroker_cluster_")));
 }
 
 // Every unary call is timed by method and status code, whichever way it ends: answered after

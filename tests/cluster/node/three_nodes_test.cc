@@ -21,6 +21,7 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/http_client.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -187,6 +188,55 @@ TEST_F(ThreeNodesTest, EveryAcknowledgedJobSurvivesKillingItsPartitionsLeader) {
   for (const std::string& job : acked) {
     EXPECT_TRUE(GetJobAt(third, job).ok()) << job << " lost at the second failover";
   }
+}
+
+TEST_F(ThreeNodesTest, MetricsSayWhoLeadsEachPartitionAndHowFarItsFollowersLag) {
+  const std::string queue = "invoices";
+  std::string id;
+  const int leader = EnqueueAtLeader(queue, "first", &id);
+  ASSERT_GE(leader, 0) << "no node took a write";
+  const std::string p = absl::StrCat(core::PartitionOfQueue(queue, kPartitions));
+  auto series = [&p](const std::string& name, const std::string& more = "") {
+    return absl::StrCat(name, "{partition=\"", p, "\"", more, "}");
+  };
+  // The views follow etcd within a tick or so: scrape until every node reports the partition
+  // whole (three replicas in sync), then check what each says.
+  std::vector<std::string> scraped(kNodes);
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  bool whole = false;
+  while (!whole && absl::Now() < give_up) {
+    whole = true;
+    for (int n = 0; n < kNodes; ++n) {
+      scraped[n] = HttpGet(nodes_[n]->http_address(), "/metrics");
+      whole = whole &&
+              Sample(scraped[n], series("jobbroker_cluster_partition_in_sync_replicas")) == kNodes;
+    }
+    if (!whole) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(whole) << "node " << leader << "'s metrics:\n" << scraped[leader];
+  for (int n = 0; n < kNodes; ++n) {
+    SCOPED_TRACE(absl::StrCat("node-", n));
+    EXPECT_EQ(Sample(scraped[n], series("jobbroker_cluster_partition_leader")),
+              n == leader ? 1 : 0);
+    EXPECT_EQ(Sample(scraped[n], series("jobbroker_cluster_partition_replicas")), kNodes);
+    EXPECT_GT(Sample(scraped[n], series("jobbroker_cluster_partition_epoch")), 0);
+    EXPECT_EQ(Sample(scraped[n], "jobbroker_cluster_nodes"), kNodes);
+    EXPECT_EQ(Sample(scraped[n], "jobbroker_cluster_etcd_readable"), 1);
+    for (int f = 0; f < kNodes; ++f) {
+      if (f == leader) continue;
+      // Only the leader knows its followers' lag; each holds everything acknowledged, so the
+      // lag is at most the entries written since (none, or a tick's expiries).
+      const double lag = Sample(scraped[n], series("jobbroker_cluster_replica_lag_entries",
+                                                   absl::StrCat(",follower=\"node-", f, "\"")));
+      if (n == leader) {
+        EXPECT_GE(lag, 0) << "no lag series for node-" << f;
+      } else {
+        EXPECT_EQ(lag, -1) << "a follower reports lag";
+      }
+    }
+  }
+  // The enqueue waited for its followers' fsyncs: the leader counted that wait.
+  EXPECT_GE(Sample(scraped[leader], "jobbroker_cluster_commit_wait_seconds_count"), 1);
 }
 
 TEST_F(ThreeNodesTest, APartitionWithTwoOfItsThreeReplicasDownAcknowledgesNothing) {
