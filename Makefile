@@ -6,7 +6,7 @@ JOBS ?= 2
 DATA ?= ./data
 SOURCES = $(shell git ls-files '*.cc' '*.h' 2>/dev/null)
 
-.PHONY: deps test-deps build check run test api-check image-lint image-check bench format format-check clean
+.PHONY: deps test-deps build check run cluster test api-check image-lint image-check bench format format-check clean
 
 deps:
 	scripts/install-deps.sh
@@ -26,6 +26,10 @@ check: build
 # The broker with its embedded defaults: gRPC on 127.0.0.1:7070, HTTP on 127.0.0.1:8080.
 run: build
 	$(BUILD)/server/jobbroker --listen 127.0.0.1:7070 --http-listen 127.0.0.1:8080 --data-dir $(DATA)
+
+# Cluster mode on this machine: etcd and three nodes (scripts/cluster.sh; docs/cluster.md).
+cluster: build
+	BUILD=$(BUILD) scripts/cluster.sh
 
 # Every test: style, unit, storage, end-to-end against the real binary, the API checks, and
 # every client language against the real binary. `scripts/test-all.sh python` runs one suite.
