@@ -428,6 +428,7 @@ class ClusterDriver {
 
   absl::Status StartProducers() {
     const absl::Duration spread = kNemesisLength * options_.nemeses;
+    producers_done_by_ = absl::Now() + spread;
     const int per_producer = options_.jobs / options_.producers;
     for (int i = 0; i < options_.producers; ++i) {
       ProducerSlot p;
@@ -754,7 +755,9 @@ class ClusterDriver {
   }
 
   absl::Status Settle() {
-    const absl::Time deadline = absl::Now() + options_.settle_timeout;
+    // The producers' spread is a guess at the nemesis phase's length; when the faults took
+    // longer (a long run on a busy machine), they still have jobs to send on their schedule.
+    const absl::Time deadline = std::max(absl::Now(), producers_done_by_) + options_.settle_timeout;
     while (!ReapProducers()) {
       Tend(true);
       ReviveNodes();
@@ -949,6 +952,7 @@ class ClusterDriver {
   std::vector<std::unique_ptr<WorkerSlot>> workers_;
   std::vector<ProducerSlot> producers_;
   absl::Time next_worker_event_ = absl::InfiniteFuture();
+  absl::Time producers_done_by_ = absl::InfinitePast();  // when their spread ends
   std::vector<std::pair<absl::Time, uint32_t>> leader_kills_;
   std::vector<Healing> healings_;
   std::map<std::string, int> nemeses_by_kind_;
