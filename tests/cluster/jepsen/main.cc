@@ -1,7 +1,8 @@
 // cluster_harness: the Jepsen-style harness of cluster mode (README.md). With no role it is the
 // driver; the driver runs it again as the crash harness's `producer` and `worker` children.
 //
-//   cluster_harness [--nemeses 12] [--kinds all|KIND,...] [--seed S] [--jobs 1200] [--producers 3] [--workers 3]
+//   cluster_harness [--nemeses 12] [--kinds all|KIND,...] [--seed S] [--jobs 1200] [--producers 3]
+//   [--workers 3]
 //                   [--partitions 6] [--lease-ttl 2] [--job-lease 2s] [--settle-timeout 180s]
 //                   [--out DIR] [--keep 1] --toxiproxy PATH
 //   cluster_harness producer|worker ...   (tests/crash/roles.h)

@@ -60,8 +60,7 @@ absl::StatusOr<std::vector<Nemesis>> ParseNemeses(absl::string_view list) {
   return kinds;
 }
 
-std::vector<Nemesis> NemesisSchedule(uint64_t seed, int count,
-                                     const std::vector<Nemesis>& kinds) {
+std::vector<Nemesis> NemesisSchedule(uint64_t seed, int count, const std::vector<Nemesis>& kinds) {
   std::mt19937_64 rng(seed);
   std::vector<Nemesis> schedule;
   std::vector<Nemesis> round = kinds;
