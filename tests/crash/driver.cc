@@ -20,7 +20,9 @@
 #include "absl/time/clock.h"
 #include "tests/crash/checker.h"
 #include "tests/crash/final_state.h"
+#include "tests/crash/fleet.h"
 #include "tests/crash/line_log.h"
+#include "tests/crash/verdict.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/process_util.h"
 
@@ -82,12 +84,12 @@ class Driver {
     std::fflush(stdout);
 
     if (absl::Status s = StartBroker(); !s.ok()) return Abort(s);
-    for (int w = 0; w < options_.workers; ++w) {
-      workers_.push_back(std::make_unique<WorkerSlot>());
-      workers_.back()->slot = w + 1;
-      if (absl::Status s = StartWorker(*workers_.back()); !s.ok()) return Abort(s);
-    }
-    if (absl::Status s = StartProducers(); !s.ok()) return Abort(s);
+    if (absl::Status s = fleet_->StartWorkers(options_.workers); !s.ok()) return Abort(s);
+    // A broker cycle of the kill phase takes about 2.8 s: up 0.8..3.2 s, down 0..1.5 s, restart.
+    if (absl::Status s = fleet_->StartProducers(options_.producers, options_.jobs,
+                                                absl::Milliseconds(2800) * options_.kills);
+        !s.ok())
+      return Abort(s);
     if (absl::Status s = KillPhase(); !s.ok()) return Abort(s);
     const absl::Time kill_phase_end = absl::Now();
     if (absl::Status s = Settle(); !s.ok()) return Abort(s);
@@ -96,22 +98,6 @@ class Driver {
   }
 
  private:
-  struct WorkerSlot {
-    int slot = 0;
-    int incarnation = 0;
-    std::string instance;
-    std::unique_ptr<ChildProcess> process;
-    bool stopped = false;
-    absl::Time cont_at;
-    absl::Time restart_at;  // while dead
-  };
-
-  struct ProducerSlot {
-    std::string name;
-    std::unique_ptr<ChildProcess> process;
-    bool exited = false;
-  };
-
   absl::Status Setup() {
     out_ = options_.out_dir;
     if (out_.empty()) {
@@ -150,6 +136,13 @@ class Driver {
     absl::StatusOr<std::unique_ptr<LineLog>> log = LineLog::Open(absl::StrCat(out_, "/driver.log"));
     if (!log.ok()) return log.status();
     log_ = *std::move(log);
+    fleet_ = std::make_unique<Fleet>(FleetOptions{.self_exe = options_.self_exe,
+                                                  .out_dir = out_,
+                                                  .queues = kQueues,
+                                                  .job_lease = options_.lease,
+                                                  .worker_dead_max = kWorkerDeadMax,
+                                                  .address = [this](int) { return address_; }},
+                                     *log_, rng_, problems_);
     log_->Write({"SEED", absl::StrCat(options_.seed)});
     return absl::OkStatus();
   }
@@ -158,8 +151,6 @@ class Driver {
     const double f = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
     return lo + (hi - lo) * f;
   }
-
-  uint64_t ChildSeed() { return rng_(); }
 
   absl::Status StartBroker() {
     ++broker_generation_;
@@ -204,113 +195,6 @@ class Driver {
     ++broker_kills_;
   }
 
-  absl::Status StartWorker(WorkerSlot& w) {
-    ++w.incarnation;
-    w.instance = absl::StrCat("w", w.slot, ".", w.incarnation);
-    absl::StatusOr<std::unique_ptr<ChildProcess>> p =
-        ChildProcess::Start({options_.self_exe, "worker", "--address", address_, "--log",
-                             absl::StrCat(out_, "/worker-", w.instance, ".log"), "--id", w.instance,
-                             "--seed", absl::StrCat(ChildSeed()), "--queues", kQueues,
-                             "--heartbeat", Seconds(options_.lease / 4)},
-                            absl::StrCat(out_, "/worker-", w.instance, ".out"));
-    if (!p.ok()) return p.status();
-    w.process = *std::move(p);
-    w.stopped = false;
-    log_->Write({"WORKER_UP", w.instance, absl::StrCat(w.process->pid())});
-    return absl::OkStatus();
-  }
-
-  absl::Status StartProducers() {
-    // A broker cycle of the kill phase takes about 2.8 s: up 0.8..3.2 s, down 0..1.5 s, restart.
-    const absl::Duration spread = absl::Milliseconds(2800) * options_.kills;
-    const int per_producer = options_.jobs / options_.producers;
-    for (int i = 0; i < options_.producers; ++i) {
-      ProducerSlot p;
-      p.name = absl::StrCat("p", i + 1);
-      const int jobs = per_producer + (i < options_.jobs % options_.producers ? 1 : 0);
-      absl::StatusOr<std::unique_ptr<ChildProcess>> process =
-          ChildProcess::Start({options_.self_exe, "producer", "--address", address_, "--log",
-                               absl::StrCat(out_, "/producer-", p.name, ".log"), "--name", p.name,
-                               "--jobs", absl::StrCat(jobs), "--seed", absl::StrCat(ChildSeed()),
-                               "--spread", Seconds(spread), "--queues", kQueues},
-                              absl::StrCat(out_, "/producer-", p.name, ".out"));
-      if (!process.ok()) return process.status();
-      p.process = *std::move(process);
-      producers_.push_back(std::move(p));
-    }
-    return absl::OkStatus();
-  }
-
-  // Notes producers that ended; true when all have.
-  bool ReapProducers() {
-    bool all = true;
-    for (ProducerSlot& p : producers_) {
-      if (p.exited) continue;
-      if (p.process->Running()) {
-        all = false;
-        continue;
-      }
-      p.exited = true;
-      log_->Write({"PRODUCER_EXIT", p.name, absl::StrCat(p.process->exit_code())});
-      if (p.process->exit_code() != 0) {
-        problems_.push_back(absl::StrCat("producer ", p.name, " exited with code ",
-                                         p.process->exit_code(), "; see ", out_, "/producer-",
-                                         p.name, ".out"));
-      }
-    }
-    return all;
-  }
-
-  // Continues stopped workers whose time is up, restarts dead ones whose time is up, and
-  // restarts (as a problem) a worker that exited on its own. `now_all` does both at once.
-  absl::Status TendWorkers(bool now_all) {
-    const absl::Time now = absl::Now();
-    for (auto& w : workers_) {
-      if (w->process != nullptr && !w->stopped && !w->process->Running()) {
-        problems_.push_back(absl::StrCat("worker ", w->instance, " exited on its own with code ",
-                                         w->process->exit_code(), "; see ", out_, "/worker-",
-                                         w->instance, ".out"));
-        w->process.reset();
-        w->restart_at = now;
-      }
-      if (w->stopped && (now_all || now >= w->cont_at)) {
-        if (absl::Status s = w->process->Continue(); !s.ok()) return s;
-        w->stopped = false;
-        log_->Write({"WORKER_CONT", w->instance, absl::StrCat(w->process->pid())});
-      }
-      if (w->process == nullptr && (now_all || now >= w->restart_at)) {
-        if (absl::Status s = StartWorker(*w); !s.ok()) return s;
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  // Kills or stops one running worker at random.
-  absl::Status WorkerEvent() {
-    std::vector<WorkerSlot*> candidates;
-    for (auto& w : workers_) {
-      if (w->process != nullptr && !w->stopped) candidates.push_back(w.get());
-    }
-    if (candidates.empty()) return absl::OkStatus();
-    WorkerSlot& w =
-        *candidates[std::uniform_int_distribution<size_t>(0, candidates.size() - 1)(rng_)];
-    const pid_t pid = w.process->pid();
-    if (std::uniform_int_distribution<int>(0, 99)(rng_) < 60) {
-      w.process->Kill9();
-      w.process.reset();
-      log_->Write({"WORKER_KILL", w.instance, absl::StrCat(pid)});
-      w.restart_at = absl::Now() + Uniform(absl::Milliseconds(100), kWorkerDeadMax);
-    } else {
-      if (absl::Status s = w.process->Pause(); !s.ok()) {
-        return absl::InternalError(absl::StrCat("stopping ", w.instance, ": ", s.message()));
-      }
-      w.stopped = true;
-      log_->Write({"WORKER_STOP", w.instance, absl::StrCat(pid)});
-      w.cont_at = absl::Now() + options_.lease + Uniform(absl::Milliseconds(500), absl::Seconds(2));
-    }
-    return absl::OkStatus();
-  }
-
   // Kills the broker `kills` times at random moments, restarting it on the same data dir,
   // while workers are killed and stopped at random.
   absl::Status KillPhase() {
@@ -319,8 +203,8 @@ class Driver {
     absl::Time next_worker_event = absl::Now() + Uniform(kWorkerEventMin, kWorkerEventMax);
     while (broker_kills_ < options_.kills || broker_ == nullptr) {
       const absl::Time now = absl::Now();
-      if (absl::Status s = TendWorkers(false); !s.ok()) return s;
-      ReapProducers();
+      if (absl::Status s = fleet_->TendWorkers(false); !s.ok()) return s;
+      fleet_->ReapProducers();
       if (broker_ != nullptr && now >= next_kill) {
         KillBroker();
         broker_.reset();
@@ -331,57 +215,33 @@ class Driver {
         next_kill = absl::Now() + Uniform(kBrokerUpMin, kBrokerUpMax);
       }
       if (absl::Now() >= next_worker_event) {
-        if (absl::Status s = WorkerEvent(); !s.ok()) return s;
+        if (absl::Status s = fleet_->WorkerEvent(); !s.ok()) return s;
         next_worker_event = absl::Now() + Uniform(kWorkerEventMin, kWorkerEventMax);
       }
       absl::SleepFor(kTick);
     }
-    return TendWorkers(true);
+    return fleet_->TendWorkers(true);
   }
 
   // Lets the last broker run, without kills, until producers are done and every job ended.
   absl::Status Settle() {
     const absl::Time deadline = absl::Now() + options_.settle_timeout;
-    while (!ReapProducers()) {
-      if (absl::Status s = TendWorkers(true); !s.ok()) return s;
+    while (!fleet_->ReapProducers()) {
+      if (absl::Status s = fleet_->TendWorkers(true); !s.ok()) return s;
       if (absl::Now() > deadline) {
         problems_.push_back(absl::StrCat("producers still running after the settle timeout (",
                                          absl::FormatDuration(options_.settle_timeout), ")"));
-        for (ProducerSlot& p : producers_) p.process->Kill9();
-        ReapProducers();
+        fleet_->KillProducers();
         break;
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    const size_t expected = AcknowledgedIds().size();
-    bool settled = false;
-    QueueCounts last;
-    while (absl::Now() <= deadline) {
-      if (absl::Status s = TendWorkers(true); !s.ok()) return s;
-      absl::StatusOr<QueueCounts> counts = CountJobs(address_);
-      if (counts.ok()) {
-        last = *counts;
-        if (last.open == 0 && last.terminal >= static_cast<int64_t>(expected)) {
-          settled = true;
-          break;
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(250));
-    }
-    log_->Write({"SETTLED", settled ? "1" : "0"});
-    if (!settled) {
-      problems_.push_back(absl::StrCat(
-          "not settled within ", absl::FormatDuration(options_.settle_timeout), ": ", last.open,
-          " jobs still open, ", last.terminal, " ended of ", expected, " acknowledged"));
-    }
-    for (auto& w : workers_) {
-      if (w->process == nullptr) continue;
-      const int code = w->process->Stop(absl::Seconds(10)).value_or(-1);
-      if (code != 0) {
-        problems_.push_back(
-            absl::StrCat("worker ", w->instance, " ended with code ", code, " on SIGTERM"));
-      }
-    }
+    if (absl::Status s = fleet_->AwaitSettled(
+            deadline, AcknowledgedIds().size(), [this] { return fleet_->TendWorkers(true); },
+            [this] { return address_; });
+        !s.ok())
+      return s;
+    fleet_->StopWorkers();
     return absl::OkStatus();
   }
 
@@ -399,8 +259,8 @@ class Driver {
 
   CrashLogs ReadLogs() const {
     CrashLogs logs;
-    for (const ProducerSlot& p : producers_) {
-      ParseProducerLog(p.name, ReadFile(absl::StrCat(out_, "/producer-", p.name, ".log")), logs);
+    for (const std::string& name : fleet_->producer_names()) {
+      ParseProducerLog(name, ReadFile(absl::StrCat(out_, "/producer-", name, ".log")), logs);
     }
     for (const std::string& f : LogFiles("worker-")) ParseWorkerLog(ReadFile(f), logs);
     ParseDriverLog(ReadFile(absl::StrCat(out_, "/driver.log")), logs);
@@ -440,21 +300,7 @@ class Driver {
                                                     absl::ToDoubleSeconds(settled - kill_phase_end),
                                                     absl::ToDoubleSeconds(absl::Now() - start))}})
                     .c_str());
-    if (!report.ok()) std::printf("\nVIOLATIONS\n%s", report.ViolationList().c_str());
-    if (!problems_.empty()) {
-      std::printf("\nRUN PROBLEMS\n%s\n", absl::StrJoin(problems_, "\n").c_str());
-    }
-    const bool green = report.ok() && problems_.empty();
-    std::printf("\n%s (seed %llu)\n", green ? "PASS" : "FAIL",
-                static_cast<unsigned long long>(options_.seed));
-    if (green && !options_.keep) {
-      std::error_code ec;
-      std::filesystem::remove_all(out_, ec);
-    } else {
-      std::printf("logs and data kept in %s\n", out_.c_str());
-    }
-    std::fflush(stdout);
-    return green ? 0 : 1;
+    return Verdict(report, problems_, options_.seed, out_, options_.keep);
   }
 
   int Abort(const absl::Status& s) {
@@ -474,10 +320,9 @@ class Driver {
   std::unique_ptr<ChildProcess> broker_;
   int broker_generation_ = 0;
   int broker_kills_ = 0;
-  std::vector<std::unique_ptr<WorkerSlot>> workers_;
-  std::vector<ProducerSlot> producers_;
   // Things that fail the run besides the checker's violations.
   std::vector<std::string> problems_;
+  std::unique_ptr<Fleet> fleet_;  // after what it borrows
 };
 
 }  // namespace

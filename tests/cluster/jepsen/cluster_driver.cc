@@ -26,7 +26,9 @@
 #include "tests/crash/channel.h"
 #include "tests/crash/checker.h"
 #include "tests/crash/final_state.h"
+#include "tests/crash/fleet.h"
 #include "tests/crash/line_log.h"
+#include "tests/crash/verdict.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/process_util.h"
 
@@ -78,12 +80,21 @@ class ClusterDriver {
     std::printf("  logs in %s\n", out_.c_str());
     std::fflush(stdout);
     if (absl::Status s = StartRig(); !s.ok()) return Abort(s);
-    for (int w = 0; w < options_.workers; ++w) {
-      workers_.push_back(std::make_unique<WorkerSlot>());
-      workers_.back()->slot = w + 1;
-      if (absl::Status s = StartWorker(*workers_.back()); !s.ok()) return Abort(s);
-    }
-    if (absl::Status s = StartProducers(); !s.ok()) return Abort(s);
+    fleet_ = std::make_unique<crash::Fleet>(
+        crash::FleetOptions{.self_exe = options_.self_exe,
+                            .out_dir = out_,
+                            .queues = queues_,
+                            .job_lease = options_.job_lease,
+                            .worker_dead_max = absl::Seconds(1),
+                            // Every node, starting at a different one for each child.
+                            .address = [this](int index) { return Addresses(index); }},
+        *log_, rng_, problems_);
+    if (absl::Status s = fleet_->StartWorkers(options_.workers); !s.ok()) return Abort(s);
+    // Producers spread their jobs over the nemesis phase, as long as it is expected to take.
+    const absl::Duration spread = kNemesisLength * options_.nemeses;
+    producers_done_by_ = absl::Now() + spread;
+    if (absl::Status s = fleet_->StartProducers(options_.producers, options_.jobs, spread); !s.ok())
+      return Abort(s);
     if (absl::Status s = NemesisPhase(); !s.ok()) return Abort(s);
     const absl::Time nemesis_end = absl::Now();
     if (absl::Status s = Settle(); !s.ok()) return Abort(s);
@@ -106,22 +117,6 @@ class ClusterDriver {
     std::unique_ptr<ChildProcess> process;
     bool stopped = false;
     bool may_exit = false;  // a disk-full nemesis: exiting on the full disk is its right
-  };
-
-  struct WorkerSlot {
-    int slot = 0;
-    int incarnation = 0;
-    std::string instance;
-    std::unique_ptr<ChildProcess> process;
-    bool stopped = false;
-    absl::Time cont_at;
-    absl::Time restart_at;
-  };
-
-  struct ProducerSlot {
-    std::string name;
-    std::unique_ptr<ChildProcess> process;
-    bool exited = false;
   };
 
   absl::Status Setup() {
@@ -410,104 +405,17 @@ class ClusterDriver {
   }
   uint64_t ChildSeed() { return rng_(); }
 
-  absl::Status StartWorker(WorkerSlot& w) {
-    ++w.incarnation;
-    w.instance = absl::StrCat("w", w.slot, ".", w.incarnation);
-    auto p =
-        ChildProcess::Start({options_.self_exe, "worker", "--address", Addresses(w.slot), "--log",
-                             absl::StrCat(out_, "/worker-", w.instance, ".log"), "--id", w.instance,
-                             "--seed", absl::StrCat(ChildSeed()), "--queues", queues_,
-                             "--heartbeat", Seconds(options_.job_lease / 4)},
-                            absl::StrCat(out_, "/worker-", w.instance, ".out"));
-    if (!p.ok()) return p.status();
-    w.process = *std::move(p);
-    w.stopped = false;
-    log_->Write({"WORKER_UP", w.instance, absl::StrCat(w.process->pid())});
-    return absl::OkStatus();
-  }
-
-  absl::Status StartProducers() {
-    const absl::Duration spread = kNemesisLength * options_.nemeses;
-    producers_done_by_ = absl::Now() + spread;
-    const int per_producer = options_.jobs / options_.producers;
-    for (int i = 0; i < options_.producers; ++i) {
-      ProducerSlot p;
-      p.name = absl::StrCat("p", i + 1);
-      const int jobs = per_producer + (i < options_.jobs % options_.producers ? 1 : 0);
-      auto process =
-          ChildProcess::Start({options_.self_exe, "producer", "--address", Addresses(i), "--log",
-                               absl::StrCat(out_, "/producer-", p.name, ".log"), "--name", p.name,
-                               "--jobs", absl::StrCat(jobs), "--seed", absl::StrCat(ChildSeed()),
-                               "--spread", Seconds(spread), "--queues", queues_},
-                              absl::StrCat(out_, "/producer-", p.name, ".out"));
-      if (!process.ok()) return process.status();
-      p.process = *std::move(process);
-      producers_.push_back(std::move(p));
-    }
-    return absl::OkStatus();
-  }
-
-  bool ReapProducers() {
-    bool all = true;
-    for (ProducerSlot& p : producers_) {
-      if (p.exited) continue;
-      if (p.process->Running()) {
-        all = false;
-        continue;
-      }
-      p.exited = true;
-      log_->Write({"PRODUCER_EXIT", p.name, absl::StrCat(p.process->exit_code())});
-      if (p.process->exit_code() != 0) {
-        problems_.push_back(absl::StrCat("producer ", p.name, " exited with code ",
-                                         p.process->exit_code(), "; see ", out_, "/producer-",
-                                         p.name, ".out"));
-      }
-    }
-    return all;
-  }
-
   // Worker chaos and bookkeeping, between the nemesis's steps: continue stopped workers and
   // restart dead ones whose time is up, kill or stop one now and then (unless `calm`).
   void Tend(bool calm = false) {
     const absl::Time now = absl::Now();
-    ReapProducers();
+    if (fleet_ == nullptr) return;  // nodes starting before the clients
+    fleet_->ReapProducers();
     ReapNodes();
-    for (auto& w : workers_) {
-      if (w->process != nullptr && !w->stopped && !w->process->Running()) {
-        problems_.push_back(absl::StrCat("worker ", w->instance, " exited on its own with code ",
-                                         w->process->exit_code()));
-        w->process.reset();
-        w->restart_at = now;
-      }
-      if (w->stopped && (calm || now >= w->cont_at)) {
-        (void)w->process->Continue();
-        w->stopped = false;
-        log_->Write({"WORKER_CONT", w->instance, absl::StrCat(w->process->pid())});
-      }
-      if (w->process == nullptr && (calm || now >= w->restart_at)) {
-        if (absl::Status s = StartWorker(*w); !s.ok()) problems_.push_back(s.ToString());
-      }
-    }
+    if (absl::Status s = fleet_->TendWorkers(calm); !s.ok()) problems_.push_back(s.ToString());
     if (calm || now < next_worker_event_) return;
     next_worker_event_ = now + Uniform(kWorkerEventMin, kWorkerEventMax);
-    std::vector<WorkerSlot*> candidates;
-    for (auto& w : workers_) {
-      if (w->process != nullptr && !w->stopped) candidates.push_back(w.get());
-    }
-    if (candidates.empty()) return;
-    WorkerSlot& w = *Pick(candidates);
-    const pid_t pid = w.process->pid();
-    if (std::uniform_int_distribution<int>(0, 99)(rng_) < 60) {
-      w.process->Kill9();
-      w.process.reset();
-      log_->Write({"WORKER_KILL", w.instance, absl::StrCat(pid)});
-      w.restart_at = absl::Now() + Uniform(absl::Milliseconds(100), absl::Seconds(1));
-    } else if (w.process->Pause().ok()) {
-      w.stopped = true;
-      log_->Write({"WORKER_STOP", w.instance, absl::StrCat(pid)});
-      w.cont_at =
-          absl::Now() + options_.job_lease + Uniform(absl::Milliseconds(500), absl::Seconds(2));
-    }
+    if (absl::Status s = fleet_->WorkerEvent(); !s.ok()) problems_.push_back(s.ToString());
   }
 
   void Wait(absl::Duration d) {
@@ -758,47 +666,28 @@ class ClusterDriver {
     // The producers' spread is a guess at the nemesis phase's length; when the faults took
     // longer (a long run on a busy machine), they still have jobs to send on their schedule.
     const absl::Time deadline = std::max(absl::Now(), producers_done_by_) + options_.settle_timeout;
-    while (!ReapProducers()) {
+    while (!fleet_->ReapProducers()) {
       Tend(true);
       ReviveNodes();
       if (absl::Now() > deadline) {
         problems_.push_back("producers still running after the settle timeout");
-        for (ProducerSlot& p : producers_) p.process->Kill9();
-        ReapProducers();
+        fleet_->KillProducers();
         break;
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    const size_t expected = ReadLogs(/*with_nodes=*/false).enqueues.size();
-    bool settled = false;
-    crash::QueueCounts last;
-    while (absl::Now() <= deadline) {
-      Tend(true);
-      ReviveNodes();
-      absl::StatusOr<crash::QueueCounts> counts = crash::CountJobs(LiveAddress());
-      if (counts.ok()) {
-        last = *counts;
-        if (last.open == 0 && last.terminal >= static_cast<int64_t>(expected)) {
-          settled = true;
-          break;
-        }
-      }
-      absl::SleepFor(absl::Milliseconds(250));
-    }
-    log_->Write({"SETTLED", settled ? "1" : "0"});
-    if (!settled) {
-      problems_.push_back(absl::StrCat("not settled within ",
-                                       absl::FormatDuration(options_.settle_timeout), ": ",
-                                       last.open, " jobs still open, ", last.terminal, " ended"));
-    }
-    for (auto& w : workers_) {
-      if (w->process == nullptr) continue;
-      const int code = w->process->Stop(absl::Seconds(10)).value_or(-1);
-      if (code != 0) {
-        problems_.push_back(
-            absl::StrCat("worker ", w->instance, " ended with code ", code, " on SIGTERM"));
-      }
-    }
+    // Its tend never fails: a node or worker that does not come back is a problem, not an end.
+    fleet_
+        ->AwaitSettled(
+            deadline, ReadLogs(/*with_nodes=*/false).enqueues.size(),
+            [this] {
+              Tend(true);
+              ReviveNodes();
+              return absl::OkStatus();
+            },
+            [this] { return LiveAddress(); })
+        .IgnoreError();
+    fleet_->StopWorkers();
     return absl::OkStatus();
   }
 
@@ -818,9 +707,8 @@ class ClusterDriver {
   // nodes' own logs and their replication-log dumps, the evidence of who wrote each epoch.
   CrashLogs ReadLogs(bool with_nodes) const {
     CrashLogs logs;
-    for (const ProducerSlot& p : producers_) {
-      ParseProducerLog(p.name, ReadWholeFile(absl::StrCat(out_, "/producer-", p.name, ".log")),
-                       logs);
+    for (const std::string& name : fleet_->producer_names()) {
+      ParseProducerLog(name, ReadWholeFile(absl::StrCat(out_, "/producer-", name, ".log")), logs);
     }
     for (const std::string& f : Files("worker-", ".log")) ParseWorkerLog(ReadWholeFile(f), logs);
     ParseDriverLog(ReadWholeFile(absl::StrCat(out_, "/driver.log")), logs);
@@ -911,21 +799,7 @@ class ClusterDriver {
                                         absl::ToDoubleSeconds(settled - nemesis_end),
                                         absl::ToDoubleSeconds(absl::Now() - start))}})
                   .c_str());
-    if (!report.ok()) std::printf("\nVIOLATIONS\n%s", report.ViolationList().c_str());
-    if (!problems_.empty()) {
-      std::printf("\nRUN PROBLEMS\n%s\n", absl::StrJoin(problems_, "\n").c_str());
-    }
-    const bool green = report.ok() && problems_.empty();
-    std::printf("\n%s (seed %llu)\n", green ? "PASS" : "FAIL",
-                static_cast<unsigned long long>(options_.seed));
-    if (green && !options_.keep) {
-      std::error_code ec;
-      std::filesystem::remove_all(out_, ec);
-    } else {
-      std::printf("logs and data kept in %s\n", out_.c_str());
-    }
-    std::fflush(stdout);
-    return green ? 0 : 1;
+    return crash::Verdict(report, problems_, options_.seed, out_, options_.keep);
   }
 
   int Abort(const absl::Status& s) {
@@ -949,8 +823,6 @@ class ClusterDriver {
   std::unique_ptr<EtcdCluster> etcd_;
   std::unique_ptr<Toxiproxy> proxy_;
   std::vector<Node> nodes_;
-  std::vector<std::unique_ptr<WorkerSlot>> workers_;
-  std::vector<ProducerSlot> producers_;
   absl::Time next_worker_event_ = absl::InfiniteFuture();
   absl::Time producers_done_by_ = absl::InfinitePast();  // when their spread ends
   std::vector<std::pair<absl::Time, uint32_t>> leader_kills_;
@@ -959,6 +831,7 @@ class ClusterDriver {
   std::vector<std::string> power_loss_output_;
   int disk_full_exits_ = 0;
   std::vector<std::string> problems_;
+  std::unique_ptr<crash::Fleet> fleet_;  // after what it borrows
 };
 
 }  // namespace
