@@ -8,6 +8,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/etcd_process.h"
 
@@ -31,6 +34,23 @@ inline BrokerProcessOptions ClusterNodeOptions(const EtcdProcess& etcd, int n,
                         "--min-in-sync",
                         "2"};
   return options;
+}
+
+// A deadline of 5 s on a call to a node: a hang fails the call, a slow machine does not.
+template <typename Context>
+void WithDeadline(Context& context) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+}
+
+// Admin.GetCluster as `node` answers it; UNAVAILABLE with its message if it does not.
+inline absl::StatusOr<v1::ClusterInfo> GetClusterOf(const BrokerProcess& node) {
+  auto stub = node.NewAdminStub();
+  grpc::ClientContext context;
+  WithDeadline(context);
+  v1::ClusterInfo info;
+  grpc::Status status = stub->GetCluster(&context, v1::GetClusterRequest(), &info);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  return info;
 }
 
 // A real etcd and `nodes` real jobbroker nodes of cluster "test" (ClusterNodeOptions), each

@@ -35,11 +35,6 @@ constexpr uint32_t kPartitions = 1;  // every node holds the one partition
 // A hang fails after this; a slow machine does not (nothing here is a speed).
 constexpr absl::Duration kGiveUp = absl::Seconds(60);
 
-template <typename Context>
-void WithDeadline(Context& context) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-}
-
 class DiskFullTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -68,20 +63,10 @@ class DiskFullTest : public ::testing::Test {
     }
   }
 
-  absl::StatusOr<v1::ClusterInfo> GetClusterAt(int n) {
-    auto stub = nodes_[n]->NewAdminStub();
-    grpc::ClientContext context;
-    WithDeadline(context);
-    v1::ClusterInfo info;
-    grpc::Status status = stub->GetCluster(&context, v1::GetClusterRequest(), &info);
-    if (!status.ok()) return absl::UnavailableError(status.error_message());
-    return info;
-  }
-
   // The node that leads the partition with all three replicas in sync, as node `asked` sees it;
   // -1 while there is none.
   int WholeLeader(int asked) {
-    absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(asked);
+    absl::StatusOr<v1::ClusterInfo> info = GetClusterOf(*nodes_[asked]);
     if (!info.ok() || info->partitions_size() != 1) return -1;
     const v1::PartitionInfo& p = info->partitions(0);
     if (p.in_sync_size() != kNodes) return -1;

@@ -32,11 +32,6 @@ constexpr uint32_t kPartitions = 2;
 // (a failover takes about the lease TTL, 3 s; the bound is far above it and never asserted).
 constexpr absl::Duration kGiveUp = absl::Seconds(60);
 
-template <typename Context>
-void WithDeadline(Context& context) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-}
-
 class ThreeNodesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -62,15 +57,7 @@ class ThreeNodesTest : public ::testing::Test {
     return status;
   }
 
-  absl::StatusOr<v1::ClusterInfo> GetClusterAt(int n) {
-    auto stub = nodes_[n]->NewAdminStub();
-    grpc::ClientContext context;
-    WithDeadline(context);
-    v1::ClusterInfo info;
-    grpc::Status status = stub->GetCluster(&context, v1::GetClusterRequest(), &info);
-    if (!status.ok()) return absl::UnavailableError(status.error_message());
-    return info;
-  }
+  absl::StatusOr<v1::ClusterInfo> GetClusterAt(int n) { return GetClusterOf(*nodes_[n]); }
 
   // The running node that leads the queue's partition as node `asked` sees it, or -1.
   int LeaderOf(const std::string& queue, int asked) {
