@@ -3,20 +3,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/observability/metrics.h"
 
 namespace jobbroker::server {
 
 std::vector<prometheus::MetricFamily> ClusterCollector::Collect() const {
-  auto family = [](const char* name, const char* help) {
-    return prometheus::MetricFamily{name, help, prometheus::MetricType::Gauge, {}};
-  };
-  auto gauge = [](prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
-                  double value) {
-    prometheus::ClientMetric m;
-    m.label = std::move(labels);
-    m.gauge.value = value;
-    f.metric.push_back(std::move(m));
-  };
+  const auto family = GaugeFamily;
+  const auto gauge = AddGauge;
   prometheus::MetricFamily leader =
       family("jobbroker_cluster_partition_leader",
              "1 while this node leads the partition and serves it; 0 otherwise.");

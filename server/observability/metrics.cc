@@ -10,6 +10,18 @@
 
 namespace jobbroker::server {
 
+prometheus::MetricFamily GaugeFamily(const char* name, const char* help) {
+  return prometheus::MetricFamily{name, help, prometheus::MetricType::Gauge, {}};
+}
+
+void AddGauge(prometheus::MetricFamily& family, std::vector<prometheus::ClientMetric::Label> labels,
+              double value) {
+  prometheus::ClientMetric m;
+  m.label = std::move(labels);
+  m.gauge.value = value;
+  family.metric.push_back(std::move(m));
+}
+
 std::vector<prometheus::MetricFamily> FunctionGauges::Collect() const {
   std::vector<prometheus::MetricFamily> out;
   for (const Gauge& g : gauges_) {
@@ -23,9 +35,7 @@ std::vector<prometheus::MetricFamily> FunctionGauges::Collect() const {
 }
 
 std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
-  auto family = [](const char* name, const char* help) {
-    return prometheus::MetricFamily{name, help, prometheus::MetricType::Gauge, {}};
-  };
+  const auto family = GaugeFamily;
   prometheus::MetricFamily jobs = family("jobbroker_jobs", "Jobs by queue and state.");
   prometheus::MetricFamily age =
       family("jobbroker_oldest_ready_age_seconds",
@@ -36,13 +46,7 @@ std::vector<prometheus::MetricFamily> BrokerCollector::Collect() const {
              "Idle capacity waiting for jobs: long-poll Leases and Work streams with a free slot.");
   prometheus::MetricFamily active = family("jobbroker_active_leases", "Jobs leased right now.");
   prometheus::MetricFamily dead = family("jobbroker_dead_jobs", "Jobs in the dead (FAILED) set.");
-  auto gauge = [](prometheus::MetricFamily& f, std::vector<prometheus::ClientMetric::Label> labels,
-                  double value) {
-    prometheus::ClientMetric m;
-    m.label = std::move(labels);
-    m.gauge.value = value;
-    f.metric.push_back(std::move(m));
-  };
+  const auto gauge = AddGauge;
   // By label, in the broker's queue order (the queue's own name, or the shared "(other)").
   struct Sums {
     std::map<core::JobState, int64_t> counts;

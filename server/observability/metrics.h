@@ -11,6 +11,11 @@
 
 namespace jobbroker::server {
 
+// A gauge family a collector fills at scrape time, and one sample of it.
+prometheus::MetricFamily GaugeFamily(const char* name, const char* help);
+void AddGauge(prometheus::MetricFamily& family, std::vector<prometheus::ClientMetric::Label> labels,
+              double value);
+
 // Gauges computed at scrape time by the given functions (e.g. storage estimates).
 class FunctionGauges final : public prometheus::Collectable {
  public:
