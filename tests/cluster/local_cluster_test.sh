@@ -15,6 +15,17 @@ all="127.0.0.1:$GRPC_PORT,127.0.0.1:$((GRPC_PORT + 1)),127.0.0.1:$((GRPC_PORT + 
 script_pid=""
 restarted_pid=""
 
+# The pids of processes whose command line names the run's dir (procps may not be installed).
+pids_under_dir() {
+  local f pid
+  for f in /proc/[0-9]*/cmdline; do
+    pid="${f#/proc/}"
+    pid="${pid%/cmdline}"
+    [[ "$pid" == "$$" ]] && continue
+    if tr '\0' ' ' <"$f" 2>/dev/null | grep -qF "$dir/"; then echo "$pid"; fi
+  done
+}
+
 fail() {
   echo "FAIL: $*" >&2
   echo "--- cluster.sh output ---" >&2
@@ -25,7 +36,7 @@ cleanup() {
   [[ -n "$restarted_pid" ]] && kill -9 "$restarted_pid" 2>/dev/null || true
   [[ -n "$script_pid" ]] && kill -TERM "$script_pid" 2>/dev/null || true
   sleep 0.5
-  pkill -9 -f "$dir/" 2>/dev/null || true
+  for pid in $(pids_under_dir); do kill -9 "$pid" 2>/dev/null || true; done
   rm -rf "$dir"
 }
 trap cleanup EXIT
@@ -83,6 +94,7 @@ code=0
 wait "$script_pid" || code=$?
 script_pid=""
 [[ "$code" -eq 0 ]] || fail "cluster.sh exited $code on SIGTERM"
-if pgrep -f "$dir/" >/dev/null; then fail "processes left running: $(pgrep -af "$dir/")"; fi
+left="$(pids_under_dir)"
+[[ -z "$left" ]] || fail "processes left running: $left"
 echo "ok: SIGTERM stopped etcd and every node"
 echo "1 passed, 0 failed"
