@@ -53,6 +53,20 @@ inline absl::StatusOr<v1::ClusterInfo> GetClusterOf(const BrokerProcess& node) {
   return info;
 }
 
+// Admin.GetJob as `node` answers it (forwarded to the leader if need be); UNAVAILABLE with its
+// message if it does not.
+inline absl::StatusOr<v1::Job> GetJobOf(const BrokerProcess& node, const std::string& id) {
+  auto stub = node.NewAdminStub();
+  grpc::ClientContext context;
+  WithDeadline(context);
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  grpc::Status status = stub->GetJob(&context, request, &job);
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  return job;
+}
+
 // A real etcd and `nodes` real jobbroker nodes of cluster "test" (ClusterNodeOptions), each
 // also given `extra_args`; everything in `dir`, stopped by PID when the object dies.
 struct TestCluster {

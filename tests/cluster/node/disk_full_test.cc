@@ -147,14 +147,8 @@ TEST_F(DiskFullTest, AFollowerWhoseDiskFillsExitsAndRejoinsOnceItHasRoom) {
       << "node-" << full << " did not rejoin the in-sync set within " << kGiveUp << ":\n"
       << nodes_[full]->ReadStderr();
   for (const std::string& id : acknowledged) {
-    auto stub = nodes_[full]->NewAdminStub();
-    grpc::ClientContext context;
-    WithDeadline(context);
-    v1::GetJobRequest request;
-    request.set_job_id(id);
-    v1::Job job;
-    grpc::Status status = stub->GetJob(&context, request, &job);
-    EXPECT_TRUE(status.ok()) << id << " was acknowledged and is gone: " << status.error_message();
+    absl::StatusOr<v1::Job> job = GetJobOf(*nodes_[full], id);
+    EXPECT_TRUE(job.ok()) << id << " was acknowledged and is gone: " << job.status();
   }
 }
 

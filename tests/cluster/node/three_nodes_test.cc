@@ -88,15 +88,7 @@ class ThreeNodesTest : public ::testing::Test {
   }
 
   absl::StatusOr<v1::Job> GetJobAt(int n, const std::string& id) {
-    auto stub = nodes_[n]->NewAdminStub();
-    grpc::ClientContext context;
-    WithDeadline(context);
-    v1::GetJobRequest request;
-    request.set_job_id(id);
-    v1::Job job;
-    grpc::Status status = stub->GetJob(&context, request, &job);
-    if (!status.ok()) return absl::UnavailableError(status.error_message());
-    return job;
+    return GetJobOf(*nodes_[n], id);
   }
 
   std::unique_ptr<TempDir> dir_;
