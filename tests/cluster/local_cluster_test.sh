@@ -80,13 +80,23 @@ job_ready() { "$cli" --address "$all" get "$id" | grep -qw READY; }
 until_ok 30 job_ready || fail "the job $id is not there, ready: $("$cli" --address "$all" get "$id" 2>&1)"
 echo "ok: the job is still there"
 
+# A write while node-0 is down: it falls behind, so its rejoining below means catching up.
+enqueue_second() { second="$("$cli" --address "$all" enqueue emails '{"to":"bob@example.com"}')"; }
+until_ok 60 enqueue_second || fail "no enqueue acknowledged with node-0 down"
+echo "ok: enqueued $second with node-0 down"
+
 "$dir/node-0/start.sh" &
 restarted_pid=$!
+serving_twice() { [[ "$(grep -c "jobbroker: serving" "$dir/node-0/stdout.log")" -ge 2 ]]; }
+until_ok 60 serving_twice || fail "the restarted node-0 did not serve within 60 s"
 until_ok 60 all_in_sync || fail "node-0 did not rejoin every in-sync set within 60 s: $(rows)"
 echo "ok: node-0 restarted and in sync again"
 
 kill -TERM "$restarted_pid"
-wait "$restarted_pid" || fail "the restarted node-0 did not exit 0 on SIGTERM"
+code=0
+wait "$restarted_pid" || code=$?
+[[ "$code" -eq 0 ]] || fail "the restarted node-0 exited $code on SIGTERM; its log ends:
+$(tail -n 30 "$dir/node-0/stderr.log")"
 restarted_pid=""
 # SIGTERM, as Ctrl-C's SIGINT would be: a background job of a script ignores SIGINT.
 kill -TERM "$script_pid"
