@@ -263,6 +263,10 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
       return Change(admin, &v1::Admin::Stub::UpdateQueuePolicy, http,
                     &v1::UpdateQueuePolicyRequest::mutable_queue, "queue", queue);
   }
+  if (parts.size() == 1 && parts[0] == "cluster") {
+    if (!get) return MethodNotAllowed(http, "GET");
+    return Call(admin, &v1::Admin::Stub::GetCluster, v1::GetClusterRequest(), http);
+  }
   if (parts.size() == 1 && parts[0] == "queues") {
     if (!get) return MethodNotAllowed(http, "GET");
     return Call(admin, &v1::Admin::Stub::ListQueues, v1::ListQueuesRequest(), http);

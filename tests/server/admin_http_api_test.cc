@@ -117,6 +117,22 @@ TEST_F(AdminHttpApiTest, AWrongMethodIs405WithTheAllowedOnes) {
   EXPECT_EQ(reply.allow, "GET");
 }
 
+TEST_F(AdminHttpApiTest, TheClusterIsShownAsJsonAndTakesOnlyGet) {
+  HttpReply reply = Get("/api/v1/cluster");
+  ASSERT_EQ(reply.status, 200) << reply.body;
+  v1::ClusterInfo cluster = Parse<v1::ClusterInfo>(reply);
+  // A single node: one partition it leads itself, one replica, no cluster name.
+  EXPECT_EQ(cluster.cluster_name(), "");
+  EXPECT_EQ(cluster.replication_factor(), 1u);
+  ASSERT_EQ(cluster.partitions_size(), static_cast<int>(cluster.partition_count()));
+  EXPECT_GE(cluster.partition_count(), 1u);
+
+  HttpReply post = api_.Handle(
+      HttpRequest{.method = "POST", .path = "/api/v1/cluster", .content_type = "application/json"});
+  EXPECT_EQ(post.status, 405);
+  EXPECT_EQ(post.allow, "GET");
+}
+
 TEST_F(AdminHttpApiTest, AnUnknownRouteIs404) {
   EXPECT_EQ(Get("/api/v1/nothing-here").status, 404);
   EXPECT_EQ(Get("/api/v2/queues").status, 404);
