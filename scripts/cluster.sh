@@ -105,10 +105,11 @@ cat <<EOF
 
 cluster ready: etcd at 127.0.0.1:$etcd_port, nodes at $all
   dashboards   http://127.0.0.1:$http_port/  http://127.0.0.1:$((http_port + 1))/  http://127.0.0.1:$((http_port + 2))/
+  the cluster  http://127.0.0.1:$((http_port + 1))/#/cluster  (nodes, leaders, epochs, in-sync sets, failovers)
   try          $cli --address $all enqueue emails '{"to":"ada@example.com"}'
   watch        watch -n 0.5 $cli --address $all cluster
   a failover   kill -9 ${pids[1]}   (node-0; node-1 is ${pids[2]}, node-2 ${pids[3]}), then watch
-               its partitions move; $dir/node-0/start.sh & brings it back
+               its partitions move on node-1's cluster page; $dir/node-0/start.sh & brings it back
   data, logs   $dir
 Ctrl-C stops the cluster.
 EOF

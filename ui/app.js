@@ -8,6 +8,7 @@ import * as overview from './overview.js';
 import * as queue from './queue.js';
 import * as job from './job.js';
 import * as failed from './failed.js';
+import * as cluster from './cluster.js';
 import { h } from './dom.js';
 
 const POLL_MS = 2000;
@@ -24,7 +25,7 @@ function announce(message, kind = 'ok') {
   announcedAt = Date.now();
 }
 
-// --- Routing: #/, #/queues/<name>?state=...&dedupKey=..., #/jobs/<id>, #/failed ---
+// --- Routing: #/, #/queues/<name>?state=...&dedupKey=..., #/jobs/<id>, #/failed, #/cluster ---
 
 // Any hash the router does not know.
 const notFound = {
@@ -51,6 +52,7 @@ function route() {
   if (parts[0] === 'queues' && parts.length === 2) return { module: queue, nav: 'overview', name: parts[1], params };
   if (parts[0] === 'jobs' && parts.length === 2) return { module: job, nav: null, id: parts[1], params };
   if (parts[0] === 'failed' && parts.length === 1) return { module: failed, nav: 'failed', params };
+  if (parts[0] === 'cluster' && parts.length === 1) return { module: cluster, nav: 'cluster', params };
   return { module: notFound, nav: null, params };
 }
 

@@ -123,6 +123,9 @@ export const purgeQueue = (queue, states) => call('POST', `/queues/${seg(queue)}
 export const retryQueue = (queue, { state = 'JOB_STATE_FAILED', dryRun = false, limit = 1000 } = {}) =>
   call('POST', `/queues/${seg(queue)}/retry`, { state, dryRun, limit });
 
+// Nodes and partitions: who leads what, in which epoch, with which replicas in sync.
+export const getCluster = () => call('GET', '/cluster');
+
 export const getJob = (id) => call('GET', `/jobs/${seg(id)}`);
 export const cancelJob = (id) => call('POST', `/jobs/${seg(id)}/cancel`, {});
 export const retryJob = (id) => call('POST', `/jobs/${seg(id)}/retry`, {});

@@ -51,6 +51,7 @@ const views = [
   ['queue', '#/queues/emails', (page) => page.getByRole('region', { name: 'All jobs, newest first', exact: true }).locator('tbody tr').first()],
   ['job', () => `#/jobs/${deadId}`, (page) => page.getByRole('region', { name: 'Attempts', exact: true })],
   ['failed', '#/failed', (page) => page.getByRole('article').first()],
+  ['cluster', '#/cluster', (page) => page.getByRole('region', { name: 'Partitions table', exact: true }).locator('tbody tr').first()],
 ];
 
 for (const scheme of ['light', 'dark']) {

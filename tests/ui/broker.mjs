@@ -26,15 +26,18 @@ process.on('exit', () => {
 for (const signal of ['SIGINT', 'SIGTERM']) process.once(signal, () => process.exit(1));
 
 // `files`: name -> contents, written into the broker's temporary directory before it starts;
-// `args(dir)`: extra flags, given that directory (e.g. --auth-tokens <dir>/tokens.json).
-// Resolves with {grpc, http, url, dir, stop()} once the broker printed its "serving" line.
-export async function startBroker({ files = {}, args = () => [] } = {}) {
+// `args(dir)`: extra flags, given that directory (e.g. --auth-tokens <dir>/tokens.json);
+// `listen`: the gRPC address (a cluster node needs a fixed one the others can dial);
+// `dataDir`: a data directory of the caller's, kept after stop (a node restarted on its data).
+// Resolves with {grpc, http, url, dir, stop(), kill()} once the broker printed its "serving"
+// line; kill() is kill -9.
+export async function startBroker({ files = {}, args = () => [], listen = '127.0.0.1:0', dataDir = null } = {}) {
   const dir = mkdtempSync(path.join(tmpdir(), 'jobbroker-ui-'));
   for (const [name, contents] of Object.entries(files)) writeFileSync(path.join(dir, name), contents);
   const argv = [
-    '--listen', '127.0.0.1:0',
+    '--listen', listen,
     '--http-listen', '127.0.0.1:0',
-    '--data-dir', path.join(dir, 'data'),
+    '--data-dir', dataDir ?? path.join(dir, 'data'),
     '--log-level', 'warn',
     ...args(dir),
   ];
@@ -79,5 +82,13 @@ export async function startBroker({ files = {}, args = () => [] } = {}) {
     cleanup();
   }
 
-  return { ...addresses, url: `http://${addresses.http}`, dir, stop, stderr: () => stderr };
+  async function kill() {
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill('SIGKILL');
+      await exited;
+    }
+    cleanup();
+  }
+
+  return { ...addresses, url: `http://${addresses.http}`, dir, stop, kill, stderr: () => stderr };
 }
