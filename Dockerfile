@@ -1,9 +1,12 @@
 # The jobbroker image: the broker and jobbroker-cli on debian:bookworm-slim, built from source
 # against Debian 12's own gRPC, protobuf, Abseil, RocksDB and prometheus-cpp (the same packages
-# scripts/install-deps.sh installs), so the runtime stage needs only their shared libraries.
+# scripts/install-deps.sh installs), so the runtime stage needs only their shared libraries; plus
+# Debian 12's etcd (3.4), so that one image runs both the nodes of a cluster and its etcd
+# (docs/cluster.md; the Helm chart's chart-managed etcd runs `etcd` from this image).
 #
 #   docker build -t jobbroker .            # or: podman build --format docker -t jobbroker .
 #   docker run -p 7070:7070 -p 8080:8080 -v jobbroker-data:/data jobbroker
+#   docker run --entrypoint etcd jobbroker --version
 #
 # Arguments after the image name replace all of CMD, so pass --data-dir /data with them.
 # scripts/image-check.sh builds this file and runs the image for real.
@@ -11,6 +14,8 @@
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
 # ---- build: compiler, CMake and the -dev packages; only the two shipped binaries are built.
+# golang-etcd-server-dev is there for etcd's .proto files only (cluster/etcd compiles its etcd
+# client from them); its Go sources come along but nothing here builds Go.
 FROM ${DEBIAN_IMAGE} AS build
 
 ARG DEBIAN_FRONTEND=noninteractive
@@ -18,6 +23,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential \
       cmake \
+      golang-etcd-server-dev \
       libabsl-dev \
       libgrpc++-dev \
       libjemalloc-dev \
@@ -31,28 +37,30 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
-# .dockerignore lets in only what this build reads (CMakeLists.txt, proto/ core/ storage/ server/
-# client/cpp/), so a change to tests, docs, the chart or another language's client keeps this
-# layer and the build below cached.
+# .dockerignore lets in only what this build reads (CMakeLists.txt, cmake/ proto/ core/ storage/
+# node/ cluster/ server/ client/cpp/ ui/), so a change to tests, docs, the chart or another
+# language's client keeps this layer and the build below cached.
 COPY . .
 
 # Parallel compile jobs: 2 suits a 2-core machine; raise it on a bigger one.
-# JOBBROKER_BUILD_TESTS=OFF: no tests/, bench/ or GoogleTest. JOBBROKER_BUILD_CLUSTER=OFF: cluster/
-# is not in the binary yet, and it needs etcd's protos (golang-etcd-server-dev); turn it on (and
-# install that, and let cluster/ in through .dockerignore) when cluster mode is.
+# JOBBROKER_BUILD_TESTS=OFF: no tests/, bench/ or GoogleTest. JOBBROKER_BUILD_CLUSTER=ON (the
+# default, spelt out): cluster mode (--cluster-etcd) is in the binary.
 ARG JOBS=2
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_TESTS=OFF \
-      -DJOBBROKER_BUILD_CLUSTER=OFF \
+      -DJOBBROKER_BUILD_CLUSTER=ON \
  && cmake --build /build --parallel "${JOBS}" --target jobbroker jobbroker-cli \
  && install -D --strip -m 0755 /build/server/jobbroker /out/jobbroker \
  && install -D --strip -m 0755 /build/client/cpp/jobbroker-cli /out/jobbroker-cli
 
-# ---- runtime: the shared libraries the two binaries load (ldd + dpkg -S), nothing else.
+# ---- runtime: the shared libraries the two binaries load (ldd + dpkg -S), and etcd-server
+# (/usr/bin/etcd, a Go binary that loads only libc) for the etcd members of a cluster. Nothing
+# else: no etcdctl, no tools beyond the base image's.
 FROM ${DEBIAN_IMAGE}
 
 ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
+      etcd-server \
       libabsl20220623 \
       libbz2-1.0 \
       libc-ares2 \
