@@ -2,7 +2,8 @@
 # Builds the Dockerfile with podman and runs the image for real: the broker serves gRPC and
 # /metrics from inside the container, a job is enqueued, leased and acked through it, it runs as
 # UID 10001 with /data as its volume, a job outlives the container, and SIGTERM stops it with
-# exit code 0. Ends with "image-check: N passed, N failed"; exits non-zero on any failure.
+# exit code 0; then cluster mode: etcd run from the same image, and a node (--cluster-etcd,
+# replication factor 1) through which a job is enqueued, leased and acked. Ends with "image-check: N passed, N failed"; exits non-zero on any failure.
 #
 #   scripts/image-check.sh
 #
@@ -397,6 +398,116 @@ else
   fail "restarted container never served"
   pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
 fi
+
+# ---- cluster mode: etcd from the same image (what the Helm chart's chart-managed etcd runs),
+# and one node of replication factor 1 on it. Host network, so ports are picked here: etcd's
+# cannot be 0.
+free_port() {  # prints a port nothing on this machine listens on (nor on the one after it)
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 10000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && ! (exec 3<>"/dev/tcp/127.0.0.1/$((p + 1))") 2>/dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  return 1
+}
+etcd_version=$(pm run --rm "${run_flags[@]}" --network none --entrypoint etcd "$image" --version 2>&1 | head -1) || true
+if [[ "$etcd_version" =~ ^etcd\ Version:\ 3\.4\. ]]; then
+  pass "etcd is in the image: $etcd_version"
+else
+  fail "etcd --version in the image: $etcd_version"
+fi
+etcd_port=$(free_port) || etcd_port=23790
+etcd_url=http://127.0.0.1:$etcd_port
+peer_url=http://127.0.0.1:$((etcd_port + 1))
+e=jobbroker-image-check-etcd-$$
+containers+=("$e")
+# As the chart runs it: the image's user, the data under /data, logs as JSON on stderr.
+pm run -d --name "$e" "${run_flags[@]}" --network host --entrypoint etcd "$image" \
+  --name "$e" --data-dir /data/etcd --logger zap --log-outputs stderr \
+  --listen-client-urls "$etcd_url" --advertise-client-urls "$etcd_url" \
+  --listen-peer-urls "$peer_url" --initial-advertise-peer-urls "$peer_url" \
+  --initial-cluster "$e=$peer_url" --initial-cluster-state new \
+  --initial-cluster-token "image-check-$$" >/dev/null
+etcd_health=""
+for _ in $(seq 1 60); do
+  etcd_health=$(curl -fsS --max-time 2 "$etcd_url/health" 2>/dev/null) || etcd_health=""
+  [[ "$etcd_health" == *'"health":"true"'* ]] && break
+  sleep 0.5
+done
+if [[ "$etcd_health" == *'"health":"true"'* ]]; then
+  pass "etcd from the image serves as UID $(pm exec "$e" id -u) ($etcd_url/health: $etcd_health)"
+  c=jobbroker-image-check-node-$$
+  containers+=("$c")
+  node_id=image-check-0
+  pm run -d --name "$c" "${run_flags[@]}" --network host "$image" \
+    --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir /data --log-format text \
+    --cluster-etcd "$etcd_url" --cluster-name "image-check-$$" --node-id "$node_id" \
+    --partitions 2 --replication-factor 1 --min-in-sync 1 >/dev/null
+  if addrs=$(wait_serving "$c"); then
+    read -r grpc http <<<"$addrs"
+    if pm logs "$c" 2>&1 | grep -q "cluster_joined advertised=$grpc"; then
+      pass "a cluster node serves grpc=$grpc and joined the cluster in etcd"
+    else
+      fail "the cluster node's log has no cluster_joined advertised=$grpc"
+      pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+    fi
+    # Both partitions get their leader (this node) within a few ticks of the placement.
+    led=0
+    for _ in $(seq 1 40); do
+      led=$(cli --json cluster 2>/dev/null | grep -o "\"leaderNodeId\": *\"$node_id\"" | wc -l) || led=0
+      [ "$led" -eq 2 ] && break
+      sleep 0.25
+    done
+    expect "jobbroker-cli cluster: both partitions led by $node_id" "$led" 2
+    cluster_job=$(cli enqueue image-check-cluster '{"cluster":true}' 2>&1) || cluster_job=""
+    if [[ "$cluster_job" =~ ^[0-9A-Z]{26}$ ]]; then
+      pass "enqueue through the cluster node: $cluster_job"
+    else
+      fail "enqueue through the cluster node: $cluster_job"
+    fi
+    if [ -x "$quickstart" ]; then
+      if out=$("$quickstart" "$grpc" 2>&1) && grep -q "is JOB_STATE_COMPLETED" <<<"$out"; then
+        job=$(awk '/ is JOB_STATE_COMPLETED/{print $1}' <<<"$out")
+        expect "enqueue, lease and ack through the cluster node ($quickstart): $job, as the node reads it" \
+          "$(cli --json get "$job" 2>&1 | tr -d ' \n' | grep -o '"state":"[A-Z_]*"' | cut -d'"' -f4)" \
+          JOB_STATE_COMPLETED
+      else
+        fail "quickstart lease+ack through the cluster node: $out"
+      fi
+    else
+      skip "cluster lease+ack: $quickstart is not built (make build)"
+    fi
+    metrics=$(curl -fsS --max-time 5 "http://$http/metrics" 2>&1) || metrics=""
+    if grep -Eq "^jobbroker_cluster_partition_leader\{[^}]*\} 1" <<<"$metrics"; then
+      pass "/metrics of the cluster node: jobbroker_cluster_partition_leader"
+    else
+      fail "/metrics of the cluster node has no jobbroker_cluster_partition_leader 1"
+      grep '^jobbroker_cluster' <<<"$metrics" | head -10 | sed 's/^/        /'
+    fi
+    stop_and_check "$c" "cluster node"
+    for _ in $(seq 1 20); do
+      pm logs "$c" 2>&1 | grep -q 'stopped' && break
+      sleep 0.25
+    done
+    if pm logs "$c" 2>&1 | grep -q ' handed_over '; then
+      pass "the cluster node handed its partitions over on SIGTERM (handed_over in its log)"
+    else
+      fail "the cluster node's log has no handed_over"
+      pm logs "$c" 2>&1 | tail -5 | sed 's/^/        /'
+    fi
+  else
+    fail "the cluster node never printed its serving line"
+    pm logs "$c" 2>&1 | tail -30 | sed 's/^/        /'
+  fi
+  pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
+else
+  fail "etcd from the image never answered $etcd_url/health"
+  pm logs "$e" 2>&1 | tail -20 | sed 's/^/        /'
+fi
+pm rm -f -v -t 0 "$e" >/dev/null 2>&1 || true
 
 echo
 say "image $image: ${size_mb} MB; base ${base_time}, build ${build_time}, serving in ${start_time}, total $(elapsed "$total_start")"
