@@ -42,6 +42,7 @@ void Replica::Tick(absl::Time now, const PartitionView& view, const NodeLease& l
 void Replica::TickFollower(absl::Time now, const PartitionView& view, const NodeLease& lease) {
   if (!view.known) return;
   if (view.leader) {
+    leaderless_since_.reset();
     auto leader = DecodeLeader(view.leader->value);
     // A leader key of this node that this replica does not hold (an election txn whose answer
     // was lost, or a leadership from before a restart): delete it, so that the partition does
@@ -53,6 +54,7 @@ void Replica::TickFollower(absl::Time now, const PartitionView& view, const Node
     }
     return;
   }
+  if (!leaderless_since_) leaderless_since_ = now;
   RunElection(now, view, lease);
 }
 
@@ -60,6 +62,16 @@ void Replica::RunElection(absl::Time now, const PartitionView& view, const NodeL
   if (!lease.may_serve || lease.id == 0 || lease.leaving || !view.sync) return;
   auto sync = DecodeSync(view.sync->value);
   if (!sync.ok() || !Contains(sync->members, options_.node_id)) return;  // I2: not eligible
+  // A live, in-sync preferred replica goes first, so leadership lands where the placement put
+  // it; if it does not stand in time, any eligible replica does.
+  if (!view.replicas.empty()) {
+    const std::string& preferred = view.replicas.front();
+    if (preferred != options_.node_id && Contains(sync->members, preferred) &&
+        !Contains(view.leaving, preferred) && leaderless_since_ &&
+        now - *leaderless_since_ < options_.defer_to_preferred) {
+      return;
+    }
+  }
   // I4: every epoch that exists is at most the read's revision, and ours will be above it. Raise
   // the floor before reading the log end, so no older leader can add to the log after it.
   if (!RaiseFloor(view.revision + 1)) return;
@@ -98,6 +110,7 @@ void Replica::BecomeLeader(absl::Time now, int64_t epoch, LogPosition start,
   }
   leader_ = std::move(leader);
   staging_.reset();
+  leaderless_since_.reset();  // counted afresh once this epoch is over
   // The epoch-start entry: once it is committed, so is everything this replica had before it.
   LogEntry epoch_start{start.seq + 1, epoch, core::Transition{}};
   epoch_start.transition.partition = options_.partition;
@@ -116,11 +129,12 @@ void Replica::TickLeader(absl::Time now, const PartitionView& view, const NodeLe
     return;
   }
   if (lease.leaving) {
-    Resign();
+    Resign("its node is handing over before it stops");
     return;
   }
   if (view.known) {
     leader_->leaving = view.leaving;
+    if (!view.replicas.empty()) leader_->preferred = view.replicas.front();
     if (!view.leader || view.leader->create_revision != leader_->epoch) {
       StepDown("its leader key is gone");
       return;
@@ -144,6 +158,8 @@ void Replica::TickLeader(absl::Time now, const PartitionView& view, const NodeLe
   UpdateInSyncSet(now);
   if (!leader_) return;
   AdvanceCommit();
+  if (!leader_) return;
+  MaybeHandBack(now);
   if (!leader_) return;
   bool heartbeat_due = now - last_heartbeat_ >= options_.heartbeat_every;
   if (heartbeat_due) last_heartbeat_ = now;
@@ -239,10 +255,36 @@ void Replica::StepDown(const std::string& why) {
   leader_.reset();
 }
 
-void Replica::Resign() {
+void Replica::MaybeHandBack(absl::Time now) {
+  Leader& leader = *leader_;
+  const std::string& preferred = leader.preferred;
+  const bool ready = options_.hand_back_after != absl::InfiniteDuration() && leader.started &&
+                     !preferred.empty() && preferred != options_.node_id &&
+                     Contains(leader.in_sync, preferred) && !Contains(leader.leaving, preferred) &&
+                     !Lagging(now, preferred, storage_.log_end());
+  if (!ready) {
+    leader.preferred_ready_since.reset();
+    leader.handing_back_since.reset();
+    return;
+  }
+  if (!leader.preferred_ready_since) leader.preferred_ready_since = now;
+  if (now - *leader.preferred_ready_since < options_.hand_back_after) return;
+  if (!leader.handing_back_since) leader.handing_back_since = now;
+  if (leader.pending.empty()) {
+    Resign(absl::StrCat("handing the partition back to its preferred replica ", preferred));
+    return;
+  }
+  // What is pending did not commit in time (a slow follower): serve again, retry later.
+  if (now - *leader.handing_back_since > options_.lag_timeout) {
+    leader.handing_back_since.reset();
+    leader.preferred_ready_since = now;
+  }
+}
+
+void Replica::Resign(const std::string& why) {
   const int64_t epoch = leader_->epoch;
   // Stops first, so nothing is acknowledged in this epoch once another replica may lead.
-  StepDown("its node is handing over before it stops");
+  StepDown(why);
   // Unknown outcome: the key then goes with the node's lease when it stops.
   (void)etcd_.Txn({Compare::CreateRevision(keys_.leader, Compare::Op::kEqual, epoch)},
                   {TxnOp::Delete(keys_.leader)}, {});
@@ -286,6 +328,12 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
   if (!leader_->started) {
     return absl::UnavailableError(absl::StrCat("partition ", options_.partition,
                                                ": its leader is starting epoch ", leader_->epoch));
+  }
+  if (leader_->handing_back_since) {
+    return absl::UnavailableError(
+        absl::StrCat("partition ", options_.partition, ": ", options_.node_id,
+                     " is handing its leadership back to its preferred replica ",
+                     leader_->preferred, "; nothing was written"));
   }
   const uint64_t end = storage_.log_end();
   for (const auto& node : RequiredFollowers()) {

@@ -49,6 +49,14 @@ struct ReplicaOptions {
   // How many applied entries a replica keeps in its log for followers that fall behind; one
   // further behind gets a snapshot.
   uint64_t log_retention = 10000;
+  // Leadership goes back to each partition's preferred replica (the first of its placement), so
+  // that leaders stay spread over the nodes after failovers and restarts (Kafka's preferred
+  // leader election). A leader that is not the preferred replica hands over once the preferred
+  // one has been in the in-sync set and caught up for this long; InfiniteDuration: never.
+  absl::Duration hand_back_after = absl::Seconds(5);
+  // With no leader, the other in-sync replicas give a live, in-sync preferred replica this long
+  // to win the election before they stand themselves.
+  absl::Duration defer_to_preferred = absl::Milliseconds(300);
   PlantedBug TEST_planted_bug = PlantedBug::kNone;
 };
 
@@ -106,6 +114,12 @@ struct ProposalOutcome {
 // without it; a member that has caught up is required first and added after. A leader steps
 // down when its lease may not serve, when its key is gone, or when a transaction fails its
 // guard. A follower too far behind gets a snapshot of the state in chunks.
+//
+// Balance: leadership returns to the preferred replica (the first of the placement, spread over
+// the nodes when the cluster was created): a leader that is not it hands over (refuses new
+// proposals, lets the pending ones commit, resigns) once it has been in sync for
+// hand_back_after, and the others give it defer_to_preferred to win an election. Both only
+// delay; neither changes who may lead (I2) or what is acknowledged.
 //
 // Not thread-safe: a node serialises the calls of each replica.
 class Replica {
@@ -171,6 +185,12 @@ class Replica {
     std::map<std::string, Follower> followers;
     std::deque<LogPosition> pending;   // proposals not answered yet, in order
     std::vector<std::string> leaving;  // PartitionView::leaving, as last read
+    std::string preferred;             // the first of the placement, as last read
+    // Since when the preferred replica (not this one) has been ready to take over.
+    std::optional<absl::Time> preferred_ready_since;
+    // Handing over to the preferred replica: proposals are refused until the pending ones are
+    // answered, then this replica resigns.
+    std::optional<absl::Time> handing_back_since;
   };
   struct Staging {
     LogPosition at;
@@ -184,7 +204,9 @@ class Replica {
                     std::vector<std::string> in_sync, const std::vector<std::string>& replicas);
   void StepDown(const std::string& why);
   // Steps down and deletes its leader key (guarded by its epoch): a graceful hand-over.
-  void Resign();
+  void Resign(const std::string& why);
+  // Leader: hands the partition back to its preferred replica once that is ready (above).
+  void MaybeHandBack(absl::Time now);
   void Break(absl::Status status);
   // Raises the floor to `epoch` if it is higher. False if the storage failed.
   bool RaiseFloor(int64_t epoch);
@@ -223,6 +245,8 @@ class Replica {
   std::optional<Staging> staging_;
   uint64_t commit_seq_ = 0;
   absl::Time last_heartbeat_ = absl::InfinitePast();
+  // Follower: since when etcd has shown the partition without a leader.
+  std::optional<absl::Time> leaderless_since_;
   absl::Status broken_;
   std::vector<ReplicationMessage> outbox_;
   std::vector<ProposalOutcome> outcomes_;

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -537,6 +538,54 @@ TEST_F(ThreeNodesTest, SigtermHandsLeadershipOverBeforeTheNodeExits) {
     EXPECT_NE(next, leader);
   }
   for (const std::string& job : acked) EXPECT_TRUE(GetJobAt(survivor, job).ok()) << job;
+}
+
+// Leaders spread over the nodes as the placement put them (the first replica of each partition)
+// and go back there after a failover: the first node up leads everything at first, and a
+// restarted node gets its partitions back once it has caught up.
+TEST_F(ThreeNodesTest, LeadershipGoesBackToEachPartitionsPreferredReplica) {
+  // Every partition led by its preferred replica, as node `asked` sees it.
+  auto balanced = [&](int asked) {
+    absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(asked);
+    if (!info.ok() || info->partitions_size() != static_cast<int>(kPartitions)) return false;
+    for (const v1::PartitionInfo& partition : info->partitions()) {
+      if (partition.replicas().empty() || partition.leader_node_id() != partition.replicas(0) ||
+          partition.in_sync_size() != partition.replicas_size()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  auto await_balanced = [&](int asked) {
+    const absl::Time give_up = absl::Now() + kGiveUp;
+    while (absl::Now() < give_up && !balanced(asked)) absl::SleepFor(absl::Milliseconds(100));
+    return balanced(asked);
+  };
+  ASSERT_TRUE(await_balanced(0)) << GetClusterAt(0)->DebugString();
+  absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(0);
+  ASSERT_TRUE(info.ok()) << info.status();
+  std::set<std::string> leaders;
+  for (const v1::PartitionInfo& partition : info->partitions())
+    leaders.insert(partition.leader_node_id());
+  EXPECT_EQ(leaders.size(), kPartitions) << "the placement spreads the preferred leaders";
+
+  // Kill the preferred leader of partition 0; its partition moves, and comes back after restart.
+  const std::string queue = QueueIn(0, "epsilon");
+  std::string id;
+  const int preferred = EnqueueAtLeader(queue, "before", &id);
+  ASSERT_GE(preferred, 0);
+  EXPECT_EQ(absl::StrCat("node-", preferred), info->partitions(0).replicas(0));
+  std::vector<std::string> acked = {id};
+  nodes_[preferred]->Kill9();
+  const int stand_in = EnqueueAtLeader(queue, "during", &id);
+  ASSERT_GE(stand_in, 0);
+  EXPECT_NE(stand_in, preferred);
+  acked.push_back(id);
+  ASSERT_TRUE(nodes_[preferred]->Restart().ok());
+  ASSERT_TRUE(await_balanced(stand_in)) << GetClusterAt(stand_in)->DebugString();
+  EXPECT_EQ(EnqueueAtLeader(queue, "after", &id), preferred);
+  acked.push_back(id);
+  for (const std::string& job : acked) EXPECT_TRUE(GetJobAt(preferred, job).ok()) << job;
 }
 
 }  // namespace

@@ -264,6 +264,9 @@ void Simulation::StartNode(int n) {
     replica.max_entries_per_message = 16;
     replica.snapshot_records_per_chunk = 16;
     replica.log_retention = 100;
+    // Sooner than a node's 5 s, so that the leaders are back on their preferred replicas well
+    // within settle_for (checked by CheckSettled).
+    replica.hand_back_after = absl::Seconds(1);
     replica.TEST_planted_bug = options_.bug;
     node.replicas.push_back(std::make_unique<Replica>(replica, *node.storages[p], *node.etcd));
   }
@@ -686,6 +689,17 @@ void Simulation::CheckSettled() {
               absl::StrCat("partition ", p, " has no serving leader ",
                            absl::FormatDuration(options_.settle_for), " after the faults healed"));
       continue;
+    }
+    // Balance: with its preferred replica up, the partition is led there again.
+    const std::vector<std::string> replicas = ReplicasOf(p);
+    if (!replicas.empty() && nodes_[leader].id != replicas.front()) {
+      for (int n = 0; n < options_.nodes; ++n) {
+        if (nodes_[n].id == replicas.front() && nodes_[n].up && n != stays_down_) {
+          Violate("settles",
+                  absl::StrCat("partition ", p, " is led by ", nodes_[leader].id,
+                               ", not by its preferred replica ", nodes_[n].id, ", which is up"));
+        }
+      }
     }
     const MemoryReplicaStorage& lead = *nodes_[leader].storages[p];
     for (const auto& batch : acked_[p]) {

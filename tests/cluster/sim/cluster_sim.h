@@ -45,8 +45,9 @@ struct SimReport {
 //   epochs-increase  a replica's floor, the epochs it accepts and the epochs a node leads only rise
 //   apply-committed  an applied batch is held by the whole in-sync set, and no two replicas
 //                    apply different batches at one seq
-//   settles          (at the end) one serving leader per partition, every replica applied the
-//                    same state, every acknowledged batch in it
+//   settles          (at the end) one serving leader per partition, its preferred replica
+//                    when that is up, every replica applied the same state, every acknowledged
+//                    batch in it
 SimReport RunSimulation(const SimOptions& options);
 
 const char* PlantedBugName(cluster::PlantedBug bug);
