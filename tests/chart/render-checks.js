@@ -1,8 +1,11 @@
 #!/usr/bin/env node
 // Checks of rendered chart output that need YAML parsing; used by test.sh.
 //
-//   node render-checks.js extract RENDERED OUTDIR   writes OUTDIR/config.json (the ConfigMap's) and
-//                                                   OUTDIR/args (the broker's args, one per line)
+//   node render-checks.js extract RENDERED OUTDIR   writes OUTDIR/config.json (the ConfigMap's),
+//                                                   OUTDIR/args (the broker's args, one per line,
+//                                                   $(VAR) expanded as the kubelet would for the
+//                                                   first pod) and OUTDIR/etcd-args (the etcd
+//                                                   members' args; empty without chart-managed etcd)
 //   node render-checks.js alerts RENDERED ALERTS    the PrometheusRule's spec equals ALERTS
 //                                                   (deploy/prometheus/alerts.yml), parsed
 //   node render-checks.js assert SET RENDERED       the expectations for value set SET (below)
@@ -18,12 +21,35 @@ const one = (docs, kind, name) => {
   assert.strictEqual(found.length, 1, `expected one ${kind}${name ? ` ${name}` : ""}, found ${found.length}`);
   return found[0];
 };
-const container = (docs) => one(docs, "StatefulSet").spec.template.spec.containers[0];
+// The broker's StatefulSet and the chart-managed etcd's, told apart by their component label.
+const component = (docs, kind, name) => {
+  const found = docs.filter((d) => d.kind === kind && d.metadata.labels["app.kubernetes.io/component"] === name);
+  assert.strictEqual(found.length, 1, `expected one ${kind} of component ${name}, found ${found.length}`);
+  return found[0];
+};
+const brokerSts = (docs) => component(docs, "StatefulSet", "broker");
+const etcdSts = (docs) => component(docs, "StatefulSet", "etcd");
+const container = (docs) => brokerSts(docs).spec.template.spec.containers[0];
+const matches = (selector, labels) => Object.entries(selector).every(([k, v]) => labels[k] === v);
+
+// A container's args with $(VAR) expanded from its env (values, and metadata.name as the
+// StatefulSet's first pod), as the kubelet does.
+function expanded(sts, c) {
+  const vars = {};
+  for (const e of c.env || []) {
+    if (e.value !== undefined) vars[e.name] = e.value;
+    else if (e.valueFrom && e.valueFrom.fieldRef && e.valueFrom.fieldRef.fieldPath === "metadata.name") vars[e.name] = `${sts.metadata.name}-0`;
+  }
+  return c.args.map((a) => a.replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, v) => (v in vars ? vars[v] : m)));
+}
 
 function extract(rendered, outdir) {
   const docs = load(rendered);
   fs.writeFileSync(path.join(outdir, "config.json"), one(docs, "ConfigMap").data["config.json"]);
-  fs.writeFileSync(path.join(outdir, "args"), container(docs).args.join("\n") + "\n");
+  fs.writeFileSync(path.join(outdir, "args"), expanded(brokerSts(docs), container(docs)).join("\n") + "\n");
+  const etcd = docs.filter((d) => d.kind === "StatefulSet" && d.metadata.labels["app.kubernetes.io/component"] === "etcd");
+  const etcdArgs = etcd.length ? etcd[0].spec.template.spec.containers[0].args : [];
+  fs.writeFileSync(path.join(outdir, "etcd-args"), etcdArgs.map((a) => `${a}\n`).join(""));
 }
 
 function alerts(rendered, alertsFile) {
@@ -38,6 +64,15 @@ const expectations = {
     const sts = one(docs, "StatefulSet");
     const c = container(docs);
     assert.strictEqual(sts.spec.replicas, 1);
+    // Single node: no cluster flags, no etcd, nothing of cluster mode's pod settings.
+    assert.strictEqual(sts.spec.podManagementPolicy, "OrderedReady");
+    assert.strictEqual(sts.spec.minReadySeconds, undefined);
+    assert.ok(!c.args.some((a) => a.startsWith("--cluster") || a.startsWith("--node-id") || a.startsWith("--partitions")));
+    assert.strictEqual(c.env, undefined);
+    assert.strictEqual(c.lifecycle, undefined);
+    assert.strictEqual(sts.spec.template.spec.topologySpreadConstraints, undefined);
+    assert.strictEqual(sts.spec.template.spec.initContainers, undefined);
+    assert.ok(!docs.some((d) => d.metadata.labels["app.kubernetes.io/component"] === "etcd"));
     assert.deepStrictEqual(c.livenessProbe.grpc, { port: 7070 });
     assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070, service: "jobbroker.v1.Broker" });
     assert.strictEqual(c.startupProbe.httpGet.path, "/readyz");
@@ -151,6 +186,175 @@ const expectations = {
   },
   "replicas-2-acknowledged"(docs) {
     assert.strictEqual(one(docs, "StatefulSet").spec.replicas, 2);
+  },
+  "cluster-embedded-etcd"(docs) {
+    const sts = brokerSts(docs);
+    const etcd = etcdSts(docs);
+    const pod = sts.spec.template.spec;
+    const c = container(docs);
+    const arg = (name) => {
+      const found = c.args.filter((a) => a.startsWith(`--${name}=`));
+      assert.strictEqual(found.length, 1, `one --${name}`);
+      return found[0].slice(name.length + 3);
+    };
+    assert.strictEqual(sts.spec.replicas, 3);
+    assert.strictEqual(sts.spec.podManagementPolicy, "Parallel");
+    assert.strictEqual(sts.spec.minReadySeconds, 10);
+    assert.strictEqual(arg("listen"), "0.0.0.0:7070");
+    // --cluster-etcd: every etcd member, by its pod's name under etcd's headless Service.
+    const etcdSvc = one(docs, "Service", etcd.spec.serviceName);
+    assert.strictEqual(etcdSvc.spec.clusterIP, "None");
+    assert.strictEqual(etcdSvc.spec.publishNotReadyAddresses, true);
+    assert.ok(matches(etcdSvc.spec.selector, etcd.spec.template.metadata.labels));
+    const members = [0, 1, 2].map((i) => `${etcd.metadata.name}-${i}.${etcd.spec.serviceName}.jobs.svc.cluster.local`);
+    assert.deepStrictEqual(arg("cluster-etcd").split(","), members.map((h) => `http://${h}:2379`));
+    // The node's id and advertised address: the pod's name, under the broker's headless Service.
+    assert.strictEqual(arg("node-id"), "$(POD_NAME)");
+    assert.deepStrictEqual(c.env, [{ name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }]);
+    assert.strictEqual(arg("advertise-address"), `$(POD_NAME).${sts.spec.serviceName}.jobs.svc.cluster.local:7070`);
+    const headless = one(docs, "Service", sts.spec.serviceName);
+    assert.strictEqual(headless.spec.clusterIP, "None");
+    assert.strictEqual(headless.spec.publishNotReadyAddresses, true);
+    assert.ok(headless.spec.ports.some((p) => p.port === 7070 && p.targetPort === "grpc"));
+    assert.strictEqual(arg("cluster-name"), "jobbroker");
+    assert.strictEqual(arg("partitions"), "12");
+    assert.strictEqual(arg("replication-factor"), "3");
+    assert.strictEqual(arg("min-in-sync"), "2");
+    assert.strictEqual(arg("cluster-lease-ttl"), "3");
+    assert.ok(!c.args.some((a) => a.startsWith("--cluster-peer-token-file")), "no peer token without auth");
+    // Readiness on service "": a cluster node has no status for jobbroker.v1.Broker.
+    assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070 });
+    // preStop sleep, and a grace period that covers it, the hand-over and the drain.
+    assert.deepStrictEqual(c.lifecycle.preStop.exec.command, ["sleep", "5"]);
+    assert.ok(pod.terminationGracePeriodSeconds >= 5 + 10);
+    // Spread over machines (hard) and zones (soft), selecting the nodes' own pods.
+    const spread = pod.topologySpreadConstraints;
+    assert.deepStrictEqual(spread.map((t) => [t.topologyKey, t.whenUnsatisfiable, t.maxSkew]),
+      [["kubernetes.io/hostname", "DoNotSchedule", 1], ["topology.kubernetes.io/zone", "ScheduleAnyway", 1]]);
+    for (const t of spread) assert.deepStrictEqual(t.labelSelector.matchLabels, sts.spec.selector.matchLabels);
+    // The nodes wait for etcd's quorum before they start.
+    const wait = pod.initContainers.find((i) => i.name === "wait-for-etcd");
+    assert.strictEqual(wait.image, c.image);
+    for (const h of members) assert.ok(wait.args[0].includes(h), h);
+    // The etcd members: etcd from the same image, one StatefulSet of three.
+    const e = etcd.spec.template.spec.containers[0];
+    assert.strictEqual(e.image, c.image);
+    assert.deepStrictEqual(e.command, ["etcd"]);
+    assert.strictEqual(etcd.spec.replicas, 3);
+    assert.strictEqual(etcd.spec.podManagementPolicy, "Parallel");
+    const flag = (name) => {
+      const found = e.args.filter((a) => a.startsWith(`--${name}=`));
+      assert.strictEqual(found.length, 1, `one etcd --${name}`);
+      return found[0].slice(name.length + 3);
+    };
+    assert.deepStrictEqual(flag("initial-cluster").split(","),
+      [0, 1, 2].map((i) => `${etcd.metadata.name}-${i}=http://${members[i]}:2380`));
+    assert.strictEqual(flag("name"), "$(POD_NAME)");
+    assert.deepStrictEqual(e.env, [{ name: "POD_NAME", valueFrom: { fieldRef: { fieldPath: "metadata.name" } } }]);
+    assert.strictEqual(flag("initial-cluster-state"), "new");
+    assert.strictEqual(flag("advertise-client-urls"), `http://$(POD_NAME).${etcd.spec.serviceName}.jobs.svc.cluster.local:2379`);
+    assert.strictEqual(flag("initial-advertise-peer-urls"), `http://$(POD_NAME).${etcd.spec.serviceName}.jobs.svc.cluster.local:2380`);
+    assert.strictEqual(flag("listen-client-urls"), "http://0.0.0.0:2379");
+    assert.strictEqual(flag("listen-peer-urls"), "http://0.0.0.0:2380");
+    assert.ok(flag("data-dir").startsWith(e.volumeMounts.find((m) => m.name === "data").mountPath + "/"));
+    assert.strictEqual(etcd.spec.volumeClaimTemplates[0].spec.resources.requests.storage, "2Gi");
+    assert.strictEqual(e.securityContext.readOnlyRootFilesystem, true);
+    assert.strictEqual(e.readinessProbe.httpGet.path, "/health");
+    assert.deepStrictEqual(etcd.spec.template.spec.topologySpreadConstraints.map((t) => t.labelSelector.matchLabels),
+      [etcd.spec.selector.matchLabels, etcd.spec.selector.matchLabels]);
+    // The broker's and etcd's selectors pick only their own pods.
+    assert.ok(!matches(sts.spec.selector.matchLabels, etcd.spec.template.metadata.labels), "broker selector picks etcd pods");
+    assert.ok(!matches(etcd.spec.selector.matchLabels, sts.spec.template.metadata.labels), "etcd selector picks broker pods");
+    // One disruption at a time, for the nodes and for etcd.
+    const pdbs = docs.filter((d) => d.kind === "PodDisruptionBudget");
+    assert.strictEqual(pdbs.length, 2);
+    const nodePdb = pdbs.find((p) => matches(p.spec.selector.matchLabels, sts.spec.template.metadata.labels));
+    const etcdPdb = pdbs.find((p) => matches(p.spec.selector.matchLabels, etcd.spec.template.metadata.labels));
+    assert.strictEqual(nodePdb.spec.maxUnavailable, 1);
+    assert.strictEqual(etcdPdb.spec.maxUnavailable, 1);
+    assert.notStrictEqual(nodePdb, etcdPdb);
+    // NetworkPolicies: node <-> node on gRPC; nodes -> etcd's client port; etcd <-> etcd on peers.
+    const nps = docs.filter((d) => d.kind === "NetworkPolicy");
+    const nodeNp = nps.find((n) => matches(n.spec.podSelector.matchLabels, sts.spec.template.metadata.labels));
+    const etcdNp = nps.find((n) => matches(n.spec.podSelector.matchLabels, etcd.spec.template.metadata.labels));
+    const allows = (np, port, labels) => np.spec.ingress.some((r) => r.ports.some((p) => p.port === port) &&
+      r.from.some((f) => f.podSelector && !f.namespaceSelector && f.podSelector.matchLabels && matches(f.podSelector.matchLabels, labels)));
+    assert.ok(allows(nodeNp, "grpc", sts.spec.template.metadata.labels), "nodes reach each other's gRPC port");
+    assert.ok(allows(etcdNp, "client", sts.spec.template.metadata.labels), "nodes reach etcd");
+    assert.ok(allows(etcdNp, "peer", etcd.spec.template.metadata.labels), "etcd members reach each other");
+    assert.ok(!allows(etcdNp, "client", { [Object.keys(one(docs, "Pod").metadata.labels).find((k) => k.endsWith("-client"))]: "true" }),
+      "client-labelled pods must not reach etcd's client port");
+    // Prometheus scrapes every node through the HTTP Service, and nothing of etcd's.
+    const sm = one(docs, "ServiceMonitor");
+    const scraped = docs.filter((d) => d.kind === "Service" && matches(sm.spec.selector.matchLabels, d.metadata.labels));
+    assert.deepStrictEqual(scraped.map((s) => s.metadata.name), [`${sts.metadata.name}-http`]);
+    assert.ok(matches(scraped[0].spec.selector, sts.spec.template.metadata.labels));
+    one(docs, "PrometheusRule");
+    // The helm test checks the cluster: every node alive, every partition led.
+    const test = one(docs, "Pod").spec.containers[0].args[0];
+    assert.ok(test.includes("--json cluster") && test.includes("want=3"));
+  },
+  "cluster-external-etcd"(docs) {
+    const sts = brokerSts(docs);
+    const pod = sts.spec.template.spec;
+    const c = container(docs);
+    assert.strictEqual(sts.spec.replicas, 5);
+    assert.strictEqual(sts.spec.minReadySeconds, 30);
+    assert.ok(c.args.includes("--cluster-etcd=http://etcd-0.etcd.infra.svc:2379,http://etcd-1.etcd.infra.svc:2379,https://etcd-2.example.com:2379"));
+    assert.ok(c.args.includes("--advertise-address=$(POD_NAME).jobs-headless.jobs.svc.k8s.example.internal:7070"));
+    for (const f of ["--cluster-name=billing", "--partitions=30", "--replication-factor=5", "--min-in-sync=3", "--cluster-lease-ttl=5"]) {
+      assert.ok(c.args.includes(f), f);
+    }
+    // No etcd of the release, nothing to wait for, no preStop sleep.
+    assert.ok(!docs.some((d) => d.metadata.labels["app.kubernetes.io/component"] === "etcd"));
+    assert.strictEqual(pod.initContainers, undefined);
+    assert.strictEqual(c.lifecycle, undefined);
+    assert.strictEqual(pod.terminationGracePeriodSeconds, 20);
+    // A constraint with its own labelSelector is kept as given.
+    assert.deepStrictEqual(pod.topologySpreadConstraints, [{ maxSkew: 1, topologyKey: "topology.kubernetes.io/zone",
+      whenUnsatisfiable: "DoNotSchedule", labelSelector: { matchLabels: { "app.kubernetes.io/name": "jobbroker", "app.kubernetes.io/instance": "r" } } }]);
+    // Without allowSameNamespace the nodes still reach each other.
+    const np = one(docs, "NetworkPolicy");
+    const grpc = np.spec.ingress.find((r) => r.ports.some((p) => p.port === "grpc"));
+    assert.ok(grpc.from.some((f) => f.podSelector && f.podSelector.matchLabels && matches(f.podSelector.matchLabels, sts.spec.template.metadata.labels)));
+    assert.ok(!grpc.from.some((f) => f.podSelector && Object.keys(f.podSelector).length === 0));
+  },
+  "cluster-auth"(docs) {
+    const sts = brokerSts(docs);
+    const etcd = etcdSts(docs);
+    const c = container(docs);
+    assert.ok(c.args.includes("--auth-tokens=/etc/jobbroker/auth/tokens.json"));
+    assert.ok(c.args.includes("--cluster-peer-token-file=/etc/jobbroker/peer/token"));
+    const vol = sts.spec.template.spec.volumes.find((v) => v.name === "peer-token");
+    assert.strictEqual(vol.secret.secretName, "jobbroker-peer");
+    assert.deepStrictEqual(vol.secret.items, [{ key: "token", path: "token" }]);
+    const mount = c.volumeMounts.find((m) => m.name === "peer-token");
+    assert.strictEqual(mount.mountPath, "/etc/jobbroker/peer");
+    assert.ok(mount.readOnly);
+    // Five etcd members, with the extra flag after the chart's own, on their own class.
+    assert.strictEqual(etcd.spec.replicas, 5);
+    const e = etcd.spec.template.spec.containers[0];
+    assert.strictEqual(e.args.find((a) => a.startsWith("--initial-cluster=")).split(",").length, 5);
+    assert.strictEqual(e.args[e.args.length - 1], "--quota-backend-bytes=4294967296");
+    assert.strictEqual(c.args.find((a) => a.startsWith("--cluster-etcd=")).split(",").length, 5);
+    assert.strictEqual(etcd.spec.volumeClaimTemplates[0].spec.storageClassName, "fast-ssd");
+    assert.strictEqual(etcd.spec.volumeClaimTemplates[0].spec.resources.requests.storage, "1Gi");
+    assert.strictEqual(sts.spec.volumeClaimTemplates[0].spec.storageClassName, "standard");
+    // GetCluster needs a token the test pod does not have: it checks health only.
+    assert.ok(!one(docs, "Pod").spec.containers[0].args[0].includes("cluster"));
+  },
+  "cluster-rf1-dev"(docs) {
+    const sts = brokerSts(docs);
+    const etcd = etcdSts(docs);
+    assert.strictEqual(sts.spec.replicas, 1);
+    assert.strictEqual(etcd.spec.replicas, 1);
+    assert.ok(container(docs).args.includes("--replication-factor=1"));
+    assert.ok(container(docs).args.includes("--min-in-sync=1"));
+    // The peer token defaults to the auth Secret's key peer-token.
+    const vol = sts.spec.template.spec.volumes.find((v) => v.name === "peer-token");
+    assert.strictEqual(vol.secret.secretName, "jobbroker-tokens");
+    assert.deepStrictEqual(vol.secret.items, [{ key: "peer-token", path: "token" }]);
+    assert.ok(!docs.some((d) => d.kind === "PodDisruptionBudget"));
   },
   "everything-else"(docs) {
     const sts = one(docs, "StatefulSet");

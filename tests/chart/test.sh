@@ -7,19 +7,22 @@
 #     message (values.schema.json or the chart's own checks);
 #   - every rendered manifest is valid against the Kubernetes 1.33 schemas of the npm package
 #     kubernetes-models (and prometheus-operator's), unknown fields included (validate.js);
-#   - the rendered ConfigMap's config.json, with the rendered broker args, passes
-#     `jobbroker --check-config`; a set whose header says "expect-check-config-error: TEXT" must
-#     render but be refused by it, with TEXT in the message;
+#   - the rendered ConfigMap's config.json, with the rendered broker args ($(POD_NAME) expanded
+#     as the kubelet does), passes `jobbroker --check-config`; a set whose header says
+#     "expect-check-config-error: TEXT" must render but be refused by it, with TEXT in the message;
+#   - every flag the chart-managed etcd is given is one etcd knows (`etcd --help`);
 #   - the PrometheusRule's rules equal deploy/prometheus/alerts.yml, and per-set render
 #     expectations (probes, TLS flags, labels, ...) hold (render-checks.js).
 # Needs Go (helm is built once, scripts/install-helm.sh), Node.js with npm, and the built broker
-# ($JOBBROKER_BIN, default build/server/jobbroker). Ends with "chart: N passed, N failed".
+# ($JOBBROKER_BIN, default build/server/jobbroker) and etcd ($ETCD_BIN, default etcd: Debian's
+# etcd-server, the image's). Ends with "chart: N passed, N failed".
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 chart="$root/charts/jobbroker"
 bin="${JOBBROKER_BIN:-$root/build/server/jobbroker}"
+etcd_bin="${ETCD_BIN:-etcd}"
 # The Kubernetes version to render for: the API version of the kubernetes-models schemas.
 kube_version=1.33.0
 
@@ -65,10 +68,13 @@ else
   printf -- '-----BEGIN PRIVATE KEY-----\nMA==\n-----END PRIVATE KEY-----\n' >"$work/tls/tls.key"
 fi
 
-# A tokens file of the Secret's shape for the auth value sets (a digest, not a token).
-mkdir -p "$work/auth"
-printf '{"tokens": [{"name": "chart-test", "sha256": "%s", "roles": ["producer"], "queues": ["*"]}]}\n' \
-  "$(printf 'not-a-real-token' | sha256sum | cut -d' ' -f1)" >"$work/auth/tokens.json"
+# A tokens file of the Secret's shape for the auth value sets (digests, not tokens), with the
+# peer token of the cluster value sets (--cluster-peer-token-file) and its digest, role peer.
+mkdir -p "$work/auth" "$work/peer"
+printf 'not-a-real-peer-token' >"$work/peer/token"
+printf '{"tokens": [{"name": "chart-test", "sha256": "%s", "roles": ["producer"], "queues": ["*"]}, {"name": "nodes", "sha256": "%s", "roles": ["peer"]}]}\n' \
+  "$(printf 'not-a-real-token' | sha256sum | cut -d' ' -f1)" \
+  "$(sha256sum <"$work/peer/token" | cut -d' ' -f1)" >"$work/auth/tokens.json"
 
 # check_config SET RENDERED: the broker's own check of the rendered args and config.json.
 check_config() {
@@ -80,6 +86,7 @@ check_config() {
     a=${a//\/etc\/jobbroker\/config\/config.json/$dir/config.json}
     a=${a//\/etc\/jobbroker\/tls/$work/tls}
     a=${a//\/etc\/jobbroker\/auth/$work/auth}
+    a=${a//\/etc\/jobbroker\/peer/$work/peer}
     args+=("$a")
   done <"$dir/args"
   local expect
@@ -91,6 +98,23 @@ check_config() {
   else
     run "$set: jobbroker --check-config (rendered args and config.json)" "$bin" --check-config "${args[@]}"
   fi
+  [ -s "$dir/etcd-args" ] && run "$set: etcd knows every flag of the chart-managed etcd" etcd_flags_known "$dir/etcd-args"
+  return 0
+}
+
+# etcd_flags_known ARGS_FILE: each --flag of ARGS_FILE is listed by `etcd --help`.
+etcd_flags_known() {
+  if ! command -v "$etcd_bin" >/dev/null; then
+    echo "no etcd at $etcd_bin (scripts/install-deps.sh installs etcd-server, or set ETCD_BIN)"
+    return 1
+  fi
+  local help flag unknown=0
+  help=$("$etcd_bin" --help 2>&1)
+  while IFS= read -r flag; do
+    flag=${flag%%=*}
+    if grep -qE -- "^ +$flag( |\$)" <<<"$help"; then echo "known: $flag"; else echo "UNKNOWN: $flag"; unknown=1; fi
+  done <"$1"
+  return "$unknown"
 }
 
 start=$SECONDS
