@@ -570,8 +570,14 @@ void Replica::OnAppendRequest(absl::Time /*now*/, const std::string& from,
 void Replica::OnSnapshotChunk(absl::Time /*now*/, const std::string& from,
                               const SnapshotChunk& chunk) {
   if (!AcceptEpoch(from, chunk.epoch)) return;
-  if (chunk.at.seq <= storage_.applied_seq()) {
-    // It has that state already (all of it is committed): the leader goes on from there.
+  // It has that state already: applied, or in its log as the entry the snapshot ends at (same
+  // seq and epoch: its log equals the leader's up to there). Installing it would drop the log
+  // above it, and that may hold batches acknowledged with this replica in the in-sync set
+  // (a new leader snapshots at what it has applied, which can be below what was acknowledged).
+  // The leader goes on from there; what differs above is replaced by appends as usual.
+  const bool in_log = chunk.at.seq <= storage_.log_end() && chunk.at.epoch != 0 &&
+                      EpochAtOrZero(chunk.at.seq) == chunk.at.epoch;
+  if (chunk.at.seq <= storage_.applied_seq() || in_log) {
     AppendResponse response;
     response.epoch = chunk.epoch;
     response.match_seq = chunk.at.seq;

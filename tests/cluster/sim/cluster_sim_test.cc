@@ -55,9 +55,26 @@ TEST(ClusterSimTest, TheTraceNamesWhatHappened) {
   EXPECT_THAT(report.trace, HasSubstr("healed"));
 }
 
+// Seeds that once broke an invariant, each with what it found; they are outside the range CI
+// sweeps, so they are replayed here.
+TEST(ClusterSimTest, SeedsThatOnceBrokeAnInvariantHold) {
+  // 9386: a restarted in-sync follower installed a snapshot its new leader took below what had
+  // been acknowledged, dropping an acknowledged batch from its log (durability).
+  for (uint64_t seed : {9386}) {
+    SimOptions options;
+    options.seed = seed;
+    EXPECT_EQ(RunSimulation(options).violation, "") << "seed " << seed;
+  }
+}
+
 struct PlantedCase {
   PlantedBug bug;
   const char* invariant;
+  // Another invariant that may see the same mistake first, or null. Committing without a member
+  // of the in-sync set shows either as an acknowledged batch missing on it (durability) or, when
+  // the first entry committed that way is an epoch's start (nobody is answered for it), as an
+  // applied entry missing on it (apply-committed). Durability alone is shown by kAckBeforeCommit.
+  const char* or_invariant = nullptr;
 };
 
 class PlantedBugTest : public ::testing::TestWithParam<PlantedCase> {};
@@ -75,13 +92,19 @@ TEST_P(PlantedBugTest, IsCaughtByItsInvariant) {
     violation = RunSimulation(options).violation;
   }
   ASSERT_NE(violation, "") << PlantedBugName(planted.bug) << " went unnoticed over 300 seeds";
-  EXPECT_THAT(violation, StartsWith(std::string(planted.invariant) + ":")) << "seed " << seed - 1;
+  if (planted.or_invariant != nullptr) {
+    EXPECT_THAT(violation, ::testing::AnyOf(StartsWith(std::string(planted.invariant) + ":"),
+                                            StartsWith(std::string(planted.or_invariant) + ":")))
+        << "seed " << seed - 1;
+  } else {
+    EXPECT_THAT(violation, StartsWith(std::string(planted.invariant) + ":")) << "seed " << seed - 1;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     EachInvariant, PlantedBugTest,
     ::testing::Values(PlantedCase{PlantedBug::kAckBeforeCommit, "durability"},
-                      PlantedCase{PlantedBug::kShrinkWithoutEtcd, "durability"},
+                      PlantedCase{PlantedBug::kShrinkWithoutEtcd, "durability", "apply-committed"},
                       PlantedCase{PlantedBug::kIgnoreElectionOutcome, "one-writer"},
                       PlantedCase{PlantedBug::kNoEpochFence, "epochs-increase"},
                       PlantedCase{PlantedBug::kApplyOnReceipt, "apply-committed"}),
