@@ -249,6 +249,9 @@ int Run(int argc, char** argv) {
       (*http)->SetReady(writable);
       health->SetServingStatus(v1::Broker::service_full_name(), writable);
     });
+  } else {
+    // The same probe works for both modes (a Kubernetes readiness probe names the service).
+    health->SetServingStatus(v1::Broker::service_full_name(), true);
   }
 
   const std::string grpc_address = WithPort(flags->listen, grpc_port);

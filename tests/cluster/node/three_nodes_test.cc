@@ -588,5 +588,17 @@ TEST_F(ThreeNodesTest, LeadershipGoesBackToEachPartitionsPreferredReplica) {
   for (const std::string& job : acked) EXPECT_TRUE(GetJobAt(preferred, job).ok()) << job;
 }
 
+// A node reports jobbroker.v1.Broker as serving (the service a readiness probe names), as a
+// single broker does: it serves every call, forwarding what it does not lead.
+TEST_F(ThreeNodesTest, EveryNodeReportsTheBrokerServiceServing) {
+  for (int n = 0; n < kNodes; ++n) {
+    int serving_status = 0;
+    grpc::Status status =
+        CheckHealth(nodes_[n]->NewChannel(), "jobbroker.v1.Broker", &serving_status);
+    ASSERT_TRUE(status.ok()) << "node-" << n << ": " << status.error_message();
+    EXPECT_EQ(serving_status, 1) << "node-" << n;  // SERVING
+  }
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
