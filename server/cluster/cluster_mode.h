@@ -27,7 +27,7 @@ namespace jobbroker::server {
 
 // Cluster mode's wiring from the flags (../shared/CLUSTER.md): the etcd client, the node
 // (cluster/node/cluster_node.h) and its log lines. In a build without cluster/
-// (JOBBROKER_BUILD_CLUSTER=OFF, the container image for now) Start refuses with a message that
+// (JOBBROKER_BUILD_CLUSTER=OFF) Start refuses with a message that
 // says so, and main.cc needs no #ifdef.
 class ClusterMode {
  public:
