@@ -222,8 +222,8 @@ const expectations = {
     assert.strictEqual(arg("min-in-sync"), "2");
     assert.strictEqual(arg("cluster-lease-ttl"), "3");
     assert.ok(!c.args.some((a) => a.startsWith("--cluster-peer-token-file")), "no peer token without auth");
-    // Readiness on service "": a cluster node has no status for jobbroker.v1.Broker.
-    assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070 });
+    // Readiness on the broker's service, as on a single node: a cluster node reports it too.
+    assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070, service: "jobbroker.v1.Broker" });
     // preStop sleep, and a grace period that covers it, the hand-over and the drain.
     assert.deepStrictEqual(c.lifecycle.preStop.exec.command, ["sleep", "5"]);
     assert.ok(pod.terminationGracePeriodSeconds >= 5 + 10);
