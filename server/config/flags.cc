@@ -248,6 +248,13 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   if (!out.cluster_peer_token_file.empty() && out.cluster_etcd.empty())
     return absl::InvalidArgumentError(
         "--cluster-peer-token-file is for cluster mode (--cluster-etcd)");
+  // Nodes dial each other (replication, forwarding) without TLS for now: a node whose listener
+  // demands it could not be reached by the others. Refused rather than a cluster that never
+  // replicates.
+  if (!out.cluster_etcd.empty() && !out.tls_cert.empty())
+    return absl::InvalidArgumentError(
+        "--tls-cert with --cluster-etcd: cluster mode does not take gRPC over TLS yet (nodes "
+        "dial each other in plain text); put the nodes on a private network or a service mesh");
   if (!out.cluster_peer_addresses.empty() && out.cluster_etcd.empty())
     return absl::InvalidArgumentError(
         "--cluster-peer-addresses is for cluster mode (--cluster-etcd)");

@@ -138,6 +138,10 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
              "tokens.json", "--cluster-peer-token-file", "peer.token"});
   ASSERT_THAT(f, IsOk());
   EXPECT_EQ(f->cluster_peer_token_file, "peer.token");
+  // Nodes dial each other in plain text: a TLS listener would cut them apart.
+  EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--tls-cert",
+                     "c.pem", "--tls-key", "k.pem"}),
+              StatusIs(kInvalid, HasSubstr("cluster mode does not take gRPC over TLS yet")));
 }
 
 TEST(FlagsTest, PeerAddressesAreIdEqualsHostPortPairs) {
