@@ -616,7 +616,7 @@ absl::Status RocksDbStore::WriteReplica(uint32_t partition, const ReplicaWrite& 
   }
   if (batch.Count() == 0) return absl::OkStatus();
   rocksdb::WriteOptions write_options;
-  write_options.sync = true;
+  write_options.sync = write.sync;
   return FromRocksDb(db_->Write(write_options, &batch), absl::StrCat("write to ", dir_));
 }
 

@@ -108,6 +108,10 @@ struct ReplicaWrite {
   // Sets applied_seq outright (a snapshot's position), after `apply`.
   std::optional<uint64_t> applied_seq;
   std::optional<std::pair<uint64_t, int64_t>> log_base;  // (seq, epoch)
+  // false: written without an fsync of its own. A power loss may then lose it, but never
+  // without losing every write after it (the write-ahead log comes back as a prefix), and the
+  // next synced write makes it durable. For what the log can redo: applying and trimming.
+  bool sync = true;
 };
 
 // The durable Store: one RocksDB database in a directory, with the column families above.

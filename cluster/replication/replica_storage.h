@@ -36,7 +36,11 @@ struct LogPosition {
 // The state holds every entry through applied_seq(), and base.seq <= applied_seq() <= end.
 //
 // Every mutating call is durable when it returns OK: a crash keeps it (the simulator's storage is
-// durable at once; the RocksDB one syncs its write). On error nothing is known to have changed
+// durable at once; the RocksDB one syncs its write), except ApplyThrough and TrimThrough, which
+// a power loss may undo along with every call after them until the next durable one (the
+// RocksDB one writes them without an fsync of their own: its write-ahead log comes back as a
+// prefix). Undoing them loses nothing: the log still holds what they applied or trimmed, and
+// applied_seq() comes back with the state. On error nothing is known to have changed
 // and the replica stops using the storage until it is rebuilt. Not thread-safe: one replica, one
 // thread at a time.
 class ReplicaStorage {

@@ -124,6 +124,7 @@ absl::Status RocksDbReplicaStorage::TrimThrough(uint64_t seq) {
   storage::ReplicaWrite write;
   write.delete_log = {{base_.seq + 1, seq}};
   write.log_base = {{seq, *epoch}};
+  write.sync = false;  // the entries are in the state; a lost trim only keeps them longer
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
   base_ = {seq, *epoch};
   return absl::OkStatus();
@@ -135,6 +136,9 @@ absl::Status RocksDbReplicaStorage::ApplyThrough(uint64_t seq) {
   absl::StatusOr<std::vector<LogEntry>> entries = Read(applied_ + 1, seq - applied_);
   if (!entries.ok()) return entries.status();
   storage::ReplicaWrite write;
+  // The entries stay in the log until a trim, which comes after this in the write-ahead log:
+  // a power loss that undoes this apply leaves them there to apply again (replica_storage.h).
+  write.sync = false;
   write.apply.reserve(entries->size());
   for (LogEntry& entry : *entries) {
     core::Transition& t = write.apply.emplace_back(std::move(entry.transition));
