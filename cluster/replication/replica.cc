@@ -32,6 +32,8 @@ Replica::Replica(ReplicaOptions options, ReplicaStorage& storage, Etcd& etcd)
 
 void Replica::Tick(absl::Time now, const PartitionView& view, const NodeLease& lease) {
   if (!broken_.ok()) return;
+  if (!leader_) ApplyCommitted();
+  if (!broken_.ok()) return;
   if (leader_) {
     TickLeader(now, view, lease);
   } else {
@@ -556,17 +558,26 @@ void Replica::OnAppendRequest(absl::Time /*now*/, const std::string& from,
     }
   }
   response.match_seq = std::max<uint64_t>(request.prev.seq + request.entries.size(), base.seq);
-  uint64_t apply_to = std::min(request.commit_seq, response.match_seq);
-  if (options_.TEST_planted_bug == PlantedBug::kApplyOnReceipt) apply_to = storage_.log_end();
-  commit_seq_ = std::max(commit_seq_, apply_to);
-  if (apply_to > storage_.applied_seq()) {
-    if (auto status = storage_.ApplyThrough(apply_to); !status.ok()) {
-      Break(status);
-      return;
-    }
-    TrimLog();
+  // What the leader has committed, as far as this log matches it, is known committed here.
+  commit_seq_ = std::max(commit_seq_, std::min(request.commit_seq, response.match_seq));
+  if (options_.TEST_planted_bug == PlantedBug::kApplyOnReceipt) {
+    commit_seq_ = std::max(commit_seq_, storage_.log_end());
+    ApplyCommitted();
+  } else if (commit_seq_ - storage_.applied_seq() > options_.log_retention / 2) {
+    ApplyCommitted();  // else at the next tick: see ApplyCommitted
   }
+  if (!broken_.ok()) return;
   Reply(from, response);
+}
+
+void Replica::ApplyCommitted() {
+  if (commit_seq_ <= storage_.applied_seq()) return;
+  if (auto status = storage_.ApplyThrough(std::min(commit_seq_, storage_.log_end()));
+      !status.ok()) {
+    Break(status);
+    return;
+  }
+  TrimLog();
 }
 
 void Replica::OnSnapshotChunk(absl::Time /*now*/, const std::string& from,

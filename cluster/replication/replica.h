@@ -226,6 +226,12 @@ class Replica {
   void TrimLog();
 
   void OnAppendRequest(absl::Time now, const std::string& from, const AppendRequest& request);
+  // Follower: applies what it knows to be committed. Called at each tick (and when more than
+  // half the log's retention waits), not on every append: the answer to the leader, which a
+  // commit waits for, then goes out without an apply before it, and one apply write covers a
+  // tick's worth of batches. A follower's state is read only once it leads, and a new leader
+  // applies everything committed before it serves.
+  void ApplyCommitted();
   void OnSnapshotChunk(absl::Time now, const std::string& from, const SnapshotChunk& chunk);
   void OnAppendResponse(absl::Time now, const std::string& from, const AppendResponse& response);
   void OnSnapshotAck(absl::Time now, const std::string& from, const SnapshotAck& ack);
