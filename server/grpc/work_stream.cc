@@ -298,7 +298,10 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
             "subscribe: this stream has already subscribed; open another stream for other queues"));
   absl::StatusOr<core::SubscribeSpec> spec = FromProto(subscribe);
   if (!spec.ok()) return Answer(request_id, spec.status());
-  if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe)) return;
+  // The routes below are chosen from this view (or a later one); leader changes are counted
+  // from it.
+  std::shared_ptr<const ClusterView> seen = router_.view();
+  if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe, seen)) return;
   auto sink = std::make_shared<Sink>(self_);
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
@@ -313,13 +316,14 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
     std::vector<uint32_t> partitions;
     for (const std::string& queue : subscribe.queues())
       partitions.push_back(router_.PartitionOfQueue(queue));
-    ListenForLeaderChanges(std::move(partitions));
+    ListenForLeaderChanges(std::move(partitions), std::move(seen));
   }
 }
 
 // ---- Cluster mode ----
 
-bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe) {
+bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe,
+                                 std::shared_ptr<const ClusterView> seen) {
   std::vector<std::string> local;
   std::map<std::string, std::vector<std::string>> remote;  // leader address -> its queues
   std::vector<uint32_t> partitions;
@@ -403,7 +407,7 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     auto it = upstreams_.find(address);
     if (it != upstreams_.end()) it->second = std::move(upstream);
   }
-  ListenForLeaderChanges(std::move(partitions));
+  ListenForLeaderChanges(std::move(partitions), std::move(seen));
   // The client may have gone while the upstreams started: they end with it.
   bool gone;
   {
@@ -425,7 +429,8 @@ std::vector<int> WorkStream::Shares(int max_in_flight) const {
   return shares;
 }
 
-void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions) {
+void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions,
+                                        std::shared_ptr<const ClusterView> seen) {
   std::sort(partitions.begin(), partitions.end());
   partitions.erase(std::unique(partitions.begin(), partitions.end()), partitions.end());
   std::weak_ptr<WorkStream> weak = self_;
@@ -440,8 +445,23 @@ void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions) {
       return;
     }
   });
-  absl::MutexLock lock(&mu_);
-  listener_ = handle;
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = handle;
+  }
+  // A change published between the routing and the Listen above told no one: compare.
+  std::shared_ptr<const ClusterView> now = router_.view();
+  for (uint32_t p : partitions) {
+    if (p >= seen->partitions.size() || p >= now->partitions.size()) continue;
+    const ClusterView::Partition& was = seen->partitions[p];
+    const ClusterView::Partition& is = now->partitions[p];
+    if (was.leader != is.leader || was.epoch != is.epoch || was.served_here != is.served_here) {
+      End(absl::UnavailableError(
+          absl::StrCat("partition ", p,
+                       " changed leader: reconnect (the leases this worker holds stay valid)")));
+      return;
+    }
+  }
 }
 
 WorkStream::Destination WorkStream::DestinationOfJob(const std::string& job_id) {

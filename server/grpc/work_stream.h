@@ -116,9 +116,13 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // --- Cluster mode -------------------------------------------------------------------------
   // Subscribes the local queues here and the others at their leaders. False when every queue is
   // local (the caller subscribes as on a single node).
-  bool SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe);
-  // Ends the stream when one of its partitions changes leader.
-  void ListenForLeaderChanges(std::vector<uint32_t> partitions);
+  bool SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest& subscribe,
+                       std::shared_ptr<const ClusterView> seen);
+  // Ends the stream (UNAVAILABLE: reconnect) when one of `partitions` changes leader, epoch or
+  // where it is served, counting from `seen`, the view its routes were chosen from: a change
+  // published before the listener was registered is caught too.
+  void ListenForLeaderChanges(std::vector<uint32_t> partitions,
+                              std::shared_ptr<const ClusterView> seen);
   Destination DestinationOfJob(const std::string& job_id);
   // Sends `request` on the upstream to `address`, to be answered as `relayed` says. False if
   // the stream has none to it (any more).
