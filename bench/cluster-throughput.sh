@@ -104,7 +104,9 @@ start_cluster() {
 
 all_addresses() { local IFS=,; echo "${addresses[*]}"; }
 
-# Every partition led, every replica in sync (60 s at most).
+# Every partition led by its preferred replica (the first of its placement: the leaders spread
+# over the nodes), every replica in sync (60 s at most). Measuring earlier would catch the first
+# node up leading everything, and then the hand-backs in the middle of a run.
 await_serving() {
   local deadline=$((SECONDS + 60))
   while [ $SECONDS -lt $deadline ]; do
@@ -113,7 +115,7 @@ import json, sys
 c = json.load(sys.stdin)
 rf = c.get("replicationFactor", 1)
 ps = c.get("partitions", [])
-sys.exit(0 if ps and all(p.get("leaderNodeId") and len(p.get("inSync", [])) == rf for p in ps) else 1)' 2>/dev/null; then
+sys.exit(0 if ps and all(p.get("leaderNodeId") == p.get("replicas", [""])[0] and len(p.get("inSync", [])) == rf for p in ps) else 1)' 2>/dev/null; then
       return 0
     fi
     sleep 0.2
