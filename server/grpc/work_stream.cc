@@ -453,9 +453,7 @@ void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions,
   std::shared_ptr<const ClusterView> now = router_.view();
   for (uint32_t p : partitions) {
     if (p >= seen->partitions.size() || p >= now->partitions.size()) continue;
-    const ClusterView::Partition& was = seen->partitions[p];
-    const ClusterView::Partition& is = now->partitions[p];
-    if (was.leader != is.leader || was.epoch != is.epoch || was.served_here != is.served_here) {
+    if (now->partitions[p].RouteChangedFrom(seen->partitions[p])) {
       End(absl::UnavailableError(
           absl::StrCat("partition ", p,
                        " changed leader: reconnect (the leases this worker holds stay valid)")));

@@ -25,6 +25,12 @@ struct ClusterView {
     // This node's broker of the partition takes writes now (it leads it, in the epoch its
     // broker was rebuilt in).
     bool served_here = false;
+
+    // Where calls of the partition go changed: its leader, epoch, or whether it is served here.
+    // What the Router tells its listeners about, and what ends a Work stream.
+    bool RouteChangedFrom(const Partition& was) const {
+      return leader != was.leader || epoch != was.epoch || served_here != was.served_here;
+    }
   };
 
   std::string cluster_name;  // empty: a single node

@@ -131,9 +131,7 @@ void Router::Publish(ClusterView view) {
       changed.push_back(p);
       continue;
     }
-    const ClusterView::Partition& was = before->partitions[p];
-    if (now.leader != was.leader || now.epoch != was.epoch || now.served_here != was.served_here)
-      changed.push_back(p);
+    if (now.RouteChangedFrom(before->partitions[p])) changed.push_back(p);
   }
   if (changed.empty()) return;
   // Called without the lock: a listener may end a stream, whose end unlistens.
