@@ -34,6 +34,8 @@ skipped=0
 pass() { passed=$((passed + 1)); echo "  ok    $*"; }
 fail() { failed=$((failed + 1)); echo "  FAIL  $*"; }
 skip() { skipped=$((skipped + 1)); echo "  skip  $*"; }
+# show_logs CONTAINER LINES: the end of a container's output, indented under a failure.
+show_logs() { pm logs "$1" 2>&1 | tail -"$2" | sed 's/^/        /'; }
 say() { echo "image-check: $*"; }
 # check NAME COMMAND...: one counted check; the command's output is shown only on failure.
 check() {
@@ -262,7 +264,7 @@ if addrs=$(wait_serving "$c"); then
     pm healthcheck run "$c"
 else
   fail "default command: no serving line"
-  pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+  show_logs "$c" 20
 fi
 pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
 
@@ -288,7 +290,7 @@ if openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -da
       curl -fsS --max-time 5 --cacert "$tls/cert.pem" -o /dev/null "https://${addrs#* }/metrics"
   else
     fail "the broker with --http-tls-cert never printed its serving line"
-    pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+    show_logs "$c" 20
   fi
   pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
 else
@@ -308,7 +310,7 @@ t=$(now)
 start_broker "$c"
 if ! addrs=$(wait_serving "$c"); then
   fail "broker in the container never printed its serving line"
-  pm logs "$c" 2>&1 | tail -30 | sed 's/^/        /'
+  show_logs "$c" 30
   summary
   exit 1
 fi
@@ -380,7 +382,7 @@ if [ "$logged" = yes ] && pm logs "$c" 2>&1 | grep -q 'shutting_down'; then
   pass "the broker logged shutting_down and stopped"
 else
   fail "the broker's log does not end with shutting_down and stopped"
-  pm logs "$c" 2>&1 | tail -5 | sed 's/^/        /'
+  show_logs "$c" 5
 fi
 
 # ---- a new container on the same volume still has the jobs
@@ -396,7 +398,7 @@ if addrs=$(wait_serving "$c"); then
   stop_and_check "$c" "restarted container"
 else
   fail "restarted container never served"
-  pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+  show_logs "$c" 20
 fi
 
 # ---- cluster mode: etcd from the same image (what the Helm chart's chart-managed etcd runs),
@@ -452,7 +454,7 @@ if [[ "$etcd_health" == *'"health":"true"'* ]]; then
       pass "a cluster node serves grpc=$grpc and joined the cluster in etcd"
     else
       fail "the cluster node's log has no cluster_joined advertised=$grpc"
-      pm logs "$c" 2>&1 | tail -20 | sed 's/^/        /'
+      show_logs "$c" 20
     fi
     # Both partitions get their leader (this node) within a few ticks of the placement.
     led=0
@@ -496,16 +498,16 @@ if [[ "$etcd_health" == *'"health":"true"'* ]]; then
       pass "the cluster node handed its partitions over on SIGTERM (handed_over in its log)"
     else
       fail "the cluster node's log has no handed_over"
-      pm logs "$c" 2>&1 | tail -5 | sed 's/^/        /'
+      show_logs "$c" 5
     fi
   else
     fail "the cluster node never printed its serving line"
-    pm logs "$c" 2>&1 | tail -30 | sed 's/^/        /'
+    show_logs "$c" 30
   fi
   pm rm -f -v -t 0 "$c" >/dev/null 2>&1 || true
 else
   fail "etcd from the image never answered $etcd_url/health"
-  pm logs "$e" 2>&1 | tail -20 | sed 's/^/        /'
+  show_logs "$e" 20
 fi
 pm rm -f -v -t 0 "$e" >/dev/null 2>&1 || true
 
