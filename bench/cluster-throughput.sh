@@ -80,7 +80,8 @@ start_single() {
   await_serving
 }
 
-# start_cluster DIR RF MIN_IN_SYNC: etcd and three nodes.
+# start_cluster DIR RF MIN_IN_SYNC: etcd and three nodes; the partitions are placed once all
+# three have registered (at RF 1 the first node up would otherwise get every partition).
 start_cluster() {
   local dir=$1 rf=$2 min=$3 n client peer port http
   mkdir -p "$dir"
@@ -95,7 +96,7 @@ start_cluster() {
     port=$(free_port) http=$(free_port)
     "$broker" --listen "127.0.0.1:$port" --http-listen "127.0.0.1:$http" --data-dir "$dir/node-$n" \
       --partitions "$partitions" --cluster-etcd "http://127.0.0.1:$client" --node-id "node-$n" \
-      --replication-factor "$rf" --min-in-sync "$min" --log-level warn >"$dir/node-$n.out" 2>"$dir/node-$n.log" &
+      --replication-factor "$rf" --min-in-sync "$min" --cluster-initial-nodes 3 --log-level warn >"$dir/node-$n.out" 2>"$dir/node-$n.log" &
     broker_pids+=($!) addresses+=("127.0.0.1:$port")
     pids+=($!)
   done

@@ -77,7 +77,7 @@ for n in 0 1 2; do
 #!/usr/bin/env bash
 exec '$jobbroker' --listen 127.0.0.1:$((grpc_port + n)) --http-listen 127.0.0.1:$((http_port + n)) \\
   --data-dir '$dir/node-$n/data' --cluster-etcd http://127.0.0.1:$etcd_port --node-id node-$n \\
-  --partitions $partitions --replication-factor 3 --min-in-sync 2 \\
+  --partitions $partitions --replication-factor 3 --min-in-sync 2 --cluster-initial-nodes 3 \\
   >>'$dir/node-$n/stdout.log' 2>>'$dir/node-$n/stderr.log'
 START
   chmod +x "$dir/node-$n/start.sh"

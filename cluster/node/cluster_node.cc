@@ -447,6 +447,10 @@ absl::Status ClusterNode::NotLeadingCause(uint32_t p, const PartitionView& view,
   } else if (!view.known) {
     why = absl::StrCat("partition ", p, ": ", options_.node_id,
                        " cannot read the cluster's state from etcd");
+  } else if (view.replicas.empty()) {
+    why = absl::StrCat("partition ", p, " is not placed on any node yet: the cluster places ",
+                       "its partitions once ", PlacementQuorum(), " nodes have registered, and ",
+                       nodes.size(), " have");
   } else if (!leader) {
     why = absl::StrCat("partition ", p, " has no leader yet: an election is under way");
   } else if (leader->node == options_.node_id) {
@@ -460,9 +464,15 @@ absl::Status ClusterNode::NotLeadingCause(uint32_t p, const PartitionView& view,
   return core::NotStorageFailure(absl::UnavailableError(why));
 }
 
+uint32_t ClusterNode::PlacementQuorum() const {
+  return std::max(config_.replication_factor, options_.initial_nodes);
+}
+
 void ClusterNode::PlaceMissing(const std::map<std::string, std::string>& nodes,
                                const std::vector<bool>& placed) {
-  if (nodes.size() < config_.replication_factor) return;  // wait for enough nodes
+  // Wait for enough nodes: the replicas of a partition go on distinct nodes, and the cluster's
+  // first nodes share the partitions.
+  if (nodes.size() < PlacementQuorum()) return;
   std::vector<std::string> ids;
   for (const auto& [id, address] : nodes) ids.push_back(id);  // in id order (std::map)
   for (uint32_t p = 0; p < placed.size(); ++p) {

@@ -48,6 +48,11 @@ struct ClusterNodeOptions {
   uint32_t partitions = 1;
   uint32_t replication_factor = 3;
   uint32_t min_in_sync = 2;
+  // How many nodes must have registered before the partitions are placed (at least
+  // replication_factor; 0: replication_factor). Placement happens once, so nodes that come up a
+  // moment later get no replicas: a cluster started as three nodes at RF 1 would otherwise put
+  // every partition on the first node up. Every node of a new cluster should be given the same.
+  uint32_t initial_nodes = 0;
   LeaseKeeperOptions lease;  // the node's etcd lease (its leader keys go with it)
   // A file holding this node's last lease id (in its data dir): revoked at start, so the
   // partitions it led get a new leader at once instead of after the TTL. Empty: none.
@@ -165,6 +170,8 @@ class ClusterNode {
   // Fills snapshot_ from the step's read (`known`: it succeeded) and the replicas' states.
   void Snapshot(bool known, const std::vector<PartitionView>& views,
                 const std::map<std::string, std::string>& nodes);
+  // How many registered nodes a new cluster waits for before it places its partitions.
+  uint32_t PlacementQuorum() const;
   void PlaceMissing(const std::map<std::string, std::string>& nodes,
                     const std::vector<bool>& placed);
 

@@ -96,6 +96,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   options.partitions = store.partitions();
   options.replication_factor = static_cast<uint32_t>(flags.replication_factor);
   options.min_in_sync = static_cast<uint32_t>(flags.min_in_sync);
+  options.initial_nodes = static_cast<uint32_t>(flags.cluster_initial_nodes);
   options.lease.ttl = absl::Seconds(flags.cluster_lease_ttl);
   options.peer_addresses = flags.cluster_peer_addresses;
   options.lease_file = (std::filesystem::path(flags.data_dir) / "cluster-lease").string();

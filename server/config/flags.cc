@@ -66,6 +66,10 @@ ABSL_FLAG(int64_t, replication_factor, 3,
 ABSL_FLAG(int64_t, min_in_sync, 2,
           "cluster mode: replicas a write must be durable on before it is answered, 1 to "
           "--replication-factor (fixed when the cluster is created)");
+ABSL_FLAG(int64_t, cluster_initial_nodes, 0,
+          "cluster mode: nodes that must have registered before a new cluster places its "
+          "partitions on them, 0 to 1024 (0: --replication-factor); give every node of a new "
+          "cluster the count it starts with, or the first nodes up get every partition");
 ABSL_FLAG(std::string, cluster_peer_token_file, "",
           "cluster mode with --auth-tokens: a file holding the token this node presents to the "
           "others (one with the peer role in every node's --auth-tokens); required then");
@@ -95,8 +99,10 @@ constexpr Range kPartitions = {"partitions", 1, 32768};
 constexpr Range kClusterLeaseTtl = {"cluster_lease_ttl", 2, 60};
 constexpr Range kReplicationFactor = {"replication_factor", 1, 7};
 constexpr Range kMinInSync = {"min_in_sync", 1, 7};
-constexpr Range kRanges[] = {kMaxWorkStreams,  kMaxHotJobs,        kMetricsMaxQueues, kPartitions,
-                             kClusterLeaseTtl, kReplicationFactor, kMinInSync};
+constexpr Range kClusterInitialNodes = {"cluster_initial_nodes", 0, 1024};
+constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs,         kMetricsMaxQueues,
+                             kPartitions,     kClusterLeaseTtl,    kReplicationFactor,
+                             kMinInSync,      kClusterInitialNodes};
 
 std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
@@ -213,6 +219,7 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.cluster_lease_ttl = absl::GetFlag(FLAGS_cluster_lease_ttl);
   out.replication_factor = absl::GetFlag(FLAGS_replication_factor);
   out.min_in_sync = absl::GetFlag(FLAGS_min_in_sync);
+  out.cluster_initial_nodes = absl::GetFlag(FLAGS_cluster_initial_nodes);
   out.cluster_peer_token_file = absl::GetFlag(FLAGS_cluster_peer_token_file);
   for (absl::string_view entry :
        absl::StrSplit(absl::GetFlag(FLAGS_cluster_peer_addresses), ',', absl::SkipEmpty())) {
@@ -233,6 +240,8 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   if (!kClusterLeaseTtl.Holds(out.cluster_lease_ttl)) return OutOfRange(kClusterLeaseTtl);
   if (!kReplicationFactor.Holds(out.replication_factor)) return OutOfRange(kReplicationFactor);
   if (!kMinInSync.Holds(out.min_in_sync)) return OutOfRange(kMinInSync);
+  if (!kClusterInitialNodes.Holds(out.cluster_initial_nodes))
+    return OutOfRange(kClusterInitialNodes);
   if (out.min_in_sync > out.replication_factor) {
     return absl::InvalidArgumentError(absl::StrCat("--min-in-sync (", out.min_in_sync,
                                                    ") must not exceed --replication-factor (",

@@ -55,6 +55,8 @@ struct ServerFlags {
   int64_t cluster_lease_ttl = 3;
   int64_t replication_factor = 3;
   int64_t min_in_sync = 2;
+  // Nodes registered before a new cluster places its partitions (0: replication_factor).
+  int64_t cluster_initial_nodes = 0;
   // With auth_tokens: the file holding the token this node presents to its peers (peer role).
   std::string cluster_peer_token_file;
   // Peers dialled at another address than the one they advertise, by node id.

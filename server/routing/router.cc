@@ -83,6 +83,14 @@ Route Router::RouteOf(uint32_t partition, bool forwarded) const {
         " leads it but does not serve it at this moment (starting, or handing over); retry"));
     return route;
   }
+  if (p.leader.empty() && view->known && p.replicas.empty()) {
+    route.why = absl::UnavailableError(absl::StrCat(
+        "partition ", partition,
+        " is not placed on any node yet: a new cluster places its partitions once "
+        "--cluster-initial-nodes (at least --replication-factor) nodes have registered, and ",
+        view->nodes.size(), " have; retry"));
+    return route;
+  }
   if (p.leader.empty()) {
     route.why = absl::UnavailableError(
         view->known ? absl::StrCat("partition ", partition,

@@ -220,6 +220,8 @@ const expectations = {
     assert.strictEqual(arg("partitions"), "12");
     assert.strictEqual(arg("replication-factor"), "3");
     assert.strictEqual(arg("min-in-sync"), "2");
+    // Partitions placed over every node of a first install, not the first ones up.
+    assert.strictEqual(arg("cluster-initial-nodes"), String(sts.spec.replicas));
     assert.strictEqual(arg("cluster-lease-ttl"), "3");
     assert.ok(!c.args.some((a) => a.startsWith("--cluster-peer-token-file")), "no peer token without auth");
     // Readiness on the broker's service, as on a single node: a cluster node reports it too.
@@ -302,7 +304,7 @@ const expectations = {
     assert.strictEqual(sts.spec.minReadySeconds, 30);
     assert.ok(c.args.includes("--cluster-etcd=http://etcd-0.etcd.infra.svc:2379,http://etcd-1.etcd.infra.svc:2379,https://etcd-2.example.com:2379"));
     assert.ok(c.args.includes("--advertise-address=$(POD_NAME).jobs-headless.jobs.svc.k8s.example.internal:7070"));
-    for (const f of ["--cluster-name=billing", "--partitions=30", "--replication-factor=5", "--min-in-sync=3", "--cluster-lease-ttl=5"]) {
+    for (const f of ["--cluster-name=billing", "--partitions=30", "--replication-factor=5", "--min-in-sync=3", "--cluster-lease-ttl=5", "--cluster-initial-nodes=5"]) {
       assert.ok(c.args.includes(f), f);
     }
     // No etcd of the release, nothing to wait for, no preStop sleep.
@@ -350,6 +352,7 @@ const expectations = {
     assert.strictEqual(etcd.spec.replicas, 1);
     assert.ok(container(docs).args.includes("--replication-factor=1"));
     assert.ok(container(docs).args.includes("--min-in-sync=1"));
+    assert.ok(container(docs).args.includes("--cluster-initial-nodes=1"));
     // The peer token defaults to the auth Secret's key peer-token.
     const vol = sts.spec.template.spec.volumes.find((v) => v.name === "peer-token");
     assert.strictEqual(vol.secret.secretName, "jobbroker-tokens");

@@ -111,13 +111,16 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
   EXPECT_EQ(f->cluster_lease_ttl, 3);
   EXPECT_EQ(f->replication_factor, 3);
   EXPECT_EQ(f->min_in_sync, 2);
+  EXPECT_EQ(f->cluster_initial_nodes, 0) << "placed once --replication-factor nodes are up";
 
   f = Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--advertise-address",
-             "10.0.0.1:7070", "--replication-factor", "1", "--min-in-sync", "1"});
+             "10.0.0.1:7070", "--replication-factor", "1", "--min-in-sync", "1",
+             "--cluster-initial-nodes", "3"});
   ASSERT_THAT(f, IsOk());
   EXPECT_EQ(f->node_id, "a");
   EXPECT_EQ(f->advertise_address, "10.0.0.1:7070");
   EXPECT_EQ(f->replication_factor, 1);
+  EXPECT_EQ(f->cluster_initial_nodes, 3);
 
   EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379"}),
               StatusIs(kInvalid, HasSubstr("--cluster-etcd needs --node-id")));
@@ -128,6 +131,9 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
               StatusIs(kInvalid, HasSubstr("--cluster-lease-ttl must be a number from 2 to 60")));
   EXPECT_THAT(Parse({"--replication-factor", "8"}),
               StatusIs(kInvalid, HasSubstr("--replication-factor must be a number from 1 to 7")));
+  EXPECT_THAT(
+      Parse({"--cluster-initial-nodes", "-1"}),
+      StatusIs(kInvalid, HasSubstr("--cluster-initial-nodes must be a number from 0 to 1024")));
   // With tokens on, a node must bring the token it presents to the others.
   EXPECT_THAT(Parse({"--cluster-etcd", "http://127.0.0.1:2379", "--node-id", "a", "--auth-tokens",
                      "tokens.json"}),
@@ -197,6 +203,7 @@ TEST(FlagsTest, HelpListsEveryFlagWithItsDefault) {
                            "--cluster-lease-ttl",
                            "--replication-factor",
                            "--min-in-sync",
+                           "--cluster-initial-nodes",
                            "--cluster-peer-token-file",
                            "--cluster-peer-addresses",
                            "--help"}) {

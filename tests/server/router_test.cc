@@ -51,5 +51,25 @@ TEST(RouterTest, APartitionLedHereIsAnsweredHere) {
   EXPECT_EQ(router->RouteOf(0, false).kind, Route::Kind::kLocal);
 }
 
+// A partition without a leader is refused naming it, and the reason says whether an election is
+// under way or the new cluster has not placed it on any node yet (it waits for its first nodes).
+TEST(RouterTest, APartitionWithoutALeaderIsRefusedSayingWhy) {
+  std::unique_ptr<Router> router = Router::Cluster("cluster", "node-a", 2);
+  ClusterView view = TwoPartitionsLedBy("", "");
+  view.nodes = {{"node-a", "10.0.0.1:7070", true}};
+  view.partitions[0].replicas = {"node-a", "node-b"};
+  router->Publish(view);
+  Route route = router->RouteOf(0, false);
+  EXPECT_EQ(route.kind, Route::Kind::kUnavailable);
+  EXPECT_EQ(route.why.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(route.why.message(), ::testing::HasSubstr("partition 0 has no leader now"));
+  route = router->RouteOf(1, false);
+  EXPECT_EQ(route.kind, Route::Kind::kUnavailable);
+  EXPECT_THAT(route.why.message(),
+              ::testing::HasSubstr("partition 1 is not placed on any node yet"));
+  EXPECT_THAT(route.why.message(), ::testing::HasSubstr("--cluster-initial-nodes"));
+  EXPECT_THAT(route.why.message(), ::testing::HasSubstr("and 1 have"));
+}
+
 }  // namespace
 }  // namespace jobbroker::server
