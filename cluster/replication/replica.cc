@@ -361,6 +361,23 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
     entries.push_back(LogEntry{seq, leader_->epoch, std::move(transition)});
   }
   const LogPosition position{entries.back().seq, entries.back().epoch};
+  if (RequiredFollowers().empty() && commit_seq_ == end && storage_.applied_seq() == end) {
+    // Nobody else's ack to wait for (this replica alone in sync, at least min_in_sync): the
+    // batch commits with its own append, so it is applied in the same write. Kept in the log
+    // only for replicas that may catch up from it.
+    if (auto status = storage_.AppendCommitted(std::move(entries),
+                                               /*keep_in_log=*/!leader_->followers.empty());
+        !status.ok()) {
+      Break(status);
+      return status;
+    }
+    commit_seq_ = position.seq;
+    if (commit_seq_ > leader_->start_seq) leader_->started = true;
+    outcomes_.push_back({position, absl::OkStatus()});
+    TrimLog();
+    if (leader_) SendAll(now, /*heartbeat_due=*/false);
+    return position;
+  }
   if (auto status = storage_.Append(entries); !status.ok()) {
     Break(status);
     return status;

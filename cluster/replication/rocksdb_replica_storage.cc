@@ -16,6 +16,20 @@ absl::Status Misuse(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrCat("replica storage misused: ", what));
 }
 
+// About the memory a kept entry holds: its strings and a fixed cost per record.
+size_t ApproxBytes(const core::Transition& t) {
+  size_t bytes = sizeof(LogEntry);
+  for (const core::Job& job : t.put_jobs) {
+    bytes += sizeof(core::Job) + job.id.size() + job.queue.size() + job.payload.size() +
+             job.result.size() + job.checkpoint.size() + job.last_error.size();
+    for (const auto& [name, value] : job.headers) bytes += 64 + name.size() + value.size();
+  }
+  for (const std::string& id : t.delete_jobs) bytes += 32 + id.size();
+  bytes += (t.put_dedup.size() + t.delete_dedup.size()) * 128;
+  bytes += (t.put_policies.size() + t.delete_policies.size()) * 256;
+  return bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RocksDbReplicaStorage>> RocksDbReplicaStorage::Open(
@@ -59,6 +73,7 @@ absl::StatusOr<int64_t> RocksDbReplicaStorage::EpochAt(uint64_t seq) const {
   if (seq < base_.seq || seq > end_.seq) {
     return absl::NotFoundError(absl::StrCat("no log entry ", seq));
   }
+  if (seq >= RecentFirst()) return recent_[seq - RecentFirst()].epoch;
   absl::StatusOr<std::vector<storage::ReplicaLogRecord>> records =
       store_->ReadReplicaLog(partition_, seq, 1);
   if (!records.ok()) return records.status();
@@ -75,6 +90,11 @@ absl::StatusOr<std::vector<LogEntry>> RocksDbReplicaStorage::Read(uint64_t from,
   std::vector<LogEntry> entries;
   if (from > end_.seq || max_entries == 0) return entries;
   const size_t wanted = static_cast<size_t>(std::min<uint64_t>(max_entries, end_.seq - from + 1));
+  if (from >= RecentFirst()) {
+    const auto first = recent_.begin() + static_cast<std::ptrdiff_t>(from - RecentFirst());
+    entries.assign(first, first + static_cast<std::ptrdiff_t>(wanted));
+    return entries;
+  }
   absl::StatusOr<std::vector<storage::ReplicaLogRecord>> records =
       store_->ReadReplicaLog(partition_, from, wanted);
   if (!records.ok()) return records.status();
@@ -101,7 +121,38 @@ absl::Status RocksDbReplicaStorage::Append(const std::vector<LogEntry>& entries)
   }
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
   end_ = {entries.back().seq, entries.back().epoch};
+  KeepRecent(entries);
   return absl::OkStatus();
+}
+
+void RocksDbReplicaStorage::KeepRecent(const std::vector<LogEntry>& entries) {
+  for (const LogEntry& entry : entries) {
+    const size_t bytes = ApproxBytes(entry.transition);
+    recent_bytes_ += bytes;
+    recent_sizes_.push_back(bytes);
+    recent_.push_back(entry);
+  }
+  while (!recent_.empty() &&
+         (recent_.size() > kRecentMaxEntries || recent_bytes_ > kRecentMaxBytes)) {
+    ForgetRecentThrough(recent_.front().seq);
+  }
+}
+
+void RocksDbReplicaStorage::ForgetRecentAfter(uint64_t seq) {
+  // Called before end_ moves down to seq.
+  while (!recent_.empty() && recent_.back().seq > seq) {
+    recent_bytes_ -= recent_sizes_.back();
+    recent_sizes_.pop_back();
+    recent_.pop_back();
+  }
+}
+
+void RocksDbReplicaStorage::ForgetRecentThrough(uint64_t seq) {
+  while (!recent_.empty() && recent_.front().seq <= seq) {
+    recent_bytes_ -= recent_sizes_.front();
+    recent_sizes_.pop_front();
+    recent_.pop_front();
+  }
 }
 
 absl::Status RocksDbReplicaStorage::TruncateAfter(uint64_t seq) {
@@ -112,6 +163,7 @@ absl::Status RocksDbReplicaStorage::TruncateAfter(uint64_t seq) {
   storage::ReplicaWrite write;
   write.delete_log = {{seq + 1, end_.seq}};
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
+  ForgetRecentAfter(seq);
   end_ = {seq, *epoch};
   return absl::OkStatus();
 }
@@ -126,6 +178,7 @@ absl::Status RocksDbReplicaStorage::TrimThrough(uint64_t seq) {
   write.log_base = {{seq, *epoch}};
   write.sync = false;  // the entries are in the state; a lost trim only keeps them longer
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
+  ForgetRecentThrough(seq);
   base_ = {seq, *epoch};
   return absl::OkStatus();
 }
@@ -147,6 +200,56 @@ absl::Status RocksDbReplicaStorage::ApplyThrough(uint64_t seq) {
   }
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
   applied_ = seq;
+  if (applied_ > kRecentKeptApplied) ForgetRecentThrough(applied_ - kRecentKeptApplied);
+  return absl::OkStatus();
+}
+
+absl::Status RocksDbReplicaStorage::AppendCommitted(std::vector<LogEntry> entries,
+                                                    bool keep_in_log) {
+  if (entries.empty()) return absl::OkStatus();
+  if (applied_ != end_.seq) {
+    return Misuse(absl::StrCat("committed append with entries ", applied_ + 1, "..", end_.seq,
+                               " not applied"));
+  }
+  storage::ReplicaWrite write;  // synced: the entries are acknowledged once this returns
+  uint64_t expected = end_.seq + 1;
+  for (const LogEntry& entry : entries) {
+    if (entry.seq != expected++) return Misuse(absl::StrCat("append of entry ", entry.seq));
+  }
+  const LogPosition last{entries.back().seq, entries.back().epoch};
+  if (keep_in_log) {
+    write.append.reserve(entries.size());
+    for (const LogEntry& entry : entries)
+      write.append.push_back({entry.seq, entry.epoch, entry.transition});
+  } else {
+    // The log of (base, end] is empty afterwards; what it held before is applied, so it goes.
+    if (end_.seq > base_.seq) write.delete_log = {{base_.seq + 1, end_.seq}};
+    write.log_base = {{last.seq, last.epoch}};
+  }
+  write.apply.reserve(entries.size());
+  for (LogEntry& entry : entries) {
+    core::Transition& t = write.apply.emplace_back(std::move(entry.transition));
+    t.partition = partition_;
+    t.seq = entry.seq;
+  }
+  if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
+  end_ = last;
+  applied_ = last.seq;
+  if (keep_in_log) {
+    // The transitions went into write.apply; what followers are sent is rebuilt from it.
+    std::vector<LogEntry> kept;
+    kept.reserve(write.append.size());
+    for (size_t i = 0; i < write.append.size(); ++i) {
+      kept.push_back({write.append[i].seq, write.append[i].epoch, write.apply[i]});
+    }
+    KeepRecent(kept);
+    if (applied_ > kRecentKeptApplied) ForgetRecentThrough(applied_ - kRecentKeptApplied);
+  } else {
+    base_ = last;
+    recent_.clear();
+    recent_sizes_.clear();
+    recent_bytes_ = 0;
+  }
   return absl::OkStatus();
 }
 
@@ -170,6 +273,9 @@ absl::Status RocksDbReplicaStorage::InstallSnapshot(LogPosition at,
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
   base_ = end_ = at;
   applied_ = at.seq;
+  recent_.clear();
+  recent_sizes_.clear();
+  recent_bytes_ = 0;
   return absl::OkStatus();
 }
 

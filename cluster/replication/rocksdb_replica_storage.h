@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -19,8 +21,13 @@ namespace jobbroker::cluster {
 // two of every three fsyncs of a leader's batch. Applying entries goes into one write with the
 // applied_seq it reaches.
 //
-// It keeps the log's bounds in memory (read once by Open) so that the replica's hot calls read
-// nothing but entries. Not thread-safe, like every ReplicaStorage; the store may serve other
+// It keeps the log's bounds in memory (read once by Open), and its newest entries as they were
+// appended: a leader sends each batch to its followers and applies it once they have it, and a
+// follower applies what it appended a tick ago, all without reading the entries back from
+// RocksDB and decoding them again. It keeps what is not applied yet and the last
+// kRecentKeptApplied applied entries (whose epochs the next messages name), within
+// kRecentMaxEntries and about kRecentMaxBytes; older ones (for a follower far behind) are read
+// from the store. Not thread-safe, like every ReplicaStorage; the store may serve other
 // partitions meanwhile.
 class RocksDbReplicaStorage final : public ReplicaStorage {
  public:
@@ -40,6 +47,7 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
   absl::Status TrimThrough(uint64_t seq) override;
   uint64_t applied_seq() const override { return applied_; }
   absl::Status ApplyThrough(uint64_t seq) override;
+  absl::Status AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log) override;
   absl::StatusOr<std::vector<core::Transition>> SnapshotChunks(
       size_t records_per_chunk) const override;
   absl::Status InstallSnapshot(LogPosition at,
@@ -49,12 +57,29 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
   RocksDbReplicaStorage(storage::RocksDbStore* store, uint32_t partition,
                         const storage::ReplicaRecords& records);
 
+  // The bound on the entries kept in memory, per partition.
+  static constexpr size_t kRecentKeptApplied = 1024;
+  static constexpr size_t kRecentMaxEntries = 16384;
+  static constexpr size_t kRecentMaxBytes = 16 << 20;
+
+  // Keeps copies of `entries`, just appended, and drops the oldest kept ones past the bounds.
+  void KeepRecent(const std::vector<LogEntry>& entries);
+  // Drops the kept entries above `seq` (a truncation) or through it (a trim).
+  void ForgetRecentAfter(uint64_t seq);
+  void ForgetRecentThrough(uint64_t seq);
+  // The first kept entry's seq; end_.seq + 1 when none is kept.
+  uint64_t RecentFirst() const { return end_.seq + 1 - recent_.size(); }
+
   storage::RocksDbStore* const store_;
   const uint32_t partition_;
   int64_t floor_ = 0;
   LogPosition base_;
   LogPosition end_;  // the last stored entry; base_ when the log is empty
   uint64_t applied_ = 0;
+  // The newest stored entries, (end_.seq - size, end_.seq], as appended; their approximate size.
+  std::deque<LogEntry> recent_;
+  std::deque<size_t> recent_sizes_;  // each one's approximate size, in the same order
+  size_t recent_bytes_ = 0;
 };
 
 }  // namespace jobbroker::cluster

@@ -82,6 +82,19 @@ absl::Status MemoryReplicaStorage::ApplyThrough(uint64_t seq) {
   return absl::OkStatus();
 }
 
+absl::Status MemoryReplicaStorage::AppendCommitted(std::vector<cluster::LogEntry> entries,
+                                                   bool keep_in_log) {
+  if (entries.empty()) return absl::OkStatus();
+  if (applied_ != log_end()) {
+    return Misuse(absl::StrCat("committed append with entries ", applied_ + 1, "..", log_end(),
+                               " not applied"));
+  }
+  const uint64_t last = entries.back().seq;
+  if (auto status = Append(entries); !status.ok()) return status;
+  if (auto status = ApplyThrough(last); !status.ok()) return status;
+  return keep_in_log ? absl::OkStatus() : TrimThrough(last);
+}
+
 absl::StatusOr<std::vector<core::Transition>> MemoryReplicaStorage::SnapshotChunks(
     size_t records_per_chunk) const {
   return cluster::CutSnapshotChunks(*state_, partition_, records_per_chunk);

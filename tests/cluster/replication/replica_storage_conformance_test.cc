@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "cluster/replication/replica_storage.h"
 #include "cluster/replication/rocksdb_replica_storage.h"
 #include "core/store.h"
@@ -113,7 +114,7 @@ class ReplicaStorageConformanceTest : public ::testing::Test {
       LogEntry entry{seq, epoch, {}};
       entry.transition.partition = kPartition;
       entry.transition.seq = seq;
-      entry.transition.put_jobs = {SimpleJob("j" + std::to_string(seq))};
+      entry.transition.put_jobs = {SimpleJob(absl::StrCat("j", seq))};
       entries.push_back(std::move(entry));
     }
     return entries;
@@ -242,6 +243,68 @@ TYPED_TEST(ReplicaStorageConformanceTest, ApplyThroughWritesTheStateAndItsSeq) {
 
   EXPECT_THAT(this->storage().ApplyThrough(5), StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_EQ(this->storage().applied_seq(), 4u);
+}
+
+// A batch committed by its own append (a leader with no follower to wait for) is appended and
+// applied at once, in one durable call.
+TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedAppendsAndAppliesInOneCall) {
+  ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
+  ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
+  ASSERT_THAT(this->storage().AppendCommitted(this->Entries(3, 4, 2), /*keep_in_log=*/true),
+              IsOk());
+  EXPECT_EQ(this->storage().log_end(), 4u);
+  EXPECT_EQ(this->storage().applied_seq(), 4u);
+  this->Reopen();
+  ReplicaStorage& s = this->storage();
+  EXPECT_EQ(s.log_end(), 4u);
+  EXPECT_EQ(s.applied_seq(), 4u);
+  EXPECT_EQ(s.log_base(), (LogPosition{0, 0}));
+  // Kept in the log, for followers that catch up.
+  EXPECT_THAT(this->Positions(s.Read(1, 10)),
+              ElementsAre(Pair(1, 2), Pair(2, 2), Pair(3, 2), Pair(4, 2)));
+  RecordingVisitor state = this->State();
+  EXPECT_THAT(this->JobIds(state), ElementsAre("j1", "j2", "j3", "j4"));
+  EXPECT_EQ(state.applied_seq, 4u);
+}
+
+// Without a replica to send them to, committed entries go straight into the state: the log stays
+// empty, based at the last of them, and goes on from there.
+TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedOutsideTheLogLeavesItEmpty) {
+  ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
+  ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
+  ASSERT_THAT(this->storage().AppendCommitted(this->Entries(3, 5, 3), /*keep_in_log=*/false),
+              IsOk());
+  this->Reopen();
+  ReplicaStorage& s = this->storage();
+  EXPECT_EQ(s.log_base(), (LogPosition{5, 3}));
+  EXPECT_EQ(s.log_end(), 5u);
+  EXPECT_EQ(s.applied_seq(), 5u);
+  EXPECT_EQ(*s.EpochAt(5), 3);
+  EXPECT_THAT(s.EpochAt(2).status(), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(s.Read(6, 10), IsOk());
+  EXPECT_THAT(*s.Read(6, 10), IsEmpty());
+  RecordingVisitor state = this->State();
+  EXPECT_THAT(this->JobIds(state), ElementsAre("j1", "j2", "j3", "j4", "j5"));
+  EXPECT_EQ(state.applied_seq, 5u);
+  // The log goes on after it, as an ordinary append.
+  ASSERT_THAT(s.Append(this->Entries(6, 6, 3)), IsOk());
+  EXPECT_THAT(this->Positions(s.Read(6, 10)), ElementsAre(Pair(6, 3)));
+}
+
+// Entries not applied yet, or ones that do not continue the log: refused, nothing changed.
+TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedBehindUnappliedEntriesChangesNothing) {
+  ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
+  ASSERT_THAT(this->storage().ApplyThrough(1), IsOk());
+  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(3, 3, 2), true),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
+  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(4, 4, 2), false),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  this->Reopen();
+  EXPECT_EQ(this->storage().log_end(), 2u);
+  EXPECT_EQ(this->storage().applied_seq(), 2u);
+  EXPECT_EQ(this->storage().log_base(), (LogPosition{0, 0}));
+  EXPECT_THAT(this->JobIds(this->State()), ElementsAre("j1", "j2"));
 }
 
 TYPED_TEST(ReplicaStorageConformanceTest, TruncateAfterDropsTheTailAboveTheApplied) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "rocksdb/db.h"
@@ -125,6 +126,60 @@ TEST(RocksDbReplicaStorageTest, ASingleNodeStoreBecomesAReplicaWhoseLogStartsAft
   ASSERT_THAT(replica->Append(Entries(0, 8, 8, 3, "after-")), IsOk());
   ASSERT_THAT(replica->ApplyThrough(8), IsOk());
   EXPECT_THAT(JobIds(*store, 0), ElementsAre("after-8", "before"));
+}
+
+// The newest entries are kept in memory and served from there (what is not applied yet and the
+// last 1,024 applied ones); older ones are read from the store. Reads on either side of that
+// boundary, truncations into the kept ones, trims and applies all see the log as stored.
+TEST(RocksDbReplicaStorageTest, EntriesPastThoseKeptInMemoryAreReadFromTheStore) {
+  ScopedTempDir tmp;
+  std::unique_ptr<RocksDbStore> store = OpenStore(tmp.Sub("db"));
+  ASSERT_NE(store, nullptr);
+  std::unique_ptr<RocksDbReplicaStorage> replica = OpenReplica(store.get(), 0);
+  ASSERT_NE(replica, nullptr);
+  for (uint64_t first = 1; first <= 6000; first += 1000) {
+    ASSERT_THAT(replica->Append(Entries(0, first, first + 999, 1, "j")), IsOk());
+  }
+  // Applied through 3,000: entries through 1,976 are no longer kept.
+  ASSERT_THAT(replica->ApplyThrough(3000), IsOk());
+  auto ids = [](const absl::StatusOr<std::vector<LogEntry>>& entries) {
+    std::vector<std::string> out;
+    if (!entries.ok()) return out;
+    for (const LogEntry& e : *entries) {
+      out.push_back(absl::StrCat(e.seq, "/", e.epoch, "/", e.transition.put_jobs.at(0).id));
+    }
+    return out;
+  };
+  EXPECT_THAT(ids(replica->Read(1, 2)), ElementsAre("1/1/j1", "2/1/j2"));
+  EXPECT_THAT(ids(replica->Read(1976, 2)), ElementsAre("1976/1/j1976", "1977/1/j1977"));
+  EXPECT_THAT(ids(replica->Read(1977, 2)), ElementsAre("1977/1/j1977", "1978/1/j1978"));
+  EXPECT_THAT(ids(replica->Read(5999, 10)), ElementsAre("5999/1/j5999", "6000/1/j6000"));
+  EXPECT_EQ(*replica->EpochAt(1000), 1);
+  EXPECT_EQ(*replica->EpochAt(4000), 1);
+
+  // A new epoch's leader truncates into the kept entries and appends its own.
+  ASSERT_THAT(replica->TruncateAfter(5000), IsOk());
+  ASSERT_THAT(replica->Append(Entries(0, 5001, 5002, 2, "k")), IsOk());
+  EXPECT_THAT(ids(replica->Read(4999, 10)),
+              ElementsAre("4999/1/j4999", "5000/1/j5000", "5001/2/k5001", "5002/2/k5002"));
+  EXPECT_EQ(*replica->EpochAt(5001), 2);
+
+  // Applied, then trimmed: the rest still reads, from memory and from the store.
+  ASSERT_THAT(replica->ApplyThrough(5002), IsOk());
+  ASSERT_THAT(replica->TrimThrough(3500), IsOk());
+  EXPECT_THAT(ids(replica->Read(3501, 1)), ElementsAre("3501/1/j3501"));
+  EXPECT_THAT(ids(replica->Read(5000, 10)),
+              ElementsAre("5000/1/j5000", "5001/2/k5001", "5002/2/k5002"));
+  std::vector<std::string> stored = JobIds(*store, 0);
+  EXPECT_EQ(stored.size(), 5002u);
+  EXPECT_THAT(stored, ::testing::Contains("k5002"));
+  EXPECT_THAT(stored, ::testing::Not(::testing::Contains("j5001")));
+
+  // What a reopened replica (nothing kept) reads is the same.
+  replica = OpenReplica(store.get(), 0);
+  ASSERT_NE(replica, nullptr);
+  EXPECT_THAT(ids(replica->Read(5000, 10)),
+              ElementsAre("5000/1/j5000", "5001/2/k5001", "5002/2/k5002"));
 }
 
 TEST(RocksDbReplicaStorageTest, AFailedWriteLeavesTheReplicaAsItWas) {

@@ -209,7 +209,7 @@ class Simulation {
 
 std::vector<std::string> Simulation::ReplicasOf(uint32_t p) const {
   std::vector<std::string> replicas;
-  const int count = std::min(3, options_.nodes);
+  const int count = std::min(options_.replication_factor, options_.nodes);
   for (int k = 0; k < count; ++k) {
     replicas.push_back(nodes_[(p + static_cast<uint32_t>(k)) % nodes_.size()].id);
   }
@@ -260,7 +260,7 @@ void Simulation::StartNode(int n) {
     replica.cluster_name = "sim";
     replica.node_id = node.id;
     replica.partition = p;
-    replica.min_in_sync = 2;
+    replica.min_in_sync = static_cast<uint32_t>(options_.min_in_sync);
     replica.max_entries_per_message = 16;
     replica.snapshot_records_per_chunk = 16;
     replica.log_retention = 100;
@@ -734,8 +734,10 @@ SimReport Simulation::Run() {
       clock_.Set(heal_at_);
       Heal();
       // Half the runs end with one node dead for good (a machine that never comes back): the
-      // others must settle without it, whatever the in-sync sets were when it died.
-      if (random_.Chance(0.5)) {
+      // others must settle without it, whatever the in-sync sets were when it died. Only where
+      // that is promised: with min_in_sync 1 a set may hold just the dead node, and then its
+      // partition waits for it (it alone has every acknowledged batch).
+      if (options_.min_in_sync >= 2 && random_.Chance(0.5)) {
         stays_down_ = static_cast<int>(random_.Below(options_.nodes));
         if (nodes_[stays_down_].up) CrashNode(stays_down_);
         Trace(absl::StrCat(nodes_[stays_down_].id, " stays down"));

@@ -12,6 +12,10 @@ struct SimOptions {
   uint64_t seed = 1;
   int nodes = 3;
   int partitions = 2;
+  // Each partition's replicas (at most `nodes`) and the fewest in sync a write needs. With
+  // min_in_sync 1 a leader alone in its set commits batches on its own append.
+  int replication_factor = 3;
+  int min_in_sync = 2;
   // Faults are injected for this long, then healed, and the cluster must settle within
   // `settle_for`: one serving leader per partition, every replica equal to it.
   absl::Duration faulty_for = absl::Seconds(6);

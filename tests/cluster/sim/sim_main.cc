@@ -53,13 +53,19 @@ int main(int argc, char** argv) {
     } else if (arg == "--partitions") {
       options.partitions = std::atoi(value.c_str());
       ++i;
+    } else if (arg == "--replicas") {
+      options.replication_factor = std::atoi(value.c_str());
+      ++i;
+    } else if (arg == "--min-in-sync") {
+      options.min_in_sync = std::atoi(value.c_str());
+      ++i;
     } else if (arg == "--bug" && ParseBug(value, &options.bug)) {
       ++i;
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--seeds A-B | --seed N] [--trace | --messages] [--nodes N] [--partitions P] "
-          "[--bug NAME]\n",
+          "[--replicas R] [--min-in-sync M] [--bug NAME]\n",
           argv[0]);
       return 2;
     }
