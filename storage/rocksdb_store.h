@@ -100,7 +100,7 @@ struct ReplicaWrite {
   // Deletes the partition's whole log and its jobs, dedup entries and policies (a snapshot
   // replaces them).
   bool clear_partition = false;
-  // Deletes the log entries first..last (both included), one by one: the caller knows which exist.
+  // Deletes the log entries first..last (both included), with one range deletion.
   std::optional<std::pair<uint64_t, uint64_t>> delete_log;
   std::vector<ReplicaLogRecord> append;
   // Applied to the state as Write does; each numbered one advances applied_seq.
