@@ -53,10 +53,20 @@ void ReplicatedPartition::ReceiveLoop() {
       for (const ReplicationMessage& message : received) replica_.Receive(clock_.Now(), message);
       CollectLocked();
       sending.swap(outbox_);
+      send_mu_.Lock();  // before mu_ is let go: a Write sending after this waits for these
     }
-    // Outside the lock: the transport may block briefly on a full stream.
+    // Outside mu_: the transport may block briefly on a full stream.
     for (const ReplicationMessage& message : sending) send_(message);
+    send_mu_.Unlock();
   }
+}
+
+void ReplicatedPartition::SendNowLocked(std::vector<ReplicationMessage> messages) {
+  std::vector<ReplicationMessage> sending;
+  sending.swap(outbox_);
+  for (ReplicationMessage& message : messages) sending.push_back(std::move(message));
+  absl::MutexLock send_lock(&send_mu_);
+  for (const ReplicationMessage& message : sending) send_(message);
 }
 
 void ReplicatedPartition::CollectLocked() {
@@ -139,7 +149,11 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
     return NotServingLocked();
   if (proposal.empty()) return absl::OkStatus();
   const absl::Time proposed = clock_.Now();
-  absl::StatusOr<LogPosition> position = replica_.ProposeBatch(proposed, std::move(proposal));
+  absl::StatusOr<LogPosition> position = replica_.ProposeBatch(
+      proposed, std::move(proposal), [this](std::vector<ReplicationMessage> messages) {
+        mu_.AssertHeld();  // called inside ProposeBatch, under this Write's lock
+        SendNowLocked(std::move(messages));
+      });
   if (!position.ok()) {
     CollectLocked();
     // kFailedPrecondition (not the leader) cannot happen under the fence; a refusal here is

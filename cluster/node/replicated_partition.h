@@ -52,10 +52,12 @@ struct ReplicatedPartitionOptions {
 // leads again.
 //
 // Threads: the replica is serialised by one mutex. Messages from peers are queued by Deliver and
-// received on this object's thread, which also sends every message the replica emits (through
-// `send`, outside the mutex). Tick runs on the caller's thread (the node's driver, right after
-// its etcd read: the view must be newer than the replica's last transaction). Write blocks its
-// caller (the partition's commit pipeline) until the outcome.
+// received on this object's thread, which also sends what the replica emits (through `send`,
+// outside the mutex). Tick runs on the caller's thread (the node's driver, right after its etcd
+// read: the view must be newer than the replica's last transaction). Write blocks its caller
+// (the partition's commit pipeline) until the outcome; it sends a new batch to the followers
+// itself, before this node's fsync of it (Replica::ProposeBatch's send_now). Whoever sends holds
+// send_mu_, taken before mu_ is let go, so messages leave in the order the replica made them.
 class ReplicatedPartition final : public core::Store {
  public:
   using Send = std::function<void(const ReplicationMessage&)>;
@@ -110,6 +112,8 @@ class ReplicatedPartition final : public core::Store {
                       Send send);
 
   void ReceiveLoop();
+  // Replica::ProposeBatch's send_now: sends what waits in outbox_, then `messages`.
+  void SendNowLocked(std::vector<ReplicationMessage> messages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After every replica call: its outcomes to their waiting writes, its messages to the sender.
   void UpdateServedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CollectLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -137,6 +141,8 @@ class ReplicatedPartition final : public core::Store {
   std::vector<ReplicationMessage> inbox_ ABSL_GUARDED_BY(mu_);
   std::vector<ReplicationMessage> outbox_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Held while sending; taken under mu_ (after it in the lock order).
+  absl::Mutex send_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::atomic<bool> served_{false};  // written under mu_ (UpdateServedLocked), read without it
   std::thread receiver_;
 };

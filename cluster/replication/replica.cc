@@ -320,7 +320,8 @@ absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition tr
 }
 
 absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
-                                                  std::vector<core::Transition> transitions) {
+                                                  std::vector<core::Transition> transitions,
+                                                  const SendNow& send_now) {
   if (transitions.empty()) return absl::InvalidArgumentError("a proposal needs a transition");
   if (!broken_.ok()) return broken_;
   if (!leader_) {
@@ -378,7 +379,22 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
     if (leader_) SendAll(now, /*heartbeat_due=*/false);
     return position;
   }
-  if (auto status = storage_.Append(entries); !status.ok()) {
+  if (send_now && !leader_->followers.empty()) {
+    // Sent before this replica's fsync, which then runs alongside the followers' ones. Should it
+    // fail, the batch's outcome is unknown (followers may hold it), as after a failed fsync of
+    // a synced append.
+    if (auto status = storage_.AppendUnsynced(entries); !status.ok()) {
+      Break(status);
+      return status;
+    }
+    SendAll(now, /*heartbeat_due=*/false);
+    if (!leader_) return broken_;  // only a failed read of its storage ends it here
+    send_now(TakeOutbox());
+    if (auto status = storage_.SyncLog(); !status.ok()) {
+      Break(status);
+      return status;
+    }
+  } else if (auto status = storage_.Append(entries); !status.ok()) {
     Break(status);
     return status;
   }

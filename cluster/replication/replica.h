@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -142,8 +143,15 @@ class Replica {
   // Propose of several transitions as one proposal: consecutive entries in one storage append
   // (one fsync for a commit pipeline's group), answered together by one outcome, at the
   // position of the last. `transitions` must not be empty.
+  //
+  // With `send_now`, followers get the batch before it is on this replica's disk: it is appended
+  // unsynced, the messages that carry it (and any before them in the outbox) go to send_now on
+  // this thread, and only then is the log fsynced, so that the followers' fsyncs run alongside
+  // this one's. The commit still needs this replica's fsync (it is done before this returns).
+  using SendNow = std::function<void(std::vector<ReplicationMessage>)>;
   absl::StatusOr<LogPosition> ProposeBatch(absl::Time now,
-                                           std::vector<core::Transition> transitions);
+                                           std::vector<core::Transition> transitions,
+                                           const SendNow& send_now = nullptr);
 
   // Messages to send, in order; the outbox is then empty.
   std::vector<ReplicationMessage> TakeOutbox();

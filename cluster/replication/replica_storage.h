@@ -63,6 +63,12 @@ class ReplicaStorage {
   // Adds entries that continue the log: the first one's seq is log_end() + 1, each next one's
   // one more, epochs never below the last stored one.
   virtual absl::Status Append(const std::vector<LogEntry>& entries) = 0;
+  // Append without waiting for the disk: the entries are stored and read back at once, and
+  // durable once SyncLog() returns; a power loss before may lose them, never an earlier call's
+  // work without a later one's. A leader sends them to its followers meanwhile.
+  virtual absl::Status AppendUnsynced(const std::vector<LogEntry>& entries) = 0;
+  // Makes every earlier call durable.
+  virtual absl::Status SyncLog() = 0;
   // Drops every entry above `seq` (applied_seq() <= seq): what older epochs left that the
   // current leader's log does not have.
   virtual absl::Status TruncateAfter(uint64_t seq) = 0;

@@ -112,8 +112,19 @@ absl::StatusOr<std::vector<LogEntry>> RocksDbReplicaStorage::Read(uint64_t from,
 }
 
 absl::Status RocksDbReplicaStorage::Append(const std::vector<LogEntry>& entries) {
+  return AppendWith(entries, /*sync=*/true);
+}
+
+absl::Status RocksDbReplicaStorage::AppendUnsynced(const std::vector<LogEntry>& entries) {
+  return AppendWith(entries, /*sync=*/false);
+}
+
+absl::Status RocksDbReplicaStorage::SyncLog() { return store_->Sync(); }
+
+absl::Status RocksDbReplicaStorage::AppendWith(const std::vector<LogEntry>& entries, bool sync) {
   if (entries.empty()) return absl::OkStatus();
   storage::ReplicaWrite write;
+  write.sync = sync;
   uint64_t expected = end_.seq + 1;
   for (const LogEntry& entry : entries) {
     if (entry.seq != expected++) return Misuse(absl::StrCat("append of entry ", entry.seq));

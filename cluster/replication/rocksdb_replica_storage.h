@@ -43,6 +43,8 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
   absl::StatusOr<int64_t> EpochAt(uint64_t seq) const override;
   absl::StatusOr<std::vector<LogEntry>> Read(uint64_t from, size_t max_entries) const override;
   absl::Status Append(const std::vector<LogEntry>& entries) override;
+  absl::Status AppendUnsynced(const std::vector<LogEntry>& entries) override;
+  absl::Status SyncLog() override;
   absl::Status TruncateAfter(uint64_t seq) override;
   absl::Status TrimThrough(uint64_t seq) override;
   uint64_t applied_seq() const override { return applied_; }
@@ -56,6 +58,7 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
  private:
   RocksDbReplicaStorage(storage::RocksDbStore* store, uint32_t partition,
                         const storage::ReplicaRecords& records);
+  absl::Status AppendWith(const std::vector<LogEntry>& entries, bool sync);
 
   // The bound on the entries kept in memory, per partition.
   static constexpr size_t kRecentKeptApplied = 1024;

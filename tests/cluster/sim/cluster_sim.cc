@@ -162,6 +162,8 @@ class Simulation {
   void TickNode(int n);
   void Deliver(int n, const ReplicationMessage& message);
   void Flush(int n);
+  // One message of node n's replica of partition p onto the bus.
+  void Send(int n, int p, ReplicationMessage message);
   void ClientWrite();
   void InjectFault();
   void Heal();
@@ -365,32 +367,35 @@ void Simulation::Flush(int n) {
         CheckDurability(p, batch);
       }
     }
-    for (auto& message : replica.TakeOutbox()) {
-      if (const auto* response = std::get_if<AppendResponse>(&message.body);
-          response && response->result == AppendResponse::Result::kMatched) {
-        int64_t& accepted = accepted_epoch_[{n, static_cast<uint32_t>(p)}];
-        if (response->epoch < accepted) {
-          Violate("epochs-increase", absl::StrCat(node.id, " accepted epoch ", response->epoch,
-                                                  " of partition ", p, " after epoch ", accepted));
-        }
-        accepted = std::max(accepted, response->epoch);
-      }
-      // The bus: the link may be cut or lossy; it may repeat, delay and reorder.
-      int to = -1;
-      for (int k = 0; k < options_.nodes; ++k) {
-        if (nodes_[k].id == message.to) to = k;
-      }
-      if (to < 0) continue;
-      bool cut = now() < node.cut_from_peers_until || now() < nodes_[to].cut_from_peers_until;
-      if (cut || random_.Chance(drop_chance_)) continue;
-      int copies = random_.Chance(0.01) ? 2 : 1;
-      for (int c = 0; c < copies; ++c) {
-        absl::Duration delay =
-            random_.Chance(0.05) ? random_.Between(absl::Milliseconds(5), absl::Milliseconds(200))
-                                 : random_.Between(absl::Microseconds(200), absl::Milliseconds(5));
-        Schedule(delay, {Event::Kind::kDeliver, to, message});
-      }
+    for (auto& message : replica.TakeOutbox()) Send(n, p, std::move(message));
+  }
+}
+
+void Simulation::Send(int n, int p, ReplicationMessage message) {
+  Node& node = nodes_[n];
+  if (const auto* response = std::get_if<AppendResponse>(&message.body);
+      response && response->result == AppendResponse::Result::kMatched) {
+    int64_t& accepted = accepted_epoch_[{n, static_cast<uint32_t>(p)}];
+    if (response->epoch < accepted) {
+      Violate("epochs-increase", absl::StrCat(node.id, " accepted epoch ", response->epoch,
+                                              " of partition ", p, " after epoch ", accepted));
     }
+    accepted = std::max(accepted, response->epoch);
+  }
+  // The bus: the link may be cut or lossy; it may repeat, delay and reorder.
+  int to = -1;
+  for (int k = 0; k < options_.nodes; ++k) {
+    if (nodes_[k].id == message.to) to = k;
+  }
+  if (to < 0) return;
+  bool cut = now() < node.cut_from_peers_until || now() < nodes_[to].cut_from_peers_until;
+  if (cut || random_.Chance(drop_chance_)) return;
+  int copies = random_.Chance(0.01) ? 2 : 1;
+  for (int c = 0; c < copies; ++c) {
+    absl::Duration delay = random_.Chance(0.05)
+                               ? random_.Between(absl::Milliseconds(5), absl::Milliseconds(200))
+                               : random_.Between(absl::Microseconds(200), absl::Milliseconds(5));
+    Schedule(delay, {Event::Kind::kDeliver, to, message});
   }
 }
 
@@ -457,8 +462,16 @@ void Simulation::ClientWrite() {
     transitions.push_back(std::move(transition));
   }
   Replica& replica = *nodes_[n].replicas[p];
-  auto position = count == 1 ? replica.Propose(now(), std::move(transitions.front()))
-                             : replica.ProposeBatch(now(), std::move(transitions));
+  // A node's leader sends a batch before its own fsync (send_now); half the proposals here do.
+  Replica::SendNow send_now;
+  if (random_.Chance(0.5)) {
+    send_now = [this, n, p](std::vector<ReplicationMessage> messages) {
+      for (auto& message : messages) Send(n, static_cast<int>(p), std::move(message));
+    };
+  }
+  auto position = count == 1 && !send_now
+                      ? replica.Propose(now(), std::move(transitions.front()))
+                      : replica.ProposeBatch(now(), std::move(transitions), send_now);
   if (position.ok()) ops_at_[{p, position->seq, position->epoch}] = std::move(ops);
   Flush(n);
 }
