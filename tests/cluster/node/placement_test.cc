@@ -30,9 +30,8 @@ constexpr absl::Duration kGiveUp = absl::Seconds(60);
 
 BrokerProcessOptions RfOneNode(const EtcdProcess& etcd, int n) {
   BrokerProcessOptions options = ClusterNodeOptions(etcd, n, kPartitions);
-  options.extra_args.insert(options.extra_args.end(),
-                            {"--replication-factor", "1", "--min-in-sync", "1",
-                             "--cluster-initial-nodes", "3"});
+  options.extra_args.insert(options.extra_args.end(), {"--replication-factor", "1", "--min-in-sync",
+                                                       "1", "--cluster-initial-nodes", "3"});
   return options;
 }
 
