@@ -140,6 +140,22 @@ absl::Status ReplicatedPartition::NotServingReasonLocked() const {
 }
 
 absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> transitions) {
+  return WriteWith(transitions, /*durable=*/true);
+}
+
+absl::Status ReplicatedPartition::WriteUnsynced(absl::Span<const core::Transition> transitions) {
+  return WriteWith(transitions, /*durable=*/false);
+}
+
+absl::Status ReplicatedPartition::Sync() {
+  absl::MutexLock lock(&mu_);
+  absl::Status status = replica_.SyncLog();
+  CollectLocked();
+  return status;
+}
+
+absl::Status ReplicatedPartition::WriteWith(absl::Span<const core::Transition> transitions,
+                                            bool durable) {
   std::vector<core::Transition> proposal;
   for (const core::Transition& t : transitions)
     if (!t.empty()) proposal.push_back(t);
@@ -150,10 +166,12 @@ absl::Status ReplicatedPartition::Write(absl::Span<const core::Transition> trans
   if (proposal.empty()) return absl::OkStatus();
   const absl::Time proposed = clock_.Now();
   absl::StatusOr<LogPosition> position = replica_.ProposeBatch(
-      proposed, std::move(proposal), [this](std::vector<ReplicationMessage> messages) {
+      proposed, std::move(proposal),
+      [this](std::vector<ReplicationMessage> messages) {
         mu_.AssertHeld();  // called inside ProposeBatch, under this Write's lock
         SendNowLocked(std::move(messages));
-      });
+      },
+      durable);
   if (!position.ok()) {
     CollectLocked();
     // kFailedPrecondition (not the leader) cannot happen under the fence; a refusal here is

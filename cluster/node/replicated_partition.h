@@ -102,6 +102,10 @@ class ReplicatedPartition final : public core::Store {
 
   // --- core::Store --------------------------------------------------------------------------
   absl::Status Write(absl::Span<const core::Transition> transitions) override;
+  // At RF 1 (no other replica) a batch is written without an fsync and Sync() makes it durable,
+  // as on a single node; otherwise as Write (a replicated batch is answered once committed).
+  absl::Status WriteUnsynced(absl::Span<const core::Transition> transitions) override;
+  absl::Status Sync() override;
   absl::StatusOr<core::Job> ReadJob(uint32_t partition, const std::string& id) override;
   absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override;
   absl::Status Resume() override;
@@ -111,6 +115,7 @@ class ReplicatedPartition final : public core::Store {
                       Etcd& etcd, const core::Clock& clock, ReplicatedPartitionOptions options,
                       Send send);
 
+  absl::Status WriteWith(absl::Span<const core::Transition> transitions, bool durable);
   void ReceiveLoop();
   // Replica::ProposeBatch's send_now: sends what waits in outbox_, then `messages`.
   void SendNowLocked(std::vector<ReplicationMessage> messages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

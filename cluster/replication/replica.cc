@@ -321,7 +321,7 @@ absl::StatusOr<LogPosition> Replica::Propose(absl::Time now, core::Transition tr
 
 absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
                                                   std::vector<core::Transition> transitions,
-                                                  const SendNow& send_now) {
+                                                  const SendNow& send_now, bool durable) {
   if (transitions.empty()) return absl::InvalidArgumentError("a proposal needs a transition");
   if (!broken_.ok()) return broken_;
   if (!leader_) {
@@ -366,8 +366,11 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
     // Nobody else's ack to wait for (this replica alone in sync, at least min_in_sync): the
     // batch commits with its own append, so it is applied in the same write. Kept in the log
     // only for replicas that may catch up from it.
-    if (auto status = storage_.AppendCommitted(std::move(entries),
-                                               /*keep_in_log=*/!leader_->followers.empty());
+    // Unsynced only without other replicas: a follower sent the commit index could apply an
+    // entry that a power loss here then undoes.
+    const bool alone = leader_->followers.empty();
+    if (auto status = storage_.AppendCommitted(std::move(entries), /*keep_in_log=*/!alone,
+                                               /*sync=*/durable || !alone);
         !status.ok()) {
       Break(status);
       return status;
@@ -406,6 +409,15 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
   AdvanceCommit();
   if (leader_) SendAll(now, /*heartbeat_due=*/false);
   return position;
+}
+
+absl::Status Replica::SyncLog() {
+  if (!broken_.ok()) return broken_;
+  if (auto status = storage_.SyncLog(); !status.ok()) {
+    Break(status);
+    return status;
+  }
+  return absl::OkStatus();
 }
 
 void Replica::AdvanceCommit() {

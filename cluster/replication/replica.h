@@ -148,10 +148,18 @@ class Replica {
   // unsynced, the messages that carry it (and any before them in the outbox) go to send_now on
   // this thread, and only then is the log fsynced, so that the followers' fsyncs run alongside
   // this one's. The commit still needs this replica's fsync (it is done before this returns).
+  //
+  // Not `durable`: a partition with no other replica (RF 1) writes a batch that commits on its
+  // own append without an fsync, and it is answered at once; SyncLog() makes it durable. What a
+  // single node's group commit does (CommitPipeline writes unsynced, releases what waits only
+  // for the write, then fsyncs). Any other batch is proposed as usual.
   using SendNow = std::function<void(std::vector<ReplicationMessage>)>;
   absl::StatusOr<LogPosition> ProposeBatch(absl::Time now,
                                            std::vector<core::Transition> transitions,
-                                           const SendNow& send_now = nullptr);
+                                           const SendNow& send_now = nullptr, bool durable = true);
+  // Makes every earlier append durable (after a proposal that was not). A failure breaks the
+  // replica, as any storage failure does.
+  absl::Status SyncLog();
 
   // Messages to send, in order; the outbox is then empty.
   std::vector<ReplicationMessage> TakeOutbox();

@@ -80,12 +80,14 @@ class ReplicaStorage {
   virtual uint64_t applied_seq() const = 0;
   virtual absl::Status ApplyThrough(uint64_t seq) = 0;
 
-  // Append(entries) and ApplyThrough(the last one) as one durable call, for entries committed by
-  // their own append (a leader with no follower to wait for); every stored entry must be applied
+  // Append(entries) and ApplyThrough(the last one) as one call, for entries committed by their
+  // own append (a leader with no follower to wait for); every stored entry must be applied
   // already (applied_seq() == log_end()). Unless `keep_in_log`, the entries go straight into the
   // state and the log stays empty, based at the last of them: for a partition that has no other
-  // replica to send them to.
-  virtual absl::Status AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log) = 0;
+  // replica to send them to. Durable when it returns, unless not `sync`: then as AppendUnsynced
+  // (durable once SyncLog() returns).
+  virtual absl::Status AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log,
+                                       bool sync) = 0;
 
   // A copy of the state as of applied_seq(), cut into chunks of at most `records_per_chunk`
   // records, each chunk a Transition of puts (jobs, dedup entries, policies). The real store cuts

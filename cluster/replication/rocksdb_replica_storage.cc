@@ -215,14 +215,15 @@ absl::Status RocksDbReplicaStorage::ApplyThrough(uint64_t seq) {
   return absl::OkStatus();
 }
 
-absl::Status RocksDbReplicaStorage::AppendCommitted(std::vector<LogEntry> entries,
-                                                    bool keep_in_log) {
+absl::Status RocksDbReplicaStorage::AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log,
+                                                    bool sync) {
   if (entries.empty()) return absl::OkStatus();
   if (applied_ != end_.seq) {
     return Misuse(absl::StrCat("committed append with entries ", applied_ + 1, "..", end_.seq,
                                " not applied"));
   }
-  storage::ReplicaWrite write;  // synced: the entries are acknowledged once this returns
+  storage::ReplicaWrite write;
+  write.sync = sync;
   uint64_t expected = end_.seq + 1;
   for (const LogEntry& entry : entries) {
     if (entry.seq != expected++) return Misuse(absl::StrCat("append of entry ", entry.seq));

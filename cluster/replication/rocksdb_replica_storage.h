@@ -49,7 +49,7 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
   absl::Status TrimThrough(uint64_t seq) override;
   uint64_t applied_seq() const override { return applied_; }
   absl::Status ApplyThrough(uint64_t seq) override;
-  absl::Status AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log) override;
+  absl::Status AppendCommitted(std::vector<LogEntry> entries, bool keep_in_log, bool sync) override;
   absl::StatusOr<std::vector<core::Transition>> SnapshotChunks(
       size_t records_per_chunk) const override;
   absl::Status InstallSnapshot(LogPosition at,

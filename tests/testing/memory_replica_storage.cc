@@ -83,7 +83,7 @@ absl::Status MemoryReplicaStorage::ApplyThrough(uint64_t seq) {
 }
 
 absl::Status MemoryReplicaStorage::AppendCommitted(std::vector<cluster::LogEntry> entries,
-                                                   bool keep_in_log) {
+                                                   bool keep_in_log, bool /*sync*/) {
   if (entries.empty()) return absl::OkStatus();
   if (applied_ != log_end()) {
     return Misuse(absl::StrCat("committed append with entries ", applied_ + 1, "..", log_end(),

@@ -250,8 +250,9 @@ TYPED_TEST(ReplicaStorageConformanceTest, ApplyThroughWritesTheStateAndItsSeq) {
 TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedAppendsAndAppliesInOneCall) {
   ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
   ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
-  ASSERT_THAT(this->storage().AppendCommitted(this->Entries(3, 4, 2), /*keep_in_log=*/true),
-              IsOk());
+  ASSERT_THAT(
+      this->storage().AppendCommitted(this->Entries(3, 4, 2), /*keep_in_log=*/true, /*sync=*/true),
+      IsOk());
   EXPECT_EQ(this->storage().log_end(), 4u);
   EXPECT_EQ(this->storage().applied_seq(), 4u);
   this->Reopen();
@@ -272,8 +273,9 @@ TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedAppendsAndAppliesInOneC
 TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedOutsideTheLogLeavesItEmpty) {
   ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
   ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
-  ASSERT_THAT(this->storage().AppendCommitted(this->Entries(3, 5, 3), /*keep_in_log=*/false),
-              IsOk());
+  ASSERT_THAT(
+      this->storage().AppendCommitted(this->Entries(3, 5, 3), /*keep_in_log=*/false, /*sync=*/true),
+      IsOk());
   this->Reopen();
   ReplicaStorage& s = this->storage();
   EXPECT_EQ(s.log_base(), (LogPosition{5, 3}));
@@ -291,14 +293,29 @@ TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedOutsideTheLogLeavesItEm
   EXPECT_THAT(this->Positions(s.Read(6, 10)), ElementsAre(Pair(6, 3)));
 }
 
+// Unsynced, then made durable by SyncLog: what a reopen (a restart) finds is the same.
+TYPED_TEST(ReplicaStorageConformanceTest, UnsyncedAppendsAreKeptOnceTheLogIsSynced) {
+  ASSERT_THAT(this->storage().AppendUnsynced(this->Entries(1, 2, 2)), IsOk());
+  EXPECT_THAT(this->Positions(this->storage().Read(1, 10)), ElementsAre(Pair(1, 2), Pair(2, 2)));
+  ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
+  ASSERT_THAT(this->storage().AppendCommitted(this->Entries(3, 3, 2), /*keep_in_log=*/false,
+                                              /*sync=*/false),
+              IsOk());
+  ASSERT_THAT(this->storage().SyncLog(), IsOk());
+  this->Reopen();
+  EXPECT_EQ(this->storage().log_end(), 3u);
+  EXPECT_EQ(this->storage().applied_seq(), 3u);
+  EXPECT_THAT(this->JobIds(this->State()), ElementsAre("j1", "j2", "j3"));
+}
+
 // Entries not applied yet, or ones that do not continue the log: refused, nothing changed.
 TYPED_TEST(ReplicaStorageConformanceTest, AppendCommittedBehindUnappliedEntriesChangesNothing) {
   ASSERT_THAT(this->storage().Append(this->Entries(1, 2, 2)), IsOk());
   ASSERT_THAT(this->storage().ApplyThrough(1), IsOk());
-  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(3, 3, 2), true),
+  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(3, 3, 2), true, true),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   ASSERT_THAT(this->storage().ApplyThrough(2), IsOk());
-  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(4, 4, 2), false),
+  EXPECT_THAT(this->storage().AppendCommitted(this->Entries(4, 4, 2), false, true),
               StatusIs(absl::StatusCode::kFailedPrecondition));
   this->Reopen();
   EXPECT_EQ(this->storage().log_end(), 2u);

@@ -469,9 +469,13 @@ void Simulation::ClientWrite() {
       for (auto& message : messages) Send(n, static_cast<int>(p), std::move(message));
     };
   }
-  auto position = count == 1 && !send_now
+  // And half of them are written unsynced where that is allowed (RF 1), then synced, as a
+  // node's commit pipeline does for a batch that workers wait on.
+  const bool durable = random_.Chance(0.5);
+  auto position = count == 1 && !send_now && durable
                       ? replica.Propose(now(), std::move(transitions.front()))
-                      : replica.ProposeBatch(now(), std::move(transitions), send_now);
+                      : replica.ProposeBatch(now(), std::move(transitions), send_now, durable);
+  if (!durable && position.ok()) (void)replica.SyncLog();
   if (position.ok()) ops_at_[{p, position->seq, position->epoch}] = std::move(ops);
   Flush(n);
 }
