@@ -5,14 +5,15 @@
 #   2. rf3     a real etcd and three nodes, --replication-factor 3 --min-in-sync 2: every write
 #              is on two nodes' disks (fsynced) before it is answered;
 #   3. rf1     the same three nodes with --replication-factor 1: no replication, each partition
-#              on one node, for the scale-out.
+#              on one node, for the scale-out;
+#   4. one     one such node alone (a cluster of one at RF 1): the scale-out within cluster mode.
 # In 1 and 2, jobbroker-bench runs against the node that leads the queue's partition (as the
 # C++ client, given every address, goes straight to it): enqueue with 1 in flight (the latency
 # of one synced answer) and with 64 (group commit), and e2e as streaming workers (4 workers, 64
 # jobs in flight each: enqueue -> push -> ack). Broker CPU per job is the user+system time of
 # every broker process (and of etcd, shown apart) over the run, from /proc, divided by the jobs.
-# Scale-out (single vs rf1): SPREAD streaming benches at once, each on its own queue; the queues
-# are picked so that in rf1 each partition's leader gets the same share. Prints a table, the
+# Scale-out (rf1 vs single, and rf1 vs one): SPREAD streaming benches at once, each on its own
+# queue; the queues are picked so that in rf1 each partition's leader gets the same share. Prints a table, the
 # ratios, and every run's JSON line to RESULTS if set.
 #
 #   bench/cluster-throughput.sh
@@ -80,10 +81,10 @@ start_single() {
   await_serving
 }
 
-# start_cluster DIR RF MIN_IN_SYNC: etcd and three nodes; the partitions are placed once all
-# three have registered (at RF 1 the first node up would otherwise get every partition).
+# start_cluster DIR RF MIN_IN_SYNC [NODES]: etcd and NODES nodes (3); the partitions are placed
+# once all have registered (at RF 1 the first node up would otherwise get every partition).
 start_cluster() {
-  local dir=$1 rf=$2 min=$3 n client peer port http
+  local dir=$1 rf=$2 min=$3 count=${4:-3} n client peer port http
   mkdir -p "$dir"
   client=$(free_port) peer=$(free_port)
   etcd --data-dir "$dir/etcd" --listen-client-urls "http://127.0.0.1:$client" \
@@ -92,11 +93,11 @@ start_cluster() {
   etcd_pid=$!
   pids+=($!)
   sleep 1
-  for n in 0 1 2; do
+  for ((n = 0; n < count; n++)); do
     port=$(free_port) http=$(free_port)
     "$broker" --listen "127.0.0.1:$port" --http-listen "127.0.0.1:$http" --data-dir "$dir/node-$n" \
       --partitions "$partitions" --cluster-etcd "http://127.0.0.1:$client" --node-id "node-$n" \
-      --replication-factor "$rf" --min-in-sync "$min" --cluster-initial-nodes 3 --log-level warn >"$dir/node-$n.out" 2>"$dir/node-$n.log" &
+      --replication-factor "$rf" --min-in-sync "$min" --cluster-initial-nodes "$count" --log-level warn >"$dir/node-$n.out" 2>"$dir/node-$n.log" &
     broker_pids+=($!) addresses+=("127.0.0.1:$port")
     pids+=($!)
   done
@@ -214,15 +215,16 @@ record() {
 }
 
 for ((round = 1; round <= rounds; round++)); do
-  for config in single rf3 rf1; do
+  for config in single rf3 rf1 one; do
     dir="$tmp/$config-$round"
     case $config in
       single) start_single "$dir" ;;
       rf3) start_cluster "$dir" 3 2 ;;
       rf1) start_cluster "$dir" 1 1 ;;
+      one) start_cluster "$dir" 1 1 1 ;;
     esac
     echo "round $round: $config up (${addresses[*]})" >&2
-    if [ "$config" != rf1 ]; then
+    if [ "$config" = single ] || [ "$config" = rf3 ]; then
       record "$config.serial" "$(measure "$config serial" enqueue serial-$round --concurrency 1 --jobs "$serial_jobs")"
       record "$config.enqueue" "$(measure "$config enqueue" enqueue enqueue-$round --concurrency 64 --jobs "$jobs")"
       record "$config.e2e" "$(measure "$config e2e" stream e2e-$round --workers 4 --concurrency 64 --jobs "$jobs")"
@@ -243,14 +245,17 @@ for config in single rf3; do
 done
 echo "etcd cpu µs/job (rf3 e2e): $(m rf3.e2e.4)"
 python3 - "$(m rf3.e2e.0)" "$(m single.e2e.0)" "$(m rf3.enqueue.0)" "$(m single.enqueue.0)" \
-  "$(m rf1.scale.0)" "$(m single.scale.0)" "$(m rf3.e2e.3)" "$(m single.e2e.3)" "$(m rf1.scale.1)" "$(m single.scale.1)" "$spread" <<'PY'
+  "$(m rf1.scale.0)" "$(m single.scale.0)" "$(m rf3.e2e.3)" "$(m single.e2e.3)" "$(m rf1.scale.1)" "$(m single.scale.1)" \
+  "$(m one.scale.0)" "$(m one.scale.1)" "$spread" <<'PY'
 import sys
-rf3e, se, rf3q, sq, r1s, ss, rf3c, sc, r1c, scc = map(float, sys.argv[1:11])
-spread = sys.argv[11]
+rf3e, se, rf3q, sq, r1s, ss, rf3c, sc, r1c, scc, os_, oc = map(float, sys.argv[1:13])
+spread = sys.argv[13]
 print("RF=3 e2e / single-node e2e: %.2fx (target >= 0.4x)" % (rf3e / se))
 print("RF=3 enqueue / single-node enqueue (64 in flight): %.2fx" % (rf3q / sq))
 print("broker CPU per e2e job, all nodes: RF=3 %.1f µs vs single %.1f µs (%.2fx)" % (rf3c, sc, rf3c / sc))
 print("scale-out, %s queues: RF=1 over 3 nodes %.0f jobs/s vs one node %.0f jobs/s: %.2fx (target >= 1.0x); "
       "broker CPU per job %.1f vs %.1f µs" % (spread, r1s, ss, r1s / ss, r1c, scc))
+print("scale-out within cluster mode: RF=1 over 3 nodes %.0f jobs/s vs a cluster of one node %.0f "
+      "jobs/s: %.2fx; broker CPU per job %.1f vs %.1f µs" % (r1s, os_, r1s / os_, r1c, oc))
 PY
 if [ -n "${RESULTS:-}" ]; then cat "$results" >>"$RESULTS"; fi
