@@ -36,6 +36,14 @@ fail() { failed=$((failed + 1)); echo "  FAIL  $*"; }
 skip() { skipped=$((skipped + 1)); echo "  skip  $*"; }
 # show_logs CONTAINER LINES: the end of a container's output, indented under a failure.
 show_logs() { pm logs "$1" 2>&1 | tail -"$2" | sed 's/^/        /'; }
+# log_has CONTAINER PATTERN: the container's log so far has a line matching PATTERN. Read whole
+# first: `pm logs | grep -q` fails under pipefail when grep stops reading before podman has
+# written everything (SIGPIPE), so a line followed by others could be reported missing.
+log_has() {
+  local out
+  out=$(pm logs "$1" 2>&1) || true
+  grep -q -- "$2" <<<"$out"
+}
 say() { echo "image-check: $*"; }
 # check NAME COMMAND...: one counted check; the command's output is shown only on failure.
 check() {
@@ -375,10 +383,10 @@ stop_and_check "$c" "first container"
 # conmon may still be writing the last lines when podman stop returns.
 logged=no
 for _ in $(seq 1 20); do
-  if pm logs "$c" 2>&1 | grep -q 'stopped'; then logged=yes; break; fi
+  if log_has "$c" 'stopped'; then logged=yes; break; fi
   sleep 0.25
 done
-if [ "$logged" = yes ] && pm logs "$c" 2>&1 | grep -q 'shutting_down'; then
+if [ "$logged" = yes ] && log_has "$c" 'shutting_down'; then
   pass "the broker logged shutting_down and stopped"
 else
   fail "the broker's log does not end with shutting_down and stopped"
@@ -450,7 +458,7 @@ if [[ "$etcd_health" == *'"health":"true"'* ]]; then
     --partitions 2 --replication-factor 1 --min-in-sync 1 >/dev/null
   if addrs=$(wait_serving "$c"); then
     read -r grpc http <<<"$addrs"
-    if pm logs "$c" 2>&1 | grep -q "cluster_joined advertised=$grpc"; then
+    if log_has "$c" "cluster_joined advertised=$grpc"; then
       pass "a cluster node serves grpc=$grpc and joined the cluster in etcd"
     else
       fail "the cluster node's log has no cluster_joined advertised=$grpc"
@@ -491,10 +499,10 @@ if [[ "$etcd_health" == *'"health":"true"'* ]]; then
     fi
     stop_and_check "$c" "cluster node"
     for _ in $(seq 1 20); do
-      pm logs "$c" 2>&1 | grep -q 'stopped' && break
+      log_has "$c" 'stopped' && break
       sleep 0.25
     done
-    if pm logs "$c" 2>&1 | grep -q ' handed_over '; then
+    if log_has "$c" ' handed_over '; then
       pass "the cluster node handed its partitions over on SIGTERM (handed_over in its log)"
     else
       fail "the cluster node's log has no handed_over"
