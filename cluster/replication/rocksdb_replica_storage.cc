@@ -158,6 +158,12 @@ void RocksDbReplicaStorage::ForgetRecentAfter(uint64_t seq) {
   }
 }
 
+void RocksDbReplicaStorage::ForgetRecent() {
+  recent_.clear();
+  recent_sizes_.clear();
+  recent_bytes_ = 0;
+}
+
 void RocksDbReplicaStorage::ForgetRecentThrough(uint64_t seq) {
   while (!recent_.empty() && recent_.front().seq <= seq) {
     recent_bytes_ -= recent_sizes_.front();
@@ -258,9 +264,7 @@ absl::Status RocksDbReplicaStorage::AppendCommitted(std::vector<LogEntry> entrie
     if (applied_ > kRecentKeptApplied) ForgetRecentThrough(applied_ - kRecentKeptApplied);
   } else {
     base_ = last;
-    recent_.clear();
-    recent_sizes_.clear();
-    recent_bytes_ = 0;
+    ForgetRecent();
   }
   return absl::OkStatus();
 }
@@ -285,9 +289,7 @@ absl::Status RocksDbReplicaStorage::InstallSnapshot(LogPosition at,
   if (absl::Status s = store_->WriteReplica(partition_, write); !s.ok()) return s;
   base_ = end_ = at;
   applied_ = at.seq;
-  recent_.clear();
-  recent_sizes_.clear();
-  recent_bytes_ = 0;
+  ForgetRecent();
   return absl::OkStatus();
 }
 

@@ -70,6 +70,8 @@ class RocksDbReplicaStorage final : public ReplicaStorage {
   // Drops the kept entries above `seq` (a truncation) or through it (a trim).
   void ForgetRecentAfter(uint64_t seq);
   void ForgetRecentThrough(uint64_t seq);
+  // Drops every kept entry (the log was emptied or replaced).
+  void ForgetRecent();
   // The first kept entry's seq; end_.seq + 1 when none is kept.
   uint64_t RecentFirst() const { return end_.seq + 1 - recent_.size(); }
 
