@@ -112,6 +112,7 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
     fields.priority = c.priority;
     fields.run_at = c.run_at;
     fields.concurrency_key = std::move(c.concurrency_key);
+    fields.expire_at = c.expire_at;
     queues_.Get(fields.queue).all.insert(c.seq);
     IndexLocked(fields);
     jobs_.AddCold(c.seq, c.id);
@@ -201,7 +202,7 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
       sink->PushJobs(std::move(jobs));
     }
   }
-  for (Effects::Notice& n : fx.lost) n.sink->LeaseLost(std::move(n.job_id));
+  for (Effects::Notice& n : fx.lost) n.sink->LeaseLost(std::move(n.job_id), n.outcome);
   for (Effects::Notice& n : fx.cancelled) n.sink->CancelRequested(std::move(n.job_id));
 }
 
@@ -228,9 +229,10 @@ void Broker::IndexLocked(const Job& job) {
   switch (job.state) {
     case JobState::kScheduled:
       deadlines_.AddScheduled(job.run_at, job.seq);
+      if (job.expire_at != absl::InfiniteFuture()) deadlines_.AddExpiry(job.expire_at, job.seq);
       break;
     case JobState::kActive:
-      deadlines_.AddLease(job.lease_deadline, job.seq);
+      deadlines_.AddLease(job.active_deadline(), job.seq);
       break;
     case JobState::kCompleted:
     case JobState::kFailed:
@@ -245,6 +247,7 @@ void Broker::IndexLocked(const Job& job) {
       break;
     }
     case JobState::kReady:
+      if (job.expire_at != absl::InfiniteFuture()) deadlines_.AddExpiry(job.expire_at, job.seq);
       break;
   }
 }
@@ -252,7 +255,9 @@ void Broker::IndexLocked(const Job& job) {
 void Broker::UnindexLocked(const Job& job) {
   queues_.Get(job.queue).Unindex(job);
   if (job.state == JobState::kScheduled) deadlines_.RemoveScheduled(job.run_at, job.seq);
-  if (job.state == JobState::kActive) deadlines_.RemoveLease(job.lease_deadline, job.seq);
+  if (job.state == JobState::kReady || job.state == JobState::kScheduled)
+    deadlines_.RemoveExpiry(job.expire_at, job.seq);
+  if (job.state == JobState::kActive) deadlines_.RemoveLease(job.active_deadline(), job.seq);
 }
 
 void Broker::RemoveJobLocked(Job& job, Transition& t) {

@@ -157,11 +157,11 @@ class Broker {
   // Admin: moving jobs by hand, pausing and purging queues. Unknown jobs and queues are kNotFound
   // (unlike UpdateQueuePolicy, none of these creates a queue).
   //
-  // A FAILED or CANCELLED job back to READY, due now: attempt counter 0, fail_reason, lease and
-  // cancel_requested cleared. last_error, the checkpoint and the attempt history stay; new
-  // attempts are appended, numbered from 1 again. A dedup key that was freed meanwhile is held
-  // again while the job runs (if no other job took it). kFailedPrecondition names the state of a
-  // job that is neither FAILED nor CANCELLED.
+  // A FAILED or CANCELLED job back to READY, due now: attempt counter 0, fail_reason, lease,
+  // cancel_requested, snoozes and expire_at cleared. last_error, the checkpoint and the attempt
+  // history stay; new attempts are appended, numbered from 1 again. A dedup key that was freed
+  // meanwhile is held again while the job runs (if no other job took it). kFailedPrecondition names
+  // the state of a job that is neither FAILED nor CANCELLED.
   void RetryJob(std::string job_id, Done<absl::StatusOr<Job>> done);
   // Bulk redrive: what RetryJob does, for the jobs of spec.queue in spec.state that had ended
   // when the call started, oldest ended first, at most spec.limit. Runs as batches of at most
@@ -318,7 +318,12 @@ class Broker {
   // each sees a consistent present.
   void ProcessDueLocked(absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An ACTIVE job whose lease ran out or whose attempt reached its run-time limit: a failed
+  // attempt (kLeaseExpired or kTimedOut), and its stream is told.
   void ExpireLeaseLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A READY or SCHEDULED job whose expire_at passed: FAILED (kExpired).
+  void ExpireWaitingLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Long polls whose wait ran out answer empty.
   void TimeOutWaitersLocked(absl::Time now, int& budget, Effects& fx)

@@ -110,7 +110,11 @@ void Broker::RetryLocked(Job& job, absl::Time now, Transition& t) {
   job.worker_id.clear();
   job.lease_deadline = absl::InfinitePast();
   job.lease_length = absl::ZeroDuration();
+  job.timeout_at = absl::InfiniteFuture();
   job.cancel_requested = false;
+  // An operator who retries a job means it to run: its expiry and its snoozes no longer hold it.
+  job.expire_at = absl::InfiniteFuture();
+  job.snoozes = 0;
   IndexLocked(job);
   // A live job holds its dedup key. If the key's TTL passed while the job was dead, the key was
   // freed: take it again, expiring at once, so that it holds exactly while the job runs. A key

@@ -6,6 +6,21 @@
 #include "core/validation.h"
 
 namespace jobbroker::core {
+namespace {
+
+// " (the job is SCHEDULED)", or why the attempt ended when the broker ended it, for the
+// refusals of a worker's late Heartbeat, Ack or Fail.
+std::string HowItEnded(const Job& job) {
+  const AttemptRecord* last = job.attempts.empty() || job.attempts.back().attempt != job.attempt
+                                  ? nullptr
+                                  : &job.attempts.back();
+  if (last != nullptr && last->outcome == AttemptOutcome::kTimedOut)
+    return absl::StrCat(": it timed out at its run-time limit (the job is ",
+                        JobStateName(job.state), ")");
+  return absl::StrCat(" (the job is ", JobStateName(job.state), ")");
+}
+
+}  // namespace
 
 absl::StatusOr<Job*> Broker::LeasedJobForLocked(const std::string& job_id,
                                                 const std::string& lease_id, Effects& fx) {
@@ -37,13 +52,14 @@ absl::StatusOr<HeartbeatResult> Broker::HeartbeatLocked(HeartbeatSpec& spec, abs
   BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
   Job& job = *found;
   if (job.state != JobState::kActive)
-    return absl::FailedPreconditionError(
-        absl::StrCat("lease ", spec.lease_id, " of job ", job.id, " has ended (the job is ",
-                     JobStateName(job.state), "); stop working on it"));
+    return absl::FailedPreconditionError(absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
+                                                      " has ended", HowItEnded(job),
+                                                      "; stop working on it"));
   UnindexLocked(job);
   absl::Duration extend = spec.extend_by > absl::ZeroDuration() ? spec.extend_by : job.lease_length;
   job.lease_deadline = now + extend;
   if (spec.checkpoint.has_value()) job.checkpoint = std::move(*spec.checkpoint);
+  if (spec.progress.has_value()) job.progress = std::move(*spec.progress);
   IndexLocked(job);
   t.put_jobs.push_back(job);
   return HeartbeatResult{job.lease_deadline, job.cancel_requested};
@@ -89,8 +105,7 @@ absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Eff
                    job.attempts.back().outcome == AttemptOutcome::kLeaseExpired;
     if (!expired)
       return absl::FailedPreconditionError(absl::StrCat("attempt ", job.attempt, " of job ", job.id,
-                                                        " already failed (the job is ",
-                                                        JobStateName(job.state), ")"));
+                                                        " already ended", HowItEnded(job)));
   }
   UnindexLocked(job);
   FinishAttemptRecordLocked(job, now, AttemptOutcome::kCompleted, "");
@@ -142,8 +157,7 @@ absl::StatusOr<FailResult> Broker::FailLocked(FailSpec& spec, absl::Time now, Tr
   }
   if (last == nullptr || last->outcome != AttemptOutcome::kLeaseExpired)
     return absl::FailedPreconditionError(absl::StrCat("attempt ", job.attempt, " of job ", job.id,
-                                                      " already ended (the job is ",
-                                                      JobStateName(job.state), ")"));
+                                                      " already ended", HowItEnded(job)));
   // A late Fail of an expired attempt: keep the worker's error, and honour `permanent`.
   UnindexLocked(job);
   job.attempts.back().outcome = outcome;
@@ -161,7 +175,7 @@ absl::StatusOr<FailResult> Broker::FailLocked(FailSpec& spec, absl::Time now, Tr
 }
 
 void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
-  if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return done(s);
+  if (absl::Status s = ValidateReleaseSpec(spec); !s.ok()) return done(s);
   Run<bool>([done = std::move(done)](absl::StatusOr<bool> r) mutable { done(r.status()); },
             [this, spec = std::move(spec)](absl::Time now, Transition& t, Effects& fx)
                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) mutable -> absl::StatusOr<bool> {
@@ -178,18 +192,47 @@ absl::Status Broker::ReleaseLocked(ReleaseSpec& spec, absl::Time now, Transition
                                                       " has ended (the job is ",
                                                       JobStateName(job.state), ")"));
   UnindexLocked(job);
-  // Given back unstarted: the attempt does not count.
-  if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt) job.attempts.pop_back();
+  const absl::Duration delay = spec.delay.value_or(absl::ZeroDuration());
+  const bool snooze = delay > absl::ZeroDuration() && !job.cancel_requested;
+  // Given back unstarted: the attempt does not count. A snooze stays in the history (as
+  // kSnoozed), so that an operator sees why the job waits; a plain release leaves no trace.
+  if (!job.attempts.empty() && job.attempts.back().attempt == job.attempt) {
+    if (snooze) {
+      FinishAttemptRecordLocked(job, now, AttemptOutcome::kSnoozed,
+                                absl::StrCat("snoozed for ", absl::FormatDuration(delay)));
+    } else {
+      job.attempts.pop_back();
+    }
+  }
   --job.attempt;
   job.lease_id.clear();
   job.worker_id.clear();
   job.lease_deadline = absl::InfinitePast();
   job.lease_length = absl::ZeroDuration();
-  job.state = job.cancel_requested ? JobState::kCancelled : JobState::kReady;
-  if (job.state == JobState::kCancelled) job.completed_at = now;
+  job.timeout_at = absl::InfiniteFuture();
   job.run_at = now;
+  if (job.cancel_requested) {
+    job.state = JobState::kCancelled;
+    job.completed_at = now;
+  } else if (snooze) {
+    ++job.snoozes;
+    const int limit = queues_.Get(job.queue).policy.max_snoozes;
+    if (limit > 0 && job.snoozes > limit) {
+      job.state = JobState::kFailed;
+      job.fail_reason = FailReason::kSnoozeLimit;
+      job.last_error = absl::StrCat("snoozed ", job.snoozes, " times; queue ", job.queue,
+                                    " allows ", limit, " (its policy's max_snoozes)");
+      job.completed_at = now;
+    } else {
+      job.state = JobState::kScheduled;
+      job.run_at = now + delay;
+    }
+  } else {
+    job.state = JobState::kReady;
+  }
   observer_.Released(job);
   if (job.state == JobState::kCancelled) observer_.Cancelled(job);
+  if (job.state == JobState::kFailed) observer_.Dead(job);
   SettleLocked(job, now, t, fx);
   return absl::OkStatus();
 }

@@ -72,6 +72,9 @@ LeasedJob Broker::LeaseOneLocked(QueueState& q, Job& job, const LeaseSpec& spec,
     job.lease_length = q.policy.lease_duration;
   }
   job.lease_deadline = now + job.lease_length;
+  const absl::Duration timeout =
+      job.timeout > absl::ZeroDuration() ? job.timeout : q.policy.timeout;
+  job.timeout_at = timeout > absl::ZeroDuration() ? now + timeout : absl::InfiniteFuture();
   job.attempts.push_back(AttemptRecord{job.attempt, spec.worker_id, now, absl::InfinitePast(),
                                        AttemptOutcome::kRunning, ""});
   if (job.attempts.size() > static_cast<size_t>(kMaxAttemptHistory))
@@ -92,6 +95,7 @@ LeasedJob Broker::LeaseOneLocked(QueueState& q, Job& job, const LeaseSpec& spec,
   leased.idempotency_key = job.idempotency_key();
   leased.checkpoint = job.checkpoint;
   leased.enqueued_at = job.created_at;
+  leased.timeout_at = job.timeout_at;
   return leased;
 }
 
@@ -150,7 +154,11 @@ void Broker::EndHoldLocked(const Job& job, bool lost, absl::Time now, Transition
   if (stream == nullptr) return;  // no stream held it, or the stream has ended since
   --stream->in_flight;
   if (stream->credit != nullptr && stream->credit->Give()) fx.refills.push_back(stream->credit);
-  if (lost) fx.lost.push_back({stream->sink, job.id});
+  if (lost) {
+    AttemptOutcome why =
+        job.attempts.empty() ? AttemptOutcome::kLeaseExpired : job.attempts.back().outcome;
+    fx.lost.push_back({stream->sink, job.id, why});
+  }
   EnlistLocked(*stream, now, t, fx);
 }
 

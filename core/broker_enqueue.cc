@@ -40,6 +40,15 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
       return absl::ResourceExhaustedError(
           absl::StrCat(where, "payload is ", s.payload.size(), " bytes; queue ", s.queue,
                        " accepts at most ", max_payload, " (its policy's max_payload_bytes)"));
+    if (s.expire_at.has_value()) {
+      // A job that could never start is a mistake the producer should hear of, not a dead job.
+      const absl::Time run_at = s.delay.has_value() ? now + *s.delay : s.run_at.value_or(now);
+      if (*s.expire_at <= std::max(run_at, now))
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "expire_at ",
+                         absl::FormatTime(absl::RFC3339_full, *s.expire_at, absl::UTCTimeZone()),
+                         " is not after the time the job could first run; it would never start"));
+    }
     if (!s.dedup_key.empty()) {
       auto key = std::make_pair(s.queue, s.dedup_key);
       uint64_t hash = PayloadHash(s.payload);
@@ -109,6 +118,8 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     job.concurrency_key = std::move(s.concurrency_key);
     job.created_at = now;
     job.lease_duration = s.lease_duration;
+    job.timeout = s.timeout;
+    job.expire_at = s.expire_at.value_or(absl::InfiniteFuture());
     job.run_at = now;
     if (s.delay.has_value()) job.run_at = now + *s.delay;
     if (s.run_at.has_value()) job.run_at = std::max(now, *s.run_at);

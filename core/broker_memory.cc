@@ -69,7 +69,8 @@ void Broker::DropUnreadableLocked(uint64_t seq, const std::string& id, absl::Sta
   jobs_.ForgetCold(seq);
   for (auto& [name, q] : queues_) {
     if (!q->all.contains(seq)) continue;
-    if (q->DropWaiting(seq) == JobState::kScheduled) deadlines_.DropScheduled(seq);
+    q->DropWaiting(seq);
+    deadlines_.DropScheduled(seq);  // its run_at and expiry, whichever it had
     break;
   }
   QuarantineLocked(CorruptRecord{RecordKind::kJob, id, std::move(why)});

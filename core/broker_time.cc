@@ -1,6 +1,7 @@
-// Broker: the work that comes due with time. Leases running out, delayed and backoff jobs coming
-// due, long polls timing out, retention and dedup keys expiring; and Tick, which does it all
-// and says when it next needs to run.
+// Broker: the work that comes due with time. Leases running out and attempts reaching their
+// run-time limit, waiting jobs expiring, delayed and backoff jobs coming due, long polls timing
+// out, retention and dedup keys expiring; and Tick, which does it all and says when it next needs
+// to run.
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/broker.h"
@@ -17,6 +18,15 @@ void Broker::ProcessDueLocked(absl::Time now, Transition& t, Effects& fx) {
     Job& job = jobs_.Hot(*seq);
     ExpireLeaseLocked(job, now, t, fx);
     touched.insert(&queues_.Get(job.queue));
+  }
+  // Before promotions: a job whose expire_at passed must not become leasable.
+  while (budget > 0) {
+    std::optional<uint64_t> seq = deadlines_.DueExpiry(now);
+    if (!seq.has_value()) break;
+    --budget;
+    Job* job = JobBySeqLocked(*seq);
+    if (job == nullptr) continue;  // unreadable: dropped from the deadlines
+    ExpireWaitingLocked(*job, now, t, fx);
   }
   // A job coming due is not persisted: recovery promotes a SCHEDULED job whose run_at passed.
   while (budget > 0) {
@@ -35,16 +45,40 @@ void Broker::ProcessDueLocked(absl::Time now, Transition& t, Effects& fx) {
 
 void Broker::ExpireLeaseLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
   UnindexLocked(job);
-  std::string error = absl::StrCat("lease expired: worker ", job.worker_id,
-                                   " did not ack, fail or heartbeat in time");
-  // The attempt ended when its lease did, even if the broker only notices later (after a restart).
-  FinishAttemptRecordLocked(job, job.lease_deadline, AttemptOutcome::kLeaseExpired, error);
-  EndAttemptFailedLocked(job, now, AttemptOutcome::kLeaseExpired, std::move(error), std::nullopt);
+  // The run-time limit wins when it comes first: heartbeats extend a lease, never the limit.
+  const bool timed_out = job.timeout_at <= job.lease_deadline;
+  const AttemptOutcome outcome =
+      timed_out ? AttemptOutcome::kTimedOut : AttemptOutcome::kLeaseExpired;
+  const absl::Time ended = job.active_deadline();
+  std::string error =
+      timed_out
+          ? absl::StrCat("timed out: attempt ", job.attempt, " on worker ", job.worker_id,
+                         " was still running at its run-time limit ",
+                         absl::FormatTime(absl::RFC3339_full, job.timeout_at, absl::UTCTimeZone()))
+          : absl::StrCat("lease expired: worker ", job.worker_id,
+                         " did not ack, fail or heartbeat in time");
+  // The attempt ended at its deadline, even if the broker only notices later (after a restart).
+  FinishAttemptRecordLocked(job, ended, outcome, error);
+  EndAttemptFailedLocked(job, now, outcome, std::move(error), std::nullopt);
   IndexLocked(job);
   t.put_jobs.push_back(job);
   fx.Touch(queues_.Get(job.queue).policy);
   // After the state change, so the freed slot can take this very job if it is due again.
   EndHoldLocked(job, /*lost=*/true, now, t, fx);
+}
+
+void Broker::ExpireWaitingLocked(Job& job, absl::Time now, Transition& t, Effects& fx) {
+  UnindexLocked(job);
+  job.state = JobState::kFailed;
+  job.fail_reason = FailReason::kExpired;
+  job.last_error =
+      absl::StrCat("expired: not started before its expire_at ",
+                   absl::FormatTime(absl::RFC3339_full, job.expire_at, absl::UTCTimeZone()));
+  job.completed_at = now;
+  observer_.Dead(job);
+  IndexLocked(job);
+  t.put_jobs.push_back(job);
+  fx.Touch(queues_.Get(job.queue).policy);
 }
 
 void Broker::TimeOutWaitersLocked(absl::Time now, int& budget, Effects& fx) {
@@ -126,7 +160,8 @@ absl::Time Broker::Tick() {
     commit = CommitChangeLocked(std::move(t), fx);
     if (writable) {
       next = NextDeadlineLocked();
-      bool more = deadlines_.DueLease(now).has_value() || deadlines_.DueScheduled(now).has_value();
+      bool more = deadlines_.DueLease(now).has_value() ||
+                  deadlines_.DueScheduled(now).has_value() || deadlines_.DueExpiry(now).has_value();
       if (budget <= 0 || more) next = now;
     } else {
       next = deadlines_.Earliest(/*jobs=*/false);

@@ -10,7 +10,8 @@
 namespace jobbroker::core {
 
 // The times at which the broker must act without being asked: SCHEDULED jobs coming due, leases
-// running out, long polls timing out; and when the ticker plans to run next, so that a new
+// running out (or attempts reaching their run-time limit), waiting jobs expiring, long polls
+// timing out; and when the ticker plans to run next, so that a new
 // deadline earlier than that wakes it.
 //
 // Each set is ordered by (time, id): the earliest is first. Ids are job seqs for jobs and
@@ -22,9 +23,15 @@ class Deadlines {
   bool HasScheduled(absl::Time run_at, uint64_t seq) const {
     return scheduled_.contains({run_at, seq});
   }
-  // Forgets the scheduled job `seq` whatever its time (a scan: for a record that cannot be read).
+  // Forgets the scheduled job `seq` whatever its time, and its expiry (a scan: for a record that
+  // cannot be read).
   void DropScheduled(uint64_t seq);
 
+  // READY and SCHEDULED jobs with an expire_at: they fail if still waiting then.
+  void AddExpiry(absl::Time expire_at, uint64_t seq);
+  void RemoveExpiry(absl::Time expire_at, uint64_t seq) { expiries_.erase({expire_at, seq}); }
+
+  // An ACTIVE job's deadline: the earlier of its lease's end and its attempt's run-time limit.
   void AddLease(absl::Time deadline, uint64_t seq);
   void RemoveLease(absl::Time deadline, uint64_t seq) { leases_.erase({deadline, seq}); }
 
@@ -36,6 +43,7 @@ class Deadlines {
   // The earliest job or consumer whose time is at or before `now`, if any.
   std::optional<uint64_t> DueLease(absl::Time now) const { return Due(leases_, now); }
   std::optional<uint64_t> DueScheduled(absl::Time now) const { return Due(scheduled_, now); }
+  std::optional<uint64_t> DueExpiry(absl::Time now) const { return Due(expiries_, now); }
   std::optional<uint64_t> DueWaiter(absl::Time now) const { return Due(waiters_, now); }
 
   // The earliest time in any set; InfiniteFuture if all are empty. With `jobs` false, only the
@@ -61,7 +69,8 @@ class Deadlines {
   }
 
   absl::btree_set<TimeKey> scheduled_;  // (run_at, job seq)
-  absl::btree_set<TimeKey> leases_;     // (lease_deadline, job seq)
+  absl::btree_set<TimeKey> leases_;     // (Job::active_deadline(), job seq)
+  absl::btree_set<TimeKey> expiries_;   // (expire_at, job seq) of READY and SCHEDULED jobs
   absl::btree_set<TimeKey> waiters_;    // (deadline, consumer handle)
   absl::Time next_wake_ = absl::InfinitePast();
 };

@@ -31,6 +31,8 @@ struct Effects {
   struct Notice {
     std::shared_ptr<StreamSink> sink;
     std::string job_id;
+    // For a lost lease: how the attempt ended (kLeaseExpired or kTimedOut).
+    AttemptOutcome outcome = AttemptOutcome::kLeaseExpired;
   };
   std::vector<Notice> lost;       // leases that ran out under a stream
   std::vector<Notice> cancelled;  // cancel requests for jobs a stream holds

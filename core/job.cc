@@ -2,6 +2,22 @@
 
 namespace jobbroker::core {
 
+const char* FailReasonLabel(FailReason r) {
+  switch (r) {
+    case FailReason::kNone:
+      return "";
+    case FailReason::kPermanent:
+      return "permanent";
+    case FailReason::kAttemptsExhausted:
+      return "attempts_exhausted";
+    case FailReason::kSnoozeLimit:
+      return "snooze_limit";
+    case FailReason::kExpired:
+      return "expired";
+  }
+  return "";
+}
+
 const char* JobStateName(JobState s) {
   switch (s) {
     case JobState::kReady:

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -19,16 +20,27 @@ enum class JobState : int {
   kFailed = 5,
   kCancelled = 6
 };
-enum class FailReason : int { kNone = 0, kPermanent = 1, kAttemptsExhausted = 2 };
+enum class FailReason : int {
+  kNone = 0,
+  kPermanent = 1,
+  kAttemptsExhausted = 2,
+  kSnoozeLimit = 3,  // snoozed more often than its queue's max_snoozes
+  kExpired = 4,      // not started before its expire_at
+};
 enum class AttemptOutcome : int {
   kRunning = 0,
   kCompleted = 1,
   kError = 2,
   kPermanentError = 3,
   kLeaseExpired = 4,
+  kTimedOut = 5,  // still running at its run-time limit (started + timeout)
+  kSnoozed = 6,   // given back for later (a Release with a delay); not counted as an attempt
 };
 
 const char* JobStateName(JobState s);  // "JOB_STATE_READY", ...
+// A dead job's reason as metrics and logs label it: "permanent", "attempts_exhausted",
+// "snooze_limit", "expired" ("" for kNone).
+const char* FailReasonLabel(FailReason r);
 inline bool IsTerminal(JobState s) {
   return s == JobState::kCompleted || s == JobState::kFailed || s == JobState::kCancelled;
 }
@@ -66,6 +78,11 @@ struct Job {
   absl::Time run_at = absl::InfinitePast();  // when READY/SCHEDULED may run
   // Lease length the producer asked for; ZeroDuration = the queue's.
   absl::Duration lease_duration = absl::ZeroDuration();
+  // Run-time limit of each attempt the producer asked for; ZeroDuration = the queue's.
+  absl::Duration timeout = absl::ZeroDuration();
+  // No attempt starts at or after this time: the job then ends FAILED (kExpired).
+  // InfiniteFuture = never.
+  absl::Time expire_at = absl::InfiniteFuture();
 
   // The current (or, after it ended, the latest) lease. Kept after the lease ends so that a late
   // Ack of that attempt can still be matched while no newer attempt has started.
@@ -73,7 +90,14 @@ struct Job {
   std::string worker_id;
   absl::Time lease_deadline = absl::InfinitePast();
   absl::Duration lease_length = absl::ZeroDuration();  // what the current lease was granted for
+  // When the current attempt times out whatever its heartbeats (started + its timeout);
+  // InfiniteFuture when it has no limit. Kept after the attempt ends, like the lease.
+  absl::Time timeout_at = absl::InfiniteFuture();
   bool cancel_requested = false;
+  // Times a worker gave the job back for later (a Release with a delay); no attempt counted.
+  int snoozes = 0;
+  // What the latest Heartbeat said of the attempt's progress (JSON by convention); kept.
+  std::string progress;
 
   std::string last_error;
   FailReason fail_reason = FailReason::kNone;
@@ -81,6 +105,10 @@ struct Job {
   std::string result;
   std::string checkpoint;
   absl::Time completed_at = absl::InfinitePast();  // when it became terminal
+
+  // When the broker must end the current attempt if no ack comes: its lease deadline or, if
+  // earlier, its run-time limit. Orders ACTIVE jobs in the deadlines.
+  absl::Time active_deadline() const { return std::min(lease_deadline, timeout_at); }
 
   // The key a worker passes to side effects: the dedup key, else the job id.
   const std::string& idempotency_key() const { return dedup_key.empty() ? id : dedup_key; }

@@ -56,6 +56,8 @@ void PolicyOverride::MergeFrom(const PolicyOverride& top) {
   merge(max_payload_bytes, top.max_payload_bytes);
   merge(durability, top.durability);
   merge(group_commit_delay, top.group_commit_delay);
+  merge(timeout, top.timeout);
+  merge(max_snoozes, top.max_snoozes);
 }
 
 QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
@@ -82,6 +84,8 @@ QueuePolicy PolicyOverride::ApplyTo(QueuePolicy p) const {
   apply(p.max_payload_bytes, max_payload_bytes);
   apply(p.durability, durability);
   apply(p.group_commit_delay, group_commit_delay);
+  apply(p.timeout, timeout);
+  apply(p.max_snoozes, max_snoozes);
   return p;
 }
 
@@ -122,6 +126,9 @@ absl::Status ValidatePolicy(const QueuePolicy& p, const char* prefix) {
     return bad("durability", "must be DURABILITY_SYNC, DURABILITY_GROUP or DURABILITY_NONE");
   if (p.group_commit_delay < kMinGroupCommitDelay || p.group_commit_delay > kMaxGroupCommitDelay)
     return bad("group_commit_delay", "must be between 1ms and 1s");
+  if (p.timeout != absl::ZeroDuration() && (p.timeout < kMinTimeout || p.timeout > kMaxTimeout))
+    return bad("timeout", "must be 0 (none) or between 100ms and 720h");
+  if (p.max_snoozes < 0) return bad("max_snoozes", "must not be negative");
   return absl::OkStatus();
 }
 

@@ -70,6 +70,12 @@ struct QueuePolicy {
   Durability durability = Durability::kSync;
   // kGroup: the longest an answered change waits for its fsync.
   absl::Duration group_commit_delay = absl::Milliseconds(10);
+  // Run-time limit of an attempt, heartbeats or not; ZeroDuration = none. A job's own timeout
+  // replaces it.
+  absl::Duration timeout = absl::ZeroDuration();
+  // Snoozes (Release with a delay) a job may take; one more fails it (kSnoozeLimit). 0 =
+  // unlimited.
+  int max_snoozes = 0;
 
   bool operator==(const QueuePolicy&) const = default;
 };
@@ -97,6 +103,8 @@ struct PolicyOverride {
   std::optional<int64_t> max_payload_bytes;
   std::optional<Durability> durability;
   std::optional<absl::Duration> group_commit_delay;
+  std::optional<absl::Duration> timeout;
+  std::optional<int> max_snoozes;
 
   // Copies every field set in `top` over this one.
   void MergeFrom(const PolicyOverride& top);
@@ -117,6 +125,10 @@ inline constexpr int64_t kMaxPayloadBytesCeiling = 16 << 20;
 // a power loss could take back more than operators expect of a "group commit".
 inline constexpr absl::Duration kMinGroupCommitDelay = absl::Milliseconds(1);
 inline constexpr absl::Duration kMaxGroupCommitDelay = absl::Seconds(1);
+// Bounds of a run-time limit (a queue's timeout, a job's): as short as a lease may be, and at
+// most 30 days, beyond which nobody means "limit".
+inline constexpr absl::Duration kMinTimeout = kMinLeaseDuration;
+inline constexpr absl::Duration kMaxTimeout = absl::Hours(24 * 30);
 
 // kInvalidArgument naming the first out-of-range field (e.g. "policy.retry.max_attempts must be
 // at least 1"); `prefix` is put before field names.

@@ -28,6 +28,7 @@ class RecoveredState final : public RecoveryVisitor {
     uint32_t queue = 0;  // index into queue_names
     JobState state = JobState::kReady;
     std::string concurrency_key;
+    absl::Time expire_at = absl::InfiniteFuture();
   };
 
   explicit RecoveredState(int64_t hot_limit) : hot_limit_(hot_limit) {}

@@ -29,6 +29,8 @@ struct EnqueueSpec {
   int max_attempts = 0;                                  // 0 = the queue's
   absl::Duration lease_duration = absl::ZeroDuration();  // zero = the queue's
   std::string concurrency_key;
+  absl::Duration timeout = absl::ZeroDuration();  // run-time limit; zero = the queue's
+  std::optional<absl::Time> expire_at;            // no attempt starts from then on
 };
 
 struct EnqueueResult {
@@ -68,6 +70,8 @@ struct LeasedJob {
   std::string idempotency_key;
   std::string checkpoint;
   absl::Time enqueued_at;
+  // When the attempt times out whatever its heartbeats; InfiniteFuture if it has no limit.
+  absl::Time timeout_at = absl::InfiniteFuture();
 };
 
 struct HeartbeatSpec {
@@ -75,6 +79,7 @@ struct HeartbeatSpec {
   std::string lease_id;
   absl::Duration extend_by = absl::ZeroDuration();  // zero = the lease's own length
   std::optional<std::string> checkpoint;
+  std::optional<std::string> progress;  // set = replaces the job's progress
 };
 
 struct HeartbeatResult {
@@ -104,6 +109,9 @@ struct FailResult {
 struct ReleaseSpec {
   std::string job_id;
   std::string lease_id;
+  // Snooze: the job comes back this much later, SCHEDULED, and counts a snooze (not an
+  // attempt). Unset or zero: READY again at once.
+  std::optional<absl::Duration> delay;
 };
 
 struct ListJobsSpec {
@@ -156,6 +164,7 @@ inline constexpr size_t kMaxKeyBytes = 256;  // dedup_key, concurrency_key, work
 // max_payload_bytes (1 MiB by default, at most this much).
 inline constexpr size_t kMaxPayloadBytes = kMaxPayloadBytesCeiling;
 inline constexpr size_t kMaxCheckpointBytes = 4 << 20;  // a checkpoint, and a result
+inline constexpr size_t kMaxProgressBytes = 64 << 10;   // a heartbeat's progress
 
 inline constexpr size_t kMaxHeaders = 64;
 inline constexpr size_t kMaxHeaderBytes = 64 << 10;  // all names and values together

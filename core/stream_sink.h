@@ -21,8 +21,10 @@ class StreamSink {
   virtual void PushJobs(std::vector<LeasedJob> jobs) {
     for (LeasedJob& job : jobs) PushJob(std::move(job));
   }
-  // A lease this stream held ran out: the worker must stop working on the job.
-  virtual void LeaseLost(std::string job_id) = 0;
+  // A lease this stream held ended without an answer from the worker: it ran out
+  // (kLeaseExpired) or the attempt reached its run-time limit (kTimedOut). The worker must stop
+  // working on the job.
+  virtual void LeaseLost(std::string job_id, AttemptOutcome outcome) = 0;
   // An operator cancelled a job this stream holds.
   virtual void CancelRequested(std::string job_id) = 0;
   // The broker is shutting down, or rebuilt its state after a storage failure (the worker

@@ -76,6 +76,12 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
                    absl::StrCat("must be between 0 (the queue's) and ", kMaxAttemptsLimit));
   if (absl::Status s = ValidateLeaseLength(spec.lease_duration, "lease_duration"); !s.ok())
     return s;
+  if (spec.timeout < absl::ZeroDuration()) return Invalid("timeout", "must not be negative");
+  if (spec.timeout != absl::ZeroDuration() &&
+      (spec.timeout < kMinTimeout || spec.timeout > kMaxTimeout))
+    return Invalid("timeout", "must be between 100ms and 720h (or unset: the queue's)");
+  if (spec.expire_at.has_value() && spec.run_at.has_value() && *spec.expire_at <= *spec.run_at)
+    return Invalid("expire_at", "must be after run_at: the job could never start");
   return ValidateKey(spec.concurrency_key, "concurrency_key", false);
 }
 
@@ -94,11 +100,23 @@ absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_
 
 absl::Status ValidateJobId(absl::string_view job_id) { return ValidateKey(job_id, "job_id", true); }
 
+absl::Status ValidateReleaseSpec(const ReleaseSpec& spec) {
+  if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
+  if (spec.delay.has_value() && *spec.delay < absl::ZeroDuration())
+    return Invalid("delay", "must not be negative");
+  if (spec.delay.has_value() && *spec.delay > kMaxSnooze)
+    return Invalid("delay", "must be at most 720h");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec) {
   if (absl::Status s = ValidateLeaseRef(spec.job_id, spec.lease_id); !s.ok()) return s;
   if (spec.checkpoint.has_value() && spec.checkpoint->size() > kMaxCheckpointBytes)
     return absl::ResourceExhaustedError(absl::StrCat("checkpoint is ", spec.checkpoint->size(),
                                                      " bytes; the limit is ", kMaxCheckpointBytes));
+  if (spec.progress.has_value() && spec.progress->size() > kMaxProgressBytes)
+    return absl::ResourceExhaustedError(absl::StrCat("progress is ", spec.progress->size(),
+                                                     " bytes; the limit is ", kMaxProgressBytes));
   return ValidateLeaseLength(spec.extend_by, "extend_by");
 }
 

@@ -14,6 +14,8 @@ namespace jobbroker::core {
 
 // The longest a Lease may wait for a job.
 inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
+// The longest a worker may snooze a job (Release with a delay).
+inline constexpr absl::Duration kMaxSnooze = absl::Hours(24 * 30);
 
 // Checks of request shape that need no broker state. Each returns kInvalidArgument (or
 // kResourceExhausted for an oversized payload or result) with a message that starts with the
@@ -27,6 +29,8 @@ absl::Status ValidateLeaseSpec(const LeaseSpec& spec);
 absl::Status ValidateLeaseRef(absl::string_view job_id, absl::string_view lease_id);
 // A job id alone (the admin calls): present and not over-long.
 absl::Status ValidateJobId(absl::string_view job_id);
+// A Release: the lease reference, and a snooze delay between 0 and kMaxSnooze.
+absl::Status ValidateReleaseSpec(const ReleaseSpec& spec);
 // A dedup key a caller names (Enqueue, ListJobs): empty (none) or at most 256 bytes.
 absl::Status ValidateDedupKey(absl::string_view key);
 absl::Status ValidateHeartbeatSpec(const HeartbeatSpec& spec);

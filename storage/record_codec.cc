@@ -79,7 +79,7 @@ absl::StatusOr<core::JobState> ToJobState(int32_t v) {
 
 absl::StatusOr<core::FailReason> ToFailReason(int32_t v) {
   if (v < static_cast<int32_t>(core::FailReason::kNone) ||
-      v > static_cast<int32_t>(core::FailReason::kAttemptsExhausted)) {
+      v > static_cast<int32_t>(core::FailReason::kExpired)) {
     return BadEnum("JobRecord", "fail_reason", v);
   }
   return static_cast<core::FailReason>(v);
@@ -87,7 +87,7 @@ absl::StatusOr<core::FailReason> ToFailReason(int32_t v) {
 
 absl::StatusOr<core::AttemptOutcome> ToAttemptOutcome(int32_t v) {
   if (v < static_cast<int32_t>(core::AttemptOutcome::kRunning) ||
-      v > static_cast<int32_t>(core::AttemptOutcome::kLeaseExpired)) {
+      v > static_cast<int32_t>(core::AttemptOutcome::kSnoozed)) {
     return BadEnum("JobRecord", "attempts.outcome", v);
   }
   return static_cast<core::AttemptOutcome>(v);
@@ -153,6 +153,11 @@ std::string EncodeJob(const core::Job& job) {
   r.set_result(job.result);
   r.set_checkpoint(job.checkpoint);
   r.set_completed_at_us(TimeToMicros(job.completed_at));
+  r.set_timeout_us(DurationToMicros(job.timeout));
+  if (job.timeout_at != absl::InfiniteFuture()) r.set_timeout_at_us(TimeToMicros(job.timeout_at));
+  if (job.expire_at != absl::InfiniteFuture()) r.set_expire_at_us(TimeToMicros(job.expire_at));
+  r.set_snoozes(job.snoozes);
+  r.set_progress(job.progress);
   return r.SerializeAsString();
 }
 
@@ -208,6 +213,11 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
   job.result = r.result();
   job.checkpoint = r.checkpoint();
   job.completed_at = MicrosToTime(r.completed_at_us());
+  job.timeout = MicrosToDuration(r.timeout_us());
+  if (r.has_timeout_at_us()) job.timeout_at = MicrosToTime(r.timeout_at_us());
+  if (r.has_expire_at_us()) job.expire_at = MicrosToTime(r.expire_at_us());
+  job.snoozes = r.snoozes();
+  job.progress = r.progress();
   return job;
 }
 
@@ -258,6 +268,8 @@ std::string EncodePolicy(const core::PolicyOverride& p) {
   if (p.max_payload_bytes) r.set_max_payload_bytes(*p.max_payload_bytes);
   if (p.durability) r.set_durability(static_cast<int32_t>(*p.durability));
   if (p.group_commit_delay) r.set_group_commit_delay_us(DurationToMicros(*p.group_commit_delay));
+  if (p.timeout) r.set_timeout_us(DurationToMicros(*p.timeout));
+  if (p.max_snoozes) r.set_max_snoozes(*p.max_snoozes);
   return r.SerializeAsString();
 }
 
@@ -296,6 +308,8 @@ absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes) {
     if (!durability.ok()) return durability.status();
     p.durability = *durability;
   }
+  if (r.has_timeout_us()) p.timeout = MicrosToDuration(r.timeout_us());
+  if (r.has_max_snoozes()) p.max_snoozes = r.max_snoozes();
   if (r.has_group_commit_delay_us()) {
     p.group_commit_delay = MicrosToDuration(r.group_commit_delay_us());
   }

@@ -83,6 +83,16 @@ absl::StatusOr<core::EnqueueSpec> FromProto(const v1::EnqueueRequest& req) {
     s.lease_duration = *d;
   }
   s.concurrency_key = req.concurrency_key();
+  if (req.has_timeout()) {
+    absl::StatusOr<absl::Duration> d = FromProto(req.timeout(), "timeout");
+    if (!d.ok()) return d.status();
+    s.timeout = *d;
+  }
+  if (req.has_expire_at()) {
+    absl::StatusOr<absl::Time> t = FromProto(req.expire_at(), "expire_at");
+    if (!t.ok()) return t.status();
+    s.expire_at = *t;
+  }
   return s;
 }
 
@@ -109,6 +119,7 @@ absl::StatusOr<core::HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req) {
     s.extend_by = *d;
   }
   if (req.has_checkpoint()) s.checkpoint = req.checkpoint();
+  if (req.has_progress()) s.progress = req.progress();
   return s;
 }
 
@@ -133,8 +144,14 @@ std::vector<core::AckSpec> FromProto(const v1::AckBatchRequest& req) {
   return specs;
 }
 
-core::ReleaseSpec FromProto(const v1::ReleaseRequest& req) {
-  return core::ReleaseSpec{req.job_id(), req.lease_id()};
+absl::StatusOr<core::ReleaseSpec> FromProto(const v1::ReleaseRequest& req) {
+  core::ReleaseSpec s{req.job_id(), req.lease_id(), std::nullopt};
+  if (req.has_delay()) {
+    absl::StatusOr<absl::Duration> d = FromProto(req.delay(), "delay");
+    if (!d.ok()) return d.status();
+    s.delay = *d;
+  }
+  return s;
 }
 
 absl::StatusOr<core::SubscribeSpec> FromProto(const v1::SubscribeRequest& req) {
@@ -278,6 +295,10 @@ absl::StatusOr<core::PolicyOverride> FromProto(const v1::QueuePolicy& p, absl::s
         !s.ok())
       return s;
   }
+  if (p.has_timeout()) {
+    if (auto s = duration(p.timeout(), "timeout", o.timeout); !s.ok()) return s;
+  }
+  if (p.has_max_snoozes()) o.max_snoozes = p.max_snoozes();
   return o;
 }
 
@@ -339,6 +360,7 @@ void ToProto(const core::LeasedJob& j, v1::LeasedJob* out) {
   out->set_idempotency_key(j.idempotency_key);
   out->set_checkpoint(j.checkpoint);
   if (HasTime(j.enqueued_at)) ToProto(j.enqueued_at, out->mutable_enqueued_at());
+  if (HasTime(j.timeout_at)) ToProto(j.timeout_at, out->mutable_timeout_at());
 }
 
 void ToProto(const core::Job& j, v1::Job* out) {
@@ -374,6 +396,12 @@ void ToProto(const core::Job& j, v1::Job* out) {
   if (HasTime(j.completed_at)) ToProto(j.completed_at, out->mutable_completed_at());
   out->set_cancel_requested(j.cancel_requested);
   out->set_idempotency_key(j.idempotency_key());
+  if (j.timeout > absl::ZeroDuration()) ToProto(j.timeout, out->mutable_timeout());
+  if (j.state == core::JobState::kActive && HasTime(j.timeout_at))
+    ToProto(j.timeout_at, out->mutable_timeout_at());
+  if (HasTime(j.expire_at)) ToProto(j.expire_at, out->mutable_expire_at());
+  out->set_snoozes(j.snoozes);
+  out->set_progress(j.progress);
 }
 
 void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out) {
@@ -398,6 +426,8 @@ void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out) {
   out->set_max_payload_bytes(p.max_payload_bytes);
   out->set_durability(static_cast<v1::Durability>(p.durability));
   ToProto(p.group_commit_delay, out->mutable_group_commit_delay());
+  ToProto(p.timeout, out->mutable_timeout());
+  out->set_max_snoozes(p.max_snoozes);
 }
 
 void ToProto(const core::QueueInfo& q, v1::QueueInfo* out) {

@@ -39,7 +39,7 @@ absl::StatusOr<core::HeartbeatSpec> FromProto(const v1::HeartbeatRequest& req);
 core::AckSpec FromProto(const v1::AckRequest& req);
 std::vector<core::AckSpec> FromProto(const v1::AckBatchRequest& req);
 absl::StatusOr<core::FailSpec> FromProto(const v1::FailRequest& req);
-core::ReleaseSpec FromProto(const v1::ReleaseRequest& req);
+absl::StatusOr<core::ReleaseSpec> FromProto(const v1::ReleaseRequest& req);
 absl::StatusOr<core::SubscribeSpec> FromProto(const v1::SubscribeRequest& req);
 absl::StatusOr<core::ListJobsSpec> FromProto(const v1::ListJobsRequest& req);
 // RetryJob's two forms: job_id (one job) or queue (bulk), exactly one; state, dry_run and limit

@@ -247,8 +247,10 @@ grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ct
                                     stub.async()->Release(c, req, resp, std::move(done));
                                   }))
     return forwarded;
+  absl::StatusOr<core::ReleaseSpec> spec = FromProto(*req);
+  if (!spec.ok()) return UnaryCall(ctx, timing).Finish(spec.status());
   UnaryCall call(ctx, timing);
-  broker_.Release(FromProto(*req), [call](absl::Status s) { call.Finish(s); });
+  broker_.Release(std::move(*spec), [call](absl::Status s) { call.Finish(s); });
   return call.reactor();
 }
 

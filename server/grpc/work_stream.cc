@@ -55,9 +55,10 @@ class WorkStream::Sink final : public core::StreamSink {
     for (size_t i = 0; i < jobs.size(); ++i) ToProto(jobs[i], messages[i].mutable_job());
     ForwardAll(std::move(messages));
   }
-  void LeaseLost(std::string job_id) override {
+  void LeaseLost(std::string job_id, core::AttemptOutcome outcome) override {
     v1::WorkResponse m;
     m.mutable_lease_lost()->set_job_id(std::move(job_id));
+    m.mutable_lease_lost()->set_outcome(static_cast<v1::AttemptOutcome>(outcome));
     Forward(std::move(m));
   }
   void CancelRequested(std::string job_id) override {
@@ -266,8 +267,11 @@ void WorkStream::Handle(const v1::WorkRequest& request) {
       if (!spec.ok()) return Answer(id, spec.status());
       return broker_.Fail(std::move(*spec), AnswerWhenDone<absl::StatusOr<core::FailResult>>(id));
     }
-    case v1::WorkRequest::kRelease:
-      return broker_.Release(FromProto(request.release()), AnswerWhenDone<absl::Status>(id));
+    case v1::WorkRequest::kRelease: {
+      absl::StatusOr<core::ReleaseSpec> spec = FromProto(request.release());
+      if (!spec.ok()) return Answer(id, spec.status());
+      return broker_.Release(std::move(*spec), AnswerWhenDone<absl::Status>(id));
+    }
     case v1::WorkRequest::kFlow: {
       uint64_t stream;
       {

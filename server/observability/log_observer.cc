@@ -20,6 +20,10 @@ const char* OutcomeName(core::AttemptOutcome o) {
       return "permanent_error";
     case core::AttemptOutcome::kLeaseExpired:
       return "lease_expired";
+    case core::AttemptOutcome::kTimedOut:
+      return "timed_out";
+    case core::AttemptOutcome::kSnoozed:
+      return "snoozed";
     case core::AttemptOutcome::kRunning:
       break;
   }
@@ -46,12 +50,16 @@ void LogObserver::Leased(const core::Job& job, absl::Duration waited) {
 
 void LogObserver::AttemptEnded(const core::Job& job, core::AttemptOutcome outcome,
                                absl::Duration ran) {
-  // A lease running out means a worker died, hung or lost its connection: worth a warning.
-  LogLevel level =
-      outcome == core::AttemptOutcome::kLeaseExpired ? LogLevel::kWarn : LogLevel::kDebug;
+  // A lease running out means a worker died, hung or lost its connection, and a time-out a
+  // handler that ran too long: both worth a warning.
+  const bool warn =
+      outcome == core::AttemptOutcome::kLeaseExpired || outcome == core::AttemptOutcome::kTimedOut;
+  LogLevel level = warn ? LogLevel::kWarn : LogLevel::kDebug;
   if (!Log::Enabled(level)) return;
   Log::Write(level,
-             outcome == core::AttemptOutcome::kLeaseExpired ? "lease_expired" : "attempt_ended",
+             outcome == core::AttemptOutcome::kLeaseExpired ? "lease_expired"
+             : outcome == core::AttemptOutcome::kTimedOut   ? "attempt_timed_out"
+                                                            : "attempt_ended",
              {{"queue", job.queue},
               {"job_id", job.id},
               {"attempt", absl::StrCat(job.attempt)},
@@ -73,15 +81,13 @@ void LogObserver::Retried(const core::Job& job) {
 }
 
 void LogObserver::Dead(const core::Job& job) {
-  Log::Write(
-      LogLevel::kWarn, "job_dead",
-      {{"queue", job.queue},
-       {"job_id", job.id},
-       {"attempt", absl::StrCat(job.attempt)},
-       {"worker_id", job.worker_id},
-       {"fail_reason",
-        job.fail_reason == core::FailReason::kPermanent ? "permanent" : "attempts_exhausted"},
-       {"reason", job.last_error}});
+  Log::Write(LogLevel::kWarn, "job_dead",
+             {{"queue", job.queue},
+              {"job_id", job.id},
+              {"attempt", absl::StrCat(job.attempt)},
+              {"worker_id", job.worker_id},
+              {"fail_reason", core::FailReasonLabel(job.fail_reason)},
+              {"reason", job.last_error}});
 }
 
 void LogObserver::Cancelled(const core::Job& job) {

@@ -31,9 +31,13 @@ struct MetricsObserver::QueueMetrics {
   prometheus::Counter* error;
   prometheus::Counter* permanent_error;
   prometheus::Counter* lease_expired;
+  prometheus::Counter* timed_out;
+  prometheus::Counter* snoozed;
   prometheus::Counter* retried;
   prometheus::Counter* dead_permanent;
   prometheus::Counter* dead_exhausted;
+  prometheus::Counter* dead_snooze_limit;
+  prometheus::Counter* dead_expired;
   prometheus::Counter* cancelled;
   prometheus::Counter* released;
   prometheus::Histogram* schedule_to_start;
@@ -91,9 +95,13 @@ MetricsObserver::QueueMetrics& MetricsObserver::For(const std::string& queue) {
   m->error = &attempts_.Add(with("outcome", "error"));
   m->permanent_error = &attempts_.Add(with("outcome", "permanent_error"));
   m->lease_expired = &attempts_.Add(with("outcome", "lease_expired"));
+  m->timed_out = &attempts_.Add(with("outcome", "timed_out"));
+  m->snoozed = &attempts_.Add(with("outcome", "snoozed"));
   m->retried = &retried_.Add(q);
   m->dead_permanent = &dead_.Add(with("reason", "permanent"));
   m->dead_exhausted = &dead_.Add(with("reason", "attempts_exhausted"));
+  m->dead_snooze_limit = &dead_.Add(with("reason", "snooze_limit"));
+  m->dead_expired = &dead_.Add(with("reason", "expired"));
   m->cancelled = &cancelled_.Add(q);
   m->released = &released_.Add(q);
   m->schedule_to_start = &schedule_to_start_.Add(q, kJobSeconds);
@@ -130,6 +138,12 @@ void MetricsObserver::AttemptEnded(const core::Job& job, core::AttemptOutcome ou
     case core::AttemptOutcome::kLeaseExpired:
       m.lease_expired->Increment();
       break;
+    case core::AttemptOutcome::kTimedOut:
+      m.timed_out->Increment();
+      break;
+    case core::AttemptOutcome::kSnoozed:
+      m.snoozed->Increment();
+      break;
     case core::AttemptOutcome::kRunning:
       return;
   }
@@ -140,8 +154,21 @@ void MetricsObserver::Retried(const core::Job& job) { For(job.queue).retried->In
 
 void MetricsObserver::Dead(const core::Job& job) {
   QueueMetrics& m = For(job.queue);
-  (job.fail_reason == core::FailReason::kPermanent ? m.dead_permanent : m.dead_exhausted)
-      ->Increment();
+  switch (job.fail_reason) {
+    case core::FailReason::kPermanent:
+      m.dead_permanent->Increment();
+      break;
+    case core::FailReason::kSnoozeLimit:
+      m.dead_snooze_limit->Increment();
+      break;
+    case core::FailReason::kExpired:
+      m.dead_expired->Increment();
+      break;
+    case core::FailReason::kAttemptsExhausted:
+    case core::FailReason::kNone:
+      m.dead_exhausted->Increment();
+      break;
+  }
 }
 
 void MetricsObserver::Cancelled(const core::Job& job) { For(job.queue).cancelled->Increment(); }

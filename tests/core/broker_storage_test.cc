@@ -161,7 +161,7 @@ TEST_F(BrokerStorageTest, NothingIsLeasedAndNothingExpiresWhileTheStoreFails) {
 class EndSink : public StreamSink {
  public:
   void PushJob(LeasedJob) override {}
-  void LeaseLost(std::string) override {}
+  void LeaseLost(std::string, core::AttemptOutcome) override {}
   void CancelRequested(std::string) override {}
   void End(absl::Status s) override { ended = s; }
   std::optional<absl::Status> ended;

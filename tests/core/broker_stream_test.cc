@@ -259,7 +259,7 @@ class FirstPushSink : public StreamSink {
       pushed.Notify();
     }
   }
-  void LeaseLost(std::string) override {}
+  void LeaseLost(std::string, core::AttemptOutcome) override {}
   void CancelRequested(std::string) override {}
   void End(absl::Status) override {}
   absl::Notification pushed;

@@ -9,7 +9,7 @@ namespace {
 class NullSink final : public StreamSink {
  public:
   void PushJob(LeasedJob) override {}
-  void LeaseLost(std::string) override {}
+  void LeaseLost(std::string, core::AttemptOutcome) override {}
   void CancelRequested(std::string) override {}
   void End(absl::Status) override {}
 };

@@ -602,6 +602,43 @@ void AddEnqueueRows(std::vector<Row>& rows) {
     *r.mutable_lease_duration() = Dur(absl::Hours(12));
   });
 
+  row("timeout", "negative", Invalid("timeout"),
+      [](Env&, R& r) { *r.mutable_timeout() = Dur(absl::Seconds(-1)); });
+  row("timeout", "of_99ms", Invalid("timeout"),
+      [](Env&, R& r) { *r.mutable_timeout() = Dur(absl::Milliseconds(99)); });
+  row("timeout", "over_720h", Invalid("timeout"),
+      [](Env&, R& r) { *r.mutable_timeout() = Dur(absl::Hours(720) + absl::Nanoseconds(1)); });
+  row("timeout", "with_nanos_of_the_other_sign", Invalid("timeout"),
+      [](Env&, R& r) { *r.mutable_timeout() = MixedSignDuration(); });
+  // Accepted jobs are never leased here, so their limits never start to run.
+  row("timeout", "of_100ms_ok", Accepted(), [](Env&, R& r) {
+    r.set_queue("edge-timeout");
+    *r.mutable_timeout() = Dur(absl::Milliseconds(100));
+  });
+  row("timeout", "of_720h_ok", Accepted(), [](Env&, R& r) {
+    r.set_queue("edge-timeout");
+    *r.mutable_timeout() = Dur(absl::Hours(720));
+  });
+
+  row("expire_at", "in_the_past", Invalid("expire_at"),
+      [](Env&, R& r) { r.mutable_expire_at()->set_seconds(1'000'000'000); });
+  row("expire_at", "before_run_at", Invalid("expire_at"), [](Env&, R& r) {
+    r.mutable_run_at()->set_seconds(kTimestampMaxSeconds);
+    r.mutable_expire_at()->set_seconds(kTimestampMaxSeconds - 1);
+  });
+  row("expire_at", "before_the_delay_ends", Invalid("expire_at"), [](Env&, R& r) {
+    *r.mutable_delay() = Dur(absl::Hours(24 * 365 * 100));
+    r.mutable_expire_at()->set_seconds(absl::ToUnixSeconds(absl::Now()) + 3600);
+  });
+  row("expire_at", "with_nanos_out_of_range", Invalid("expire_at"),
+      [](Env&, R& r) { r.mutable_expire_at()->set_nanos(-1); });
+  row("expire_at", "beyond_the_Timestamp_range", Invalid("expire_at"),
+      [](Env&, R& r) { r.mutable_expire_at()->set_seconds(kTimestampMaxSeconds + 1); });
+  row("expire_at", "of_9999_12_31_ok", Accepted(), [](Env&, R& r) {
+    r.set_queue("edge-expire-at");
+    r.mutable_expire_at()->set_seconds(kTimestampMaxSeconds);
+  });
+
   row("concurrency_key", "over_256_bytes", Invalid("concurrency_key"),
       [](Env&, R& r) { r.set_concurrency_key(Bytes(257, 'c')); });
   row("concurrency_key", "of_exactly_256_bytes_ok", Accepted(), [](Env&, R& r) {
@@ -770,6 +807,14 @@ void AddAttemptRows(std::vector<Row>& rows) {
     r.set_lease_id(job.lease_id());
     r.set_checkpoint(Bytes(4 * kMiB));
   }));
+  rows.push_back(Case<H>("progress", "over_64_KiB", TooBig("progress"),
+                         [](Env&, H& r) { r.set_progress(Bytes(64 * kKiB + 1)); }));
+  rows.push_back(Case<H>("progress", "of_exactly_64_KiB_ok", Accepted(), [](Env& env, H& r) {
+    v1::LeasedJob job = env.Fresh("edge-heartbeat");
+    r.set_job_id(job.job_id());
+    r.set_lease_id(job.lease_id());
+    r.set_progress(Bytes(64 * kKiB));
+  }));
 
   using A = v1::AckRequest;
   rows.push_back(Case<A>("result", "over_4_MiB", TooBig("result"),
@@ -808,6 +853,19 @@ void AddAttemptRows(std::vector<Row>& rows) {
     v1::LeasedJob job = env.Fresh("edge-release");
     r.set_job_id(job.job_id());
     r.set_lease_id(job.lease_id());
+  }));
+  rows.push_back(Case<L>("delay", "negative", Invalid("delay"),
+                         [](Env&, L& r) { *r.mutable_delay() = Dur(absl::Seconds(-1)); }));
+  rows.push_back(Case<L>("delay", "with_nanos_of_the_other_sign", Invalid("delay"),
+                         [](Env&, L& r) { *r.mutable_delay() = MixedSignDuration(); }));
+  rows.push_back(Case<L>("delay", "over_720h", Invalid("delay"), [](Env&, L& r) {
+    *r.mutable_delay() = Dur(absl::Hours(720) + absl::Seconds(1));
+  }));
+  rows.push_back(Case<L>("delay", "of_720h_ok", Accepted(), [](Env& env, L& r) {
+    v1::LeasedJob job = env.Fresh("edge-release");
+    r.set_job_id(job.job_id());
+    r.set_lease_id(job.lease_id());
+    *r.mutable_delay() = Dur(absl::Hours(720));  // SCHEDULED for the rest of the suite
   }));
 }
 
@@ -1205,6 +1263,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.QueuePolicy", "rate_limit"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "durability"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "group_commit_delay"}, kPolicyTest},
+      {{"jobbroker.v1.QueuePolicy", "timeout"}, kPolicyTest},
+      {{"jobbroker.v1.QueuePolicy", "max_snoozes"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_attempts"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "initial_backoff"}, kPolicyTest},
       {{"jobbroker.v1.RetryPolicy", "max_backoff"}, kPolicyTest},

@@ -238,6 +238,10 @@ TEST_F(PolicyTest, OutOfRangeValuesAreRefusedNamingTheFieldAndChangeNothing) {
       {R"({"groupCommitDelay": "0.0009s"})", "group_commit_delay"},
       {R"({"groupCommitDelay": "1.001s"})", "group_commit_delay"},
       {R"({"durability": 7})", "durability"},
+      {R"({"timeout": "0.099s"})", "timeout"},
+      {R"({"timeout": "2592001s"})", "timeout"},
+      {R"({"timeout": "-1s"})", "timeout"},
+      {R"({"maxSnoozes": -1})", "max_snoozes"},
   };
   for (const auto& [json, field] : cases) {
     EXPECT_THAT(SetPolicy("bounds", json), StatusIs(StatusCode::INVALID_ARGUMENT, HasSubstr(field)))
@@ -252,6 +256,10 @@ TEST_F(PolicyTest, OutOfRangeValuesAreRefusedNamingTheFieldAndChangeNothing) {
   EXPECT_EQ(FromProto(info.policy().lease_duration()), absl::Milliseconds(100));
   ASSERT_THAT(SetPolicy("bounds", R"({"leaseDuration": "43200s"})", &info), IsOk());
   EXPECT_EQ(FromProto(info.policy().lease_duration()), absl::Hours(12));
+  ASSERT_THAT(SetPolicy("bounds", R"({"timeout": "2592000s"})", &info), IsOk());
+  EXPECT_EQ(FromProto(info.policy().timeout()), absl::Hours(720));
+  ASSERT_THAT(SetPolicy("bounds", R"({"timeout": "0.1s"})", &info), IsOk());
+  EXPECT_EQ(FromProto(info.policy().timeout()), absl::Milliseconds(100));
 }
 
 TEST_F(PolicyTest, AnOutOfRangePolicyInTheConfigStopsTheStart) {

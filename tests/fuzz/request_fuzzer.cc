@@ -569,7 +569,7 @@ class Harness {
   class Sink final : public core::StreamSink {
    public:
     void PushJob(core::LeasedJob) override { ++pushed; }
-    void LeaseLost(std::string) override {}
+    void LeaseLost(std::string, core::AttemptOutcome) override {}
     void CancelRequested(std::string) override {}
     void End(absl::Status) override {}
     int pushed = 0;

@@ -82,6 +82,8 @@ TEST(EnqueueFromProtoTest, CopiesEveryField) {
   req.set_max_attempts(3);
   *req.mutable_lease_duration() = Dur(10, 0);
   req.set_concurrency_key("tenant");
+  *req.mutable_timeout() = Dur(90, 0);
+  ToProto(kT, req.mutable_expire_at());
   absl::StatusOr<core::EnqueueSpec> spec = FromProto(req);
   ASSERT_THAT(spec, IsOk());
   EXPECT_EQ(spec->queue, "emails");
@@ -94,6 +96,19 @@ TEST(EnqueueFromProtoTest, CopiesEveryField) {
   EXPECT_EQ(spec->max_attempts, 3);
   EXPECT_EQ(spec->lease_duration, absl::Seconds(10));
   EXPECT_EQ(spec->concurrency_key, "tenant");
+  EXPECT_EQ(spec->timeout, absl::Seconds(90));
+  EXPECT_EQ(spec->expire_at, kT);
+}
+
+TEST(ReleaseFromProtoTest, ADelayIsASnoozeAndABadOneIsNamed) {
+  v1::ReleaseRequest req;
+  req.set_job_id("j");
+  req.set_lease_id("l");
+  EXPECT_FALSE(FromProto(req)->delay.has_value());
+  *req.mutable_delay() = Dur(30, 0);
+  EXPECT_EQ(FromProto(req)->delay, absl::Seconds(30));
+  *req.mutable_delay() = Dur(1, -1);
+  EXPECT_THAT(FromProto(req), StatusIs(kInvalid, StartsWith("delay")));
 }
 
 TEST(EnqueueFromProtoTest, DelayAndRunAtTogetherAreRefused) {
@@ -237,6 +252,14 @@ TEST(QueuePolicyFromProtoTest, SetFieldsOverrideAndTheRestStayUnset) {
   EXPECT_EQ(o->initial_backoff, absl::Seconds(2));
   EXPECT_EQ(o->jitter, core::Jitter::kEqual);
   EXPECT_FALSE(o->lease_duration.has_value());
+  EXPECT_FALSE(o->timeout.has_value());
+  EXPECT_FALSE(o->max_snoozes.has_value());
+  *p.mutable_timeout() = Dur(300, 0);
+  p.set_max_snoozes(4);
+  o = FromProto(p, "policy");
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->timeout, absl::Minutes(5));
+  EXPECT_EQ(o->max_snoozes, 4);
 }
 
 TEST(QueuePolicyFromProtoTest, ErrorsNameTheFieldUnderTheGivenPrefix) {
@@ -268,7 +291,8 @@ TEST(ResultToProtoTest, ALeasedJobCarriesEveryFieldAndNoInfiniteTimes) {
                     .lease_deadline = kT,
                     .idempotency_key = "ik",
                     .checkpoint = "c",
-                    .enqueued_at = absl::InfinitePast()};
+                    .enqueued_at = absl::InfinitePast(),
+                    .timeout_at = kT + absl::Seconds(1)};
   v1::LeasedJob out;
   ToProto(j, &out);
   EXPECT_EQ(out.job_id(), "j");
@@ -282,6 +306,11 @@ TEST(ResultToProtoTest, ALeasedJobCarriesEveryFieldAndNoInfiniteTimes) {
   EXPECT_EQ(out.idempotency_key(), "ik");
   EXPECT_EQ(out.checkpoint(), "c");
   EXPECT_FALSE(out.has_enqueued_at());
+  EXPECT_EQ(*FromProto(out.timeout_at(), "timeout_at"), kT + absl::Seconds(1));
+  j.timeout_at = absl::InfiniteFuture();
+  out.Clear();
+  ToProto(j, &out);
+  EXPECT_FALSE(out.has_timeout_at()) << "no limit, no timeout_at";
 }
 
 TEST(ResultToProtoTest, AHeartbeatResultReadsTheSameInTheUnaryReplyAndOnAStream) {

@@ -46,6 +46,21 @@ TEST(RecordCodecTest, InfinitiesRoundTrip) {
   EXPECT_EQ(decoded->lease_length, -absl::InfiniteDuration());
 }
 
+// A record written before run-time limits and expiry existed has neither field: it means no
+// limit and no expiry, not "at 1970".
+TEST(RecordCodecTest, ARecordWithoutTimeoutAtOrExpireAtHasNeither) {
+  JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
+  ASSERT_FALSE(record.has_timeout_at_us());
+  ASSERT_FALSE(record.has_expire_at_us());
+  record.clear_timeout_us();
+  absl::StatusOr<core::Job> decoded = DecodeJob(record.SerializeAsString());
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->timeout_at, absl::InfiniteFuture());
+  EXPECT_EQ(decoded->expire_at, absl::InfiniteFuture());
+  EXPECT_EQ(decoded->timeout, absl::ZeroDuration());
+}
+
 // The format stores microseconds (see record_codec.h): finer parts are dropped, not rounded up.
 TEST(RecordCodecTest, SubMicrosecondPartsAreTruncated) {
   core::Job job = SimpleJob("j");

@@ -49,12 +49,19 @@ inline core::Job FullJob(std::string id = "job-\xff-1") {
        absl::FromUnixMicros(1700000002000000), core::AttemptOutcome::kError, "boom"},
       {2, "worker-a", absl::FromUnixMicros(1700000003000000),
        absl::FromUnixMicros(1700000004000000), core::AttemptOutcome::kLeaseExpired, ""},
+      {3, "worker-b", absl::FromUnixMicros(1700000004500000),
+       absl::FromUnixMicros(1700000004600000), core::AttemptOutcome::kSnoozed, "snoozed for 1s"},
       {3, "worker-b", absl::FromUnixMicros(1700000005000000), absl::InfinitePast(),
        core::AttemptOutcome::kRunning, ""},
   };
   j.result = std::string("r\0s", 3);
   j.checkpoint = "step-2";
   j.completed_at = absl::FromUnixMicros(1700000009000001);
+  j.timeout = absl::Minutes(3);
+  j.timeout_at = absl::FromUnixMicros(1700000185000000);
+  j.expire_at = absl::FromUnixMicros(1700003600000000);
+  j.snoozes = 1;
+  j.progress = R"({"percent": 40})";
   return j;
 }
 
@@ -102,6 +109,8 @@ inline core::PolicyOverride FullPolicy() {
   p.max_payload_bytes = 2 << 20;
   p.durability = core::Durability::kGroup;
   p.group_commit_delay = absl::Milliseconds(25);
+  p.timeout = absl::Minutes(10);
+  p.max_snoozes = 3;
   return p;
 }
 

@@ -19,9 +19,10 @@ class RecordingSink : public core::StreamSink {
     absl::MutexLock lock(&mu_);
     jobs_.push_back(std::move(job));
   }
-  void LeaseLost(std::string job_id) override {
+  void LeaseLost(std::string job_id, core::AttemptOutcome outcome) override {
     absl::MutexLock lock(&mu_);
     lost_.push_back(std::move(job_id));
+    lost_outcomes_.push_back(outcome);
   }
   void CancelRequested(std::string job_id) override {
     absl::MutexLock lock(&mu_);
@@ -45,6 +46,11 @@ class RecordingSink : public core::StreamSink {
     absl::MutexLock lock(&mu_);
     return lost_;
   }
+  // Why each lost lease ended, in the order of lost().
+  std::vector<core::AttemptOutcome> lost_outcomes() {
+    absl::MutexLock lock(&mu_);
+    return lost_outcomes_;
+  }
   std::vector<std::string> cancelled() {
     absl::MutexLock lock(&mu_);
     return cancelled_;
@@ -58,6 +64,7 @@ class RecordingSink : public core::StreamSink {
   absl::Mutex mu_;
   std::vector<core::LeasedJob> jobs_;
   std::vector<std::string> lost_, cancelled_;
+  std::vector<core::AttemptOutcome> lost_outcomes_;
   std::optional<absl::Status> ended_;
 };
 

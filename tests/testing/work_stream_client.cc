@@ -37,6 +37,7 @@ void WorkStreamClient::ReadLoop() {
         break;
       case v1::WorkResponse::kLeaseLost:
         lost_.push_back(m.lease_lost().job_id());
+        lost_notices_.push_back(m.lease_lost());
         break;
       case v1::WorkResponse::kCancelRequested:
         cancels_.push_back(m.cancel_requested().job_id());
@@ -131,6 +132,11 @@ std::optional<v1::LeasedJob> WorkStreamClient::NextJob(absl::Duration timeout) {
 std::optional<std::string> WorkStreamClient::NextLeaseLost(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   return PopWaitingLocked(mu_, lost_, closed_, timeout);
+}
+
+std::optional<v1::LeaseLost> WorkStreamClient::NextLeaseLostNotice(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  return PopWaitingLocked(mu_, lost_notices_, closed_, timeout);
 }
 
 std::optional<std::string> WorkStreamClient::NextCancel(absl::Duration timeout) {

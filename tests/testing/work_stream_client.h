@@ -36,6 +36,10 @@ class WorkStreamClient {
   // The next pushed job / lost lease / cancel notice, waiting up to `timeout`.
   std::optional<jobbroker::v1::LeasedJob> NextJob(absl::Duration timeout = absl::Seconds(10));
   std::optional<std::string> NextLeaseLost(absl::Duration timeout = absl::Seconds(10));
+  // The whole LeaseLost message (with why the lease ended); its own queue, apart from
+  // NextLeaseLost's.
+  std::optional<jobbroker::v1::LeaseLost> NextLeaseLostNotice(
+      absl::Duration timeout = absl::Seconds(10));
   std::optional<std::string> NextCancel(absl::Duration timeout = absl::Seconds(10));
   // Jobs received so far and not yet taken by NextJob.
   size_t pending_jobs();
@@ -60,6 +64,7 @@ class WorkStreamClient {
   uint64_t next_id_ ABSL_GUARDED_BY(write_mu_) = 1;
   std::deque<jobbroker::v1::LeasedJob> jobs_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> lost_ ABSL_GUARDED_BY(mu_);
+  std::deque<jobbroker::v1::LeaseLost> lost_notices_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> cancels_ ABSL_GUARDED_BY(mu_);
   std::deque<jobbroker::v1::WorkResult> results_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

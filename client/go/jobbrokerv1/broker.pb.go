@@ -50,8 +50,15 @@ type EnqueueRequest struct {
 	LeaseDuration *durationpb.Duration `protobuf:"bytes,10,opt,name=lease_duration,json=leaseDuration,proto3" json:"lease_duration,omitempty"`
 	// Groups jobs for the queue's max_concurrency_per_key (e.g. a tenant id). At most 256 bytes.
 	ConcurrencyKey string `protobuf:"bytes,11,opt,name=concurrency_key,json=concurrencyKey,proto3" json:"concurrency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Run-time limit of each attempt: one still running at its start + timeout ends
+	// ATTEMPT_OUTCOME_TIMED_OUT even while it heartbeats, and counts as a failed attempt. Unset or
+	// zero = the queue's timeout (none by default); else 100 ms to 720 h.
+	Timeout *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// No attempt starts at or after this time: a job still waiting then (READY or SCHEDULED) ends
+	// JOB_STATE_FAILED with FAIL_REASON_EXPIRED. Must be after the time the job could first run.
+	ExpireAt      *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expire_at,json=expireAt,proto3" json:"expire_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EnqueueRequest) Reset() {
@@ -159,6 +166,20 @@ func (x *EnqueueRequest) GetConcurrencyKey() string {
 		return x.ConcurrencyKey
 	}
 	return ""
+}
+
+func (x *EnqueueRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *EnqueueRequest) GetExpireAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireAt
+	}
+	return nil
 }
 
 type EnqueueResponse struct {
@@ -409,7 +430,10 @@ type LeasedJob struct {
 	// What an earlier attempt saved with Heartbeat; empty if none.
 	Checkpoint []byte `protobuf:"bytes,10,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	// When Enqueue accepted the job.
-	EnqueuedAt    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
+	EnqueuedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
+	// When this attempt times out whatever its heartbeats (its run-time limit); unset if it has
+	// none. Helpers cancel the handler then; the broker ends the attempt ATTEMPT_OUTCOME_TIMED_OUT.
+	TimeoutAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=timeout_at,json=timeoutAt,proto3" json:"timeout_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -521,6 +545,13 @@ func (x *LeasedJob) GetEnqueuedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *LeasedJob) GetTimeoutAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TimeoutAt
+	}
+	return nil
+}
+
 type LeaseResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Highest priority first, then oldest first. Empty if none was ready in time.
@@ -575,7 +606,10 @@ type HeartbeatRequest struct {
 	// New deadline = now + extend_by; unset = now + the lease's own duration.
 	ExtendBy *durationpb.Duration `protobuf:"bytes,3,opt,name=extend_by,json=extendBy,proto3" json:"extend_by,omitempty"`
 	// When set, saved durably with the job and handed to every later attempt. At most 4 MiB.
-	Checkpoint    []byte `protobuf:"bytes,4,opt,name=checkpoint,proto3,oneof" json:"checkpoint,omitempty"`
+	Checkpoint []byte `protobuf:"bytes,4,opt,name=checkpoint,proto3,oneof" json:"checkpoint,omitempty"`
+	// When set, replaces the job's progress (Job.progress), shown to watchers and the dashboard.
+	// JSON by convention ({"percent": 40, ...}); at most 64 KiB.
+	Progress      []byte `protobuf:"bytes,5,opt,name=progress,proto3,oneof" json:"progress,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -634,6 +668,13 @@ func (x *HeartbeatRequest) GetExtendBy() *durationpb.Duration {
 func (x *HeartbeatRequest) GetCheckpoint() []byte {
 	if x != nil {
 		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *HeartbeatRequest) GetProgress() []byte {
+	if x != nil {
+		return x.Progress
 	}
 	return nil
 }
@@ -933,7 +974,11 @@ type ReleaseRequest struct {
 	// The leased job.
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// The lease_id its LeasedJob carried.
-	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Snooze: try again this much later without spending an attempt (the job is SCHEDULED, its
+	// snoozes count one more; beyond the queue's max_snoozes it ends FAILED with
+	// FAIL_REASON_SNOOZE_LIMIT). Unset or zero: READY again at once. At most 720 h.
+	Delay         *durationpb.Duration `protobuf:"bytes,3,opt,name=delay,proto3" json:"delay,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -982,7 +1027,14 @@ func (x *ReleaseRequest) GetLeaseId() string {
 	return ""
 }
 
-// Empty: the job is READY again.
+func (x *ReleaseRequest) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
+}
+
+// Empty: the job is READY again (SCHEDULED after a snooze).
 type ReleaseResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1578,11 +1630,14 @@ func (x *JobBatch) GetJobs() []*LeasedJob {
 	return nil
 }
 
-// The stream lost a lease it held (it ran out): stop working on the job.
+// The stream lost a lease it held: stop working on the job.
 type LeaseLost struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The job whose lease ran out.
-	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// The job whose lease ended.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// Why: ATTEMPT_OUTCOME_LEASE_EXPIRED (no heartbeat in time) or ATTEMPT_OUTCOME_TIMED_OUT (the
+	// attempt reached its run-time limit). Unset from brokers before timeouts existed.
+	Outcome       AttemptOutcome `protobuf:"varint,2,opt,name=outcome,proto3,enum=jobbroker.v1.AttemptOutcome" json:"outcome,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1677,13 @@ func (x *LeaseLost) GetJobId() string {
 		return x.JobId
 	}
 	return ""
+}
+
+func (x *LeaseLost) GetOutcome() AttemptOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return AttemptOutcome_ATTEMPT_OUTCOME_UNSPECIFIED
 }
 
 // An operator cancelled a job the stream holds.
@@ -1809,7 +1871,7 @@ var File_jobbroker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\n" +
-	"\x19jobbroker/v1/broker.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\"\xa4\x04\n" +
+	"\x19jobbroker/v1/broker.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\"\x92\x05\n" +
 	"\x0eEnqueueRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\x12C\n" +
@@ -1822,7 +1884,9 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\fmax_attempts\x18\t \x01(\x05R\vmaxAttempts\x12@\n" +
 	"\x0elease_duration\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12'\n" +
-	"\x0fconcurrency_key\x18\v \x01(\tR\x0econcurrencyKey\x1a:\n" +
+	"\x0fconcurrency_key\x18\v \x01(\tR\x0econcurrencyKey\x123\n" +
+	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x127\n" +
+	"\texpire_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bexpireAt\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"L\n" +
@@ -1838,7 +1902,7 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x19\n" +
 	"\bmax_jobs\x18\x03 \x01(\x05R\amaxJobs\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12-\n" +
-	"\x04wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xef\x03\n" +
+	"\x04wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xaa\x04\n" +
 	"\tLeasedJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
@@ -1854,20 +1918,24 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	" \x01(\fR\n" +
 	"checkpoint\x12;\n" +
 	"\venqueued_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"enqueuedAt\x1a:\n" +
+	"enqueuedAt\x129\n" +
+	"\n" +
+	"timeout_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
 	"\rLeaseResponse\x12+\n" +
-	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"\xb0\x01\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"\xde\x01\n" +
 	"\x10HeartbeatRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x126\n" +
 	"\textend_by\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bextendBy\x12#\n" +
 	"\n" +
 	"checkpoint\x18\x04 \x01(\fH\x00R\n" +
-	"checkpoint\x88\x01\x01B\r\n" +
-	"\v_checkpoint\"\x81\x01\n" +
+	"checkpoint\x88\x01\x01\x12\x1f\n" +
+	"\bprogress\x18\x05 \x01(\fH\x01R\bprogress\x88\x01\x01B\r\n" +
+	"\v_checkpointB\v\n" +
+	"\t_progress\"\x81\x01\n" +
 	"\x11HeartbeatResponse\x12A\n" +
 	"\x0elease_deadline\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x12)\n" +
 	"\x10cancel_requested\x18\x02 \x01(\bR\x0fcancelRequested\"V\n" +
@@ -1886,10 +1954,11 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"retryAfter\"\x80\x01\n" +
 	"\fFailResponse\x12,\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x16.jobbroker.v1.JobStateR\x05state\x12B\n" +
-	"\x0fnext_attempt_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"B\n" +
+	"\x0fnext_attempt_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\rnextAttemptAt\"s\n" +
 	"\x0eReleaseRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId\"\x11\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12/\n" +
+	"\x05delay\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05delay\"\x11\n" +
 	"\x0fReleaseResponse\"\xd0\x01\n" +
 	"\x10SubscribeRequest\x12\x16\n" +
 	"\x06queues\x18\x01 \x03(\tR\x06queues\x12\x1b\n" +
@@ -1927,9 +1996,10 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\vitem_errors\x18\x06 \x03(\v2\x17.jobbroker.v1.ItemErrorR\n" +
 	"itemErrors\"7\n" +
 	"\bJobBatch\x12+\n" +
-	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"\"\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"Z\n" +
 	"\tLeaseLost\x12\x15\n" +
-	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"%\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x126\n" +
+	"\aoutcome\x18\x02 \x01(\x0e2\x1c.jobbroker.v1.AttemptOutcomeR\aoutcome\"%\n" +
 	"\fCancelNotice\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xb5\x02\n" +
 	"\fWorkResponse\x12+\n" +
@@ -1996,6 +2066,7 @@ var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 	(JobState)(0),                 // 29: jobbroker.v1.JobState
+	(AttemptOutcome)(0),           // 30: jobbroker.v1.AttemptOutcome
 }
 var file_jobbroker_v1_broker_proto_depIdxs = []int32{
 	25, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
@@ -2003,57 +2074,62 @@ var file_jobbroker_v1_broker_proto_depIdxs = []int32{
 	28, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
 	27, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
 	27, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
-	0,  // 5: jobbroker.v1.EnqueueBatchRequest.jobs:type_name -> jobbroker.v1.EnqueueRequest
-	1,  // 6: jobbroker.v1.EnqueueBatchResponse.results:type_name -> jobbroker.v1.EnqueueResponse
-	27, // 7: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	27, // 8: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
-	26, // 9: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
-	28, // 10: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	28, // 11: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
-	5,  // 12: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
-	27, // 13: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
-	28, // 14: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	27, // 15: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
-	29, // 16: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
-	28, // 17: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
-	27, // 18: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
-	9,  // 19: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
-	15, // 20: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
-	7,  // 21: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
-	9,  // 22: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
-	11, // 23: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
-	13, // 24: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
-	17, // 25: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
-	16, // 26: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
-	28, // 27: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
-	19, // 28: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
-	5,  // 29: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
-	5,  // 30: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
-	20, // 31: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
-	22, // 32: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
-	23, // 33: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
-	21, // 34: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
-	0,  // 35: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
-	2,  // 36: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
-	4,  // 37: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
-	7,  // 38: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
-	9,  // 39: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
-	11, // 40: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
-	13, // 41: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
-	18, // 42: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
-	1,  // 43: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
-	3,  // 44: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
-	6,  // 45: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
-	8,  // 46: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
-	10, // 47: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
-	12, // 48: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
-	14, // 49: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
-	24, // 50: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
-	43, // [43:51] is the sub-list for method output_type
-	35, // [35:43] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	27, // 5: jobbroker.v1.EnqueueRequest.timeout:type_name -> google.protobuf.Duration
+	28, // 6: jobbroker.v1.EnqueueRequest.expire_at:type_name -> google.protobuf.Timestamp
+	0,  // 7: jobbroker.v1.EnqueueBatchRequest.jobs:type_name -> jobbroker.v1.EnqueueRequest
+	1,  // 8: jobbroker.v1.EnqueueBatchResponse.results:type_name -> jobbroker.v1.EnqueueResponse
+	27, // 9: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	27, // 10: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
+	26, // 11: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
+	28, // 12: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	28, // 13: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
+	28, // 14: jobbroker.v1.LeasedJob.timeout_at:type_name -> google.protobuf.Timestamp
+	5,  // 15: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
+	27, // 16: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
+	28, // 17: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	27, // 18: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
+	29, // 19: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
+	28, // 20: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
+	27, // 21: jobbroker.v1.ReleaseRequest.delay:type_name -> google.protobuf.Duration
+	27, // 22: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
+	9,  // 23: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
+	15, // 24: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
+	7,  // 25: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
+	9,  // 26: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
+	11, // 27: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
+	13, // 28: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
+	17, // 29: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
+	16, // 30: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
+	28, // 31: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	19, // 32: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
+	5,  // 33: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
+	30, // 34: jobbroker.v1.LeaseLost.outcome:type_name -> jobbroker.v1.AttemptOutcome
+	5,  // 35: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
+	20, // 36: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
+	22, // 37: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
+	23, // 38: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
+	21, // 39: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
+	0,  // 40: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
+	2,  // 41: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
+	4,  // 42: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
+	7,  // 43: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
+	9,  // 44: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
+	11, // 45: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
+	13, // 46: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
+	18, // 47: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
+	1,  // 48: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
+	3,  // 49: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
+	6,  // 50: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
+	8,  // 51: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
+	10, // 52: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
+	12, // 53: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
+	14, // 54: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
+	24, // 55: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
+	48, // [48:56] is the sub-list for method output_type
+	40, // [40:48] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_broker_proto_init() }

@@ -46,8 +46,8 @@ type BrokerClient interface {
 	// Leases up to max_jobs ready jobs of one queue; waits up to `wait` for one to be ready.
 	// An empty response means none was ready in time.
 	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
-	// Extends a lease and optionally saves a checkpoint. FAILED_PRECONDITION if the lease is no
-	// longer held (it ran out and the job was leased again, or the job ended).
+	// Extends a lease and optionally saves a checkpoint and progress. FAILED_PRECONDITION if the
+	// lease is no longer held (it ran out or timed out, the job was leased again, or it ended).
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	// Completes the job. Idempotent per lease. A late Ack of an expired lease is accepted while no
 	// newer attempt has started. FAILED_PRECONDITION for a stale lease.
@@ -55,7 +55,8 @@ type BrokerClient interface {
 	// Fails the attempt: the job is retried after a backoff, or dies (permanent, or no attempts
 	// left). FAILED_PRECONDITION for a stale lease.
 	Fail(ctx context.Context, in *FailRequest, opts ...grpc.CallOption) (*FailResponse, error)
-	// Gives the job back unstarted: it is READY again and no attempt is counted.
+	// Gives the job back unstarted: it is READY again and no attempt is counted. With a delay
+	// (snooze), it is SCHEDULED that much later instead, and Job.snoozes counts it.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// The streaming worker protocol: subscribe, then receive jobs as they become ready and answer
 	// with heartbeat, ack, fail or release on the same stream.
@@ -170,8 +171,8 @@ type BrokerServer interface {
 	// Leases up to max_jobs ready jobs of one queue; waits up to `wait` for one to be ready.
 	// An empty response means none was ready in time.
 	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
-	// Extends a lease and optionally saves a checkpoint. FAILED_PRECONDITION if the lease is no
-	// longer held (it ran out and the job was leased again, or the job ended).
+	// Extends a lease and optionally saves a checkpoint and progress. FAILED_PRECONDITION if the
+	// lease is no longer held (it ran out or timed out, the job was leased again, or it ended).
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	// Completes the job. Idempotent per lease. A late Ack of an expired lease is accepted while no
 	// newer attempt has started. FAILED_PRECONDITION for a stale lease.
@@ -179,7 +180,8 @@ type BrokerServer interface {
 	// Fails the attempt: the job is retried after a backoff, or dies (permanent, or no attempts
 	// left). FAILED_PRECONDITION for a stale lease.
 	Fail(context.Context, *FailRequest) (*FailResponse, error)
-	// Gives the job back unstarted: it is READY again and no attempt is counted.
+	// Gives the job back unstarted: it is READY again and no attempt is counted. With a delay
+	// (snooze), it is SCHEDULED that much later instead, and Job.snoozes counts it.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// The streaming worker protocol: subscribe, then receive jobs as they become ready and answer
 	// with heartbeat, ack, fail or release on the same stream.

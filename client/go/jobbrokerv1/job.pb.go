@@ -9,6 +9,7 @@ package jobbrokerv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -97,8 +98,12 @@ const (
 	FailReason_FAIL_REASON_UNSPECIFIED FailReason = 0
 	// A worker failed it with permanent = true.
 	FailReason_FAIL_REASON_PERMANENT FailReason = 1
-	// Its last allowed attempt failed or its lease ran out.
+	// Its last allowed attempt failed, ran out of lease or timed out.
 	FailReason_FAIL_REASON_ATTEMPTS_EXHAUSTED FailReason = 2
+	// A worker snoozed it (Release with a delay) more often than its queue's max_snoozes.
+	FailReason_FAIL_REASON_SNOOZE_LIMIT FailReason = 3
+	// It had not started when its expire_at came.
+	FailReason_FAIL_REASON_EXPIRED FailReason = 4
 )
 
 // Enum value maps for FailReason.
@@ -107,11 +112,15 @@ var (
 		0: "FAIL_REASON_UNSPECIFIED",
 		1: "FAIL_REASON_PERMANENT",
 		2: "FAIL_REASON_ATTEMPTS_EXHAUSTED",
+		3: "FAIL_REASON_SNOOZE_LIMIT",
+		4: "FAIL_REASON_EXPIRED",
 	}
 	FailReason_value = map[string]int32{
 		"FAIL_REASON_UNSPECIFIED":        0,
 		"FAIL_REASON_PERMANENT":          1,
 		"FAIL_REASON_ATTEMPTS_EXHAUSTED": 2,
+		"FAIL_REASON_SNOOZE_LIMIT":       3,
+		"FAIL_REASON_EXPIRED":            4,
 	}
 )
 
@@ -155,6 +164,12 @@ const (
 	AttemptOutcome_ATTEMPT_OUTCOME_PERMANENT_ERROR AttemptOutcome = 3
 	// The lease ran out before an ack or fail (worker died, hung or lost its connection).
 	AttemptOutcome_ATTEMPT_OUTCOME_LEASE_EXPIRED AttemptOutcome = 4
+	// The attempt was still running at its run-time limit (started_at + the job's timeout), even
+	// if it was heartbeating. A failed attempt: retried after a backoff while attempts are left.
+	AttemptOutcome_ATTEMPT_OUTCOME_TIMED_OUT AttemptOutcome = 5
+	// The worker gave the job back for later (Release with a delay). Not counted as an attempt:
+	// the next attempt has the same number.
+	AttemptOutcome_ATTEMPT_OUTCOME_SNOOZED AttemptOutcome = 6
 )
 
 // Enum value maps for AttemptOutcome.
@@ -165,6 +180,8 @@ var (
 		2: "ATTEMPT_OUTCOME_ERROR",
 		3: "ATTEMPT_OUTCOME_PERMANENT_ERROR",
 		4: "ATTEMPT_OUTCOME_LEASE_EXPIRED",
+		5: "ATTEMPT_OUTCOME_TIMED_OUT",
+		6: "ATTEMPT_OUTCOME_SNOOZED",
 	}
 	AttemptOutcome_value = map[string]int32{
 		"ATTEMPT_OUTCOME_UNSPECIFIED":     0,
@@ -172,6 +189,8 @@ var (
 		"ATTEMPT_OUTCOME_ERROR":           2,
 		"ATTEMPT_OUTCOME_PERMANENT_ERROR": 3,
 		"ATTEMPT_OUTCOME_LEASE_EXPIRED":   4,
+		"ATTEMPT_OUTCOME_TIMED_OUT":       5,
+		"ATTEMPT_OUTCOME_SNOOZED":         6,
 	}
 )
 
@@ -339,8 +358,18 @@ type Job struct {
 	// The id a worker passes to side effects so a repeated attempt is harmless:
 	// the dedup key when there is one, else the job id.
 	IdempotencyKey string `protobuf:"bytes,21,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The run-time limit of each attempt, as enqueued; unset or zero = the queue's timeout.
+	Timeout *durationpb.Duration `protobuf:"bytes,22,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// When the current attempt times out, heartbeats or not; set while ACTIVE with a limit.
+	TimeoutAt *timestamppb.Timestamp `protobuf:"bytes,23,opt,name=timeout_at,json=timeoutAt,proto3" json:"timeout_at,omitempty"`
+	// As enqueued: a job not started by then ends FAILED with FAIL_REASON_EXPIRED. Unset = never.
+	ExpireAt *timestamppb.Timestamp `protobuf:"bytes,24,opt,name=expire_at,json=expireAt,proto3" json:"expire_at,omitempty"`
+	// How often a worker snoozed it (Release with a delay).
+	Snoozes int32 `protobuf:"varint,25,opt,name=snoozes,proto3" json:"snoozes,omitempty"`
+	// What the latest Heartbeat said of its progress (JSON by convention, e.g. {"percent": 40}).
+	Progress      []byte `protobuf:"bytes,26,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -520,11 +549,46 @@ func (x *Job) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *Job) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *Job) GetTimeoutAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TimeoutAt
+	}
+	return nil
+}
+
+func (x *Job) GetExpireAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireAt
+	}
+	return nil
+}
+
+func (x *Job) GetSnoozes() int32 {
+	if x != nil {
+		return x.Snoozes
+	}
+	return 0
+}
+
+func (x *Job) GetProgress() []byte {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
 var File_jobbroker_v1_job_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16jobbroker/v1/job.proto\x12\fjobbroker.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x02\n" +
+	"\x16jobbroker/v1/job.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x86\x02\n" +
 	"\rAttemptRecord\x12\x18\n" +
 	"\aattempt\x18\x01 \x01(\x05R\aattempt\x12\x1b\n" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x129\n" +
@@ -532,7 +596,7 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
 	"\bended_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x126\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x1c.jobbroker.v1.AttemptOutcomeR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\x97\a\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xf6\b\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12,\n" +
@@ -560,7 +624,13 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"checkpoint\x12=\n" +
 	"\fcompleted_at\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampR\vcompletedAt\x12)\n" +
 	"\x10cancel_requested\x18\x14 \x01(\bR\x0fcancelRequested\x12'\n" +
-	"\x0fidempotency_key\x18\x15 \x01(\tR\x0eidempotencyKey\x1a:\n" +
+	"\x0fidempotency_key\x18\x15 \x01(\tR\x0eidempotencyKey\x123\n" +
+	"\atimeout\x18\x16 \x01(\v2\x19.google.protobuf.DurationR\atimeout\x129\n" +
+	"\n" +
+	"timeout_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x127\n" +
+	"\texpire_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\bexpireAt\x12\x18\n" +
+	"\asnoozes\x18\x19 \x01(\x05R\asnoozes\x12\x1a\n" +
+	"\bprogress\x18\x1a \x01(\fR\bprogress\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb1\x01\n" +
@@ -571,18 +641,22 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"\x10JOB_STATE_ACTIVE\x10\x03\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x04\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x05\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x06*h\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x06*\x9f\x01\n" +
 	"\n" +
 	"FailReason\x12\x1b\n" +
 	"\x17FAIL_REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15FAIL_REASON_PERMANENT\x10\x01\x12\"\n" +
-	"\x1eFAIL_REASON_ATTEMPTS_EXHAUSTED\x10\x02*\xb3\x01\n" +
+	"\x1eFAIL_REASON_ATTEMPTS_EXHAUSTED\x10\x02\x12\x1c\n" +
+	"\x18FAIL_REASON_SNOOZE_LIMIT\x10\x03\x12\x17\n" +
+	"\x13FAIL_REASON_EXPIRED\x10\x04*\xef\x01\n" +
 	"\x0eAttemptOutcome\x12\x1f\n" +
 	"\x1bATTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_COMPLETED\x10\x01\x12\x19\n" +
 	"\x15ATTEMPT_OUTCOME_ERROR\x10\x02\x12#\n" +
 	"\x1fATTEMPT_OUTCOME_PERMANENT_ERROR\x10\x03\x12!\n" +
-	"\x1dATTEMPT_OUTCOME_LEASE_EXPIRED\x10\x04BT\n" +
+	"\x1dATTEMPT_OUTCOME_LEASE_EXPIRED\x10\x04\x12\x1d\n" +
+	"\x19ATTEMPT_OUTCOME_TIMED_OUT\x10\x05\x12\x1b\n" +
+	"\x17ATTEMPT_OUTCOME_SNOOZED\x10\x06BT\n" +
 	"\x10dev.jobbroker.v1P\x01Z/jobbroker.dev/client/go/jobbrokerv1;jobbrokerv1\xaa\x02\fJobBroker.V1b\x06proto3"
 
 var (
@@ -607,6 +681,7 @@ var file_jobbroker_v1_job_proto_goTypes = []any{
 	(*Job)(nil),                   // 4: jobbroker.v1.Job
 	nil,                           // 5: jobbroker.v1.Job.HeadersEntry
 	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
 }
 var file_jobbroker_v1_job_proto_depIdxs = []int32{
 	6,  // 0: jobbroker.v1.AttemptRecord.started_at:type_name -> google.protobuf.Timestamp
@@ -620,11 +695,14 @@ var file_jobbroker_v1_job_proto_depIdxs = []int32{
 	1,  // 8: jobbroker.v1.Job.fail_reason:type_name -> jobbroker.v1.FailReason
 	3,  // 9: jobbroker.v1.Job.attempts:type_name -> jobbroker.v1.AttemptRecord
 	6,  // 10: jobbroker.v1.Job.completed_at:type_name -> google.protobuf.Timestamp
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	7,  // 11: jobbroker.v1.Job.timeout:type_name -> google.protobuf.Duration
+	6,  // 12: jobbroker.v1.Job.timeout_at:type_name -> google.protobuf.Timestamp
+	6,  // 13: jobbroker.v1.Job.expire_at:type_name -> google.protobuf.Timestamp
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_job_proto_init() }

@@ -365,8 +365,15 @@ type QueuePolicy struct {
 	// For DURABILITY_GROUP: the longest an answered change waits for its fsync. Default 10 ms;
 	// between 1 ms and 1 s.
 	GroupCommitDelay *durationpb.Duration `protobuf:"bytes,13,opt,name=group_commit_delay,json=groupCommitDelay,proto3" json:"group_commit_delay,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Run-time limit of each attempt (a job's own timeout replaces it): an attempt still running
+	// at its start + timeout ends ATTEMPT_OUTCOME_TIMED_OUT, heartbeats or not. Default 0 = none;
+	// else between 100 ms and 720 h.
+	Timeout *durationpb.Duration `protobuf:"bytes,14,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	// How often a job may be snoozed (Release with a delay); one more ends it FAILED with
+	// FAIL_REASON_SNOOZE_LIMIT. Default 0 = unlimited.
+	MaxSnoozes    *int32 `protobuf:"varint,15,opt,name=max_snoozes,json=maxSnoozes,proto3,oneof" json:"max_snoozes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *QueuePolicy) Reset() {
@@ -490,6 +497,20 @@ func (x *QueuePolicy) GetGroupCommitDelay() *durationpb.Duration {
 	return nil
 }
 
+func (x *QueuePolicy) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *QueuePolicy) GetMaxSnoozes() int32 {
+	if x != nil && x.MaxSnoozes != nil {
+		return *x.MaxSnoozes
+	}
+	return 0
+}
+
 // The config file (--config), in proto3 JSON form.
 type ServerConfig struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -569,7 +590,7 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"per_second\x18\x01 \x01(\x01H\x00R\tperSecond\x88\x01\x01\x12\x19\n" +
 	"\x05burst\x18\x02 \x01(\x05H\x01R\x05burst\x88\x01\x01B\r\n" +
 	"\v_per_secondB\b\n" +
-	"\x06_burst\"\xbd\x06\n" +
+	"\x06_burst\"\xa8\a\n" +
 	"\vQueuePolicy\x12,\n" +
 	"\x0fmax_concurrency\x18\x01 \x01(\x05H\x00R\x0emaxConcurrency\x88\x01\x01\x12:\n" +
 	"\x17max_concurrency_per_key\x18\x02 \x01(\x05H\x01R\x14maxConcurrencyPerKey\x88\x01\x01\x12/\n" +
@@ -588,12 +609,16 @@ const file_jobbroker_v1_policy_proto_rawDesc = "" +
 	"\n" +
 	"durability\x18\f \x01(\x0e2\x18.jobbroker.v1.DurabilityR\n" +
 	"durability\x12G\n" +
-	"\x12group_commit_delay\x18\r \x01(\v2\x19.google.protobuf.DurationR\x10groupCommitDelayB\x12\n" +
+	"\x12group_commit_delay\x18\r \x01(\v2\x19.google.protobuf.DurationR\x10groupCommitDelay\x123\n" +
+	"\atimeout\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12$\n" +
+	"\vmax_snoozes\x18\x0f \x01(\x05H\x05R\n" +
+	"maxSnoozes\x88\x01\x01B\x12\n" +
 	"\x10_max_concurrencyB\x1a\n" +
 	"\x18_max_concurrency_per_keyB\r\n" +
 	"\v_max_lengthB\t\n" +
 	"\a_pausedB\x14\n" +
-	"\x12_max_payload_bytes\"\xe6\x01\n" +
+	"\x12_max_payload_bytesB\x0e\n" +
+	"\f_max_snoozes\"\xe6\x01\n" +
 	"\fServerConfig\x12@\n" +
 	"\x0edefault_policy\x18\x01 \x01(\v2\x19.jobbroker.v1.QueuePolicyR\rdefaultPolicy\x12>\n" +
 	"\x06queues\x18\x02 \x03(\v2&.jobbroker.v1.ServerConfig.QueuesEntryR\x06queues\x1aT\n" +
@@ -651,14 +676,15 @@ var file_jobbroker_v1_policy_proto_depIdxs = []int32{
 	4,  // 9: jobbroker.v1.QueuePolicy.rate_limit:type_name -> jobbroker.v1.RateLimit
 	1,  // 10: jobbroker.v1.QueuePolicy.durability:type_name -> jobbroker.v1.Durability
 	8,  // 11: jobbroker.v1.QueuePolicy.group_commit_delay:type_name -> google.protobuf.Duration
-	5,  // 12: jobbroker.v1.ServerConfig.default_policy:type_name -> jobbroker.v1.QueuePolicy
-	7,  // 13: jobbroker.v1.ServerConfig.queues:type_name -> jobbroker.v1.ServerConfig.QueuesEntry
-	5,  // 14: jobbroker.v1.ServerConfig.QueuesEntry.value:type_name -> jobbroker.v1.QueuePolicy
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	8,  // 12: jobbroker.v1.QueuePolicy.timeout:type_name -> google.protobuf.Duration
+	5,  // 13: jobbroker.v1.ServerConfig.default_policy:type_name -> jobbroker.v1.QueuePolicy
+	7,  // 14: jobbroker.v1.ServerConfig.queues:type_name -> jobbroker.v1.ServerConfig.QueuesEntry
+	5,  // 15: jobbroker.v1.ServerConfig.QueuesEntry.value:type_name -> jobbroker.v1.QueuePolicy
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_policy_proto_init() }
