@@ -226,6 +226,30 @@ TEST_F(CliTest, EnqueueRunAtAndLeaseDuration) {
             absl::Seconds(90));
 }
 
+TEST_F(CliTest, EnqueueTimeoutAndExpiryAndGetShowsThem) {
+  const std::string id = CliEnqueue(
+      {"limits", "x", "--timeout", "2m", "--expire-at", "2100-01-01T00:00:00Z", "--delay", "1h"});
+  v1::Job job = client_->MustGetJob(id);
+  EXPECT_EQ(job.timeout().seconds(), 120);
+  EXPECT_EQ(FromProto(job.expire_at()), absl::FromUnixSeconds(4102444800));
+  CliResult r = Cli({"get", id});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("timeout:"), HasSubstr("2m"), HasSubstr("expires:")));
+
+  const absl::Time before = absl::Now();
+  const std::string soon = CliEnqueue({"limits", "y", "--expire-in", "1h"});
+  const absl::Time expire_at = FromProto(client_->MustGetJob(soon).expire_at());
+  EXPECT_GE(expire_at, before + absl::Hours(1));
+  EXPECT_LE(expire_at, absl::Now() + absl::Hours(1));
+
+  r = Cli({"enqueue", "limits", "z", "--expire-at", "2100-01-01T00:00:00Z", "--expire-in", "1h"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--expire-at or --expire-in"));
+  r = Cli({"enqueue", "limits", "z", "--timeout", "10ms"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("timeout"));
+}
+
 TEST_F(CliTest, PayloadFromArgumentFileAndStdin) {
   const std::string binary("bin\0\x01\xff", 6);
   const std::string path = *broker_->temp_dir().WriteFile("payload.bin", binary);
@@ -767,9 +791,9 @@ TEST_F(CliTest, HelpListsCommandsFlagsAndExitCodes) {
   }
   CliResult r = RunCli({"enqueue", "--help"}, "", {});
   EXPECT_EQ(r.exit_code, 0) << r;
-  for (const char* flag :
-       {"--file", "--header", "--priority", "--delay", "--run-at", "--dedup-key", "--dedup-ttl",
-        "--max-attempts", "--lease-duration", "--concurrency-key"}) {
+  for (const char* flag : {"--file", "--header", "--priority", "--delay", "--run-at", "--dedup-key",
+                           "--dedup-ttl", "--max-attempts", "--lease-duration", "--concurrency-key",
+                           "--timeout", "--expire-at", "--expire-in"}) {
     EXPECT_THAT(r.out, HasSubstr(flag));
   }
   r = RunCli({"help", "list"}, "", {});

@@ -140,6 +140,68 @@ TEST_F(WorkerTest, RetryAfterReplacesTheBackoff) {
   EXPECT_EQ(job.last_error(), "429");
 }
 
+TEST_F(WorkerTest, SnoozeGivesTheJobBackWithoutSpendingAnAttempt) {
+  Worker worker(Options());
+  std::atomic<int> runs{0};
+  worker.Handle("not-yet", [&](JobContext& job) {
+    if (runs.fetch_add(1) == 0) return client::Snooze(absl::Milliseconds(200));
+    job.SetResult(absl::StrCat("attempt ", job.attempt()));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  v1::EnqueueRequest req;
+  req.set_queue("not-yet");
+  req.set_max_attempts(1);
+  std::string id = client().MustEnqueue(req);
+  ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
+  v1::Job job = client().MustGetJob(id);
+  EXPECT_EQ(job.result(), "attempt 1") << "the snooze was not counted as an attempt";
+  EXPECT_EQ(job.snoozes(), 1);
+  EXPECT_EQ(worker.stats().snoozed, 1);
+}
+
+TEST_F(WorkerTest, AHandlerPastItsRunTimeLimitSeesCancelledAndTheAttemptTimesOut) {
+  Worker worker(Options());
+  absl::Notification started;
+  std::atomic<bool> had_limit{false};
+  worker.Handle("hangs", [&](JobContext& job) {
+    had_limit = job.timeout_at() != absl::InfiniteFuture();
+    job.SetProgress(R"({"percent": 10})");
+    started.Notify();
+    while (!job.cancelled()) absl::SleepFor(absl::Milliseconds(20));
+    return absl::DeadlineExceededError("gave up at the limit");
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  v1::EnqueueRequest req;
+  req.set_queue("hangs");
+  req.set_max_attempts(1);
+  req.mutable_timeout()->set_nanos(500'000'000);
+  std::string id = client().MustEnqueue(req);
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_FAILED));
+  v1::Job job = client().MustGetJob(id);
+  EXPECT_TRUE(had_limit.load());
+  ASSERT_EQ(job.attempts_size(), 1);
+  EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_TIMED_OUT);
+}
+
+TEST_F(WorkerTest, ProgressTravelsWithTheHeartbeatsIntoTheJob) {
+  WorkerOptions options = Options();
+  options.lease_duration = absl::Milliseconds(300);  // heartbeats every 100 ms
+  Worker worker(options);
+  absl::Notification seen;
+  worker.Handle("reports", [&](JobContext& job) {
+    job.SetProgress(R"({"percent": 40})");
+    seen.WaitForNotificationWithTimeout(absl::Seconds(30));
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  std::string id = client().MustEnqueue("reports");
+  EXPECT_TRUE(WaitFor([&] { return client().MustGetJob(id).progress() == R"({"percent": 40})"; }));
+  seen.Notify();
+  ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
+}
+
 TEST_F(WorkerTest, ACancelledJobsHandlerIsTold) {
   Worker worker(Options());
   absl::Notification started;

@@ -106,6 +106,24 @@ absl::StatusOr<client::EnqueueOptions> ParseEnqueueOptions(const ParsedArgs& arg
     options.lease_duration = *d;
   }
   options.concurrency_key = args.Get("--concurrency-key").value_or("");
+  if (auto v = args.Get("--timeout")) {
+    absl::StatusOr<absl::Duration> d = ParseDurationValue("--timeout", *v);
+    if (!d.ok()) return d.status();
+    options.timeout = *d;
+  }
+  if (args.Has("--expire-at") && args.Has("--expire-in")) {
+    return absl::InvalidArgumentError("give --expire-at or --expire-in, not both");
+  }
+  if (auto v = args.Get("--expire-at")) {
+    absl::StatusOr<absl::Time> t = ParseTimeValue("--expire-at", *v);
+    if (!t.ok()) return t.status();
+    options.expire_at = *t;
+  }
+  if (auto v = args.Get("--expire-in")) {
+    absl::StatusOr<absl::Duration> d = ParseDurationValue("--expire-in", *v);
+    if (!d.ok()) return d.status();
+    options.expire_at = absl::Now() + *d;
+  }
   return options;
 }
 

@@ -48,7 +48,13 @@ std::string FormatJob(const v1::Job& job, absl::Time now) {
   if (job.state() == v1::JOB_STATE_SCHEDULED) add("run at", FormatTime(job.run_at(), now));
   if (job.state() == v1::JOB_STATE_ACTIVE) {
     add("lease deadline", FormatTime(job.lease_deadline(), now));
+    if (client::IsSet(job.timeout_at())) add("times out", FormatTime(job.timeout_at(), now));
   }
+  if (job.has_timeout())
+    add("timeout", absl::FormatDuration(client::FromProtoDuration(job.timeout())));
+  if (client::IsSet(job.expire_at())) add("expires", FormatTime(job.expire_at(), now));
+  if (job.snoozes() > 0) add("snoozes", absl::StrCat(job.snoozes()));
+  if (!job.progress().empty()) add("progress", Printable(job.progress(), kMaxBytesShown));
   if (client::IsSet(job.completed_at())) add("ended", FormatTime(job.completed_at(), now));
   add_if("last error", OneLine(job.last_error(), kMaxBytesShown * 2));
   if (!job.result().empty()) add("result", Printable(job.result(), kMaxBytesShown));

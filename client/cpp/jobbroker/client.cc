@@ -179,6 +179,9 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
     *req.mutable_lease_duration() = ToProtoDuration(*options.lease_duration);
   }
   req.set_concurrency_key(options.concurrency_key);
+  if (options.timeout.has_value()) *req.mutable_timeout() = ToProtoDuration(*options.timeout);
+  if (options.expire_at.has_value())
+    *req.mutable_expire_at() = ToProtoTimestamp(*options.expire_at);
   return req;
 }
 

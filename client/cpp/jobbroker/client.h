@@ -108,6 +108,10 @@ struct EnqueueOptions {
   int max_attempts = 0;
   std::optional<absl::Duration> lease_duration;
   std::string concurrency_key;
+  // Run-time limit of each attempt (heartbeats or not); unset = the queue's.
+  std::optional<absl::Duration> timeout;
+  // A job not started by then dies FAILED with FAIL_REASON_EXPIRED.
+  std::optional<absl::Time> expire_at;
 };
 
 struct Enqueued {

@@ -27,6 +27,7 @@ namespace {
 // absl::Status payloads that carry a handler's wish to the worker.
 constexpr char kPermanentUrl[] = "type.jobbroker.dev/permanent";
 constexpr char kRetryAfterUrl[] = "type.jobbroker.dev/retry_after";
+constexpr char kSnoozeUrl[] = "type.jobbroker.dev/snooze";
 
 std::string DefaultWorkerId() {
   char host[256] = {};
@@ -59,11 +60,19 @@ absl::Status RetryAfter(absl::Duration delay, absl::string_view message) {
   return s;
 }
 
+absl::Status Snooze(absl::Duration delay) {
+  absl::Status s =
+      absl::UnavailableError(absl::StrCat("snoozed for ", absl::FormatDuration(delay)));
+  s.SetPayload(kSnoozeUrl, absl::Cord(absl::FormatDuration(delay)));
+  return s;
+}
+
 // What a running job shares between its handler and the worker's threads.
 struct JobContext::Shared {
   mutable absl::Mutex mu;
   bool cancelled ABSL_GUARDED_BY(mu) = false;
   std::optional<std::string> checkpoint ABSL_GUARDED_BY(mu);  // saved, not yet sent
+  std::optional<std::string> progress ABSL_GUARDED_BY(mu);    // reported, not yet sent
   std::string result ABSL_GUARDED_BY(mu);
 
   void Cancel() {
@@ -76,7 +85,22 @@ struct JobContext::Shared {
     checkpoint.reset();
     return c;
   }
+  std::optional<std::string> TakeProgress() {
+    absl::MutexLock lock(&mu);
+    std::optional<std::string> p = std::move(progress);
+    progress.reset();
+    return p;
+  }
 };
+
+void JobContext::SetProgress(std::string progress) {
+  absl::MutexLock lock(&shared_->mu);
+  shared_->progress = std::move(progress);
+}
+
+absl::Time JobContext::timeout_at() const {
+  return IsSet(job_.timeout_at()) ? FromProtoTimestamp(job_.timeout_at()) : absl::InfiniteFuture();
+}
 
 void JobContext::SaveCheckpoint(std::string data) {
   absl::MutexLock lock(&shared_->mu);
@@ -89,6 +113,7 @@ void JobContext::SetResult(std::string result) {
 }
 
 bool JobContext::cancelled() const {
+  if (absl::Now() >= timeout_at()) return true;
   absl::MutexLock lock(&shared_->mu);
   return shared_->cancelled;
 }
@@ -467,7 +492,18 @@ class Worker::Impl {
       }
       held_.erase(job.job_id());
       running_.erase(job.job_id());
-      if (outcome.ok()) {
+      absl::Duration snooze;
+      if (absl::optional<absl::Cord> delay = outcome.GetPayload(kSnoozeUrl);
+          delay.has_value() && absl::ParseDuration(std::string(*delay), &snooze)) {
+        v1::WorkRequest r;
+        r.set_request_id(NextRequestIdLocked());
+        r.mutable_release()->set_job_id(job.job_id());
+        r.mutable_release()->set_lease_id(job.lease_id());
+        *r.mutable_release()->mutable_delay() = ToProtoDuration(snooze);
+        ++stats_.snoozed;
+        pending_[r.request_id()] = r;
+        out.push_back(std::move(r));
+      } else if (outcome.ok()) {
         v1::AckRequest& ack = acks_.emplace_back();
         ack.set_job_id(job.job_id());
         ack.set_lease_id(job.lease_id());
@@ -542,6 +578,8 @@ class Worker::Impl {
           r.mutable_heartbeat()->set_lease_id(h.job.lease_id());
           if (std::optional<std::string> c = h.shared->TakeCheckpoint())
             r.mutable_heartbeat()->set_checkpoint(*c);
+          if (std::optional<std::string> p = h.shared->TakeProgress())
+            r.mutable_heartbeat()->set_progress(*p);
           heartbeats_[r.request_id()] = id;
           h.next_heartbeat = now + h.lease / 3;
           beats.push_back(std::move(r));

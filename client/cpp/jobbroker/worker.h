@@ -38,10 +38,18 @@ class JobContext {
   // Saves progress. It travels with the next heartbeat, is kept durably with the job, and is
   // handed to every later attempt.
   void SaveCheckpoint(std::string data);
+  // Reports how far the job is (JSON by convention, e.g. {"percent": 40}); it travels with the
+  // next heartbeat, is kept as Job.progress, and reaches watchers and the dashboard. At most
+  // 64 KiB.
+  void SetProgress(std::string progress);
   // Kept with the completed job when the handler returns OK.
   void SetResult(std::string result);
-  // True once an operator cancelled the job, its lease was lost, or the worker is stopping past
-  // its grace period: stop soon (what the handler returns then is still reported).
+  // When this attempt's run-time limit ends it (the broker then fails it TIMED_OUT);
+  // absl::InfiniteFuture() if it has none.
+  absl::Time timeout_at() const;
+  // True once an operator cancelled the job, its lease was lost, its run-time limit passed, or
+  // the worker is stopping past its grace period: stop soon (what the handler returns then is
+  // still reported, and refused by the broker if the attempt has already ended).
   bool cancelled() const;
 
   // Internal: made by the Worker.
@@ -64,6 +72,9 @@ absl::Status PermanentError(absl::string_view message);
 // Fails the attempt and asks for the next one after `delay`, instead of the computed backoff
 // (a provider's Retry-After).
 absl::Status RetryAfter(absl::Duration delay, absl::string_view message);
+// Gives the job back to run again after `delay` without spending an attempt (a snooze: not
+// ready yet, try later). The queue's max_snoozes bounds how often.
+absl::Status Snooze(absl::Duration delay);
 
 struct WorkerOptions {
   // "host:port", or several nodes of one cluster as "h1:p1,h2:p2"; default (when `addresses`
@@ -141,6 +152,7 @@ class Worker {
     int64_t acked = 0;
     int64_t failed = 0;
     int64_t released = 0;
+    int64_t snoozed = 0;
     int64_t reconnects = 0;
   };
   Stats stats() const;
