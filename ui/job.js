@@ -6,9 +6,11 @@ import { confirmAction } from './dialogs.js';
 import { run } from './actions.js';
 import { stateBadge, timeCell } from './jobstable.js';
 import {
+  decodeBase64,
   formatBytes,
   formatDuration,
   humanEnum,
+  parseDuration,
   parseTime,
   renderBytes,
   stateLabel,
@@ -77,6 +79,11 @@ function details(job) {
     ['Created', when(job.createdAt)],
     job.runAt ? ['Run at', when(job.runAt)] : null,
     job.leaseDeadline ? ['Lease deadline', when(job.leaseDeadline)] : null,
+    job.timeoutAt ? ['Times out', when(job.timeoutAt)] : null,
+    job.timeout ? ['Run-time limit', formatDuration(parseDuration(job.timeout))] : null,
+    job.expireAt ? ['Expires', when(job.expireAt)] : null,
+    job.snoozes ? ['Snoozes', String(job.snoozes)] : null,
+    job.progress ? ['Progress', progressView(job.progress)] : null,
     job.completedAt ? ['Ended', when(job.completedAt)] : null,
     job.completedAt && job.createdAt ? ['Total time', span(job.createdAt, job.completedAt)] : null,
     ['Dedup key', job.dedupKey ? h('span', { class: 'mono' }, job.dedupKey) : '—'],
@@ -84,6 +91,29 @@ function details(job) {
     ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey || '—')],
   ].filter(Boolean);
   return h('dl', { class: 'details' }, rows.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));
+}
+
+// A worker's progress report (Job.progress, base64 bytes): a bar when it is JSON with a
+// numeric "percent", with the whole report as text beside it.
+function progressView(base64) {
+  let text;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64(base64));
+  } catch {
+    return h('span', { class: 'muted' }, 'binary');
+  }
+  let percent = null;
+  try {
+    const value = JSON.parse(text);
+    if (value && typeof value.percent === 'number' && Number.isFinite(value.percent)) {
+      percent = Math.min(100, Math.max(0, value.percent));
+    }
+  } catch {
+    // Not JSON: shown as text.
+  }
+  const shown = h('span', { class: 'mono' }, text.length > 200 ? `${text.slice(0, 200)}…` : text);
+  if (percent === null) return shown;
+  return [h('progress', { max: '100', value: String(percent), 'aria-label': `Progress ${percent}%` }), ' ', shown];
 }
 
 function relative(ts, now) {

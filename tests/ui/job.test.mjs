@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import { launch, openPage, screenshot } from './browser.mjs';
 import { startDashboard } from './dashboard.mjs';
-import { connect, deadJob, enqueue } from './grpc.mjs';
+import { connect, deadJob, enqueue, leaseJob } from './grpc.mjs';
 
 let dash;
 let client;
@@ -132,4 +132,35 @@ test('an unknown job shows the broker’s message', async () => {
   assert.match(await alert.textContent(), new RegExp(`${missing}.*not found|not found.*${missing}`, 'i'));
   // The failed request is the only console error.
   assert.ok(page.problems.every((p) => /404/.test(p)), page.problems.join('\n'));
+});
+
+test('a running job shows its run-time limit, expiry, snoozes and a progress bar', async () => {
+  const farFuture = { seconds: 4102444800, nanos: 0 }; // 2100-01-01
+  const id = await enqueue(client, 'reports', '{}', { timeout: { seconds: 600, nanos: 0 }, expireAt: farFuture });
+  const first = await leaseJob(client, 'reports', id, 'worker-r');
+  await client.broker.release({ jobId: id, leaseId: first.leaseId, delay: { seconds: 0, nanos: 1_000_000 } });
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  let leased;
+  for (let i = 0; i < 100 && !leased; i++) {
+    const { jobs } = await client.broker.lease({ queue: 'reports', workerId: 'worker-r', maxJobs: 1 });
+    leased = jobs[0];
+    if (!leased) await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+  assert.ok(leased, 'the snoozed job came back');
+  await client.broker.heartbeat({ jobId: id, leaseId: leased.leaseId, progress: Buffer.from('{"percent": 40, "step": "render"}') });
+
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${id}` });
+  await page.getByRole('heading', { level: 1, name: new RegExp(id) }).waitFor();
+  const details = page.getByRole('region', { name: 'Details' });
+  const text = await details.textContent();
+  assert.match(text, /Run-time limit\s*10 min/);
+  assert.match(text, /Times out/);
+  assert.match(text, /Expires/);
+  assert.match(text, /Snoozes\s*1/);
+  const bar = details.getByRole('progressbar', { name: 'Progress 40%' });
+  assert.equal(await bar.getAttribute('value'), '40');
+  assert.match(text, /"step": "render"|"step":"render"/);
+  const attempts = page.getByRole('region', { name: 'Attempts', exact: true }).getByRole('row');
+  assert.match(await attempts.nth(1).textContent(), /Snoozed/);
+  await screenshot(page, 'job-progress');
 });
