@@ -555,13 +555,18 @@ class Harness {
   }
 
   void Release(const v1::ReleaseRequest& req) {
-    core::ReleaseSpec spec = FromProto(req);
-    spec.job_id = JobId(spec.job_id);
-    spec.lease_id = LeaseId(spec.lease_id);
-    absl::Status valid = core::ValidateLeaseRef(spec.job_id, spec.lease_id);
-    if (!valid.ok()) CheckShapeRefusal(valid, "ValidateLeaseRef");
-    if (valid.ok()) CheckAcceptedRef(spec.job_id, spec.lease_id);
-    absl::Status s = Changing("Release", kLeaseCodes, [&] { return broker_->Release(spec); });
+    absl::StatusOr<core::ReleaseSpec> spec = FromProto(req);
+    if (!spec.ok()) return CheckShapeRefusal(spec.status(), "FromProto(ReleaseRequest)");
+    spec->job_id = JobId(spec->job_id);
+    spec->lease_id = LeaseId(spec->lease_id);
+    absl::Status valid = core::ValidateReleaseSpec(*spec);
+    if (!valid.ok()) CheckShapeRefusal(valid, "ValidateReleaseSpec");
+    if (valid.ok()) {
+      CheckAcceptedRef(spec->job_id, spec->lease_id);
+      REQUEST_EXPECT(!spec->delay.has_value() || *spec->delay >= absl::ZeroDuration(),
+                     "accepted a negative release delay");
+    }
+    absl::Status s = Changing("Release", kLeaseCodes, [&] { return broker_->Release(*spec); });
     if (!valid.ok()) SameRefusal(valid, s, "Release");
   }
 
