@@ -229,6 +229,7 @@ impl WorkStream {
             lease_id: job.lease_id.clone(),
             extend_by: None,
             checkpoint,
+            progress: None,
         }))
         .await
     }
@@ -271,6 +272,7 @@ impl WorkStream {
         self.request(Request::Release(v1::ReleaseRequest {
             job_id: job.job_id.clone(),
             lease_id: job.lease_id.clone(),
+            delay: None,
         }))
         .await
     }

@@ -70,6 +70,7 @@ async fn enqueue_lease_heartbeat_ack() {
             lease_id: leased.lease_id.clone(),
             extend_by: Some(duration(Duration::from_secs(60))),
             checkpoint: Some(b"half done".to_vec()),
+            progress: Some(br#"{"percent":50}"#.to_vec()),
         })
         .await
         .unwrap()
@@ -80,6 +81,8 @@ async fn enqueue_lease_heartbeat_ack() {
     let old_deadline = leased.lease_deadline.unwrap();
     assert!(new_deadline.seconds >= old_deadline.seconds);
     assert!(!heartbeat.cancel_requested);
+    let running = client.get_job(&leased.job_id).await.unwrap();
+    assert_eq!(running.progress, br#"{"percent":50}"#.to_vec());
 
     client
         .broker()
@@ -328,6 +331,7 @@ async fn batch_enqueue_and_release() {
         .release(ReleaseRequest {
             job_id: leased.job_id.clone(),
             lease_id: leased.lease_id.clone(),
+            delay: None,
         })
         .await
         .unwrap();

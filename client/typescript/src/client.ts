@@ -66,6 +66,10 @@ export interface EnqueueOptions {
   leaseDurationMs?: number;
   /** Groups jobs for the queue's max_concurrency_per_key (e.g. a tenant id). */
   concurrencyKey?: string;
+  /** Run-time limit of each attempt (100 ms to 720 h); default the queue's timeout, else none. */
+  timeoutMs?: number;
+  /** Not started after this time: the job dies with FAIL_REASON_EXPIRED instead. */
+  expireAt?: Date;
 }
 
 /** One job of an `enqueueBatch`. */
@@ -146,6 +150,8 @@ export function toEnqueueRequest(queue: string, payload: Payload, o: EnqueueOpti
     maxAttempts: o.maxAttempts ?? 0,
     leaseDuration: durationFromMs(o.leaseDurationMs),
     concurrencyKey: o.concurrencyKey ?? "",
+    timeout: durationFromMs(o.timeoutMs),
+    expireAt: o.expireAt,
   };
 }
 

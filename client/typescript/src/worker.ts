@@ -556,7 +556,7 @@ export class Worker {
 
   private sendRelease(job: LeasedJob): void {
     this.statsValue.released++;
-    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId } });
+    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId, delay: undefined } });
   }
 
   private releaseQueued(): void {

@@ -138,6 +138,8 @@ describe("Client", () => {
       maxAttempts: 9,
       leaseDurationMs: 2000,
       concurrencyKey: "tenant-a",
+      timeoutMs: 90_000,
+      expireAt: new Date(runAt.getTime() + 60_000),
     });
     const job = await client.getJob(jobId);
     assert.equal(job.state, JobState.JOB_STATE_SCHEDULED);
@@ -148,6 +150,8 @@ describe("Client", () => {
     assert.equal(job.dedupKey, "opt-1");
     assert.equal(job.concurrencyKey, "tenant-a");
     assert.equal(Math.round(job.runAt!.getTime() / 1000), Math.round(runAt.getTime() / 1000));
+    assert.equal(Number(job.timeout!.seconds), 90);
+    assert.equal(Math.round(job.expireAt!.getTime() / 1000), Math.round(runAt.getTime() / 1000) + 60);
 
     const delayed = await client.enqueue("options", "later", { delayMs: 3_600_000 });
     assert.equal((await client.getJob(delayed.jobId)).state, JobState.JOB_STATE_SCHEDULED);
