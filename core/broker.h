@@ -32,6 +32,7 @@
 #include "core/requests.h"
 #include "core/store.h"
 #include "core/stream_sink.h"
+#include "core/watchers.h"
 
 namespace jobbroker::core {
 
@@ -189,6 +190,15 @@ class Broker {
   // Reads (no durability wait). GetJob of a job whose stored record was corrupt (skipped at
   // recovery) is kDataLoss; DeleteJob removes such a record.
   absl::StatusOr<Job> GetJob(const std::string& job_id);
+  // Admin.WatchJob: `watcher` gets the job as it is now, then the job after each durable change
+  // of its state, attempt, progress, snoozes or cancel request, and End(OK) after the change
+  // that made it terminal (End(kNotFound) if it is removed, End(kUnavailable) at shutdown).
+  // Returns the handle for Unwatch; 0 if the job had already ended (the watcher got it and
+  // End(OK) before this returned). kNotFound for an unknown job, kInvalidArgument for a
+  // malformed id. A watch costs nothing while its job does not change.
+  absl::StatusOr<uint64_t> WatchJob(const std::string& job_id, std::shared_ptr<JobWatcher> watcher);
+  // The watcher went away: it is told nothing more (not even End). Unknown handles are ignored.
+  void Unwatch(uint64_t handle);
   // The queue of a job, without copying the job (authorization asks on every job-scoped call).
   // kNotFound for an unknown (or corrupt) job, kInvalidArgument for a malformed id.
   absl::StatusOr<std::string> JobQueue(const std::string& job_id);
@@ -265,6 +275,8 @@ class Broker {
   void Reply(uint64_t commit, Effects fx, Done<absl::StatusOr<T>> done, absl::StatusOr<T> result);
   // Answers long polls and tells streams what `fx` holds, once its transition is `written`.
   static void Deliver(Effects& fx, const absl::Status& written);
+  // Tells watchers what `watches` holds (without the lock).
+  static void Notify(std::vector<WatchNotice>& watches);
   // Why no change can be made now (shutting down, or the store failed), or OK.
   absl::Status RefusalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the pipeline takes writes and this broker's memory matches the store (see
@@ -279,8 +291,8 @@ class Broker {
   // Forgets every job, queue, dedup key and consumer, handing waiting Leases and streams out to
   // be answered without the lock.
   void ClearLocked(std::vector<LeaseDone>& waiting,
-                   std::vector<std::shared_ptr<StreamSink>>& streams)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                   std::vector<std::shared_ptr<StreamSink>>& streams,
+                   std::vector<WatchNotice>& watches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls ResumeWrites if the store failed and a retry is due.
   void MaybeResume() ABSL_LOCKS_EXCLUDED(mu_);
   // What a change gets while the store refuses writes after `cause`.
@@ -444,6 +456,7 @@ class Broker {
   Deadlines deadlines_ ABSL_GUARDED_BY(mu_);
   DedupTable dedup_ ABSL_GUARDED_BY(mu_);
   Consumers consumers_ ABSL_GUARDED_BY(mu_);
+  Watchers watchers_ ABSL_GUARDED_BY(mu_);
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // The partition's last Transition::seq (the store's applied_seq after recovery).

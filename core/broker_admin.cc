@@ -188,6 +188,37 @@ absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
   return *job;
 }
 
+absl::StatusOr<uint64_t> Broker::WatchJob(const std::string& job_id,
+                                          std::shared_ptr<JobWatcher> watcher) {
+  BROKER_RETURN_IF_ERROR(ValidateJobId(job_id));
+  std::optional<Job> ended;
+  uint64_t handle = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
+    Job* job = FindJobLocked(job_id);
+    if (job == nullptr) return NoSuchJob(job_id);
+    if (IsTerminal(job->state)) {
+      ended = *job;
+    } else {
+      // Registered and shown under one lock: a change committed before this is in the first
+      // message, one committed after it reaches the watcher once durable.
+      handle = watchers_.Add(*job, watcher);
+      watcher->Changed(*job);
+    }
+  }
+  if (ended.has_value()) {
+    watcher->Changed(*std::move(ended));
+    watcher->End(absl::OkStatus());
+  }
+  return handle;
+}
+
+void Broker::Unwatch(uint64_t handle) {
+  absl::MutexLock lock(&mu_);
+  watchers_.Remove(handle);
+}
+
 absl::StatusOr<std::string> Broker::JobQueue(const std::string& job_id) {
   BROKER_RETURN_IF_ERROR(ValidateJobId(job_id));
   absl::MutexLock lock(&mu_);

@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "core/broker.h"
@@ -75,24 +76,15 @@ constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 
 // Names a refusal's message may start with: the request fields (and the config file's).
 bool StartsWithField(absl::string_view message) {
-  static const auto* const kFields =
-      new absl::flat_hash_set<absl::string_view>{"queue",          "payload",
-                                                 "headers",        "delay",
-                                                 "run_at",         "dedup_key",
-                                                 "dedup_ttl",      "max_attempts",
-                                                 "lease_duration", "concurrency_key",
-                                                 "worker_id",      "max_jobs",
-                                                 "wait",           "job_id",
-                                                 "lease_id",       "checkpoint",
-                                                 "extend_by",      "result",
-                                                 "retry_after",    "error",
-                                                 "jobs",           "policy",
-                                                 "default_policy", "queues",
-                                                 "config",         "state",
-                                                 "states",         "page_size",
-                                                 "page_token",     "limit",
-                                                 "max_in_flight",  "priority",
-                                                 "request",        "acks"};
+  static const auto* const kFields = new absl::flat_hash_set<absl::string_view>{
+      "queue",         "payload",   "headers",        "delay",          "run_at",
+      "dedup_key",     "dedup_ttl", "max_attempts",   "lease_duration", "concurrency_key",
+      "worker_id",     "max_jobs",  "wait",           "job_id",         "lease_id",
+      "checkpoint",    "extend_by", "result",         "retry_after",    "error",
+      "jobs",          "policy",    "default_policy", "queues",         "config",
+      "state",         "states",    "page_size",      "page_token",     "limit",
+      "max_in_flight", "priority",  "request",        "acks",           "timeout",
+      "expire_at",     "progress"};
   size_t n = 0;
   while (n < message.size() && (absl::ascii_islower(message[n]) || message[n] == '_')) ++n;
   return kFields->contains(message.substr(0, n));
@@ -405,12 +397,28 @@ class Harness {
           return r.status();
         });
     if (!valid.ok()) return SameRefusal(valid, s, "Enqueue");
+    if (NeverStarts(*spec)) {
+      // The one refusal that depends on the clock, so the broker makes it, not validation.
+      REQUEST_EXPECT(
+          s.code() == Code::kInvalidArgument && absl::StartsWith(s.message(), "expire_at"),
+          absl::StrCat("Enqueue: a job that expires before it can start got ", s.ToString()));
+      return;
+    }
     REQUEST_EXPECT(s.code() != Code::kInvalidArgument,
                    absl::StrCat("Enqueue: validation passed, the broker said ", s.ToString()));
     if (!s.ok()) return;
     absl::StatusOr<core::Job> job = broker_->GetJob(job_id);
     REQUEST_EXPECT(job.ok() && job->queue == spec->queue,
                    absl::StrCat("Enqueue answered job ", job_id, " which GetJob does not show"));
+  }
+
+  // Whether `spec` expires no later than it could first run (the broker refuses such a job).
+  bool NeverStarts(const core::EnqueueSpec& spec) {
+    if (!spec.expire_at.has_value()) return false;
+    const absl::Time now = clock_.Now();
+    const absl::Time first_run =
+        spec.delay.has_value() ? now + *spec.delay : spec.run_at.value_or(now);
+    return *spec.expire_at <= std::max(first_run, now);
   }
 
   void EnqueueBatch(const v1::EnqueueBatchRequest& req) {
