@@ -147,6 +147,10 @@ uint64_t Broker::CommitChangeLocked(Transition t, Effects& fx) {
     t.partition = options_.partition;
     t.seq = ++applied_seq_;
   }
+  if (!watchers_.empty()) {
+    for (const Job& job : t.put_jobs) watchers_.Collect(job, fx.watches);
+    for (const std::string& id : t.delete_jobs) watchers_.CollectRemoved(id, fx.watches);
+  }
   const uint64_t commit = pipeline_.Append(std::move(t), fx.level(), fx.group_delay, early);
   jobs_.StampPuts(puts, commit);
   if (deadlines_.wake_needed()) fx.wake = true;
@@ -158,6 +162,18 @@ void Broker::Finish(uint64_t commit, Effects fx, absl::AnyInvocable<void(absl::S
   for (const std::shared_ptr<StreamCredit>& credit : fx.refills) credit->Refill();
   fx.refills.clear();
   const Durability level = fx.level();
+  if (!fx.watches.empty()) {
+    // Watchers hear of a change once it is as durable as its caller's answer: what a watcher
+    // saw is never taken back by a crash. A failed write tells them nothing (the rebuild that
+    // follows ends their watches).
+    pipeline_.WhenDurable(
+        commit,
+        [watches = std::move(fx.watches)](absl::Status written) mutable {
+          if (written.ok()) Notify(watches);
+        },
+        level);
+    fx.watches.clear();
+  }
   if (level == Durability::kSync && fx.reaches_workers()) {
     // Workers get what the transition handed them once it is in the store's log, while its fsync
     // runs; the caller's answer still waits for the fsync (docs/decisions.md, "early pushes").
@@ -204,6 +220,13 @@ void Broker::Deliver(Effects& fx, const absl::Status& written) {
   }
   for (Effects::Notice& n : fx.lost) n.sink->LeaseLost(std::move(n.job_id), n.outcome);
   for (Effects::Notice& n : fx.cancelled) n.sink->CancelRequested(std::move(n.job_id));
+}
+
+void Broker::Notify(std::vector<WatchNotice>& watches) {
+  for (WatchNotice& n : watches) {
+    if (n.job.has_value()) n.watcher->Changed(*std::move(n.job));
+    if (n.end.has_value()) n.watcher->End(*std::move(n.end));
+  }
 }
 
 absl::Status Broker::RefusalLocked() const {
@@ -283,14 +306,17 @@ void Broker::DetachConsumersLocked(std::vector<LeaseDone>& waiting,
 void Broker::Shutdown() {
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;
+  std::vector<WatchNotice> watches;
   {
     absl::MutexLock lock(&mu_);
     shutting_down_ = true;
     DetachConsumersLocked(waiting, streams);
     for (auto& [name, q] : queues_) q->consumers.clear();
+    watchers_.DetachAll(absl::UnavailableError("the broker is shutting down"), watches);
   }
   for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});
   for (auto& sink : streams) sink->End(absl::UnavailableError("the broker is shutting down"));
+  Notify(watches);
 }
 
 absl::Status Broker::Flush() {

@@ -61,6 +61,7 @@ absl::Status Broker::ResumeWrites() {
 
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;
+  std::vector<WatchNotice> watches;
   Effects fx;
   uint64_t commit = 0;
   size_t expired = 0;
@@ -75,7 +76,7 @@ absl::Status Broker::ResumeWrites() {
     }
     // Memory may hold changes the store never took (and miss one it did take, if a failed fsync
     // left it in the log): what the store holds now is the truth.
-    ClearLocked(waiting, streams);
+    ClearLocked(waiting, streams, watches);
     // Told once per failure: by the broker that resets the pipeline, not by those that rebuild
     // after it (their cause is OK).
     if (!cause.ok()) observer_.StoreResumed(cause, now - pipeline_.failed_at());
@@ -96,13 +97,18 @@ absl::Status Broker::ResumeWrites() {
   for (auto& sink : streams)
     sink->End(absl::UnavailableError(
         "the broker rebuilt its state after a storage failure; subscribe again"));
+  Notify(watches);
   Finish(commit, std::move(fx), nullptr);
   return absl::OkStatus();
 }
 
 void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
-                         std::vector<std::shared_ptr<StreamSink>>& streams) {
+                         std::vector<std::shared_ptr<StreamSink>>& streams,
+                         std::vector<WatchNotice>& watches) {
   DetachConsumersLocked(waiting, streams);
+  watchers_.DetachAll(
+      absl::UnavailableError("the broker rebuilt its state after a storage failure; watch again"),
+      watches);
   jobs_.Clear();  // sequence numbers go on: LoadLocked only raises the next one
   queues_.Clear();
   deadlines_.ClearJobs();

@@ -12,6 +12,7 @@
 #include "core/requests.h"
 #include "core/stream_credit.h"
 #include "core/stream_sink.h"
+#include "core/watchers.h"
 
 namespace jobbroker::core {
 
@@ -37,6 +38,8 @@ struct Effects {
   std::vector<Notice> lost;       // leases that ran out under a stream
   std::vector<Notice> cancelled;  // cancel requests for jobs a stream holds
   bool wake = false;              // an earlier deadline appeared: wake the ticker
+  // What watchers of the changed jobs are told (Admin.WatchJob), once the change is durable.
+  std::vector<WatchNotice> watches;
   // Streams shared with other partitions that got credit back while some member starved.
   std::vector<std::shared_ptr<StreamCredit>> refills;
 
