@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
+#include "server/grpc/job_watch.h"
 #include "server/routing/router.h"
 
 namespace jobbroker::server {
@@ -134,6 +135,11 @@ grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
   absl::StatusOr<core::Job> job = broker_.GetJob(req->job_id());
   if (job.ok()) ToProto(*job, resp);
   return call.Finish(job.status());
+}
+
+grpc::ServerWriteReactor<v1::Job>* AdminService::WatchJob(grpc::CallbackServerContext* ctx,
+                                                          const v1::WatchJobRequest* req) {
+  return JobWatchCall::Start(ctx, *req, broker_, auth_, router_, forwarder_);
 }
 
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ctx,

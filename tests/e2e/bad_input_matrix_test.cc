@@ -314,6 +314,26 @@ struct Api<v1::GetJobRequest> {
   }
 };
 
+// A server stream: read to its end (a completed job's watch ends after one message).
+template <>
+struct Api<v1::WatchJobRequest> {
+  static constexpr char kRpc[] = "WatchJob";
+  static v1::WatchJobRequest Valid(const Env& env) {
+    v1::WatchJobRequest req;
+    req.set_job_id(env.done_id);
+    return req;
+  }
+  static grpc::Status Send(Env& env, const v1::WatchJobRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    std::unique_ptr<grpc::ClientReader<v1::Job>> reader = env.client->admin().WatchJob(&ctx, req);
+    v1::Job job;
+    while (reader->Read(&job)) {
+    }
+    return reader->Finish();
+  }
+};
+
 template <>
 struct Api<v1::CancelJobRequest> {
   static constexpr char kRpc[] = "CancelJob";
@@ -1042,6 +1062,7 @@ void AddJobAdminRows(std::vector<Row>& rows) {
     }
   };
   ids(v1::GetJobRequest(), false);
+  ids(v1::WatchJobRequest(), false);
   ids(v1::CancelJobRequest(), false);
   ids(v1::DeleteJobRequest(), true);
   rows.push_back(Case<v1::CancelJobRequest>(
@@ -1050,6 +1071,9 @@ void AddJobAdminRows(std::vector<Row>& rows) {
   rows.push_back(
       Case<v1::GetJobRequest>("job_id", "of_a_completed_job_ok", Accepted(),
                               [](Env& env, v1::GetJobRequest& r) { r.set_job_id(env.done_id); }));
+  rows.push_back(Case<v1::WatchJobRequest>(
+      "job_id", "of_a_completed_job_ok", Accepted(),
+      [](Env& env, v1::WatchJobRequest& r) { r.set_job_id(env.done_id); }));
 
   using T = v1::RetryJobRequest;
   auto retry = [&](std::string field, absl::string_view what, Expect e, Change<T> c) {

@@ -67,6 +67,51 @@ func (x *GetJobRequest) GetJobId() string {
 	return ""
 }
 
+type WatchJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The id Enqueue returned.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchJobRequest) Reset() {
+	*x = WatchJobRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchJobRequest) ProtoMessage() {}
+
+func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
+func (*WatchJobRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *WatchJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
 type ListJobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The queue to list; NOT_FOUND if it does not exist.
@@ -87,7 +132,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -99,7 +144,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -112,7 +157,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ListJobsRequest) GetQueue() string {
@@ -169,7 +214,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -181,7 +226,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -194,7 +239,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -221,7 +266,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +278,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +291,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -276,7 +321,7 @@ type RetryJobRequest struct {
 
 func (x *RetryJobRequest) Reset() {
 	*x = RetryJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -288,7 +333,7 @@ func (x *RetryJobRequest) String() string {
 func (*RetryJobRequest) ProtoMessage() {}
 
 func (x *RetryJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -301,7 +346,7 @@ func (x *RetryJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryJobRequest.ProtoReflect.Descriptor instead.
 func (*RetryJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RetryJobRequest) GetJobId() string {
@@ -353,7 +398,7 @@ type RetryJobResponse struct {
 
 func (x *RetryJobResponse) Reset() {
 	*x = RetryJobResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +410,7 @@ func (x *RetryJobResponse) String() string {
 func (*RetryJobResponse) ProtoMessage() {}
 
 func (x *RetryJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +423,7 @@ func (x *RetryJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryJobResponse.ProtoReflect.Descriptor instead.
 func (*RetryJobResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RetryJobResponse) GetJob() *Job {
@@ -413,7 +458,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -425,7 +470,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -438,7 +483,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteJobRequest) GetJobId() string {
@@ -457,7 +502,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +514,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +527,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 // Lists every queue.
@@ -494,7 +539,7 @@ type ListQueuesRequest struct {
 
 func (x *ListQueuesRequest) Reset() {
 	*x = ListQueuesRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +551,7 @@ func (x *ListQueuesRequest) String() string {
 func (*ListQueuesRequest) ProtoMessage() {}
 
 func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +564,7 @@ func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 type ListQueuesResponse struct {
@@ -532,7 +577,7 @@ type ListQueuesResponse struct {
 
 func (x *ListQueuesResponse) Reset() {
 	*x = ListQueuesResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +589,7 @@ func (x *ListQueuesResponse) String() string {
 func (*ListQueuesResponse) ProtoMessage() {}
 
 func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +602,7 @@ func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListQueuesResponse) GetQueues() []*QueueInfo {
@@ -577,7 +622,7 @@ type GetQueueRequest struct {
 
 func (x *GetQueueRequest) Reset() {
 	*x = GetQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +634,7 @@ func (x *GetQueueRequest) String() string {
 func (*GetQueueRequest) ProtoMessage() {}
 
 func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +647,7 @@ func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetQueueRequest) GetQueue() string {
@@ -645,7 +690,7 @@ type QueueInfo struct {
 
 func (x *QueueInfo) Reset() {
 	*x = QueueInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -657,7 +702,7 @@ func (x *QueueInfo) String() string {
 func (*QueueInfo) ProtoMessage() {}
 
 func (x *QueueInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -670,7 +715,7 @@ func (x *QueueInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
 func (*QueueInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *QueueInfo) GetName() string {
@@ -764,7 +809,7 @@ type UpdateQueuePolicyRequest struct {
 
 func (x *UpdateQueuePolicyRequest) Reset() {
 	*x = UpdateQueuePolicyRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +821,7 @@ func (x *UpdateQueuePolicyRequest) String() string {
 func (*UpdateQueuePolicyRequest) ProtoMessage() {}
 
 func (x *UpdateQueuePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +834,7 @@ func (x *UpdateQueuePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueuePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueuePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateQueuePolicyRequest) GetQueue() string {
@@ -824,7 +869,7 @@ type PauseQueueRequest struct {
 
 func (x *PauseQueueRequest) Reset() {
 	*x = PauseQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +881,7 @@ func (x *PauseQueueRequest) String() string {
 func (*PauseQueueRequest) ProtoMessage() {}
 
 func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +894,7 @@ func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseQueueRequest.ProtoReflect.Descriptor instead.
 func (*PauseQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PauseQueueRequest) GetQueue() string {
@@ -869,7 +914,7 @@ type ResumeQueueRequest struct {
 
 func (x *ResumeQueueRequest) Reset() {
 	*x = ResumeQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +926,7 @@ func (x *ResumeQueueRequest) String() string {
 func (*ResumeQueueRequest) ProtoMessage() {}
 
 func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +939,7 @@ func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeQueueRequest.ProtoReflect.Descriptor instead.
 func (*ResumeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResumeQueueRequest) GetQueue() string {
@@ -918,7 +963,7 @@ type PurgeQueueRequest struct {
 
 func (x *PurgeQueueRequest) Reset() {
 	*x = PurgeQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +975,7 @@ func (x *PurgeQueueRequest) String() string {
 func (*PurgeQueueRequest) ProtoMessage() {}
 
 func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +988,7 @@ func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueRequest.ProtoReflect.Descriptor instead.
 func (*PurgeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PurgeQueueRequest) GetQueue() string {
@@ -970,7 +1015,7 @@ type PurgeQueueResponse struct {
 
 func (x *PurgeQueueResponse) Reset() {
 	*x = PurgeQueueResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1027,7 @@ func (x *PurgeQueueResponse) String() string {
 func (*PurgeQueueResponse) ProtoMessage() {}
 
 func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1040,7 @@ func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueResponse.ProtoReflect.Descriptor instead.
 func (*PurgeQueueResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PurgeQueueResponse) GetPurged() int64 {
@@ -1013,7 +1058,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1025,7 +1070,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1038,7 +1083,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 type ClusterInfo struct {
@@ -1063,7 +1108,7 @@ type ClusterInfo struct {
 
 func (x *ClusterInfo) Reset() {
 	*x = ClusterInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1120,7 @@ func (x *ClusterInfo) String() string {
 func (*ClusterInfo) ProtoMessage() {}
 
 func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1133,7 @@ func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInfo.ProtoReflect.Descriptor instead.
 func (*ClusterInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClusterInfo) GetClusterName() string {
@@ -1154,7 +1199,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1166,7 +1211,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1179,7 +1224,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *NodeInfo) GetNodeId() string {
@@ -1223,7 +1268,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1280,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1293,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PartitionInfo) GetPartition() uint32 {
@@ -1299,6 +1344,8 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"(\n" +
+	"\x0fWatchJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\xd1\x01\n" +
 	"\x0fListJobsRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12,\n" +
@@ -1381,9 +1428,10 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x1a\n" +
 	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x17\n" +
 	"\ain_sync\x18\x05 \x03(\tR\x06inSync\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\xfd\x06\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\xbd\a\n" +
 	"\x05Admin\x128\n" +
-	"\x06GetJob\x12\x1b.jobbroker.v1.GetJobRequest\x1a\x11.jobbroker.v1.Job\x12I\n" +
+	"\x06GetJob\x12\x1b.jobbroker.v1.GetJobRequest\x1a\x11.jobbroker.v1.Job\x12>\n" +
+	"\bWatchJob\x12\x1d.jobbroker.v1.WatchJobRequest\x1a\x11.jobbroker.v1.Job0\x01\x12I\n" +
 	"\bListJobs\x12\x1d.jobbroker.v1.ListJobsRequest\x1a\x1e.jobbroker.v1.ListJobsResponse\x12>\n" +
 	"\tCancelJob\x12\x1e.jobbroker.v1.CancelJobRequest\x1a\x11.jobbroker.v1.Job\x12I\n" +
 	"\bRetryJob\x12\x1d.jobbroker.v1.RetryJobRequest\x1a\x1e.jobbroker.v1.RetryJobResponse\x12L\n" +
@@ -1413,74 +1461,77 @@ func file_jobbroker_v1_admin_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_admin_proto_rawDescData
 }
 
-var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_jobbroker_v1_admin_proto_goTypes = []any{
 	(*GetJobRequest)(nil),            // 0: jobbroker.v1.GetJobRequest
-	(*ListJobsRequest)(nil),          // 1: jobbroker.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),         // 2: jobbroker.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),         // 3: jobbroker.v1.CancelJobRequest
-	(*RetryJobRequest)(nil),          // 4: jobbroker.v1.RetryJobRequest
-	(*RetryJobResponse)(nil),         // 5: jobbroker.v1.RetryJobResponse
-	(*DeleteJobRequest)(nil),         // 6: jobbroker.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),        // 7: jobbroker.v1.DeleteJobResponse
-	(*ListQueuesRequest)(nil),        // 8: jobbroker.v1.ListQueuesRequest
-	(*ListQueuesResponse)(nil),       // 9: jobbroker.v1.ListQueuesResponse
-	(*GetQueueRequest)(nil),          // 10: jobbroker.v1.GetQueueRequest
-	(*QueueInfo)(nil),                // 11: jobbroker.v1.QueueInfo
-	(*UpdateQueuePolicyRequest)(nil), // 12: jobbroker.v1.UpdateQueuePolicyRequest
-	(*PauseQueueRequest)(nil),        // 13: jobbroker.v1.PauseQueueRequest
-	(*ResumeQueueRequest)(nil),       // 14: jobbroker.v1.ResumeQueueRequest
-	(*PurgeQueueRequest)(nil),        // 15: jobbroker.v1.PurgeQueueRequest
-	(*PurgeQueueResponse)(nil),       // 16: jobbroker.v1.PurgeQueueResponse
-	(*GetClusterRequest)(nil),        // 17: jobbroker.v1.GetClusterRequest
-	(*ClusterInfo)(nil),              // 18: jobbroker.v1.ClusterInfo
-	(*NodeInfo)(nil),                 // 19: jobbroker.v1.NodeInfo
-	(*PartitionInfo)(nil),            // 20: jobbroker.v1.PartitionInfo
-	nil,                              // 21: jobbroker.v1.QueueInfo.CountsEntry
-	(JobState)(0),                    // 22: jobbroker.v1.JobState
-	(*Job)(nil),                      // 23: jobbroker.v1.Job
-	(*QueuePolicy)(nil),              // 24: jobbroker.v1.QueuePolicy
-	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
+	(*WatchJobRequest)(nil),          // 1: jobbroker.v1.WatchJobRequest
+	(*ListJobsRequest)(nil),          // 2: jobbroker.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),         // 3: jobbroker.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),         // 4: jobbroker.v1.CancelJobRequest
+	(*RetryJobRequest)(nil),          // 5: jobbroker.v1.RetryJobRequest
+	(*RetryJobResponse)(nil),         // 6: jobbroker.v1.RetryJobResponse
+	(*DeleteJobRequest)(nil),         // 7: jobbroker.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),        // 8: jobbroker.v1.DeleteJobResponse
+	(*ListQueuesRequest)(nil),        // 9: jobbroker.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),       // 10: jobbroker.v1.ListQueuesResponse
+	(*GetQueueRequest)(nil),          // 11: jobbroker.v1.GetQueueRequest
+	(*QueueInfo)(nil),                // 12: jobbroker.v1.QueueInfo
+	(*UpdateQueuePolicyRequest)(nil), // 13: jobbroker.v1.UpdateQueuePolicyRequest
+	(*PauseQueueRequest)(nil),        // 14: jobbroker.v1.PauseQueueRequest
+	(*ResumeQueueRequest)(nil),       // 15: jobbroker.v1.ResumeQueueRequest
+	(*PurgeQueueRequest)(nil),        // 16: jobbroker.v1.PurgeQueueRequest
+	(*PurgeQueueResponse)(nil),       // 17: jobbroker.v1.PurgeQueueResponse
+	(*GetClusterRequest)(nil),        // 18: jobbroker.v1.GetClusterRequest
+	(*ClusterInfo)(nil),              // 19: jobbroker.v1.ClusterInfo
+	(*NodeInfo)(nil),                 // 20: jobbroker.v1.NodeInfo
+	(*PartitionInfo)(nil),            // 21: jobbroker.v1.PartitionInfo
+	nil,                              // 22: jobbroker.v1.QueueInfo.CountsEntry
+	(JobState)(0),                    // 23: jobbroker.v1.JobState
+	(*Job)(nil),                      // 24: jobbroker.v1.Job
+	(*QueuePolicy)(nil),              // 25: jobbroker.v1.QueuePolicy
+	(*durationpb.Duration)(nil),      // 26: google.protobuf.Duration
 }
 var file_jobbroker_v1_admin_proto_depIdxs = []int32{
-	22, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
-	23, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
-	22, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
-	23, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
-	11, // 4: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
-	24, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
-	21, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
-	25, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
-	24, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
-	22, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
-	19, // 10: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
-	20, // 11: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
+	23, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
+	24, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
+	23, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
+	24, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
+	12, // 4: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
+	25, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
+	22, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
+	26, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
+	25, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
+	23, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
+	20, // 10: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
+	21, // 11: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
 	0,  // 12: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
-	1,  // 13: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
-	3,  // 14: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
-	4,  // 15: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
-	6,  // 16: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
-	8,  // 17: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
-	10, // 18: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
-	12, // 19: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
-	13, // 20: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
-	14, // 21: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
-	15, // 22: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
-	17, // 23: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
-	23, // 24: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
-	2,  // 25: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
-	23, // 26: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
-	5,  // 27: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
-	7,  // 28: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
-	9,  // 29: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
-	11, // 30: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
-	11, // 31: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
-	11, // 32: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
-	11, // 33: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
-	16, // 34: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
-	18, // 35: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
-	24, // [24:36] is the sub-list for method output_type
-	12, // [12:24] is the sub-list for method input_type
+	1,  // 13: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
+	2,  // 14: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
+	4,  // 15: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
+	5,  // 16: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
+	7,  // 17: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
+	9,  // 18: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
+	11, // 19: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
+	13, // 20: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
+	14, // 21: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
+	15, // 22: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
+	16, // 23: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
+	18, // 24: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
+	24, // 25: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
+	24, // 26: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
+	3,  // 27: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
+	24, // 28: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
+	6,  // 29: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
+	8,  // 30: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
+	10, // 31: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
+	12, // 32: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 33: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
+	12, // 34: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 35: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
+	17, // 36: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
+	19, // 37: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
+	25, // [25:38] is the sub-list for method output_type
+	12, // [12:25] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -1499,7 +1550,7 @@ func file_jobbroker_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_admin_proto_rawDesc), len(file_jobbroker_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

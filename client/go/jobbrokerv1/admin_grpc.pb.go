@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	Admin_GetJob_FullMethodName            = "/jobbroker.v1.Admin/GetJob"
+	Admin_WatchJob_FullMethodName          = "/jobbroker.v1.Admin/WatchJob"
 	Admin_ListJobs_FullMethodName          = "/jobbroker.v1.Admin/ListJobs"
 	Admin_CancelJob_FullMethodName         = "/jobbroker.v1.Admin/CancelJob"
 	Admin_RetryJob_FullMethodName          = "/jobbroker.v1.Admin/RetryJob"
@@ -41,6 +42,12 @@ const (
 // NOT_FOUND for an unknown job or queue.
 type AdminClient interface {
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*Job, error)
+	// The job as it is now, then one message per change of its state, attempt, progress, snoozes
+	// or cancel request, each sent once the change is durable; the call ends (OK) right after the
+	// message that shows a terminal state. NOT_FOUND for an unknown job, or one removed while
+	// watched; UNAVAILABLE if the broker shuts down (watch again). Watchers cost no polling: a
+	// job that does not change sends nothing.
+	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Job], error)
 	// Jobs of one queue in one state, paginated.
 	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
 	// READY or SCHEDULED: CANCELLED at once. ACTIVE: cancel_requested is set and the worker told.
@@ -82,6 +89,25 @@ func (c *adminClient) GetJob(ctx context.Context, in *GetJobRequest, opts ...grp
 	}
 	return out, nil
 }
+
+func (c *adminClient) WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Job], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Admin_ServiceDesc.Streams[0], Admin_WatchJob_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchJobRequest, Job]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admin_WatchJobClient = grpc.ServerStreamingClient[Job]
 
 func (c *adminClient) ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -201,6 +227,12 @@ func (c *adminClient) GetCluster(ctx context.Context, in *GetClusterRequest, opt
 // NOT_FOUND for an unknown job or queue.
 type AdminServer interface {
 	GetJob(context.Context, *GetJobRequest) (*Job, error)
+	// The job as it is now, then one message per change of its state, attempt, progress, snoozes
+	// or cancel request, each sent once the change is durable; the call ends (OK) right after the
+	// message that shows a terminal state. NOT_FOUND for an unknown job, or one removed while
+	// watched; UNAVAILABLE if the broker shuts down (watch again). Watchers cost no polling: a
+	// job that does not change sends nothing.
+	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[Job]) error
 	// Jobs of one queue in one state, paginated.
 	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
 	// READY or SCHEDULED: CANCELLED at once. ACTIVE: cancel_requested is set and the worker told.
@@ -235,6 +267,9 @@ type UnimplementedAdminServer struct{}
 
 func (UnimplementedAdminServer) GetJob(context.Context, *GetJobRequest) (*Job, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetJob not implemented")
+}
+func (UnimplementedAdminServer) WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[Job]) error {
+	return status.Error(codes.Unimplemented, "method WatchJob not implemented")
 }
 func (UnimplementedAdminServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListJobs not implemented")
@@ -307,6 +342,17 @@ func _Admin_GetJob_Handler(srv interface{}, ctx context.Context, dec func(interf
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Admin_WatchJob_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchJobRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AdminServer).WatchJob(m, &grpc.GenericServerStream[WatchJobRequest, Job]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Admin_WatchJobServer = grpc.ServerStreamingServer[Job]
 
 func _Admin_ListJobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListJobsRequest)
@@ -562,6 +608,12 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Admin_GetCluster_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchJob",
+			Handler:       _Admin_WatchJob_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "jobbroker/v1/admin.proto",
 }
