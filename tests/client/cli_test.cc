@@ -19,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -248,6 +249,65 @@ TEST_F(CliTest, EnqueueTimeoutAndExpiryAndGetShowsThem) {
   r = Cli({"enqueue", "limits", "z", "--timeout", "10ms"});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, HasSubstr("timeout"));
+}
+
+TEST_F(CliTest, WatchFollowsAJobToItsEndAndExitsByHowItEnded) {
+  const std::string done = CliEnqueue({"watched", "x"});
+  std::optional<v1::LeasedJob> leased = client_->LeaseOne("watched", "worker-1");
+  ASSERT_TRUE(leased.has_value());
+  client_->MustAck(*leased, "fine");
+  CliResult r = Cli({"watch", done});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("COMPLETED"), HasSubstr("fine")));
+
+  const std::string dead = CliEnqueue({"watched", "y", "--max-attempts", "1"});
+  leased = client_->LeaseOne("watched", "worker-1");
+  ASSERT_TRUE(leased.has_value());
+  v1::FailRequest fail;
+  fail.set_job_id(dead);
+  fail.set_lease_id(leased->lease_id());
+  fail.set_error("no");
+  v1::FailResponse fail_reply;
+  ASSERT_TRUE(client_->Fail(fail, &fail_reply).ok());
+  r = Cli({"watch", dead});
+  EXPECT_EQ(r.exit_code, 4) << r;
+  EXPECT_THAT(r.out, HasSubstr("FAILED"));
+
+  const std::string cancelled = CliEnqueue({"watched", "z"});
+  v1::Job job;
+  ASSERT_TRUE(client_->CancelJob(cancelled, &job).ok());
+  r = Cli({"watch", cancelled, "--json"});
+  EXPECT_EQ(r.exit_code, 5) << r;
+  EXPECT_THAT(r.out, HasSubstr("JOB_STATE_CANCELLED"));
+
+  r = Cli({"watch", "01ARZ3NDEKTSV4RRFFQ69G5FAV"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
+}
+
+TEST_F(CliTest, EnqueueWaitPrintsTheIdThenTheFinishedJob) {
+  // A worker in the test: takes the job when it comes and acks it with a result.
+  std::thread worker([this] {
+    std::optional<v1::LeasedJob> leased = client_->LeaseOne("waits", "worker-1", absl::Seconds(30));
+    if (leased.has_value()) client_->MustAck(*leased, "the answer");
+  });
+  CliResult r = Cli({"enqueue", "waits", "question", "--wait", "--wait-timeout", "60s"});
+  worker.join();
+  EXPECT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_THAT(lines[0], SizeIs(26)) << "the job id comes first";
+  EXPECT_THAT(r.out, AllOf(HasSubstr("COMPLETED"), HasSubstr("the answer")));
+
+  // Nobody works the queue: the wait gives up, the job stays.
+  r = Cli({"enqueue", "idle", "x", "--wait", "--wait-timeout", "0.3s"});
+  EXPECT_EQ(r.exit_code, 3) << r;
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
+  EXPECT_EQ(client_->Counts("idle")["JOB_STATE_READY"], 1);
+
+  r = Cli({"enqueue", "idle", "x", "--wait-timeout", "1s"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--wait-timeout needs --wait"));
 }
 
 TEST_F(CliTest, PayloadFromArgumentFileAndStdin) {

@@ -55,8 +55,23 @@ const std::vector<Command>& Commands() {
                   {"--timeout", "DURATION", "run-time limit of each attempt, heartbeats or not"},
                   {"--expire-at", "TIME", "fail the job (EXPIRED) if not started by this time"},
                   {"--expire-in", "DURATION", "fail the job if not started this long from now"},
+                  {"--wait", "", "follow the job to its end, as watch does (exit 0, 4 or 5)"},
+                  {"--wait-timeout", "DURATION", "with --wait: give up waiting after this long"},
               },
           .run = RunEnqueue,
+      },
+      {
+          .name = "watch",
+          .args_usage = "JOB",
+          .summary = "follow a job to its end: a line per change, then the job",
+          .details = "Prints a line each time the job's state, attempt or progress changes,\n"
+                     "then the job as get shows it. Exits 0 when it COMPLETED, 4 when it\n"
+                     "ended FAILED, 5 when CANCELLED. With --json, each change as one line of\n"
+                     "the Job message in proto3 JSON.",
+          .min_args = 1,
+          .max_args = 1,
+          .flags = {{"--timeout", "DURATION", "give up after this long (exit 3); the job goes on"}},
+          .run = RunWatch,
       },
       {
           .name = "get",

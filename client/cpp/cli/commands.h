@@ -20,6 +20,9 @@ enum ExitCode : int {
   // The broker could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), after the client's
   // retries where a retry is safe.
   kExitUnreachable = 3,
+  // `watch` and `enqueue --wait`: the job ended FAILED (dead) or CANCELLED.
+  kExitJobFailed = 4,
+  kExitJobCancelled = 5,
 };
 
 // Where a command reads and writes. Human and JSON output go to `out`, errors and notes to
@@ -78,6 +81,7 @@ int BrokerError(const CommandContext& ctx, const absl::Status& status);
 // The commands, defined in job_commands.cc and queue_commands.cc.
 int RunEnqueue(CommandContext& ctx);
 int RunGet(CommandContext& ctx);
+int RunWatch(CommandContext& ctx);
 int RunList(CommandContext& ctx);
 int RunCancel(CommandContext& ctx);
 int RunRetry(CommandContext& ctx);

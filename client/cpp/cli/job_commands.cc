@@ -127,13 +127,58 @@ absl::StatusOr<client::EnqueueOptions> ParseEnqueueOptions(const ParsedArgs& arg
   return options;
 }
 
+// One line per change a watch shows: when, the state, the attempt and the progress.
+std::string ChangeLine(const v1::Job& job) {
+  std::string line = absl::StrCat(absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::UTCTimeZone()),
+                                  "  ", StateName(job.state()));
+  if (job.state() == v1::JOB_STATE_FAILED && job.fail_reason() != v1::FAIL_REASON_UNSPECIFIED)
+    absl::StrAppend(&line, " (", FailReasonName(job.fail_reason()), ")");
+  if (job.attempt() > 0)
+    absl::StrAppend(&line, "  attempt ", job.attempt(), "/", job.max_attempts());
+  if (!job.progress().empty()) absl::StrAppend(&line, "  progress ", OneLine(job.progress(), 120));
+  return line;
+}
+
+// Follows `job_id` to its end (watch, enqueue --wait) and exits by how it ended.
+int FollowJob(CommandContext& ctx, const std::string& job_id, absl::Duration timeout) {
+  absl::StatusOr<v1::Job> ended = ctx.client.WatchJob(job_id, timeout, [&ctx](const v1::Job& job) {
+    ctx.io.out << (ctx.json ? ToJson(job) : ChangeLine(job)) << "\n";
+    ctx.io.out.flush();
+  });
+  if (!ended.ok()) return BrokerError(ctx, ended.status());
+  if (!ctx.json) ctx.io.out << "\n" << FormatJob(*ended, absl::Now());
+  switch (ended->state()) {
+    case v1::JOB_STATE_COMPLETED:
+      return kExitOk;
+    case v1::JOB_STATE_CANCELLED:
+      return kExitJobCancelled;
+    default:
+      return kExitJobFailed;
+  }
+}
+
+absl::StatusOr<absl::Duration> WaitTimeout(const ParsedArgs& args, const char* flag) {
+  if (auto v = args.Get(flag)) return ParseDurationValue(flag, *v);
+  return absl::InfiniteDuration();
+}
+
 }  // namespace
+
+int RunWatch(CommandContext& ctx) {
+  absl::StatusOr<absl::Duration> timeout = WaitTimeout(ctx.args, "--timeout");
+  if (!timeout.ok()) return UsageError(ctx, std::string(timeout.status().message()));
+  return FollowJob(ctx, ctx.args.positional[0], *timeout);
+}
 
 int RunEnqueue(CommandContext& ctx) {
   absl::StatusOr<client::EnqueueOptions> options = ParseEnqueueOptions(ctx.args);
   if (!options.ok()) return UsageError(ctx, std::string(options.status().message()));
   absl::StatusOr<std::string> payload = ReadPayload(ctx);
   if (!payload.ok()) return UsageError(ctx, std::string(payload.status().message()));
+  absl::StatusOr<absl::Duration> wait_timeout = WaitTimeout(ctx.args, "--wait-timeout");
+  if (!wait_timeout.ok()) return UsageError(ctx, std::string(wait_timeout.status().message()));
+  if (ctx.args.Has("--wait-timeout") && !ctx.args.Has("--wait"))
+    return UsageError(ctx, "--wait-timeout needs --wait");
 
   absl::StatusOr<client::Enqueued> enqueued =
       ctx.client.Enqueue(ctx.args.positional[0], *payload, *options);
@@ -146,6 +191,7 @@ int RunEnqueue(CommandContext& ctx) {
   } else {
     ctx.io.out << enqueued->job_id << (enqueued->deduplicated ? " (deduplicated)" : "") << "\n";
   }
+  if (ctx.args.Has("--wait")) return FollowJob(ctx, enqueued->job_id, *wait_timeout);
   return kExitOk;
 }
 

@@ -35,6 +35,8 @@ constexpr char kTrailer[] =
     "     (NOT_FOUND, INVALID_ARGUMENT, ALREADY_EXISTS, ...)\n"
     "  2  bad command line; nothing was sent\n"
     "  3  the broker could not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), after retries\n"
+    "  4  watch, enqueue --wait: the job ended FAILED (dead)\n"
+    "  5  watch, enqueue --wait: the job ended CANCELLED\n"
     "\n"
     "--address may list several nodes of a cluster (h1:7070,h2:7070): the first that answers\n"
     "tells where each partition's leader is, and each call goes straight there.\n"

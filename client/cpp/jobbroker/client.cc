@@ -249,6 +249,47 @@ absl::StatusOr<v1::Job> Client::GetJob(const std::string& job_id) {
   return job;
 }
 
+absl::StatusOr<v1::Job> Client::WatchJob(const std::string& job_id, absl::Duration timeout,
+                                         const std::function<void(const v1::Job&)>& on_change) {
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  v1::WatchJobRequest req;
+  req.set_job_id(job_id);
+  absl::Duration wait = kFirstBackoff;
+  while (true) {
+    const std::shared_ptr<const Router::Node> node = router_->NodeFor(Router::Route::Job(job_id));
+    grpc::ClientContext ctx;
+    if (deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(deadline));
+    if (absl::Status s = AddBearerToken(options_.token, &ctx); !s.ok()) return s;
+    std::unique_ptr<grpc::ClientReader<v1::Job>> reader = node->admin->WatchJob(&ctx, req);
+    v1::Job job;
+    std::optional<v1::Job> last;
+    while (reader->Read(&job)) {
+      if (on_change) on_change(job);
+      last = job;
+    }
+    absl::Status status = FromGrpc(reader->Finish());
+    // The call ends OK right after the message that shows the job ended.
+    if (status.ok() && last.has_value()) return *std::move(last);
+    if (status.ok()) status = absl::UnavailableError("the watch ended without the job's end");
+    if (!IsTransient(status.code()) || absl::Now() >= deadline) return status;
+    router_->MarkStale();
+    absl::SleepFor(std::min(wait, deadline - absl::Now()));
+    wait = std::min(wait * 2, kMaxBackoff);
+  }
+}
+
+absl::StatusOr<v1::Job> Client::EnqueueAndWait(const std::string& queue, const std::string& payload,
+                                               const EnqueueOptions& options,
+                                               absl::Duration timeout) {
+  const absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  absl::StatusOr<Enqueued> enqueued = Enqueue(queue, payload, options);
+  if (!enqueued.ok()) return enqueued.status();
+  return WatchJob(enqueued->job_id, deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
+                                                                       : deadline - absl::Now());
+}
+
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& request) {
   v1::ListJobsResponse resp;
   absl::Status s = Run(options_, *router_, Router::Route::Queue(request.queue()),

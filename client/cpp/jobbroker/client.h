@@ -154,6 +154,20 @@ class Client {
   absl::StatusOr<std::vector<Enqueued>> EnqueueBatch(const v1::EnqueueBatchRequest& request);
 
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Follows a job until it ends (Admin.WatchJob) and returns it in its terminal state. Calls
+  // `on_change` (when set) with the job as it is now and after each change of its state, attempt
+  // or progress. DEADLINE_EXCEEDED once `timeout` has passed (the job is not touched). A broken
+  // connection or a moved leader is not an error: the client watches again, and `on_change` may
+  // then see the same state twice. NOT_FOUND for an unknown job.
+  absl::StatusOr<v1::Job> WatchJob(const std::string& job_id,
+                                   absl::Duration timeout = absl::InfiniteDuration(),
+                                   const std::function<void(const v1::Job&)>& on_change = nullptr);
+  // Enqueue, then WatchJob: what a producer that needs the result calls (BullMQ's
+  // waitUntilFinished, Celery's AsyncResult.get). The job's `result` holds what the worker
+  // returned. DEADLINE_EXCEEDED after `timeout` leaves the job running.
+  absl::StatusOr<v1::Job> EnqueueAndWait(const std::string& queue, const std::string& payload,
+                                         const EnqueueOptions& options = {},
+                                         absl::Duration timeout = absl::InfiniteDuration());
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id);
   // A FAILED or CANCELLED job back to READY; returns it.
