@@ -1,6 +1,8 @@
 // Admin.WatchJob against the real binary: the messages a watcher gets, the end of the call, a
 // thousand idle watchers (their CPU cost is printed, from /proc), and the C++ client's
 // EnqueueAndWait across a kill -9.
+#include <grpcpp/grpcpp.h>
+
 #include <atomic>
 #include <fstream>
 #include <memory>
@@ -8,8 +10,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -136,7 +136,8 @@ TEST_F(WatchTest, AThousandIdleWatchersOverFourConnectionsEachSeeTheirJobEnd) {
   // Over four connections, as four producers would: the broker takes at most 1,000 calls at a
   // time on one connection, and the leases and acks below need their own.
   std::vector<std::unique_ptr<v1::Admin::Stub>> stubs;
-  for (int i = 0; i < 4; ++i) stubs.push_back(v1::Admin::NewStub(OwnConnection(process().address())));
+  for (int i = 0; i < 4; ++i)
+    stubs.push_back(v1::Admin::NewStub(OwnConnection(process().address())));
   std::vector<std::unique_ptr<Watch>> watches;
   for (size_t i = 0; i < ids.size(); ++i)
     watches.push_back(std::make_unique<Watch>(*stubs[i % stubs.size()], ids[i]));
