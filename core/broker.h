@@ -33,6 +33,7 @@
 #include "core/store.h"
 #include "core/stream_sink.h"
 #include "core/watchers.h"
+#include "core/workers.h"
 
 namespace jobbroker::core {
 
@@ -199,6 +200,10 @@ class Broker {
   absl::StatusOr<uint64_t> WatchJob(const std::string& job_id, std::shared_ptr<JobWatcher> watcher);
   // The watcher went away: it is told nothing more (not even End). Unknown handles are ignored.
   void Unwatch(uint64_t handle);
+  // Admin.ListWorkers: every worker with an open stream, a waiting Lease or an ACTIVE job here,
+  // by worker_id (core/workers.h). With `queue` set, only those subscribed to, waiting on or
+  // running a job of that queue (their other queues and jobs still listed). A read: no change.
+  std::vector<WorkerInfo> ListWorkers(const std::string& queue);
   // The queue of a job, without copying the job (authorization asks on every job-scoped call).
   // kNotFound for an unknown (or corrupt) job, kInvalidArgument for a malformed id.
   absl::StatusOr<std::string> JobQueue(const std::string& job_id);

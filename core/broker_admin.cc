@@ -1,5 +1,7 @@
 // Broker: an operator's calls on single jobs and queues (cancel, retry, delete, policies,
 // pause) and the reads of jobs and queues. Bulk redrive and purge are in broker_bulk.cc.
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/broker_mutation.h"
 #include "core/status_macros.h"
@@ -217,6 +219,45 @@ absl::StatusOr<uint64_t> Broker::WatchJob(const std::string& job_id,
 void Broker::Unwatch(uint64_t handle) {
   absl::MutexLock lock(&mu_);
   watchers_.Remove(handle);
+}
+
+std::vector<WorkerInfo> Broker::ListWorkers(const std::string& queue) {
+  std::vector<WorkerInfo> workers;
+  absl::flat_hash_map<std::string, size_t> index;
+  absl::flat_hash_set<std::string> of_queue;  // workers that touch `queue`
+  auto worker = [&](const std::string& id) -> WorkerInfo& {
+    auto [it, added] = index.emplace(id, workers.size());
+    if (added) workers.push_back(WorkerInfo{.worker_id = id});
+    return workers[it->second];
+  };
+  absl::MutexLock lock(&mu_);
+  consumers_.ForEach([&](const Consumer& c) {
+    WorkerInfo& w = worker(c.spec.worker_id);
+    if (c.stream) {
+      ++w.streams;
+      w.max_in_flight += c.max_in_flight;
+      w.queues.insert(w.queues.end(), c.queues.begin(), c.queues.end());
+      if (std::find(c.queues.begin(), c.queues.end(), queue) != c.queues.end())
+        of_queue.insert(w.worker_id);
+    } else {
+      ++w.lease_waits;
+      w.queues.push_back(c.spec.queue);
+      if (c.spec.queue == queue) of_queue.insert(w.worker_id);
+    }
+    w.connected_at = std::min(w.connected_at, c.since);
+  });
+  deadlines_.ForEachLease([&](uint64_t seq) {
+    const Job& job = jobs_.Hot(seq);
+    if (job.attempts.empty()) return;
+    WorkerInfo& w = worker(job.attempts.back().worker_id);
+    w.running.push_back(RunningJobOf(job));
+    if (job.queue == queue) of_queue.insert(w.worker_id);
+  });
+  if (!queue.empty()) {
+    std::erase_if(workers, [&](const WorkerInfo& w) { return !of_queue.contains(w.worker_id); });
+  }
+  MergeWorkers(workers, {});  // sorts
+  return workers;
 }
 
 absl::StatusOr<std::string> Broker::JobQueue(const std::string& job_id) {

@@ -199,6 +199,7 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
                                         waiter_id = w.id;
                                         w.spec = std::move(spec);
                                         w.deadline = now + wait;
+                                        w.since = now;
                                         w.done = std::move(done);
                                         deadlines_.AddWaiter(w.deadline, w.id);
                                         q.consumers.push_back(w.id);
@@ -246,6 +247,7 @@ absl::StatusOr<uint64_t> Broker::Subscribe(SubscribeSpec spec, std::shared_ptr<S
                                       stream.sink = std::move(sink);
                                       stream.credit = std::move(spec.credit);
                                       stream.credit_member = spec.credit_member;
+                                      stream.since = now;
                                       EnlistLocked(stream, now, t, effects);
                                       return absl::OkStatus();
                                     }));

@@ -36,6 +36,7 @@ struct Consumer {
   absl::flat_hash_set<std::string> enlisted;  // queues whose line it stands in
   std::shared_ptr<StreamCredit> credit;       // shared with other partitions' brokers, if any
   int credit_member = 0;
+  absl::Time since = absl::InfinitePast();  // when it subscribed or began to wait
 
   bool has_slot() const { return in_flight < max_in_flight; }
 };
@@ -50,6 +51,11 @@ class Consumers {
   // A new consumer with the next handle; the caller fills it in.
   Consumer& Add(bool stream);
   Consumer* Find(uint64_t id);
+  // Calls `f(const Consumer&)` for each consumer, in no particular order.
+  template <typename F>
+  void ForEach(F f) const {
+    for (const auto& [id, consumer] : by_id_) f(*consumer);
+  }
   // A long poll or stream that ended: forgotten (a stream's holds stay until its jobs end).
   void Erase(uint64_t id) { by_id_.erase(id); }
 
