@@ -350,6 +350,16 @@ std::vector<core::QueueInfo> Partitions::ListQueues() {
   return all;
 }
 
+std::vector<core::WorkerInfo> Partitions::ListWorkers(const std::string& queue,
+                                                      const std::vector<bool>& served) {
+  std::vector<core::WorkerInfo> all;
+  for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
+    // A broker that stopped leading its partition keeps no consumers, but may keep jobs.
+    if (served[p]) core::MergeWorkers(all, brokers_[p]->ListWorkers(queue));
+  }
+  return all;
+}
+
 absl::Time Partitions::Tick() {
   absl::Time next = absl::InfiniteFuture();
   for (const std::unique_ptr<core::Broker>& broker : brokers_)

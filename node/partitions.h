@@ -102,6 +102,10 @@ class Partitions {
   absl::StatusOr<core::ListJobsResult> ListJobs(const core::ListJobsSpec& spec);
   absl::StatusOr<core::QueueInfo> GetQueue(const std::string& queue);
   std::vector<core::QueueInfo> ListQueues();
+  // The workers of the partitions `served` marks (by number), merged by worker_id
+  // (core::Broker::ListWorkers); `served` shorter than the partitions: the rest are not asked.
+  std::vector<core::WorkerInfo> ListWorkers(const std::string& queue,
+                                            const std::vector<bool>& served);
 
   // Ticks every partition; the earliest time one of them asks to run again.
   absl::Time Tick();

@@ -442,4 +442,49 @@ void ToProto(const core::QueueInfo& q, v1::QueueInfo* out) {
   out->set_completed_total(q.completed_total);
 }
 
+void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out) {
+  out->set_worker_id(w.worker_id);
+  for (const std::string& q : w.queues) out->add_queues(q);
+  out->set_streams(w.streams);
+  out->set_lease_waits(w.lease_waits);
+  out->set_max_in_flight(w.max_in_flight);
+  if (w.connected_at != absl::InfiniteFuture())
+    ToProto(w.connected_at, out->mutable_connected_at());
+  for (const core::RunningJob& r : w.running) {
+    v1::RunningJob* job = out->add_running();
+    job->set_job_id(r.job_id);
+    job->set_queue(r.queue);
+    job->set_attempt(r.attempt);
+    ToProto(r.started_at, job->mutable_started_at());
+    ToProto(r.lease_deadline, job->mutable_lease_deadline());
+    if (r.timeout_at != absl::InfiniteFuture()) ToProto(r.timeout_at, job->mutable_timeout_at());
+    job->set_progress(r.progress);
+  }
+}
+
+core::WorkerInfo FromProto(const v1::WorkerInfo& w) {
+  core::WorkerInfo out;
+  out.worker_id = w.worker_id();
+  out.queues.assign(w.queues().begin(), w.queues().end());
+  out.streams = w.streams();
+  out.lease_waits = w.lease_waits();
+  out.max_in_flight = w.max_in_flight();
+  if (w.has_connected_at())
+    out.connected_at = FromProto(w.connected_at(), "connected_at").value_or(absl::InfiniteFuture());
+  for (const v1::RunningJob& r : w.running()) {
+    core::RunningJob job;
+    job.job_id = r.job_id();
+    job.queue = r.queue();
+    job.attempt = r.attempt();
+    job.started_at = FromProto(r.started_at(), "started_at").value_or(absl::InfinitePast());
+    job.lease_deadline =
+        FromProto(r.lease_deadline(), "lease_deadline").value_or(absl::InfinitePast());
+    if (r.has_timeout_at())
+      job.timeout_at = FromProto(r.timeout_at(), "timeout_at").value_or(absl::InfiniteFuture());
+    job.progress = r.progress();
+    out.running.push_back(std::move(job));
+  }
+  return out;
+}
+
 }  // namespace jobbroker::server

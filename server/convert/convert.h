@@ -10,6 +10,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 #include "core/requests.h"
+#include "core/workers.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "jobbroker/v1/admin.pb.h"
@@ -67,5 +68,8 @@ void ToProto(const core::RetryJobsResult& r, v1::RetryJobResponse* out);
 void ToProto(const core::Job& j, v1::Job* out);
 void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out);
 void ToProto(const core::QueueInfo& q, v1::QueueInfo* out);
+void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out);
+// Another node's answer, to merge with this node's (core::MergeWorkers).
+core::WorkerInfo FromProto(const v1::WorkerInfo& w);
 
 }  // namespace jobbroker::server

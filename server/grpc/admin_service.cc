@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/validation.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/job_watch.h"
@@ -18,17 +19,24 @@
 namespace jobbroker::server {
 namespace {
 
-// ListQueues in cluster mode: this node's queues are in the response already; each other leader's
-// are added as they come, and the whole is answered once all have (or with the first failure).
-class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
+// A listing in cluster mode (ListQueues, ListWorkers): this node's part is in the response
+// already; each other leader's is added (`add`) as it comes, and the whole is completed
+// (`complete`: sorted, merged) and answered once all have, or answered with the first failure.
+template <typename Response>
+class FanOut final : public grpc::ServerUnaryReactor {
  public:
   struct Part {
     std::unique_ptr<grpc::ClientContext> ctx;
-    v1::ListQueuesResponse response;
+    Response response;
   };
-
-  ListQueuesFanOut(v1::ListQueuesResponse* resp, RpcTiming timing, size_t parts)
-      : resp_(resp), timing_(timing), pending_(parts) {}
+  // `add(part)` runs under the fan-out's lock; `complete()` once, after the last part.
+  FanOut(Response* resp, RpcTiming timing, size_t parts, std::function<void(Response&)> add,
+         std::function<void()> complete)
+      : resp_(resp),
+        timing_(timing),
+        add_(std::move(add)),
+        complete_(std::move(complete)),
+        pending_(parts) {}
 
   // Made before any call starts, so the map does not change while answers arrive.
   Part& part(const std::string& address) { return parts_[address]; }
@@ -38,17 +46,13 @@ class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
     {
       absl::MutexLock lock(&mu_);
       if (!status.ok() && failure_.ok()) failure_ = status;
-      if (status.ok()) {
-        for (v1::QueueInfo& q : *part.response.mutable_queues()) resp_->add_queues()->Swap(&q);
-      }
+      if (status.ok()) add_(part.response);
       if (--pending_ > 0) return;
       failure = failure_;
     }
     // The last answer: every other thread is done with the response.
     if (failure.ok()) {
-      auto* queues = resp_->mutable_queues();
-      std::sort(queues->begin(), queues->end(),
-                [](const v1::QueueInfo& a, const v1::QueueInfo& b) { return a.name() < b.name(); });
+      complete_();
     } else {
       resp_->Clear();
     }
@@ -61,8 +65,10 @@ class ListQueuesFanOut final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  v1::ListQueuesResponse* const resp_;
+  Response* const resp_;
   const RpcTiming timing_;
+  const std::function<void(Response&)> add_;
+  const std::function<void()> complete_;
   std::map<std::string, Part> parts_;
   absl::Mutex mu_;
   size_t pending_ ABSL_GUARDED_BY(mu_);
@@ -239,6 +245,29 @@ grpc::ServerUnaryReactor* AdminService::DeleteJob(grpc::CallbackServerContext* c
   return call.reactor();
 }
 
+absl::StatusOr<std::vector<std::string>> AdminService::OtherLeaders(
+    const std::vector<bool>& here) const {
+  // A partition without a leader fails the call rather than leave its part out unsaid.
+  std::vector<std::string> leaders;
+  for (uint32_t p = 0; p < here.size(); ++p) {
+    if (here[p]) continue;  // answered here
+    const Route route = router_.RouteOf(p, /*forwarded=*/false);
+    if (route.kind == Route::Kind::kLocal)  // this node began to serve it just now
+      return absl::UnavailableError(
+          absl::StrCat("partition ", p, " changed leader while listed; retry"));
+    if (route.kind == Route::Kind::kUnavailable) return route.why;
+    if (std::find(leaders.begin(), leaders.end(), route.address) == leaders.end())
+      leaders.push_back(route.address);
+  }
+  return leaders;
+}
+
+std::vector<bool> AdminService::ServedHere() const {
+  std::vector<bool> here(router_.partitions());
+  for (uint32_t p = 0; p < here.size(); ++p) here[p] = router_.ServedHere(p);
+  return here;
+}
+
 grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* ctx,
                                                    const v1::ListQueuesRequest* req,
                                                    v1::ListQueuesResponse* resp) {
@@ -251,8 +280,7 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
   }
   std::shared_ptr<const ClusterView> view = router_.view();
   // Which partitions this node answers for, read once: the others are asked below.
-  std::vector<bool> here(router_.partitions());
-  for (uint32_t p = 0; p < here.size(); ++p) here[p] = router_.ServedHere(p);
+  const std::vector<bool> here = ServedHere();
   for (const core::QueueInfo& q : broker_.ListQueues()) {
     // A token scoped to some queues sees those only; the others' names are not its business.
     if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, q.name)) continue;
@@ -265,27 +293,92 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
   }
   if (!router_.cluster_mode() || Router::IsForwarded(*ctx))
     return UnaryCall(ctx, timing).Finish(absl::OkStatus());
-  // Cluster mode: and the queues of every other partition, from the nodes that lead them. A
-  // partition without a leader fails the call rather than leave its queues out unsaid.
-  std::vector<std::string> leaders;
-  for (uint32_t p = 0; p < here.size(); ++p) {
-    if (here[p]) continue;  // listed above
-    const Route route = router_.RouteOf(p, /*forwarded=*/false);
-    if (route.kind == Route::Kind::kLocal) {  // this node began to serve it just now
-      return UnaryCall(ctx, timing)
-          .Finish(absl::UnavailableError(
-              absl::StrCat("partition ", p, " changed leader while listed; retry")));
-    }
-    if (route.kind == Route::Kind::kUnavailable) return UnaryCall(ctx, timing).Finish(route.why);
-    if (std::find(leaders.begin(), leaders.end(), route.address) == leaders.end())
-      leaders.push_back(route.address);
-  }
-  if (leaders.empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
-  auto* fan_out = new ListQueuesFanOut(resp, timing, leaders.size());
-  for (const std::string& address : leaders) {
-    ListQueuesFanOut::Part& part = fan_out->part(address);
+  // Cluster mode: and the queues of every other partition, from the nodes that lead them.
+  absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
+  if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
+  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  auto* fan_out = new FanOut<v1::ListQueuesResponse>(
+      resp, timing, leaders->size(),
+      [resp](v1::ListQueuesResponse& part) {
+        for (v1::QueueInfo& q : *part.mutable_queues()) resp->add_queues()->Swap(&q);
+      },
+      [resp] {
+        auto* queues = resp->mutable_queues();
+        std::sort(
+            queues->begin(), queues->end(),
+            [](const v1::QueueInfo& a, const v1::QueueInfo& b) { return a.name() < b.name(); });
+      });
+  for (const std::string& address : *leaders) {
+    auto& part = fan_out->part(address);
     part.ctx = forwarder_->ContextFor(*ctx);
     forwarder_->AdminAt(address).async()->ListQueues(
+        part.ctx.get(), req, &part.response,
+        [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
+  }
+  return fan_out;
+}
+
+grpc::ServerUnaryReactor* AdminService::ListWorkers(grpc::CallbackServerContext* ctx,
+                                                    const v1::ListWorkersRequest* req,
+                                                    v1::ListWorkersResponse* resp) {
+  const RpcTiming timing = timers_.Start("ListWorkers");
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return UnaryCall(ctx, timing).Finish(caller.status());
+  if (!req->queue().empty()) {
+    if (absl::Status s = core::ValidateQueueName(req->queue()); !s.ok())
+      return UnaryCall(ctx, timing).Finish(s);
+  }
+  if (*caller != nullptr) {
+    absl::Status s = req->queue().empty() ? Authorizer::AllowRole(**caller, Role::kAdmin)
+                                          : auth_.Check(*ctx, Role::kAdmin, req->queue());
+    if (!s.ok()) return UnaryCall(ctx, timing).Finish(s);
+  }
+  const std::vector<bool> here = ServedHere();
+  std::vector<core::WorkerInfo> workers = broker_.ListWorkers(req->queue(), here);
+  // A token scoped to some queues sees their workers and jobs only.
+  const TokenEntry* scoped = *caller;
+  auto visible = [scoped](std::vector<core::WorkerInfo>& some) {
+    if (scoped == nullptr) return;
+    for (core::WorkerInfo& w : some) {
+      std::erase_if(w.queues,
+                    [&](const std::string& q) { return !Authorizer::MatchesQueue(*scoped, q); });
+      std::erase_if(w.running, [&](const core::RunningJob& r) {
+        return !Authorizer::MatchesQueue(*scoped, r.queue);
+      });
+    }
+    std::erase_if(some,
+                  [](const core::WorkerInfo& w) { return w.queues.empty() && w.running.empty(); });
+  };
+  auto answer = [resp](const std::vector<core::WorkerInfo>& all) {
+    resp->clear_workers();
+    for (const core::WorkerInfo& w : all) ToProto(w, resp->add_workers());
+  };
+  visible(workers);
+  if (!router_.cluster_mode() || Router::IsForwarded(*ctx)) {
+    answer(workers);
+    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  }
+  // Cluster mode: a worker may hold streams to several leaders; each is asked, and what they
+  // say of one worker_id is merged into one entry.
+  absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
+  if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
+  if (leaders->empty()) {
+    answer(workers);
+    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  }
+  auto merged = std::make_shared<std::vector<core::WorkerInfo>>(std::move(workers));
+  auto* fan_out = new FanOut<v1::ListWorkersResponse>(
+      resp, timing, leaders->size(),
+      [merged](v1::ListWorkersResponse& part) {
+        std::vector<core::WorkerInfo> theirs;
+        for (const v1::WorkerInfo& w : part.workers()) theirs.push_back(FromProto(w));
+        core::MergeWorkers(*merged, std::move(theirs));
+      },
+      [merged, answer] { answer(*merged); });
+  for (const std::string& address : *leaders) {
+    auto& part = fan_out->part(address);
+    part.ctx = forwarder_->ContextFor(*ctx);
+    forwarder_->AdminAt(address).async()->ListWorkers(
         part.ctx.get(), req, &part.response,
         [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
   }

@@ -46,6 +46,9 @@ class AdminService final : public v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* ListQueues(grpc::CallbackServerContext* ctx,
                                        const v1::ListQueuesRequest* req,
                                        v1::ListQueuesResponse* resp) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* ctx,
+                                        const v1::ListWorkersRequest* req,
+                                        v1::ListWorkersResponse* resp) override;
   grpc::ServerUnaryReactor* GetQueue(grpc::CallbackServerContext* ctx,
                                      const v1::GetQueueRequest* req, v1::QueueInfo* resp) override;
   grpc::ServerUnaryReactor* UpdateQueuePolicy(grpc::CallbackServerContext* ctx,
@@ -76,6 +79,11 @@ class AdminService final : public v1::Admin::CallbackService {
   // PauseQueue and ResumeQueue, once checked and routed here.
   grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const std::string& queue, bool paused,
                                       v1::QueueInfo* resp);
+  // Which partitions this node answers for now (by number).
+  std::vector<bool> ServedHere() const;
+  // The nodes that lead the partitions not `here` (each once), to ask for their part of a
+  // listing; UNAVAILABLE if one has no leader or changed leader meanwhile.
+  absl::StatusOr<std::vector<std::string>> OtherLeaders(const std::vector<bool>& here) const;
   // Sets the queue's partition and the node that leads it.
   void AddPlacement(v1::QueueInfo* info) const;
   void AddPlacement(v1::QueueInfo* info, const ClusterView& view) const;

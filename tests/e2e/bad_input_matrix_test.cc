@@ -404,6 +404,22 @@ struct Api<v1::GetQueueRequest> {
 };
 
 template <>
+struct Api<v1::ListWorkersRequest> {
+  static constexpr char kRpc[] = "ListWorkers";
+  static v1::ListWorkersRequest Valid(const Env&) {
+    v1::ListWorkersRequest req;
+    req.set_queue(kQueue);
+    return req;
+  }
+  static grpc::Status Send(Env& env, const v1::ListWorkersRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    v1::ListWorkersResponse resp;
+    return env.client->admin().ListWorkers(&ctx, req, &resp);
+  }
+};
+
+template <>
 struct Api<v1::PauseQueueRequest> {
   static constexpr char kRpc[] = "PauseQueue";
   static v1::PauseQueueRequest Valid(const Env&) {
@@ -1181,6 +1197,14 @@ void AddQueueAdminRows(std::vector<Row>& rows) {
   names(v1::ResumeQueueRequest(), true);
   names(v1::PurgeQueueRequest(), true);
   names(v1::UpdateQueuePolicyRequest(), false);
+  using W = v1::ListWorkersRequest;
+  rows.push_back(Case<W>("queue", "of_129_chars", Invalid("queue"),
+                         [](Env&, W& r) { r.set_queue(Bytes(129, 'q')); }));
+  rows.push_back(
+      Case<W>("queue", "with_a_space", Invalid("queue"), [](Env&, W& r) { r.set_queue("a b"); }));
+  rows.push_back(Case<W>("queue", "empty_ok", Accepted(), [](Env&, W& r) { r.clear_queue(); }));
+  rows.push_back(
+      Case<W>("queue", "unknown_ok", Accepted(), [](Env&, W& r) { r.set_queue("no-such-queue"); }));
   rows.push_back(Case<v1::ResumeQueueRequest>("queue", "not_paused_ok", Accepted(),
                                               [](Env&, v1::ResumeQueueRequest&) {}));
 

@@ -10,6 +10,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobbroker/client.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 #include "tests/testing/broker_process.h"
@@ -285,6 +286,52 @@ TEST_F(WorkerTest, StartReportsABadQueueName) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("queues[0]"));
   Worker none(Options());
   EXPECT_EQ(none.Start().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(WorkerTest, ListWorkersShowsAConnectedWorkerAndTheJobItRuns) {
+  Worker worker(Options(2));
+  absl::Notification running, finish;
+  worker.Handle("emails", [&](JobContext& job) {
+    job.SetProgress(R"({"percent": 10})");
+    running.Notify();
+    finish.WaitForNotification();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  client::Client admin({.address = process().address()});
+  ASSERT_TRUE(WaitFor([&] {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> w = admin.ListWorkers();
+    return w.ok() && w->size() == 1;
+  })) << "the worker's stream is listed once it subscribed";
+  const std::string id = client().MustEnqueue("emails", "ada@example.com");
+  ASSERT_TRUE(running.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = admin.ListWorkers("emails");
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  const v1::WorkerInfo& w = workers->front();
+  EXPECT_EQ(w.worker_id(), "test-worker");
+  EXPECT_THAT(w.queues(), ::testing::ElementsAre("emails"));
+  EXPECT_EQ(w.streams(), 1);
+  EXPECT_EQ(w.max_in_flight(), 2);
+  EXPECT_TRUE(w.has_connected_at());
+  ASSERT_EQ(w.running_size(), 1);
+  EXPECT_EQ(w.running(0).job_id(), id);
+  EXPECT_EQ(w.running(0).queue(), "emails");
+  EXPECT_EQ(w.running(0).attempt(), 1);
+  EXPECT_TRUE(w.running(0).has_started_at());
+  EXPECT_TRUE(w.running(0).has_lease_deadline());
+  EXPECT_FALSE(w.running(0).has_timeout_at());
+  absl::StatusOr<std::vector<v1::WorkerInfo>> other = admin.ListWorkers("bills");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(other->empty()) << "it neither takes nor runs jobs of bills";
+
+  finish.Notify();
+  ASSERT_TRUE(AwaitState(id, v1::JOB_STATE_COMPLETED));
+  worker.Stop();
+  ASSERT_TRUE(WaitFor([&] {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> w = admin.ListWorkers();
+    return w.ok() && w->empty();
+  })) << "a stopped worker that holds nothing is listed no more";
 }
 
 }  // namespace

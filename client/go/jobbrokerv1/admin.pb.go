@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -1050,6 +1051,294 @@ func (x *PurgeQueueResponse) GetPurged() int64 {
 	return 0
 }
 
+type ListWorkersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set: only workers subscribed to, waiting on or running a job of this queue (their other
+	// queues and jobs are still shown). Empty: every worker.
+	Queue         string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkersRequest) Reset() {
+	*x = ListWorkersRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkersRequest) ProtoMessage() {}
+
+func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
+func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListWorkersRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+type ListWorkersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By worker_id.
+	Workers       []*WorkerInfo `protobuf:"bytes,1,rep,name=workers,proto3" json:"workers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListWorkersResponse) Reset() {
+	*x = ListWorkersResponse{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListWorkersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListWorkersResponse) ProtoMessage() {}
+
+func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
+func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListWorkersResponse) GetWorkers() []*WorkerInfo {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+type WorkerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the worker called itself (SubscribeRequest.worker_id, LeaseRequest.worker_id).
+	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// The queues its streams are subscribed to and its Lease calls wait on, sorted.
+	Queues []string `protobuf:"bytes,2,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Its open Work stream subscriptions. In cluster mode a stream that reaches queues led by
+	// several nodes counts once per node.
+	Streams int32 `protobuf:"varint,3,opt,name=streams,proto3" json:"streams,omitempty"`
+	// Its Lease calls waiting for a job now.
+	LeaseWaits int32 `protobuf:"varint,4,opt,name=lease_waits,json=leaseWaits,proto3" json:"lease_waits,omitempty"`
+	// Jobs its streams may hold at once, summed.
+	MaxInFlight int32 `protobuf:"varint,5,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// When its oldest open stream or waiting Lease began; unset if it has none (it only holds
+	// jobs).
+	ConnectedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	// The attempts it is running (ACTIVE jobs whose latest attempt is its), oldest first.
+	Running       []*RunningJob `protobuf:"bytes,7,rep,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerInfo) Reset() {
+	*x = WorkerInfo{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerInfo) ProtoMessage() {}
+
+func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
+func (*WorkerInfo) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WorkerInfo) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetQueues() []string {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetStreams() int32 {
+	if x != nil {
+		return x.Streams
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetLeaseWaits() int32 {
+	if x != nil {
+		return x.LeaseWaits
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetMaxInFlight() int32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetConnectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedAt
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetRunning() []*RunningJob {
+	if x != nil {
+		return x.Running
+	}
+	return nil
+}
+
+type RunningJob struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	JobId string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Queue string                 `protobuf:"bytes,2,opt,name=queue,proto3" json:"queue,omitempty"`
+	// The attempt's number (1 = the first).
+	Attempt   int32                  `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// When its lease runs out unless the worker heartbeats.
+	LeaseDeadline *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=lease_deadline,json=leaseDeadline,proto3" json:"lease_deadline,omitempty"`
+	// When the attempt reaches its run-time limit; unset if it has none.
+	TimeoutAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=timeout_at,json=timeoutAt,proto3" json:"timeout_at,omitempty"`
+	// The latest progress its worker reported (HeartbeatRequest.progress).
+	Progress      []byte `protobuf:"bytes,7,opt,name=progress,proto3" json:"progress,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunningJob) Reset() {
+	*x = RunningJob{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunningJob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunningJob) ProtoMessage() {}
+
+func (x *RunningJob) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunningJob.ProtoReflect.Descriptor instead.
+func (*RunningJob) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RunningJob) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *RunningJob) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+func (x *RunningJob) GetAttempt() int32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *RunningJob) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *RunningJob) GetLeaseDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseDeadline
+	}
+	return nil
+}
+
+func (x *RunningJob) GetTimeoutAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TimeoutAt
+	}
+	return nil
+}
+
+func (x *RunningJob) GetProgress() []byte {
+	if x != nil {
+		return x.Progress
+	}
+	return nil
+}
+
 type GetClusterRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1058,7 +1347,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1359,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1372,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 type ClusterInfo struct {
@@ -1108,7 +1397,7 @@ type ClusterInfo struct {
 
 func (x *ClusterInfo) Reset() {
 	*x = ClusterInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1120,7 +1409,7 @@ func (x *ClusterInfo) String() string {
 func (*ClusterInfo) ProtoMessage() {}
 
 func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1133,7 +1422,7 @@ func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInfo.ProtoReflect.Descriptor instead.
 func (*ClusterInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ClusterInfo) GetClusterName() string {
@@ -1199,7 +1488,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1500,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1513,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeInfo) GetNodeId() string {
@@ -1268,7 +1557,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1569,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1582,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PartitionInfo) GetPartition() uint32 {
@@ -1342,7 +1631,7 @@ var File_jobbroker_v1_admin_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"&\n" +
+	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"(\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
@@ -1406,7 +1695,32 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12.\n" +
 	"\x06states\x18\x02 \x03(\x0e2\x16.jobbroker.v1.JobStateR\x06states\",\n" +
 	"\x12PurgeQueueResponse\x12\x16\n" +
-	"\x06purged\x18\x01 \x01(\x03R\x06purged\"\x13\n" +
+	"\x06purged\x18\x01 \x01(\x03R\x06purged\"*\n" +
+	"\x12ListWorkersRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\"I\n" +
+	"\x13ListWorkersResponse\x122\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.jobbroker.v1.WorkerInfoR\aworkers\"\x93\x02\n" +
+	"\n" +
+	"WorkerInfo\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
+	"\x06queues\x18\x02 \x03(\tR\x06queues\x12\x18\n" +
+	"\astreams\x18\x03 \x01(\x05R\astreams\x12\x1f\n" +
+	"\vlease_waits\x18\x04 \x01(\x05R\n" +
+	"leaseWaits\x12\"\n" +
+	"\rmax_in_flight\x18\x05 \x01(\x05R\vmaxInFlight\x12=\n" +
+	"\fconnected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x122\n" +
+	"\arunning\x18\a \x03(\v2\x18.jobbroker.v1.RunningJobR\arunning\"\xa8\x02\n" +
+	"\n" +
+	"RunningJob\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
+	"\x05queue\x18\x02 \x01(\tR\x05queue\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\x05R\aattempt\x129\n" +
+	"\n" +
+	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12A\n" +
+	"\x0elease_deadline\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rleaseDeadline\x129\n" +
+	"\n" +
+	"timeout_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x12\x1a\n" +
+	"\bprogress\x18\a \x01(\fR\bprogress\"\x13\n" +
 	"\x11GetClusterRequest\"\xac\x02\n" +
 	"\vClusterInfo\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12'\n" +
@@ -1428,7 +1742,7 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x1a\n" +
 	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x17\n" +
 	"\ain_sync\x18\x05 \x03(\tR\x06inSync\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\xbd\a\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\x91\b\n" +
 	"\x05Admin\x128\n" +
 	"\x06GetJob\x12\x1b.jobbroker.v1.GetJobRequest\x1a\x11.jobbroker.v1.Job\x12>\n" +
 	"\bWatchJob\x12\x1d.jobbroker.v1.WatchJobRequest\x1a\x11.jobbroker.v1.Job0\x01\x12I\n" +
@@ -1446,7 +1760,8 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"PurgeQueue\x12\x1f.jobbroker.v1.PurgeQueueRequest\x1a .jobbroker.v1.PurgeQueueResponse\x12H\n" +
 	"\n" +
-	"GetCluster\x12\x1f.jobbroker.v1.GetClusterRequest\x1a\x19.jobbroker.v1.ClusterInfoBT\n" +
+	"GetCluster\x12\x1f.jobbroker.v1.GetClusterRequest\x1a\x19.jobbroker.v1.ClusterInfo\x12R\n" +
+	"\vListWorkers\x12 .jobbroker.v1.ListWorkersRequest\x1a!.jobbroker.v1.ListWorkersResponseBT\n" +
 	"\x10dev.jobbroker.v1P\x01Z/jobbroker.dev/client/go/jobbrokerv1;jobbrokerv1\xaa\x02\fJobBroker.V1b\x06proto3"
 
 var (
@@ -1461,7 +1776,7 @@ func file_jobbroker_v1_admin_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_admin_proto_rawDescData
 }
 
-var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_jobbroker_v1_admin_proto_goTypes = []any{
 	(*GetJobRequest)(nil),            // 0: jobbroker.v1.GetJobRequest
 	(*WatchJobRequest)(nil),          // 1: jobbroker.v1.WatchJobRequest
@@ -1481,60 +1796,73 @@ var file_jobbroker_v1_admin_proto_goTypes = []any{
 	(*ResumeQueueRequest)(nil),       // 15: jobbroker.v1.ResumeQueueRequest
 	(*PurgeQueueRequest)(nil),        // 16: jobbroker.v1.PurgeQueueRequest
 	(*PurgeQueueResponse)(nil),       // 17: jobbroker.v1.PurgeQueueResponse
-	(*GetClusterRequest)(nil),        // 18: jobbroker.v1.GetClusterRequest
-	(*ClusterInfo)(nil),              // 19: jobbroker.v1.ClusterInfo
-	(*NodeInfo)(nil),                 // 20: jobbroker.v1.NodeInfo
-	(*PartitionInfo)(nil),            // 21: jobbroker.v1.PartitionInfo
-	nil,                              // 22: jobbroker.v1.QueueInfo.CountsEntry
-	(JobState)(0),                    // 23: jobbroker.v1.JobState
-	(*Job)(nil),                      // 24: jobbroker.v1.Job
-	(*QueuePolicy)(nil),              // 25: jobbroker.v1.QueuePolicy
-	(*durationpb.Duration)(nil),      // 26: google.protobuf.Duration
+	(*ListWorkersRequest)(nil),       // 18: jobbroker.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),      // 19: jobbroker.v1.ListWorkersResponse
+	(*WorkerInfo)(nil),               // 20: jobbroker.v1.WorkerInfo
+	(*RunningJob)(nil),               // 21: jobbroker.v1.RunningJob
+	(*GetClusterRequest)(nil),        // 22: jobbroker.v1.GetClusterRequest
+	(*ClusterInfo)(nil),              // 23: jobbroker.v1.ClusterInfo
+	(*NodeInfo)(nil),                 // 24: jobbroker.v1.NodeInfo
+	(*PartitionInfo)(nil),            // 25: jobbroker.v1.PartitionInfo
+	nil,                              // 26: jobbroker.v1.QueueInfo.CountsEntry
+	(JobState)(0),                    // 27: jobbroker.v1.JobState
+	(*Job)(nil),                      // 28: jobbroker.v1.Job
+	(*QueuePolicy)(nil),              // 29: jobbroker.v1.QueuePolicy
+	(*durationpb.Duration)(nil),      // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 31: google.protobuf.Timestamp
 }
 var file_jobbroker_v1_admin_proto_depIdxs = []int32{
-	23, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
-	24, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
-	23, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
-	24, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
+	27, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
+	28, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
+	27, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
+	28, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
 	12, // 4: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
-	25, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
-	22, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
-	26, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
-	25, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
-	23, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
-	20, // 10: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
-	21, // 11: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
-	0,  // 12: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
-	1,  // 13: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
-	2,  // 14: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
-	4,  // 15: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
-	5,  // 16: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
-	7,  // 17: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
-	9,  // 18: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
-	11, // 19: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
-	13, // 20: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
-	14, // 21: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
-	15, // 22: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
-	16, // 23: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
-	18, // 24: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
-	24, // 25: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
-	24, // 26: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
-	3,  // 27: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
-	24, // 28: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
-	6,  // 29: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
-	8,  // 30: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
-	10, // 31: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
-	12, // 32: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 33: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
-	12, // 34: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 35: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
-	17, // 36: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
-	19, // 37: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
-	25, // [25:38] is the sub-list for method output_type
-	12, // [12:25] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	29, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
+	26, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
+	30, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
+	29, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
+	27, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
+	20, // 10: jobbroker.v1.ListWorkersResponse.workers:type_name -> jobbroker.v1.WorkerInfo
+	31, // 11: jobbroker.v1.WorkerInfo.connected_at:type_name -> google.protobuf.Timestamp
+	21, // 12: jobbroker.v1.WorkerInfo.running:type_name -> jobbroker.v1.RunningJob
+	31, // 13: jobbroker.v1.RunningJob.started_at:type_name -> google.protobuf.Timestamp
+	31, // 14: jobbroker.v1.RunningJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	31, // 15: jobbroker.v1.RunningJob.timeout_at:type_name -> google.protobuf.Timestamp
+	24, // 16: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
+	25, // 17: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
+	0,  // 18: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
+	1,  // 19: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
+	2,  // 20: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
+	4,  // 21: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
+	5,  // 22: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
+	7,  // 23: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
+	9,  // 24: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
+	11, // 25: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
+	13, // 26: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
+	14, // 27: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
+	15, // 28: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
+	16, // 29: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
+	22, // 30: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
+	18, // 31: jobbroker.v1.Admin.ListWorkers:input_type -> jobbroker.v1.ListWorkersRequest
+	28, // 32: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
+	28, // 33: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
+	3,  // 34: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
+	28, // 35: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
+	6,  // 36: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
+	8,  // 37: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
+	10, // 38: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
+	12, // 39: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 40: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
+	12, // 41: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 42: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
+	17, // 43: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
+	23, // 44: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
+	19, // 45: jobbroker.v1.Admin.ListWorkers:output_type -> jobbroker.v1.ListWorkersResponse
+	32, // [32:46] is the sub-list for method output_type
+	18, // [18:32] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_admin_proto_init() }
@@ -1550,7 +1878,7 @@ func file_jobbroker_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_admin_proto_rawDesc), len(file_jobbroker_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Admin_ResumeQueue_FullMethodName       = "/jobbroker.v1.Admin/ResumeQueue"
 	Admin_PurgeQueue_FullMethodName        = "/jobbroker.v1.Admin/PurgeQueue"
 	Admin_GetCluster_FullMethodName        = "/jobbroker.v1.Admin/GetCluster"
+	Admin_ListWorkers_FullMethodName       = "/jobbroker.v1.Admin/ListWorkers"
 )
 
 // AdminClient is the client API for Admin service.
@@ -70,6 +71,11 @@ type AdminClient interface {
 	// replicas, so a client can send each call straight to the node that leads its partition. A
 	// single node answers as a cluster of one that leads every partition. Any token may call it.
 	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*ClusterInfo, error)
+	// The workers connected now, by worker_id: their open Work streams and waiting Lease calls,
+	// the queues they take jobs from, and the attempts they are running. Read from the brokers'
+	// memory, not stored: a worker that went away while holding jobs stays listed, with no
+	// stream, until their leases end. In cluster mode, every partition's leader is asked.
+	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
 }
 
 type adminClient struct {
@@ -219,6 +225,16 @@ func (c *adminClient) GetCluster(ctx context.Context, in *GetClusterRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListWorkersResponse)
+	err := c.cc.Invoke(ctx, Admin_ListWorkers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -255,6 +271,11 @@ type AdminServer interface {
 	// replicas, so a client can send each call straight to the node that leads its partition. A
 	// single node answers as a cluster of one that leads every partition. Any token may call it.
 	GetCluster(context.Context, *GetClusterRequest) (*ClusterInfo, error)
+	// The workers connected now, by worker_id: their open Work streams and waiting Lease calls,
+	// the queues they take jobs from, and the attempts they are running. Read from the brokers'
+	// memory, not stored: a worker that went away while holding jobs stays listed, with no
+	// stream, until their leases end. In cluster mode, every partition's leader is asked.
+	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -303,6 +324,9 @@ func (UnimplementedAdminServer) PurgeQueue(context.Context, *PurgeQueueRequest) 
 }
 func (UnimplementedAdminServer) GetCluster(context.Context, *GetClusterRequest) (*ClusterInfo, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCluster not implemented")
+}
+func (UnimplementedAdminServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -552,6 +576,24 @@ func _Admin_GetCluster_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ListWorkers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListWorkersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListWorkers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListWorkers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListWorkers(ctx, req.(*ListWorkersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -606,6 +648,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCluster",
 			Handler:    _Admin_GetCluster_Handler,
+		},
+		{
+			MethodName: "ListWorkers",
+			Handler:    _Admin_ListWorkers_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

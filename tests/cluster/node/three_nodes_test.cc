@@ -492,6 +492,79 @@ TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
   EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
 }
 
+TEST_F(ThreeNodesTest, AnyNodeListsEveryLeadersWorkersAndRelaysAWatch) {
+  const std::vector<std::string> queues = {QueueIn(0, "alpha"), QueueIn(1, "beta")};
+  std::vector<std::string> ids(queues.size());
+  std::vector<int> leaders;
+  for (size_t q = 0; q < queues.size(); ++q) {
+    const int leader = EnqueueAtLeader(queues[q], "p", &ids[q]);
+    ASSERT_GE(leader, 0) << queues[q] << " got no leader";
+    leaders.push_back(leader);
+  }
+  // One worker runs a job of each partition, leased through each partition's leader.
+  std::vector<v1::LeasedJob> leased;
+  for (size_t q = 0; q < queues.size(); ++q) {
+    auto broker = nodes_[leaders[q]]->NewBrokerStub();
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::LeaseRequest request;
+    request.set_queue(queues[q]);
+    request.set_worker_id("w-both");
+    v1::LeaseResponse response;
+    ASSERT_TRUE(broker->Lease(&context, request, &response).ok());
+    ASSERT_EQ(response.jobs_size(), 1) << queues[q];
+    leased.push_back(response.jobs(0));
+  }
+
+  // A node that leads neither partition (or any node, if one leads both) merges what each
+  // leader knows into one entry per worker.
+  int asked = 0;
+  while (asked < kNodes - 1 && (asked == leaders[0] || asked == leaders[1])) ++asked;
+  auto admin = nodes_[asked]->NewAdminStub();
+  {
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::ListWorkersResponse listed;
+    ASSERT_TRUE(admin->ListWorkers(&context, v1::ListWorkersRequest(), &listed).ok());
+    ASSERT_EQ(listed.workers_size(), 1);
+    const v1::WorkerInfo& w = listed.workers(0);
+    EXPECT_EQ(w.worker_id(), "w-both");
+    std::set<std::string> running;
+    for (const v1::RunningJob& r : w.running()) running.insert(r.job_id());
+    EXPECT_EQ(running, std::set<std::string>(ids.begin(), ids.end())) << "a job of each leader";
+  }
+
+  // A watch at a node that does not lead the job's partition is relayed from its leader.
+  const int watcher = leaders[0] == 0 ? 1 : 0;
+  auto watch_admin = nodes_[watcher]->NewAdminStub();
+  grpc::ClientContext watch_context;
+  WithDeadline(watch_context);
+  v1::WatchJobRequest watch;
+  watch.set_job_id(ids[0]);
+  std::unique_ptr<grpc::ClientReader<v1::Job>> reader =
+      watch_admin->WatchJob(&watch_context, watch);
+  v1::Job seen;
+  ASSERT_TRUE(reader->Read(&seen));
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_ACTIVE);
+  {
+    auto broker = nodes_[leaders[0]]->NewBrokerStub();
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::AckRequest ack;
+    ack.set_job_id(leased[0].job_id());
+    ack.set_lease_id(leased[0].lease_id());
+    ack.set_result("done");
+    v1::AckResponse response;
+    ASSERT_TRUE(broker->Ack(&context, ack, &response).ok());
+  }
+  ASSERT_TRUE(reader->Read(&seen));
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(seen.result(), "done");
+  EXPECT_FALSE(reader->Read(&seen)) << "the call ends after the terminal state";
+  grpc::Status ended = reader->Finish();
+  EXPECT_TRUE(ended.ok()) << ended.error_message();
+}
+
 TEST_F(ThreeNodesTest, SigtermHandsLeadershipOverBeforeTheNodeExits) {
   const std::vector<std::string> queues = {QueueIn(0, "gamma"), QueueIn(1, "delta")};
   std::string id;
