@@ -447,6 +447,38 @@ TEST_F(CliTest, ListFollowsPageTokensUpToTheLimit) {
   EXPECT_EQ(r.err, "");
 }
 
+TEST_F(CliTest, WorkersShowsWhoRunsWhat) {
+  const std::string id = CliEnqueue({"renders", "frame-1"});
+  ASSERT_THAT(client_->MustLease("renders", "gpu-7"), SizeIs(1));
+
+  CliResult r = Cli({"workers"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_THAT(lines, SizeIs(2)) << r;
+  EXPECT_THAT(lines[0], AllOf(StartsWith("WORKER"), HasSubstr("QUEUES"), HasSubstr("RUNNING"),
+                              HasSubstr("JOBS")));
+  std::vector<std::string> row = absl::StrSplit(lines[1], ' ', absl::SkipEmpty());
+  ASSERT_THAT(row, SizeIs(5)) << lines[1];  // no queue: it leased once and holds the job
+  EXPECT_EQ(row[0], "gpu-7");
+  EXPECT_EQ(row[1], "0");  // streams
+  EXPECT_EQ(row[2], "1");  // running
+  EXPECT_EQ(row[3], "-");  // not connected now
+  EXPECT_EQ(row[4], id);
+
+  r = Cli({"workers", "other"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(Lines(r.out), SizeIs(1)) << "only the header: nobody takes or runs jobs of other";
+
+  r = Cli({"--json", "workers", "renders"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  v1::ListWorkersResponse workers =
+      FromJson<v1::ListWorkersResponse>(absl::StrCat(R"({"workers":)", r.out, "}"));
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).worker_id(), "gpu-7");
+  ASSERT_EQ(workers.workers(0).running_size(), 1);
+  EXPECT_EQ(workers.workers(0).running(0).job_id(), id);
+}
+
 TEST_F(CliTest, QueuesShowsCountsByState) {
   CliEnqueue({"alpha", "a"});
   CliEnqueue({"alpha", "b"});

@@ -147,6 +147,16 @@ const std::vector<Command>& Commands() {
           .run = RunQueues,
       },
       {
+          .name = "workers",
+          .args_usage = "[QUEUE]",
+          .summary = "list connected workers: their queues, streams and the jobs they run",
+          .details = "With QUEUE, only the workers that take or run jobs of it. A worker that\n"
+                     "went away while holding jobs is listed until their leases end.\n"
+                     "With --json, a JSON array of WorkerInfo messages.",
+          .max_args = 1,
+          .run = RunWorkers,
+      },
+      {
           .name = "pause",
           .args_usage = "QUEUE",
           .summary = "stop leasing from a queue (enqueues are still accepted)",

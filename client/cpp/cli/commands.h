@@ -87,6 +87,7 @@ int RunCancel(CommandContext& ctx);
 int RunRetry(CommandContext& ctx);
 int RunDelete(CommandContext& ctx);
 int RunQueues(CommandContext& ctx);
+int RunWorkers(CommandContext& ctx);
 int RunPause(CommandContext& ctx);
 int RunResume(CommandContext& ctx);
 int RunPurge(CommandContext& ctx);

@@ -50,6 +50,33 @@ int RunQueues(CommandContext& ctx) {
   return kExitOk;
 }
 
+int RunWorkers(CommandContext& ctx) {
+  const std::string queue = ctx.args.positional.empty() ? "" : ctx.args.positional[0];
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = ctx.client.ListWorkers(queue);
+  if (!workers.ok()) return BrokerError(ctx, workers.status());
+  if (ctx.json) {
+    std::vector<std::string> items;
+    items.reserve(workers->size());
+    for (const v1::WorkerInfo& w : *workers) items.push_back(ToJson(w));
+    ctx.io.out << "[" << absl::StrJoin(items, ",") << "]\n";
+    return kExitOk;
+  }
+  const absl::Time now = absl::Now();
+  Table table({"WORKER", "QUEUES", "STREAMS", "RUNNING", "CONNECTED", "JOBS"});
+  for (size_t c = 2; c < 4; ++c) table.AlignRight(c);
+  for (const v1::WorkerInfo& w : *workers) {
+    std::vector<std::string> jobs;
+    for (const v1::RunningJob& r : w.running()) jobs.push_back(r.job_id());
+    table.AddRow({w.worker_id(), absl::StrJoin(w.queues(), ","),
+                  absl::StrCat(w.streams() + w.lease_waits()),
+                  w.max_in_flight() > 0 ? absl::StrCat(w.running_size(), "/", w.max_in_flight())
+                                        : absl::StrCat(w.running_size()),
+                  FormatRelative(w.connected_at(), now), OneLine(absl::StrJoin(jobs, ","), 80)});
+  }
+  ctx.io.out << table.Render();
+  return kExitOk;
+}
+
 int RunPause(CommandContext& ctx) {
   absl::StatusOr<v1::QueueInfo> info = ctx.client.PauseQueue(ctx.args.positional[0]);
   if (!info.ok()) return BrokerError(ctx, info.status());

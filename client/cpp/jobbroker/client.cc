@@ -360,6 +360,19 @@ absl::StatusOr<std::vector<v1::QueueInfo>> Client::ListQueues() {
   return std::vector<v1::QueueInfo>(resp.queues().begin(), resp.queues().end());
 }
 
+absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers(const std::string& queue) {
+  v1::ListWorkersRequest req;
+  req.set_queue(queue);
+  v1::ListWorkersResponse resp;
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->ListWorkers(ctx, req, &resp);
+                       });
+  if (!s.ok()) return s;
+  return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
+}
+
 absl::StatusOr<v1::QueueInfo> Client::GetQueue(const std::string& queue) {
   v1::GetQueueRequest req;
   req.set_queue(queue);

@@ -177,6 +177,9 @@ class Client {
   // Removes a job that is not ACTIVE.
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<std::vector<v1::QueueInfo>> ListQueues();
+  // The connected workers and what each runs (Admin.ListWorkers); only those of `queue` when
+  // it is set. Any node answers for the whole cluster.
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(const std::string& queue = "");
   absl::StatusOr<v1::QueueInfo> GetQueue(const std::string& queue);
   absl::StatusOr<v1::QueueInfo> UpdateQueuePolicy(const v1::UpdateQueuePolicyRequest& request);
   // Stop (Pause) or restart (Resume) leasing from a queue; returns the queue.
