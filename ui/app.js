@@ -9,6 +9,7 @@ import * as queue from './queue.js';
 import * as job from './job.js';
 import * as failed from './failed.js';
 import * as cluster from './cluster.js';
+import * as workers from './workers.js';
 import { h } from './dom.js';
 
 const POLL_MS = 2000;
@@ -25,7 +26,8 @@ function announce(message, kind = 'ok') {
   announcedAt = Date.now();
 }
 
-// --- Routing: #/, #/queues/<name>?state=...&dedupKey=..., #/jobs/<id>, #/failed, #/cluster ---
+// --- Routing: #/, #/queues/<name>?state=...&dedupKey=..., #/jobs/<id>, #/failed, #/workers?queue=...,
+// #/cluster ---
 
 // Any hash the router does not know.
 const notFound = {
@@ -53,6 +55,7 @@ function route() {
   if (parts[0] === 'jobs' && parts.length === 2) return { module: job, nav: null, id: parts[1], params };
   if (parts[0] === 'failed' && parts.length === 1) return { module: failed, nav: 'failed', params };
   if (parts[0] === 'cluster' && parts.length === 1) return { module: cluster, nav: 'cluster', params };
+  if (parts[0] === 'workers' && parts.length === 1) return { module: workers, nav: 'workers', params };
   return { module: notFound, nav: null, params };
 }
 

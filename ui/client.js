@@ -125,6 +125,7 @@ export const retryQueue = (queue, { state = 'JOB_STATE_FAILED', dryRun = false, 
 
 // Nodes and partitions: who leads what, in which epoch, with which replicas in sync.
 export const getCluster = () => call('GET', '/cluster');
+export const listWorkers = (queue) => call('GET', queue ? `/queues/${seg(queue)}/workers` : '/workers');
 
 export const getJob = (id) => call('GET', `/jobs/${seg(id)}`);
 export const cancelJob = (id) => call('POST', `/jobs/${seg(id)}/cancel`, {});

@@ -95,7 +95,7 @@ function details(job) {
 
 // A worker's progress report (Job.progress, base64 bytes): a bar when it is JSON with a
 // numeric "percent", with the whole report as text beside it.
-function progressView(base64) {
+export function progressView(base64) {
   let text;
   try {
     text = new TextDecoder('utf-8', { fatal: true }).decode(decodeBase64(base64));

@@ -76,7 +76,7 @@ export function render(root, ctx, { name, params }) {
     const items = [
       ['Active', `${formatCount(q.active)} of ${limit ? formatCount(limit) : 'unlimited'}`],
       ['Oldest ready', age > 0 ? formatDuration(age) : '—'],
-      ['Idle workers waiting', formatCount(q.waitingLeases)],
+      ['Idle workers waiting', h('a', { href: `#/workers?queue=${encodeURIComponent(name)}` }, formatCount(q.waitingLeases))],
       ['Failed (dead)', formatCount(q.dead)],
     ];
     replace(stats, items.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));

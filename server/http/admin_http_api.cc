@@ -243,6 +243,12 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
       if (absl::Status s = ParseListJobsQuery(http.query, &request); !s.ok()) return Error(s);
       return Call(admin, &v1::Admin::Stub::ListJobs, request, http);
     }
+    if (action == "workers") {
+      if (!get) return MethodNotAllowed(http, "GET");
+      v1::ListWorkersRequest request;
+      request.set_queue(std::string(queue));
+      return Call(admin, &v1::Admin::Stub::ListWorkers, request, http);
+    }
     if (action == "pause" || action == "resume" || action == "purge" || action == "retry" ||
         action == "policy") {
       if (!post) return MethodNotAllowed(http, "POST");
@@ -266,6 +272,10 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
   if (parts.size() == 1 && parts[0] == "cluster") {
     if (!get) return MethodNotAllowed(http, "GET");
     return Call(admin, &v1::Admin::Stub::GetCluster, v1::GetClusterRequest(), http);
+  }
+  if (parts.size() == 1 && parts[0] == "workers") {
+    if (!get) return MethodNotAllowed(http, "GET");
+    return Call(admin, &v1::Admin::Stub::ListWorkers, v1::ListWorkersRequest(), http);
   }
   if (parts.size() == 1 && parts[0] == "queues") {
     if (!get) return MethodNotAllowed(http, "GET");

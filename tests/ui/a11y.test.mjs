@@ -7,7 +7,7 @@ import { createRequire } from 'node:module';
 import { after, before, test } from 'node:test';
 import { launch, openPage } from './browser.mjs';
 import { startDashboard } from './dashboard.mjs';
-import { completedJobs, connect, deadJob, enqueue } from './grpc.mjs';
+import { completedJobs, connect, deadJob, enqueue, leaseJob } from './grpc.mjs';
 
 const axeSource = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
 
@@ -25,6 +25,10 @@ before(async () => {
   await enqueue(client, 'emails', '{}', { dedupKey: 'welcome-1', headers: { 'trace-id': 'abc' } });
   await enqueue(client, 'webhooks', Buffer.from([0, 1, 2, 255]));
   await client.admin.pauseQueue({ queue: 'webhooks' });
+  // A worker running a job that reports progress, for the workers view.
+  const renderId = await enqueue(client, 'renders', '{}');
+  const leased = await leaseJob(client, 'renders', renderId, 'gpu-1');
+  await client.broker.heartbeat({ jobId: renderId, leaseId: leased.leaseId, progress: Buffer.from('{"percent": 60}') });
 });
 
 after(async () => {
@@ -51,6 +55,7 @@ const views = [
   ['queue', '#/queues/emails', (page) => page.getByRole('region', { name: 'All jobs, newest first', exact: true }).locator('tbody tr').first()],
   ['job', () => `#/jobs/${deadId}`, (page) => page.getByRole('region', { name: 'Attempts', exact: true })],
   ['failed', '#/failed', (page) => page.getByRole('article').first()],
+  ['workers', '#/workers', (page) => page.getByRole('region', { name: 'Workers table', exact: true }).locator('tbody tr').first()],
   ['cluster', '#/cluster', (page) => page.getByRole('region', { name: 'Partitions table', exact: true }).locator('tbody tr').first()],
 ];
 
