@@ -359,8 +359,10 @@ class Broker {
   void FinishAttemptRecordLocked(Job& job, absl::Time now, AttemptOutcome outcome,
                                  std::string error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job `job_id`, if `lease_id` still fences it; kNotFound / kFailedPrecondition if not.
+  // Notes that its worker was heard from at `now` (ListWorkers' last_seen).
   absl::StatusOr<Job*> LeasedJobForLocked(const std::string& job_id, const std::string& lease_id,
-                                          Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                          absl::Time now, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<FailResult> FailLocked(FailSpec& spec, absl::Time now, Transition& t, Effects& fx)
@@ -462,6 +464,7 @@ class Broker {
   DedupTable dedup_ ABSL_GUARDED_BY(mu_);
   Consumers consumers_ ABSL_GUARDED_BY(mu_);
   Watchers watchers_ ABSL_GUARDED_BY(mu_);
+  RecentWorkers recent_workers_ ABSL_GUARDED_BY(mu_);
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // The partition's last Transition::seq (the store's applied_seq after recovery).

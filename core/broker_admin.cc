@@ -231,8 +231,11 @@ std::vector<WorkerInfo> Broker::ListWorkers(const std::string& queue) {
     return workers[it->second];
   };
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();
   consumers_.ForEach([&](const Consumer& c) {
     WorkerInfo& w = worker(c.spec.worker_id);
+    // The newest connection says where the worker is.
+    if (w.origin.peer.empty() || c.since >= w.connected_at) w.origin = c.spec.origin;
     if (c.stream) {
       ++w.streams;
       w.max_in_flight += c.max_in_flight;
@@ -246,13 +249,25 @@ std::vector<WorkerInfo> Broker::ListWorkers(const std::string& queue) {
     }
     w.connected_at = std::min(w.connected_at, c.since);
   });
-  deadlines_.ForEachLease([&](uint64_t seq) {
+  for (const auto& [deadline, seq] : deadlines_.leases()) {
     const Job& job = jobs_.Hot(seq);
-    if (job.attempts.empty()) return;
+    if (job.attempts.empty()) continue;
     WorkerInfo& w = worker(job.attempts.back().worker_id);
     w.running.push_back(RunningJobOf(job));
     if (job.queue == queue) of_queue.insert(w.worker_id);
+  }
+  // Workers that lease with unary calls hold no connection between them: listed for a while.
+  recent_workers_.ForEachListed(now, [&](const std::string& id, const RecentWorkers::Seen& seen) {
+    WorkerInfo& w = worker(id);
+    w.queues.push_back(seen.lease_queue);
+    if (seen.lease_queue == queue) of_queue.insert(id);
   });
+  for (WorkerInfo& w : workers) {
+    if (const RecentWorkers::Seen* seen = recent_workers_.Find(w.worker_id)) {
+      w.last_seen = seen->last_seen;
+      if (w.origin.peer.empty()) w.origin = seen->origin;
+    }
+  }
   if (!queue.empty()) {
     std::erase_if(workers, [&](const WorkerInfo& w) { return !of_queue.contains(w.worker_id); });
   }

@@ -23,7 +23,8 @@ std::string HowItEnded(const Job& job) {
 }  // namespace
 
 absl::StatusOr<Job*> Broker::LeasedJobForLocked(const std::string& job_id,
-                                                const std::string& lease_id, Effects& fx) {
+                                                const std::string& lease_id, absl::Time now,
+                                                Effects& fx) {
   Job* job = FindJobLocked(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("job ", job_id, " not found"));
   // What a worker says of a job is as durable as the job's queue asks.
@@ -36,6 +37,7 @@ absl::StatusOr<Job*> Broker::LeasedJobForLocked(const std::string& job_id,
                                                       " is stale: attempt ", job->attempt,
                                                       " (lease ", job->lease_id, ") replaced it"));
   }
+  if (!job->attempts.empty()) recent_workers_.Heard(job->attempts.back().worker_id, now);
   return job;
 }
 
@@ -49,7 +51,7 @@ void Broker::Heartbeat(HeartbeatSpec spec, Done<absl::StatusOr<HeartbeatResult>>
 
 absl::StatusOr<HeartbeatResult> Broker::HeartbeatLocked(HeartbeatSpec& spec, absl::Time now,
                                                         Transition& t, Effects& fx) {
-  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, now, fx));
   Job& job = *found;
   if (job.state != JobState::kActive)
     return absl::FailedPreconditionError(absl::StrCat("lease ", spec.lease_id, " of job ", job.id,
@@ -95,7 +97,7 @@ void Broker::AckBatch(std::vector<AckSpec> specs,
 }
 
 absl::Status Broker::AckLocked(AckSpec& spec, absl::Time now, Transition& t, Effects& fx) {
-  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, now, fx));
   Job& job = *found;
   if (job.state == JobState::kCompleted) return absl::OkStatus();  // a retried Ack of this lease
   if (job.state != JobState::kActive) {
@@ -127,7 +129,7 @@ void Broker::Fail(FailSpec spec, Done<absl::StatusOr<FailResult>> done) {
 
 absl::StatusOr<FailResult> Broker::FailLocked(FailSpec& spec, absl::Time now, Transition& t,
                                               Effects& fx) {
-  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, now, fx));
   Job& job = *found;
   std::string error = TruncateUtf8(std::move(spec.error), kMaxErrorBytes);
   const AttemptOutcome outcome =
@@ -185,7 +187,7 @@ void Broker::Release(ReleaseSpec spec, Done<absl::Status> done) {
 }
 
 absl::Status Broker::ReleaseLocked(ReleaseSpec& spec, absl::Time now, Transition& t, Effects& fx) {
-  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, fx));
+  BROKER_ASSIGN_OR_RETURN(Job * found, LeasedJobForLocked(spec.job_id, spec.lease_id, now, fx));
   Job& job = *found;
   if (job.state != JobState::kActive)
     return absl::FailedPreconditionError(absl::StrCat("lease ", spec.lease_id, " of job ", job.id,

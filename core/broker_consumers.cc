@@ -185,27 +185,28 @@ uint64_t Broker::Lease(LeaseSpec spec, absl::Duration wait, LeaseDone done) {
   uint64_t commit = 0;
   uint64_t waiter_id = 0;
   std::vector<LeasedJob> jobs;
-  absl::Status refused = Mutate(fx, commit,
-                                [&](absl::Time now, Transition& t, Effects& effects)
-                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-                                      QueueState& q = queues_.Get(spec.queue);
-                                      effects.Touch(q.policy);
-                                      // Jobs still leasable here found no consumer with room in
-                                      // line (ServeConsumersLocked runs whenever jobs become
-                                      // leasable), so taking them directly is fair.
-                                      jobs = LeaseManyLocked(q, spec, now, t);
-                                      if (jobs.empty() && wait > absl::ZeroDuration()) {
-                                        Consumer& w = consumers_.Add(/*stream=*/false);
-                                        waiter_id = w.id;
-                                        w.spec = std::move(spec);
-                                        w.deadline = now + wait;
-                                        w.since = now;
-                                        w.done = std::move(done);
-                                        deadlines_.AddWaiter(w.deadline, w.id);
-                                        q.consumers.push_back(w.id);
-                                      }
-                                      return absl::OkStatus();
-                                    });
+  absl::Status refused = Mutate(
+      fx, commit,
+      [&](absl::Time now, Transition& t, Effects& effects) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        QueueState& q = queues_.Get(spec.queue);
+        effects.Touch(q.policy);
+        // Jobs still leasable here found no consumer with room in
+        // line (ServeConsumersLocked runs whenever jobs become
+        // leasable), so taking them directly is fair.
+        recent_workers_.Leased(spec.worker_id, spec.queue, spec.origin, now);
+        jobs = LeaseManyLocked(q, spec, now, t);
+        if (jobs.empty() && wait > absl::ZeroDuration()) {
+          Consumer& w = consumers_.Add(/*stream=*/false);
+          waiter_id = w.id;
+          w.spec = std::move(spec);
+          w.deadline = now + wait;
+          w.since = now;
+          w.done = std::move(done);
+          deadlines_.AddWaiter(w.deadline, w.id);
+          q.consumers.push_back(w.id);
+        }
+        return absl::OkStatus();
+      });
   if (waiter_id != 0) {
     Finish(commit, std::move(fx), nullptr);  // the waiter's own answer comes later
     return waiter_id;
@@ -240,6 +241,8 @@ absl::StatusOr<uint64_t> Broker::Subscribe(SubscribeSpec spec, std::shared_ptr<S
                                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
                                       Consumer& stream = consumers_.Add(/*stream=*/true);
                                       id = stream.id;
+                                      recent_workers_.Leased(spec.worker_id, "", spec.origin, now);
+                                      stream.spec.origin = std::move(spec.origin);
                                       stream.spec.worker_id = std::move(spec.worker_id);
                                       stream.spec.lease_duration = spec.lease_duration;
                                       stream.queues = std::move(spec.queues);

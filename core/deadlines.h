@@ -34,11 +34,8 @@ class Deadlines {
   // An ACTIVE job's deadline: the earlier of its lease's end and its attempt's run-time limit.
   void AddLease(absl::Time deadline, uint64_t seq);
   void RemoveLease(absl::Time deadline, uint64_t seq) { leases_.erase({deadline, seq}); }
-  // Calls `f(seq)` for each ACTIVE job, the earliest deadline first.
-  template <typename F>
-  void ForEachLease(F f) const {
-    for (const TimeKey& key : leases_) f(key.second);
-  }
+  // Every ACTIVE job as (deadline, seq), the earliest first.
+  const absl::btree_set<TimeKey>& leases() const { return leases_; }
 
   void AddWaiter(absl::Time deadline, uint64_t consumer);
   void RemoveWaiter(absl::Time deadline, uint64_t consumer) {

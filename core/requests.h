@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "core/job.h"
 #include "core/policy.h"
+#include "core/workers.h"
 
 namespace jobbroker::core {
 
@@ -48,6 +49,7 @@ struct SubscribeSpec {
   // member this subscription is (core/stream_credit.h). Unset: max_in_flight alone bounds it.
   std::shared_ptr<StreamCredit> credit;
   int credit_member = 0;
+  WorkerOrigin origin;  // for ListWorkers
 };
 
 struct LeaseSpec {
@@ -55,6 +57,7 @@ struct LeaseSpec {
   std::string worker_id;
   int max_jobs = 1;
   absl::Duration lease_duration = absl::ZeroDuration();  // zero = the job's, else the queue's
+  WorkerOrigin origin;                                   // for ListWorkers
 };
 
 // One attempt, as handed to a worker.

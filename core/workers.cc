@@ -21,6 +21,36 @@ RunningJob RunningJobOf(const Job& job) {
   return r;
 }
 
+RecentWorkers::Seen& RecentWorkers::Touch(const std::string& worker_id, absl::Time now) {
+  // Sweep now and then, not on every call: one pass per kForgetAfter keeps the cost per call
+  // constant.
+  if (now - swept_at_ >= kForgetAfter) {
+    absl::erase_if(by_id_,
+                   [&](const auto& entry) { return now - entry.second.last_seen > kForgetAfter; });
+    swept_at_ = now;
+  }
+  Seen& seen = by_id_[worker_id];
+  seen.last_seen = std::max(seen.last_seen, now);
+  return seen;
+}
+
+void RecentWorkers::Heard(const std::string& worker_id, absl::Time now) { Touch(worker_id, now); }
+
+void RecentWorkers::Leased(const std::string& worker_id, const std::string& queue,
+                           const WorkerOrigin& origin, absl::Time now) {
+  Seen& seen = Touch(worker_id, now);
+  seen.origin = origin;
+  if (!queue.empty()) {
+    seen.lease_queue = queue;
+    seen.leased_at = now;
+  }
+}
+
+const RecentWorkers::Seen* RecentWorkers::Find(const std::string& worker_id) const {
+  auto it = by_id_.find(worker_id);
+  return it == by_id_.end() ? nullptr : &it->second;
+}
+
 void MergeWorkers(std::vector<WorkerInfo>& into, std::vector<WorkerInfo> more) {
   absl::flat_hash_map<std::string, size_t> index;
   for (size_t i = 0; i < into.size(); ++i) index.emplace(into[i].worker_id, i);
@@ -37,6 +67,11 @@ void MergeWorkers(std::vector<WorkerInfo>& into, std::vector<WorkerInfo> more) {
     to.lease_waits += w.lease_waits;
     to.max_in_flight += w.max_in_flight;
     to.connected_at = std::min(to.connected_at, w.connected_at);
+    if (w.last_seen > to.last_seen) {
+      to.last_seen = w.last_seen;
+      if (!w.origin.peer.empty()) to.origin = w.origin;  // the place it was heard from last
+    }
+    if (to.origin.peer.empty()) to.origin = std::move(w.origin);
     to.running.insert(to.running.end(), std::make_move_iterator(w.running.begin()),
                       std::make_move_iterator(w.running.end()));
   }

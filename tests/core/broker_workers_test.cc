@@ -84,20 +84,58 @@ TEST_F(BrokerWorkersTest, TwoStreamsOfOneWorkerAreOneEntryAndAWaitingLeaseCounts
   broker_->broker().CancelWait(waiter);
 }
 
-TEST_F(BrokerWorkersTest, AWorkerThatLeftStaysListedWithItsJobsUntilTheirLeasesEnd) {
+TEST_F(BrokerWorkersTest, AUnaryLesseeIsListedWithItsJobsThenForFiveMinutesAfterItsLastLease) {
   const std::string id = Enqueue("emails");
-  LeaseOne("emails", "gone", absl::Seconds(30));
+  LeaseSpec lease{"emails", "poller", 1, absl::Seconds(30)};
+  lease.origin = WorkerOrigin{"ipv4:10.0.0.7:5000", "jobbroker-go/0.4.0", "node-2"};
+  const absl::Time leased_at = clock_.Now();
+  ASSERT_TRUE(broker_->Lease(lease).ok());
   std::vector<WorkerInfo> workers = Workers();
   ASSERT_EQ(workers.size(), 1u);
-  EXPECT_EQ(workers[0].worker_id, "gone");
+  EXPECT_EQ(workers[0].worker_id, "poller");
+  EXPECT_EQ(workers[0].origin, lease.origin);
+  EXPECT_THAT(workers[0].queues, ElementsAre("emails"));
   EXPECT_EQ(workers[0].streams, 0);
   EXPECT_EQ(workers[0].connected_at, absl::InfiniteFuture());
+  EXPECT_EQ(workers[0].last_seen, leased_at);
   ASSERT_EQ(workers[0].running.size(), 1u);
   EXPECT_EQ(workers[0].running[0].job_id, id);
 
+  // Its lease runs out: the job is READY again, and the worker is still a recent lessee.
   clock_.Advance(absl::Seconds(31));
   broker_->Tick();
-  EXPECT_THAT(Workers(), IsEmpty()) << "the lease ran out: the job is READY, nobody runs it";
+  workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_THAT(workers[0].running, IsEmpty());
+  clock_.Advance(RecentWorkers::kListedFor);
+  EXPECT_THAT(Workers(), IsEmpty()) << "no lease for over five minutes, nothing held";
+}
+
+TEST_F(BrokerWorkersTest, LastSeenIsTheLatestHeartbeatOrAck) {
+  Enqueue("emails");
+  Enqueue("emails");
+  LeasedJob first = LeaseOne("emails", "w");
+  LeasedJob second = LeaseOne("emails", "w");
+  clock_.Advance(absl::Seconds(10));
+  HeartbeatSpec beat;
+  beat.job_id = first.job_id;
+  beat.lease_id = first.lease_id;
+  ASSERT_TRUE(broker_->Heartbeat(beat).ok());
+  EXPECT_EQ(Workers()[0].last_seen, clock_.Now());
+  clock_.Advance(absl::Seconds(5));
+  ASSERT_TRUE(broker_->Ack(AckSpec{second.job_id, second.lease_id, ""}).ok());
+  EXPECT_EQ(Workers()[0].last_seen, clock_.Now());
+}
+
+TEST_F(BrokerWorkersTest, AStreamShowsWhereItIsConnectedFrom) {
+  auto sink = std::make_shared<RecordingSink>();
+  SubscribeSpec spec{{"emails"}, "mailer", 1, absl::ZeroDuration()};
+  spec.origin = WorkerOrigin{"ipv6:[::1]:40000", "jobbroker-cpp", "local"};
+  ASSERT_TRUE(broker_->Subscribe(spec, sink).ok());
+  std::vector<WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].origin, spec.origin);
+  EXPECT_EQ(workers[0].last_seen, clock_.Now());
 }
 
 TEST_F(BrokerWorkersTest, AnUnsubscribedStreamIsNoLongerListed) {

@@ -20,9 +20,12 @@ RunningJob Running(const std::string& id, absl::Time started) {
 }
 
 TEST(MergeWorkersTest, TheSameWorkerFromTwoPlacesIsOneEntryWithEverythingSummed) {
-  std::vector<WorkerInfo> into = {
-      WorkerInfo{.worker_id = "w", .queues = {"b", "a"}, .streams = 1, .max_in_flight = 2,
-                 .connected_at = kT0 + absl::Seconds(5), .running = {Running("j2", kT0 + absl::Seconds(2))}}};
+  std::vector<WorkerInfo> into = {WorkerInfo{.worker_id = "w",
+                                             .queues = {"b", "a"},
+                                             .streams = 1,
+                                             .max_in_flight = 2,
+                                             .connected_at = kT0 + absl::Seconds(5),
+                                             .running = {Running("j2", kT0 + absl::Seconds(2))}}};
   MergeWorkers(into, {WorkerInfo{.worker_id = "w",
                                  .queues = {"a", "c"},
                                  .streams = 1,
@@ -52,6 +55,40 @@ TEST(MergeWorkersTest, AWorkerWithoutAConnectionKeepsTheOthersTime) {
   std::vector<WorkerInfo> into = {WorkerInfo{.worker_id = "w", .connected_at = kT0}};
   MergeWorkers(into, {WorkerInfo{.worker_id = "w"}});
   EXPECT_EQ(into[0].connected_at, kT0);
+}
+
+TEST(MergeWorkersTest, TheLatestSeenPlaceWins) {
+  std::vector<WorkerInfo> into = {
+      WorkerInfo{.worker_id = "w", .origin = {"ipv4:1.1.1.1:1", "a", "node-0"}, .last_seen = kT0}};
+  MergeWorkers(into, {WorkerInfo{.worker_id = "w",
+                                 .origin = {"ipv4:2.2.2.2:2", "b", "node-1"},
+                                 .last_seen = kT0 + absl::Seconds(1)}});
+  EXPECT_EQ(into[0].last_seen, kT0 + absl::Seconds(1));
+  EXPECT_EQ(into[0].origin.node_id, "node-1");
+}
+
+TEST(RecentWorkersTest, ForgetsWorkersNotHeardFromForTenMinutes) {
+  RecentWorkers recent;
+  recent.Leased("old", "q", WorkerOrigin{}, kT0);
+  recent.Leased("new", "q", WorkerOrigin{}, kT0 + absl::Minutes(9));
+  recent.Heard("new", kT0 + RecentWorkers::kForgetAfter + absl::Seconds(1));
+  EXPECT_EQ(recent.Find("old"), nullptr);
+  ASSERT_NE(recent.Find("new"), nullptr);
+  EXPECT_EQ(recent.size(), 1u);
+}
+
+TEST(RecentWorkersTest, ListsOnlyUnaryLesseesOfTheLastFiveMinutes) {
+  RecentWorkers recent;
+  recent.Leased("stream", "", WorkerOrigin{}, kT0);  // a subscription
+  recent.Leased("poller", "q", WorkerOrigin{}, kT0);
+  std::vector<std::string> listed;
+  recent.ForEachListed(kT0 + RecentWorkers::kListedFor,
+                       [&](const std::string& id, const auto&) { listed.push_back(id); });
+  EXPECT_THAT(listed, ElementsAre("poller"));
+  listed.clear();
+  recent.ForEachListed(kT0 + RecentWorkers::kListedFor + absl::Seconds(1),
+                       [&](const std::string& id, const auto&) { listed.push_back(id); });
+  EXPECT_THAT(listed, ::testing::IsEmpty());
 }
 
 }  // namespace
