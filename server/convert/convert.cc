@@ -444,6 +444,10 @@ void ToProto(const core::QueueInfo& q, v1::QueueInfo* out) {
 
 void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out) {
   out->set_worker_id(w.worker_id);
+  out->set_peer(w.origin.peer);
+  out->set_client(w.origin.client);
+  out->set_node_id(w.origin.node_id);
+  if (w.last_seen != absl::InfinitePast()) ToProto(w.last_seen, out->mutable_last_seen());
   for (const std::string& q : w.queues) out->add_queues(q);
   out->set_streams(w.streams);
   out->set_lease_waits(w.lease_waits);
@@ -459,12 +463,16 @@ void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out) {
     ToProto(r.lease_deadline, job->mutable_lease_deadline());
     if (r.timeout_at != absl::InfiniteFuture()) ToProto(r.timeout_at, job->mutable_timeout_at());
     job->set_progress(r.progress);
+    out->add_in_flight(r.job_id);
   }
 }
 
 core::WorkerInfo FromProto(const v1::WorkerInfo& w) {
   core::WorkerInfo out;
   out.worker_id = w.worker_id();
+  out.origin = core::WorkerOrigin{w.peer(), w.client(), w.node_id()};
+  if (w.has_last_seen())
+    out.last_seen = FromProto(w.last_seen(), "last_seen").value_or(absl::InfinitePast());
   out.queues.assign(w.queues().begin(), w.queues().end());
   out.streams = w.streams();
   out.lease_waits = w.lease_waits();

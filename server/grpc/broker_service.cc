@@ -11,6 +11,7 @@
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/work_stream.h"
+#include "server/grpc/worker_origin.h"
 #include "server/routing/router.h"
 
 namespace jobbroker::server {
@@ -171,6 +172,7 @@ grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
                                     stub.async()->Lease(c, req, resp, std::move(done));
                                   }))
     return forwarded;
+  spec->origin = OriginOf(*ctx, router_.node_id());
   auto* reactor = new LeaseReactor(broker_, resp, timing);
   reactor->Start(std::move(*spec), wait);
   return reactor;

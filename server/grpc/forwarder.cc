@@ -1,6 +1,9 @@
 #include "server/grpc/forwarder.h"
 
+#include <string>
 #include <utility>
+
+#include "server/grpc/worker_origin.h"
 
 namespace jobbroker::server {
 namespace {
@@ -67,6 +70,10 @@ std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
                        std::string(value.data(), value.size()));
   }
   ctx->AddMetadata(Router::kForwardedHeader, node_id_);
+  // Who the caller is, for the leader's ListWorkers (it sees this node as the peer).
+  ctx->AddMetadata(kPeerHeader, server.peer());
+  if (std::string client = ClientOf(server); !client.empty())
+    ctx->AddMetadata(kClientHeader, client);
   return ctx;
 }
 

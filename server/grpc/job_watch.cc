@@ -70,14 +70,12 @@ class JobWatchCall::Upstream final : public grpc::ClientReadReactor<v1::Job> {
   v1::Job job_;
 };
 
-JobWatchCall::JobWatchCall(grpc::CallbackServerContext* ctx) : ctx_(ctx) {}
-
 grpc::ServerWriteReactor<v1::Job>* JobWatchCall::Start(grpc::CallbackServerContext* ctx,
                                                        const v1::WatchJobRequest& request,
                                                        node::Partitions& broker,
                                                        const RpcAuth& auth, const Router& router,
                                                        Forwarder* forwarder) {
-  auto call = std::shared_ptr<JobWatchCall>(new JobWatchCall(ctx));
+  auto call = std::shared_ptr<JobWatchCall>(new JobWatchCall());
   call->self_ = call;
   if (absl::Status s = auth.CheckJob(*ctx, Role::kAdmin, request.job_id()); !s.ok()) {
     call->End(std::move(s));

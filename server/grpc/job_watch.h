@@ -47,11 +47,10 @@ class JobWatchCall final : public grpc::ServerWriteReactor<v1::Job>,
   class Watcher;   // the broker's JobWatcher for this call
   class Upstream;  // the leader's WatchJob, relayed
 
-  explicit JobWatchCall(grpc::CallbackServerContext* ctx);
+  JobWatchCall() = default;
   // Writes the next queued message, or finishes once there is nothing left to say.
   void Pump();
 
-  grpc::CallbackServerContext* const ctx_;
   std::shared_ptr<JobWatchCall> self_;  // keeps the call alive until OnDone
 
   absl::Mutex mu_;

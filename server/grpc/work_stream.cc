@@ -9,6 +9,7 @@
 #include "core/validation.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
+#include "server/grpc/worker_origin.h"
 
 namespace jobbroker::server {
 namespace {
@@ -306,6 +307,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   // from it.
   std::shared_ptr<const ClusterView> seen = router_.view();
   if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe, seen)) return;
+  spec->origin = OriginOf(*ctx_, router_.node_id());
   auto sink = std::make_shared<Sink>(self_);
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
@@ -365,6 +367,7 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     for (const std::string& queue : local) here.add_queues(queue);
     here.set_max_in_flight(shares[share++]);
     absl::StatusOr<core::SubscribeSpec> spec = FromProto(here);
+    if (spec.ok()) spec->origin = OriginOf(*ctx_, router_.node_id());
     // The whole subscribe was checked already (Subscribe), so its part checks too.
     sink = std::make_shared<Sink>(self_);
     absl::StatusOr<uint64_t> stream =

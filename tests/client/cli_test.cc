@@ -458,12 +458,13 @@ TEST_F(CliTest, WorkersShowsWhoRunsWhat) {
   EXPECT_THAT(lines[0], AllOf(StartsWith("WORKER"), HasSubstr("QUEUES"), HasSubstr("RUNNING"),
                               HasSubstr("JOBS")));
   std::vector<std::string> row = absl::StrSplit(lines[1], ' ', absl::SkipEmpty());
-  ASSERT_THAT(row, SizeIs(5)) << lines[1];  // no queue: it leased once and holds the job
+  ASSERT_THAT(row, SizeIs(6)) << lines[1];
   EXPECT_EQ(row[0], "gpu-7");
-  EXPECT_EQ(row[1], "0");  // streams
-  EXPECT_EQ(row[2], "1");  // running
-  EXPECT_EQ(row[3], "-");  // not connected now
-  EXPECT_EQ(row[4], id);
+  EXPECT_EQ(row[1], "renders");  // the queue of its latest Lease call
+  EXPECT_EQ(row[2], "0");        // connections: it leases by unary calls
+  EXPECT_EQ(row[3], "1");        // running
+  EXPECT_EQ(row[4], "-");        // not connected now
+  EXPECT_EQ(row[5], id);
 
   r = Cli({"workers", "other"});
   ASSERT_EQ(r.exit_code, 0) << r;

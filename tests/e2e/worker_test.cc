@@ -314,6 +314,11 @@ TEST_F(WorkerTest, ListWorkersShowsAConnectedWorkerAndTheJobItRuns) {
   EXPECT_EQ(w.streams(), 1);
   EXPECT_EQ(w.max_in_flight(), 2);
   EXPECT_TRUE(w.has_connected_at());
+  EXPECT_TRUE(w.has_last_seen());
+  EXPECT_THAT(w.peer(), ::testing::StartsWith("ipv"));  // ipv4:127.0.0.1:port or ipv6:[::1]:port
+  EXPECT_THAT(w.client(), ::testing::HasSubstr(client::kClientName));  // in the user agent
+  EXPECT_EQ(w.node_id(), "local");
+  EXPECT_THAT(w.in_flight(), ::testing::ElementsAre(id));
   ASSERT_EQ(w.running_size(), 1);
   EXPECT_EQ(w.running(0).job_id(), id);
   EXPECT_EQ(w.running(0).queue(), "emails");

@@ -43,7 +43,7 @@ test('lists each worker with its queues, connections and the jobs it runs, with 
 
   const table = page.getByRole('region', { name: 'Workers table' });
   const gpu = table.locator('tr[data-worker="gpu-7"]');
-  assert.match(await gpu.textContent(), /gpu-7\s*none\s*1/);
+  assert.match(await gpu.textContent(), /gpu-7\s*renders\s*none\s*1/);
   assert.equal(await gpu.getByRole('progressbar', { name: 'Progress 40%' }).count(), 1);
   const poller = table.locator('tr[data-worker="poller-2"]');
   assert.match(await poller.textContent(), /poller-2\s*thumbnails\s*1\s*0/);

@@ -149,6 +149,8 @@ std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
   // short one would fail connects to a slow or distant broker.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  // Names this library in the user agent, which the broker shows in ListWorkers.
+  args.SetString(GRPC_ARG_PRIMARY_USER_AGENT_STRING, kClientName);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls.has_value()) {
     grpc::SslCredentialsOptions ssl;

@@ -22,6 +22,10 @@ class ClientContext;
 
 namespace jobbroker::client {
 
+// This library's name and version, in the user agent of its calls (the broker's ListWorkers
+// shows it as the worker's client).
+inline constexpr char kClientName[] = "jobbroker-cpp/0.1.0";
+
 class Router;
 
 // TLS for the channel to the broker (its --tls-cert, and --tls-client-ca for mutual TLS). PEM

@@ -1159,7 +1159,20 @@ type WorkerInfo struct {
 	// jobs).
 	ConnectedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
 	// The attempts it is running (ACTIVE jobs whose latest attempt is its), oldest first.
-	Running       []*RunningJob `protobuf:"bytes,7,rep,name=running,proto3" json:"running,omitempty"`
+	Running []*RunningJob `protobuf:"bytes,7,rep,name=running,proto3" json:"running,omitempty"`
+	// Where its newest connection (or latest Lease call) comes from (host:port as gRPC gives it,
+	// e.g. "ipv4:10.0.0.7:51234"); for a call another node forwarded, the caller's own address.
+	Peer string `protobuf:"bytes,8,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The ids of the jobs it is running: running's job ids, in the same order.
+	InFlight []string `protobuf:"bytes,9,rep,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// The latest lease, subscription, heartbeat, ack, fail or release heard from it; unset if
+	// none since the broker started.
+	LastSeen *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=last_seen,json=lastSeen,proto3" json:"last_seen,omitempty"`
+	// The library it says it is: the "jobbroker-client" call metadata the helpers send
+	// ("jobbroker-go/0.4.0"), else gRPC's user agent.
+	Client string `protobuf:"bytes,11,opt,name=client,proto3" json:"client,omitempty"`
+	// The node its newest connection (or latest Lease call) is to; "local" on a single node.
+	NodeId        string `protobuf:"bytes,12,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1241,6 +1254,41 @@ func (x *WorkerInfo) GetRunning() []*RunningJob {
 		return x.Running
 	}
 	return nil
+}
+
+func (x *WorkerInfo) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetInFlight() []string {
+	if x != nil {
+		return x.InFlight
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetLastSeen() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastSeen
+	}
+	return nil
+}
+
+func (x *WorkerInfo) GetClient() string {
+	if x != nil {
+		return x.Client
+	}
+	return ""
+}
+
+func (x *WorkerInfo) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
 }
 
 type RunningJob struct {
@@ -1699,7 +1747,7 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x12ListWorkersRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\"I\n" +
 	"\x13ListWorkersResponse\x122\n" +
-	"\aworkers\x18\x01 \x03(\v2\x18.jobbroker.v1.WorkerInfoR\aworkers\"\x93\x02\n" +
+	"\aworkers\x18\x01 \x03(\v2\x18.jobbroker.v1.WorkerInfoR\aworkers\"\xae\x03\n" +
 	"\n" +
 	"WorkerInfo\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
@@ -1709,7 +1757,13 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"leaseWaits\x12\"\n" +
 	"\rmax_in_flight\x18\x05 \x01(\x05R\vmaxInFlight\x12=\n" +
 	"\fconnected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\x122\n" +
-	"\arunning\x18\a \x03(\v2\x18.jobbroker.v1.RunningJobR\arunning\"\xa8\x02\n" +
+	"\arunning\x18\a \x03(\v2\x18.jobbroker.v1.RunningJobR\arunning\x12\x12\n" +
+	"\x04peer\x18\b \x01(\tR\x04peer\x12\x1b\n" +
+	"\tin_flight\x18\t \x03(\tR\binFlight\x127\n" +
+	"\tlast_seen\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\blastSeen\x12\x16\n" +
+	"\x06client\x18\v \x01(\tR\x06client\x12\x17\n" +
+	"\anode_id\x18\f \x01(\tR\x06nodeId\"\xa8\x02\n" +
 	"\n" +
 	"RunningJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x14\n" +
@@ -1825,44 +1879,45 @@ var file_jobbroker_v1_admin_proto_depIdxs = []int32{
 	20, // 10: jobbroker.v1.ListWorkersResponse.workers:type_name -> jobbroker.v1.WorkerInfo
 	31, // 11: jobbroker.v1.WorkerInfo.connected_at:type_name -> google.protobuf.Timestamp
 	21, // 12: jobbroker.v1.WorkerInfo.running:type_name -> jobbroker.v1.RunningJob
-	31, // 13: jobbroker.v1.RunningJob.started_at:type_name -> google.protobuf.Timestamp
-	31, // 14: jobbroker.v1.RunningJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	31, // 15: jobbroker.v1.RunningJob.timeout_at:type_name -> google.protobuf.Timestamp
-	24, // 16: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
-	25, // 17: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
-	0,  // 18: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
-	1,  // 19: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
-	2,  // 20: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
-	4,  // 21: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
-	5,  // 22: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
-	7,  // 23: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
-	9,  // 24: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
-	11, // 25: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
-	13, // 26: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
-	14, // 27: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
-	15, // 28: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
-	16, // 29: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
-	22, // 30: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
-	18, // 31: jobbroker.v1.Admin.ListWorkers:input_type -> jobbroker.v1.ListWorkersRequest
-	28, // 32: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
-	28, // 33: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
-	3,  // 34: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
-	28, // 35: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
-	6,  // 36: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
-	8,  // 37: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
-	10, // 38: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
-	12, // 39: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 40: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
-	12, // 41: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 42: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
-	17, // 43: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
-	23, // 44: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
-	19, // 45: jobbroker.v1.Admin.ListWorkers:output_type -> jobbroker.v1.ListWorkersResponse
-	32, // [32:46] is the sub-list for method output_type
-	18, // [18:32] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	31, // 13: jobbroker.v1.WorkerInfo.last_seen:type_name -> google.protobuf.Timestamp
+	31, // 14: jobbroker.v1.RunningJob.started_at:type_name -> google.protobuf.Timestamp
+	31, // 15: jobbroker.v1.RunningJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	31, // 16: jobbroker.v1.RunningJob.timeout_at:type_name -> google.protobuf.Timestamp
+	24, // 17: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
+	25, // 18: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
+	0,  // 19: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
+	1,  // 20: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
+	2,  // 21: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
+	4,  // 22: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
+	5,  // 23: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
+	7,  // 24: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
+	9,  // 25: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
+	11, // 26: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
+	13, // 27: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
+	14, // 28: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
+	15, // 29: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
+	16, // 30: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
+	22, // 31: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
+	18, // 32: jobbroker.v1.Admin.ListWorkers:input_type -> jobbroker.v1.ListWorkersRequest
+	28, // 33: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
+	28, // 34: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
+	3,  // 35: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
+	28, // 36: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
+	6,  // 37: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
+	8,  // 38: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
+	10, // 39: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
+	12, // 40: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 41: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
+	12, // 42: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
+	12, // 43: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
+	17, // 44: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
+	23, // 45: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
+	19, // 46: jobbroker.v1.Admin.ListWorkers:output_type -> jobbroker.v1.ListWorkersResponse
+	33, // [33:47] is the sub-list for method output_type
+	19, // [19:33] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_admin_proto_init() }

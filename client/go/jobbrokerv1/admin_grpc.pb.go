@@ -72,7 +72,8 @@ type AdminClient interface {
 	// single node answers as a cluster of one that leads every partition. Any token may call it.
 	GetCluster(ctx context.Context, in *GetClusterRequest, opts ...grpc.CallOption) (*ClusterInfo, error)
 	// The workers connected now, by worker_id: their open Work streams and waiting Lease calls,
-	// the queues they take jobs from, and the attempts they are running. Read from the brokers'
+	// the queues they take jobs from, and the attempts they are running; and for 5 minutes after
+	// its last unary Lease, a worker that leases without a stream. Read from the brokers'
 	// memory, not stored: a worker that went away while holding jobs stays listed, with no
 	// stream, until their leases end. In cluster mode, every partition's leader is asked.
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
@@ -272,7 +273,8 @@ type AdminServer interface {
 	// single node answers as a cluster of one that leads every partition. Any token may call it.
 	GetCluster(context.Context, *GetClusterRequest) (*ClusterInfo, error)
 	// The workers connected now, by worker_id: their open Work streams and waiting Lease calls,
-	// the queues they take jobs from, and the attempts they are running. Read from the brokers'
+	// the queues they take jobs from, and the attempts they are running; and for 5 minutes after
+	// its last unary Lease, a worker that leases without a stream. Read from the brokers'
 	// memory, not stored: a worker that went away while holding jobs stays listed, with no
 	// stream, until their leases end. In cluster mode, every partition's leader is asked.
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
