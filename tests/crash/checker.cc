@@ -169,7 +169,7 @@ int64_t Micros(const google::protobuf::Timestamp& t) {
 
 // What the final job must look like for its payload kind; empty if it does.
 std::string FinalStateProblem(const std::string& kind, const v1::Job& job) {
-  const bool complete = kind == kKindOk || kind == kKindFlaky;
+  const bool complete = kind == kKindOk || kind == kKindFlaky || kind == kKindSlow;
   v1::FailReason reason = v1::FAIL_REASON_UNSPECIFIED;
   if (kind == kKindPermanent) reason = v1::FAIL_REASON_PERMANENT;
   if (kind == kKindExhaust) reason = v1::FAIL_REASON_ATTEMPTS_EXHAUSTED;
@@ -275,6 +275,9 @@ RerunCause Explain(const Run& prev, const Run& next, const v1::AttemptRecord* re
   }
   // Only a lease that ran out lets a kill, a stop or a crash cause a rerun.
   if (worker_failed) return RerunCause::kUnexplained;
+  // Only a job enqueued with a run-time limit may time out; the broker's record says it did.
+  if (record != nullptr && record->outcome() == v1::ATTEMPT_OUTCOME_TIMED_OUT)
+    return kind == kKindSlow ? RerunCause::kTimedOut : RerunCause::kUnexplained;
   const int64_t lo = std::min(lease_start, prev.received->ts);
   const int64_t hi = next.received->ts;
   const std::string& instance = prev.received->instance;
@@ -552,6 +555,8 @@ const char* CauseName(RerunCause cause) {
   switch (cause) {
     case RerunCause::kIntendedRetry:
       return "intended failure / retry";
+    case RerunCause::kTimedOut:
+      return "run-time limit (slow job timed out)";
     case RerunCause::kWorkerKill:
       return "worker SIGKILL";
     case RerunCause::kWorkerStop:
@@ -747,6 +752,7 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
     if (e->kind == kKindFlaky) ++s.jobs_by_kind_flaky;
     if (e->kind == kKindPermanent) ++s.jobs_by_kind_perm;
     if (e->kind == kKindExhaust) ++s.jobs_by_kind_exhaust;
+    if (e->kind == kKindSlow) ++s.jobs_by_kind_slow;
   }
 
   // The final state: every job known, none lost, each ended as its kind says.
@@ -854,8 +860,9 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
   }
   for (const auto& [instance, kills] : timeline.worker_kills) s.worker_kills += kills.size();
   for (const auto& [instance, stops] : timeline.worker_stops) s.worker_stops += stops.size();
-  for (RerunCause c : {RerunCause::kIntendedRetry, RerunCause::kWorkerKill, RerunCause::kWorkerStop,
-                       RerunCause::kBrokerCrash, RerunCause::kUnexplained}) {
+  for (RerunCause c :
+       {RerunCause::kIntendedRetry, RerunCause::kTimedOut, RerunCause::kWorkerKill,
+        RerunCause::kWorkerStop, RerunCause::kBrokerCrash, RerunCause::kUnexplained}) {
     s.reruns[c] = 0;
   }
   if (s.cluster_faults > 0) s.reruns[RerunCause::kClusterFault] = 0;
@@ -967,9 +974,9 @@ std::string Report::SummaryTable(
   const Summary& s = summary;
   std::vector<std::pair<std::string, std::string>> rows = {
       {"jobs enqueued (acknowledged ids)", absl::StrCat(s.jobs_enqueued)},
-      {"  kinds ok / flaky / perm / exhaust",
+      {"  kinds ok / flaky / perm / exhaust / slow",
        absl::StrCat(s.jobs_by_kind_ok, " / ", s.jobs_by_kind_flaky, " / ", s.jobs_by_kind_perm,
-                    " / ", s.jobs_by_kind_exhaust)},
+                    " / ", s.jobs_by_kind_exhaust, " / ", s.jobs_by_kind_slow)},
       {"  single enqueues", absl::StrCat(s.single_enqueues)},
       {"  batches (jobs in them)", absl::StrCat(s.batches, " (", s.jobs_in_batches, ")")},
       {"  enqueues acknowledged after a retry", absl::StrCat(s.enqueues_retried)},

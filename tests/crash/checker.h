@@ -65,6 +65,9 @@ inline constexpr char kKindOk[] = "ok";            // ack at once            -> 
 inline constexpr char kKindFlaky[] = "flaky";      // fail attempt 1, then ack -> COMPLETED
 inline constexpr char kKindPermanent[] = "perm";   // fail permanently       -> FAILED PERMANENT
 inline constexpr char kKindExhaust[] = "exhaust";  // fail every attempt     -> FAILED EXHAUSTED
+// Enqueued with a run-time limit; attempt 1 hangs (heartbeated, never answered) until the broker
+// ends it TIMED_OUT, then an attempt is acked -> COMPLETED.
+inline constexpr char kKindSlow[] = "slow";
 
 struct EnqueueRecord {
   int64_t ts = 0;
@@ -228,6 +231,7 @@ struct Violation {
 // Why a job ran again: the cause found for each run after the first.
 enum class RerunCause {
   kIntendedRetry,  // the previous run failed on purpose (payload kind flaky / exhaust)
+  kTimedOut,       // the previous run of a slow job reached its run-time limit (TIMED_OUT)
   kWorkerKill,     // the worker holding the previous run was SIGKILLed before the rerun
   kWorkerStop,     // that worker was SIGSTOPped (its lease ran out) before the rerun
   kBrokerCrash,    // the broker was SIGKILLed between the previous lease and the rerun
@@ -244,6 +248,7 @@ struct Summary {
   int64_t jobs_by_kind_flaky = 0;
   int64_t jobs_by_kind_perm = 0;
   int64_t jobs_by_kind_exhaust = 0;
+  int64_t jobs_by_kind_slow = 0;
   int64_t enqueues_retried = 0;        // acknowledged only after one or more failed tries
   int64_t dedup_hits_after_crash = 0;  // of those, answered deduplicated (committed before)
   int64_t broker_kills = 0;

@@ -296,6 +296,18 @@ TEST(CheckerTest, WorkerErrorExplainsRerunOnlyForKindsMeantToFail) {
   EXPECT_THAT(Kinds(ok.Run()), ElementsAre(ViolationKind::kUnexplainedDuplicate));
 }
 
+TEST(CheckerTest, ATimeOutExplainsARerunOnlyForSlowJobs) {
+  Scenario slow = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_TIMED_OUT, kKindSlow);
+  const Report slow_report = slow.Run();
+  EXPECT_TRUE(slow_report.ok()) << slow_report.ViolationList();
+  EXPECT_EQ(slow_report.summary.reruns.at(RerunCause::kTimedOut), 1);
+
+  // An `ok` job has no run-time limit: the broker timing it out is a violation, crash or not.
+  Scenario ok = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_TIMED_OUT, kKindOk);
+  ok.driver = Driver(2000, "BROKER_KILL", "1");
+  EXPECT_THAT(Kinds(ok.Run()), ElementsAre(ViolationKind::kUnexplainedDuplicate));
+}
+
 TEST(CheckerTest, ReportsRerunAfterTheBrokerRecordedCompletion) {
   // No worker heard the ack, but the broker recorded attempt 1 completed, then leased it again.
   Scenario s = TwoRunsRecordedAs(v1::ATTEMPT_OUTCOME_COMPLETED);

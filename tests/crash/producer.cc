@@ -17,6 +17,7 @@ namespace {
 constexpr absl::Duration kCallDeadline = absl::Seconds(5);
 // Attempts of a job that fails on every attempt: few, so that it dies quickly.
 constexpr int kExhaustAttempts = 3;
+constexpr int32_t kSlowTimeoutNanos = 500'000'000;
 
 // A broker being killed or restarting answers with one of these; a retry with the same dedup
 // keys is then safe (a committed job is found again, deduplicated). RESOURCE_EXHAUSTED is a
@@ -39,7 +40,8 @@ bool Retryable(grpc::StatusCode code) {
 
 const char* PickKind(std::mt19937_64& rng) {
   const int roll = std::uniform_int_distribution<int>(0, 99)(rng);
-  if (roll < 80) return kKindOk;
+  if (roll < 77) return kKindOk;
+  if (roll < 80) return kKindSlow;
   if (roll < 88) return kKindFlaky;
   if (roll < 94) return kKindPermanent;
   return kKindExhaust;
@@ -84,6 +86,8 @@ class Producer {
     r.set_dedup_key(key);
     r.set_payload(absl::StrCat("kind=", p.kind, ";key=", key));
     if (p.kind == kKindExhaust) r.set_max_attempts(kExhaustAttempts);
+    // Under the 1 s lease, so the limit, not the lease, ends the hung first attempt.
+    if (p.kind == kKindSlow) r.mutable_timeout()->set_nanos(kSlowTimeoutNanos);
     return p;
   }
 

@@ -242,7 +242,10 @@ class Worker {
     a.lease_id = job.lease_id();
     a.attempt = job.attempt();
     const bool last_attempt = job.attempt() >= job.max_attempts();
-    if (kind == kKindOk || (kind == kKindFlaky && job.attempt() > 1)) {
+    // A hung handler: the lease stays held and heartbeated, and nothing is answered; the
+    // broker's run-time limit ends the attempt (LeaseLost), and a later one is acked.
+    if (kind == kKindSlow && job.attempt() == 1) return;
+    if (kind == kKindOk || ((kind == kKindFlaky || kind == kKindSlow) && job.attempt() > 1)) {
       a.is_ack = true;
       v1::AckRequest* ack = a.request.mutable_ack();
       ack->set_job_id(job.job_id());
