@@ -4,6 +4,7 @@
 // On a single node it says so and shows its partitions, all led by itself.
 
 import { h, replace, setText } from './dom.js';
+import { polled } from './polled.js';
 import { formatCount, formatTime } from './format.js';
 
 // Leader changes kept in the log, newest first.
@@ -66,8 +67,6 @@ export function render(root, ctx) {
     ),
   );
 
-  let disposed = false;
-  let loading = false;
   // partition -> {leader, epoch} of the previous refresh, to log changes.
   let previous = null;
 
@@ -210,29 +209,5 @@ export function render(root, ctx) {
     previous = now;
   }
 
-  async function refresh() {
-    if (loading || disposed) return;
-    loading = true;
-    try {
-      const cluster = await ctx.api.getCluster();
-      if (!disposed) show(cluster);
-    } catch (err) {
-      if (!disposed) {
-        error.hidden = false;
-        setText(error, `Cannot read the cluster: ${err.message}`);
-      }
-    } finally {
-      loading = false;
-    }
-  }
-  refresh();
-
-  return {
-    // The app polls every 2 s while the tab is visible; the cluster is read on the same beat.
-    onQueues: refresh,
-    onPollError: refresh,
-    dispose() {
-      disposed = true;
-    },
-  };
+  return polled({ load: () => ctx.api.getCluster(), show, error, what: 'read the cluster' });
 }

@@ -4,6 +4,7 @@
 // 2-second poll. A worker that went away while holding jobs is listed until their leases end.
 
 import { h, replace, setText } from './dom.js';
+import { polled } from './polled.js';
 import { formatAgo, formatCount, parseTime } from './format.js';
 import { progressView } from './job.js';
 import { timeCell } from './jobstable.js';
@@ -53,8 +54,6 @@ export function render(root, ctx, r) {
     ),
   );
 
-  let disposed = false;
-  let loading = false;
 
   function runningJob(job, now) {
     const started = parseTime(job.startedAt);
@@ -116,29 +115,10 @@ export function render(root, ctx, r) {
     );
   }
 
-  async function refresh() {
-    if (loading || disposed) return;
-    loading = true;
-    try {
-      const listed = await ctx.api.listWorkers(queue);
-      if (!disposed) show(listed.workers ?? []);
-    } catch (err) {
-      if (!disposed) {
-        error.hidden = false;
-        setText(error, `Cannot list the workers: ${err.message}`);
-      }
-    } finally {
-      loading = false;
-    }
-  }
-  refresh();
-
-  return {
-    // The app polls every 2 s while the tab is visible; the workers are read on the same beat.
-    onQueues: refresh,
-    onPollError: refresh,
-    dispose() {
-      disposed = true;
-    },
-  };
+  return polled({
+    load: () => ctx.api.listWorkers(queue),
+    show: (listed) => show(listed.workers ?? []),
+    error,
+    what: 'list the workers',
+  });
 }
