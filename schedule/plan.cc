@@ -8,8 +8,8 @@
 namespace jobbroker::schedule {
 
 absl::StatusOr<Timing> Timing::Make(absl::string_view cron, absl::Duration every,
-                                    absl::string_view zone, absl::Time anchor,
-                                    absl::Time start_at, absl::Time end_at, CatchUp catch_up) {
+                                    absl::string_view zone, absl::Time anchor, absl::Time start_at,
+                                    absl::Time end_at, CatchUp catch_up) {
   Timing t;
   if (cron.empty() == (every == absl::ZeroDuration()))
     return absl::InvalidArgumentError("cron: give exactly one of cron and every");
@@ -23,8 +23,7 @@ absl::StatusOr<Timing> Timing::Make(absl::string_view cron, absl::Duration every
   }
   absl::StatusOr<absl::TimeZone> loaded = LoadZone(zone);
   if (!loaded.ok()) return loaded.status();
-  if (end_at <= start_at)
-    return absl::InvalidArgumentError("end_at: must be after start_at");
+  if (end_at <= start_at) return absl::InvalidArgumentError("end_at: must be after start_at");
   t.zone_ = *loaded;
   t.every_ = every;
   t.anchor_ = start_at == absl::InfinitePast() ? anchor : std::max(anchor, start_at);
@@ -79,7 +78,8 @@ Due Advance(const Timing& timing, absl::Time next_run_at, absl::Time now) {
 }
 
 std::string DedupKeyOf(absl::string_view schedule_id, absl::Time run) {
-  return absl::StrCat(schedule_id, "@", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", run, absl::UTCTimeZone()));
+  return absl::StrCat(schedule_id, "@",
+                      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", run, absl::UTCTimeZone()));
 }
 
 }  // namespace jobbroker::schedule

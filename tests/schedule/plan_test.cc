@@ -19,7 +19,8 @@ absl::Time Utc(int y, int mo, int d, int h, int mi, int s = 0) {
 }
 
 Timing Cron(const char* cron, const char* zone = "UTC", CatchUp catch_up = CatchUp::kOne,
-            absl::Time start_at = absl::InfinitePast(), absl::Time end_at = absl::InfiniteFuture()) {
+            absl::Time start_at = absl::InfinitePast(),
+            absl::Time end_at = absl::InfiniteFuture()) {
   absl::StatusOr<Timing> t = Timing::Make(cron, absl::ZeroDuration(), zone, absl::InfinitePast(),
                                           start_at, end_at, catch_up);
   EXPECT_TRUE(t.ok()) << t.status();
@@ -111,8 +112,8 @@ TEST(AdvanceTest, AWeekDownWithAnEverySecondScheduleRunsOnceNearNow) {
 }
 
 TEST(TimingTest, StartAtAndEndAtBoundTheRuns) {
-  const Timing bounded = Cron("0 12 * * *", "UTC", CatchUp::kOne, Utc(2026, 12, 10, 0, 0),
-                              Utc(2026, 12, 11, 12, 0));
+  const Timing bounded =
+      Cron("0 12 * * *", "UTC", CatchUp::kOne, Utc(2026, 12, 10, 0, 0), Utc(2026, 12, 11, 12, 0));
   EXPECT_THAT(Runs(bounded, Utc(2026, 12, 1, 0, 0), 5),
               ElementsAre(Utc(2026, 12, 10, 12, 0), Utc(2026, 12, 11, 12, 0)));
   EXPECT_EQ(bounded.NextRun(Utc(2026, 12, 11, 12, 0)), absl::InfiniteFuture()) << "ended";
@@ -135,16 +136,16 @@ TEST(TimingTest, ADailyRunAcrossBerlinsDaylightSavingChanges) {
   // 2024-03-31 02:00 CET jumps to 03:00 CEST; 2024-10-27 03:00 CEST falls back to 02:00 CET.
   const Timing at_2_30 = Cron("30 2 * * *", "Europe/Berlin");
   EXPECT_THAT(Runs(at_2_30, Utc(2024, 3, 30, 0, 0), 3),
-              ElementsAre(Utc(2024, 3, 30, 1, 30),    // 02:30 CET
-                          Utc(2024, 3, 31, 1, 0),     // skipped: 03:00 CEST
-                          Utc(2024, 4, 1, 0, 30)));   // 02:30 CEST
+              ElementsAre(Utc(2024, 3, 30, 1, 30),   // 02:30 CET
+                          Utc(2024, 3, 31, 1, 0),    // skipped: 03:00 CEST
+                          Utc(2024, 4, 1, 0, 30)));  // 02:30 CEST
   EXPECT_THAT(Runs(at_2_30, Utc(2024, 10, 26, 12, 0), 2),
-              ElementsAre(Utc(2024, 10, 27, 0, 30),   // 02:30 CEST, the first pass only
+              ElementsAre(Utc(2024, 10, 27, 0, 30),    // 02:30 CEST, the first pass only
                           Utc(2024, 10, 28, 1, 30)));  // 02:30 CET
   // An hourly schedule keeps every real hour: 02:30 CEST and 02:30 CET both run.
-  EXPECT_THAT(Runs(Cron("30 * * * *", "Europe/Berlin"), Utc(2024, 10, 26, 23, 0), 3),
-              ElementsAre(Utc(2024, 10, 26, 23, 30), Utc(2024, 10, 27, 0, 30),
-                          Utc(2024, 10, 27, 1, 30)));
+  EXPECT_THAT(
+      Runs(Cron("30 * * * *", "Europe/Berlin"), Utc(2024, 10, 26, 23, 0), 3),
+      ElementsAre(Utc(2024, 10, 26, 23, 30), Utc(2024, 10, 27, 0, 30), Utc(2024, 10, 27, 1, 30)));
 }
 
 TEST(TimingTest, BadTimingsAreRefusedNamingTheField) {
@@ -157,10 +158,11 @@ TEST(TimingTest, BadTimingsAreRefusedNamingTheField) {
   EXPECT_THAT(refused("* * * * *", absl::Minutes(1), ""), HasSubstr("exactly one"));
   EXPECT_THAT(refused("", absl::Milliseconds(500), ""), HasSubstr("every"));
   EXPECT_THAT(refused("61 * * * *", absl::ZeroDuration(), ""), HasSubstr("minute"));
-  EXPECT_THAT(refused("* * * * *", absl::ZeroDuration(), "Mars/Olympus"), HasSubstr("Mars/Olympus"));
-  absl::StatusOr<Timing> backwards = Timing::Make("* * * * *", absl::ZeroDuration(), "",
-                                                  absl::InfinitePast(), Utc(2026, 1, 2, 0, 0),
-                                                  Utc(2026, 1, 1, 0, 0));
+  EXPECT_THAT(refused("* * * * *", absl::ZeroDuration(), "Mars/Olympus"),
+              HasSubstr("Mars/Olympus"));
+  absl::StatusOr<Timing> backwards =
+      Timing::Make("* * * * *", absl::ZeroDuration(), "", absl::InfinitePast(),
+                   Utc(2026, 1, 2, 0, 0), Utc(2026, 1, 1, 0, 0));
   EXPECT_THAT(std::string(backwards.status().message()), HasSubstr("end_at"));
 }
 
