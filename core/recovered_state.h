@@ -39,6 +39,7 @@ class RecoveredState final : public RecoveryVisitor {
   void OnPolicy(std::string queue, PolicyOverride policy) override {
     policies.emplace_back(std::move(queue), std::move(policy));
   }
+  void OnSchedule(Schedule schedule) override { schedules.push_back(std::move(schedule)); }
   void OnCorrupt(CorruptRecord record) override { corrupt.push_back(std::move(record)); }
 
   size_t job_count() const { return jobs.size() + cold.size(); }
@@ -48,6 +49,7 @@ class RecoveredState final : public RecoveryVisitor {
   std::vector<ColdJob> cold;
   std::vector<std::string> queue_names;  // of cold jobs, each once
   std::vector<DedupEntry> dedup;
+  std::vector<Schedule> schedules;
   std::vector<std::pair<std::string, PolicyOverride>> policies;
   std::vector<CorruptRecord> corrupt;
 

@@ -32,6 +32,8 @@ struct EnqueueSpec {
   std::string concurrency_key;
   absl::Duration timeout = absl::ZeroDuration();  // run-time limit; zero = the queue's
   std::optional<absl::Time> expire_at;            // no attempt starts from then on
+
+  bool operator==(const EnqueueSpec&) const = default;
 };
 
 struct EnqueueResult {

@@ -12,6 +12,7 @@
 #include "absl/types/span.h"
 #include "core/job.h"
 #include "core/policy.h"
+#include "core/schedules.h"
 
 namespace jobbroker::core {
 
@@ -32,15 +33,18 @@ struct Transition {
   std::vector<std::pair<std::string, std::string>> delete_dedup;     // (queue, key)
   std::vector<std::pair<std::string, PolicyOverride>> put_policies;  // run-time overrides by queue
   std::vector<std::string> delete_policies;
+  std::vector<Schedule> put_schedules;  // whole records, by id; a later put of the same id wins
+  std::vector<std::string> delete_schedules;
 
   bool empty() const {
     return put_jobs.empty() && delete_jobs.empty() && put_dedup.empty() && delete_dedup.empty() &&
-           put_policies.empty() && delete_policies.empty();
+           put_policies.empty() && delete_policies.empty() && put_schedules.empty() &&
+           delete_schedules.empty();
   }
 };
 
 // Which kind of record a corrupt one was.
-enum class RecordKind { kJob, kDedup, kPolicy };
+enum class RecordKind { kJob, kDedup, kPolicy, kSchedule };
 inline const char* RecordKindName(RecordKind kind) {
   switch (kind) {
     case RecordKind::kJob:
@@ -49,6 +53,8 @@ inline const char* RecordKindName(RecordKind kind) {
       return "dedup";
     case RecordKind::kPolicy:
       return "policy";
+    case RecordKind::kSchedule:
+      return "schedule";
   }
   return "unknown";
 }
@@ -71,6 +77,7 @@ class RecoveryVisitor {
   virtual void OnJob(Job job) = 0;
   virtual void OnDedup(DedupEntry entry) = 0;
   virtual void OnPolicy(std::string queue, PolicyOverride policy) = 0;
+  virtual void OnSchedule(Schedule schedule) = 0;
   // A record that does not decode: skipped, so the rest can still be served.
   virtual void OnCorrupt(CorruptRecord record) = 0;
 };

@@ -35,6 +35,8 @@ absl::Status MemoryStore::Write(absl::Span<const core::Transition> transitions) 
     for (const auto& queue_key : t.delete_dedup) p.dedup.erase(queue_key);
     for (const auto& [queue, policy] : t.put_policies) p.policies.insert_or_assign(queue, policy);
     for (const std::string& queue : t.delete_policies) p.policies.erase(queue);
+    for (const core::Schedule& s : t.put_schedules) p.schedules.insert_or_assign(s.id, s);
+    for (const std::string& id : t.delete_schedules) p.schedules.erase(id);
     if (t.seq != 0) p.applied_seq = t.seq;
   }
   return absl::OkStatus();
@@ -46,6 +48,7 @@ absl::Status MemoryStore::Recover(uint32_t partition, core::RecoveryVisitor& vis
   std::vector<std::pair<std::string, core::PolicyOverride>> policies;
   std::vector<core::DedupEntry> dedup;
   std::vector<core::Job> jobs;
+  std::vector<core::Schedule> schedules;
   {
     absl::MutexLock lock(&mu_);
     auto found = partitions_.find(partition);
@@ -57,12 +60,14 @@ absl::Status MemoryStore::Recover(uint32_t partition, core::RecoveryVisitor& vis
       for (const auto& [queue_key, entry] : p.dedup) dedup.push_back(entry);
       jobs.reserve(p.jobs.size());
       for (const auto& [id, job] : p.jobs) jobs.push_back(job);
+      for (const auto& [id, s] : p.schedules) schedules.push_back(s);
     }
   }
   visitor.OnAppliedSeq(applied_seq);
   for (auto& [queue, policy] : policies) visitor.OnPolicy(std::move(queue), std::move(policy));
   for (core::DedupEntry& entry : dedup) visitor.OnDedup(std::move(entry));
   for (core::Job& job : jobs) visitor.OnJob(std::move(job));
+  for (core::Schedule& s : schedules) visitor.OnSchedule(std::move(s));
   return absl::OkStatus();
 }
 

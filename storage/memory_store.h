@@ -59,6 +59,7 @@ class MemoryStore final : public core::Store {
     std::map<std::string, core::Job, std::less<>> jobs;
     std::map<std::pair<std::string, std::string>, core::DedupEntry> dedup;
     std::map<std::string, core::PolicyOverride> policies;
+    std::map<std::string, core::Schedule> schedules;
   };
   mutable absl::Mutex mu_;
   std::map<uint32_t, Partition> partitions_ ABSL_GUARDED_BY(mu_);

@@ -245,6 +245,65 @@ absl::StatusOr<core::DedupEntry> DecodeDedup(absl::string_view queue, absl::stri
   return entry;
 }
 
+std::string EncodeSchedule(const core::Schedule& s) {
+  storage::ScheduleRecord r;
+  r.set_format_version(kScheduleRecordFormatVersion);
+  r.set_id(s.id);
+  r.set_cron(s.cron);
+  r.set_every_us(DurationToMicros(s.every));
+  r.set_time_zone(s.time_zone);
+  r.set_paused(s.paused);
+  r.set_start_at_us(TimeToMicros(s.start_at));
+  r.set_end_at_us(TimeToMicros(s.end_at));
+  r.set_catch_up(static_cast<int32_t>(s.catch_up));
+  r.set_created_at_us(TimeToMicros(s.created_at));
+  r.set_next_run_at_us(TimeToMicros(s.next_run_at));
+  r.set_last_run_at_us(TimeToMicros(s.last_run_at));
+  r.set_last_job_id(s.last_job_id);
+  r.set_queue(s.job.queue);
+  r.set_payload(s.job.payload);
+  for (const auto& [k, v] : s.job.headers) (*r.mutable_headers())[k] = v;
+  r.set_priority(s.job.priority);
+  r.set_max_attempts(s.job.max_attempts);
+  r.set_lease_duration_us(DurationToMicros(s.job.lease_duration));
+  r.set_concurrency_key(s.job.concurrency_key);
+  r.set_timeout_us(DurationToMicros(s.job.timeout));
+  return r.SerializeAsString();
+}
+
+absl::StatusOr<core::Schedule> DecodeSchedule(absl::string_view bytes) {
+  storage::ScheduleRecord r;
+  BROKER_RETURN_IF_ERROR(Parse("ScheduleRecord", bytes, r));
+  BROKER_RETURN_IF_ERROR(
+      CheckVersion("ScheduleRecord", r.format_version(), kScheduleRecordFormatVersion));
+  if (r.catch_up() != static_cast<int32_t>(core::ScheduleCatchUp::kOne) &&
+      r.catch_up() != static_cast<int32_t>(core::ScheduleCatchUp::kNone))
+    return absl::DataLossError(
+        absl::StrCat("ScheduleRecord: catch_up ", r.catch_up(), " is unknown to this build"));
+  core::Schedule s;
+  s.id = r.id();
+  s.cron = r.cron();
+  s.every = MicrosToDuration(r.every_us());
+  s.time_zone = r.time_zone();
+  s.paused = r.paused();
+  s.start_at = MicrosToTime(r.start_at_us());
+  s.end_at = MicrosToTime(r.end_at_us());
+  s.catch_up = static_cast<core::ScheduleCatchUp>(r.catch_up());
+  s.created_at = MicrosToTime(r.created_at_us());
+  s.next_run_at = MicrosToTime(r.next_run_at_us());
+  s.last_run_at = MicrosToTime(r.last_run_at_us());
+  s.last_job_id = r.last_job_id();
+  s.job.queue = r.queue();
+  s.job.payload = r.payload();
+  s.job.headers.insert(r.headers().begin(), r.headers().end());
+  s.job.priority = r.priority();
+  s.job.max_attempts = r.max_attempts();
+  s.job.lease_duration = MicrosToDuration(r.lease_duration_us());
+  s.job.concurrency_key = r.concurrency_key();
+  s.job.timeout = MicrosToDuration(r.timeout_us());
+  return s;
+}
+
 std::string EncodePolicy(const core::PolicyOverride& p) {
   storage::PolicyRecord r;
   r.set_format_version(kPolicyRecordFormatVersion);
@@ -340,6 +399,8 @@ std::string EncodeLogEntry(int64_t epoch, const core::Transition& t) {
     put.set_record(EncodePolicy(policy));
   }
   for (const std::string& queue : t.delete_policies) out.add_delete_policies(queue);
+  for (const core::Schedule& s : t.put_schedules) out.add_put_schedules(EncodeSchedule(s));
+  for (const std::string& id : t.delete_schedules) out.add_delete_schedules(id);
   return r.SerializeAsString();
 }
 
@@ -378,6 +439,12 @@ absl::StatusOr<DecodedLogEntry> DecodeLogEntry(uint32_t partition, uint64_t seq,
     t.put_policies.emplace_back(put.queue(), *std::move(policy));
   }
   t.delete_policies.assign(in.delete_policies().begin(), in.delete_policies().end());
+  for (const std::string& bytes : in.put_schedules()) {
+    absl::StatusOr<core::Schedule> s = DecodeSchedule(bytes);
+    if (!s.ok()) return inside(s.status());
+    t.put_schedules.push_back(*std::move(s));
+  }
+  t.delete_schedules.assign(in.delete_schedules().begin(), in.delete_schedules().end());
   return entry;
 }
 

@@ -20,6 +20,7 @@ inline constexpr uint32_t kJobRecordFormatVersion = 1;
 inline constexpr uint32_t kDedupRecordFormatVersion = 1;
 inline constexpr uint32_t kPolicyRecordFormatVersion = 1;
 inline constexpr uint32_t kLogEntryRecordFormatVersion = 1;
+inline constexpr uint32_t kScheduleRecordFormatVersion = 1;
 
 // Times are stored in whole microseconds: a finite time with a sub-microsecond part reads back
 // rounded down to the microsecond (absl::ToUnixMicros). InfinitePast/InfiniteFuture and
@@ -38,6 +39,10 @@ absl::StatusOr<core::DedupEntry> DecodeDedup(absl::string_view queue, absl::stri
 std::string EncodePolicy(const core::PolicyOverride& policy);
 // kDataLoss as for DecodeJob.
 absl::StatusOr<core::PolicyOverride> DecodePolicy(absl::string_view bytes);
+
+std::string EncodeSchedule(const core::Schedule& schedule);
+// kDataLoss as for DecodeJob.
+absl::StatusOr<core::Schedule> DecodeSchedule(absl::string_view bytes);
 
 // A replication log entry (cluster mode): the transition of `epoch`, whole. Its partition and seq
 // are not encoded: they are the store's key (or travel beside it).

@@ -193,7 +193,7 @@ absl::Status RocksDbStore::OpenLocked() {
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
       {rocksdb::kDefaultColumnFamilyName, base},   {kRocksDbJobsColumnFamily, churn},
       {kRocksDbDedupColumnFamily, churn},          {kRocksDbPoliciesColumnFamily, base},
-      {kRocksDbReplicationLogColumnFamily, churn},
+      {kRocksDbReplicationLogColumnFamily, churn}, {kRocksDbSchedulesColumnFamily, base},
   };
   // RocksDB refuses to open a database without naming all its column families. A newer build may
   // have added some; open them too so that the format check below, not that refusal, answers.
@@ -220,6 +220,7 @@ absl::Status RocksDbStore::OpenLocked() {
   dedup_ = handles_[2];
   policies_ = handles_[3];
   replication_log_ = handles_[4];
+  schedules_ = handles_[5];
   closed_ = absl::OkStatus();
   return CheckFormatLocked();
 }
@@ -235,7 +236,7 @@ void RocksDbStore::CloseLocked() {
   db_->Close().PermitUncheckedError();
   db_.reset();
   handles_.clear();
-  meta_ = jobs_ = dedup_ = policies_ = replication_log_ = nullptr;
+  meta_ = jobs_ = dedup_ = policies_ = replication_log_ = schedules_ = nullptr;
 }
 
 absl::Status RocksDbStore::CheckOpenLocked() const {
@@ -443,6 +444,12 @@ absl::Status RocksDbStore::AddTransitionLocked(const core::Transition& t,
   for (const std::string& queue : t.delete_policies) {
     BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
   }
+  for (const core::Schedule& s : t.put_schedules) {
+    BROKER_RETURN_IF_ERROR(add(batch.Put(schedules_, keyed(s.id), EncodeSchedule(s))));
+  }
+  for (const std::string& id : t.delete_schedules) {
+    BROKER_RETURN_IF_ERROR(add(batch.Delete(schedules_, keyed(id))));
+  }
   return absl::OkStatus();
 }
 
@@ -581,7 +588,8 @@ absl::Status RocksDbStore::WriteReplica(uint32_t partition, const ReplicaWrite& 
   }
   if (write.clear_partition) {
     const std::string end = PartitionKeyPrefix(partition + 1);
-    for (rocksdb::ColumnFamilyHandle* handle : {jobs_, dedup_, policies_, replication_log_}) {
+    for (rocksdb::ColumnFamilyHandle* handle :
+         {jobs_, dedup_, policies_, replication_log_, schedules_}) {
       BROKER_RETURN_IF_ERROR(add(batch.DeleteRange(handle, prefix, end)));
     }
   }
@@ -731,6 +739,18 @@ absl::Status RocksDbStore::Recover(uint32_t partition, core::RecoveryVisitor& vi
                                       "record holds job \"", absl::CHexEscape(job->id), "\""));
                                 }
                                 visitor.OnJob(*std::move(job));
+                                return absl::OkStatus();
+                              }));
+  BROKER_RETURN_IF_ERROR(scan(schedules_, kRocksDbSchedulesColumnFamily,
+                              core::RecordKind::kSchedule,
+                              [&](absl::string_view key, absl::string_view value) {
+                                absl::StatusOr<core::Schedule> s = DecodeSchedule(value);
+                                if (!s.ok()) return s.status();
+                                if (s->id != key) {
+                                  return absl::DataLossError(absl::StrCat(
+                                      "record holds schedule \"", absl::CHexEscape(s->id), "\""));
+                                }
+                                visitor.OnSchedule(*std::move(s));
                                 return absl::OkStatus();
                               }));
   return absl::OkStatus();

@@ -51,6 +51,7 @@ inline constexpr char kRocksDbJobsColumnFamily[] = "jobs";
 inline constexpr char kRocksDbDedupColumnFamily[] = "dedup";
 inline constexpr char kRocksDbPoliciesColumnFamily[] = "policies";
 inline constexpr char kRocksDbReplicationLogColumnFamily[] = "replication_log";
+inline constexpr char kRocksDbSchedulesColumnFamily[] = "schedules";
 // The store format this build writes and the newest it opens. Bump it when the layout above
 // changes in a way an older build would misread.
 inline constexpr int kRocksDbStoreFormatVersion = 2;
@@ -232,6 +233,7 @@ class RocksDbStore final : public core::Store {
   rocksdb::ColumnFamilyHandle* jobs_ ABSL_GUARDED_BY(mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* dedup_ ABSL_GUARDED_BY(mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* policies_ ABSL_GUARDED_BY(mu_) = nullptr;
+  rocksdb::ColumnFamilyHandle* schedules_ ABSL_GUARDED_BY(mu_) = nullptr;
   rocksdb::ColumnFamilyHandle* replication_log_ ABSL_GUARDED_BY(mu_) = nullptr;
   // Every handle Open returned (ours and any column family a newer build added), destroyed
   // before the DB is closed.

@@ -27,6 +27,8 @@ size_t ApproxBytes(const core::Transition& t) {
   for (const std::string& id : t.delete_jobs) bytes += 32 + id.size();
   bytes += (t.put_dedup.size() + t.delete_dedup.size()) * 128;
   bytes += (t.put_policies.size() + t.delete_policies.size()) * 256;
+  for (const core::Schedule& s : t.put_schedules) bytes += 512 + s.job.payload.size();
+  bytes += t.delete_schedules.size() * 64;
   return bytes;
 }
 

@@ -15,6 +15,9 @@ class ChunkingVisitor final : public core::RecoveryVisitor {
   void OnPolicy(std::string queue, core::PolicyOverride policy) override {
     Next().put_policies.emplace_back(std::move(queue), std::move(policy));
   }
+  void OnSchedule(core::Schedule schedule) override {
+    Next().put_schedules.push_back(std::move(schedule));
+  }
   void OnCorrupt(core::CorruptRecord) override {}
   std::vector<core::Transition> Take() { return std::move(chunks_); }
 

@@ -204,6 +204,37 @@ TEST(RecordCodecTest, PolicyGarbageNewerVersionAndBadJitterAreDataLoss) {
   EXPECT_THAT(decoded.status().message(), HasSubstr("jitter 0"));
 }
 
+TEST(RecordCodecTest, ScheduleRoundTrips) {
+  const core::Schedule full = FullSchedule();
+  absl::StatusOr<core::Schedule> decoded = DecodeSchedule(EncodeSchedule(full));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(*decoded, full);
+
+  // The defaults: no bounds, never ran, an every series, catch-up ONE.
+  core::Schedule every;
+  every.id = "tick";
+  every.every = absl::Seconds(90);
+  every.job.queue = "q";
+  absl::StatusOr<core::Schedule> plain = DecodeSchedule(EncodeSchedule(every));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(*plain, every);
+  EXPECT_EQ(plain->start_at, absl::InfinitePast());
+  EXPECT_EQ(plain->next_run_at, absl::InfiniteFuture());
+}
+
+TEST(RecordCodecTest, ScheduleGarbageNewerVersionAndUnknownCatchUpAreDataLoss) {
+  EXPECT_THAT(DecodeSchedule("\xff\xff\xff"), StatusIs(absl::StatusCode::kDataLoss));
+  storage::ScheduleRecord newer;
+  newer.set_format_version(kScheduleRecordFormatVersion + 1);
+  EXPECT_THAT(DecodeSchedule(newer.SerializeAsString()), StatusIs(absl::StatusCode::kDataLoss));
+  storage::ScheduleRecord bad;
+  bad.set_format_version(kScheduleRecordFormatVersion);
+  bad.set_catch_up(7);
+  absl::StatusOr<core::Schedule> decoded = DecodeSchedule(bad.SerializeAsString());
+  EXPECT_THAT(decoded, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(decoded.status().message(), HasSubstr("catch_up 7"));
+}
+
 TEST(RecordCodecTest, LogEntryRoundTripsEveryPartOfItsTransition) {
   core::Transition t;
   t.partition = 99;  // not encoded: the decoder takes partition and seq from the key
@@ -214,6 +245,8 @@ TEST(RecordCodecTest, LogEntryRoundTripsEveryPartOfItsTransition) {
   t.delete_dedup = {{"q", "old"}};
   t.put_policies = {{"q", FullPolicy()}};
   t.delete_policies = {"r"};
+  t.put_schedules = {FullSchedule("s1"), FullSchedule("s2")};
+  t.delete_schedules = {"s3"};
   absl::StatusOr<DecodedLogEntry> decoded = DecodeLogEntry(3, 42, EncodeLogEntry(-7, t));
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   EXPECT_EQ(decoded->epoch, -7);
@@ -225,6 +258,8 @@ TEST(RecordCodecTest, LogEntryRoundTripsEveryPartOfItsTransition) {
   EXPECT_EQ(decoded->transition.delete_dedup, t.delete_dedup);
   EXPECT_EQ(decoded->transition.put_policies, t.put_policies);
   EXPECT_EQ(decoded->transition.delete_policies, t.delete_policies);
+  EXPECT_EQ(decoded->transition.put_schedules, t.put_schedules);
+  EXPECT_EQ(decoded->transition.delete_schedules, t.delete_schedules);
 
   absl::StatusOr<DecodedLogEntry> empty = DecodeLogEntry(0, 5, EncodeLogEntry(2, {}));
   ASSERT_TRUE(empty.ok()) << empty.status();

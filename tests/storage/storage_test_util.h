@@ -87,6 +87,31 @@ inline core::DedupEntry Dedup(std::string queue, std::string key, std::string jo
 }
 
 // Every field of PolicyOverride set, none to its QueuePolicy default.
+// A schedule with every stored field set to something other than its default.
+inline core::Schedule FullSchedule(std::string id = "nightly-\xff") {
+  core::Schedule s;
+  s.id = std::move(id);
+  s.cron = "30 2 * * MON-FRI";
+  s.time_zone = "Europe/Berlin";
+  s.paused = true;
+  s.start_at = absl::FromUnixSeconds(1'800'000'000);
+  s.end_at = absl::FromUnixSeconds(1'900'000'000);
+  s.catch_up = core::ScheduleCatchUp::kNone;
+  s.created_at = absl::FromUnixMicros(1'799'999'999'123'456);
+  s.next_run_at = absl::FromUnixSeconds(1'800'001'800);
+  s.last_run_at = absl::FromUnixSeconds(1'800'000'000);
+  s.last_job_id = "01JLASTJOB0000000000000000";
+  s.job.queue = "reports";
+  s.job.payload = std::string("{\"month\":1}\0\xff", 14);
+  s.job.headers = {{"trace", "abc"}, {"empty", ""}};
+  s.job.priority = -3;
+  s.job.max_attempts = 7;
+  s.job.lease_duration = absl::Seconds(45);
+  s.job.concurrency_key = "tenant-1";
+  s.job.timeout = absl::Minutes(10);
+  return s;
+}
+
 inline core::PolicyOverride FullPolicy() {
   core::PolicyOverride p;
   p.max_concurrency = 4;
@@ -130,6 +155,10 @@ class RecordingVisitor final : public core::RecoveryVisitor {
     events.push_back("policy:" + queue);
     policies.emplace_back(std::move(queue), std::move(policy));
   }
+  void OnSchedule(core::Schedule schedule) override {
+    events.push_back("schedule:" + schedule.id);
+    schedules.push_back(std::move(schedule));
+  }
   void OnCorrupt(core::CorruptRecord record) override {
     events.push_back(std::string("corrupt:") + core::RecordKindName(record.kind) + "/" +
                      record.key);
@@ -139,6 +168,7 @@ class RecordingVisitor final : public core::RecoveryVisitor {
   std::vector<core::Job> jobs;
   std::vector<core::DedupEntry> dedup;
   std::vector<std::pair<std::string, core::PolicyOverride>> policies;
+  std::vector<core::Schedule> schedules;
   std::vector<core::CorruptRecord> corrupt;
   std::vector<std::string> events;      // every record, in the order visited
   uint64_t applied_seq = ~uint64_t{0};  // not told

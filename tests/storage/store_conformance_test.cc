@@ -237,6 +237,23 @@ TYPED_TEST(StoreConformanceTest, WritesAndRecoversPolicies) {
                                       Pair("reports", FullPolicy())));
 }
 
+TYPED_TEST(StoreConformanceTest, WritesRecoversAndDeletesSchedules) {
+  core::Transition put;
+  put.put_schedules = {FullSchedule("b"), FullSchedule("a"), FullSchedule("gone")};
+  ASSERT_THAT(this->Write(put), IsOk());
+  core::Schedule moved = FullSchedule("a");
+  moved.last_run_at = moved.next_run_at;
+  moved.next_run_at += absl::Hours(24);
+  moved.last_job_id = "01JNEXTJOB0000000000000000";
+  core::Transition advance;
+  advance.put_schedules = {moved};
+  advance.delete_schedules = {"gone", "never-existed"};
+  ASSERT_THAT(this->Write(advance), IsOk());
+
+  RecordingVisitor r = this->Recover();
+  EXPECT_THAT(r.schedules, ElementsAre(moved, FullSchedule("b")));
+}
+
 TYPED_TEST(StoreConformanceTest, RecoverVisitsPoliciesThenDedupThenJobs) {
   core::Transition t;
   t.put_jobs = {SimpleJob("a")};

@@ -28,6 +28,7 @@ namespace {
 using ::jobbroker::storage::Dedup;
 using ::jobbroker::storage::FullJob;
 using ::jobbroker::storage::FullPolicy;
+using ::jobbroker::storage::FullSchedule;
 using ::jobbroker::storage::RecordingVisitor;
 using ::jobbroker::storage::ScopedTempDir;
 using ::jobbroker::storage::SimpleJob;
@@ -365,6 +366,7 @@ TYPED_TEST(ReplicaStorageConformanceTest, SnapshotCarriesTheStateIntoAnotherRepl
   std::vector<LogEntry> entries = this->Entries(1, 5, 4);
   entries[0].transition.put_dedup = {Dedup("q", "k", "j1")};
   entries[0].transition.put_policies = {{"q", FullPolicy()}};
+  entries[1].transition.put_schedules = {FullSchedule("nightly")};
   ASSERT_THAT(this->storage().Append(entries), IsOk());
   ASSERT_THAT(this->storage().ApplyThrough(5), IsOk());
 
@@ -372,13 +374,14 @@ TYPED_TEST(ReplicaStorageConformanceTest, SnapshotCarriesTheStateIntoAnotherRepl
   ASSERT_THAT(chunks, IsOk());
   size_t records = 0;
   for (const core::Transition& chunk : *chunks) {
-    size_t in_chunk = chunk.put_jobs.size() + chunk.put_dedup.size() + chunk.put_policies.size();
+    size_t in_chunk = chunk.put_jobs.size() + chunk.put_dedup.size() + chunk.put_policies.size() +
+                      chunk.put_schedules.size();
     EXPECT_LE(in_chunk, 3u);
     EXPECT_TRUE(chunk.delete_jobs.empty() && chunk.delete_dedup.empty() &&
-                chunk.delete_policies.empty());
+                chunk.delete_policies.empty() && chunk.delete_schedules.empty());
     records += in_chunk;
   }
-  EXPECT_EQ(records, 7u);  // five jobs, a dedup entry, a policy
+  EXPECT_EQ(records, 8u);  // five jobs, a dedup entry, a policy, a schedule
 
   // The other replica has a floor, a state and a log of its own, which the snapshot replaces.
   ReplicaStorage& other = this->other_.storage();
@@ -405,6 +408,7 @@ TYPED_TEST(ReplicaStorageConformanceTest, SnapshotCarriesTheStateIntoAnotherRepl
   EXPECT_EQ(copy.events, original.events);
   EXPECT_EQ(copy.jobs, original.jobs);
   EXPECT_EQ(copy.dedup, original.dedup);
+  EXPECT_THAT(copy.schedules, ElementsAre(FullSchedule("nightly")));
   // And the log goes on from the snapshot.
   ASSERT_THAT(installed.Append(this->Entries(6, 6, 7)), IsOk());
   ASSERT_THAT(installed.ApplyThrough(6), IsOk());
