@@ -80,6 +80,8 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
   applied_seq_ = found.applied_seq;
   queues_.CreateConfigured();
   for (auto& [name, policy] : found.policies) queues_.SetRuntime(queues_.Get(name), policy);
+  // Runs that came due while nobody ran them are enqueued at the next Tick (catch-up rules).
+  for (Schedule& s : found.schedules) schedules_.Put(std::move(s));
   // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
   auto clash = [&](const std::string& id, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (jobs_.HasId(id)) return absl::DataLossError(absl::StrCat("job ", id, " is stored twice"));

@@ -30,6 +30,7 @@
 #include "core/queue_state.h"
 #include "core/recovered_state.h"
 #include "core/requests.h"
+#include "core/schedule_table.h"
 #include "core/store.h"
 #include "core/stream_sink.h"
 #include "core/watchers.h"
@@ -210,6 +211,25 @@ class Broker {
   absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec);
   absl::StatusOr<QueueInfo> GetQueue(const std::string& queue);
   std::vector<QueueInfo> ListQueues();
+
+  // Recurring schedules (broker_schedules.cc): the broker runs those of its own queues. The
+  // router sends each to the partition of its template's queue.
+  //
+  // Creates or replaces `s` (Admin.PutSchedule): kInvalidArgument names a bad field
+  // ("schedule.cron: ..."). Its output fields are the broker's: created_at, last_run_at and
+  // last_job_id are kept from the schedule it replaces; next_run_at is kept if neither the
+  // timing nor `paused` changed, else it is the first run after now. Answers the stored
+  // schedule once durable.
+  void PutSchedule(Schedule s, Done<absl::StatusOr<ScheduleInfo>> done);
+  // kNotFound if there is none, kInvalidArgument for a malformed id.
+  absl::StatusOr<ScheduleInfo> GetSchedule(const std::string& id);
+  // Every schedule (with `queue` set, those that enqueue into it), by id.
+  std::vector<ScheduleInfo> ListSchedules(const std::string& queue);
+  void DeleteSchedule(std::string id, Done<absl::Status> done);
+  // One run now, outside the timing (also while paused): enqueued with the dedup key of `now`
+  // (to the second, so a double click is one job); last_run_at and last_job_id say so,
+  // next_run_at does not change.
+  void TriggerSchedule(std::string id, Done<absl::StatusOr<EnqueueResult>> done);
 
   // Does all time-driven work that is due (lease expiry, delayed and backoff jobs coming due,
   // long-poll time-outs, retention, dedup key expiry) and returns when it next needs to run.
@@ -413,6 +433,17 @@ class Broker {
                                                            Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- Recurring schedules (broker_schedules.cc) ------------------------------------------------
+  // Runs every schedule that is due (at most `budget`): its run enqueued and its new next_run_at
+  // stored in `t`, together, so that a crash can neither lose the run nor enqueue it twice.
+  void RunSchedulesLocked(absl::Time now, Transition& t, Effects& fx, int& budget)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues one run of `s`, the one due at `run`, with its dedup key (schedule::DedupKeyOf).
+  absl::StatusOr<EnqueueResult> EnqueueRunLocked(const Schedule& s, absl::Time run, absl::Time now,
+                                                 Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ScheduleInfo InfoLocked(const ScheduleTable::Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- Operator calls (broker_admin.cc, broker_bulk.cc) -----------------------------------------
   // An operator's change of one job (CancelLocked, RetryOneLocked), given the job. Called with
   // mu_ held; a member pointer cannot carry the annotation, RunOnJob's lambda does.
@@ -465,6 +496,7 @@ class Broker {
   Consumers consumers_ ABSL_GUARDED_BY(mu_);
   Watchers watchers_ ABSL_GUARDED_BY(mu_);
   RecentWorkers recent_workers_ ABSL_GUARDED_BY(mu_);
+  ScheduleTable schedules_ ABSL_GUARDED_BY(mu_);
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // The partition's last Transition::seq (the store's applied_seq after recovery).

@@ -113,6 +113,7 @@ void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
   queues_.Clear();
   deadlines_.ClearJobs();
   dedup_.Clear();
+  schedules_.Clear();
 }
 
 }  // namespace jobbroker::core

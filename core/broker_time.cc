@@ -1,7 +1,7 @@
 // Broker: the work that comes due with time. Leases running out and attempts reaching their
 // run-time limit, waiting jobs expiring, delayed and backoff jobs coming due, long polls timing
-// out, retention and dedup keys expiring; and Tick, which does it all and says when it next needs
-// to run.
+// out, retention and dedup keys expiring, schedules' runs (broker_schedules.cc); and Tick, which
+// does it all and says when it next needs to run.
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/broker.h"
@@ -121,7 +121,7 @@ void Broker::ExpireDedupLocked(absl::Time now, Transition& t, int& budget) {
 }
 
 absl::Time Broker::NextDeadlineLocked() {
-  absl::Time next = std::min(deadlines_.Earliest(), dedup_.NextExpiry());
+  absl::Time next = std::min({deadlines_.Earliest(), dedup_.NextExpiry(), schedules_.NextDue()});
   for (auto& [name, q] : queues_) {
     next = std::min(next, q->NextRetentionAge());
     if (q->OverRetentionCount()) next = absl::InfinitePast();
@@ -154,6 +154,7 @@ absl::Time Broker::Tick() {
     int budget = options_.tick_batch;
     TimeOutWaitersLocked(now, budget, fx);
     if (!shutting_down_ && writable) {
+      RunSchedulesLocked(now, t, fx, budget);
       RetentionLocked(now, t, fx, budget);
       ExpireDedupLocked(now, t, budget);
     }
@@ -161,7 +162,8 @@ absl::Time Broker::Tick() {
     if (writable) {
       next = NextDeadlineLocked();
       bool more = deadlines_.DueLease(now).has_value() ||
-                  deadlines_.DueScheduled(now).has_value() || deadlines_.DueExpiry(now).has_value();
+                  deadlines_.DueScheduled(now).has_value() ||
+                  deadlines_.DueExpiry(now).has_value() || schedules_.Due(now).has_value();
       if (budget <= 0 || more) next = now;
     } else {
       next = deadlines_.Earliest(/*jobs=*/false);

@@ -33,4 +33,13 @@ struct Schedule {
   bool operator==(const Schedule&) const = default;
 };
 
+// A schedule as the broker shows it: what is stored, and what is wrong, if anything.
+struct ScheduleInfo {
+  Schedule schedule;
+  // Why it cannot run (its time zone is not in this build's tz database), or why its last run
+  // was not enqueued (the queue was full, say); empty when all is well. Not stored: a restart
+  // forgets a failed run's reason.
+  std::string error;
+};
+
 }  // namespace jobbroker::core

@@ -85,6 +85,30 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
   return ValidateKey(spec.concurrency_key, "concurrency_key", false);
 }
 
+absl::Status ValidateScheduleId(absl::string_view id, absl::string_view field) {
+  return ValidateQueueName(id, field);
+}
+
+absl::Status ValidateSchedule(const Schedule& schedule) {
+  if (absl::Status s = ValidateScheduleId(schedule.id, "schedule.schedule_id"); !s.ok()) return s;
+  const EnqueueSpec& job = schedule.job;
+  // Each run's name and time are the schedule's to give.
+  if (!job.dedup_key.empty())
+    return Invalid("schedule.template.dedup_key",
+                   "must be empty: each run's dedup key is \"<schedule_id>@<run time>\"");
+  EnqueueSpec run = job;
+  run.dedup_key = schedule.id;  // as each run has one (so that a dedup_ttl is accepted)
+  if (absl::Status s = ValidateEnqueueSpec(run); !s.ok())
+    return absl::Status(s.code(), absl::StrCat("schedule.template.", s.message()));
+  if (job.delay.has_value() || job.run_at.has_value())
+    return Invalid(job.delay.has_value() ? "schedule.template.delay" : "schedule.template.run_at",
+                   "must be unset: the schedule decides when each run is enqueued");
+  if (job.expire_at.has_value())
+    return Invalid("schedule.template.expire_at",
+                   "must be unset: one fixed time cannot bound every run");
+  return absl::OkStatus();
+}
+
 absl::Status ValidateLeaseSpec(const LeaseSpec& spec) {
   if (absl::Status s = ValidateQueueName(spec.queue); !s.ok()) return s;
   if (absl::Status s = ValidateKey(spec.worker_id, "worker_id", true); !s.ok()) return s;

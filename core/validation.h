@@ -9,6 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/requests.h"
+#include "core/schedules.h"
 
 namespace jobbroker::core {
 
@@ -56,6 +57,13 @@ absl::Status ValidateListJobsSpec(const ListJobsSpec& spec);
 absl::StatusOr<uint64_t> ParsePageToken(absl::string_view token);
 // RetryJobs: queue, a FAILED or CANCELLED state, a limit of 0 to kMaxRetryLimit.
 absl::Status ValidateRetryJobsSpec(const RetryJobsSpec& spec);
+// A schedule an operator puts (Admin.PutSchedule), all but its timing (ScheduleTable::TimingOf
+// checks cron, every, time_zone, start_at and end_at): its id, and a template that
+// ValidateEnqueueSpec accepts and that leaves dedup_key, delay, run_at and expire_at to the
+// schedule. Messages name "schedule.<field>" ("schedule.template.queue is required").
+absl::Status ValidateSchedule(const Schedule& schedule);
+// A schedule id alone (Get, Delete, Trigger): as a queue name, named `field`.
+absl::Status ValidateScheduleId(absl::string_view id, absl::string_view field = "schedule_id");
 // PurgeQueue: queue, and no ACTIVE among `states`.
 absl::Status ValidatePurge(absl::string_view queue, const std::vector<JobState>& states);
 

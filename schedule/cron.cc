@@ -198,7 +198,7 @@ absl::StatusOr<absl::TimeZone> LoadZone(absl::string_view name) {
   const bool path_like =
       absl::StartsWith(name, "/") || absl::StrContains(name, "..") || absl::StrContains(name, "\\");
   if (path_like || name == "localtime" || !absl::LoadTimeZone(std::string(name), &zone)) {
-    return absl::InvalidArgumentError(absl::StrCat("schedule: unknown time zone '", name,
+    return absl::InvalidArgumentError(absl::StrCat("time_zone: unknown time zone '", name,
                                                    "' (expected an IANA name such as ",
                                                    "Europe/Berlin, or UTC)"));
   }

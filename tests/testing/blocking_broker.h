@@ -62,6 +62,20 @@ class BlockingEngine {
   absl::Status DeleteJob(std::string job_id);
   absl::StatusOr<core::QueueInfo> SetQueuePaused(std::string queue, bool paused);
   absl::StatusOr<int64_t> PurgeQueue(std::string queue, std::vector<core::JobState> states = {});
+  absl::StatusOr<core::ScheduleInfo> PutSchedule(core::Schedule schedule) {
+    using R = absl::StatusOr<core::ScheduleInfo>;
+    return Await<R>(
+        [&](core::Done<R> d) { broker_->PutSchedule(std::move(schedule), std::move(d)); });
+  }
+  absl::Status DeleteSchedule(std::string id) {
+    return Await<absl::Status>(
+        [&](core::Done<absl::Status> d) { broker_->DeleteSchedule(std::move(id), std::move(d)); });
+  }
+  absl::StatusOr<core::EnqueueResult> TriggerSchedule(std::string id) {
+    using R = absl::StatusOr<core::EnqueueResult>;
+    return Await<R>(
+        [&](core::Done<R> d) { broker_->TriggerSchedule(std::move(id), std::move(d)); });
+  }
 
   // Passed through.
   void EnqueueBatch(std::vector<core::EnqueueSpec> specs,
@@ -119,6 +133,12 @@ class BlockingEngine {
     return broker_->GetQueue(queue);
   }
   std::vector<core::QueueInfo> ListQueues() { return broker_->ListQueues(); }
+  absl::StatusOr<core::ScheduleInfo> GetSchedule(const std::string& id) {
+    return broker_->GetSchedule(id);
+  }
+  std::vector<core::ScheduleInfo> ListSchedules(const std::string& queue = "") {
+    return broker_->ListSchedules(queue);
+  }
   absl::Time Tick() { return broker_->Tick(); }
   void Shutdown() { broker_->Shutdown(); }
   absl::Status Flush() { return broker_->Flush(); }
