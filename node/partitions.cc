@@ -360,6 +360,66 @@ std::vector<core::WorkerInfo> Partitions::ListWorkers(const std::string& queue,
   return all;
 }
 
+absl::StatusOr<core::Broker*> Partitions::BrokerOfSchedule(const std::string& id,
+                                                           const std::vector<bool>& served) {
+  if (absl::Status s = core::ValidateScheduleId(id); !s.ok()) return s;
+  for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
+    if (served[p] && brokers_[p]->GetSchedule(id).ok()) return brokers_[p].get();
+  }
+  return absl::NotFoundError(absl::StrCat("schedule ", id, " not found"));
+}
+
+void Partitions::PutSchedule(core::Schedule schedule, const std::vector<bool>& served,
+                             core::Done<absl::StatusOr<core::ScheduleInfo>> done) {
+  const uint32_t target = PartitionOfQueue(schedule.job.queue);
+  for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
+    if (p == target || !served[p]) continue;
+    absl::StatusOr<core::ScheduleInfo> other = brokers_[p]->GetSchedule(schedule.id);
+    if (other.ok())
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("schedule ", schedule.id, " enqueues into queue ", other->schedule.job.queue,
+                       ", which lives in another partition than queue ", schedule.job.queue,
+                       "; delete it before putting it again with the new queue")));
+  }
+  brokers_[target]->PutSchedule(std::move(schedule), std::move(done));
+}
+
+absl::StatusOr<core::ScheduleInfo> Partitions::GetSchedule(const std::string& id,
+                                                           const std::vector<bool>& served) {
+  absl::StatusOr<core::Broker*> broker = BrokerOfSchedule(id, served);
+  if (!broker.ok()) return broker.status();
+  return (*broker)->GetSchedule(id);
+}
+
+std::vector<core::ScheduleInfo> Partitions::ListSchedules(const std::string& queue,
+                                                          const std::vector<bool>& served) {
+  std::vector<core::ScheduleInfo> all;
+  for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
+    if (!served[p] || (!queue.empty() && p != PartitionOfQueue(queue))) continue;
+    std::vector<core::ScheduleInfo> some = brokers_[p]->ListSchedules(queue);
+    all.insert(all.end(), std::make_move_iterator(some.begin()),
+               std::make_move_iterator(some.end()));
+  }
+  std::sort(all.begin(), all.end(), [](const core::ScheduleInfo& a, const core::ScheduleInfo& b) {
+    return a.schedule.id < b.schedule.id;
+  });
+  return all;
+}
+
+void Partitions::DeleteSchedule(std::string id, const std::vector<bool>& served,
+                                core::Done<absl::Status> done) {
+  absl::StatusOr<core::Broker*> broker = BrokerOfSchedule(id, served);
+  if (!broker.ok()) return done(broker.status());
+  (*broker)->DeleteSchedule(std::move(id), std::move(done));
+}
+
+void Partitions::TriggerSchedule(std::string id, const std::vector<bool>& served,
+                                 core::Done<absl::StatusOr<core::EnqueueResult>> done) {
+  absl::StatusOr<core::Broker*> broker = BrokerOfSchedule(id, served);
+  if (!broker.ok()) return done(broker.status());
+  (*broker)->TriggerSchedule(std::move(id), std::move(done));
+}
+
 absl::Time Partitions::Tick() {
   absl::Time next = absl::InfiniteFuture();
   for (const std::unique_ptr<core::Broker>& broker : brokers_)

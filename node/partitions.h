@@ -107,6 +107,22 @@ class Partitions {
   std::vector<core::WorkerInfo> ListWorkers(const std::string& queue,
                                             const std::vector<bool>& served);
 
+  // Recurring schedules. A schedule lives in (and is run by) the partition of its template's
+  // queue; the calls by id look for it in the partitions `served` marks (those this node leads;
+  // shorter than the partitions: the rest are not looked in). kNotFound if none has it.
+  // PutSchedule is kFailedPrecondition if the id belongs to a schedule of another partition.
+  void PutSchedule(core::Schedule schedule, const std::vector<bool>& served,
+                   core::Done<absl::StatusOr<core::ScheduleInfo>> done);
+  absl::StatusOr<core::ScheduleInfo> GetSchedule(const std::string& id,
+                                                 const std::vector<bool>& served);
+  // By id; with `queue` set, only its partition is asked.
+  std::vector<core::ScheduleInfo> ListSchedules(const std::string& queue,
+                                                const std::vector<bool>& served);
+  void DeleteSchedule(std::string id, const std::vector<bool>& served,
+                      core::Done<absl::Status> done);
+  void TriggerSchedule(std::string id, const std::vector<bool>& served,
+                       core::Done<absl::StatusOr<core::EnqueueResult>> done);
+
   // Ticks every partition; the earliest time one of them asks to run again.
   absl::Time Tick();
   void Shutdown();
@@ -137,6 +153,10 @@ class Partitions {
   };
 
   Partitions() = default;
+  // The served partition whose broker holds schedule `id`: kNotFound if none does,
+  // kInvalidArgument for a malformed id.
+  absl::StatusOr<core::Broker*> BrokerOfSchedule(const std::string& id,
+                                                 const std::vector<bool>& served);
 
   // `start_halted`: every pipeline halted before its broker opens (cluster mode).
   // `stores` holds one store for all partitions (Open) or one per partition (Open over several

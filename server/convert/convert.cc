@@ -442,6 +442,75 @@ void ToProto(const core::QueueInfo& q, v1::QueueInfo* out) {
   out->set_completed_total(q.completed_total);
 }
 
+absl::StatusOr<core::Schedule> FromProto(const v1::Schedule& s) {
+  core::Schedule out;
+  out.id = s.schedule_id();
+  out.cron = s.cron();
+  if (s.has_every()) {
+    absl::StatusOr<absl::Duration> every = FromProto(s.every(), "schedule.every");
+    if (!every.ok()) return every.status();
+    out.every = *every;
+  }
+  out.time_zone = s.time_zone();
+  absl::StatusOr<core::EnqueueSpec> job = FromProto(s.template_());
+  if (!job.ok())
+    return absl::Status(job.status().code(),
+                        absl::StrCat("schedule.template.", job.status().message()));
+  out.job = *std::move(job);
+  out.paused = s.paused();
+  if (s.has_start_at()) {
+    absl::StatusOr<absl::Time> t = FromProto(s.start_at(), "schedule.start_at");
+    if (!t.ok()) return t.status();
+    out.start_at = *t;
+  }
+  if (s.has_end_at()) {
+    absl::StatusOr<absl::Time> t = FromProto(s.end_at(), "schedule.end_at");
+    if (!t.ok()) return t.status();
+    out.end_at = *t;
+  }
+  switch (s.catch_up()) {
+    case v1::SCHEDULE_CATCH_UP_UNSPECIFIED:
+    case v1::SCHEDULE_CATCH_UP_ONE:
+      out.catch_up = core::ScheduleCatchUp::kOne;
+      break;
+    case v1::SCHEDULE_CATCH_UP_NONE:
+      out.catch_up = core::ScheduleCatchUp::kNone;
+      break;
+    default:
+      return Invalid("schedule.catch_up", absl::StrCat("has no value ", s.catch_up()));
+  }
+  return out;
+}
+
+void ToProto(const core::ScheduleInfo& info, v1::Schedule* out) {
+  const core::Schedule& s = info.schedule;
+  out->set_schedule_id(s.id);
+  out->set_cron(s.cron);
+  if (s.every != absl::ZeroDuration()) ToProto(s.every, out->mutable_every());
+  out->set_time_zone(s.time_zone);
+  v1::EnqueueRequest* job = out->mutable_template_();
+  job->set_queue(s.job.queue);
+  job->set_payload(s.job.payload);
+  job->mutable_headers()->insert(s.job.headers.begin(), s.job.headers.end());
+  job->set_priority(s.job.priority);
+  if (s.job.dedup_ttl.has_value()) ToProto(*s.job.dedup_ttl, job->mutable_dedup_ttl());
+  job->set_max_attempts(s.job.max_attempts);
+  if (s.job.lease_duration != absl::ZeroDuration())
+    ToProto(s.job.lease_duration, job->mutable_lease_duration());
+  job->set_concurrency_key(s.job.concurrency_key);
+  if (s.job.timeout != absl::ZeroDuration()) ToProto(s.job.timeout, job->mutable_timeout());
+  out->set_paused(s.paused);
+  if (HasTime(s.start_at)) ToProto(s.start_at, out->mutable_start_at());
+  if (HasTime(s.end_at)) ToProto(s.end_at, out->mutable_end_at());
+  out->set_catch_up(s.catch_up == core::ScheduleCatchUp::kNone ? v1::SCHEDULE_CATCH_UP_NONE
+                                                               : v1::SCHEDULE_CATCH_UP_ONE);
+  if (HasTime(s.next_run_at)) ToProto(s.next_run_at, out->mutable_next_run_at());
+  if (HasTime(s.last_run_at)) ToProto(s.last_run_at, out->mutable_last_run_at());
+  out->set_last_job_id(s.last_job_id);
+  if (HasTime(s.created_at)) ToProto(s.created_at, out->mutable_created_at());
+  out->set_error(info.error);
+}
+
 void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out) {
   out->set_worker_id(w.worker_id);
   out->set_peer(w.origin.peer);

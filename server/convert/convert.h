@@ -10,6 +10,7 @@
 #include "core/job.h"
 #include "core/policy.h"
 #include "core/requests.h"
+#include "core/schedules.h"
 #include "core/workers.h"
 #include "google/protobuf/duration.pb.h"
 #include "google/protobuf/timestamp.pb.h"
@@ -69,6 +70,10 @@ void ToProto(const core::Job& j, v1::Job* out);
 void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out);
 void ToProto(const core::QueueInfo& q, v1::QueueInfo* out);
 void ToProto(const core::WorkerInfo& w, v1::WorkerInfo* out);
+// PutScheduleRequest.schedule; refusals name "schedule.<field>". The output fields are ignored.
+absl::StatusOr<core::Schedule> FromProto(const v1::Schedule& s);
+// Without the partition, which is the router's to add.
+void ToProto(const core::ScheduleInfo& info, v1::Schedule* out);
 // Another node's answer, to merge with this node's (core::MergeWorkers).
 core::WorkerInfo FromProto(const v1::WorkerInfo& w);
 

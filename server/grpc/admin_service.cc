@@ -12,78 +12,12 @@
 #include "absl/synchronization/mutex.h"
 #include "core/validation.h"
 #include "server/convert/convert.h"
+#include "server/grpc/fan_out.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/job_watch.h"
 #include "server/routing/router.h"
 
 namespace jobbroker::server {
-namespace {
-
-// A listing in cluster mode (ListQueues, ListWorkers): this node's part is in the response
-// already; each other leader's is added (`add`) as it comes, and the whole is completed
-// (`complete`: sorted, merged) and answered once all have, or answered with the first failure.
-template <typename Response>
-class FanOut final : public grpc::ServerUnaryReactor {
- public:
-  struct Part {
-    std::unique_ptr<grpc::ClientContext> ctx;
-    Response response;
-  };
-  // `add(part)` runs under the fan-out's lock; `complete()` once, after the last part.
-  FanOut(Response* resp, RpcTiming timing, size_t parts, std::function<void(Response&)> add,
-         std::function<void()> complete)
-      : resp_(resp),
-        timing_(timing),
-        add_(std::move(add)),
-        complete_(std::move(complete)),
-        pending_(parts) {}
-
-  // Made before any call starts, so the map does not change while answers arrive.
-  Part& part(const std::string& address) { return parts_[address]; }
-
-  void Done(Part& part, const grpc::Status& status) {
-    grpc::Status failure;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!status.ok() && failure_.ok()) failure_ = status;
-      if (status.ok()) add_(part.response);
-      if (--pending_ > 0) return;
-      failure = failure_;
-    }
-    // The last answer: every other thread is done with the response.
-    if (failure.ok()) {
-      complete_();
-    } else {
-      resp_->Clear();
-    }
-    timing_.Record(failure);
-    Finish(failure);
-  }
-  void OnCancel() override {
-    for (auto& [address, part] : parts_) part.ctx->TryCancel();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  Response* const resp_;
-  const RpcTiming timing_;
-  const std::function<void(Response&)> add_;
-  const std::function<void()> complete_;
-  std::map<std::string, Part> parts_;
-  absl::Mutex mu_;
-  size_t pending_ ABSL_GUARDED_BY(mu_);
-  grpc::Status failure_ ABSL_GUARDED_BY(mu_);
-};
-
-}  // namespace
-
-template <typename Start>
-grpc::ServerUnaryReactor* AdminService::Elsewhere(grpc::CallbackServerContext* ctx,
-                                                  uint32_t partition, RpcTiming timing,
-                                                  Start start) {
-  return AnswerElsewhere<v1::Admin::Stub>(router_, forwarder_, ctx, partition, timing,
-                                          std::move(start));
-}
 
 void AdminService::AddPlacement(v1::QueueInfo* info) const { AddPlacement(info, *router_.view()); }
 

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "node/partitions.h"
@@ -64,6 +65,23 @@ class AdminService final : public v1::Admin::CallbackService {
                                        const v1::PurgeQueueRequest* req,
                                        v1::PurgeQueueResponse* resp) override;
 
+  // Recurring schedules (admin_schedules.cc).
+  grpc::ServerUnaryReactor* PutSchedule(grpc::CallbackServerContext* ctx,
+                                        const v1::PutScheduleRequest* req,
+                                        v1::Schedule* resp) override;
+  grpc::ServerUnaryReactor* GetSchedule(grpc::CallbackServerContext* ctx,
+                                        const v1::GetScheduleRequest* req,
+                                        v1::Schedule* resp) override;
+  grpc::ServerUnaryReactor* ListSchedules(grpc::CallbackServerContext* ctx,
+                                          const v1::ListSchedulesRequest* req,
+                                          v1::ListSchedulesResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteSchedule(grpc::CallbackServerContext* ctx,
+                                           const v1::DeleteScheduleRequest* req,
+                                           v1::DeleteScheduleResponse* resp) override;
+  grpc::ServerUnaryReactor* TriggerSchedule(grpc::CallbackServerContext* ctx,
+                                            const v1::TriggerScheduleRequest* req,
+                                            v1::TriggerScheduleResponse* resp) override;
+
   grpc::ServerUnaryReactor* GetCluster(grpc::CallbackServerContext* ctx,
                                        const v1::GetClusterRequest* req,
                                        v1::ClusterInfo* resp) override;
@@ -84,6 +102,20 @@ class AdminService final : public v1::Admin::CallbackService {
   // The nodes that lead the partitions not `here` (each once), to ask for their part of a
   // listing; UNAVAILABLE if one has no leader or changed leader meanwhile.
   absl::StatusOr<std::vector<std::string>> OtherLeaders(const std::vector<bool>& here) const;
+  // A schedule by id in this node's partitions (`here`), if the caller may administer its
+  // queue; kNotFound if none of them has it.
+  absl::StatusOr<core::ScheduleInfo> FindScheduleHere(grpc::CallbackServerContext* ctx,
+                                                      const std::string& id,
+                                                      const std::vector<bool>& here);
+  // A call by schedule id that `here` could not answer (`not_found`): in cluster mode, asked of
+  // every other leader (`start(stub, ctx, response, done)` sends it); else `not_found`.
+  template <typename Response, typename Start>
+  grpc::ServerUnaryReactor* AskOtherLeaders(grpc::CallbackServerContext* ctx, RpcTiming timing,
+                                            const std::vector<bool>& here,
+                                            const absl::Status& not_found, Response* resp,
+                                            Start start);
+  // The schedule with its partition.
+  void ToProtoPlaced(const core::ScheduleInfo& info, v1::Schedule* out) const;
   // Sets the queue's partition and the node that leads it.
   void AddPlacement(v1::QueueInfo* info) const;
   void AddPlacement(v1::QueueInfo* info, const ClusterView& view) const;
@@ -94,5 +126,13 @@ class AdminService final : public v1::Admin::CallbackService {
   Forwarder* const forwarder_;
   const RpcServiceTimers timers_;
 };
+
+template <typename Start>
+grpc::ServerUnaryReactor* AdminService::Elsewhere(grpc::CallbackServerContext* ctx,
+                                                  uint32_t partition, RpcTiming timing,
+                                                  Start start) {
+  return AnswerElsewhere<v1::Admin::Stub>(router_, forwarder_, ctx, partition, timing,
+                                          std::move(start));
+}
 
 }  // namespace jobbroker::server

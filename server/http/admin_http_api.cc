@@ -277,6 +277,40 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
     if (!get) return MethodNotAllowed(http, "GET");
     return Call(admin, &v1::Admin::Stub::ListWorkers, v1::ListWorkersRequest(), http);
   }
+  if (parts.size() == 1 && parts[0] == "schedules") {
+    if (!get) return MethodNotAllowed(http, "GET");
+    return Call(admin, &v1::Admin::Stub::ListSchedules, v1::ListSchedulesRequest(), http);
+  }
+  if (parts.size() >= 2 && parts[0] == "schedules" && !parts[1].empty()) {
+    const std::string id(parts[1]);
+    if (parts.size() == 2) {
+      if (get) {
+        v1::GetScheduleRequest request;
+        request.set_schedule_id(id);
+        return Call(admin, &v1::Admin::Stub::GetSchedule, request, http);
+      }
+      if (post) {
+        // The body is the Schedule itself; the path names it.
+        v1::PutScheduleRequest request;
+        absl::Status s = ParseBody(http, request.mutable_schedule());
+        if (s.ok())
+          s = SetFromPath(request.mutable_schedule()->mutable_schedule_id(), "scheduleId", id);
+        if (!s.ok()) return Error(s);
+        return Call(admin, &v1::Admin::Stub::PutSchedule, request, http);
+      }
+      if (del) {
+        return Change(admin, &v1::Admin::Stub::DeleteSchedule, http,
+                      &v1::DeleteScheduleRequest::mutable_schedule_id, "scheduleId", id);
+      }
+      return MethodNotAllowed(http, "GET, POST, DELETE");
+    }
+    if (parts.size() == 3 && parts[2] == "trigger") {
+      if (!post) return MethodNotAllowed(http, "POST");
+      return Change(admin, &v1::Admin::Stub::TriggerSchedule, http,
+                    &v1::TriggerScheduleRequest::mutable_schedule_id, "scheduleId", id);
+    }
+    return Error(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
+  }
   if (parts.size() == 1 && parts[0] == "queues") {
     if (!get) return MethodNotAllowed(http, "GET");
     return Call(admin, &v1::Admin::Stub::ListQueues, v1::ListQueuesRequest(), http);

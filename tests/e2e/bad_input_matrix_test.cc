@@ -419,6 +419,73 @@ struct Api<v1::ListWorkersRequest> {
   }
 };
 
+// A valid schedule: hourly, so that no run comes due while the matrix runs.
+v1::Schedule ValidSchedule() {
+  v1::Schedule s;
+  s.set_schedule_id("matrix-schedule");
+  s.mutable_every()->set_seconds(3600);
+  s.mutable_template_()->set_queue(kQueue);
+  s.mutable_template_()->set_payload("scheduled");
+  return s;
+}
+
+// A unary Admin call with a 30 s deadline.
+template <typename Req, typename Resp>
+grpc::Status AdminCall(Env& env,
+                       grpc::Status (v1::Admin::Stub::*method)(grpc::ClientContext*, const Req&,
+                                                               Resp*),
+                       const Req& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  Resp resp;
+  return (env.client->admin().*method)(&ctx, req, &resp);
+}
+
+template <>
+struct Api<v1::PutScheduleRequest> {
+  static constexpr char kRpc[] = "PutSchedule";
+  static v1::PutScheduleRequest Valid(const Env&) {
+    v1::PutScheduleRequest req;
+    *req.mutable_schedule() = ValidSchedule();
+    return req;
+  }
+  static grpc::Status Send(Env& env, const v1::PutScheduleRequest& req) {
+    return AdminCall(env, &v1::Admin::Stub::PutSchedule, req);
+  }
+};
+
+// The calls by id: their valid request names the schedule PutSchedule's valid request makes.
+#define JOBBROKER_SCHEDULE_BY_ID(Request, Response, Method)      \
+  template <>                                                    \
+  struct Api<v1::Request> {                                      \
+    static constexpr char kRpc[] = #Method;                      \
+    static v1::Request Valid(const Env&) {                       \
+      v1::Request req;                                           \
+      req.set_schedule_id("matrix-schedule");                    \
+      return req;                                                \
+    }                                                            \
+    static grpc::Status Send(Env& env, const v1::Request& req) { \
+      return AdminCall(env, &v1::Admin::Stub::Method, req);      \
+    }                                                            \
+  };
+JOBBROKER_SCHEDULE_BY_ID(GetScheduleRequest, Schedule, GetSchedule)
+JOBBROKER_SCHEDULE_BY_ID(DeleteScheduleRequest, DeleteScheduleResponse, DeleteSchedule)
+JOBBROKER_SCHEDULE_BY_ID(TriggerScheduleRequest, TriggerScheduleResponse, TriggerSchedule)
+#undef JOBBROKER_SCHEDULE_BY_ID
+
+template <>
+struct Api<v1::ListSchedulesRequest> {
+  static constexpr char kRpc[] = "ListSchedules";
+  static v1::ListSchedulesRequest Valid(const Env&) {
+    v1::ListSchedulesRequest req;
+    req.set_queue(kQueue);
+    return req;
+  }
+  static grpc::Status Send(Env& env, const v1::ListSchedulesRequest& req) {
+    return AdminCall(env, &v1::Admin::Stub::ListSchedules, req);
+  }
+};
+
 template <>
 struct Api<v1::PauseQueueRequest> {
   static constexpr char kRpc[] = "PauseQueue";
@@ -1273,6 +1340,80 @@ void AddQueueAdminRows(std::vector<Row>& rows) {
   }));
 }
 
+void AddScheduleRows(std::vector<Row>& rows) {
+  using P = v1::PutScheduleRequest;
+  const Descriptor* schedule = v1::Schedule::descriptor();
+  auto row = [&](std::string field, absl::string_view what, Expect e, Change<P> c) {
+    rows.push_back(Nested<P>(schedule, field, absl::StrCat("schedule.", field), what, std::move(e),
+                             std::move(c)));
+  };
+  rows.push_back(Case<P>("schedule", "unset", Invalid("schedule.schedule_id"),
+                         [](Env&, P& r) { r.clear_schedule(); }));
+  row("schedule_id", "empty", Invalid("schedule.schedule_id"),
+      [](Env&, P& r) { r.mutable_schedule()->clear_schedule_id(); });
+  row("schedule_id", "with_a_space", Invalid("schedule.schedule_id"),
+      [](Env&, P& r) { r.mutable_schedule()->set_schedule_id("a b"); });
+  row("cron", "and_every", Invalid("schedule.cron"),
+      [](Env&, P& r) { r.mutable_schedule()->set_cron("* * * * *"); });
+  row("cron", "minute_61", Invalid("schedule.cron"), [](Env&, P& r) {
+    r.mutable_schedule()->clear_every();
+    r.mutable_schedule()->set_cron("61 * * * *");
+  });
+  row("cron", "weekdays_ok", Accepted(), [](Env&, P& r) {
+    r.mutable_schedule()->clear_every();
+    r.mutable_schedule()->set_cron("0 9 * * MON-FRI");
+  });
+  row("every", "half_a_second", Invalid("schedule.every"), [](Env&, P& r) {
+    r.mutable_schedule()->mutable_every()->set_seconds(0);
+    r.mutable_schedule()->mutable_every()->set_nanos(500'000'000);
+  });
+  row("every", "mixed_sign", Invalid("schedule.every"),
+      [](Env&, P& r) { *r.mutable_schedule()->mutable_every() = MixedSignDuration(); });
+  row("time_zone", "unknown", Invalid("schedule.time_zone"),
+      [](Env&, P& r) { r.mutable_schedule()->set_time_zone("Mars/Olympus_Mons"); });
+  row("time_zone", "berlin_ok", Accepted(),
+      [](Env&, P& r) { r.mutable_schedule()->set_time_zone("Europe/Berlin"); });
+  row("template", "unset", Invalid("schedule.template.queue"),
+      [](Env&, P& r) { r.mutable_schedule()->clear_template_(); });
+  row("template", "with_a_dedup_key", Invalid("schedule.template.dedup_key"),
+      [](Env&, P& r) { r.mutable_schedule()->mutable_template_()->set_dedup_key("k"); });
+  row("template", "with_a_delay", Invalid("schedule.template.delay"), [](Env&, P& r) {
+    r.mutable_schedule()->mutable_template_()->mutable_delay()->set_seconds(1);
+  });
+  row("template", "with_a_mixed_sign_timeout", Invalid("schedule.template.timeout"),
+      [](Env&, P& r) {
+        *r.mutable_schedule()->mutable_template_()->mutable_timeout() = MixedSignDuration();
+      });
+  row("start_at", "out_of_range", Invalid("schedule.start_at"), [](Env&, P& r) {
+    r.mutable_schedule()->mutable_start_at()->set_seconds(-1'000'000'000'000);
+  });
+  row("end_at", "before_start_at", Invalid("schedule.end_at"), [](Env&, P& r) {
+    r.mutable_schedule()->mutable_start_at()->set_seconds(2'000'000'000);
+    r.mutable_schedule()->mutable_end_at()->set_seconds(1'900'000'000);
+  });
+  row("catch_up", "not_a_ScheduleCatchUp", Invalid("schedule.catch_up"),
+      [](Env&, P& r) { r.mutable_schedule()->set_catch_up(static_cast<v1::ScheduleCatchUp>(99)); });
+  row("catch_up", "none_ok", Accepted(),
+      [](Env&, P& r) { r.mutable_schedule()->set_catch_up(v1::SCHEDULE_CATCH_UP_NONE); });
+
+  auto ids = [&rows](auto request) {
+    using R = decltype(request);
+    rows.push_back(Case<R>("schedule_id", "empty", Invalid("schedule_id"),
+                           [](Env&, R& r) { r.clear_schedule_id(); }));
+    rows.push_back(Case<R>("schedule_id", "of_129_chars", Invalid("schedule_id"),
+                           [](Env&, R& r) { r.set_schedule_id(Bytes(129, 's')); }));
+    rows.push_back(Case<R>("schedule_id", "unknown", Refused(Code::NOT_FOUND, "schedule "),
+                           [](Env&, R& r) { r.set_schedule_id("no-such-schedule"); }));
+  };
+  ids(v1::GetScheduleRequest());
+  ids(v1::DeleteScheduleRequest());
+  ids(v1::TriggerScheduleRequest());
+  using L = v1::ListSchedulesRequest;
+  rows.push_back(
+      Case<L>("queue", "with_a_space", Invalid("queue"), [](Env&, L& r) { r.set_queue("a b"); }));
+  rows.push_back(Case<L>("queue", "empty_ok", Accepted(), [](Env&, L& r) { r.clear_queue(); }));
+}
+
 std::vector<Row> AllRows() {
   std::vector<Row> rows;
   AddEnqueueRows(rows);
@@ -1282,6 +1423,7 @@ std::vector<Row> AllRows() {
   AddWorkRows(rows);
   AddJobAdminRows(rows);
   AddQueueAdminRows(rows);
+  AddScheduleRows(rows);
   return rows;
 }
 
@@ -1300,6 +1442,13 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.ListJobsRequest", "newest_first"}, "a bool"},
       {{"jobbroker.v1.UpdateQueuePolicyRequest", "reset"}, "a bool"},
       {{"jobbroker.v1.QueuePolicy", "paused"}, "a bool"},
+      {{"jobbroker.v1.Schedule", "paused"}, "a bool"},
+      {{"jobbroker.v1.Schedule", "next_run_at"}, "output only: ignored in PutSchedule"},
+      {{"jobbroker.v1.Schedule", "last_run_at"}, "output only: ignored in PutSchedule"},
+      {{"jobbroker.v1.Schedule", "last_job_id"}, "output only: ignored in PutSchedule"},
+      {{"jobbroker.v1.Schedule", "created_at"}, "output only: ignored in PutSchedule"},
+      {{"jobbroker.v1.Schedule", "partition"}, "output only: ignored in PutSchedule"},
+      {{"jobbroker.v1.Schedule", "error"}, "output only: ignored in PutSchedule"},
       {{"jobbroker.v1.QueuePolicy", "max_concurrency"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "max_concurrency_per_key"}, kPolicyTest},
       {{"jobbroker.v1.QueuePolicy", "retry"}, kPolicyTest},

@@ -205,6 +205,38 @@ TEST_F(HttpApiTest, CancelAndDeleteAJob) {
   EXPECT_THAT(ParseError(missing).message, HasSubstr(id));
 }
 
+TEST_F(HttpApiTest, PutListTriggerAndDeleteASchedule) {
+  const HttpResponse put = Send("POST", "/api/v1/schedules/nightly",
+                                R"({"cron":"30 2 * * *","timeZone":"Europe/Berlin",)"
+                                R"("template":{"queue":"reports","payload":"e30="}})");
+  ASSERT_EQ(put.status, 200) << put.body;
+  const v1::Schedule schedule = Parse<v1::Schedule>(put);
+  EXPECT_EQ(schedule.schedule_id(), "nightly") << "named by the path";
+  EXPECT_TRUE(schedule.has_next_run_at());
+
+  const v1::ListSchedulesResponse list = Parse<v1::ListSchedulesResponse>(Get("/api/v1/schedules"));
+  ASSERT_EQ(list.schedules_size(), 1);
+  EXPECT_EQ(list.schedules(0).time_zone(), "Europe/Berlin");
+  EXPECT_EQ(Parse<v1::Schedule>(Get("/api/v1/schedules/nightly")).cron(), "30 2 * * *");
+
+  const HttpResponse run = Send("POST", "/api/v1/schedules/nightly/trigger", "{}");
+  ASSERT_EQ(run.status, 200) << run.body;
+  const std::string job_id = Parse<v1::TriggerScheduleResponse>(run).job_id();
+  EXPECT_EQ(client().MustGetJob(job_id).payload(), "{}");
+
+  const HttpResponse contradicting =
+      Send("POST", "/api/v1/schedules/nightly", R"({"scheduleId":"other","every":"60s"})");
+  EXPECT_EQ(contradicting.status, 400);
+  EXPECT_THAT(ParseError(contradicting).message, HasSubstr("scheduleId"));
+  const HttpResponse bad = Send("POST", "/api/v1/schedules/nightly",
+                                R"({"every":"0.5s","template":{"queue":"reports"}})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_THAT(ParseError(bad).message, ::testing::StartsWith("schedule.every"));
+
+  ASSERT_EQ(Send("DELETE", "/api/v1/schedules/nightly", "").status, 200);
+  EXPECT_EQ(Get("/api/v1/schedules/nightly").status, 404);
+}
+
 TEST_F(HttpApiTest, PauseResumeRedriveAndPurgeAQueue) {
   DeadJob("q", "e1");
   DeadJob("q", "e2");

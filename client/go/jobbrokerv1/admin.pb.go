@@ -23,6 +23,592 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// What a schedule does about runs missed while no broker ran it (downtime, no leader).
+type ScheduleCatchUp int32
+
+const (
+	// The default: ONE.
+	ScheduleCatchUp_SCHEDULE_CATCH_UP_UNSPECIFIED ScheduleCatchUp = 0
+	// One run at once, named by the latest missed time; the other missed runs are skipped.
+	ScheduleCatchUp_SCHEDULE_CATCH_UP_ONE ScheduleCatchUp = 1
+	// None: the schedule goes on with its next run after now.
+	ScheduleCatchUp_SCHEDULE_CATCH_UP_NONE ScheduleCatchUp = 2
+)
+
+// Enum value maps for ScheduleCatchUp.
+var (
+	ScheduleCatchUp_name = map[int32]string{
+		0: "SCHEDULE_CATCH_UP_UNSPECIFIED",
+		1: "SCHEDULE_CATCH_UP_ONE",
+		2: "SCHEDULE_CATCH_UP_NONE",
+	}
+	ScheduleCatchUp_value = map[string]int32{
+		"SCHEDULE_CATCH_UP_UNSPECIFIED": 0,
+		"SCHEDULE_CATCH_UP_ONE":         1,
+		"SCHEDULE_CATCH_UP_NONE":        2,
+	}
+)
+
+func (x ScheduleCatchUp) Enum() *ScheduleCatchUp {
+	p := new(ScheduleCatchUp)
+	*p = x
+	return p
+}
+
+func (x ScheduleCatchUp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ScheduleCatchUp) Descriptor() protoreflect.EnumDescriptor {
+	return file_jobbroker_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (ScheduleCatchUp) Type() protoreflect.EnumType {
+	return &file_jobbroker_v1_admin_proto_enumTypes[0]
+}
+
+func (x ScheduleCatchUp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ScheduleCatchUp.Descriptor instead.
+func (ScheduleCatchUp) EnumDescriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+type Schedule struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 1 to 128 characters of [A-Za-z0-9._:-]; names the schedule and its runs' dedup keys.
+	ScheduleId string `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	// Exactly one of cron and every.
+	//
+	// Five fields (minute hour day-of-month month day-of-week) or six with a leading seconds
+	// field; each `*`, a number, a range `a-b`, a list `a,b`, a step `*/n` or `a-b/n`; month and
+	// day names (JAN-DEC, SUN-SAT, 0 and 7 are Sunday). Day-of-month and day-of-week both
+	// restricted: either matches (as in cron). Evaluated on the wall clock of time_zone. DST, for
+	// fixed hours ("30 2 * * *"): a run whose wall time is skipped happens when the clocks jump
+	// (the end of the gap); a wall time shown twice runs once, at its first instant. For every
+	// hour (`*` in the hour field): skipped wall times are not runs, repeated ones run twice, so
+	// runs stay evenly spaced in real time. docs/workflows.md has worked examples.
+	Cron string `protobuf:"bytes,2,opt,name=cron,proto3" json:"cron,omitempty"`
+	// A fixed interval, at least 1 s, counted from the schedule's creation (or start_at).
+	Every *durationpb.Duration `protobuf:"bytes,3,opt,name=every,proto3" json:"every,omitempty"`
+	// An IANA zone name ("Europe/Berlin"); empty = UTC.
+	TimeZone string `protobuf:"bytes,4,opt,name=time_zone,json=timeZone,proto3" json:"time_zone,omitempty"`
+	// What each run enqueues: queue, payload, headers, priority, max_attempts, lease_duration,
+	// concurrency_key, timeout, dedup_ttl. Not dedup_key, delay, run_at nor expire_at (the
+	// schedule names and times its runs).
+	Template *EnqueueRequest `protobuf:"bytes,5,opt,name=template,proto3" json:"template,omitempty"`
+	// A paused schedule enqueues nothing; resuming goes on with the next run after now.
+	Paused bool `protobuf:"varint,6,opt,name=paused,proto3" json:"paused,omitempty"`
+	// No run before start_at nor after end_at (both optional).
+	StartAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=start_at,json=startAt,proto3" json:"start_at,omitempty"`
+	EndAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=end_at,json=endAt,proto3" json:"end_at,omitempty"`
+	CatchUp ScheduleCatchUp        `protobuf:"varint,9,opt,name=catch_up,json=catchUp,proto3,enum=jobbroker.v1.ScheduleCatchUp" json:"catch_up,omitempty"`
+	// Output only: when the next run is due (unset once the schedule has ended), the last run's
+	// time and the job it enqueued, and when the schedule was created.
+	NextRunAt *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=next_run_at,json=nextRunAt,proto3" json:"next_run_at,omitempty"`
+	LastRunAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_run_at,json=lastRunAt,proto3" json:"last_run_at,omitempty"`
+	LastJobId string                 `protobuf:"bytes,12,opt,name=last_job_id,json=lastJobId,proto3" json:"last_job_id,omitempty"`
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Output only: the partition of its template's queue, which runs it.
+	Partition uint32 `protobuf:"varint,14,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Output only: why it cannot run (its time_zone is not in this build's tz database), or why
+	// its latest run was not enqueued (the queue was full, say); empty when all is well.
+	Error         string `protobuf:"bytes,15,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Schedule) Reset() {
+	*x = Schedule{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Schedule) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Schedule) ProtoMessage() {}
+
+func (x *Schedule) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Schedule.ProtoReflect.Descriptor instead.
+func (*Schedule) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *Schedule) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+func (x *Schedule) GetCron() string {
+	if x != nil {
+		return x.Cron
+	}
+	return ""
+}
+
+func (x *Schedule) GetEvery() *durationpb.Duration {
+	if x != nil {
+		return x.Every
+	}
+	return nil
+}
+
+func (x *Schedule) GetTimeZone() string {
+	if x != nil {
+		return x.TimeZone
+	}
+	return ""
+}
+
+func (x *Schedule) GetTemplate() *EnqueueRequest {
+	if x != nil {
+		return x.Template
+	}
+	return nil
+}
+
+func (x *Schedule) GetPaused() bool {
+	if x != nil {
+		return x.Paused
+	}
+	return false
+}
+
+func (x *Schedule) GetStartAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetEndAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetCatchUp() ScheduleCatchUp {
+	if x != nil {
+		return x.CatchUp
+	}
+	return ScheduleCatchUp_SCHEDULE_CATCH_UP_UNSPECIFIED
+}
+
+func (x *Schedule) GetNextRunAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextRunAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetLastRunAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRunAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetLastJobId() string {
+	if x != nil {
+		return x.LastJobId
+	}
+	return ""
+}
+
+func (x *Schedule) GetCreatedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreatedAt
+	}
+	return nil
+}
+
+func (x *Schedule) GetPartition() uint32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *Schedule) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type PutScheduleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Schedule      *Schedule              `protobuf:"bytes,1,opt,name=schedule,proto3" json:"schedule,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutScheduleRequest) Reset() {
+	*x = PutScheduleRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutScheduleRequest) ProtoMessage() {}
+
+func (x *PutScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutScheduleRequest.ProtoReflect.Descriptor instead.
+func (*PutScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PutScheduleRequest) GetSchedule() *Schedule {
+	if x != nil {
+		return x.Schedule
+	}
+	return nil
+}
+
+type GetScheduleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ScheduleId    string                 `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetScheduleRequest) Reset() {
+	*x = GetScheduleRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetScheduleRequest) ProtoMessage() {}
+
+func (x *GetScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetScheduleRequest.ProtoReflect.Descriptor instead.
+func (*GetScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *GetScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+type ListSchedulesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Set: only the schedules whose template enqueues into this queue.
+	Queue         string `protobuf:"bytes,1,opt,name=queue,proto3" json:"queue,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSchedulesRequest) Reset() {
+	*x = ListSchedulesRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSchedulesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSchedulesRequest) ProtoMessage() {}
+
+func (x *ListSchedulesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSchedulesRequest.ProtoReflect.Descriptor instead.
+func (*ListSchedulesRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListSchedulesRequest) GetQueue() string {
+	if x != nil {
+		return x.Queue
+	}
+	return ""
+}
+
+type ListSchedulesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Schedules     []*Schedule            `protobuf:"bytes,1,rep,name=schedules,proto3" json:"schedules,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSchedulesResponse) Reset() {
+	*x = ListSchedulesResponse{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSchedulesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSchedulesResponse) ProtoMessage() {}
+
+func (x *ListSchedulesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSchedulesResponse.ProtoReflect.Descriptor instead.
+func (*ListSchedulesResponse) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListSchedulesResponse) GetSchedules() []*Schedule {
+	if x != nil {
+		return x.Schedules
+	}
+	return nil
+}
+
+type DeleteScheduleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ScheduleId    string                 `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteScheduleRequest) Reset() {
+	*x = DeleteScheduleRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteScheduleRequest) ProtoMessage() {}
+
+func (x *DeleteScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteScheduleRequest.ProtoReflect.Descriptor instead.
+func (*DeleteScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+type DeleteScheduleResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteScheduleResponse) Reset() {
+	*x = DeleteScheduleResponse{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteScheduleResponse) ProtoMessage() {}
+
+func (x *DeleteScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteScheduleResponse.ProtoReflect.Descriptor instead.
+func (*DeleteScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+type TriggerScheduleRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ScheduleId    string                 `protobuf:"bytes,1,opt,name=schedule_id,json=scheduleId,proto3" json:"schedule_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TriggerScheduleRequest) Reset() {
+	*x = TriggerScheduleRequest{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TriggerScheduleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TriggerScheduleRequest) ProtoMessage() {}
+
+func (x *TriggerScheduleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TriggerScheduleRequest.ProtoReflect.Descriptor instead.
+func (*TriggerScheduleRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TriggerScheduleRequest) GetScheduleId() string {
+	if x != nil {
+		return x.ScheduleId
+	}
+	return ""
+}
+
+type TriggerScheduleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job the run enqueued (or the one already holding its dedup key).
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Deduplicated  bool   `protobuf:"varint,2,opt,name=deduplicated,proto3" json:"deduplicated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TriggerScheduleResponse) Reset() {
+	*x = TriggerScheduleResponse{}
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TriggerScheduleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TriggerScheduleResponse) ProtoMessage() {}
+
+func (x *TriggerScheduleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TriggerScheduleResponse.ProtoReflect.Descriptor instead.
+func (*TriggerScheduleResponse) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TriggerScheduleResponse) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *TriggerScheduleResponse) GetDeduplicated() bool {
+	if x != nil {
+		return x.Deduplicated
+	}
+	return false
+}
+
 type GetJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The id Enqueue returned.
@@ -33,7 +619,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[0]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +631,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[0]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +644,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -78,7 +664,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -90,7 +676,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[1]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -103,7 +689,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -133,7 +719,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -145,7 +731,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[2]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -158,7 +744,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListJobsRequest) GetQueue() string {
@@ -215,7 +801,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -227,7 +813,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[3]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -240,7 +826,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -267,7 +853,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +865,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +878,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -322,7 +908,7 @@ type RetryJobRequest struct {
 
 func (x *RetryJobRequest) Reset() {
 	*x = RetryJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +920,7 @@ func (x *RetryJobRequest) String() string {
 func (*RetryJobRequest) ProtoMessage() {}
 
 func (x *RetryJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +933,7 @@ func (x *RetryJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryJobRequest.ProtoReflect.Descriptor instead.
 func (*RetryJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RetryJobRequest) GetJobId() string {
@@ -399,7 +985,7 @@ type RetryJobResponse struct {
 
 func (x *RetryJobResponse) Reset() {
 	*x = RetryJobResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +997,7 @@ func (x *RetryJobResponse) String() string {
 func (*RetryJobResponse) ProtoMessage() {}
 
 func (x *RetryJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +1010,7 @@ func (x *RetryJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryJobResponse.ProtoReflect.Descriptor instead.
 func (*RetryJobResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RetryJobResponse) GetJob() *Job {
@@ -459,7 +1045,7 @@ type DeleteJobRequest struct {
 
 func (x *DeleteJobRequest) Reset() {
 	*x = DeleteJobRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -471,7 +1057,7 @@ func (x *DeleteJobRequest) String() string {
 func (*DeleteJobRequest) ProtoMessage() {}
 
 func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -484,7 +1070,7 @@ func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
 func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteJobRequest) GetJobId() string {
@@ -503,7 +1089,7 @@ type DeleteJobResponse struct {
 
 func (x *DeleteJobResponse) Reset() {
 	*x = DeleteJobResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +1101,7 @@ func (x *DeleteJobResponse) String() string {
 func (*DeleteJobResponse) ProtoMessage() {}
 
 func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +1114,7 @@ func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
 func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 // Lists every queue.
@@ -540,7 +1126,7 @@ type ListQueuesRequest struct {
 
 func (x *ListQueuesRequest) Reset() {
 	*x = ListQueuesRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +1138,7 @@ func (x *ListQueuesRequest) String() string {
 func (*ListQueuesRequest) ProtoMessage() {}
 
 func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +1151,7 @@ func (x *ListQueuesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueuesRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 type ListQueuesResponse struct {
@@ -578,7 +1164,7 @@ type ListQueuesResponse struct {
 
 func (x *ListQueuesResponse) Reset() {
 	*x = ListQueuesResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +1176,7 @@ func (x *ListQueuesResponse) String() string {
 func (*ListQueuesResponse) ProtoMessage() {}
 
 func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +1189,7 @@ func (x *ListQueuesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueuesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueuesResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListQueuesResponse) GetQueues() []*QueueInfo {
@@ -623,7 +1209,7 @@ type GetQueueRequest struct {
 
 func (x *GetQueueRequest) Reset() {
 	*x = GetQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +1221,7 @@ func (x *GetQueueRequest) String() string {
 func (*GetQueueRequest) ProtoMessage() {}
 
 func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +1234,7 @@ func (x *GetQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueueRequest.ProtoReflect.Descriptor instead.
 func (*GetQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetQueueRequest) GetQueue() string {
@@ -691,7 +1277,7 @@ type QueueInfo struct {
 
 func (x *QueueInfo) Reset() {
 	*x = QueueInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -703,7 +1289,7 @@ func (x *QueueInfo) String() string {
 func (*QueueInfo) ProtoMessage() {}
 
 func (x *QueueInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -716,7 +1302,7 @@ func (x *QueueInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
 func (*QueueInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *QueueInfo) GetName() string {
@@ -810,7 +1396,7 @@ type UpdateQueuePolicyRequest struct {
 
 func (x *UpdateQueuePolicyRequest) Reset() {
 	*x = UpdateQueuePolicyRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +1408,7 @@ func (x *UpdateQueuePolicyRequest) String() string {
 func (*UpdateQueuePolicyRequest) ProtoMessage() {}
 
 func (x *UpdateQueuePolicyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +1421,7 @@ func (x *UpdateQueuePolicyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueuePolicyRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueuePolicyRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *UpdateQueuePolicyRequest) GetQueue() string {
@@ -870,7 +1456,7 @@ type PauseQueueRequest struct {
 
 func (x *PauseQueueRequest) Reset() {
 	*x = PauseQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -882,7 +1468,7 @@ func (x *PauseQueueRequest) String() string {
 func (*PauseQueueRequest) ProtoMessage() {}
 
 func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -895,7 +1481,7 @@ func (x *PauseQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PauseQueueRequest.ProtoReflect.Descriptor instead.
 func (*PauseQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PauseQueueRequest) GetQueue() string {
@@ -915,7 +1501,7 @@ type ResumeQueueRequest struct {
 
 func (x *ResumeQueueRequest) Reset() {
 	*x = ResumeQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +1513,7 @@ func (x *ResumeQueueRequest) String() string {
 func (*ResumeQueueRequest) ProtoMessage() {}
 
 func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1526,7 @@ func (x *ResumeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumeQueueRequest.ProtoReflect.Descriptor instead.
 func (*ResumeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResumeQueueRequest) GetQueue() string {
@@ -964,7 +1550,7 @@ type PurgeQueueRequest struct {
 
 func (x *PurgeQueueRequest) Reset() {
 	*x = PurgeQueueRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1562,7 @@ func (x *PurgeQueueRequest) String() string {
 func (*PurgeQueueRequest) ProtoMessage() {}
 
 func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1575,7 @@ func (x *PurgeQueueRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueRequest.ProtoReflect.Descriptor instead.
 func (*PurgeQueueRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PurgeQueueRequest) GetQueue() string {
@@ -1016,7 +1602,7 @@ type PurgeQueueResponse struct {
 
 func (x *PurgeQueueResponse) Reset() {
 	*x = PurgeQueueResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1028,7 +1614,7 @@ func (x *PurgeQueueResponse) String() string {
 func (*PurgeQueueResponse) ProtoMessage() {}
 
 func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1041,7 +1627,7 @@ func (x *PurgeQueueResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeQueueResponse.ProtoReflect.Descriptor instead.
 func (*PurgeQueueResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PurgeQueueResponse) GetPurged() int64 {
@@ -1062,7 +1648,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1660,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1673,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListWorkersRequest) GetQueue() string {
@@ -1107,7 +1693,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1705,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,7 +1718,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerInfo {
@@ -1179,7 +1765,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1777,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1790,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WorkerInfo) GetWorkerId() string {
@@ -1310,7 +1896,7 @@ type RunningJob struct {
 
 func (x *RunningJob) Reset() {
 	*x = RunningJob{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1322,7 +1908,7 @@ func (x *RunningJob) String() string {
 func (*RunningJob) ProtoMessage() {}
 
 func (x *RunningJob) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1335,7 +1921,7 @@ func (x *RunningJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunningJob.ProtoReflect.Descriptor instead.
 func (*RunningJob) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RunningJob) GetJobId() string {
@@ -1395,7 +1981,7 @@ type GetClusterRequest struct {
 
 func (x *GetClusterRequest) Reset() {
 	*x = GetClusterRequest{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1993,7 @@ func (x *GetClusterRequest) String() string {
 func (*GetClusterRequest) ProtoMessage() {}
 
 func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[22]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +2006,7 @@ func (x *GetClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetClusterRequest.ProtoReflect.Descriptor instead.
 func (*GetClusterRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 type ClusterInfo struct {
@@ -1445,7 +2031,7 @@ type ClusterInfo struct {
 
 func (x *ClusterInfo) Reset() {
 	*x = ClusterInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +2043,7 @@ func (x *ClusterInfo) String() string {
 func (*ClusterInfo) ProtoMessage() {}
 
 func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[23]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +2056,7 @@ func (x *ClusterInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterInfo.ProtoReflect.Descriptor instead.
 func (*ClusterInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ClusterInfo) GetClusterName() string {
@@ -1536,7 +2122,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +2134,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[24]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +2147,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodeInfo) GetNodeId() string {
@@ -1605,7 +2191,7 @@ type PartitionInfo struct {
 
 func (x *PartitionInfo) Reset() {
 	*x = PartitionInfo{}
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1617,7 +2203,7 @@ func (x *PartitionInfo) String() string {
 func (*PartitionInfo) ProtoMessage() {}
 
 func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_admin_proto_msgTypes[25]
+	mi := &file_jobbroker_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1630,7 +2216,7 @@ func (x *PartitionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PartitionInfo.ProtoReflect.Descriptor instead.
 func (*PartitionInfo) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_jobbroker_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PartitionInfo) GetPartition() uint32 {
@@ -1679,7 +2265,45 @@ var File_jobbroker_v1_admin_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"&\n" +
+	"\x18jobbroker/v1/admin.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19jobbroker/v1/broker.proto\x1a\x16jobbroker/v1/job.proto\x1a\x19jobbroker/v1/policy.proto\"\x8a\x05\n" +
+	"\bSchedule\x12\x1f\n" +
+	"\vschedule_id\x18\x01 \x01(\tR\n" +
+	"scheduleId\x12\x12\n" +
+	"\x04cron\x18\x02 \x01(\tR\x04cron\x12/\n" +
+	"\x05every\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x05every\x12\x1b\n" +
+	"\ttime_zone\x18\x04 \x01(\tR\btimeZone\x128\n" +
+	"\btemplate\x18\x05 \x01(\v2\x1c.jobbroker.v1.EnqueueRequestR\btemplate\x12\x16\n" +
+	"\x06paused\x18\x06 \x01(\bR\x06paused\x125\n" +
+	"\bstart_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\astartAt\x121\n" +
+	"\x06end_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\x05endAt\x128\n" +
+	"\bcatch_up\x18\t \x01(\x0e2\x1d.jobbroker.v1.ScheduleCatchUpR\acatchUp\x12:\n" +
+	"\vnext_run_at\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tnextRunAt\x12:\n" +
+	"\vlast_run_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tlastRunAt\x12\x1e\n" +
+	"\vlast_job_id\x18\f \x01(\tR\tlastJobId\x129\n" +
+	"\n" +
+	"created_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x1c\n" +
+	"\tpartition\x18\x0e \x01(\rR\tpartition\x12\x14\n" +
+	"\x05error\x18\x0f \x01(\tR\x05error\"H\n" +
+	"\x12PutScheduleRequest\x122\n" +
+	"\bschedule\x18\x01 \x01(\v2\x16.jobbroker.v1.ScheduleR\bschedule\"5\n" +
+	"\x12GetScheduleRequest\x12\x1f\n" +
+	"\vschedule_id\x18\x01 \x01(\tR\n" +
+	"scheduleId\",\n" +
+	"\x14ListSchedulesRequest\x12\x14\n" +
+	"\x05queue\x18\x01 \x01(\tR\x05queue\"M\n" +
+	"\x15ListSchedulesResponse\x124\n" +
+	"\tschedules\x18\x01 \x03(\v2\x16.jobbroker.v1.ScheduleR\tschedules\"8\n" +
+	"\x15DeleteScheduleRequest\x12\x1f\n" +
+	"\vschedule_id\x18\x01 \x01(\tR\n" +
+	"scheduleId\"\x18\n" +
+	"\x16DeleteScheduleResponse\"9\n" +
+	"\x16TriggerScheduleRequest\x12\x1f\n" +
+	"\vschedule_id\x18\x01 \x01(\tR\n" +
+	"scheduleId\"T\n" +
+	"\x17TriggerScheduleResponse\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\"\n" +
+	"\fdeduplicated\x18\x02 \x01(\bR\fdeduplicated\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"(\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
@@ -1796,7 +2420,11 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"\x05epoch\x18\x03 \x01(\x03R\x05epoch\x12\x1a\n" +
 	"\breplicas\x18\x04 \x03(\tR\breplicas\x12\x17\n" +
 	"\ain_sync\x18\x05 \x03(\tR\x06inSync\x12%\n" +
-	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress2\x91\b\n" +
+	"\x0eleader_address\x18\x06 \x01(\tR\rleaderAddress*k\n" +
+	"\x0fScheduleCatchUp\x12!\n" +
+	"\x1dSCHEDULE_CATCH_UP_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15SCHEDULE_CATCH_UP_ONE\x10\x01\x12\x1a\n" +
+	"\x16SCHEDULE_CATCH_UP_NONE\x10\x022\xba\v\n" +
 	"\x05Admin\x128\n" +
 	"\x06GetJob\x12\x1b.jobbroker.v1.GetJobRequest\x1a\x11.jobbroker.v1.Job\x12>\n" +
 	"\bWatchJob\x12\x1d.jobbroker.v1.WatchJobRequest\x1a\x11.jobbroker.v1.Job0\x01\x12I\n" +
@@ -1815,7 +2443,12 @@ const file_jobbroker_v1_admin_proto_rawDesc = "" +
 	"PurgeQueue\x12\x1f.jobbroker.v1.PurgeQueueRequest\x1a .jobbroker.v1.PurgeQueueResponse\x12H\n" +
 	"\n" +
 	"GetCluster\x12\x1f.jobbroker.v1.GetClusterRequest\x1a\x19.jobbroker.v1.ClusterInfo\x12R\n" +
-	"\vListWorkers\x12 .jobbroker.v1.ListWorkersRequest\x1a!.jobbroker.v1.ListWorkersResponseBT\n" +
+	"\vListWorkers\x12 .jobbroker.v1.ListWorkersRequest\x1a!.jobbroker.v1.ListWorkersResponse\x12G\n" +
+	"\vPutSchedule\x12 .jobbroker.v1.PutScheduleRequest\x1a\x16.jobbroker.v1.Schedule\x12G\n" +
+	"\vGetSchedule\x12 .jobbroker.v1.GetScheduleRequest\x1a\x16.jobbroker.v1.Schedule\x12X\n" +
+	"\rListSchedules\x12\".jobbroker.v1.ListSchedulesRequest\x1a#.jobbroker.v1.ListSchedulesResponse\x12[\n" +
+	"\x0eDeleteSchedule\x12#.jobbroker.v1.DeleteScheduleRequest\x1a$.jobbroker.v1.DeleteScheduleResponse\x12^\n" +
+	"\x0fTriggerSchedule\x12$.jobbroker.v1.TriggerScheduleRequest\x1a%.jobbroker.v1.TriggerScheduleResponseBT\n" +
 	"\x10dev.jobbroker.v1P\x01Z/jobbroker.dev/client/go/jobbrokerv1;jobbrokerv1\xaa\x02\fJobBroker.V1b\x06proto3"
 
 var (
@@ -1830,94 +2463,126 @@ func file_jobbroker_v1_admin_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_admin_proto_rawDescData
 }
 
-var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_jobbroker_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_jobbroker_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_jobbroker_v1_admin_proto_goTypes = []any{
-	(*GetJobRequest)(nil),            // 0: jobbroker.v1.GetJobRequest
-	(*WatchJobRequest)(nil),          // 1: jobbroker.v1.WatchJobRequest
-	(*ListJobsRequest)(nil),          // 2: jobbroker.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),         // 3: jobbroker.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),         // 4: jobbroker.v1.CancelJobRequest
-	(*RetryJobRequest)(nil),          // 5: jobbroker.v1.RetryJobRequest
-	(*RetryJobResponse)(nil),         // 6: jobbroker.v1.RetryJobResponse
-	(*DeleteJobRequest)(nil),         // 7: jobbroker.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),        // 8: jobbroker.v1.DeleteJobResponse
-	(*ListQueuesRequest)(nil),        // 9: jobbroker.v1.ListQueuesRequest
-	(*ListQueuesResponse)(nil),       // 10: jobbroker.v1.ListQueuesResponse
-	(*GetQueueRequest)(nil),          // 11: jobbroker.v1.GetQueueRequest
-	(*QueueInfo)(nil),                // 12: jobbroker.v1.QueueInfo
-	(*UpdateQueuePolicyRequest)(nil), // 13: jobbroker.v1.UpdateQueuePolicyRequest
-	(*PauseQueueRequest)(nil),        // 14: jobbroker.v1.PauseQueueRequest
-	(*ResumeQueueRequest)(nil),       // 15: jobbroker.v1.ResumeQueueRequest
-	(*PurgeQueueRequest)(nil),        // 16: jobbroker.v1.PurgeQueueRequest
-	(*PurgeQueueResponse)(nil),       // 17: jobbroker.v1.PurgeQueueResponse
-	(*ListWorkersRequest)(nil),       // 18: jobbroker.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 19: jobbroker.v1.ListWorkersResponse
-	(*WorkerInfo)(nil),               // 20: jobbroker.v1.WorkerInfo
-	(*RunningJob)(nil),               // 21: jobbroker.v1.RunningJob
-	(*GetClusterRequest)(nil),        // 22: jobbroker.v1.GetClusterRequest
-	(*ClusterInfo)(nil),              // 23: jobbroker.v1.ClusterInfo
-	(*NodeInfo)(nil),                 // 24: jobbroker.v1.NodeInfo
-	(*PartitionInfo)(nil),            // 25: jobbroker.v1.PartitionInfo
-	nil,                              // 26: jobbroker.v1.QueueInfo.CountsEntry
-	(JobState)(0),                    // 27: jobbroker.v1.JobState
-	(*Job)(nil),                      // 28: jobbroker.v1.Job
-	(*QueuePolicy)(nil),              // 29: jobbroker.v1.QueuePolicy
-	(*durationpb.Duration)(nil),      // 30: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 31: google.protobuf.Timestamp
+	(ScheduleCatchUp)(0),             // 0: jobbroker.v1.ScheduleCatchUp
+	(*Schedule)(nil),                 // 1: jobbroker.v1.Schedule
+	(*PutScheduleRequest)(nil),       // 2: jobbroker.v1.PutScheduleRequest
+	(*GetScheduleRequest)(nil),       // 3: jobbroker.v1.GetScheduleRequest
+	(*ListSchedulesRequest)(nil),     // 4: jobbroker.v1.ListSchedulesRequest
+	(*ListSchedulesResponse)(nil),    // 5: jobbroker.v1.ListSchedulesResponse
+	(*DeleteScheduleRequest)(nil),    // 6: jobbroker.v1.DeleteScheduleRequest
+	(*DeleteScheduleResponse)(nil),   // 7: jobbroker.v1.DeleteScheduleResponse
+	(*TriggerScheduleRequest)(nil),   // 8: jobbroker.v1.TriggerScheduleRequest
+	(*TriggerScheduleResponse)(nil),  // 9: jobbroker.v1.TriggerScheduleResponse
+	(*GetJobRequest)(nil),            // 10: jobbroker.v1.GetJobRequest
+	(*WatchJobRequest)(nil),          // 11: jobbroker.v1.WatchJobRequest
+	(*ListJobsRequest)(nil),          // 12: jobbroker.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),         // 13: jobbroker.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),         // 14: jobbroker.v1.CancelJobRequest
+	(*RetryJobRequest)(nil),          // 15: jobbroker.v1.RetryJobRequest
+	(*RetryJobResponse)(nil),         // 16: jobbroker.v1.RetryJobResponse
+	(*DeleteJobRequest)(nil),         // 17: jobbroker.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),        // 18: jobbroker.v1.DeleteJobResponse
+	(*ListQueuesRequest)(nil),        // 19: jobbroker.v1.ListQueuesRequest
+	(*ListQueuesResponse)(nil),       // 20: jobbroker.v1.ListQueuesResponse
+	(*GetQueueRequest)(nil),          // 21: jobbroker.v1.GetQueueRequest
+	(*QueueInfo)(nil),                // 22: jobbroker.v1.QueueInfo
+	(*UpdateQueuePolicyRequest)(nil), // 23: jobbroker.v1.UpdateQueuePolicyRequest
+	(*PauseQueueRequest)(nil),        // 24: jobbroker.v1.PauseQueueRequest
+	(*ResumeQueueRequest)(nil),       // 25: jobbroker.v1.ResumeQueueRequest
+	(*PurgeQueueRequest)(nil),        // 26: jobbroker.v1.PurgeQueueRequest
+	(*PurgeQueueResponse)(nil),       // 27: jobbroker.v1.PurgeQueueResponse
+	(*ListWorkersRequest)(nil),       // 28: jobbroker.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),      // 29: jobbroker.v1.ListWorkersResponse
+	(*WorkerInfo)(nil),               // 30: jobbroker.v1.WorkerInfo
+	(*RunningJob)(nil),               // 31: jobbroker.v1.RunningJob
+	(*GetClusterRequest)(nil),        // 32: jobbroker.v1.GetClusterRequest
+	(*ClusterInfo)(nil),              // 33: jobbroker.v1.ClusterInfo
+	(*NodeInfo)(nil),                 // 34: jobbroker.v1.NodeInfo
+	(*PartitionInfo)(nil),            // 35: jobbroker.v1.PartitionInfo
+	nil,                              // 36: jobbroker.v1.QueueInfo.CountsEntry
+	(*durationpb.Duration)(nil),      // 37: google.protobuf.Duration
+	(*EnqueueRequest)(nil),           // 38: jobbroker.v1.EnqueueRequest
+	(*timestamppb.Timestamp)(nil),    // 39: google.protobuf.Timestamp
+	(JobState)(0),                    // 40: jobbroker.v1.JobState
+	(*Job)(nil),                      // 41: jobbroker.v1.Job
+	(*QueuePolicy)(nil),              // 42: jobbroker.v1.QueuePolicy
 }
 var file_jobbroker_v1_admin_proto_depIdxs = []int32{
-	27, // 0: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
-	28, // 1: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
-	27, // 2: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
-	28, // 3: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
-	12, // 4: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
-	29, // 5: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
-	26, // 6: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
-	30, // 7: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
-	29, // 8: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
-	27, // 9: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
-	20, // 10: jobbroker.v1.ListWorkersResponse.workers:type_name -> jobbroker.v1.WorkerInfo
-	31, // 11: jobbroker.v1.WorkerInfo.connected_at:type_name -> google.protobuf.Timestamp
-	21, // 12: jobbroker.v1.WorkerInfo.running:type_name -> jobbroker.v1.RunningJob
-	31, // 13: jobbroker.v1.WorkerInfo.last_seen:type_name -> google.protobuf.Timestamp
-	31, // 14: jobbroker.v1.RunningJob.started_at:type_name -> google.protobuf.Timestamp
-	31, // 15: jobbroker.v1.RunningJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	31, // 16: jobbroker.v1.RunningJob.timeout_at:type_name -> google.protobuf.Timestamp
-	24, // 17: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
-	25, // 18: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
-	0,  // 19: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
-	1,  // 20: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
-	2,  // 21: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
-	4,  // 22: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
-	5,  // 23: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
-	7,  // 24: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
-	9,  // 25: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
-	11, // 26: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
-	13, // 27: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
-	14, // 28: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
-	15, // 29: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
-	16, // 30: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
-	22, // 31: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
-	18, // 32: jobbroker.v1.Admin.ListWorkers:input_type -> jobbroker.v1.ListWorkersRequest
-	28, // 33: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
-	28, // 34: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
-	3,  // 35: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
-	28, // 36: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
-	6,  // 37: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
-	8,  // 38: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
-	10, // 39: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
-	12, // 40: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 41: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
-	12, // 42: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
-	12, // 43: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
-	17, // 44: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
-	23, // 45: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
-	19, // 46: jobbroker.v1.Admin.ListWorkers:output_type -> jobbroker.v1.ListWorkersResponse
-	33, // [33:47] is the sub-list for method output_type
-	19, // [19:33] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	37, // 0: jobbroker.v1.Schedule.every:type_name -> google.protobuf.Duration
+	38, // 1: jobbroker.v1.Schedule.template:type_name -> jobbroker.v1.EnqueueRequest
+	39, // 2: jobbroker.v1.Schedule.start_at:type_name -> google.protobuf.Timestamp
+	39, // 3: jobbroker.v1.Schedule.end_at:type_name -> google.protobuf.Timestamp
+	0,  // 4: jobbroker.v1.Schedule.catch_up:type_name -> jobbroker.v1.ScheduleCatchUp
+	39, // 5: jobbroker.v1.Schedule.next_run_at:type_name -> google.protobuf.Timestamp
+	39, // 6: jobbroker.v1.Schedule.last_run_at:type_name -> google.protobuf.Timestamp
+	39, // 7: jobbroker.v1.Schedule.created_at:type_name -> google.protobuf.Timestamp
+	1,  // 8: jobbroker.v1.PutScheduleRequest.schedule:type_name -> jobbroker.v1.Schedule
+	1,  // 9: jobbroker.v1.ListSchedulesResponse.schedules:type_name -> jobbroker.v1.Schedule
+	40, // 10: jobbroker.v1.ListJobsRequest.state:type_name -> jobbroker.v1.JobState
+	41, // 11: jobbroker.v1.ListJobsResponse.jobs:type_name -> jobbroker.v1.Job
+	40, // 12: jobbroker.v1.RetryJobRequest.state:type_name -> jobbroker.v1.JobState
+	41, // 13: jobbroker.v1.RetryJobResponse.job:type_name -> jobbroker.v1.Job
+	22, // 14: jobbroker.v1.ListQueuesResponse.queues:type_name -> jobbroker.v1.QueueInfo
+	42, // 15: jobbroker.v1.QueueInfo.policy:type_name -> jobbroker.v1.QueuePolicy
+	36, // 16: jobbroker.v1.QueueInfo.counts:type_name -> jobbroker.v1.QueueInfo.CountsEntry
+	37, // 17: jobbroker.v1.QueueInfo.oldest_ready_age:type_name -> google.protobuf.Duration
+	42, // 18: jobbroker.v1.UpdateQueuePolicyRequest.policy:type_name -> jobbroker.v1.QueuePolicy
+	40, // 19: jobbroker.v1.PurgeQueueRequest.states:type_name -> jobbroker.v1.JobState
+	30, // 20: jobbroker.v1.ListWorkersResponse.workers:type_name -> jobbroker.v1.WorkerInfo
+	39, // 21: jobbroker.v1.WorkerInfo.connected_at:type_name -> google.protobuf.Timestamp
+	31, // 22: jobbroker.v1.WorkerInfo.running:type_name -> jobbroker.v1.RunningJob
+	39, // 23: jobbroker.v1.WorkerInfo.last_seen:type_name -> google.protobuf.Timestamp
+	39, // 24: jobbroker.v1.RunningJob.started_at:type_name -> google.protobuf.Timestamp
+	39, // 25: jobbroker.v1.RunningJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	39, // 26: jobbroker.v1.RunningJob.timeout_at:type_name -> google.protobuf.Timestamp
+	34, // 27: jobbroker.v1.ClusterInfo.nodes:type_name -> jobbroker.v1.NodeInfo
+	35, // 28: jobbroker.v1.ClusterInfo.partitions:type_name -> jobbroker.v1.PartitionInfo
+	10, // 29: jobbroker.v1.Admin.GetJob:input_type -> jobbroker.v1.GetJobRequest
+	11, // 30: jobbroker.v1.Admin.WatchJob:input_type -> jobbroker.v1.WatchJobRequest
+	12, // 31: jobbroker.v1.Admin.ListJobs:input_type -> jobbroker.v1.ListJobsRequest
+	14, // 32: jobbroker.v1.Admin.CancelJob:input_type -> jobbroker.v1.CancelJobRequest
+	15, // 33: jobbroker.v1.Admin.RetryJob:input_type -> jobbroker.v1.RetryJobRequest
+	17, // 34: jobbroker.v1.Admin.DeleteJob:input_type -> jobbroker.v1.DeleteJobRequest
+	19, // 35: jobbroker.v1.Admin.ListQueues:input_type -> jobbroker.v1.ListQueuesRequest
+	21, // 36: jobbroker.v1.Admin.GetQueue:input_type -> jobbroker.v1.GetQueueRequest
+	23, // 37: jobbroker.v1.Admin.UpdateQueuePolicy:input_type -> jobbroker.v1.UpdateQueuePolicyRequest
+	24, // 38: jobbroker.v1.Admin.PauseQueue:input_type -> jobbroker.v1.PauseQueueRequest
+	25, // 39: jobbroker.v1.Admin.ResumeQueue:input_type -> jobbroker.v1.ResumeQueueRequest
+	26, // 40: jobbroker.v1.Admin.PurgeQueue:input_type -> jobbroker.v1.PurgeQueueRequest
+	32, // 41: jobbroker.v1.Admin.GetCluster:input_type -> jobbroker.v1.GetClusterRequest
+	28, // 42: jobbroker.v1.Admin.ListWorkers:input_type -> jobbroker.v1.ListWorkersRequest
+	2,  // 43: jobbroker.v1.Admin.PutSchedule:input_type -> jobbroker.v1.PutScheduleRequest
+	3,  // 44: jobbroker.v1.Admin.GetSchedule:input_type -> jobbroker.v1.GetScheduleRequest
+	4,  // 45: jobbroker.v1.Admin.ListSchedules:input_type -> jobbroker.v1.ListSchedulesRequest
+	6,  // 46: jobbroker.v1.Admin.DeleteSchedule:input_type -> jobbroker.v1.DeleteScheduleRequest
+	8,  // 47: jobbroker.v1.Admin.TriggerSchedule:input_type -> jobbroker.v1.TriggerScheduleRequest
+	41, // 48: jobbroker.v1.Admin.GetJob:output_type -> jobbroker.v1.Job
+	41, // 49: jobbroker.v1.Admin.WatchJob:output_type -> jobbroker.v1.Job
+	13, // 50: jobbroker.v1.Admin.ListJobs:output_type -> jobbroker.v1.ListJobsResponse
+	41, // 51: jobbroker.v1.Admin.CancelJob:output_type -> jobbroker.v1.Job
+	16, // 52: jobbroker.v1.Admin.RetryJob:output_type -> jobbroker.v1.RetryJobResponse
+	18, // 53: jobbroker.v1.Admin.DeleteJob:output_type -> jobbroker.v1.DeleteJobResponse
+	20, // 54: jobbroker.v1.Admin.ListQueues:output_type -> jobbroker.v1.ListQueuesResponse
+	22, // 55: jobbroker.v1.Admin.GetQueue:output_type -> jobbroker.v1.QueueInfo
+	22, // 56: jobbroker.v1.Admin.UpdateQueuePolicy:output_type -> jobbroker.v1.QueueInfo
+	22, // 57: jobbroker.v1.Admin.PauseQueue:output_type -> jobbroker.v1.QueueInfo
+	22, // 58: jobbroker.v1.Admin.ResumeQueue:output_type -> jobbroker.v1.QueueInfo
+	27, // 59: jobbroker.v1.Admin.PurgeQueue:output_type -> jobbroker.v1.PurgeQueueResponse
+	33, // 60: jobbroker.v1.Admin.GetCluster:output_type -> jobbroker.v1.ClusterInfo
+	29, // 61: jobbroker.v1.Admin.ListWorkers:output_type -> jobbroker.v1.ListWorkersResponse
+	1,  // 62: jobbroker.v1.Admin.PutSchedule:output_type -> jobbroker.v1.Schedule
+	1,  // 63: jobbroker.v1.Admin.GetSchedule:output_type -> jobbroker.v1.Schedule
+	5,  // 64: jobbroker.v1.Admin.ListSchedules:output_type -> jobbroker.v1.ListSchedulesResponse
+	7,  // 65: jobbroker.v1.Admin.DeleteSchedule:output_type -> jobbroker.v1.DeleteScheduleResponse
+	9,  // 66: jobbroker.v1.Admin.TriggerSchedule:output_type -> jobbroker.v1.TriggerScheduleResponse
+	48, // [48:67] is the sub-list for method output_type
+	29, // [29:48] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_admin_proto_init() }
@@ -1925,6 +2590,7 @@ func file_jobbroker_v1_admin_proto_init() {
 	if File_jobbroker_v1_admin_proto != nil {
 		return
 	}
+	file_jobbroker_v1_broker_proto_init()
 	file_jobbroker_v1_job_proto_init()
 	file_jobbroker_v1_policy_proto_init()
 	type x struct{}
@@ -1932,13 +2598,14 @@ func file_jobbroker_v1_admin_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_admin_proto_rawDesc), len(file_jobbroker_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   27,
+			NumEnums:      1,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_jobbroker_v1_admin_proto_goTypes,
 		DependencyIndexes: file_jobbroker_v1_admin_proto_depIdxs,
+		EnumInfos:         file_jobbroker_v1_admin_proto_enumTypes,
 		MessageInfos:      file_jobbroker_v1_admin_proto_msgTypes,
 	}.Build()
 	File_jobbroker_v1_admin_proto = out.File

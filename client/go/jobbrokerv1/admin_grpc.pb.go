@@ -33,6 +33,11 @@ const (
 	Admin_PurgeQueue_FullMethodName        = "/jobbroker.v1.Admin/PurgeQueue"
 	Admin_GetCluster_FullMethodName        = "/jobbroker.v1.Admin/GetCluster"
 	Admin_ListWorkers_FullMethodName       = "/jobbroker.v1.Admin/ListWorkers"
+	Admin_PutSchedule_FullMethodName       = "/jobbroker.v1.Admin/PutSchedule"
+	Admin_GetSchedule_FullMethodName       = "/jobbroker.v1.Admin/GetSchedule"
+	Admin_ListSchedules_FullMethodName     = "/jobbroker.v1.Admin/ListSchedules"
+	Admin_DeleteSchedule_FullMethodName    = "/jobbroker.v1.Admin/DeleteSchedule"
+	Admin_TriggerSchedule_FullMethodName   = "/jobbroker.v1.Admin/TriggerSchedule"
 )
 
 // AdminClient is the client API for Admin service.
@@ -77,6 +82,21 @@ type AdminClient interface {
 	// memory, not stored: a worker that went away while holding jobs stays listed, with no
 	// stream, until their leases end. In cluster mode, every partition's leader is asked.
 	ListWorkers(ctx context.Context, in *ListWorkersRequest, opts ...grpc.CallOption) (*ListWorkersResponse, error)
+	// Creates or replaces a recurring schedule, stored and replicated with the jobs of its
+	// template's queue and run by that queue's broker: each run enqueues the template once, with
+	// the dedup key "<schedule_id>@<run time, RFC 3339 in UTC>", also across restarts and
+	// failovers. Replacing keeps last_run_at and last_job_id, and recomputes next_run_at from now
+	// if the timing changed. INVALID_ARGUMENT names a bad field; FAILED_PRECONDITION if the id is
+	// taken by a schedule of a queue in another partition (delete that one first).
+	PutSchedule(ctx context.Context, in *PutScheduleRequest, opts ...grpc.CallOption) (*Schedule, error)
+	GetSchedule(ctx context.Context, in *GetScheduleRequest, opts ...grpc.CallOption) (*Schedule, error)
+	// Every schedule (of one queue, if named), by schedule_id.
+	ListSchedules(ctx context.Context, in *ListSchedulesRequest, opts ...grpc.CallOption) (*ListSchedulesResponse, error)
+	// Removes a schedule; jobs it already enqueued stay.
+	DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error)
+	// Enqueues one run now, outside the timing (also while paused), with the dedup key
+	// "<schedule_id>@<now, RFC 3339 in UTC>"; next_run_at does not change.
+	TriggerSchedule(ctx context.Context, in *TriggerScheduleRequest, opts ...grpc.CallOption) (*TriggerScheduleResponse, error)
 }
 
 type adminClient struct {
@@ -236,6 +256,56 @@ func (c *adminClient) ListWorkers(ctx context.Context, in *ListWorkersRequest, o
 	return out, nil
 }
 
+func (c *adminClient) PutSchedule(ctx context.Context, in *PutScheduleRequest, opts ...grpc.CallOption) (*Schedule, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Schedule)
+	err := c.cc.Invoke(ctx, Admin_PutSchedule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) GetSchedule(ctx context.Context, in *GetScheduleRequest, opts ...grpc.CallOption) (*Schedule, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Schedule)
+	err := c.cc.Invoke(ctx, Admin_GetSchedule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) ListSchedules(ctx context.Context, in *ListSchedulesRequest, opts ...grpc.CallOption) (*ListSchedulesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSchedulesResponse)
+	err := c.cc.Invoke(ctx, Admin_ListSchedules_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteSchedule(ctx context.Context, in *DeleteScheduleRequest, opts ...grpc.CallOption) (*DeleteScheduleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteScheduleResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteSchedule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) TriggerSchedule(ctx context.Context, in *TriggerScheduleRequest, opts ...grpc.CallOption) (*TriggerScheduleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TriggerScheduleResponse)
+	err := c.cc.Invoke(ctx, Admin_TriggerSchedule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -278,6 +348,21 @@ type AdminServer interface {
 	// memory, not stored: a worker that went away while holding jobs stays listed, with no
 	// stream, until their leases end. In cluster mode, every partition's leader is asked.
 	ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error)
+	// Creates or replaces a recurring schedule, stored and replicated with the jobs of its
+	// template's queue and run by that queue's broker: each run enqueues the template once, with
+	// the dedup key "<schedule_id>@<run time, RFC 3339 in UTC>", also across restarts and
+	// failovers. Replacing keeps last_run_at and last_job_id, and recomputes next_run_at from now
+	// if the timing changed. INVALID_ARGUMENT names a bad field; FAILED_PRECONDITION if the id is
+	// taken by a schedule of a queue in another partition (delete that one first).
+	PutSchedule(context.Context, *PutScheduleRequest) (*Schedule, error)
+	GetSchedule(context.Context, *GetScheduleRequest) (*Schedule, error)
+	// Every schedule (of one queue, if named), by schedule_id.
+	ListSchedules(context.Context, *ListSchedulesRequest) (*ListSchedulesResponse, error)
+	// Removes a schedule; jobs it already enqueued stay.
+	DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error)
+	// Enqueues one run now, outside the timing (also while paused), with the dedup key
+	// "<schedule_id>@<now, RFC 3339 in UTC>"; next_run_at does not change.
+	TriggerSchedule(context.Context, *TriggerScheduleRequest) (*TriggerScheduleResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -329,6 +414,21 @@ func (UnimplementedAdminServer) GetCluster(context.Context, *GetClusterRequest) 
 }
 func (UnimplementedAdminServer) ListWorkers(context.Context, *ListWorkersRequest) (*ListWorkersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkers not implemented")
+}
+func (UnimplementedAdminServer) PutSchedule(context.Context, *PutScheduleRequest) (*Schedule, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutSchedule not implemented")
+}
+func (UnimplementedAdminServer) GetSchedule(context.Context, *GetScheduleRequest) (*Schedule, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetSchedule not implemented")
+}
+func (UnimplementedAdminServer) ListSchedules(context.Context, *ListSchedulesRequest) (*ListSchedulesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSchedules not implemented")
+}
+func (UnimplementedAdminServer) DeleteSchedule(context.Context, *DeleteScheduleRequest) (*DeleteScheduleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSchedule not implemented")
+}
+func (UnimplementedAdminServer) TriggerSchedule(context.Context, *TriggerScheduleRequest) (*TriggerScheduleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TriggerSchedule not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -596,6 +696,96 @@ func _Admin_ListWorkers_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_PutSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PutSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PutSchedule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PutSchedule(ctx, req.(*PutScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_GetSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).GetSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_GetSchedule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).GetSchedule(ctx, req.(*GetScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_ListSchedules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSchedulesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ListSchedules(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ListSchedules_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ListSchedules(ctx, req.(*ListSchedulesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteSchedule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteSchedule(ctx, req.(*DeleteScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_TriggerSchedule_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TriggerScheduleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).TriggerSchedule(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_TriggerSchedule_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).TriggerSchedule(ctx, req.(*TriggerScheduleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -654,6 +844,26 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkers",
 			Handler:    _Admin_ListWorkers_Handler,
+		},
+		{
+			MethodName: "PutSchedule",
+			Handler:    _Admin_PutSchedule_Handler,
+		},
+		{
+			MethodName: "GetSchedule",
+			Handler:    _Admin_GetSchedule_Handler,
+		},
+		{
+			MethodName: "ListSchedules",
+			Handler:    _Admin_ListSchedules_Handler,
+		},
+		{
+			MethodName: "DeleteSchedule",
+			Handler:    _Admin_DeleteSchedule_Handler,
+		},
+		{
+			MethodName: "TriggerSchedule",
+			Handler:    _Admin_TriggerSchedule_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,222 @@
+// AdminService: recurring schedules. A schedule lives in the partition of its template's queue,
+// so PutSchedule is routed like any call naming a queue. The calls by id look in this node's
+// partitions first and, in cluster mode, then ask the other leaders (FindOne); ListSchedules
+// gathers every leader's (FanOut). Role admin, on the schedule's queue.
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/validation.h"
+#include "server/convert/convert.h"
+#include "server/grpc/admin_service.h"
+#include "server/grpc/fan_out.h"
+#include "server/grpc/grpc_status.h"
+
+namespace jobbroker::server {
+
+void AdminService::ToProtoPlaced(const core::ScheduleInfo& info, v1::Schedule* out) const {
+  ToProto(info, out);
+  out->set_partition(router_.PartitionOfQueue(info.schedule.job.queue));
+}
+
+template <typename Response, typename Start>
+grpc::ServerUnaryReactor* AdminService::AskOtherLeaders(grpc::CallbackServerContext* ctx,
+                                                        RpcTiming timing,
+                                                        const std::vector<bool>& here,
+                                                        const absl::Status& not_found,
+                                                        Response* resp, Start start) {
+  if (!router_.cluster_mode() || Router::IsForwarded(*ctx))
+    return UnaryCall(ctx, timing).Finish(not_found);
+  absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
+  if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
+  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(not_found);
+  auto* find = new FindOne<Response>(resp, timing, leaders->size(), ToGrpcStatus(not_found));
+  for (const std::string& address : *leaders) {
+    auto& part = find->part(address);
+    part.ctx = forwarder_->ContextFor(*ctx);
+    start(forwarder_->AdminAt(address), part.ctx.get(), &part.response,
+          [find, &part](grpc::Status status) { find->Done(part, status); });
+  }
+  return find;
+}
+
+absl::StatusOr<core::ScheduleInfo> AdminService::FindScheduleHere(grpc::CallbackServerContext* ctx,
+                                                                  const std::string& id,
+                                                                  const std::vector<bool>& here) {
+  absl::StatusOr<core::ScheduleInfo> found = broker_.GetSchedule(id, here);
+  if (!found.ok()) return found.status();
+  // Checked on the schedule's queue only once it is found: before that, only the role.
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, found->schedule.job.queue); !s.ok())
+    return s;
+  return found;
+}
+
+grpc::ServerUnaryReactor* AdminService::PutSchedule(grpc::CallbackServerContext* ctx,
+                                                    const v1::PutScheduleRequest* req,
+                                                    v1::Schedule* resp) {
+  const RpcTiming timing = timers_.Start("PutSchedule");
+  absl::StatusOr<core::Schedule> schedule = FromProto(req->schedule());
+  if (schedule.ok()) {
+    absl::Status s = core::ValidateSchedule(*schedule);
+    if (!s.ok()) schedule = s;
+  }
+  if (!schedule.ok()) {
+    // Who may be told what is wrong with it: any admin (the queue may be the bad part).
+    if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
+      return UnaryCall(ctx, timing).Finish(s);
+    return UnaryCall(ctx, timing).Finish(schedule.status());
+  }
+  const std::string& queue = schedule->job.queue;
+  if (auto* refused = CheckQueue(ctx, timing, queue)) return refused;
+  if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(queue), timing,
+                                  [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                              std::function<void(grpc::Status)> done) {
+                                    stub.async()->PutSchedule(c, req, resp, std::move(done));
+                                  }))
+    return forwarded;
+  UnaryCall call(ctx, timing);
+  broker_.PutSchedule(*std::move(schedule), ServedHere(),
+                      [this, call, resp](absl::StatusOr<core::ScheduleInfo> info) {
+                        if (info.ok()) ToProtoPlaced(*info, resp);
+                        call.Finish(info.status());
+                      });
+  return call.reactor();
+}
+
+grpc::ServerUnaryReactor* AdminService::GetSchedule(grpc::CallbackServerContext* ctx,
+                                                    const v1::GetScheduleRequest* req,
+                                                    v1::Schedule* resp) {
+  const RpcTiming timing = timers_.Start("GetSchedule");
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  const std::vector<bool> here = ServedHere();
+  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
+  if (found.ok()) {
+    ToProtoPlaced(*found, resp);
+    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  }
+  if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
+  return AskOtherLeaders<v1::Schedule>(
+      ctx, timing, here, found.status(), resp,
+      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::Schedule* r,
+            std::function<void(grpc::Status)> done) {
+        stub.async()->GetSchedule(c, req, r, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* AdminService::DeleteSchedule(grpc::CallbackServerContext* ctx,
+                                                       const v1::DeleteScheduleRequest* req,
+                                                       v1::DeleteScheduleResponse* resp) {
+  const RpcTiming timing = timers_.Start("DeleteSchedule");
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  const std::vector<bool> here = ServedHere();
+  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
+  if (found.ok()) {
+    UnaryCall call(ctx, timing);
+    broker_.DeleteSchedule(req->schedule_id(), here,
+                           [call](absl::Status deleted) { call.Finish(deleted); });
+    return call.reactor();
+  }
+  if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
+  return AskOtherLeaders<v1::DeleteScheduleResponse>(
+      ctx, timing, here, found.status(), resp,
+      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::DeleteScheduleResponse* r,
+            std::function<void(grpc::Status)> done) {
+        stub.async()->DeleteSchedule(c, req, r, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* AdminService::TriggerSchedule(grpc::CallbackServerContext* ctx,
+                                                        const v1::TriggerScheduleRequest* req,
+                                                        v1::TriggerScheduleResponse* resp) {
+  const RpcTiming timing = timers_.Start("TriggerSchedule");
+  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
+    return UnaryCall(ctx, timing).Finish(s);
+  const std::vector<bool> here = ServedHere();
+  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
+  if (found.ok()) {
+    UnaryCall call(ctx, timing);
+    broker_.TriggerSchedule(req->schedule_id(), here,
+                            [call, resp](absl::StatusOr<core::EnqueueResult> run) {
+                              if (run.ok()) {
+                                resp->set_job_id(run->job_id);
+                                resp->set_deduplicated(run->deduplicated);
+                              }
+                              call.Finish(run.status());
+                            });
+    return call.reactor();
+  }
+  if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
+  return AskOtherLeaders<v1::TriggerScheduleResponse>(
+      ctx, timing, here, found.status(), resp,
+      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::TriggerScheduleResponse* r,
+            std::function<void(grpc::Status)> done) {
+        stub.async()->TriggerSchedule(c, req, r, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* AdminService::ListSchedules(grpc::CallbackServerContext* ctx,
+                                                      const v1::ListSchedulesRequest* req,
+                                                      v1::ListSchedulesResponse* resp) {
+  const RpcTiming timing = timers_.Start("ListSchedules");
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return UnaryCall(ctx, timing).Finish(caller.status());
+  if (!req->queue().empty()) {
+    // One queue: one partition, answered by its leader.
+    if (absl::Status s = core::ValidateQueueName(req->queue()); !s.ok())
+      return UnaryCall(ctx, timing).Finish(s);
+    if (auto* refused = CheckQueue(ctx, timing, req->queue())) return refused;
+    if (auto* forwarded = Elsewhere(ctx, router_.PartitionOfQueue(req->queue()), timing,
+                                    [req, resp](v1::Admin::Stub& stub, grpc::ClientContext* c,
+                                                std::function<void(grpc::Status)> done) {
+                                      stub.async()->ListSchedules(c, req, resp, std::move(done));
+                                    }))
+      return forwarded;
+  } else if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kAdmin); !s.ok())
+      return UnaryCall(ctx, timing).Finish(s);
+  }
+  const std::vector<bool> here = ServedHere();
+  for (const core::ScheduleInfo& info : broker_.ListSchedules(req->queue(), here)) {
+    // A token scoped to some queues sees their schedules only.
+    if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, info.schedule.job.queue))
+      continue;
+    ToProtoPlaced(info, resp->add_schedules());
+  }
+  if (!req->queue().empty() || !router_.cluster_mode() || Router::IsForwarded(*ctx))
+    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
+  if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
+  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  auto* fan_out = new FanOut<v1::ListSchedulesResponse>(
+      resp, timing, leaders->size(),
+      [resp](v1::ListSchedulesResponse& part) {
+        for (v1::Schedule& s : *part.mutable_schedules()) resp->add_schedules()->Swap(&s);
+      },
+      [resp] {
+        auto* all = resp->mutable_schedules();
+        std::sort(all->begin(), all->end(), [](const v1::Schedule& a, const v1::Schedule& b) {
+          return a.schedule_id() < b.schedule_id();
+        });
+      });
+  for (const std::string& address : *leaders) {
+    auto& part = fan_out->part(address);
+    part.ctx = forwarder_->ContextFor(*ctx);
+    forwarder_->AdminAt(address).async()->ListSchedules(
+        part.ctx.get(), req, &part.response,
+        [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
+  }
+  return fan_out;
+}
+
+}  // namespace jobbroker::server

@@ -1,0 +1,123 @@
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "server/grpc/rpc_metrics.h"
+
+namespace jobbroker::server {
+
+// A listing in cluster mode (ListQueues, ListWorkers): this node's part is in the response
+// already; each other leader's is added (`add`) as it comes, and the whole is completed
+// (`complete`: sorted, merged) and answered once all have, or answered with the first failure.
+template <typename Response>
+class FanOut final : public grpc::ServerUnaryReactor {
+ public:
+  struct Part {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    Response response;
+  };
+  // `add(part)` runs under the fan-out's lock; `complete()` once, after the last part.
+  FanOut(Response* resp, RpcTiming timing, size_t parts, std::function<void(Response&)> add,
+         std::function<void()> complete)
+      : resp_(resp),
+        timing_(timing),
+        add_(std::move(add)),
+        complete_(std::move(complete)),
+        pending_(parts) {}
+
+  // Made before any call starts, so the map does not change while answers arrive.
+  Part& part(const std::string& address) { return parts_[address]; }
+
+  void Done(Part& part, const grpc::Status& status) {
+    grpc::Status failure;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && failure_.ok()) failure_ = status;
+      if (status.ok()) add_(part.response);
+      if (--pending_ > 0) return;
+      failure = failure_;
+    }
+    // The last answer: every other thread is done with the response.
+    if (failure.ok()) {
+      complete_();
+    } else {
+      resp_->Clear();
+    }
+    timing_.Record(failure);
+    Finish(failure);
+  }
+  void OnCancel() override {
+    for (auto& [address, part] : parts_) part.ctx->TryCancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Response* const resp_;
+  const RpcTiming timing_;
+  const std::function<void(Response&)> add_;
+  const std::function<void()> complete_;
+  std::map<std::string, Part> parts_;
+  absl::Mutex mu_;
+  size_t pending_ ABSL_GUARDED_BY(mu_);
+  grpc::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+// A call by schedule id in cluster mode (GetSchedule, DeleteSchedule, TriggerSchedule) that this
+// node could not answer: the schedule lives in one partition, so each other leader is asked (a
+// forwarded call, answered from its own partitions only) and the one that has it answers; the
+// others say NOT_FOUND. The answer: the one found, else the first other failure, else
+// `not_found`.
+template <typename Response>
+class FindOne final : public grpc::ServerUnaryReactor {
+ public:
+  struct Part {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    Response response;
+  };
+  FindOne(Response* resp, RpcTiming timing, size_t parts, grpc::Status not_found)
+      : resp_(resp), timing_(timing), not_found_(std::move(not_found)), pending_(parts) {}
+
+  // Made before any call starts, so the map does not change while answers arrive.
+  Part& part(const std::string& address) { return parts_[address]; }
+
+  void Done(Part& part, const grpc::Status& status) {
+    grpc::Status answer;
+    {
+      absl::MutexLock lock(&mu_);
+      if (status.ok() && !found_) {
+        found_ = true;
+        resp_->Swap(&part.response);
+      } else if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND &&
+                 failure_.ok()) {
+        failure_ = status;
+      }
+      if (--pending_ > 0) return;
+      answer = found_ ? grpc::Status::OK : !failure_.ok() ? failure_ : not_found_;
+    }
+    timing_.Record(answer);
+    Finish(answer);
+  }
+  void OnCancel() override {
+    for (auto& [address, part] : parts_) part.ctx->TryCancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Response* const resp_;
+  const RpcTiming timing_;
+  const grpc::Status not_found_;
+  std::map<std::string, Part> parts_;
+  absl::Mutex mu_;
+  size_t pending_ ABSL_GUARDED_BY(mu_);
+  bool found_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status failure_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace jobbroker::server
