@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -478,6 +479,51 @@ TEST_F(CliTest, WorkersShowsWhoRunsWhat) {
   EXPECT_EQ(workers.workers(0).worker_id(), "gpu-7");
   ASSERT_EQ(workers.workers(0).running_size(), 1);
   EXPECT_EQ(workers.workers(0).running(0).job_id(), id);
+}
+
+TEST_F(CliTest, SchedulesArePutListedRunPausedAndDeleted) {
+  CliResult r = Cli({"schedule", "put", "digest",
+                     R"({"every":"3600s","template":{"queue":"mail","payload":"ZGlnZXN0"}})"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, AllOf(StartsWith("digest active, next run "), HasSubstr("(in 59m")));
+
+  r = Cli({"schedules"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::vector<std::string> lines = Lines(r.out);
+  ASSERT_THAT(lines, SizeIs(2)) << r;
+  EXPECT_THAT(lines[0], AllOf(StartsWith("SCHEDULE"), HasSubstr("WHEN"), HasSubstr("NEXT RUN")));
+  EXPECT_THAT(lines[1], AllOf(StartsWith("digest"), HasSubstr("every 1h"), HasSubstr("mail"),
+                              HasSubstr("active")));
+
+  r = Cli({"schedule", "run", "digest"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  const std::string job_id(absl::StripAsciiWhitespace(r.out));
+  EXPECT_EQ(client_->MustGetJob(job_id).payload(), "digest");
+
+  r = Cli({"schedule", "pause", "digest"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("digest paused"));
+  r = Cli({"--json", "schedule", "get", "digest"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  v1::Schedule s = FromJson<v1::Schedule>(r.out);
+  EXPECT_TRUE(s.paused());
+  EXPECT_EQ(s.last_job_id(), job_id);
+  r = Cli({"schedule", "resume", "digest"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, StartsWith("digest active"));
+
+  r = Cli({"schedule", "put", "digest", R"({"every":"1s"})"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT: schedule.template.queue"));
+  r = Cli({"schedule", "put", "digest", R"({"evry":"1s"})"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("JSON is not a Schedule"));
+
+  r = Cli({"schedule", "delete", "digest"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  r = Cli({"schedule", "get", "digest"});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 }
 
 TEST_F(CliTest, QueuesShowsCountsByState) {

@@ -213,6 +213,72 @@ const std::vector<Command>& Commands() {
           .run = RunPolicySet,
       },
       {
+          .name = "schedules",
+          .args_usage = "[QUEUE]",
+          .summary = "list recurring schedules: when they run, their next and last runs",
+          .details = "With QUEUE, only the schedules that enqueue into it. A schedule whose\n"
+                     "last run failed (or that cannot run) is listed with its error below.\n"
+                     "With --json, a JSON array of Schedule messages.",
+          .max_args = 1,
+          .run = RunSchedules,
+      },
+      {
+          .name = "schedule put",
+          .args_usage = "ID JSON",
+          .summary = "create or replace a recurring schedule",
+          .details =
+              "JSON is the Schedule, e.g. '{\"cron\":\"0 9 * * MON-FRI\",\"timeZone\":\n"
+              "\"Europe/Berlin\",\"template\":{\"queue\":\"reports\",\"payload\":\"...\"}}'\n"
+              "or '{\"every\":\"900s\",\"template\":{...}}' (payload is base64, as in\n"
+              "proto3 JSON). Each run enqueues the template once, with the dedup key\n"
+              "ID@<run time>. Replacing keeps its history. JSON - reads it from stdin.",
+          .min_args = 2,
+          .max_args = 2,
+          .run = RunSchedulePut,
+      },
+      {
+          .name = "schedule get",
+          .args_usage = "ID",
+          .summary = "print a schedule (JSON)",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunScheduleGet,
+      },
+      {
+          .name = "schedule delete",
+          .args_usage = "ID",
+          .summary = "delete a schedule (the jobs it enqueued stay)",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunScheduleDelete,
+      },
+      {
+          .name = "schedule run",
+          .args_usage = "ID",
+          .summary = "enqueue one run of a schedule now; prints the job id",
+          .details = "Also while the schedule is paused; its next run does not move.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunScheduleRun,
+      },
+      {
+          .name = "schedule pause",
+          .args_usage = "ID",
+          .summary = "stop a schedule's runs until it is resumed",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunSchedulePause,
+      },
+      {
+          .name = "schedule resume",
+          .args_usage = "ID",
+          .summary = "resume a paused schedule with its next run after now",
+          .details = "Runs that came due while it was paused are not caught up.",
+          .min_args = 1,
+          .max_args = 1,
+          .run = RunScheduleResume,
+      },
+      {
           .name = "health",
           .summary = "check that the broker is serving (exit 0 and SERVING if so)",
           .run = RunHealth,

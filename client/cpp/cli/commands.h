@@ -93,6 +93,13 @@ int RunResume(CommandContext& ctx);
 int RunPurge(CommandContext& ctx);
 int RunPolicyGet(CommandContext& ctx);
 int RunPolicySet(CommandContext& ctx);
+int RunSchedules(CommandContext& ctx);
+int RunSchedulePut(CommandContext& ctx);
+int RunScheduleGet(CommandContext& ctx);
+int RunScheduleDelete(CommandContext& ctx);
+int RunScheduleRun(CommandContext& ctx);
+int RunSchedulePause(CommandContext& ctx);
+int RunScheduleResume(CommandContext& ctx);
 int RunHealth(CommandContext& ctx);
 int RunCluster(CommandContext& ctx);
 

@@ -1,14 +1,30 @@
 #include "client/cpp/cli/run.h"
 
+#include <algorithm>
 #include <ostream>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cpp/cli/connection.h"
 #include "client/cpp/cli/usage.h"
 
 namespace jobbroker::cli {
 namespace {
+
+// The subcommands of a command group ("policy": get, set), in the order the usage lists them;
+// empty if `group` is not one.
+std::vector<std::string> Subcommands(const std::string& group) {
+  std::vector<std::string> subs;
+  const std::string prefix = absl::StrCat(group, " ");
+  for (const Command& c : Commands()) {
+    if (absl::StartsWith(c.name, prefix)) subs.push_back(c.name.substr(prefix.size()));
+  }
+  return subs;
+}
 
 const Command* FindCommand(const std::string& name) {
   for (const Command& c : Commands()) {
@@ -29,10 +45,13 @@ int RunHelp(const std::vector<std::string>& words, Io& io) {
     return kExitOk;
   }
   std::string name = words[0];
-  if (name == "policy" && words.size() > 1) name = absl::StrCat(name, " ", words[1]);
-  if (name == "policy") {
-    io.out << CommandUsage(*FindCommand("policy get")) << "\n"
-           << UsageLine(*FindCommand("policy set")) << "\n";
+  const std::vector<std::string> subs = Subcommands(name);
+  if (!subs.empty() && words.size() > 1) name = absl::StrCat(name, " ", words[1]);
+  if (!subs.empty() && words.size() == 1) {
+    // The group: the first subcommand in full, the others' usage lines.
+    io.out << CommandUsage(*FindCommand(absl::StrCat(name, " ", subs[0]))) << "\n";
+    for (size_t i = 1; i < subs.size(); ++i)
+      io.out << UsageLine(*FindCommand(absl::StrCat(name, " ", subs[i]))) << "\n";
     return kExitOk;
   }
   const Command* command = FindCommand(name);
@@ -68,10 +87,11 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
 
   std::string name = words[0];
   size_t consumed = 1;
-  if (name == "policy") {
-    if (words.size() >= 2 && words[1] == "--help") return RunHelp({"policy"}, io);
-    if (words.size() < 2 || (words[1] != "get" && words[1] != "set")) {
-      return GeneralUsageError(io, "policy needs a subcommand: get or set");
+  if (const std::vector<std::string> subs = Subcommands(name); !subs.empty()) {
+    if (words.size() >= 2 && words[1] == "--help") return RunHelp({name}, io);
+    if (words.size() < 2 || std::find(subs.begin(), subs.end(), words[1]) == subs.end()) {
+      return GeneralUsageError(
+          io, absl::StrCat(name, " needs a subcommand: ", absl::StrJoin(subs, ", ")));
     }
     name = absl::StrCat(name, " ", words[1]);
     consumed = 2;

@@ -375,6 +375,72 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> Client::ListWorkers(const std::strin
   return std::vector<v1::WorkerInfo>(resp.workers().begin(), resp.workers().end());
 }
 
+absl::StatusOr<v1::Schedule> Client::PutSchedule(const v1::Schedule& schedule) {
+  v1::PutScheduleRequest req;
+  *req.mutable_schedule() = schedule;
+  v1::Schedule resp;
+  // Retried: putting the same schedule twice leaves it as once.
+  absl::Status s = Run(options_, *router_, Router::Route::Queue(schedule.template_().queue()),
+                       /*retryable=*/true, [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->PutSchedule(ctx, req, &resp);
+                       });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<v1::Schedule> Client::GetSchedule(const std::string& schedule_id) {
+  v1::GetScheduleRequest req;
+  req.set_schedule_id(schedule_id);
+  v1::Schedule resp;
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->GetSchedule(ctx, req, &resp);
+                       });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::StatusOr<std::vector<v1::Schedule>> Client::ListSchedules(const std::string& queue) {
+  v1::ListSchedulesRequest req;
+  req.set_queue(queue);
+  v1::ListSchedulesResponse resp;
+  const Router::Route route = queue.empty() ? Router::Route::Any() : Router::Route::Queue(queue);
+  absl::Status s = Run(options_, *router_, route, /*retryable=*/true,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.admin->ListSchedules(ctx, req, &resp);
+                       });
+  if (!s.ok()) return s;
+  return std::vector<v1::Schedule>(resp.schedules().begin(), resp.schedules().end());
+}
+
+absl::Status Client::DeleteSchedule(const std::string& schedule_id) {
+  v1::DeleteScheduleRequest req;
+  req.set_schedule_id(schedule_id);
+  v1::DeleteScheduleResponse resp;
+  // Not retried: after a lost reply the repeat would answer NOT_FOUND.
+  return Run(options_, *router_, Router::Route::Any(), /*retryable=*/false,
+             [&](const Router::Node& node, grpc::ClientContext* ctx) {
+               return node.admin->DeleteSchedule(ctx, req, &resp);
+             });
+}
+
+absl::StatusOr<v1::TriggerScheduleResponse> Client::TriggerSchedule(
+    const std::string& schedule_id) {
+  v1::TriggerScheduleRequest req;
+  req.set_schedule_id(schedule_id);
+  v1::TriggerScheduleResponse resp;
+  // Not retried: a repeat in a later second would be a second run.
+  absl::Status s = Run(options_, *router_, Router::Route::Any(), /*retryable=*/false,
+                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         return node.admin->TriggerSchedule(ctx, req, &resp);
+                       });
+  if (!s.ok()) return s;
+  return resp;
+}
+
 absl::StatusOr<v1::QueueInfo> Client::GetQueue(const std::string& queue) {
   v1::GetQueueRequest req;
   req.set_queue(queue);

@@ -184,6 +184,14 @@ class Client {
   // The connected workers and what each runs (Admin.ListWorkers); only those of `queue` when
   // it is set. Any node answers for the whole cluster.
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(const std::string& queue = "");
+  // Recurring schedules (Admin.PutSchedule and the rest): created or replaced whole, by
+  // schedule_id; each run enqueues schedule.template once. Any node answers the calls by id.
+  absl::StatusOr<v1::Schedule> PutSchedule(const v1::Schedule& schedule);
+  absl::StatusOr<v1::Schedule> GetSchedule(const std::string& schedule_id);
+  absl::StatusOr<std::vector<v1::Schedule>> ListSchedules(const std::string& queue = "");
+  absl::Status DeleteSchedule(const std::string& schedule_id);
+  // One run now (also while paused); the job it enqueued.
+  absl::StatusOr<v1::TriggerScheduleResponse> TriggerSchedule(const std::string& schedule_id);
   absl::StatusOr<v1::QueueInfo> GetQueue(const std::string& queue);
   absl::StatusOr<v1::QueueInfo> UpdateQueuePolicy(const v1::UpdateQueuePolicyRequest& request);
   // Stop (Pause) or restart (Resume) leasing from a queue; returns the queue.
