@@ -9,6 +9,7 @@ import * as queue from './queue.js';
 import * as job from './job.js';
 import * as failed from './failed.js';
 import * as cluster from './cluster.js';
+import * as schedules from './schedules.js';
 import * as workers from './workers.js';
 import { h } from './dom.js';
 
@@ -27,7 +28,7 @@ function announce(message, kind = 'ok') {
 }
 
 // --- Routing: #/, #/queues/<name>?state=...&dedupKey=..., #/jobs/<id>, #/failed, #/workers?queue=...,
-// #/cluster ---
+// #/schedules, #/cluster ---
 
 // Any hash the router does not know.
 const notFound = {
@@ -56,6 +57,7 @@ function route() {
   if (parts[0] === 'failed' && parts.length === 1) return { module: failed, nav: 'failed', params };
   if (parts[0] === 'cluster' && parts.length === 1) return { module: cluster, nav: 'cluster', params };
   if (parts[0] === 'workers' && parts.length === 1) return { module: workers, nav: 'workers', params };
+  if (parts[0] === 'schedules' && parts.length === 1) return { module: schedules, nav: 'schedules', params };
   return { module: notFound, nav: null, params };
 }
 

@@ -127,6 +127,13 @@ export const retryQueue = (queue, { state = 'JOB_STATE_FAILED', dryRun = false, 
 export const getCluster = () => call('GET', '/cluster');
 export const listWorkers = (queue) => call('GET', queue ? `/queues/${seg(queue)}/workers` : '/workers');
 
+// Recurring schedules. A put sends the whole Schedule (proto3 JSON); the path names it.
+export const listSchedules = () => call('GET', '/schedules');
+export const getSchedule = (id) => call('GET', `/schedules/${seg(id)}`);
+export const putSchedule = (id, schedule) => call('POST', `/schedules/${seg(id)}`, schedule);
+export const deleteSchedule = (id) => call('DELETE', `/schedules/${seg(id)}`, {});
+export const triggerSchedule = (id) => call('POST', `/schedules/${seg(id)}/trigger`, {});
+
 export const getJob = (id) => call('GET', `/jobs/${seg(id)}`);
 export const cancelJob = (id) => call('POST', `/jobs/${seg(id)}/cancel`, {});
 export const retryJob = (id) => call('POST', `/jobs/${seg(id)}/retry`, {});

@@ -29,6 +29,9 @@ before(async () => {
   const renderId = await enqueue(client, 'renders', '{}');
   const leased = await leaseJob(client, 'renders', renderId, 'gpu-1');
   await client.broker.heartbeat({ jobId: renderId, leaseId: leased.leaseId, progress: Buffer.from('{"percent": 60}') });
+  // A schedule for the schedules view, one paused.
+  await client.admin.putSchedule({ schedule: { scheduleId: 'nightly', cron: '30 2 * * *', timeZone: 'Europe/Berlin', template: { queue: 'reports' } } });
+  await client.admin.putSchedule({ schedule: { scheduleId: 'hourly', every: { seconds: 3600 }, paused: true, template: { queue: 'reports' } } });
 });
 
 after(async () => {
@@ -56,6 +59,7 @@ const views = [
   ['job', () => `#/jobs/${deadId}`, (page) => page.getByRole('region', { name: 'Attempts', exact: true })],
   ['failed', '#/failed', (page) => page.getByRole('article').first()],
   ['workers', '#/workers', (page) => page.getByRole('region', { name: 'Workers table', exact: true }).locator('tbody tr').first()],
+  ['schedules', '#/schedules', (page) => page.getByRole('region', { name: 'Schedules table', exact: true }).locator('tbody tr').first()],
   ['cluster', '#/cluster', (page) => page.getByRole('region', { name: 'Partitions table', exact: true }).locator('tbody tr').first()],
 ];
 
