@@ -52,7 +52,8 @@ RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_T
  && install -D --strip -m 0755 /build/server/jobbroker /out/jobbroker \
  && install -D --strip -m 0755 /build/client/cpp/jobbroker-cli /out/jobbroker-cli
 
-# ---- runtime: the shared libraries the two binaries load (ldd + dpkg -S), and etcd-server
+# ---- runtime: the shared libraries the two binaries load (ldd + dpkg -S), tzdata (the IANA zones
+# of recurring schedules: absl reads /usr/share/zoneinfo), and etcd-server
 # (/usr/bin/etcd, a Go binary that loads only libc) for the etcd members of a cluster. Nothing
 # else: no etcdctl, no tools beyond the base image's.
 FROM ${DEBIAN_IMAGE}
@@ -75,6 +76,7 @@ RUN apt-get update \
       libsnappy1v5 \
       libssl3 \
       libzstd1 \
+      tzdata \
       zlib1g \
  && rm -rf /var/lib/apt/lists/*
 

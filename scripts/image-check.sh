@@ -330,6 +330,14 @@ cli() { pm exec "$c" jobbroker-cli --address "$grpc" --timeout 5s "$@"; }
 check "jobbroker-cli health inside the container" cli health
 kept_job=$(cli enqueue image-check '{"kept":"across restarts"}' 2>&1) || kept_job=""
 if [[ "$kept_job" =~ ^[0-9A-Z]{26}$ ]]; then pass "enqueue through the container's gRPC: $kept_job"; else fail "enqueue: $kept_job"; fi
+# A schedule in a zone other than UTC: the runtime image must carry the tz database.
+zoned=$(cli schedule put image-check-nightly \
+  '{"cron":"30 2 * * *","timeZone":"Europe/Berlin","template":{"queue":"image-check-nightly"}}' 2>&1) || true
+if [[ "$zoned" == "image-check-nightly active, next run "* ]]; then
+  pass "a cron schedule in Europe/Berlin is accepted (tzdata in the image)"
+else
+  fail "schedule put in Europe/Berlin: $zoned"
+fi
 
 quickstart=$build_dir/client/cpp/quickstart
 acked_job=""
