@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace jobbroker::crash {
@@ -700,11 +701,116 @@ const char* ViolationKindName(ViolationKind kind) {
       return "TWO_WRITERS_IN_EPOCH";
     case ViolationKind::kLogOrder:
       return "LOG_ORDER";
+    case ViolationKind::kScheduleRunTwice:
+      return "SCHEDULE_RUN_TWICE";
+    case ViolationKind::kScheduleRunMissed:
+      return "SCHEDULE_RUN_MISSED";
   }
   return "?";
 }
 
-Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
+namespace {
+
+// The schedule's runs (kScheduledQueue's jobs): one job per run time, and no gap between two
+// consecutive runs that no downtime explains.
+template <typename Violate>
+void CheckScheduleRuns(const CrashLogs& logs, const std::vector<const v1::Job*>& jobs, Summary& s,
+                       Violate violate) {
+  constexpr int64_t kSecond = 1'000'000;
+  constexpr int64_t kHealSlack = 10 * kSecond;
+  // When runs may be missed: [from, to] in microseconds.
+  std::vector<std::pair<int64_t, int64_t>> down;
+  std::map<std::string, int64_t> open;  // fault id, or node, -> its start
+  int64_t broker_killed = -1;
+  for (const DriverEvent& e : logs.driver_events) {
+    switch (e.type) {
+      case DriverEventType::kBrokerKill:
+        broker_killed = e.ts;
+        break;
+      case DriverEventType::kBrokerUp:
+        if (broker_killed >= 0) down.emplace_back(broker_killed - kSecond, e.ts + kSecond);
+        broker_killed = -1;
+        break;
+      case DriverEventType::kFault:
+        open[absl::StrCat("fault ", e.value)] = e.ts;
+        break;
+      case DriverEventType::kHeal:
+        if (auto it = open.find(absl::StrCat("fault ", e.value)); it != open.end()) {
+          down.emplace_back(it->second - kSecond, e.ts + kHealSlack);
+          open.erase(it);
+        }
+        break;
+      case DriverEventType::kNodeKill:
+      case DriverEventType::kNodeStop:
+      case DriverEventType::kNodePause:
+        open.emplace(absl::StrCat("node ", e.subject), e.ts);
+        break;
+      case DriverEventType::kNodeUp:
+      case DriverEventType::kNodeCont:
+        if (auto it = open.find(absl::StrCat("node ", e.subject)); it != open.end()) {
+          down.emplace_back(it->second - kSecond, e.ts + kHealSlack);
+          open.erase(it);
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  if (broker_killed >= 0)
+    down.emplace_back(broker_killed - kSecond, std::numeric_limits<int64_t>::max());
+  for (const auto& [what, from] : open)
+    down.emplace_back(from - kSecond, std::numeric_limits<int64_t>::max());
+
+  std::map<int64_t, std::vector<std::string>> runs;  // run time (µs) -> job ids
+  const std::string prefix = absl::StrCat(kScheduleId, "@");
+  for (const v1::Job* job : jobs) {
+    absl::Time at;
+    std::string error;
+    if (!absl::StartsWith(job->dedup_key(), prefix) ||
+        !absl::ParseTime(absl::RFC3339_full, job->dedup_key().substr(prefix.size()), &at, &error)) {
+      violate(ViolationKind::kUnknownJob, job->id(),
+              absl::StrCat("a job of ", kScheduledQueue, " with dedup key '", job->dedup_key(),
+                           "', which names no run of ", kScheduleId));
+      continue;
+    }
+    runs[absl::ToUnixMicros(at)].push_back(job->id());
+  }
+  s.schedule_runs = static_cast<int64_t>(runs.size());
+  int64_t previous = -1;
+  for (const auto& [at, ids] : runs) {
+    if (ids.size() > 1) {
+      violate(ViolationKind::kScheduleRunTwice, ids.front(),
+              absl::StrCat("run ", at, " of ", kScheduleId, " is jobs ", absl::StrJoin(ids, ", ")));
+    }
+    if (previous >= 0 && at - previous > kSecond) {
+      const bool explained = std::any_of(down.begin(), down.end(), [&](const auto& w) {
+        return w.first < at && previous < w.second;
+      });
+      if (explained) {
+        ++s.schedule_gaps;
+      } else {
+        violate(ViolationKind::kScheduleRunMissed, ids.front(),
+                absl::StrCat("runs of ", kScheduleId, " at ", previous, " and ", at, " are ",
+                             (at - previous) / 1000, " ms apart, with no kill or fault between"));
+      }
+    }
+    previous = at;
+  }
+}
+
+}  // namespace
+
+Report Check(const CrashLogs& logs, const std::vector<v1::Job>& all_final_jobs) {
+  // The schedule's runs are checked on their own; the rest against the producers' enqueues.
+  std::vector<v1::Job> final_jobs;
+  std::vector<const v1::Job*> scheduled;
+  for (const v1::Job& job : all_final_jobs) {
+    if (job.queue() == kScheduledQueue) {
+      scheduled.push_back(&job);
+    } else {
+      final_jobs.push_back(job);
+    }
+  }
   Report report;
   Summary& s = report.summary;
   auto violate = [&report](ViolationKind kind, const std::string& job, std::string detail) {
@@ -966,6 +1072,7 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& final_jobs) {
   CheckWriters(logs, s, [&violate](ViolationKind kind, std::string detail) {
     violate(kind, "", std::move(detail));
   });
+  CheckScheduleRuns(logs, scheduled, s, violate);
   return report;
 }
 
@@ -1012,6 +1119,8 @@ std::string Report::SummaryTable(
           {"final COMPLETED / FAILED / other",
            absl::StrCat(s.final_completed, " / ", s.final_failed, " / ", s.final_other)},
           {"torn log lines skipped", absl::StrCat(s.torn_lines)},
+          {"schedule runs (gaps explained by downtime)",
+           absl::StrCat(s.schedule_runs, " (", s.schedule_gaps, ")")},
       });
   if (cluster) {
     rows.insert(

@@ -218,6 +218,10 @@ enum class ViolationKind {
                        // different entries at one (partition, seq, epoch)
   kLogOrder,           // a node's log of a partition skips or repeats a seq, goes back an
                        // epoch, or does not fit its own header's bounds
+  // The recurring schedule (kScheduleId):
+  kScheduleRunTwice,   // two jobs for one run of it (one run time, one dedup key)
+  kScheduleRunMissed,  // two consecutive runs more than its interval apart with the broker up
+                       // (no broker kill, cluster fault or node kill in between)
 };
 
 const char* ViolationKindName(ViolationKind kind);
@@ -238,6 +242,12 @@ enum class RerunCause {
   kClusterFault,   // a cluster harness's fault, [FAULT, HEAL], overlapped that window
   kUnexplained,    // none of these: a violation
 };
+
+// A recurring schedule the harnesses put before the kills: every second into kScheduledQueue,
+// which no worker takes from, so its runs stay READY for the checker (and are left out of the
+// jobs the producers' enqueues account for, and of the settle count).
+inline constexpr char kScheduleId[] = "crash-every-second";
+inline constexpr char kScheduledQueue[] = "crash.scheduled";
 
 struct Summary {
   int64_t jobs_enqueued = 0;    // distinct job ids acknowledged
@@ -271,6 +281,10 @@ struct Summary {
   int64_t final_other = 0;
   int64_t lost = 0;
   int torn_lines = 0;
+  // The schedule: its runs in the final state, and gaps between consecutive runs that a kill or
+  // fault explains (a run missed for more than a minute is skipped; see docs/workflows.md).
+  int64_t schedule_runs = 0;
+  int64_t schedule_gaps = 0;
   // The cluster harness's writer check.
   int64_t role_records = 0;      // partition_role events read from node logs
   int64_t partitions_led = 0;    // distinct partitions some node logged leading
@@ -293,7 +307,11 @@ struct Report {
 };
 
 // Checks `logs` against `final_jobs` (every job the broker holds at the end, from the Admin
-// API). See README.md for what each check proves. The writer check runs over the node logs and
+// API). The jobs of kScheduledQueue are the schedule's runs, checked as such: each run once,
+// and a gap between consecutive runs only across a broker kill (1 s either side), a cluster
+// fault or a node kill (until 10 s after it healed: a leader moves back to its preferred
+// replica some seconds after). An empty kScheduledQueue is no violation (a harness that puts no
+// schedule). See README.md for what each check proves. The writer check runs over the node logs and
 // dumps in `logs` alone, so it may be run with no final state: Check(logs, {}).
 Report Check(const CrashLogs& logs, const std::vector<jobbroker::v1::Job>& final_jobs);
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"
@@ -704,6 +705,62 @@ TEST(CheckerWritersTest, DumpLinesThatAreNeitherHeaderNorEntryAreMalformed) {
   EXPECT_THAT(logs.malformed, Each(HasSubstr("log dump node-0")));
   EXPECT_EQ(logs.replica_logs.size(), 1u);
   EXPECT_TRUE(logs.replica_entries.empty());
+}
+
+}  // namespace
+}  // namespace jobbroker::crash
+
+namespace jobbroker::crash {
+namespace {
+
+// A run of the harness's schedule at `second` (Unix seconds), as the final state shows it.
+v1::Job ScheduledRun(const std::string& id, int64_t second) {
+  v1::Job job =
+      Job(id,
+          absl::StrCat(kScheduleId, "@",
+                       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::FromUnixSeconds(second),
+                                        absl::UTCTimeZone())),
+          v1::JOB_STATE_READY, 0);
+  job.set_queue(kScheduledQueue);
+  return job;
+}
+
+constexpr int64_t kT0 = 1'800'000'000;  // seconds
+constexpr int64_t kMicros = 1'000'000;
+
+TEST(ScheduleCheckTest, RunsEverySecondAreCleanAndLeftOutOfTheProducersAccount) {
+  Scenario s;
+  for (int i = 0; i < 5; ++i) s.final_jobs.push_back(ScheduledRun(absl::StrCat("R", i), kT0 + i));
+  const Report report = s.Run();
+  EXPECT_TRUE(report.ok()) << report.ViolationList();
+  EXPECT_EQ(report.summary.schedule_runs, 5);
+  EXPECT_EQ(report.summary.schedule_gaps, 0);
+  EXPECT_EQ(report.summary.final_other, 0) << "not counted as a producer's job";
+}
+
+TEST(ScheduleCheckTest, AGapAcrossABrokerKillIsExplainedAndOneWithoutIsAMissedRun) {
+  Scenario s;
+  s.final_jobs = {ScheduledRun("R0", kT0), ScheduledRun("R1", kT0 + 1), ScheduledRun("R4", kT0 + 4),
+                  ScheduledRun("R9", kT0 + 9)};
+  // Down from 1.5 s to 2.2 s (with a second's slack either side: 0.5 s to 3.2 s): the gap
+  // 1 -> 4 is explained, 4 -> 9 is not.
+  s.driver = Driver((kT0 + 1) * kMicros + 500'000, "BROKER_KILL", "1") +
+             Driver((kT0 + 2) * kMicros + 200'000, "BROKER_UP", "2");
+  const Report report = s.Run();
+  ASSERT_THAT(Kinds(report), ElementsAre(ViolationKind::kScheduleRunMissed));
+  EXPECT_THAT(report.violations[0].detail, HasSubstr("5000 ms apart"));
+  EXPECT_EQ(report.summary.schedule_gaps, 1);
+}
+
+TEST(ScheduleCheckTest, TwoJobsForOneRunAndAJobNamingNoRunAreViolations) {
+  Scenario s;
+  s.final_jobs = {ScheduledRun("A", kT0), ScheduledRun("B", kT0), ScheduledRun("C", kT0 + 1)};
+  v1::Job stray = ScheduledRun("D", kT0 + 2);
+  stray.set_dedup_key("someone-else@2027-01-15T08:00:00Z");
+  s.final_jobs.push_back(stray);
+  const Report report = s.Run();
+  EXPECT_THAT(Kinds(report),
+              UnorderedElementsAre(ViolationKind::kScheduleRunTwice, ViolationKind::kUnknownJob));
 }
 
 }  // namespace

@@ -84,6 +84,9 @@ class Driver {
     std::fflush(stdout);
 
     if (absl::Status s = StartBroker(); !s.ok()) return Abort(s);
+    // Runs every second through the kills: the checker finds each run once, and no gap but
+    // across a kill.
+    if (absl::Status s = PutEverySecondSchedule(address_); !s.ok()) return Abort(s);
     if (absl::Status s = fleet_->StartWorkers(options_.workers); !s.ok()) return Abort(s);
     // A broker cycle of the kill phase takes about 2.8 s: up 0.8..3.2 s, down 0..1.5 s, restart.
     if (absl::Status s = fleet_->StartProducers(options_.producers, options_.jobs,

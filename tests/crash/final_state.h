@@ -10,7 +10,10 @@
 
 namespace jobbroker::crash {
 
-// Jobs of every queue by state, from Admin.ListQueues.
+// Puts the recurring schedule kScheduleId (checker.h): a run every second into kScheduledQueue.
+absl::Status PutEverySecondSchedule(const std::string& address);
+
+// Jobs of every queue but kScheduledQueue by state, from Admin.ListQueues.
 struct QueueCounts {
   int64_t open = 0;      // READY, SCHEDULED or ACTIVE
   int64_t terminal = 0;  // COMPLETED, FAILED or CANCELLED

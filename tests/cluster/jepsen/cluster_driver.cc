@@ -80,6 +80,14 @@ class ClusterDriver {
     std::printf("  logs in %s\n", out_.c_str());
     std::fflush(stdout);
     if (absl::Status s = StartRig(); !s.ok()) return Abort(s);
+    // A schedule running every second through the nemeses (crash/checker.h): each run once, and
+    // no gap but across a fault. Retried while its partition has no leader yet.
+    for (const absl::Time until = absl::Now() + absl::Seconds(30);;) {
+      absl::Status put = crash::PutEverySecondSchedule(LiveAddress());
+      if (put.ok()) break;
+      if (absl::Now() > until) return Abort(put);
+      absl::SleepFor(absl::Milliseconds(200));
+    }
     fleet_ = std::make_unique<crash::Fleet>(
         crash::FleetOptions{.self_exe = options_.self_exe,
                             .out_dir = out_,
