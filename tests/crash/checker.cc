@@ -783,8 +783,9 @@ void CheckScheduleRuns(const CrashLogs& logs, const std::vector<const v1::Job*>&
               absl::StrCat("run ", at, " of ", kScheduleId, " is jobs ", absl::StrJoin(ids, ", ")));
     }
     if (previous >= 0 && at - previous > kSecond) {
+      const int64_t run = at;  // a structured binding cannot be captured before C++20's clang 16
       const bool explained = std::any_of(down.begin(), down.end(), [&](const auto& w) {
-        return w.first < at && previous < w.second;
+        return w.first < run && previous < w.second;
       });
       if (explained) {
         ++s.schedule_gaps;
