@@ -89,11 +89,14 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
     if (other.empty()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat("sequence number ", seq, " is also job ", other, "'s"));
   };
+  change_now_ = now;
+  std::vector<std::string> waiting;  // WAITING jobs, to wait again once every job is loaded
   for (Job& job : found.jobs) {
     if (absl::Status s = clash(job.id, job.seq); !s.ok()) {
       QuarantineLocked(CorruptRecord{RecordKind::kJob, job.id, std::move(s)});
       continue;
     }
+    if (job.state == JobState::kWaiting) waiting.push_back(job.id);
     jobs_.SeenSeq(job.seq);
     auto owned = std::make_unique<Job>(std::move(job));
     queues_.Get(owned->queue).all.insert(owned->seq);
@@ -121,6 +124,7 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
   }
   found.cold = {};  // can be large: give it back before the rest of the start
   for (DedupEntry& e : found.dedup) dedup_.Put(std::move(e));
+  RewaitLocked(waiting, now, t, fx);
   // Leases that ran out while the broker was down become failed attempts now.
   size_t expired = 0;
   while (std::optional<uint64_t> seq = deadlines_.DueLease(now)) {
@@ -135,11 +139,13 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
 absl::Time Broker::StartChangeLocked(Transition& t, Effects& fx) {
   jobs_.Freeze(pipeline_.written(), options_.max_hot_jobs);
   const absl::Time now = clock_.Now();
+  change_now_ = now;
   ProcessDueLocked(now, t, fx);
   return now;
 }
 
 uint64_t Broker::CommitChangeLocked(Transition t, Effects& fx) {
+  ResolveDependentsLocked(t, fx);
   // Noted before Append moves `t`; the commit number is known right after, still under mu_.
   JobTable::PutList puts = JobTable::PutsOf(t);
   // Pushes to workers of a kSync change go out once it is written, while its fsync runs
@@ -274,6 +280,8 @@ void Broker::IndexLocked(const Job& job) {
     case JobState::kReady:
       if (job.expire_at != absl::InfiniteFuture()) deadlines_.AddExpiry(job.expire_at, job.seq);
       break;
+    case JobState::kWaiting:
+      break;  // its dependencies move it on (broker_dependencies.cc), not time
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -433,6 +434,31 @@ class Broker {
                                                            Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // --- Dependencies (broker_dependencies.cc) ----------------------------------------------------
+  // The jobs `spec` (of a batch whose earlier jobs got `earlier`) depends on, as ids, each
+  // once. EnqueueLocked has checked that every id is a job of this partition.
+  std::vector<std::string> ResolveDependenciesLocked(const EnqueueSpec& spec,
+                                                     const std::vector<EnqueueResult>& earlier)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new job with dependencies (job.depends_on set, not yet indexed): FAILED at once if one of
+  // them failed, WAITING if some have not completed, else as it was (READY or SCHEDULED), with
+  // their results.
+  void SetDependencyStateLocked(Job& job, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Before a change is committed: every job in `t` that ended (or was removed) releases or
+  // fails the WAITING jobs that depend on it, and so on down the graph, in `t` too. Nothing to
+  // do (and no cost) while no job waits.
+  void ResolveDependentsLocked(Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A WAITING job whose dependencies all completed: READY (or SCHEDULED), with their results.
+  void ReleaseDependentLocked(Job& job, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A WAITING job whose dependency `dep` ended FAILED or CANCELLED (or was removed): FAILED,
+  // kDependencyFailed.
+  void FailDependentLocked(Job& job, const std::string& dep, const std::string& why, absl::Time now,
+                           Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recovery: the WAITING jobs `ids` wait again for what has not completed.
+  void RewaitLocked(const std::vector<std::string>& ids, absl::Time now, Transition& t, Effects& fx)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- Recurring schedules (broker_schedules.cc) ------------------------------------------------
   // Runs every schedule that is due (at most `budget`): its run enqueued and its new next_run_at
   // stored in `t`, together, so that a crash can neither lose the run nor enqueue it twice.
@@ -497,6 +523,14 @@ class Broker {
   Watchers watchers_ ABSL_GUARDED_BY(mu_);
   RecentWorkers recent_workers_ ABSL_GUARDED_BY(mu_);
   ScheduleTable schedules_ ABSL_GUARDED_BY(mu_);
+  // Dependencies (broker_dependencies.cc): for each job some WAITING job waits for, those jobs;
+  // and for each WAITING job, how many of its dependencies have not completed. Memory only:
+  // rebuilt at recovery from the stored jobs' depends_on and their dependencies' states.
+  absl::flat_hash_map<std::string, std::vector<std::string>> dependents_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, int> waiting_on_ ABSL_GUARDED_BY(mu_);
+  // The present of the change being made (StartChangeLocked's `now`), for the dependency
+  // resolution CommitChangeLocked does.
+  absl::Time change_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::BitGen gen_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   // The partition's last Transition::seq (the store's applied_seq after recovery).

@@ -331,8 +331,9 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   info.name = q.name;
   info.partition = options_.partition;
   info.policy = q.policy;
-  for (JobState s : {JobState::kReady, JobState::kScheduled, JobState::kActive,
-                     JobState::kCompleted, JobState::kFailed, JobState::kCancelled}) {
+  for (JobState s :
+       {JobState::kReady, JobState::kScheduled, JobState::kActive, JobState::kCompleted,
+        JobState::kFailed, JobState::kCancelled, JobState::kWaiting}) {
     info.counts[s] = q.count(s);
   }
   info.waiting_leases = static_cast<int64_t>(q.consumers.size());

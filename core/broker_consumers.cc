@@ -96,6 +96,7 @@ LeasedJob Broker::LeaseOneLocked(QueueState& q, Job& job, const LeaseSpec& spec,
   leased.checkpoint = job.checkpoint;
   leased.enqueued_at = job.created_at;
   leased.timeout_at = job.timeout_at;
+  leased.dependency_results = job.dependency_results;
   return leased;
 }
 

@@ -49,6 +49,13 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
                          absl::FormatTime(absl::RFC3339_full, *s.expire_at, absl::UTCTimeZone()),
                          " is not after the time the job could first run; it would never start"));
     }
+    for (size_t k = 0; k < s.depends_on.size(); ++k) {
+      if (FindJobLocked(s.depends_on[k]) == nullptr)
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, "depends_on[", k, "]: no job ", s.depends_on[k], " in partition ",
+                         options_.partition, " (queue ", s.queue,
+                         "'s); a job can depend only on jobs of its own partition"));
+    }
     if (!s.dedup_key.empty()) {
       auto key = std::make_pair(s.queue, s.dedup_key);
       uint64_t hash = PayloadHash(s.payload);
@@ -124,6 +131,11 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
     if (s.delay.has_value()) job.run_at = now + *s.delay;
     if (s.run_at.has_value()) job.run_at = std::max(now, *s.run_at);
     job.state = job.run_at > now ? JobState::kScheduled : JobState::kReady;
+    if (!s.depends_on.empty() || !s.depends_on_index.empty()) {
+      // Checked above: every id is a job here, every index an earlier job of the batch.
+      job.depends_on = ResolveDependenciesLocked(s, results);
+      SetDependencyStateLocked(job, now);
+    }
 
     if (!job.dedup_key.empty()) {
       DedupEntry e{job.queue, job.dedup_key, job.id, now + s.dedup_ttl.value_or(q.policy.dedup_ttl),

@@ -114,6 +114,8 @@ void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
   deadlines_.ClearJobs();
   dedup_.Clear();
   schedules_.Clear();
+  dependents_.clear();
+  waiting_on_.clear();
 }
 
 }  // namespace jobbroker::core

@@ -14,6 +14,8 @@ const char* FailReasonLabel(FailReason r) {
       return "snooze_limit";
     case FailReason::kExpired:
       return "expired";
+    case FailReason::kDependencyFailed:
+      return "dependency_failed";
   }
   return "";
 }
@@ -32,6 +34,8 @@ const char* JobStateName(JobState s) {
       return "JOB_STATE_FAILED";
     case JobState::kCancelled:
       return "JOB_STATE_CANCELLED";
+    case JobState::kWaiting:
+      return "JOB_STATE_WAITING";
   }
   return "JOB_STATE_UNSPECIFIED";
 }

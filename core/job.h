@@ -18,14 +18,16 @@ enum class JobState : int {
   kActive = 3,
   kCompleted = 4,
   kFailed = 5,
-  kCancelled = 6
+  kCancelled = 6,
+  kWaiting = 7,  // its dependencies have not all completed (depends_on)
 };
 enum class FailReason : int {
   kNone = 0,
   kPermanent = 1,
   kAttemptsExhausted = 2,
-  kSnoozeLimit = 3,  // snoozed more often than its queue's max_snoozes
-  kExpired = 4,      // not started before its expire_at
+  kSnoozeLimit = 3,       // snoozed more often than its queue's max_snoozes
+  kExpired = 4,           // not started before its expire_at
+  kDependencyFailed = 5,  // a job it depends on ended FAILED or CANCELLED, or was deleted
 };
 enum class AttemptOutcome : int {
   kRunning = 0,
@@ -104,6 +106,10 @@ struct Job {
   std::vector<AttemptRecord> attempts;  // oldest first, at most kMaxAttemptHistory
   std::string result;
   std::string checkpoint;
+  // The jobs it waits for (same partition), and, once they all completed, their results by id
+  // (those that retention had removed by then are missing).
+  std::vector<std::string> depends_on;
+  std::map<std::string, std::string> dependency_results;
   absl::Time completed_at = absl::InfinitePast();  // when it became terminal
 
   // When the broker must end the current attempt if no ack comes: its lease deadline or, if

@@ -15,6 +15,7 @@ void QueueState::Index(const Job& job) {
       break;
     }
     case JobState::kScheduled:
+    case JobState::kWaiting:
       break;
     case JobState::kActive:
       ++groups[job.concurrency_key].active;
@@ -38,6 +39,7 @@ void QueueState::Unindex(const Job& job) {
       ready_by_seq.erase(job.seq);
       break;
     case JobState::kScheduled:
+    case JobState::kWaiting:
       break;
     case JobState::kActive: {
       Group& g = groups[job.concurrency_key];

@@ -46,7 +46,8 @@ class QueueState {
   int64_t count(JobState s) const { return counts_[static_cast<int>(s)]; }
   // READY, SCHEDULED and ACTIVE jobs: what max_length limits.
   int64_t live() const {
-    return count(JobState::kReady) + count(JobState::kScheduled) + count(JobState::kActive);
+    return count(JobState::kReady) + count(JobState::kScheduled) + count(JobState::kActive) +
+           count(JobState::kWaiting);
   }
 
   // May `key` start another job? The unkeyed group ("") is exempt from the per-key limit.
@@ -91,7 +92,7 @@ class QueueState {
   int64_t completed_total = 0;             // since start: attempts acked, for QueueInfo
 
  private:
-  std::array<int64_t, 7> counts_{};  // indexed by JobState
+  std::array<int64_t, 8> counts_{};  // indexed by JobState
   // rate_limit's token bucket; tokens_at_ = InfinitePast: full at the next look.
   double tokens_ = 0;
   absl::Time tokens_at_ = absl::InfinitePast();

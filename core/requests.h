@@ -32,6 +32,10 @@ struct EnqueueSpec {
   std::string concurrency_key;
   absl::Duration timeout = absl::ZeroDuration();  // run-time limit; zero = the queue's
   std::optional<absl::Time> expire_at;            // no attempt starts from then on
+  // Jobs it waits for: ids of this partition's jobs, and (in a batch) indexes of earlier jobs
+  // of the same batch. It is WAITING until they have all completed.
+  std::vector<std::string> depends_on;
+  std::vector<int> depends_on_index;
 
   bool operator==(const EnqueueSpec&) const = default;
 };
@@ -77,6 +81,8 @@ struct LeasedJob {
   absl::Time enqueued_at;
   // When the attempt times out whatever its heartbeats; InfiniteFuture if it has no limit.
   absl::Time timeout_at = absl::InfiniteFuture();
+  // The results of the jobs it depended on, by job id.
+  std::map<std::string, std::string> dependency_results;
 };
 
 struct HeartbeatSpec {

@@ -82,6 +82,15 @@ absl::Status ValidateEnqueueSpec(const EnqueueSpec& spec) {
     return Invalid("timeout", "must be between 100ms and 720h (or unset: the queue's)");
   if (spec.expire_at.has_value() && spec.run_at.has_value() && *spec.expire_at <= *spec.run_at)
     return Invalid("expire_at", "must be after run_at: the job could never start");
+  if (spec.depends_on.size() + spec.depends_on_index.size() > kMaxDependencies)
+    return Invalid("depends_on",
+                   absl::StrCat("names ", spec.depends_on.size() + spec.depends_on_index.size(),
+                                " jobs; the limit is ", kMaxDependencies));
+  for (size_t k = 0; k < spec.depends_on.size(); ++k) {
+    if (absl::Status s = ValidateKey(spec.depends_on[k], absl::StrCat("depends_on[", k, "]"), true);
+        !s.ok())
+      return s;
+  }
   return ValidateKey(spec.concurrency_key, "concurrency_key", false);
 }
 
@@ -106,6 +115,8 @@ absl::Status ValidateSchedule(const Schedule& schedule) {
   if (job.expire_at.has_value())
     return Invalid("schedule.template.expire_at",
                    "must be unset: one fixed time cannot bound every run");
+  if (!job.depends_on.empty() || !job.depends_on_index.empty())
+    return Invalid("schedule.template.depends_on", "must be empty: a run waits for nothing");
   return absl::OkStatus();
 }
 
@@ -166,6 +177,18 @@ absl::Status ValidateEnqueueBatch(const std::vector<EnqueueSpec>& specs, bool na
         absl::StrCat("jobs holds ", specs.size(), " jobs; the limit is ", kMaxLeaseBatch));
   for (size_t i = 0; i < specs.size(); ++i) {
     absl::Status s = ValidateEnqueueSpec(specs[i]);
+    // An index names an earlier job of the batch: a later one (or itself) would make a cycle.
+    for (size_t k = 0; s.ok() && k < specs[i].depends_on_index.size(); ++k) {
+      const int index = specs[i].depends_on_index[k];
+      if (!name_jobs) {
+        s = Invalid("depends_on_index", "is for EnqueueBatch: it names earlier jobs of the batch");
+      } else if (index < 0 || static_cast<size_t>(index) >= i) {
+        s = Invalid(absl::StrCat("depends_on_index[", k, "]"),
+                    absl::StrCat(index, " is not an earlier job of the batch (0 to ",
+                                 static_cast<int>(i) - 1,
+                                 "): a job may depend only on jobs before it, so no cycle forms"));
+      }
+    }
     if (s.ok()) continue;
     if (name_jobs) s = absl::Status(s.code(), absl::StrCat("jobs[", i, "].", s.message()));
     return s;

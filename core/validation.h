@@ -15,6 +15,8 @@ namespace jobbroker::core {
 
 // The longest a Lease may wait for a job.
 inline constexpr absl::Duration kMaxLeaseWait = absl::Seconds(60);
+// The most jobs one job may depend on (depends_on and depends_on_index together).
+inline constexpr size_t kMaxDependencies = 10'000;
 // The longest a worker may snooze a job (Release with a delay).
 inline constexpr absl::Duration kMaxSnooze = absl::Hours(24 * 30);
 

@@ -71,7 +71,7 @@ absl::Status BadEnum(const char* record, const char* field, int32_t value) {
 
 absl::StatusOr<core::JobState> ToJobState(int32_t v) {
   if (v < static_cast<int32_t>(core::JobState::kReady) ||
-      v > static_cast<int32_t>(core::JobState::kCancelled)) {
+      v > static_cast<int32_t>(core::JobState::kWaiting)) {
     return BadEnum("JobRecord", "state", v);
   }
   return static_cast<core::JobState>(v);
@@ -79,7 +79,7 @@ absl::StatusOr<core::JobState> ToJobState(int32_t v) {
 
 absl::StatusOr<core::FailReason> ToFailReason(int32_t v) {
   if (v < static_cast<int32_t>(core::FailReason::kNone) ||
-      v > static_cast<int32_t>(core::FailReason::kExpired)) {
+      v > static_cast<int32_t>(core::FailReason::kDependencyFailed)) {
     return BadEnum("JobRecord", "fail_reason", v);
   }
   return static_cast<core::FailReason>(v);
@@ -158,6 +158,12 @@ std::string EncodeJob(const core::Job& job) {
   if (job.expire_at != absl::InfiniteFuture()) r.set_expire_at_us(TimeToMicros(job.expire_at));
   r.set_snoozes(job.snoozes);
   r.set_progress(job.progress);
+  for (const std::string& id : job.depends_on) r.add_depends_on(id);
+  for (const auto& [id, result] : job.dependency_results) {
+    storage::HeaderRecord* d = r.add_dependency_results();
+    d->set_key(id);
+    d->set_value(result);
+  }
   return r.SerializeAsString();
 }
 
@@ -218,6 +224,9 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
   if (r.has_expire_at_us()) job.expire_at = MicrosToTime(r.expire_at_us());
   job.snoozes = r.snoozes();
   job.progress = r.progress();
+  job.depends_on.assign(r.depends_on().begin(), r.depends_on().end());
+  for (const storage::HeaderRecord& d : r.dependency_results())
+    job.dependency_results[d.key()] = d.value();
   return job;
 }
 
