@@ -93,6 +93,8 @@ absl::StatusOr<core::EnqueueSpec> FromProto(const v1::EnqueueRequest& req) {
     if (!t.ok()) return t.status();
     s.expire_at = *t;
   }
+  s.depends_on.assign(req.depends_on().begin(), req.depends_on().end());
+  s.depends_on_index.assign(req.depends_on_index().begin(), req.depends_on_index().end());
   return s;
 }
 
@@ -171,7 +173,7 @@ absl::StatusOr<core::ListJobsSpec> FromProto(const v1::ListJobsRequest& req) {
   core::ListJobsSpec s;
   s.queue = req.queue();
   if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
-    if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_CANCELLED)
+    if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_WAITING)
       return Invalid("state", "is not a known JobState");
     s.state = static_cast<core::JobState>(req.state());
   }
@@ -204,7 +206,7 @@ absl::StatusOr<core::RetryJobsSpec> FromProto(const v1::RetryJobRequest& req) {
   core::RetryJobsSpec s;
   s.queue = req.queue();
   if (req.state() != v1::JOB_STATE_UNSPECIFIED) {
-    if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_CANCELLED)
+    if (req.state() < v1::JOB_STATE_READY || req.state() > v1::JOB_STATE_WAITING)
       return Invalid("state", "is not a known JobState");
     s.state = static_cast<core::JobState>(req.state());
   }
@@ -217,7 +219,7 @@ absl::StatusOr<std::vector<core::JobState>> FromProto(const v1::PurgeQueueReques
   std::vector<core::JobState> states;
   for (int i = 0; i < req.states_size(); ++i) {
     int state = req.states(i);
-    if (state < v1::JOB_STATE_READY || state > v1::JOB_STATE_CANCELLED)
+    if (state < v1::JOB_STATE_READY || state > v1::JOB_STATE_WAITING)
       return Invalid(absl::StrCat("states[", i, "]"),
                      "is not a known JobState (leave states empty for every terminal state)");
     states.push_back(static_cast<core::JobState>(state));
@@ -361,6 +363,8 @@ void ToProto(const core::LeasedJob& j, v1::LeasedJob* out) {
   out->set_checkpoint(j.checkpoint);
   if (HasTime(j.enqueued_at)) ToProto(j.enqueued_at, out->mutable_enqueued_at());
   if (HasTime(j.timeout_at)) ToProto(j.timeout_at, out->mutable_timeout_at());
+  out->mutable_dependency_results()->insert(j.dependency_results.begin(),
+                                            j.dependency_results.end());
 }
 
 void ToProto(const core::Job& j, v1::Job* out) {
@@ -402,6 +406,9 @@ void ToProto(const core::Job& j, v1::Job* out) {
   if (HasTime(j.expire_at)) ToProto(j.expire_at, out->mutable_expire_at());
   out->set_snoozes(j.snoozes);
   out->set_progress(j.progress);
+  for (const std::string& id : j.depends_on) out->add_depends_on(id);
+  out->mutable_dependency_results()->insert(j.dependency_results.begin(),
+                                            j.dependency_results.end());
 }
 
 void ToProto(const core::QueuePolicy& p, v1::QueuePolicy* out) {

@@ -38,6 +38,7 @@ struct MetricsObserver::QueueMetrics {
   prometheus::Counter* dead_exhausted;
   prometheus::Counter* dead_snooze_limit;
   prometheus::Counter* dead_expired;
+  prometheus::Counter* dead_dependency_failed;
   prometheus::Counter* cancelled;
   prometheus::Counter* released;
   prometheus::Histogram* schedule_to_start;
@@ -102,6 +103,7 @@ MetricsObserver::QueueMetrics& MetricsObserver::For(const std::string& queue) {
   m->dead_exhausted = &dead_.Add(with("reason", "attempts_exhausted"));
   m->dead_snooze_limit = &dead_.Add(with("reason", "snooze_limit"));
   m->dead_expired = &dead_.Add(with("reason", "expired"));
+  m->dead_dependency_failed = &dead_.Add(with("reason", "dependency_failed"));
   m->cancelled = &cancelled_.Add(q);
   m->released = &released_.Add(q);
   m->schedule_to_start = &schedule_to_start_.Add(q, kJobSeconds);
@@ -163,6 +165,9 @@ void MetricsObserver::Dead(const core::Job& job) {
       break;
     case core::FailReason::kExpired:
       m.dead_expired->Increment();
+      break;
+    case core::FailReason::kDependencyFailed:
+      m.dead_dependency_failed->Increment();
       break;
     case core::FailReason::kAttemptsExhausted:
     case core::FailReason::kNone:

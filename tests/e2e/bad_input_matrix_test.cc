@@ -735,6 +735,17 @@ void AddEnqueueRows(std::vector<Row>& rows) {
   });
   row("expire_at", "with_nanos_out_of_range", Invalid("expire_at"),
       [](Env&, R& r) { r.mutable_expire_at()->set_nanos(-1); });
+  row("depends_on", "an_unknown_job", Invalid("depends_on[0]"),
+      [](Env&, R& r) { r.add_depends_on("01ARZ3NDEKTSV4RRFFQ69G5FAV"); });
+  row("depends_on", "1_empty", Invalid("depends_on[1]"), [](Env& env, R& r) {
+    r.add_depends_on(env.done_id);
+    r.add_depends_on("");
+  });
+  row("depends_on", "10001_jobs", Invalid("depends_on"), [](Env& env, R& r) {
+    for (int i = 0; i < 10'001; ++i) r.add_depends_on(env.done_id);
+  });
+  row("depends_on_index", "outside_a_batch", Invalid("depends_on_index"),
+      [](Env&, R& r) { r.add_depends_on_index(0); });
   row("expire_at", "beyond_the_Timestamp_range", Invalid("expire_at"),
       [](Env&, R& r) { r.mutable_expire_at()->set_seconds(kTimestampMaxSeconds + 1); });
   row("expire_at", "of_9999_12_31_ok", Accepted(), [](Env&, R& r) {
@@ -783,6 +794,12 @@ void AddEnqueueBatchRows(std::vector<Row>& rows) {
       [](Env&, R& r) { *r.mutable_jobs(1)->mutable_delay() = MixedSignDuration(); });
   row("1_with_a_negative_max_attempts", Invalid("jobs[1].max_attempts"),
       [](Env&, R& r) { r.mutable_jobs(1)->set_max_attempts(-1); });
+  row("1_depending_on_itself", Invalid("jobs[1].depends_on_index[0]"),
+      [](Env&, R& r) { r.mutable_jobs(1)->add_depends_on_index(1); });
+  row("0_depending_on_a_later_job", Invalid("jobs[0].depends_on_index[0]"),
+      [](Env&, R& r) { r.mutable_jobs(0)->add_depends_on_index(1); });
+  row("1_depending_on_an_unknown_job", Invalid("jobs[1].depends_on[0]"),
+      [](Env&, R& r) { r.mutable_jobs(1)->add_depends_on("01ARZ3NDEKTSV4RRFFQ69G5FAV"); });
   row("1_with_the_dedup_key_of_0_and_another_payload",
       Refused(Code::ALREADY_EXISTS, "jobs[1].dedup_key"), [](Env&, R& r) {
         r.mutable_jobs(0)->set_dedup_key("twice");

@@ -56,9 +56,20 @@ type EnqueueRequest struct {
 	Timeout *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// No attempt starts at or after this time: a job still waiting then (READY or SCHEDULED) ends
 	// JOB_STATE_FAILED with FAIL_REASON_EXPIRED. Must be after the time the job could first run.
-	ExpireAt      *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expire_at,json=expireAt,proto3" json:"expire_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExpireAt *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=expire_at,json=expireAt,proto3" json:"expire_at,omitempty"`
+	// Jobs it waits for (ids Enqueue returned, of queues in the same partition as this one; any
+	// queue on a single node with one partition). It is JOB_STATE_WAITING until all of them
+	// completed, then READY (or SCHEDULED, if delayed) and its LeasedJob carries their results;
+	// when one ends FAILED or CANCELLED (or is deleted) it ends FAILED with
+	// FAIL_REASON_DEPENDENCY_FAILED, and so on down the graph. An unknown id is INVALID_ARGUMENT.
+	// At most 10,000 with depends_on_index.
+	DependsOn []string `protobuf:"bytes,14,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	// Inside EnqueueBatch only: indexes of earlier jobs of the same batch it waits for, so a whole
+	// graph (fan-out, fan-in) is enqueued in one call. An index that is not earlier would make a
+	// cycle: INVALID_ARGUMENT.
+	DependsOnIndex []int32 `protobuf:"varint,15,rep,packed,name=depends_on_index,json=dependsOnIndex,proto3" json:"depends_on_index,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EnqueueRequest) Reset() {
@@ -178,6 +189,20 @@ func (x *EnqueueRequest) GetTimeout() *durationpb.Duration {
 func (x *EnqueueRequest) GetExpireAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ExpireAt
+	}
+	return nil
+}
+
+func (x *EnqueueRequest) GetDependsOn() []string {
+	if x != nil {
+		return x.DependsOn
+	}
+	return nil
+}
+
+func (x *EnqueueRequest) GetDependsOnIndex() []int32 {
+	if x != nil {
+		return x.DependsOnIndex
 	}
 	return nil
 }
@@ -433,9 +458,11 @@ type LeasedJob struct {
 	EnqueuedAt *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=enqueued_at,json=enqueuedAt,proto3" json:"enqueued_at,omitempty"`
 	// When this attempt times out whatever its heartbeats (its run-time limit); unset if it has
 	// none. Helpers cancel the handler then; the broker ends the attempt ATTEMPT_OUTCOME_TIMED_OUT.
-	TimeoutAt     *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=timeout_at,json=timeoutAt,proto3" json:"timeout_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeoutAt *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=timeout_at,json=timeoutAt,proto3" json:"timeout_at,omitempty"`
+	// The results of the jobs it depended on (EnqueueRequest.depends_on), by job id.
+	DependencyResults map[string][]byte `protobuf:"bytes,13,rep,name=dependency_results,json=dependencyResults,proto3" json:"dependency_results,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *LeasedJob) Reset() {
@@ -548,6 +575,13 @@ func (x *LeasedJob) GetEnqueuedAt() *timestamppb.Timestamp {
 func (x *LeasedJob) GetTimeoutAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.TimeoutAt
+	}
+	return nil
+}
+
+func (x *LeasedJob) GetDependencyResults() map[string][]byte {
+	if x != nil {
+		return x.DependencyResults
 	}
 	return nil
 }
@@ -1871,7 +1905,7 @@ var File_jobbroker_v1_broker_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\n" +
-	"\x19jobbroker/v1/broker.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\"\x92\x05\n" +
+	"\x19jobbroker/v1/broker.proto\x12\fjobbroker.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x16jobbroker/v1/job.proto\"\xdb\x05\n" +
 	"\x0eEnqueueRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x18\n" +
 	"\apayload\x18\x02 \x01(\fR\apayload\x12C\n" +
@@ -1886,7 +1920,10 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12'\n" +
 	"\x0fconcurrency_key\x18\v \x01(\tR\x0econcurrencyKey\x123\n" +
 	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeout\x127\n" +
-	"\texpire_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bexpireAt\x1a:\n" +
+	"\texpire_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\bexpireAt\x12\x1d\n" +
+	"\n" +
+	"depends_on\x18\x0e \x03(\tR\tdependsOn\x12(\n" +
+	"\x10depends_on_index\x18\x0f \x03(\x05R\x0edependsOnIndex\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"L\n" +
@@ -1902,7 +1939,7 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x19\n" +
 	"\bmax_jobs\x18\x03 \x01(\x05R\amaxJobs\x12@\n" +
 	"\x0elease_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\rleaseDuration\x12-\n" +
-	"\x04wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xaa\x04\n" +
+	"\x04wait\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xcf\x05\n" +
 	"\tLeasedJob\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12\x14\n" +
@@ -1920,10 +1957,14 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\venqueued_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"enqueuedAt\x129\n" +
 	"\n" +
-	"timeout_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x1a:\n" +
+	"timeout_at\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x12]\n" +
+	"\x12dependency_results\x18\r \x03(\v2..jobbroker.v1.LeasedJob.DependencyResultsEntryR\x11dependencyResults\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
+	"\x16DependencyResultsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01\"<\n" +
 	"\rLeaseResponse\x12+\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x17.jobbroker.v1.LeasedJobR\x04jobs\"\xde\x01\n" +
 	"\x10HeartbeatRequest\x12\x15\n" +
@@ -2034,7 +2075,7 @@ func file_jobbroker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_broker_proto_rawDescData
 }
 
-var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*EnqueueRequest)(nil),        // 0: jobbroker.v1.EnqueueRequest
 	(*EnqueueResponse)(nil),       // 1: jobbroker.v1.EnqueueResponse
@@ -2063,73 +2104,75 @@ var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*WorkResponse)(nil),          // 24: jobbroker.v1.WorkResponse
 	nil,                           // 25: jobbroker.v1.EnqueueRequest.HeadersEntry
 	nil,                           // 26: jobbroker.v1.LeasedJob.HeadersEntry
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(JobState)(0),                 // 29: jobbroker.v1.JobState
-	(AttemptOutcome)(0),           // 30: jobbroker.v1.AttemptOutcome
+	nil,                           // 27: jobbroker.v1.LeasedJob.DependencyResultsEntry
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(JobState)(0),                 // 30: jobbroker.v1.JobState
+	(AttemptOutcome)(0),           // 31: jobbroker.v1.AttemptOutcome
 }
 var file_jobbroker_v1_broker_proto_depIdxs = []int32{
 	25, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
-	27, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
-	28, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
-	27, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
-	27, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
-	27, // 5: jobbroker.v1.EnqueueRequest.timeout:type_name -> google.protobuf.Duration
-	28, // 6: jobbroker.v1.EnqueueRequest.expire_at:type_name -> google.protobuf.Timestamp
+	28, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
+	29, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
+	28, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
+	28, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
+	28, // 5: jobbroker.v1.EnqueueRequest.timeout:type_name -> google.protobuf.Duration
+	29, // 6: jobbroker.v1.EnqueueRequest.expire_at:type_name -> google.protobuf.Timestamp
 	0,  // 7: jobbroker.v1.EnqueueBatchRequest.jobs:type_name -> jobbroker.v1.EnqueueRequest
 	1,  // 8: jobbroker.v1.EnqueueBatchResponse.results:type_name -> jobbroker.v1.EnqueueResponse
-	27, // 9: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	27, // 10: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
+	28, // 9: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	28, // 10: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
 	26, // 11: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
-	28, // 12: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	28, // 13: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
-	28, // 14: jobbroker.v1.LeasedJob.timeout_at:type_name -> google.protobuf.Timestamp
-	5,  // 15: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
-	27, // 16: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
-	28, // 17: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	27, // 18: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
-	29, // 19: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
-	28, // 20: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
-	27, // 21: jobbroker.v1.ReleaseRequest.delay:type_name -> google.protobuf.Duration
-	27, // 22: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
-	9,  // 23: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
-	15, // 24: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
-	7,  // 25: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
-	9,  // 26: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
-	11, // 27: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
-	13, // 28: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
-	17, // 29: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
-	16, // 30: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
-	28, // 31: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
-	19, // 32: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
-	5,  // 33: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
-	30, // 34: jobbroker.v1.LeaseLost.outcome:type_name -> jobbroker.v1.AttemptOutcome
-	5,  // 35: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
-	20, // 36: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
-	22, // 37: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
-	23, // 38: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
-	21, // 39: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
-	0,  // 40: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
-	2,  // 41: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
-	4,  // 42: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
-	7,  // 43: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
-	9,  // 44: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
-	11, // 45: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
-	13, // 46: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
-	18, // 47: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
-	1,  // 48: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
-	3,  // 49: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
-	6,  // 50: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
-	8,  // 51: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
-	10, // 52: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
-	12, // 53: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
-	14, // 54: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
-	24, // 55: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
-	48, // [48:56] is the sub-list for method output_type
-	40, // [40:48] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	29, // 12: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	29, // 13: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
+	29, // 14: jobbroker.v1.LeasedJob.timeout_at:type_name -> google.protobuf.Timestamp
+	27, // 15: jobbroker.v1.LeasedJob.dependency_results:type_name -> jobbroker.v1.LeasedJob.DependencyResultsEntry
+	5,  // 16: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
+	28, // 17: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
+	29, // 18: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	28, // 19: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
+	30, // 20: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
+	29, // 21: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
+	28, // 22: jobbroker.v1.ReleaseRequest.delay:type_name -> google.protobuf.Duration
+	28, // 23: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
+	9,  // 24: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
+	15, // 25: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
+	7,  // 26: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
+	9,  // 27: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
+	11, // 28: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
+	13, // 29: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
+	17, // 30: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
+	16, // 31: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
+	29, // 32: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	19, // 33: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
+	5,  // 34: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
+	31, // 35: jobbroker.v1.LeaseLost.outcome:type_name -> jobbroker.v1.AttemptOutcome
+	5,  // 36: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
+	20, // 37: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
+	22, // 38: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
+	23, // 39: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
+	21, // 40: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
+	0,  // 41: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
+	2,  // 42: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
+	4,  // 43: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
+	7,  // 44: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
+	9,  // 45: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
+	11, // 46: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
+	13, // 47: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
+	18, // 48: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
+	1,  // 49: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
+	3,  // 50: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
+	6,  // 51: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
+	8,  // 52: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
+	10, // 53: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
+	12, // 54: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
+	14, // 55: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
+	24, // 56: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
+	49, // [49:57] is the sub-list for method output_type
+	41, // [41:49] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_broker_proto_init() }
@@ -2161,7 +2204,7 @@ func file_jobbroker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_broker_proto_rawDesc), len(file_jobbroker_v1_broker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

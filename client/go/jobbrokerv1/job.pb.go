@@ -40,6 +40,8 @@ const (
 	JobState_JOB_STATE_FAILED JobState = 5
 	// Cancelled by an operator. Terminal.
 	JobState_JOB_STATE_CANCELLED JobState = 6
+	// Waiting for the jobs it depends on (depends_on) to complete; then READY (or SCHEDULED).
+	JobState_JOB_STATE_WAITING JobState = 7
 )
 
 // Enum value maps for JobState.
@@ -52,6 +54,7 @@ var (
 		4: "JOB_STATE_COMPLETED",
 		5: "JOB_STATE_FAILED",
 		6: "JOB_STATE_CANCELLED",
+		7: "JOB_STATE_WAITING",
 	}
 	JobState_value = map[string]int32{
 		"JOB_STATE_UNSPECIFIED": 0,
@@ -61,6 +64,7 @@ var (
 		"JOB_STATE_COMPLETED":   4,
 		"JOB_STATE_FAILED":      5,
 		"JOB_STATE_CANCELLED":   6,
+		"JOB_STATE_WAITING":     7,
 	}
 )
 
@@ -104,6 +108,8 @@ const (
 	FailReason_FAIL_REASON_SNOOZE_LIMIT FailReason = 3
 	// It had not started when its expire_at came.
 	FailReason_FAIL_REASON_EXPIRED FailReason = 4
+	// A job it depends on ended FAILED or CANCELLED, or was removed before it completed.
+	FailReason_FAIL_REASON_DEPENDENCY_FAILED FailReason = 5
 )
 
 // Enum value maps for FailReason.
@@ -114,6 +120,7 @@ var (
 		2: "FAIL_REASON_ATTEMPTS_EXHAUSTED",
 		3: "FAIL_REASON_SNOOZE_LIMIT",
 		4: "FAIL_REASON_EXPIRED",
+		5: "FAIL_REASON_DEPENDENCY_FAILED",
 	}
 	FailReason_value = map[string]int32{
 		"FAIL_REASON_UNSPECIFIED":        0,
@@ -121,6 +128,7 @@ var (
 		"FAIL_REASON_ATTEMPTS_EXHAUSTED": 2,
 		"FAIL_REASON_SNOOZE_LIMIT":       3,
 		"FAIL_REASON_EXPIRED":            4,
+		"FAIL_REASON_DEPENDENCY_FAILED":  5,
 	}
 )
 
@@ -367,9 +375,14 @@ type Job struct {
 	// How often a worker snoozed it (Release with a delay).
 	Snoozes int32 `protobuf:"varint,25,opt,name=snoozes,proto3" json:"snoozes,omitempty"`
 	// What the latest Heartbeat said of its progress (JSON by convention, e.g. {"percent": 40}).
-	Progress      []byte `protobuf:"bytes,26,opt,name=progress,proto3" json:"progress,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Progress []byte `protobuf:"bytes,26,opt,name=progress,proto3" json:"progress,omitempty"`
+	// The jobs it waits for (EnqueueRequest.depends_on and depends_on_index, as ids), sorted.
+	DependsOn []string `protobuf:"bytes,27,rep,name=depends_on,json=dependsOn,proto3" json:"depends_on,omitempty"`
+	// Once they all completed: each one's result, by job id (one that retention had removed by
+	// then is missing).
+	DependencyResults map[string][]byte `protobuf:"bytes,28,rep,name=dependency_results,json=dependencyResults,proto3" json:"dependency_results,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -584,6 +597,20 @@ func (x *Job) GetProgress() []byte {
 	return nil
 }
 
+func (x *Job) GetDependsOn() []string {
+	if x != nil {
+		return x.DependsOn
+	}
+	return nil
+}
+
+func (x *Job) GetDependencyResults() map[string][]byte {
+	if x != nil {
+		return x.DependencyResults
+	}
+	return nil
+}
+
 var File_jobbroker_v1_job_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_job_proto_rawDesc = "" +
@@ -596,7 +623,8 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
 	"\bended_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x126\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x1c.jobbroker.v1.AttemptOutcomeR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xf6\b\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xb4\n" +
+	"\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05queue\x18\x02 \x01(\tR\x05queue\x12,\n" +
@@ -630,10 +658,16 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"timeout_at\x18\x17 \x01(\v2\x1a.google.protobuf.TimestampR\ttimeoutAt\x127\n" +
 	"\texpire_at\x18\x18 \x01(\v2\x1a.google.protobuf.TimestampR\bexpireAt\x12\x18\n" +
 	"\asnoozes\x18\x19 \x01(\x05R\asnoozes\x12\x1a\n" +
-	"\bprogress\x18\x1a \x01(\fR\bprogress\x1a:\n" +
+	"\bprogress\x18\x1a \x01(\fR\bprogress\x12\x1d\n" +
+	"\n" +
+	"depends_on\x18\x1b \x03(\tR\tdependsOn\x12W\n" +
+	"\x12dependency_results\x18\x1c \x03(\v2(.jobbroker.v1.Job.DependencyResultsEntryR\x11dependencyResults\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\xb1\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
+	"\x16DependencyResultsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value:\x028\x01*\xc8\x01\n" +
 	"\bJobState\x12\x19\n" +
 	"\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fJOB_STATE_READY\x10\x01\x12\x17\n" +
@@ -641,14 +675,16 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"\x10JOB_STATE_ACTIVE\x10\x03\x12\x17\n" +
 	"\x13JOB_STATE_COMPLETED\x10\x04\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x05\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x06*\x9f\x01\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x06\x12\x15\n" +
+	"\x11JOB_STATE_WAITING\x10\a*\xc2\x01\n" +
 	"\n" +
 	"FailReason\x12\x1b\n" +
 	"\x17FAIL_REASON_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15FAIL_REASON_PERMANENT\x10\x01\x12\"\n" +
 	"\x1eFAIL_REASON_ATTEMPTS_EXHAUSTED\x10\x02\x12\x1c\n" +
 	"\x18FAIL_REASON_SNOOZE_LIMIT\x10\x03\x12\x17\n" +
-	"\x13FAIL_REASON_EXPIRED\x10\x04*\xef\x01\n" +
+	"\x13FAIL_REASON_EXPIRED\x10\x04\x12!\n" +
+	"\x1dFAIL_REASON_DEPENDENCY_FAILED\x10\x05*\xef\x01\n" +
 	"\x0eAttemptOutcome\x12\x1f\n" +
 	"\x1bATTEMPT_OUTCOME_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19ATTEMPT_OUTCOME_COMPLETED\x10\x01\x12\x19\n" +
@@ -672,7 +708,7 @@ func file_jobbroker_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_jobbroker_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_jobbroker_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_jobbroker_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_jobbroker_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: jobbroker.v1.JobState
 	(FailReason)(0),               // 1: jobbroker.v1.FailReason
@@ -680,29 +716,31 @@ var file_jobbroker_v1_job_proto_goTypes = []any{
 	(*AttemptRecord)(nil),         // 3: jobbroker.v1.AttemptRecord
 	(*Job)(nil),                   // 4: jobbroker.v1.Job
 	nil,                           // 5: jobbroker.v1.Job.HeadersEntry
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	nil,                           // 6: jobbroker.v1.Job.DependencyResultsEntry
+	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
 }
 var file_jobbroker_v1_job_proto_depIdxs = []int32{
-	6,  // 0: jobbroker.v1.AttemptRecord.started_at:type_name -> google.protobuf.Timestamp
-	6,  // 1: jobbroker.v1.AttemptRecord.ended_at:type_name -> google.protobuf.Timestamp
+	7,  // 0: jobbroker.v1.AttemptRecord.started_at:type_name -> google.protobuf.Timestamp
+	7,  // 1: jobbroker.v1.AttemptRecord.ended_at:type_name -> google.protobuf.Timestamp
 	2,  // 2: jobbroker.v1.AttemptRecord.outcome:type_name -> jobbroker.v1.AttemptOutcome
 	0,  // 3: jobbroker.v1.Job.state:type_name -> jobbroker.v1.JobState
 	5,  // 4: jobbroker.v1.Job.headers:type_name -> jobbroker.v1.Job.HeadersEntry
-	6,  // 5: jobbroker.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	6,  // 6: jobbroker.v1.Job.run_at:type_name -> google.protobuf.Timestamp
-	6,  // 7: jobbroker.v1.Job.lease_deadline:type_name -> google.protobuf.Timestamp
+	7,  // 5: jobbroker.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 6: jobbroker.v1.Job.run_at:type_name -> google.protobuf.Timestamp
+	7,  // 7: jobbroker.v1.Job.lease_deadline:type_name -> google.protobuf.Timestamp
 	1,  // 8: jobbroker.v1.Job.fail_reason:type_name -> jobbroker.v1.FailReason
 	3,  // 9: jobbroker.v1.Job.attempts:type_name -> jobbroker.v1.AttemptRecord
-	6,  // 10: jobbroker.v1.Job.completed_at:type_name -> google.protobuf.Timestamp
-	7,  // 11: jobbroker.v1.Job.timeout:type_name -> google.protobuf.Duration
-	6,  // 12: jobbroker.v1.Job.timeout_at:type_name -> google.protobuf.Timestamp
-	6,  // 13: jobbroker.v1.Job.expire_at:type_name -> google.protobuf.Timestamp
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	7,  // 10: jobbroker.v1.Job.completed_at:type_name -> google.protobuf.Timestamp
+	8,  // 11: jobbroker.v1.Job.timeout:type_name -> google.protobuf.Duration
+	7,  // 12: jobbroker.v1.Job.timeout_at:type_name -> google.protobuf.Timestamp
+	7,  // 13: jobbroker.v1.Job.expire_at:type_name -> google.protobuf.Timestamp
+	6,  // 14: jobbroker.v1.Job.dependency_results:type_name -> jobbroker.v1.Job.DependencyResultsEntry
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_job_proto_init() }
@@ -716,7 +754,7 @@ func file_jobbroker_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_job_proto_rawDesc), len(file_jobbroker_v1_job_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
