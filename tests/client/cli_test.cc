@@ -526,6 +526,24 @@ TEST_F(CliTest, SchedulesArePutListedRunPausedAndDeleted) {
   EXPECT_THAT(r.err, HasSubstr("NOT_FOUND"));
 }
 
+TEST_F(CliTest, EnqueueAfterMakesAJobWaitAndGetShowsWhatFor) {
+  const std::string first = CliEnqueue({"resize", "a"});
+  const std::string second = CliEnqueue({"resize", "b"});
+  const std::string join = CliEnqueue({"resize", "join", "--after", first, "--after", second});
+  CliResult r = Cli({"get", join});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("state:"));
+  EXPECT_THAT(r.out, HasSubstr("WAITING"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(absl::StrCat("waits for: +", first)));
+  std::vector<v1::LeasedJob> leased = client_->MustLease("resize", "w", 2);
+  ASSERT_THAT(leased, SizeIs(2));
+  for (const v1::LeasedJob& j : leased) client_->MustAck(j, absl::StrCat("done-", j.payload()));
+  r = Cli({"get", join});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("READY"));
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat(first, " (result done-a)")));
+}
+
 TEST_F(CliTest, QueuesShowsCountsByState) {
   CliEnqueue({"alpha", "a"});
   CliEnqueue({"alpha", "b"});

@@ -55,6 +55,7 @@ const std::vector<Command>& Commands() {
                   {"--timeout", "DURATION", "run-time limit of each attempt, heartbeats or not"},
                   {"--expire-at", "TIME", "fail the job (EXPIRED) if not started by this time"},
                   {"--expire-in", "DURATION", "fail the job if not started this long from now"},
+                  {"--after", "JOB", "wait for this job to complete first (repeatable)", true},
                   {"--wait", "", "follow the job to its end, as watch does (exit 0, 4 or 5)"},
                   {"--wait-timeout", "DURATION", "with --wait: give up waiting after this long"},
               },

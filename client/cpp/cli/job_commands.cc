@@ -124,6 +124,7 @@ absl::StatusOr<client::EnqueueOptions> ParseEnqueueOptions(const ParsedArgs& arg
     if (!d.ok()) return d.status();
     options.expire_at = absl::Now() + *d;
   }
+  options.depends_on = args.GetAll("--after");
   return options;
 }
 

@@ -54,6 +54,12 @@ std::string FormatJob(const v1::Job& job, absl::Time now) {
     add("timeout", absl::FormatDuration(client::FromProtoDuration(job.timeout())));
   if (client::IsSet(job.expire_at())) add("expires", FormatTime(job.expire_at(), now));
   if (job.snoozes() > 0) add("snoozes", absl::StrCat(job.snoozes()));
+  for (const std::string& dep : job.depends_on()) {
+    auto result = job.dependency_results().find(dep);
+    add("waits for", result == job.dependency_results().end()
+                         ? dep
+                         : absl::StrCat(dep, " (result ", Printable(result->second, 40), ")"));
+  }
   if (!job.progress().empty()) add("progress", Printable(job.progress(), kMaxBytesShown));
   if (client::IsSet(job.completed_at())) add("ended", FormatTime(job.completed_at(), now));
   add_if("last error", OneLine(job.last_error(), kMaxBytesShown * 2));

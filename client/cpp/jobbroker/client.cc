@@ -184,6 +184,7 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
   if (options.timeout.has_value()) *req.mutable_timeout() = ToProtoDuration(*options.timeout);
   if (options.expire_at.has_value())
     *req.mutable_expire_at() = ToProtoTimestamp(*options.expire_at);
+  for (const std::string& id : options.depends_on) req.add_depends_on(id);
   return req;
 }
 

@@ -116,6 +116,9 @@ struct EnqueueOptions {
   std::optional<absl::Duration> timeout;
   // A job not started by then dies FAILED with FAIL_REASON_EXPIRED.
   std::optional<absl::Time> expire_at;
+  // Jobs (of the same partition) it waits for: WAITING until all completed; FAILED
+  // (DEPENDENCY_FAILED) if one fails. The leased job carries their results.
+  std::vector<std::string> depends_on;
 };
 
 struct Enqueued {
