@@ -84,6 +84,7 @@ function details(job) {
     job.expireAt ? ['Expires', when(job.expireAt)] : null,
     job.snoozes ? ['Snoozes', String(job.snoozes)] : null,
     job.progress ? ['Progress', progressView(job.progress)] : null,
+    job.dependsOn?.length ? ['Waits for', dependencies(job)] : null,
     job.completedAt ? ['Ended', when(job.completedAt)] : null,
     job.completedAt && job.createdAt ? ['Total time', span(job.createdAt, job.completedAt)] : null,
     ['Dedup key', job.dedupKey ? h('span', { class: 'mono' }, job.dedupKey) : '—'],
@@ -91,6 +92,32 @@ function details(job) {
     ['Idempotency key', h('span', { class: 'mono' }, job.idempotencyKey || '—')],
   ].filter(Boolean);
   return h('dl', { class: 'details' }, rows.map(([k, v]) => h('div', {}, h('dt', {}, k), h('dd', {}, v))));
+}
+
+// A dependency's result in one short line: "result: 42", "result: (empty)", "result: 3 bytes".
+function resultText(base64) {
+  const shown = renderBytes(base64);
+  if (shown.kind === 'empty') return 'result: (empty)';
+  if (shown.kind === 'binary') return `result: ${formatBytes(shown.size)}`;
+  const text = shown.text.replace(/\s+/g, ' ');
+  return `result: ${text.length > 60 ? `${text.slice(0, 60)}…` : text}`;
+}
+
+// The jobs it depends on, each linked, with its result once all have completed.
+function dependencies(job) {
+  const results = job.dependencyResults ?? {};
+  return h(
+    'ul',
+    { class: 'plain' },
+    job.dependsOn.map((id) =>
+      h(
+        'li',
+        {},
+        h('a', { href: `#/jobs/${encodeURIComponent(id)}`, class: 'mono' }, id),
+        id in results ? [' ', h('span', { class: 'muted' }, resultText(results[id]))] : '',
+      ),
+    ),
+  );
 }
 
 // A worker's progress report (Job.progress, base64 bytes): a bar when it is JSON with a

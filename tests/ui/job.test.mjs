@@ -164,3 +164,29 @@ test('a running job shows its run-time limit, expiry, snoozes and a progress bar
   assert.match(await attempts.nth(1).textContent(), /Snoozed/);
   await screenshot(page, 'job-progress');
 });
+
+test('a waiting job links to the jobs it waits for and shows their results once they completed', async () => {
+  const first = await enqueue(client, 'thumbs', 'a');
+  const second = await enqueue(client, 'thumbs', 'b');
+  const join = await enqueue(client, 'thumbs', 'join', { dependsOn: [first, second] });
+  assert.equal(await state(join), 'JOB_STATE_WAITING');
+
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${join}` });
+  await page.getByRole('heading', { level: 1, name: new RegExp(join) }).waitFor();
+  const details = page.getByRole('region', { name: 'Details' });
+  assert.match(await details.textContent(), /State\s*Waiting/);
+  await details.getByRole('link', { name: first }).waitFor();
+
+  for (const id of [first, second]) {
+    const leased = await leaseJob(client, 'thumbs', id, 'worker-t');
+    await client.broker.ack({ jobId: id, leaseId: leased.leaseId, result: Buffer.from(`done ${id.slice(-4)}`) });
+  }
+  await page.reload();
+  await page.getByRole('heading', { level: 1, name: new RegExp(join) }).waitFor();
+  const text = await page.getByRole('region', { name: 'Details' }).textContent();
+  assert.match(text, /State\s*Ready/);
+  assert.match(text, new RegExp(`result: done ${second.slice(-4)}`));
+  await page.getByRole('region', { name: 'Details' }).getByRole('link', { name: second }).click();
+  await page.getByRole('heading', { level: 1, name: new RegExp(second) }).waitFor();
+  assert.deepEqual(page.problems, []);
+});
