@@ -701,6 +701,8 @@ const char* ViolationKindName(ViolationKind kind) {
       return "TWO_WRITERS_IN_EPOCH";
     case ViolationKind::kLogOrder:
       return "LOG_ORDER";
+    case ViolationKind::kDependencyOrder:
+      return "DEPENDENCY_ORDER";
     case ViolationKind::kScheduleRunTwice:
       return "SCHEDULE_RUN_TWICE";
     case ViolationKind::kScheduleRunMissed:
@@ -1073,6 +1075,30 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& all_final_jobs) 
   CheckWriters(logs, s, [&violate](ViolationKind kind, std::string detail) {
     violate(kind, "", std::move(detail));
   });
+  // A job that waited for others (the producers' batches): each of them completed, and no
+  // attempt of it started before the last of them did.
+  for (const v1::Job& job : final_jobs) {
+    if (job.depends_on().empty()) continue;
+    ++s.dependents;
+    for (const std::string& dep_id : job.depends_on()) {
+      auto dep = final_by_id.find(dep_id);
+      if (dep == final_by_id.end() || dep->second->state() != v1::JOB_STATE_COMPLETED) {
+        violate(ViolationKind::kDependencyOrder, job.id(),
+                absl::StrCat("its dependency ", dep_id, " is ",
+                             dep == final_by_id.end() ? "missing"
+                                                      : v1::JobState_Name(dep->second->state())));
+        continue;
+      }
+      const int64_t completed = Micros(dep->second->completed_at());
+      for (const v1::AttemptRecord& a : job.attempts()) {
+        if (Micros(a.started_at()) < completed) {
+          violate(ViolationKind::kDependencyOrder, job.id(),
+                  absl::StrCat("attempt ", a.attempt(), " started at ", Micros(a.started_at()),
+                               ", before its dependency ", dep_id, " completed at ", completed));
+        }
+      }
+    }
+  }
   CheckScheduleRuns(logs, scheduled, s, violate);
   return report;
 }
@@ -1120,6 +1146,7 @@ std::string Report::SummaryTable(
           {"final COMPLETED / FAILED / other",
            absl::StrCat(s.final_completed, " / ", s.final_failed, " / ", s.final_other)},
           {"torn log lines skipped", absl::StrCat(s.torn_lines)},
+          {"jobs that waited for another (depends_on)", absl::StrCat(s.dependents)},
           {"schedule runs (gaps explained by downtime)",
            absl::StrCat(s.schedule_runs, " (", s.schedule_gaps, ")")},
       });

@@ -218,6 +218,7 @@ enum class ViolationKind {
                        // different entries at one (partition, seq, epoch)
   kLogOrder,           // a node's log of a partition skips or repeats a seq, goes back an
                        // epoch, or does not fit its own header's bounds
+  kDependencyOrder,    // a job ran before a job it depends on completed, or that one did not
   // The recurring schedule (kScheduleId):
   kScheduleRunTwice,   // two jobs for one run of it (one run time, one dedup key)
   kScheduleRunMissed,  // two consecutive runs more than its interval apart with the broker up
@@ -283,6 +284,7 @@ struct Summary {
   int torn_lines = 0;
   // The schedule: its runs in the final state, and gaps between consecutive runs that a kill or
   // fault explains (a run missed for more than a minute is skipped; see docs/workflows.md).
+  int64_t dependents = 0;  // jobs that waited for another (depends_on)
   int64_t schedule_runs = 0;
   int64_t schedule_gaps = 0;
   // The cluster harness's writer check.

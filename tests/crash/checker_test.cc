@@ -765,3 +765,32 @@ TEST(ScheduleCheckTest, TwoJobsForOneRunAndAJobNamingNoRunAreViolations) {
 
 }  // namespace
 }  // namespace jobbroker::crash
+
+namespace jobbroker::crash {
+namespace {
+
+TEST(DependencyCheckTest, AJobThatStartedBeforeItsDependencyCompletedIsAViolation) {
+  Scenario s;
+  s.producer = Enq(100, "P", "kp") + Enq(100, "C", "kc") + Enq(100, "E", "ke");
+  v1::Job parent =
+      Job("P", "kp", v1::JOB_STATE_COMPLETED, 1, {{1, 1000, v1::ATTEMPT_OUTCOME_COMPLETED, 2000}});
+  *parent.mutable_completed_at() = google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(2000);
+  v1::Job child =
+      Job("C", "kc", v1::JOB_STATE_COMPLETED, 1, {{1, 2500, v1::ATTEMPT_OUTCOME_COMPLETED, 3000}});
+  child.add_depends_on("P");
+  v1::Job early =
+      Job("E", "ke", v1::JOB_STATE_COMPLETED, 1, {{1, 1500, v1::ATTEMPT_OUTCOME_COMPLETED, 3000}});
+  early.add_depends_on("P");
+  s.final_jobs = {parent, child, early};
+  s.worker = Recv(1000, "w1.1", "P", 1, "L1") + AckOk(2000, "w1.1", "P", 1, "L1") +
+             Recv(2500, "w1.1", "C", 1, "L2") + AckOk(3000, "w1.1", "C", 1, "L2") +
+             Recv(1500, "w1.1", "E", 1, "L3") + AckOk(3000, "w1.1", "E", 1, "L3");
+  const Report report = s.Run();
+  ASSERT_THAT(Kinds(report), ElementsAre(ViolationKind::kDependencyOrder))
+      << report.ViolationList();
+  EXPECT_EQ(report.violations[0].job_id, "E");
+  EXPECT_EQ(report.summary.dependents, 2);
+}
+
+}  // namespace
+}  // namespace jobbroker::crash

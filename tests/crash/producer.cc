@@ -70,6 +70,15 @@ class Producer {
       const size_t queue = static_cast<size_t>(next) % options_.queues.size();
       std::vector<Planned> jobs;
       for (int i = 0; i < size && next < options_.jobs; ++i) jobs.push_back(Plan(next++, queue));
+      // In a batch whose first job completes in the end, each later job waits for it half the
+      // time: the checker finds none started before it completed (DEPENDENCY_ORDER).
+      const std::string& first = jobs.front().kind;
+      if (as_batch && (first == kKindOk || first == kKindFlaky || first == kKindSlow)) {
+        for (size_t i = 1; i < jobs.size(); ++i) {
+          if (std::uniform_int_distribution<int>(0, 1)(rng_) == 1)
+            jobs[i].request.add_depends_on_index(0);
+        }
+      }
       const bool ok = as_batch ? EnqueueBatch(jobs, ++batch) : Enqueue(jobs.front());
       if (!ok) return 2;
     }
