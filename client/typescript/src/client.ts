@@ -70,6 +70,12 @@ export interface EnqueueOptions {
   timeoutMs?: number;
   /** Not started after this time: the job dies with FAIL_REASON_EXPIRED instead. */
   expireAt?: Date;
+  /**
+   * Jobs (of the same partition) it waits for: JOB_STATE_WAITING until all completed, then
+   * READY with their results in `LeasedJob.dependencyResults`; FAILED (DEPENDENCY_FAILED) if one
+   * fails.
+   */
+  dependsOn?: string[];
 }
 
 /** One job of an `enqueueBatch`. */
@@ -77,6 +83,8 @@ export interface BatchJob extends EnqueueOptions {
   queue: string;
   /** Bytes as they are, a string as UTF-8, anything else as JSON. */
   payload?: Payload;
+  /** Earlier jobs of the same batch it waits for, by index (a fan-out/fan-in in one call). */
+  dependsOnIndex?: number[];
 }
 
 export interface EnqueueResult {
@@ -152,6 +160,8 @@ export function toEnqueueRequest(queue: string, payload: Payload, o: EnqueueOpti
     concurrencyKey: o.concurrencyKey ?? "",
     timeout: durationFromMs(o.timeoutMs),
     expireAt: o.expireAt,
+    dependsOn: [...(o.dependsOn ?? [])],
+    dependsOnIndex: [],
   };
 }
 
@@ -224,7 +234,10 @@ export class Client {
   /** Adds 1 to 1000 jobs, all or nothing; results are in the order of `jobs`. */
   async enqueueBatch(jobs: BatchJob[]): Promise<EnqueueResult[]> {
     const r = await this.call(this.broker, this.broker.enqueueBatch as Unary<unknown, { results: EnqueueResult[] }>, {
-      jobs: jobs.map((j) => toEnqueueRequest(j.queue, j.payload, j)),
+      jobs: jobs.map((j) => ({
+        ...toEnqueueRequest(j.queue, j.payload, j),
+        dependsOnIndex: [...(j.dependsOnIndex ?? [])],
+      })),
     });
     return r.results.map((x) => ({ jobId: x.jobId, deduplicated: x.deduplicated }));
   }

@@ -127,6 +127,20 @@ describe("Client", () => {
     await assert.rejects(client.getJob("01J00000000000000000000000"), (e: unknown) => e instanceof JobBrokerError && e.code === Status.NOT_FOUND);
   });
 
+  test("a job waits for its dependencies, by id or by index in a batch", async () => {
+    const { jobId: first } = await client.enqueue("deps", "a");
+    const { jobId: after } = await client.enqueue("deps", "b", { dependsOn: [first] });
+    assert.equal((await client.getJob(after)).state, JobState.JOB_STATE_WAITING);
+    const [root, part, join] = await client.enqueueBatch([
+      { queue: "deps-batch", payload: "root" },
+      { queue: "deps-batch", payload: "part", dependsOnIndex: [0] },
+      { queue: "deps-batch", payload: "join", dependsOnIndex: [1] },
+    ]);
+    assert.deepEqual((await client.getJob(join.jobId)).dependsOn, [part.jobId]);
+    assert.equal((await client.getJob(join.jobId)).state, JobState.JOB_STATE_WAITING);
+    assert.equal((await client.getJob(root.jobId)).state, JobState.JOB_STATE_READY);
+  });
+
   test("every enqueue option reaches the job", async () => {
     const runAt = new Date(Date.now() + 3_600_000);
     const { jobId } = await client.enqueue("options", Buffer.from([0, 1, 2]), {
