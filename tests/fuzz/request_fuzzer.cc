@@ -76,15 +76,45 @@ constexpr absl::Time kStart = absl::FromUnixSeconds(1'800'000'000);
 
 // Names a refusal's message may start with: the request fields (and the config file's).
 bool StartsWithField(absl::string_view message) {
-  static const auto* const kFields = new absl::flat_hash_set<absl::string_view>{
-      "queue",         "payload",   "headers",        "delay",          "run_at",
-      "dedup_key",     "dedup_ttl", "max_attempts",   "lease_duration", "concurrency_key",
-      "worker_id",     "max_jobs",  "wait",           "job_id",         "lease_id",
-      "checkpoint",    "extend_by", "result",         "retry_after",    "error",
-      "jobs",          "policy",    "default_policy", "queues",         "config",
-      "state",         "states",    "page_size",      "page_token",     "limit",
-      "max_in_flight", "priority",  "request",        "acks",           "timeout",
-      "expire_at",     "progress"};
+  static const auto* const kFields = new absl::flat_hash_set<absl::string_view>{"queue",
+                                                                                "payload",
+                                                                                "headers",
+                                                                                "delay",
+                                                                                "run_at",
+                                                                                "dedup_key",
+                                                                                "dedup_ttl",
+                                                                                "max_attempts",
+                                                                                "lease_duration",
+                                                                                "concurrency_key",
+                                                                                "worker_id",
+                                                                                "max_jobs",
+                                                                                "wait",
+                                                                                "job_id",
+                                                                                "lease_id",
+                                                                                "checkpoint",
+                                                                                "extend_by",
+                                                                                "result",
+                                                                                "retry_after",
+                                                                                "error",
+                                                                                "jobs",
+                                                                                "policy",
+                                                                                "default_policy",
+                                                                                "queues",
+                                                                                "config",
+                                                                                "state",
+                                                                                "states",
+                                                                                "page_size",
+                                                                                "page_token",
+                                                                                "limit",
+                                                                                "max_in_flight",
+                                                                                "priority",
+                                                                                "request",
+                                                                                "acks",
+                                                                                "timeout",
+                                                                                "expire_at",
+                                                                                "progress",
+                                                                                "depends_on",
+                                                                                "depends_on_index"};
   size_t n = 0;
   while (n < message.size() && (absl::ascii_islower(message[n]) || message[n] == '_')) ++n;
   return kFields->contains(message.substr(0, n));
@@ -402,6 +432,14 @@ class Harness {
       REQUEST_EXPECT(
           s.code() == Code::kInvalidArgument && absl::StartsWith(s.message(), "expire_at"),
           absl::StrCat("Enqueue: a job that expires before it can start got ", s.ToString()));
+      return;
+    }
+    if ((!spec->depends_on.empty() || !spec->depends_on_index.empty()) &&
+        s.code() == Code::kInvalidArgument) {
+      // Whether a dependency is a job here is the broker's to know (an index outside a batch is
+      // EnqueueBatch's validation, which a single Enqueue goes through in the broker).
+      REQUEST_EXPECT(absl::StartsWith(s.message(), "depends_on"),
+                     absl::StrCat("Enqueue with dependencies refused with ", s.ToString()));
       return;
     }
     REQUEST_EXPECT(s.code() != Code::kInvalidArgument,
