@@ -86,10 +86,11 @@ grpc::ServerUnaryReactor* AdminService::PutSchedule(grpc::CallbackServerContext*
   return call.reactor();
 }
 
-grpc::ServerUnaryReactor* AdminService::GetSchedule(grpc::CallbackServerContext* ctx,
-                                                    const v1::GetScheduleRequest* req,
-                                                    v1::Schedule* resp) {
-  const RpcTiming timing = timers_.Start("GetSchedule");
+template <typename Request, typename Response, typename Act, typename Send>
+grpc::ServerUnaryReactor* AdminService::ScheduleById(grpc::CallbackServerContext* ctx,
+                                                     absl::string_view method, const Request* req,
+                                                     Response* resp, Act act, Send send) {
+  const RpcTiming timing = timers_.Start(method);
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
     return UnaryCall(ctx, timing).Finish(s);
   if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
@@ -97,71 +98,67 @@ grpc::ServerUnaryReactor* AdminService::GetSchedule(grpc::CallbackServerContext*
   const std::vector<bool> here = ServedHere();
   absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
   if (found.ok()) {
-    ToProtoPlaced(*found, resp);
-    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+    UnaryCall call(ctx, timing);
+    act(call, *found, here);
+    return call.reactor();
   }
   if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
-  return AskOtherLeaders<v1::Schedule>(
+  return AskOtherLeaders<Response>(
       ctx, timing, here, found.status(), resp,
-      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::Schedule* r,
-            std::function<void(grpc::Status)> done) {
-        stub.async()->GetSchedule(c, req, r, std::move(done));
+      [req, send](v1::Admin::Stub& stub, grpc::ClientContext* c, Response* r,
+                  std::function<void(grpc::Status)> done) {
+        send(stub, c, req, r, std::move(done));
+      });
+}
+
+grpc::ServerUnaryReactor* AdminService::GetSchedule(grpc::CallbackServerContext* ctx,
+                                                    const v1::GetScheduleRequest* req,
+                                                    v1::Schedule* resp) {
+  return ScheduleById(
+      ctx, "GetSchedule", req, resp,
+      [this, resp](UnaryCall call, const core::ScheduleInfo& found, const std::vector<bool>&) {
+        ToProtoPlaced(found, resp);
+        call.Finish(absl::OkStatus());
+      },
+      [](v1::Admin::Stub& stub, grpc::ClientContext* c, const v1::GetScheduleRequest* r,
+         v1::Schedule* out, std::function<void(grpc::Status)> done) {
+        stub.async()->GetSchedule(c, r, out, std::move(done));
       });
 }
 
 grpc::ServerUnaryReactor* AdminService::DeleteSchedule(grpc::CallbackServerContext* ctx,
                                                        const v1::DeleteScheduleRequest* req,
                                                        v1::DeleteScheduleResponse* resp) {
-  const RpcTiming timing = timers_.Start("DeleteSchedule");
-  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
-    return UnaryCall(ctx, timing).Finish(s);
-  if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
-    return UnaryCall(ctx, timing).Finish(s);
-  const std::vector<bool> here = ServedHere();
-  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
-  if (found.ok()) {
-    UnaryCall call(ctx, timing);
-    broker_.DeleteSchedule(req->schedule_id(), here,
-                           [call](absl::Status deleted) { call.Finish(deleted); });
-    return call.reactor();
-  }
-  if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
-  return AskOtherLeaders<v1::DeleteScheduleResponse>(
-      ctx, timing, here, found.status(), resp,
-      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::DeleteScheduleResponse* r,
-            std::function<void(grpc::Status)> done) {
-        stub.async()->DeleteSchedule(c, req, r, std::move(done));
+  return ScheduleById(
+      ctx, "DeleteSchedule", req, resp,
+      [this, req](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here) {
+        broker_.DeleteSchedule(req->schedule_id(), here,
+                               [call](absl::Status deleted) { call.Finish(deleted); });
+      },
+      [](v1::Admin::Stub& stub, grpc::ClientContext* c, const v1::DeleteScheduleRequest* r,
+         v1::DeleteScheduleResponse* out, std::function<void(grpc::Status)> done) {
+        stub.async()->DeleteSchedule(c, r, out, std::move(done));
       });
 }
 
 grpc::ServerUnaryReactor* AdminService::TriggerSchedule(grpc::CallbackServerContext* ctx,
                                                         const v1::TriggerScheduleRequest* req,
                                                         v1::TriggerScheduleResponse* resp) {
-  const RpcTiming timing = timers_.Start("TriggerSchedule");
-  if (absl::Status s = auth_.Check(*ctx, Role::kAdmin); !s.ok())
-    return UnaryCall(ctx, timing).Finish(s);
-  if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
-    return UnaryCall(ctx, timing).Finish(s);
-  const std::vector<bool> here = ServedHere();
-  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
-  if (found.ok()) {
-    UnaryCall call(ctx, timing);
-    broker_.TriggerSchedule(req->schedule_id(), here,
-                            [call, resp](absl::StatusOr<core::EnqueueResult> run) {
-                              if (run.ok()) {
-                                resp->set_job_id(run->job_id);
-                                resp->set_deduplicated(run->deduplicated);
-                              }
-                              call.Finish(run.status());
-                            });
-    return call.reactor();
-  }
-  if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
-  return AskOtherLeaders<v1::TriggerScheduleResponse>(
-      ctx, timing, here, found.status(), resp,
-      [req](v1::Admin::Stub& stub, grpc::ClientContext* c, v1::TriggerScheduleResponse* r,
-            std::function<void(grpc::Status)> done) {
-        stub.async()->TriggerSchedule(c, req, r, std::move(done));
+  return ScheduleById(
+      ctx, "TriggerSchedule", req, resp,
+      [this, req, resp](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here) {
+        broker_.TriggerSchedule(req->schedule_id(), here,
+                                [call, resp](absl::StatusOr<core::EnqueueResult> run) {
+                                  if (run.ok()) {
+                                    resp->set_job_id(run->job_id);
+                                    resp->set_deduplicated(run->deduplicated);
+                                  }
+                                  call.Finish(run.status());
+                                });
+      },
+      [](v1::Admin::Stub& stub, grpc::ClientContext* c, const v1::TriggerScheduleRequest* r,
+         v1::TriggerScheduleResponse* out, std::function<void(grpc::Status)> done) {
+        stub.async()->TriggerSchedule(c, r, out, std::move(done));
       });
 }
 

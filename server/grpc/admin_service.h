@@ -114,6 +114,12 @@ class AdminService final : public v1::Admin::CallbackService {
                                             const std::vector<bool>& here,
                                             const absl::Status& not_found, Response* resp,
                                             Start start);
+  // The calls by schedule id (Get, Delete, Trigger): the role, the id, then `act(call, found,
+  // here)` where this node has the schedule, else `send(stub, ctx, req, response, done)` to
+  // every other leader (AskOtherLeaders).
+  template <typename Request, typename Response, typename Act, typename Send>
+  grpc::ServerUnaryReactor* ScheduleById(grpc::CallbackServerContext* ctx, absl::string_view method,
+                                         const Request* req, Response* resp, Act act, Send send);
   // The schedule with its partition.
   void ToProtoPlaced(const core::ScheduleInfo& info, v1::Schedule* out) const;
   // Sets the queue's partition and the node that leads it.
