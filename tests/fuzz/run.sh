@@ -28,7 +28,7 @@ fi
 summary=()
 failed=0
 for target in "${targets[@]}"; do
-  bin="$root/build-fuzz/tests/fuzz/$target"
+  bin="$root/build/fuzz/tests/fuzz/$target"
   seeds="$root/tests/fuzz/corpus/$target"
   [ -x "$bin" ] || { echo "no fuzz target named '$target'"; exit 2; }
   corpus="$work/$target/corpus"

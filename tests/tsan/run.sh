@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 cmake --preset tsan
 cmake --build --preset tsan
 
-canary=build-tsan/tests/tsan/tsan_race_canary
+canary=build/tsan/tests/tsan/tsan_race_canary
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
 if ! out=$("$canary" clean 2>&1); then
   printf '%s\n' "$out"
