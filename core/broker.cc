@@ -97,6 +97,7 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
       continue;
     }
     if (job.state == JobState::kWaiting) waiting.push_back(job.id);
+    if (!job.depends_on.empty()) NoteNeededByLocked(job);
     jobs_.SeenSeq(job.seq);
     auto owned = std::make_unique<Job>(std::move(job));
     queues_.Get(owned->queue).all.insert(owned->seq);
@@ -123,6 +124,12 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
     jobs_.AddCold(c.seq, c.id);
   }
   found.cold = {};  // can be large: give it back before the rest of the start
+  for (auto& [id, depends_on] : found.cold_depends_on) {
+    Job edges;
+    edges.id = std::move(id);
+    edges.depends_on = std::move(depends_on);
+    NoteNeededByLocked(edges);
+  }
   for (DedupEntry& e : found.dedup) dedup_.Put(std::move(e));
   RewaitLocked(waiting, now, t, fx);
   // Leases that ran out while the broker was down become failed attempts now.
@@ -295,6 +302,10 @@ void Broker::UnindexLocked(const Job& job) {
 
 void Broker::RemoveJobLocked(Job& job, Transition& t) {
   UnindexLocked(job);
+  if (!job.depends_on.empty() || needed_by_.contains(job.id)) {
+    KeepResultForDependentsLocked(job, t);
+    ForgetNeededByLocked(job);
+  }
   queues_.Get(job.queue).all.erase(job.seq);
   t.delete_jobs.push_back(job.id);
   // The dedup entry outlives the job until its TTL has passed (ExpireDedupLocked removes it).

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,6 +44,10 @@ struct BrokerOptions {
   // The partition this broker serves (its job ids carry it, its records are keyed by it);
   // node::Partitions runs one broker per partition. Below core::kMaxPartitions.
   uint32_t partition = 0;
+  // How many partitions the store (or the cluster) has: a job id whose partition
+  // (PartitionOfJobId) is another is a job of another broker, which depends_on may name
+  // (RemoteOutcome). 1: every id is this broker's.
+  uint32_t partition_count = 1;
   // Policy layers under the run-time changes: the config file's default_policy and its per-queue
   // policies (built-in defaults below both).
   PolicyOverride default_policy;
@@ -206,6 +211,20 @@ class Broker {
   // by worker_id (core/workers.h). With `queue` set, only those subscribed to, waiting on or
   // running a job of that queue (their other queues and jobs still listed). A read: no change.
   std::vector<WorkerInfo> ListWorkers(const std::string& queue);
+  // --- Dependencies on jobs of other partitions (broker_dependencies.cc) -----------------------
+  // A job may depend on jobs of other partitions (options.partition_count); this broker cannot
+  // see them, so the node's DependencyRelay (server/dependencies) watches them where they live
+  // and tells this broker what became of them. The WAITING jobs' depends_on are the durable
+  // record of what is awaited: after a restart or a failover the new leader awaits the same ids.
+  //
+  // The ids of other partitions' jobs that WAITING jobs here still wait for, each once.
+  std::vector<std::string> AwaitedRemoteJobs();
+  // What became of some of them: each dependent here that still waits is released (with the
+  // result) or failed, as for a job of this partition, in one transition. Idempotent: an
+  // outcome nobody here waits for any more (applied before, or its dependents ended) changes
+  // nothing, so the relay may deliver one twice.
+  void SettleRemoteJobs(std::vector<RemoteOutcome> outcomes, Done<absl::Status> done);
+
   // The queue of a job, without copying the job (authorization asks on every job-scoped call).
   // kNotFound for an unknown (or corrupt) job, kInvalidArgument for a malformed id.
   absl::StatusOr<std::string> JobQueue(const std::string& job_id);
@@ -455,6 +474,22 @@ class Broker {
   // kDependencyFailed.
   void FailDependentLocked(Job& job, const std::string& dep, const std::string& why, absl::Time now,
                            Transition& t, Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `id` is a job of another partition (options_.partition_count).
+  bool IsRemoteJobLocked(const std::string& id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `dep` ended: its dependents that still wait are released (`failed_why` empty; `remote_result`
+  // is its result when it is another partition's job, else the result is read from it) or failed
+  // with `failed_why`.
+  void SettleDependentsLocked(const std::string& dep, const std::string& failed_why,
+                              const std::string* remote_result, absl::Time now, Transition& t,
+                              Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Job::dependents' index (needed_by_): `job` (with depends_on set) is new or recovered, or
+  // is being removed.
+  void NoteNeededByLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `ended` (a dependency that completed) is being removed: the WAITING jobs that hold its
+  // result in memory (taken when it completed) store it in `t`, so a restart still has it.
+  void KeepResultForDependentsLocked(const Job& ended, Transition& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetNeededByLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Recovery: the WAITING jobs `ids` wait again for what has not completed.
   void RewaitLocked(const std::vector<std::string>& ids, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -528,6 +563,12 @@ class Broker {
   // rebuilt at recovery from the stored jobs' depends_on and their dependencies' states.
   absl::flat_hash_map<std::string, std::vector<std::string>> dependents_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, int> waiting_on_ ABSL_GUARDED_BY(mu_);
+  // The keys of dependents_ that are jobs of other partitions (AwaitedRemoteJobs).
+  absl::flat_hash_set<std::string> remote_awaited_ ABSL_GUARDED_BY(mu_);
+  // For each job of this partition that some job here names in depends_on, those jobs, whatever
+  // their state (Job::dependents, the dashboard's links down the graph). Memory only: rebuilt at
+  // recovery from every stored job's depends_on.
+  absl::flat_hash_map<std::string, std::vector<std::string>> needed_by_ ABSL_GUARDED_BY(mu_);
   // The present of the change being made (StartChangeLocked's `now`), for the dependency
   // resolution CommitChangeLocked does.
   absl::Time change_now_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

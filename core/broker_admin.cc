@@ -187,7 +187,12 @@ absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
           why->message(), "); DeleteJob removes its record"));
     return NoSuchJob(job_id);
   }
-  return *job;
+  Job copy = *job;
+  if (auto it = needed_by_.find(job_id); it != needed_by_.end()) {
+    copy.dependents = it->second;
+    std::sort(copy.dependents.begin(), copy.dependents.end());
+  }
+  return copy;
 }
 
 absl::StatusOr<uint64_t> Broker::WatchJob(const std::string& job_id,

@@ -50,11 +50,10 @@ absl::StatusOr<std::vector<EnqueueResult>> Broker::EnqueueLocked(std::vector<Enq
                          " is not after the time the job could first run; it would never start"));
     }
     for (size_t k = 0; k < s.depends_on.size(); ++k) {
-      if (FindJobLocked(s.depends_on[k]) == nullptr)
+      // Another partition's job is checked where it lives (node::Partitions, or the relay).
+      if (!IsRemoteJobLocked(s.depends_on[k]) && FindJobLocked(s.depends_on[k]) == nullptr)
         return absl::InvalidArgumentError(
-            absl::StrCat(where, "depends_on[", k, "]: no job ", s.depends_on[k], " in partition ",
-                         options_.partition, " (queue ", s.queue,
-                         "'s); a job can depend only on jobs of its own partition"));
+            absl::StrCat(where, "depends_on[", k, "]: no job ", s.depends_on[k]));
     }
     if (!s.dedup_key.empty()) {
       auto key = std::make_pair(s.queue, s.dedup_key);

@@ -116,6 +116,8 @@ void Broker::ClearLocked(std::vector<LeaseDone>& waiting,
   schedules_.Clear();
   dependents_.clear();
   waiting_on_.clear();
+  remote_awaited_.clear();
+  needed_by_.clear();
 }
 
 }  // namespace jobbroker::core

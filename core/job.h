@@ -106,10 +106,13 @@ struct Job {
   std::vector<AttemptRecord> attempts;  // oldest first, at most kMaxAttemptHistory
   std::string result;
   std::string checkpoint;
-  // The jobs it waits for (same partition), and, once they all completed, their results by id
-  // (those that retention had removed by then are missing).
+  // The jobs it waits for (of any partition), and their results by id: all of them once they
+  // all completed (those that retention had removed by then are missing); while it waits, those
+  // of other partitions' jobs that completed already (they are delivered one by one).
   std::vector<std::string> depends_on;
   std::map<std::string, std::string> dependency_results;
+  // Not stored: the jobs of its partition that depend on it, sorted; filled by Broker::GetJob.
+  std::vector<std::string> dependents;
   absl::Time completed_at = absl::InfinitePast();  // when it became terminal
 
   // When the broker must end the current attempt if no ack comes: its lease deadline or, if

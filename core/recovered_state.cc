@@ -13,6 +13,7 @@ void RecoveredState::OnJob(Job job) {
   }
   auto [it, added] = queue_index_.try_emplace(job.queue, queue_names.size());
   if (added) queue_names.push_back(job.queue);
+  if (!job.depends_on.empty()) cold_depends_on.emplace_back(job.id, std::move(job.depends_on));
   cold.push_back(ColdJob{*id, job.seq, job.run_at, job.priority, it->second, job.state,
                          std::move(job.concurrency_key), job.expire_at});
 }

@@ -48,6 +48,8 @@ class RecoveredState final : public RecoveryVisitor {
   std::vector<Job> jobs;  // whole
   std::vector<ColdJob> cold;
   std::vector<std::string> queue_names;  // of cold jobs, each once
+  // The depends_on of the cold jobs that have one (for Job::dependents): (job id, depends_on).
+  std::vector<std::pair<std::string, std::vector<std::string>>> cold_depends_on;
   std::vector<DedupEntry> dedup;
   std::vector<Schedule> schedules;
   std::vector<std::pair<std::string, PolicyOverride>> policies;

@@ -40,6 +40,17 @@ struct EnqueueSpec {
   bool operator==(const EnqueueSpec&) const = default;
 };
 
+// What became of a job of another partition that jobs here depend on (Broker::SettleRemoteJobs).
+struct RemoteOutcome {
+  std::string job_id;
+  // COMPLETED, FAILED or CANCELLED; ignored when `gone`.
+  JobState state = JobState::kCompleted;
+  std::string result;  // COMPLETED: its result
+  // Its partition has no such job: removed before its outcome reached here, or never existed
+  // (an id a producer made up, when the enqueue could not check it).
+  bool gone = false;
+};
+
 struct EnqueueResult {
   std::string job_id;
   bool deduplicated = false;

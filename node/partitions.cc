@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<cor
   if (options.pipeline != nullptr)
     return absl::InvalidArgumentError("Partitions makes the pipelines of its brokers");
   std::unique_ptr<Partitions> partitions(new Partitions());
+  partitions->cluster_ = start_halted;
   for (core::Store* store : stores) {
     // A failed write stops the partitions on that pipeline: the ticker must wake to schedule
     // their retries.
@@ -66,6 +67,7 @@ absl::StatusOr<std::unique_ptr<Partitions>> Partitions::OpenOver(std::vector<cor
     const size_t own_store = stores.size() == 1 ? 0 : p;
     core::BrokerOptions own = options;
     own.partition = p;
+    own.partition_count = count;
     own.pipeline = partitions->pipelines_[own_store].get();
     // The memory bound is the node's: each partition keeps its share whole (rounded up).
     own.max_hot_jobs = (options.max_hot_jobs + count - 1) / count;
@@ -115,7 +117,10 @@ void Partitions::EnqueueBatch(std::vector<core::EnqueueSpec> specs,
   const bool one_partition = std::all_of(specs.begin(), specs.end(), [&](const auto& s) {
     return PartitionOfQueue(s.queue) == first;
   });
-  if (one_partition) return brokers_[first]->EnqueueBatch(std::move(specs), std::move(done), batch);
+  if (one_partition) {
+    if (absl::Status s = CheckRemoteDependencies(specs, first, batch); !s.ok()) return done(s);
+    return brokers_[first]->EnqueueBatch(std::move(specs), std::move(done), batch);
+  }
   // Field errors first, as on one partition: they say what to fix.
   if (absl::Status s = core::ValidateEnqueueBatch(specs, /*name_jobs=*/true); !s.ok())
     return done(s);
@@ -130,6 +135,30 @@ void Partitions::EnqueueBatch(std::vector<core::EnqueueSpec> specs,
   done(absl::InvalidArgumentError(absl::StrCat(
       "jobs: the batch spans partitions ", absl::StrJoin(where, ", "),
       "; a batch is all or nothing within one partition: send one batch per partition")));
+}
+
+absl::Status Partitions::CheckRemoteDependencies(const std::vector<core::EnqueueSpec>& specs,
+                                                 uint32_t partition, bool batch) {
+  // In cluster mode another partition's broker here may be a follower's, behind its leader: the
+  // relay finds out instead (a dependency it cannot find fails its dependents).
+  if (cluster_) return absl::OkStatus();
+  bool any = false;
+  for (const core::EnqueueSpec& s : specs)
+    for (const std::string& id : s.depends_on)
+      any = any || core::PartitionOfJobId(id, count()).value_or(partition) != partition;
+  if (!any) return absl::OkStatus();
+  // Field errors first, as the broker would answer them.
+  BROKER_RETURN_IF_ERROR(core::ValidateEnqueueBatch(specs, /*name_jobs=*/batch));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const std::vector<std::string>& ids = specs[i].depends_on;
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const uint32_t p = core::PartitionOfJobId(ids[k], count()).value_or(partition);
+      if (p == partition || brokers_[p]->JobQueue(ids[k]).ok()) continue;
+      return absl::InvalidArgumentError(absl::StrCat(batch ? absl::StrCat("jobs[", i, "].") : "",
+                                                     "depends_on[", k, "]: no job ", ids[k]));
+    }
+  }
+  return absl::OkStatus();
 }
 
 uint64_t Partitions::Lease(core::LeaseSpec spec, absl::Duration wait,

@@ -31,7 +31,9 @@ namespace jobbroker::node {
 //
 // Every call has core::Broker's contract. Where a call spans partitions:
 //  - EnqueueBatch stays all-or-nothing, so a batch whose queues live in several partitions is
-//    refused (kInvalidArgument naming them); the client sends one batch per partition.
+//    refused (kInvalidArgument naming them); the client sends one batch per partition. A job may
+//    depend on jobs of other partitions (on a single node their existence is checked here; the
+//    DependencyRelay delivers their outcomes).
 //  - A Work stream over queues of several partitions is subscribed in each, sharing one
 //    max_in_flight budget (core/stream_credit.h): it holds at most max_in_flight jobs in all.
 //  - AckBatch applies each ack in its job's partition; a partition refusing writes answers that
@@ -153,6 +155,10 @@ class Partitions {
   };
 
   Partitions() = default;
+  // Single node: every job another partition's job in `specs` (all of `partition`) depends on
+  // exists, else kInvalidArgument naming it, as the broker names one of its own partition.
+  absl::Status CheckRemoteDependencies(const std::vector<core::EnqueueSpec>& specs,
+                                       uint32_t partition, bool batch);
   // The served partition whose broker holds schedule `id`: kNotFound if none does,
   // kInvalidArgument for a malformed id.
   absl::StatusOr<core::Broker*> BrokerOfSchedule(const std::string& id,
@@ -172,6 +178,7 @@ class Partitions {
   // first: they outlive the brokers.
   std::vector<std::unique_ptr<core::CommitPipeline>> pipelines_;
   std::vector<std::unique_ptr<core::Broker>> brokers_;
+  bool cluster_ = false;  // over a store per partition, each led by some node (Open over stores)
 
   absl::Mutex streams_mu_;
   absl::flat_hash_map<uint64_t, Stream> streams_ ABSL_GUARDED_BY(streams_mu_);

@@ -27,6 +27,7 @@
 #include "server/config/flags.h"
 #include "server/grpc/admin_service.h"
 #include "server/grpc/broker_service.h"
+#include "server/grpc/dependency_relay.h"
 #include "server/grpc/forwarder.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
@@ -207,6 +208,9 @@ int Run(int argc, char** argv) {
   if (cluster != nullptr) forwarder = std::make_unique<Forwarder>(node_id, nullptr);
   BrokerService broker_service(**broker, auth, work_streams, rpc_metrics, *router, forwarder.get());
   AdminService admin_service(**broker, auth, rpc_metrics, *router, forwarder.get());
+  // Dependencies on other partitions' jobs: watched where they live, their outcomes delivered.
+  DependencyRelay dependency_relay(**broker, *router, forwarder.get(),
+                                   cluster != nullptr ? cluster->peer_token() : "");
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -266,6 +270,7 @@ int Run(int argc, char** argv) {
              {{"grpc", grpc_address},
               {"http", http_address},
               {"partitions", absl::StrCat(partition_count)}});
+  dependency_relay.Start();
   std::printf("jobbroker: serving grpc=%s http=%s\n", grpc_address.c_str(), http_address.c_str());
   std::fflush(stdout);
 
@@ -285,6 +290,7 @@ int Run(int argc, char** argv) {
   // Stop leasing and answer long polls, let in-flight RPCs finish, flush, exit 0.
   (*http)->SetServing(false);
   server->GetHealthCheckService()->SetServingStatus(false);
+  dependency_relay.Stop();
   (*broker)->Shutdown();  // from here every change is refused with UNAVAILABLE
   // Every change accepted before is durable after this, and its reply has been handed to gRPC.
   absl::Status flushed = (*broker)->Flush();

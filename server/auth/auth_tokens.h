@@ -16,7 +16,7 @@ enum class Role : uint8_t {
   kProducer,  // Enqueue, EnqueueBatch
   kWorker,    // Lease, Work, Heartbeat, Ack, Fail, Release
   kAdmin,     // every Admin RPC
-  kPeer,      // the Replication service between cluster nodes, and nothing else
+  kPeer,      // the Replication service between cluster nodes, and Admin.WatchJob (dependencies)
 };
 
 // "producer", "worker", "admin", "peer".

@@ -23,6 +23,7 @@ namespace jobbroker::server {
 
 struct ClusterMode::Parts {
   std::string node_id;
+  std::string peer_token;  // --cluster-peer-token-file's, or empty
   std::string advertise_address;
   // Set by Attach; the driver's snapshots go to it from then on.
   std::atomic<Router*> router{nullptr};
@@ -103,6 +104,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   if (!flags.cluster_peer_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadPeerToken(flags.cluster_peer_token_file, authorizer);
     if (!token.ok()) return token.status();
+    parts->peer_token = *token;
     options.transport.peer_token = *std::move(token);
   }
   if (authorizer != nullptr) {
@@ -194,6 +196,8 @@ std::function<bool(uint32_t)> ClusterMode::served_check() {
 }
 
 grpc::Service* ClusterMode::peer_service() { return parts_->node->peer_service(); }
+
+const std::string& ClusterMode::peer_token() const { return parts_->peer_token; }
 
 absl::Status ClusterMode::Attach(node::Partitions& partitions, const std::string& grpc_address,
                                  Router& router) {

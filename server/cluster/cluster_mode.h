@@ -48,6 +48,8 @@ class ClusterMode {
   // Whether this node's broker of a partition answers for it right now, for the Router (valid
   // until this object is destroyed).
   std::function<bool(uint32_t partition)> served_check();
+  // The token this node presents to the others (--cluster-peer-token-file); empty without one.
+  const std::string& peer_token() const;
   // The replication service, to register on the gRPC server.
   grpc::Service* peer_service();
   // Once the server listens at `grpc_address`: registers the node (at --advertise-address, or

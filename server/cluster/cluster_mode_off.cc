@@ -20,6 +20,10 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
 std::vector<core::Store*> ClusterMode::stores() { return {}; }
 std::function<bool(uint32_t)> ClusterMode::served_check() { return nullptr; }
 grpc::Service* ClusterMode::peer_service() { return nullptr; }
+const std::string& ClusterMode::peer_token() const {
+  static const std::string none;
+  return none;
+}
 absl::Status ClusterMode::Attach(node::Partitions&, const std::string&, Router&) {
   return absl::FailedPreconditionError("built without cluster mode");
 }

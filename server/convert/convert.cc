@@ -407,6 +407,7 @@ void ToProto(const core::Job& j, v1::Job* out) {
   out->set_snoozes(j.snoozes);
   out->set_progress(j.progress);
   for (const std::string& id : j.depends_on) out->add_depends_on(id);
+  for (const std::string& id : j.dependents) out->add_dependents(id);
   out->mutable_dependency_results()->insert(j.dependency_results.begin(),
                                             j.dependency_results.end());
 }

@@ -535,6 +535,9 @@ TEST_F(CliTest, EnqueueAfterMakesAJobWaitAndGetShowsWhatFor) {
   EXPECT_THAT(r.out, HasSubstr("state:"));
   EXPECT_THAT(r.out, HasSubstr("WAITING"));
   EXPECT_THAT(r.out, ::testing::ContainsRegex(absl::StrCat("waits for: +", first)));
+  r = Cli({"get", first});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(absl::StrCat("needed by: +", join)));
   std::vector<v1::LeasedJob> leased = client_->MustLease("resize", "w", 2);
   ASSERT_THAT(leased, SizeIs(2));
   for (const v1::LeasedJob& j : leased) client_->MustAck(j, absl::StrCat("done-", j.payload()));
@@ -547,23 +550,25 @@ TEST_F(CliTest, EnqueueAfterMakesAJobWaitAndGetShowsWhatFor) {
 TEST_F(CliTest, QueuesShowsCountsByState) {
   CliEnqueue({"alpha", "a"});
   CliEnqueue({"alpha", "b"});
-  CliEnqueue({"alpha", "c", "--delay", "1h"});
+  const std::string c = CliEnqueue({"alpha", "c", "--delay", "1h"});
+  CliEnqueue({"alpha", "after c", "--after", c});
   CliEnqueue({"beta", "d"});
 
   CliResult r = Cli({"queues"});
   ASSERT_EQ(r.exit_code, 0) << r;
   std::vector<std::string> lines = Lines(r.out);
   ASSERT_THAT(lines, SizeIs(3)) << r;
-  EXPECT_THAT(lines[0], AllOf(StartsWith("QUEUE"), HasSubstr("READY"), HasSubstr("SCHEDULED"),
-                              HasSubstr("ACTIVE"), HasSubstr("COMPLETED"), HasSubstr("FAILED"),
-                              HasSubstr("CANCELLED"), HasSubstr("OLDEST READY"),
-                              HasSubstr("WAITING WORKERS")));
+  EXPECT_THAT(lines[0], AllOf(StartsWith("QUEUE"), HasSubstr("WAITING"), HasSubstr("READY"),
+                              HasSubstr("SCHEDULED"), HasSubstr("ACTIVE"), HasSubstr("COMPLETED"),
+                              HasSubstr("FAILED"), HasSubstr("CANCELLED"),
+                              HasSubstr("OLDEST READY"), HasSubstr("WAITING WORKERS")));
   std::vector<std::string> alpha = absl::StrSplit(lines[1], ' ', absl::SkipEmpty());
-  ASSERT_THAT(alpha, SizeIs(9)) << lines[1];
+  ASSERT_THAT(alpha, SizeIs(10)) << lines[1];
   EXPECT_EQ(alpha[0], "alpha");
-  EXPECT_EQ(alpha[1], "2");  // ready
-  EXPECT_EQ(alpha[2], "1");  // scheduled
-  EXPECT_EQ(alpha[8], "0");  // waiting workers
+  EXPECT_EQ(alpha[1], "1");  // waiting for a dependency
+  EXPECT_EQ(alpha[2], "2");  // ready
+  EXPECT_EQ(alpha[3], "1");  // scheduled
+  EXPECT_EQ(alpha[9], "0");  // waiting workers
   EXPECT_THAT(lines[2], StartsWith("beta"));
 
   r = Cli({"--json", "queues"});

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
@@ -36,6 +37,131 @@ class BrokerDependenciesTest : public BrokerFixture {
   }
   JobState StateOf(const std::string& id) { return Get(id).state; }
 };
+
+TEST_F(BrokerDependenciesTest, ADependentListsTheJobsThatWaitForItAlsoAfterARestart) {
+  const std::string a = Enqueue("top");
+  const std::string b = EnqueueAfter("mid", {a});
+  const std::string c = EnqueueAfter("mid", {a});
+  const std::string d = EnqueueAfter("end", {b});
+  EXPECT_THAT(Get(a).dependents, ElementsAre(std::min(b, c), std::max(b, c)));
+  EXPECT_THAT(Get(b).dependents, ElementsAre(d));
+  EXPECT_THAT(Get(d).dependents, IsEmpty());
+  Complete("top", a, "");
+  Reopen();
+  EXPECT_THAT(Get(a).dependents, ElementsAre(std::min(b, c), std::max(b, c)))
+      << "kept after a released them, rebuilt at recovery";
+  ASSERT_TRUE(broker_->CancelJob(d).ok());
+  ASSERT_TRUE(broker_->DeleteJob(d).ok());
+  EXPECT_THAT(Get(b).dependents, IsEmpty()) << "a removed dependent is no longer listed";
+}
+
+TEST_F(BrokerDependenciesTest, AFanInWiderThanRetentionStillGetsEveryResultAcrossARestart) {
+  queue_policies_["work"].completed_max_count = 2;
+  Reopen();
+  std::vector<std::string> parts;
+  for (int i = 0; i < 6; ++i) parts.push_back(Enqueue("work", absl::StrCat("part-", i)));
+  const std::string join = EnqueueAfter("join", parts);
+  for (int i = 0; i < 5; ++i) {
+    LeasedJob leased = LeaseOne("work");
+    ASSERT_TRUE(broker_->Ack(AckSpec{leased.job_id, leased.lease_id, absl::StrCat("r", i)}).ok());
+    broker_->Tick();  // retention keeps the last 2 completed
+  }
+  EXPECT_FALSE(broker_->GetJob(parts[0]).ok()) << "retention removed the first parts";
+  Reopen();
+  LeasedJob last = LeaseOne("work");
+  ASSERT_TRUE(broker_->Ack(AckSpec{last.job_id, last.lease_id, "r5"}).ok());
+  EXPECT_EQ(StateOf(join), JobState::kReady);
+  EXPECT_EQ(LeaseOne("join").dependency_results.size(), 6u)
+      << "the results of removed parts were kept with the join";
+}
+
+// Jobs of another partition: this broker is partition 0 of 2 and cannot see them; the node's
+// relay (server/grpc/dependency_relay.h) delivers their outcomes through SettleRemoteJobs.
+class RemoteDependenciesTest : public BrokerDependenciesTest {
+ protected:
+  void SetUp() override {}  // Open after choosing the partition count
+  void OpenAsPartition0Of2() {
+    broker_.reset();
+    BrokerOptions options = Options();
+    options.partition_count = 2;
+    auto opened = BlockingBroker::Open(store_, clock_, std::move(options));
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    broker_ = std::move(*opened);
+  }
+  std::string OtherPartitionsJob() { return NewJobId(clock_.Now(), 1, gen_); }
+
+  absl::BitGen gen_;
+};
+
+TEST_F(RemoteDependenciesTest, AnOtherPartitionsJobIsAwaitedUntilItsResultArrivesOnce) {
+  OpenAsPartition0Of2();
+  const std::string remote = OtherPartitionsJob();
+  const std::string local = Enqueue("top");
+  const std::string join = EnqueueAfter("end", {remote, local});
+  EXPECT_EQ(StateOf(join), JobState::kWaiting);
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), ElementsAre(remote));
+
+  ASSERT_TRUE(broker_->SettleRemoteJobs({{.job_id = remote, .result = "rr"}}).ok());
+  EXPECT_EQ(StateOf(join), JobState::kWaiting) << "the local one is left";
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), IsEmpty());
+  OpenAsPartition0Of2();
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), IsEmpty()) << "the delivered result was stored";
+  ASSERT_TRUE(broker_->SettleRemoteJobs({{.job_id = remote, .result = "again"}}).ok());
+
+  Complete("top", local, "rl");
+  LeasedJob leased = LeaseOne("end");
+  EXPECT_EQ(leased.job_id, join);
+  EXPECT_THAT(leased.dependency_results,
+              UnorderedElementsAre(Pair(remote, "rr"), Pair(local, "rl")))
+      << "a second delivery changes nothing";
+  EXPECT_EQ(Leasable("end"), 0u) << "released once";
+}
+
+TEST_F(RemoteDependenciesTest, AnAwaitedJobIsAwaitedAgainAfterARestartUntilDelivered) {
+  OpenAsPartition0Of2();
+  const std::string remote = OtherPartitionsJob();
+  const std::string join = EnqueueAfter("end", {remote});
+  OpenAsPartition0Of2();
+  EXPECT_EQ(StateOf(join), JobState::kWaiting);
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), ElementsAre(remote));
+  ASSERT_TRUE(broker_->SettleRemoteJobs({{.job_id = remote, .result = "r"}}).ok());
+  EXPECT_EQ(StateOf(join), JobState::kReady);
+  EXPECT_THAT(LeaseOne("end").dependency_results, ElementsAre(Pair(remote, "r")));
+}
+
+TEST_F(RemoteDependenciesTest, AFailedCancelledOrMissingJobFailsItsDependentsDownTheGraph) {
+  OpenAsPartition0Of2();
+  const std::string failed = OtherPartitionsJob();
+  const std::string cancelled = OtherPartitionsJob();
+  const std::string missing = OtherPartitionsJob();
+  const std::string a = EnqueueAfter("mid", {failed});
+  const std::string a_next = EnqueueAfter("end", {a});
+  const std::string b = EnqueueAfter("mid", {cancelled});
+  const std::string c = EnqueueAfter("mid", {missing});
+  ASSERT_TRUE(broker_
+                  ->SettleRemoteJobs({{.job_id = failed, .state = JobState::kFailed},
+                                      {.job_id = cancelled, .state = JobState::kCancelled},
+                                      {.job_id = missing, .gone = true}})
+                  .ok());
+  for (const std::string& id : {a, a_next, b, c}) {
+    EXPECT_EQ(StateOf(id), JobState::kFailed) << id;
+    EXPECT_EQ(Get(id).fail_reason, FailReason::kDependencyFailed) << id;
+  }
+  EXPECT_THAT(Get(a).last_error, HasSubstr(absl::StrCat(failed, " ended JOB_STATE_FAILED")));
+  EXPECT_THAT(Get(b).last_error, HasSubstr(absl::StrCat(cancelled, " ended JOB_STATE_CANCELLED")));
+  EXPECT_THAT(Get(c).last_error, HasSubstr(absl::StrCat(missing, " is not in partition 1")));
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), IsEmpty());
+}
+
+TEST_F(RemoteDependenciesTest, NobodyAwaitsAJobWhoseDependentsWereCancelled) {
+  OpenAsPartition0Of2();
+  const std::string remote = OtherPartitionsJob();
+  const std::string join = EnqueueAfter("end", {remote});
+  ASSERT_TRUE(broker_->CancelJob(join).ok());
+  EXPECT_THAT(broker_->AwaitedRemoteJobs(), IsEmpty());
+  ASSERT_TRUE(broker_->SettleRemoteJobs({{.job_id = remote, .result = "late"}}).ok());
+  EXPECT_EQ(StateOf(join), JobState::kCancelled);
+}
 
 TEST_F(BrokerDependenciesTest, AThreeLevelGraphRunsInOrderAndTheLastGetsItsDependenciesResults) {
   const std::string a = Enqueue("top");

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobbroker/partition.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
 
@@ -97,6 +98,93 @@ TEST_F(DependenciesTest, AFailedDependencyFailsItsDependentsAndAnUnknownOneIsRef
   grpc::Status refused = client().Enqueue(unknown, &resp);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(refused.error_message(), ::testing::StartsWith("depends_on[0]"));
+}
+
+// Partitions of one node: a job waits for a job of another partition, which the node's relay
+// watches in its broker and delivers (server/grpc/dependency_relay.h).
+class CrossPartitionDependenciesTest : public BrokerFixture {
+ protected:
+  static constexpr uint32_t kPartitions = 4;
+  CrossPartitionDependenciesTest() : BrokerFixture({.extra_args = {"--partitions", "4"}}) {}
+
+  // A queue name that lives in `partition`.
+  static std::string QueueIn(uint32_t partition, const std::string& prefix) {
+    for (int i = 0;; ++i) {
+      std::string queue = absl::StrCat(prefix, "-", i);
+      if (client::PartitionOfQueue(queue, kPartitions) == partition) return queue;
+    }
+  }
+  std::string EnqueueAfter(const std::string& queue, const std::vector<std::string>& deps) {
+    v1::EnqueueRequest request;
+    request.set_queue(queue);
+    request.set_payload("after");
+    for (const std::string& id : deps) request.add_depends_on(id);
+    return client().MustEnqueue(request);
+  }
+  v1::JobState StateOf(const std::string& id) { return client().MustGetJob(id).state(); }
+};
+
+TEST_F(CrossPartitionDependenciesTest, AJobIsReleasedOnceWithTheResultAcrossAKill9) {
+  const std::string top = QueueIn(1, "top");
+  const std::string end = QueueIn(3, "end");
+  const std::string dep = client().MustEnqueue(top, "d");
+  const std::string local = client().MustEnqueue(end, "l");
+  const std::string after = EnqueueAfter(end, {dep, local});
+  EXPECT_EQ(StateOf(after), v1::JOB_STATE_WAITING);
+
+  Kill9AndRestart();
+  std::optional<v1::LeasedJob> leased = client().LeaseOne(top, "w");
+  ASSERT_TRUE(leased.has_value());
+  client().MustAck(*leased, "from partition 1");
+  std::optional<v1::LeasedJob> own = client().LeaseOne(end, "w");
+  ASSERT_TRUE(own.has_value());
+  ASSERT_EQ(own->job_id(), local) << "the dependent waits";
+  client().MustAck(*own, "local");
+  ASSERT_TRUE(WaitFor([&] { return StateOf(after) == v1::JOB_STATE_READY; }))
+      << "still " << v1::JobState_Name(StateOf(after));
+  std::optional<v1::LeasedJob> released = client().LeaseOne(end, "w");
+  ASSERT_TRUE(released.has_value());
+  EXPECT_EQ(released->job_id(), after);
+  EXPECT_EQ(released->dependency_results().at(dep), "from partition 1");
+  EXPECT_EQ(released->dependency_results().at(local), "local");
+  Kill9AndRestart();
+  EXPECT_FALSE(client().LeaseOne(end, "w").has_value()) << "released once";
+}
+
+TEST_F(CrossPartitionDependenciesTest,
+       AFailureAcrossPartitionsFailsTheDependentAndAnUnknownIdIsRefused) {
+  const std::string top = QueueIn(0, "top");
+  const std::string end = QueueIn(2, "end");
+  const std::string dep = client().MustEnqueue(top, "d");
+  const std::string after = EnqueueAfter(end, {dep});
+  const std::string cancelled = client().MustEnqueue(top, "c");
+  const std::string after_cancelled = EnqueueAfter(end, {cancelled});
+  v1::Job cancelled_job;
+  ASSERT_TRUE(client().CancelJob(cancelled, &cancelled_job).ok());
+  std::optional<v1::LeasedJob> leased = client().LeaseOne(top, "w");
+  ASSERT_TRUE(leased.has_value());
+  v1::FailRequest fail;
+  fail.set_job_id(leased->job_id());
+  fail.set_lease_id(leased->lease_id());
+  fail.set_error("no");
+  fail.set_permanent(true);
+  v1::FailResponse failed;
+  ASSERT_TRUE(client().Fail(fail, &failed).ok());
+  for (const std::string& id : {after, after_cancelled}) {
+    ASSERT_TRUE(WaitFor([&] { return StateOf(id) == v1::JOB_STATE_FAILED; })) << id;
+    EXPECT_EQ(client().MustGetJob(id).fail_reason(), v1::FAIL_REASON_DEPENDENCY_FAILED);
+  }
+
+  // An id of another partition's form that no job has: refused, naming it.
+  std::string made_up = dep;
+  made_up.back() = made_up.back() == 'A' ? 'B' : 'A';
+  v1::EnqueueRequest unknown;
+  unknown.set_queue(end);
+  unknown.add_depends_on(made_up);
+  v1::EnqueueResponse resp;
+  grpc::Status refused = client().Enqueue(unknown, &resp);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), absl::StrCat("depends_on[0]: no job ", made_up));
 }
 
 }  // namespace

@@ -140,6 +140,13 @@ class BlockingEngine {
     return broker_->ListSchedules(queue);
   }
   absl::Time Tick() { return broker_->Tick(); }
+  // core::Broker only (dependencies on other partitions' jobs).
+  std::vector<std::string> AwaitedRemoteJobs() { return broker_->AwaitedRemoteJobs(); }
+  absl::Status SettleRemoteJobs(std::vector<core::RemoteOutcome> outcomes) {
+    return Await<absl::Status>([&](core::Done<absl::Status> d) {
+      broker_->SettleRemoteJobs(std::move(outcomes), std::move(d));
+    });
+  }
   void Shutdown() { broker_->Shutdown(); }
   absl::Status Flush() { return broker_->Flush(); }
   absl::Status ResumeWrites() { return broker_->ResumeWrites(); }

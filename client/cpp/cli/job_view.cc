@@ -60,6 +60,7 @@ std::string FormatJob(const v1::Job& job, absl::Time now) {
                          ? dep
                          : absl::StrCat(dep, " (result ", Printable(result->second, 40), ")"));
   }
+  for (const std::string& dependent : job.dependents()) add("needed by", dependent);
   if (!job.progress().empty()) add("progress", Printable(job.progress(), kMaxBytesShown));
   if (client::IsSet(job.completed_at())) add("ended", FormatTime(job.completed_at(), now));
   add_if("last error", OneLine(job.last_error(), kMaxBytesShown * 2));

@@ -34,11 +34,13 @@ int RunQueues(CommandContext& ctx) {
     ctx.io.out << "[" << absl::StrJoin(items, ",") << "]\n";
     return kExitOk;
   }
-  Table table({"QUEUE", "READY", "SCHEDULED", "ACTIVE", "COMPLETED", "FAILED", "CANCELLED",
-               "OLDEST READY", "WAITING WORKERS"});
-  for (size_t c = 1; c < 9; ++c) table.AlignRight(c);
+  // WAITING: jobs whose dependencies have not all completed (depends_on).
+  Table table({"QUEUE", "WAITING", "READY", "SCHEDULED", "ACTIVE", "COMPLETED", "FAILED",
+               "CANCELLED", "OLDEST READY", "WAITING WORKERS"});
+  for (size_t c = 1; c < 10; ++c) table.AlignRight(c);
   for (const v1::QueueInfo& info : *queues) {
-    table.AddRow({info.name(), absl::StrCat(Count(info, v1::JOB_STATE_READY)),
+    table.AddRow({info.name(), absl::StrCat(Count(info, v1::JOB_STATE_WAITING)),
+                  absl::StrCat(Count(info, v1::JOB_STATE_READY)),
                   absl::StrCat(Count(info, v1::JOB_STATE_SCHEDULED)),
                   absl::StrCat(Count(info, v1::JOB_STATE_ACTIVE)),
                   absl::StrCat(Count(info, v1::JOB_STATE_COMPLETED)),

@@ -673,5 +673,129 @@ TEST_F(ThreeNodesTest, EveryNodeReportsTheBrokerServiceServing) {
   }
 }
 
+// Dependencies across partitions: the node that leads the dependent's partition watches the
+// dependency where its partition is led and delivers its result. Killing that node while the job
+// waits moves the wait to the next leader, which watches again: released once, with the result.
+TEST_F(ThreeNodesTest, AJobWaitsForAJobOfAnotherPartitionAcrossAKill9OfItsLeader) {
+  const std::string first = QueueIn(0, "first");
+  const std::string then = QueueIn(1, "then");
+  std::string dep;
+  ASSERT_GE(EnqueueAtLeader(first, "d", &dep), 0);
+  // The dependent, at whichever node leads its partition (retried through a failover).
+  auto enqueue_after = [&](const std::vector<std::string>& deps, std::string* id) {
+    const absl::Time give_up = absl::Now() + kGiveUp;
+    while (absl::Now() < give_up) {
+      for (int n = 0; n < kNodes; ++n) {
+        if (!nodes_[n]->running() || LeaderOf(then, n) < 0) continue;
+        auto stub = nodes_[LeaderOf(then, n)]->NewBrokerStub();
+        grpc::ClientContext context;
+        WithDeadline(context);
+        v1::EnqueueRequest request;
+        request.set_queue(then);
+        request.set_payload("after");
+        for (const std::string& d : deps) request.add_depends_on(d);
+        v1::EnqueueResponse response;
+        if (stub->Enqueue(&context, request, &response).ok()) {
+          *id = response.job_id();
+          return true;
+        }
+      }
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return false;
+  };
+  std::string after;
+  ASSERT_TRUE(enqueue_after({dep}, &after));
+  // A made-up id of partition 0's form: a node cannot check another leader's jobs at enqueue,
+  // so the relay finds it missing and the dependent fails, naming it.
+  std::string made_up = dep;
+  made_up.back() = made_up.back() == 'A' ? 'B' : 'A';
+  std::string orphan;
+  ASSERT_TRUE(enqueue_after({made_up}, &orphan));
+
+  // The first node up is asked; any node answers for any partition.
+  auto job_at_any = [&](const std::string& id) -> std::optional<v1::Job> {
+    for (int n = 0; n < kNodes; ++n) {
+      if (!nodes_[n]->running()) continue;
+      if (absl::StatusOr<v1::Job> job = GetJobAt(n, id); job.ok()) return *job;
+    }
+    return std::nullopt;
+  };
+  auto await_state = [&](const std::string& id, v1::JobState state) {
+    const absl::Time give_up = absl::Now() + kGiveUp;
+    while (absl::Now() < give_up) {
+      std::optional<v1::Job> job = job_at_any(id);
+      if (job.has_value() && job->state() == state) return *job;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    return job_at_any(id).value_or(v1::Job());
+  };
+  v1::Job failed = await_state(orphan, v1::JOB_STATE_FAILED);
+  EXPECT_EQ(failed.fail_reason(), v1::FAIL_REASON_DEPENDENCY_FAILED);
+  EXPECT_THAT(failed.last_error(), ::testing::HasSubstr(made_up + " is not in partition 0"));
+  EXPECT_EQ(await_state(after, v1::JOB_STATE_WAITING).state(), v1::JOB_STATE_WAITING);
+
+  const int waiting_leader = LeaderOf(then, 0);
+  ASSERT_GE(waiting_leader, 0);
+  nodes_[waiting_leader]->Kill9();
+
+  // The dependency completes (at its partition's leader, maybe a new one) with a result.
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  bool acked = false;
+  while (!acked && absl::Now() < give_up) {
+    for (int n = 0; n < kNodes && !acked; ++n) {
+      if (!nodes_[n]->running()) continue;
+      const int leader = LeaderOf(first, n);
+      if (leader < 0) continue;
+      auto stub = nodes_[leader]->NewBrokerStub();
+      grpc::ClientContext lease_context;
+      WithDeadline(lease_context);
+      v1::LeaseRequest lease;
+      lease.set_queue(first);
+      lease.set_worker_id("w");
+      v1::LeaseResponse leased;
+      if (!stub->Lease(&lease_context, lease, &leased).ok() || leased.jobs_size() != 1) continue;
+      grpc::ClientContext ack_context;
+      WithDeadline(ack_context);
+      v1::AckRequest ack;
+      ack.set_job_id(leased.jobs(0).job_id());
+      ack.set_lease_id(leased.jobs(0).lease_id());
+      ack.set_result("from partition 0");
+      v1::AckResponse response;
+      acked = stub->Ack(&ack_context, ack, &response).ok();
+    }
+    if (!acked) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(acked) << "the dependency was never leased and acked";
+
+  v1::Job released = await_state(after, v1::JOB_STATE_READY);
+  ASSERT_EQ(released.state(), v1::JOB_STATE_READY)
+      << "still " << v1::JobState_Name(released.state());
+  // Leased at its partition's leader: once, with the result.
+  std::vector<v1::LeasedJob> leases;
+  const absl::Time until = absl::Now() + kGiveUp;
+  while (leases.empty() && absl::Now() < until) {
+    for (int n = 0; n < kNodes && leases.empty(); ++n) {
+      if (!nodes_[n]->running()) continue;
+      const int leader = LeaderOf(then, n);
+      if (leader < 0) continue;
+      auto stub = nodes_[leader]->NewBrokerStub();
+      grpc::ClientContext context;
+      WithDeadline(context);
+      v1::LeaseRequest lease;
+      lease.set_queue(then);
+      lease.set_worker_id("w");
+      lease.set_max_jobs(10);
+      v1::LeaseResponse leased;
+      if (stub->Lease(&context, lease, &leased).ok())
+        leases.assign(leased.jobs().begin(), leased.jobs().end());
+    }
+    if (leases.empty()) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(leases.size(), 1u) << "one job, once";
+  EXPECT_EQ(leases[0].job_id(), after);
+  EXPECT_EQ(leases[0].dependency_results().at(dep), "from partition 0");
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
