@@ -110,7 +110,7 @@ export function purgeButton(ctx, queue, onDone) {
     );
     const ok = await confirmAction({
       title: `Purge queue ${queue}?`,
-      message: 'The chosen finished jobs are deleted for good. Ready, scheduled and active jobs are kept.',
+      message: 'The chosen finished jobs are deleted for good. Waiting, ready, scheduled and active jobs are kept.',
       details,
       confirmLabel: 'Confirm',
       danger: true,

@@ -1,8 +1,10 @@
 // Turns the API's proto3 JSON values into text for people. Pure functions: no DOM, no fetch.
 
 // The job states in the order a job usually moves through them, with the words the dashboard
-// uses for them. FAILED is a dead job: it ran out of attempts or failed permanently.
+// uses for them. WAITING is a job whose dependencies (depends_on) have not all completed yet.
+// FAILED is a dead job: it ran out of attempts or failed permanently.
 export const STATES = [
+  { name: 'JOB_STATE_WAITING', label: 'Waiting' },
   { name: 'JOB_STATE_READY', label: 'Ready' },
   { name: 'JOB_STATE_SCHEDULED', label: 'Scheduled' },
   { name: 'JOB_STATE_ACTIVE', label: 'Active' },

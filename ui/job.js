@@ -1,5 +1,6 @@
-// One job (#/jobs/<id>): its state and timings, payload, headers, attempt history, error,
-// checkpoint and result, and the actions its state allows (retry, cancel, delete).
+// One job (#/jobs/<id>): its state and timings, the jobs it waits for and those waiting for it,
+// payload, headers, attempt history, error, checkpoint and result, and the actions its state
+// allows (retry, cancel, delete).
 
 import { h, replace } from './dom.js';
 import { confirmAction } from './dialogs.js';
@@ -8,6 +9,7 @@ import { stateBadge, timeCell } from './jobstable.js';
 import {
   decodeBase64,
   formatBytes,
+  formatCount,
   formatDuration,
   humanEnum,
   parseDuration,
@@ -40,7 +42,7 @@ export function render(root, ctx, { id }) {
     replace(
       body,
       actions(ctx, job, load),
-      section('Details', details(job)),
+      section('Details', details(ctx, job)),
       job.lastError || job.state === 'JOB_STATE_FAILED'
         ? section('Last error', h('pre', { class: 'code error-text' }, job.lastError || '(no error text)'))
         : null,
@@ -66,7 +68,7 @@ function section(title, ...content) {
   return h('section', { class: 'card', 'aria-labelledby': hid }, h('h2', { id: hid }, title), content);
 }
 
-function details(job) {
+function details(ctx, job) {
   const now = new Date();
   const when = (ts) => (parseTime(ts) ? [timeCell(parseTime(ts), now), ' ', h('span', { class: 'muted' }, `(${relative(ts, now)})`)] : '—');
   const rows = [
@@ -85,6 +87,7 @@ function details(job) {
     job.snoozes ? ['Snoozes', String(job.snoozes)] : null,
     job.progress ? ['Progress', progressView(job.progress)] : null,
     job.dependsOn?.length ? ['Waits for', dependencies(job)] : null,
+    job.dependents?.length ? ['Needed by', dependents(ctx, job.dependents)] : null,
     job.completedAt ? ['Ended', when(job.completedAt)] : null,
     job.completedAt && job.createdAt ? ['Total time', span(job.createdAt, job.completedAt)] : null,
     ['Dedup key', job.dedupKey ? h('span', { class: 'mono' }, job.dedupKey) : '—'],
@@ -118,6 +121,33 @@ function dependencies(job) {
       ),
     ),
   );
+}
+
+// The most dependents listed (and looked up, one request each) on a job's page.
+const SHOWN_DEPENDENTS = 20;
+
+// The jobs that wait for this one (Job.dependents: those of its partition), each linked, with
+// its state once its own request answers. A job that thousands wait for lists the first few.
+function dependents(ctx, ids) {
+  const shown = ids.slice(0, SHOWN_DEPENDENTS);
+  const more = ids.length - shown.length;
+  return [
+    h(
+      'ul',
+      { class: 'plain' },
+      shown.map((id) => {
+        const state = h('span');
+        ctx.api.getJob(id).then(
+          (dependent) => replace(state, ' ', stateBadge(dependent.state)),
+          (err) => {
+            if (err.status === 404) replace(state, ' ', h('span', { class: 'muted' }, 'deleted'));
+          },
+        );
+        return h('li', {}, h('a', { href: `#/jobs/${encodeURIComponent(id)}`, class: 'mono' }, id), state);
+      }),
+    ),
+    more > 0 ? h('p', { class: 'muted' }, `and ${formatCount(more)} more`) : null,
+  ];
 }
 
 // A worker's progress report (Job.progress, base64 bytes): a bar when it is JSON with a
@@ -246,15 +276,19 @@ function actions(ctx, job, reload) {
       return { result: r, message: `Job ${job.id} is ready to run again.` };
     });
   }
-  if (s === 'JOB_STATE_READY' || s === 'JOB_STATE_SCHEDULED' || s === 'JOB_STATE_ACTIVE') {
+  if (s === 'JOB_STATE_WAITING' || s === 'JOB_STATE_READY' || s === 'JOB_STATE_SCHEDULED' || s === 'JOB_STATE_ACTIVE') {
     const active = s === 'JOB_STATE_ACTIVE';
+    // Jobs that wait for this one fail (DEPENDENCY_FAILED) when it is cancelled.
+    const waiting = job.dependents?.length ?? 0;
+    const dependents =
+      waiting === 0 ? '' : waiting === 1 ? ' The job that waits for it will fail.' : ` The ${formatCount(waiting)} jobs that wait for it will fail.`;
     add(
       'Cancel job',
       {
         title: 'Cancel this job?',
         message: active
-          ? `Job ${job.id} is running: its worker is asked to stop at its next heartbeat.`
-          : `Job ${job.id} will not run. It can be retried later.`,
+          ? `Job ${job.id} is running: its worker is asked to stop at its next heartbeat.${dependents}`
+          : `Job ${job.id} will not run. It can be retried later.${dependents}`,
         danger: true,
       },
       async () => {

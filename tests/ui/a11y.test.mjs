@@ -15,6 +15,7 @@ let dash;
 let client;
 let browser;
 let deadId;
+let rootId;
 
 before(async () => {
   dash = await startDashboard();
@@ -24,6 +25,10 @@ before(async () => {
   await completedJobs(client, 'emails', 2);
   await enqueue(client, 'emails', '{}', { dedupKey: 'welcome-1', headers: { 'trace-id': 'abc' } });
   await enqueue(client, 'webhooks', Buffer.from([0, 1, 2, 255]));
+  // A job of emails waiting for one of webhooks: a Waiting badge in the queue view, and a job
+  // page with the jobs that wait for it.
+  rootId = await enqueue(client, 'webhooks', '{}');
+  await enqueue(client, 'emails', '{}', { dependsOn: [rootId] });
   await client.admin.pauseQueue({ queue: 'webhooks' });
   // A worker running a job that reports progress, for the workers view.
   const renderId = await enqueue(client, 'renders', '{}');
@@ -57,6 +62,7 @@ const views = [
   ['overview', '#/', (page) => page.getByRole('link', { name: 'Ready jobs in emails: 1', exact: true })],
   ['queue', '#/queues/emails', (page) => page.getByRole('region', { name: 'All jobs, newest first', exact: true }).locator('tbody tr').first()],
   ['job', () => `#/jobs/${deadId}`, (page) => page.getByRole('region', { name: 'Attempts', exact: true })],
+  ['job with dependents', () => `#/jobs/${rootId}`, (page) => page.getByRole('region', { name: 'Details' }).getByText('Waiting', { exact: true })],
   ['failed', '#/failed', (page) => page.getByRole('article').first()],
   ['workers', '#/workers', (page) => page.getByRole('region', { name: 'Workers table', exact: true }).locator('tbody tr').first()],
   ['schedules', '#/schedules', (page) => page.getByRole('region', { name: 'Schedules table', exact: true }).locator('tbody tr').first()],

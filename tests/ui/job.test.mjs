@@ -1,5 +1,6 @@
 // The job page: reaching a dead job from the overview, its error and attempt history, the
-// payload renderings, and the Retry, Cancel and Delete actions checked through gRPC.
+// payload renderings, the links up and down its dependencies, and the Retry, Cancel and Delete
+// actions checked through gRPC.
 
 import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
@@ -188,5 +189,82 @@ test('a waiting job links to the jobs it waits for and shows their results once 
   assert.match(text, new RegExp(`result: done ${second.slice(-4)}`));
   await page.getByRole('region', { name: 'Details' }).getByRole('link', { name: second }).click();
   await page.getByRole('heading', { level: 1, name: new RegExp(second) }).waitFor();
+  assert.deepEqual(page.problems, []);
+});
+
+// The "Needed by" entry of a job page's details: the jobs that wait for it.
+const neededBy = (page) =>
+  page
+    .getByRole('region', { name: 'Details' })
+    .locator('div')
+    .filter({ has: page.locator('dt', { hasText: /^Needed by$/ }) })
+    .locator('dd');
+
+test('a job links to the jobs that wait for it, with their states, and each links back to it', async () => {
+  const root = await enqueue(client, 'pipeline', 'root');
+  const first = await enqueue(client, 'pipeline', 'first', { dependsOn: [root] });
+  const second = await enqueue(client, 'pipeline', 'second', { dependsOn: [root] });
+
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${root}` });
+  await page.getByRole('heading', { level: 1, name: new RegExp(root) }).waitFor();
+  const below = neededBy(page);
+  await below.getByRole('link').nth(1).waitFor();
+  assert.deepEqual(await below.getByRole('link').allTextContents(), [first, second].sort());
+  // Each with its state, once its own request answered.
+  await below.getByText('Waiting', { exact: true }).nth(1).waitFor();
+  assert.equal(await below.getByText('Waiting', { exact: true }).count(), 2);
+  assert.doesNotMatch(await page.getByRole('region', { name: 'Details' }).textContent(), /Waits for/);
+
+  await below.getByRole('link', { name: second }).click();
+  await page.getByRole('heading', { level: 1, name: new RegExp(second) }).waitFor();
+  const details = page.getByRole('region', { name: 'Details' });
+  assert.match(await details.textContent(), /Waits for/);
+  assert.doesNotMatch(await details.textContent(), /Needed by/);
+  await details.getByRole('link', { name: root }).click();
+  await page.getByRole('heading', { level: 1, name: new RegExp(root) }).waitFor();
+  await neededBy(page).getByRole('link', { name: first }).waitFor();
+  assert.deepEqual(page.problems, []);
+});
+
+test('a waiting job can be cancelled, and cancelling a job says its dependents will fail', async () => {
+  const root = await enqueue(client, 'chain', 'root');
+  const waiting = await enqueue(client, 'chain', 'next', { dependsOn: [root] });
+  const page = await openPage(browser, dash.url, { hash: `#/jobs/${root}` });
+  await neededBy(page).getByRole('link', { name: waiting }).waitFor();
+  await page.getByRole('button', { name: 'Cancel job' }).click();
+  const dialog = page.getByRole('dialog', { name: 'Cancel this job?' });
+  await dialog.getByText(`Job ${root} will not run. It can be retried later. The job that waits for it will fail.`).waitFor();
+  await page.keyboard.press('Escape');
+  await dialog.waitFor({ state: 'hidden' });
+
+  await page.goto(`${dash.url}#/jobs/${waiting}`);
+  await page.getByRole('heading', { level: 1, name: new RegExp(waiting) }).waitFor();
+  await page.getByRole('button', { name: 'Cancel job' }).click();
+  await dialog.getByRole('button', { name: 'Confirm' }).click();
+  await page.getByRole('status').filter({ hasText: `Job ${waiting} cancelled.` }).waitFor();
+  assert.equal(await state(waiting), 'JOB_STATE_CANCELLED');
+  assert.equal(await state(root), 'JOB_STATE_READY', 'a dependency is not touched');
+  assert.deepEqual(page.problems, []);
+});
+
+test('a job that many wait for lists the first 20, looks only those up, and counts the rest', async () => {
+  const root = await enqueue(client, 'fanout', 'root');
+  const { results } = await client.broker.enqueueBatch({
+    jobs: Array.from({ length: 23 }, (_, i) => ({ queue: 'fanout', payload: Buffer.from(String(i)), dependsOn: [root] })),
+  });
+  const waiting = results.map((r) => r.jobId).sort();
+
+  const jobRequests = [];
+  const page = await openPage(browser, dash.url, {
+    hash: `#/jobs/${root}`,
+    beforeLoad: (p) => p.on('request', (r) => r.url().includes('/api/v1/jobs/') && jobRequests.push(r.url())),
+  });
+  await page.getByRole('heading', { level: 1, name: new RegExp(root) }).waitFor();
+  const below = neededBy(page);
+  await below.getByText('and 3 more', { exact: true }).waitFor();
+  assert.deepEqual(await below.getByRole('link').allTextContents(), waiting.slice(0, 20));
+  await below.getByText('Waiting', { exact: true }).nth(19).waitFor();
+  assert.equal(await below.getByText('Waiting', { exact: true }).count(), 20);
+  assert.equal(jobRequests.length, 21, 'the job and the 20 it lists, not the 3 it only counts');
   assert.deepEqual(page.problems, []);
 });

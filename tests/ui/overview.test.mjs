@@ -1,4 +1,4 @@
-// The queue overview: counts by state, live rates and chart, Pause/Resume checked through gRPC,
+// The queue overview: its columns, counts by state (Waiting too), live rates and chart, Pause/Resume checked through gRPC,
 // and the same page at phone width and in dark mode.
 
 import assert from 'node:assert/strict';
@@ -10,6 +10,7 @@ import { completedJobs, connect, deadJob, enqueue, leaseJob } from './grpc.mjs';
 let dash;
 let client;
 let browser;
+let waitingId;
 
 before(async () => {
   dash = await startDashboard();
@@ -29,6 +30,9 @@ before(async () => {
   // webhooks: paused with work waiting.
   for (let i = 0; i < 4; i++) await enqueue(client, 'webhooks', '{}');
   await client.admin.pauseQueue({ queue: 'webhooks' });
+  // reports: one ready job and one waiting for it.
+  const first = await enqueue(client, 'reports', '{}');
+  waitingId = await enqueue(client, 'reports', '{}', { dependsOn: [first] });
 });
 
 after(async () => {
@@ -83,6 +87,54 @@ test('the overview shows every queue with its counts by state', async () => {
   // The region is drawn before its rows arrive: wait for the last one, then count them all.
   await list.getByRole('row').nth(3).waitFor();
   assert.equal(await list.getByRole('row').count(), 4, 'a header row and three jobs');
+  assert.deepEqual(page.problems, []);
+});
+
+test('a job waiting for another is counted under Waiting and listed by the queue’s Waiting tab', async () => {
+  const page = await openPage(browser, dash.url);
+  const link = (name) => page.getByRole('link', { name, exact: true });
+  await link('Waiting jobs in reports: 1').waitFor();
+  // The states in the order a job moves through them, Waiting first.
+  const headers = page.getByRole('region', { name: 'Queues table' }).getByRole('columnheader');
+  assert.deepEqual(await headers.allTextContents(), [
+    'Queue',
+    'Waiting',
+    'Ready',
+    'Scheduled',
+    'Active / limit',
+    'Completed',
+    'Failed',
+    'Cancelled',
+    'Oldest ready',
+    'Jobs per second',
+    'Actions',
+  ]);
+  const reports = page.getByRole('row').filter({ has: link('reports') });
+  assert.equal(await reports.locator('th, td').count(), 11, 'one cell under each column');
+  await link('Ready jobs in reports: 1').waitFor();
+  await link('Waiting jobs in emails: 0').waitFor();
+
+  await link('Waiting jobs in reports: 1').click();
+  await page.getByRole('heading', { level: 1, name: 'Queue reports' }).waitFor();
+  assert.match(page.url(), /#\/queues\/reports\?state=JOB_STATE_WAITING$/);
+  const tabs = page.getByRole('navigation', { name: 'Job states' });
+  await tabs.getByRole('link', { name: 'Waiting 1' }).waitFor();
+  assert.deepEqual(await tabs.getByRole('link').allTextContents(), [
+    'All',
+    'Waiting 1',
+    'Ready 1',
+    'Scheduled 0',
+    'Active 0',
+    'Completed 0',
+    'Failed 0',
+    'Cancelled 0',
+  ]);
+  assert.equal(await tabs.getByRole('link', { name: 'Waiting 1' }).getAttribute('aria-current'), 'page');
+  const rows = page.getByRole('region', { name: 'Waiting jobs, newest first', exact: true }).locator('tbody tr');
+  await rows.first().waitFor();
+  assert.equal(await rows.count(), 1);
+  assert.equal((await rows.first().getByRole('link').textContent()).trim(), waitingId);
+  await rows.first().getByText('Waiting', { exact: true }).waitFor();
   assert.deepEqual(page.problems, []);
 });
 

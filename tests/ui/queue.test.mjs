@@ -39,6 +39,18 @@ test('tabs filter by state and pages go forward and back, newest first', async (
   const page = await openPage(browser, dash.url, { hash: '#/queues/bulk' });
   await page.getByRole('heading', { level: 1, name: 'Queue bulk' }).waitFor();
   const tabs = page.getByRole('navigation', { name: 'Job states' });
+  await tabs.getByRole('link', { name: 'Ready 60' }).waitFor();
+  // One tab per state, in the order a job moves through them.
+  assert.deepEqual(await tabs.getByRole('link').allTextContents(), [
+    'All',
+    'Waiting 0',
+    'Ready 60',
+    'Scheduled 0',
+    'Active 0',
+    'Completed 2',
+    'Failed 1',
+    'Cancelled 0',
+  ]);
   await tabs.getByRole('link', { name: 'Ready 60' }).click();
   assert.equal(await tabs.getByRole('link', { name: 'Ready 60' }).getAttribute('aria-current'), 'page');
 

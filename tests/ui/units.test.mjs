@@ -4,12 +4,14 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 import {
+  STATES,
   formatDuration,
   formatRate,
   hexDump,
   looksLikeJobId,
   parseDuration,
   renderBytes,
+  stateLabel,
 } from '../../ui/format.js';
 import { RateTracker } from '../../ui/rates.js';
 
@@ -47,6 +49,15 @@ test('durations and rates read as people write them', () => {
   assert.equal(formatRate(2.46), '2.5/s');
   assert.equal(formatRate(1234.4), '1,234/s');
   assert.equal(formatRate(null), '—');
+});
+
+test('the states, in the order a job moves through them, Waiting first', () => {
+  assert.deepEqual(
+    STATES.map((s) => s.label),
+    ['Waiting', 'Ready', 'Scheduled', 'Active', 'Completed', 'Failed', 'Cancelled'],
+  );
+  assert.equal(stateLabel('JOB_STATE_WAITING'), 'Waiting');
+  assert.equal(stateLabel('JOB_STATE_SOMETHING_NEW'), 'Something new', 'a state this dashboard does not know');
 });
 
 test('job ids are told from dedup keys', () => {
