@@ -56,9 +56,11 @@ run_suite() {
     api) scripts/api-check.sh ;;
     interop) tests/interop/test.sh --all-pairs ;;
     # The side-by-side comparison with BullMQ/Redis and beanstalkd, small (--quick): installs
-    # the peers and proves the one command still runs end to end. Speed is not judged here
+    # the peers and proves the one command still runs end to end; then the DAG (1 -> 1,000 -> 1)
+    # against BullMQ's flows, once each. Speed is not judged here
     # (docs/performance.md has the full runs); a run that fails or times out fails the suite.
-    bench) BUILD_DIR="$root/$build" bench/peers/run.sh --quick ;;
+    bench) BUILD_DIR="$root/$build" bench/peers/run.sh --quick &&
+      BUILD_DIR="$root/$build" bench/peers/dag.sh --quick ;;
     chart) tests/chart/test.sh ;;
     # The dashboard in headless Chromium against the real broker (tests/ui/README.md).
     ui) tests/ui/test.sh ;;
