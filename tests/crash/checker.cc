@@ -1089,6 +1089,7 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& all_final_jobs) 
                                                       : v1::JobState_Name(dep->second->state())));
         continue;
       }
+      if (dep->second->queue() != job.queue()) ++s.dependents_across_queues;
       const int64_t completed = Micros(dep->second->completed_at());
       for (const v1::AttemptRecord& a : job.attempts()) {
         if (Micros(a.started_at()) < completed) {
@@ -1147,6 +1148,7 @@ std::string Report::SummaryTable(
            absl::StrCat(s.final_completed, " / ", s.final_failed, " / ", s.final_other)},
           {"torn log lines skipped", absl::StrCat(s.torn_lines)},
           {"jobs that waited for another (depends_on)", absl::StrCat(s.dependents)},
+          {"  of them for a job of another queue", absl::StrCat(s.dependents_across_queues)},
           {"schedule runs (gaps explained by downtime)",
            absl::StrCat(s.schedule_runs, " (", s.schedule_gaps, ")")},
       });

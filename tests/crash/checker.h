@@ -285,6 +285,8 @@ struct Summary {
   // The schedule: its runs in the final state, and gaps between consecutive runs that a kill or
   // fault explains (a run missed for more than a minute is skipped; see docs/workflows.md).
   int64_t dependents = 0;  // jobs that waited for another (depends_on)
+  // Dependencies on a job of another queue (another partition with --partitions or a cluster).
+  int64_t dependents_across_queues = 0;
   int64_t schedule_runs = 0;
   int64_t schedule_gaps = 0;
   // The cluster harness's writer check.
