@@ -381,8 +381,11 @@ type Job struct {
 	// Once they all completed: each one's result, by job id (one that retention had removed by
 	// then is missing).
 	DependencyResults map[string][]byte `protobuf:"bytes,28,rep,name=dependency_results,json=dependencyResults,proto3" json:"dependency_results,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The jobs of its partition that depend on it (name it in depends_on), sorted; in GetJob's
+	// answer only. Jobs of other partitions that depend on it are not listed.
+	Dependents    []string `protobuf:"bytes,29,rep,name=dependents,proto3" json:"dependents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
@@ -611,6 +614,13 @@ func (x *Job) GetDependencyResults() map[string][]byte {
 	return nil
 }
 
+func (x *Job) GetDependents() []string {
+	if x != nil {
+		return x.Dependents
+	}
+	return nil
+}
+
 var File_jobbroker_v1_job_proto protoreflect.FileDescriptor
 
 const file_jobbroker_v1_job_proto_rawDesc = "" +
@@ -623,7 +633,7 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x125\n" +
 	"\bended_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\aendedAt\x126\n" +
 	"\aoutcome\x18\x05 \x01(\x0e2\x1c.jobbroker.v1.AttemptOutcomeR\aoutcome\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\tR\x05error\"\xb4\n" +
+	"\x05error\x18\x06 \x01(\tR\x05error\"\xd4\n" +
 	"\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -661,7 +671,10 @@ const file_jobbroker_v1_job_proto_rawDesc = "" +
 	"\bprogress\x18\x1a \x01(\fR\bprogress\x12\x1d\n" +
 	"\n" +
 	"depends_on\x18\x1b \x03(\tR\tdependsOn\x12W\n" +
-	"\x12dependency_results\x18\x1c \x03(\v2(.jobbroker.v1.Job.DependencyResultsEntryR\x11dependencyResults\x1a:\n" +
+	"\x12dependency_results\x18\x1c \x03(\v2(.jobbroker.v1.Job.DependencyResultsEntryR\x11dependencyResults\x12\x1e\n" +
+	"\n" +
+	"dependents\x18\x1d \x03(\tR\n" +
+	"dependents\x1a:\n" +
 	"\fHeadersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aD\n" +
