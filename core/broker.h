@@ -485,6 +485,13 @@ class Broker {
   // Job::dependents' index (needed_by_): `job` (with depends_on set) is new or recovered, or
   // is being removed.
   void NoteNeededByLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a WAITING job of this partition names `id` in its depends_on (retention then holds
+  // `id` back: core/queue_state.h, held_for_dependents).
+  bool NeededByWaitingLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `job` stopped waiting (released or failed): the dependencies retention held back for it go
+  // back to retention unless another WAITING job needs them.
+  void ReleaseHeldDependenciesLocked(const Job& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `ended` (a dependency that completed) is being removed: the WAITING jobs that hold its
   // result in memory (taken when it completed) store it in `t`, so a restart still has it.
   void KeepResultForDependentsLocked(const Job& ended, Transition& t)

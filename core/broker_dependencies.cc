@@ -64,6 +64,30 @@ void Broker::KeepResultForDependentsLocked(const Job& ended, Transition& t) {
   }
 }
 
+bool Broker::NeededByWaitingLocked(const std::string& id) {
+  auto it = needed_by_.find(id);
+  if (it == needed_by_.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(),
+                     [&](const std::string& dependent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                       const Job* job = jobs_.FindHot(dependent);
+                       return job != nullptr && job->state == JobState::kWaiting;
+                     });
+}
+
+void Broker::ReleaseHeldDependenciesLocked(const Job& job, absl::Time now) {
+  for (const std::string& id : job.depends_on) {
+    if (IsRemoteJobLocked(id)) continue;
+    const Job* dep = jobs_.FindHot(id);
+    if (dep == nullptr || dep->state != JobState::kCompleted) continue;
+    QueueState& q = queues_.Get(dep->queue);
+    const TimeKey key(dep->completed_at, dep->seq);
+    if (!q.held_for_dependents.contains(key) || NeededByWaitingLocked(id)) continue;
+    q.held_for_dependents.erase(key);
+    q.completed.insert(key);
+    deadlines_.Note(now);  // retention may remove it now
+  }
+}
+
 void Broker::SetDependencyStateLocked(Job& job, absl::Time now) {
   NoteNeededByLocked(job);
   int pending = 0;
@@ -113,6 +137,7 @@ void Broker::ReleaseDependentLocked(Job& job, absl::Time now, Transition& t, Eff
   }
   job.state = job.run_at > now ? JobState::kScheduled : JobState::kReady;
   IndexLocked(job);
+  ReleaseHeldDependenciesLocked(job, now);
   t.put_jobs.push_back(job);
   QueueState& q = queues_.Get(job.queue);
   fx.Touch(q.policy);
@@ -129,6 +154,7 @@ void Broker::FailDependentLocked(Job& job, const std::string& dep, const std::st
   job.completed_at = now;
   observer_.Dead(job);
   IndexLocked(job);
+  ReleaseHeldDependenciesLocked(job, now);
   t.put_jobs.push_back(job);
   fx.Touch(queues_.Get(job.queue).policy);
 }

@@ -101,8 +101,16 @@ void Broker::RetentionLocked(absl::Time now, Transition& t, Effects& fx, int& bu
       bool too_old = r.max_age > absl::ZeroDuration() && ended.begin()->first + r.max_age <= now;
       if (!over_count && !too_old) break;
       --budget;
+      Job& oldest = jobs_.Hot(ended.begin()->second);
+      if (&ended == &q.completed && NeededByWaitingLocked(oldest.id)) {
+        // A fan-in still gathering: it gets this result when it is released, so the job stays
+        // (out of the count) until then (ReleaseHeldDependenciesLocked).
+        q.held_for_dependents.insert(*ended.begin());
+        ended.erase(ended.begin());
+        continue;
+      }
       fx.Touch(q.policy);
-      RemoveJobLocked(jobs_.Hot(ended.begin()->second), t);
+      RemoveJobLocked(oldest, t);
     }
   };
   for (auto& [name, q] : queues_) {

@@ -49,7 +49,8 @@ void QueueState::Unindex(const Job& job) {
       break;
     }
     case JobState::kCompleted:
-      completed.erase({job.completed_at, job.seq});
+      if (completed.erase({job.completed_at, job.seq}) == 0)
+        held_for_dependents.erase({job.completed_at, job.seq});
       break;
     case JobState::kFailed:
     case JobState::kCancelled:

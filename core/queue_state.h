@@ -86,10 +86,14 @@ class QueueState {
   absl::btree_set<uint64_t> ready_by_seq;  // oldest READY job, for its age
   absl::btree_set<uint64_t> all;           // every job of the queue, for listing and purging
   absl::btree_set<TimeKey> completed;      // (completed_at, seq), for retention
-  absl::btree_set<TimeKey> dead;           // FAILED and CANCELLED, for retention
-  std::deque<uint64_t> consumers;          // long polls and streams with a free slot, in turn
-  int64_t enqueued_total = 0;              // since start: jobs created, for QueueInfo
-  int64_t completed_total = 0;             // since start: attempts acked, for QueueInfo
+  // COMPLETED jobs that retention reached while a WAITING job still waits for its other
+  // dependencies and will want their results: out of `completed` (so they neither count against
+  // max_count nor make the ticker sweep again), back in once no WAITING job needs them.
+  absl::btree_set<TimeKey> held_for_dependents;
+  absl::btree_set<TimeKey> dead;   // FAILED and CANCELLED, for retention
+  std::deque<uint64_t> consumers;  // long polls and streams with a free slot, in turn
+  int64_t enqueued_total = 0;      // since start: jobs created, for QueueInfo
+  int64_t completed_total = 0;     // since start: attempts acked, for QueueInfo
 
  private:
   std::array<int64_t, 8> counts_{};  // indexed by JobState

@@ -55,24 +55,50 @@ TEST_F(BrokerDependenciesTest, ADependentListsTheJobsThatWaitForItAlsoAfterARest
   EXPECT_THAT(Get(b).dependents, IsEmpty()) << "a removed dependent is no longer listed";
 }
 
-TEST_F(BrokerDependenciesTest, AFanInWiderThanRetentionStillGetsEveryResultAcrossARestart) {
+TEST_F(BrokerDependenciesTest, RetentionHoldsBackWhatAWaitingFanInNeedsThenRemovesIt) {
   queue_policies_["work"].completed_max_count = 2;
   Reopen();
   std::vector<std::string> parts;
   for (int i = 0; i < 6; ++i) parts.push_back(Enqueue("work", absl::StrCat("part-", i)));
   const std::string join = EnqueueAfter("join", parts);
+  const std::string other = Enqueue("work", "not a dependency");
   for (int i = 0; i < 5; ++i) {
     LeasedJob leased = LeaseOne("work");
     ASSERT_TRUE(broker_->Ack(AckSpec{leased.job_id, leased.lease_id, absl::StrCat("r", i)}).ok());
-    broker_->Tick();  // retention keeps the last 2 completed
+    broker_->Tick();  // retention: the last 2 completed, but the join still needs these
   }
-  EXPECT_FALSE(broker_->GetJob(parts[0]).ok()) << "retention removed the first parts";
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(broker_->GetJob(parts[i]).ok()) << "part " << i;
   Reopen();
+  broker_->Tick();
+  EXPECT_TRUE(broker_->GetJob(parts[0]).ok()) << "held back after a restart too";
   LeasedJob last = LeaseOne("work");
+  ASSERT_EQ(last.job_id, parts[5]);
   ASSERT_TRUE(broker_->Ack(AckSpec{last.job_id, last.lease_id, "r5"}).ok());
   EXPECT_EQ(StateOf(join), JobState::kReady);
-  EXPECT_EQ(LeaseOne("join").dependency_results.size(), 6u)
-      << "the results of removed parts were kept with the join";
+  EXPECT_EQ(LeaseOne("join").dependency_results.size(), 6u);
+
+  // Released: the parts are retention's again, and the queue keeps its last 2 completed.
+  LeasedJob unrelated = LeaseOne("work");
+  ASSERT_EQ(unrelated.job_id, other);
+  ASSERT_TRUE(broker_->Ack(AckSpec{unrelated.job_id, unrelated.lease_id, ""}).ok());
+  broker_->Tick();
+  int kept = 0;
+  for (const std::string& id : parts) kept += broker_->GetJob(id).ok() ? 1 : 0;
+  EXPECT_EQ(kept, 1) << "the newest part and the unrelated job are the last 2";
+  EXPECT_TRUE(broker_->GetJob(other).ok());
+}
+
+TEST_F(BrokerDependenciesTest, ADeletedDependencyLeavesItsResultWithTheWaitingJobAcrossARestart) {
+  const std::string a = Enqueue("top");
+  const std::string b = Enqueue("top");
+  const std::string join = EnqueueAfter("end", {a, b});
+  Complete("top", a, "ra");
+  ASSERT_TRUE(broker_->DeleteJob(a).ok());
+  Reopen();
+  EXPECT_EQ(StateOf(join), JobState::kWaiting);
+  Complete("top", b, "rb");
+  EXPECT_THAT(LeaseOne("end").dependency_results,
+              UnorderedElementsAre(Pair(a, "ra"), Pair(b, "rb")));
 }
 
 // Jobs of another partition: this broker is partition 0 of 2 and cannot see them; the node's
