@@ -99,8 +99,22 @@ describe('a three-node cluster', () => {
       healthy,
       FAILOVER_TIMEOUT_MS,
     );
-    // A job on every partition's queue goes through whichever node leads it.
-    for (const q of ['alpha', 'beta', 'gamma']) await enqueue(client, q, '{}');
+    // A job on every partition's queue goes through whichever node leads it. A leader etcd has
+    // just named may still be rebuilding its partition: UNAVAILABLE ("retry"), as a client retries.
+    for (const q of ['alpha', 'beta', 'gamma']) {
+      await eventually(
+        `an enqueue to ${q}`,
+        async () => {
+          try {
+            return await enqueue(client, q, '{}');
+          } catch (err) {
+            if (err.code === 14 /* UNAVAILABLE */) return false;
+            throw err;
+          }
+        },
+        FAILOVER_TIMEOUT_MS,
+      );
+    }
 
     const page = await openPage(browser, nodes[0].url, { hash: '#/cluster' });
     const unavailable = []; // [phase, url] of every 503
