@@ -42,6 +42,8 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=servers.sh
+source "$here/servers.sh"
 root="$(cd "$here/../.." && pwd)"
 node_dir="$here/node"
 build_dir="${BUILD_DIR:-$root/build}"
@@ -75,7 +77,6 @@ if [[ "$quick" -eq 1 ]]; then
 fi
 
 all_configs=(jobbroker redis-aof-always redis-aof-everysec)
-system_of() { [[ "$1" == jobbroker ]] && echo jobbroker || echo bullmq; }
 durability_of() {
   case "$1" in
     jobbroker|redis-aof-always) echo "fsync/ack" ;;
@@ -122,109 +123,11 @@ stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 results="${RESULTS:-$here/results/dag-$stamp.jsonl}"
 mkdir -p "$(dirname "$results")"
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-dag.XXXXXX")"
-clk_tck="$(getconf CLK_TCK)"
 # One copy of the broker for the whole run: a rebuild of build/ meanwhile changes nothing here.
 if [[ "$want_jobbroker" -eq 1 ]]; then
   cp "$broker" "$tmp/jobbroker"
   broker="$tmp/jobbroker"
 fi
-
-server_pid=""
-server_config=""
-cleanup() {
-  if [[ -n "$server_pid" ]] && alive "$server_pid"; then
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-# True while `pid` runs (a child that has exited but is not yet reaped is a zombie: not alive).
-alive() {
-  local stat
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1
-  stat="${stat##*) }"
-  [[ "${stat:0:1}" != Z ]]
-}
-
-# User+system CPU seconds of `pid` (fields 14 and 15 of /proc/PID/stat), or of this shell's
-# reaped children with `children` (fields 16 and 17: the load process, once timeout(1) returned).
-cpu_seconds() {
-  local stat f i=11
-  stat="$(cat "/proc/$1/stat" 2>/dev/null)" || { echo 0; return; }
-  stat="${stat##*) }"
-  read -ra f <<<"$stat"
-  [[ "${2:-}" == children ]] && i=13
-  awk -v u="${f[$i]}" -v s="${f[$((i + 1))]}" -v t="$clk_tck" 'BEGIN { printf "%.3f", (u + s) / t }'
-}
-
-# Waits up to 10 s for 127.0.0.1:`port` to accept a connection while `pid` lives.
-wait_port() {
-  for _ in $(seq 1 100); do
-    alive "$1" || return 1
-    if (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  return 1
-}
-
-# Starts `config` with a fresh data dir; sets server_pid and server_address (host:port).
-server_seq=0
-start_server() {
-  local config="$1" dir="$tmp/$1-$((++server_seq))" port
-  mkdir -p "$dir/data"
-  server_config="$config"
-  server_log="$dir/server.log"
-  for attempt in 1 2 3; do
-    if [[ "$config" == jobbroker ]]; then
-      # The same configuration as run.sh's `jobbroker` (fsync before every answer).
-      printf '{"defaultPolicy": {"durability": "DURABILITY_SYNC"}}\n' >"$dir/config.json"
-      # shellcheck disable=SC2086
-      "$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$dir/data" \
-        --config "$dir/config.json" ${JOBBROKER_ARGS:-} >"$dir/stdout" 2>"$server_log" &
-      server_pid=$!
-      # Port 0: the "serving" line is the only way to learn the address.
-      for _ in $(seq 1 300); do
-        server_address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$dir/stdout" | head -n 1)"
-        [[ -n "$server_address" ]] && return 0
-        alive "$server_pid" || break
-        sleep 0.1
-      done
-    else
-      port="$(node "$node_dir/report.js" free-port)"
-      # No RDB snapshots; AOF only, fsynced as the config says; never evict a job.
-      redis-server --port "$port" --bind 127.0.0.1 --dir "$dir/data" \
-        --appendonly yes --appendfsync "${config#redis-aof-}" --save "" \
-        --maxmemory-policy noeviction --daemonize no --logfile "" >"$server_log" 2>&1 &
-      server_pid=$!
-      server_address="127.0.0.1:$port"
-      wait_port "$server_pid" "$port" && return 0
-    fi
-    echo "dag.sh: $config did not come up (attempt $attempt); its log:" >&2
-    tail -n 20 "$server_log" >&2 || true
-    stop_server
-  done
-  return 1
-}
-
-# SIGTERM, up to 15 s, then SIGKILL; sets server_status. (Not in $(...): only this shell can wait.)
-stop_server() {
-  server_status=0
-  [[ -n "$server_pid" ]] || return 0
-  kill -TERM "$server_pid" 2>/dev/null || true
-  for _ in $(seq 1 150); do
-    alive "$server_pid" || break
-    sleep 0.1
-  done
-  if alive "$server_pid"; then
-    echo "dag.sh: $server_config (pid $server_pid) ignored SIGTERM for 15 s; killing it" >&2
-    kill -KILL "$server_pid" 2>/dev/null || true
-  fi
-  wait "$server_pid" 2>/dev/null || server_status=$?
-  server_pid=""
-}
 
 # One run of `variant` (seq, par) against a fresh server of `config`; appends its tagged line.
 failures=0
@@ -247,9 +150,9 @@ run_one() {
   fi
   echo "+ [$config] ${cmd[*]}" >&2
   cpu0="$(cpu_seconds "$server_pid")"
-  load0="$(cpu_seconds $$ children)"
+  load0="$(children_cpu_seconds)"
   timeout -k 5 "$((run_timeout + 30))" "${cmd[@]}" >"$out" 2>"$err" || status=$?
-  load1="$(cpu_seconds $$ children)"
+  load1="$(children_cpu_seconds)"
   cpu1="$(cpu_seconds "$server_pid")"
   stop_server
   if [[ "$server_status" -ne 0 ]]; then
