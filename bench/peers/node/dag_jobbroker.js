@@ -22,8 +22,8 @@
 // queue, in this process, next to the producer; --parallel DAGs are in flight at a time, each
 // submitted as soon as one before it ended. The queue keeps its default retention (the last 1000
 // completed jobs): DAGs running at once push each other's children out before their join is
-// released, and the broker must still hand the join every result (a join keeps each child's
-// result as it completes; docs/workflows.md).
+// released unless the broker holds them back for it, and the join must still get every result
+// (docs/workflows.md).
 //
 // Prints a human line on stderr and one JSON line on stdout (keys in README.md); exits 1 if any
 // DAG failed, a join's check failed, or the run timed out.
@@ -31,79 +31,33 @@
 //   node dag_jobbroker.js --address 127.0.0.1:7070 [--dags 5] [--parallel 1] [--concurrency 64]
 
 const path = require('node:path');
-const { parseArgs } = require('node:util');
-const { Errors, Latencies, NowMs } = require('./common');
+const { CheckResults, DagRun, NowMs, ParseDagFlags, ParsePayload, Payload } = require('./dag_common');
 
 const pkgDir = process.env.JOBBROKER_TS_PACKAGE || path.join(__dirname, '../../../client/typescript');
 const { Client, Worker, PermanentError, JobState } = require(path.join(pkgDir, 'dist/src/index.js'));
 
 const kMaxBatch = 1000; // EnqueueBatch takes at most this many jobs
 
-const { values: opts } = parseArgs({
-  options: {
-    address: { type: 'string', default: '127.0.0.1:7070' },
-    config: { type: 'string', default: 'jobbroker' },
-    dags: { type: 'string', default: '5' },
-    parallel: { type: 'string', default: '1' },
-    children: { type: 'string', default: '1000' },
-    concurrency: { type: 'string', default: '64' },
-    'payload-bytes': { type: 'string', default: '100' },
-    timeout: { type: 'string', default: '120' },
-    // "short": the join waits for one child less (that child still runs), so its check must fail.
-    fault: { type: 'string', default: 'none' },
-  },
-});
-const dags = Number(opts.dags);
-const parallel = Math.min(Number(opts.parallel), dags);
-const children = Number(opts.children);
-const concurrency = Number(opts.concurrency);
-const payloadBytes = Number(opts['payload-bytes']);
-const timeoutMs = Number(opts.timeout) * 1000;
-const fault = opts.fault;
-if (![dags, parallel, children, concurrency, payloadBytes].every((n) => Number.isInteger(n) && n >= 1)) {
-  throw new Error('--dags, --parallel, --children, --concurrency and --payload-bytes must be integers >= 1');
-}
+const flags = ParseDagFlags({ address: { type: 'string', default: '127.0.0.1:7070' } });
+const { opts, children, concurrency, payloadBytes, timeoutMs, fault, jobsPerDag } = flags;
 if (children > 9999) throw new Error('--children: at most 9999 (a job has at most 10,000 dependencies)');
-if (!['none', 'short'].includes(fault)) throw new Error('--fault must be none or short');
-const jobsPerDag = children + 2;
 const queue = `dag-${process.pid}-${Date.now()}`;
-
-// "<kind>:<dag>:<child>:" then x up to the payload size; kind r (root), c (child), j (join).
-function Payload(kind, dag, child) {
-  const head = `${kind}:${dag}:${child}:`;
-  return Buffer.from(head.length >= payloadBytes ? head : head + 'x'.repeat(payloadBytes - head.length));
-}
-function ParsePayload(buf) {
-  const [kind, dag, child] = buf.toString('latin1', 0, Math.min(buf.length, 40)).split(':');
-  return { kind, dag: Number(dag), child: Number(child) };
-}
-
-// The join's check: exactly `children` results, the children's indexes, each once.
-function CheckResults(values) {
-  const seen = new Set();
-  for (const v of values) {
-    const i = Number(v);
-    if (!Number.isInteger(i) || i < 0 || i >= children || seen.has(i)) throw new Error(`bad child result "${v}"`);
-    seen.add(i);
-  }
-  if (seen.size !== children) throw new Error(`the join got ${seen.size} child results, expected ${children}`);
-}
-
-const errors = new Errors();
-const state = Array.from({ length: dags }, () => ({ submitMs: 0, rootEndMs: 0, joinStartMs: 0, doneMs: 0 }));
-let handled = 0; // handlers that returned without an error
-let timedOut = false;
-const cpuStart = process.cpuUsage();
+const run = new DagRun(flags, {
+  system: 'jobbroker',
+  address: opts.address,
+  submit: `EnqueueBatch x${Math.ceil(jobsPerDag / kMaxBatch)} per DAG, depends_on`,
+});
+const payload = (kind, d, child) => Buffer.from(Payload(kind, d, child, payloadBytes));
 
 // The graph of DAG `d`, enqueued in order in batches of kMaxBatch: a dependency in the same batch
 // by depends_on_index, one in an earlier batch by the id it got. Resolves to the join's id.
 async function SubmitDag(client, d) {
-  const jobs = [{ payload: Payload('r', d, 0), deps: [] }];
-  for (let i = 0; i < children; ++i) jobs.push({ payload: Payload('c', d, i), deps: [0] });
+  const jobs = [{ payload: payload('r', d, 0), deps: [] }];
+  for (let i = 0; i < children; ++i) jobs.push({ payload: payload('c', d, i), deps: [0] });
   const joinDeps = [];
   for (let i = 1; i <= children; ++i) joinDeps.push(i);
   if (fault === 'short') joinDeps.pop();
-  jobs.push({ payload: Payload('j', d, 0), deps: joinDeps });
+  jobs.push({ payload: payload('j', d, 0), deps: joinDeps });
   const ids = [];
   for (let first = 0; first < jobs.length; first += kMaxBatch) {
     const batch = jobs.slice(first, first + kMaxBatch).map((j) => {
@@ -142,68 +96,14 @@ function WatchUntilEnded(client, jobId) {
 }
 
 async function RunDag(client, d) {
-  const s = state[d];
+  const s = run.state[d];
   s.submitMs = NowMs();
   const joinId = await SubmitDag(client, d);
   const end = await WatchUntilEnded(client, joinId);
   s.doneMs = end.atMs;
   if (end.state !== JobState.JOB_STATE_COMPLETED) {
-    errors.Record(`dag ${d}`, `the join ended ${JobState[end.state]}: ${end.error}`);
+    run.errors.Record(`dag ${d}`, `the join ended ${JobState[end.state]}: ${end.error}`);
   }
-}
-
-function Report() {
-  const firstSubmit = Math.min(...state.filter((s) => s.submitMs > 0).map((s) => s.submitMs));
-  const lastDone = Math.max(0, ...state.map((s) => s.doneMs));
-  const seconds = lastDone > firstSubmit ? (lastDone - firstSubmit) / 1000 : 0;
-  const rootToJoin = new Latencies();
-  const perDag = new Latencies();
-  for (const s of state) {
-    if (s.rootEndMs && s.joinStartMs) rootToJoin.AddMs(s.joinStartMs - s.rootEndMs);
-    if (s.doneMs) perDag.AddMs(s.doneMs - s.submitMs);
-  }
-  const cpu = process.cpuUsage(cpuStart);
-  const dagsDone = state.filter((s) => s.doneMs > 0).length;
-  const line = {
-    mode: 'dag',
-    system: 'jobbroker',
-    config: opts.config,
-    address: opts.address,
-    dags,
-    dags_done: dagsDone,
-    parallel,
-    children,
-    concurrency,
-    payload_bytes: payloadBytes,
-    jobs: dags * jobsPerDag,
-    done: handled,
-    seconds: round(seconds, 4),
-    jobs_per_sec: seconds > 0 ? round(handled / seconds, 1) : 0,
-    dags_per_sec: seconds > 0 ? round(dagsDone / seconds, 3) : 0,
-    root_to_join_p50_ms: round(rootToJoin.PercentileMs(50), 3),
-    root_to_join_max_ms: round(rootToJoin.MaxMs(), 3),
-    dag_p50_ms: round(perDag.PercentileMs(50), 3),
-    dag_max_ms: round(perDag.MaxMs(), 3),
-    submit: `EnqueueBatch x${Math.ceil(jobsPerDag / kMaxBatch)} per DAG, depends_on`,
-    fault,
-    errors: errors.count,
-    first_error: errors.first,
-    timed_out: timedOut,
-    client_cpu_s: round((cpu.user + cpu.system) / 1e6, 3),
-    client: `node ${process.versions.node}`,
-  };
-  process.stderr.write(
-    `${line.config} dag parallel=${parallel} dags=${dagsDone}/${dags} jobs=${handled}/${line.jobs} ` +
-      `seconds=${line.seconds} jobs_per_sec=${line.jobs_per_sec} root_to_join_p50_ms=${line.root_to_join_p50_ms} ` +
-      `errors=${errors.count}${errors.first ? ` (${errors.first})` : ''}${timedOut ? ' TIMED_OUT' : ''}\n`,
-  );
-  process.stdout.write(`${JSON.stringify(line)}\n`);
-  return errors.count === 0 && !timedOut && dagsDone === dags && handled === line.jobs;
-}
-
-function round(x, digits) {
-  const f = 10 ** digits;
-  return Math.round(x * f) / f;
 }
 
 async function main() {
@@ -215,49 +115,33 @@ async function main() {
     log: (m) => process.stderr.write(`worker: ${m}\n`),
   });
   worker.handle(queue, async (job) => {
-    const p = ParsePayload(job.payload);
+    const p = ParsePayload(Buffer.from(job.payload).toString('latin1', 0, Math.min(job.payload.length, 40)));
     if (p.kind === 'r') {
-      state[p.dag].rootEndMs = NowMs(); // the root's work (none) is done
-      ++handled;
+      run.state[p.dag].rootEndMs = NowMs(); // the root's work (none) is done
+      ++run.handled;
       return undefined;
     }
     if (p.kind === 'c') {
-      ++handled;
+      ++run.handled;
       return String(p.child);
     }
-    state[p.dag].joinStartMs = NowMs();
+    run.state[p.dag].joinStartMs = NowMs();
     const j = await client.getJob(job.jobId);
     try {
-      CheckResults(Object.values(j.dependencyResults).map((b) => Buffer.from(b).toString('utf8')));
+      CheckResults(
+        Object.values(j.dependencyResults).map((b) => Buffer.from(b).toString('utf8')),
+        children,
+      );
     } catch (err) {
-      errors.Record(`join of dag ${p.dag}`, err);
+      run.errors.Record(`join of dag ${p.dag}`, err);
       throw new PermanentError(err.message);
     }
-    ++handled;
+    ++run.handled;
     return undefined;
   });
   await worker.start();
 
-  const timer = setTimeout(() => {
-    timedOut = true;
-    errors.Record('run', `timed out after ${timeoutMs / 1000} s`);
-    Report();
-    process.exit(1);
-  }, timeoutMs);
-  let next = 0;
-  const loop = async () => {
-    while (next < dags) {
-      const d = next++;
-      try {
-        await RunDag(client, d);
-      } catch (err) {
-        errors.Record(`dag ${d}`, err);
-      }
-    }
-  };
-  await Promise.all(Array.from({ length: parallel }, loop));
-  clearTimeout(timer);
-  const ok = Report();
+  const ok = await run.RunAll((d) => RunDag(client, d));
   await worker.stop(5000);
   client.close();
   process.exitCode = ok ? 0 : 1;
