@@ -226,7 +226,8 @@ void DependencyRelay::Round() {
     absl::MutexLock lock(&inbox_->mu);
     outcomes.swap(inbox_->outcomes);
   }
-  for (auto& [partition, batch] : outcomes) {
+  for (auto& [waiting_partition, batch] : outcomes) {
+    const uint32_t partition = waiting_partition;  // clang 14 cannot capture a structured binding
     std::vector<Inbox::Key> keys;
     for (const core::RemoteOutcome& o : batch) keys.emplace_back(partition, o.job_id);
     partitions_.broker(partition).SettleRemoteJobs(
