@@ -16,6 +16,17 @@
 namespace jobbroker::testing {
 namespace {
 
+// Fails the leased job for good (no retry): its dependents fail with DEPENDENCY_FAILED.
+grpc::Status FailPermanently(BrokerClient& client, const v1::LeasedJob& leased) {
+  v1::FailRequest fail;
+  fail.set_job_id(leased.job_id());
+  fail.set_lease_id(leased.lease_id());
+  fail.set_error("no");
+  fail.set_permanent(true);
+  v1::FailResponse failed;
+  return client.Fail(fail, &failed);
+}
+
 class DependenciesTest : public BrokerFixture {
  protected:
   // Leases and acks `n` jobs of `queue`, each with its payload as result; returns their ids.
@@ -80,13 +91,7 @@ TEST_F(DependenciesTest, AFailedDependencyFailsItsDependentsAndAnUnknownOneIsRef
   const std::string b = client().MustEnqueue(after);
   std::optional<v1::LeasedJob> leased = client().LeaseOne("top", "w");
   ASSERT_TRUE(leased.has_value());
-  v1::FailRequest fail;
-  fail.set_job_id(leased->job_id());
-  fail.set_lease_id(leased->lease_id());
-  fail.set_error("no");
-  fail.set_permanent(true);
-  v1::FailResponse failed;
-  ASSERT_TRUE(client().Fail(fail, &failed).ok());
+  ASSERT_TRUE(FailPermanently(client(), *leased).ok());
   const v1::Job dependent = client().MustGetJob(b);
   EXPECT_EQ(dependent.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(dependent.fail_reason(), v1::FAIL_REASON_DEPENDENCY_FAILED);
@@ -163,13 +168,7 @@ TEST_F(CrossPartitionDependenciesTest,
   ASSERT_TRUE(client().CancelJob(cancelled, &cancelled_job).ok());
   std::optional<v1::LeasedJob> leased = client().LeaseOne(top, "w");
   ASSERT_TRUE(leased.has_value());
-  v1::FailRequest fail;
-  fail.set_job_id(leased->job_id());
-  fail.set_lease_id(leased->lease_id());
-  fail.set_error("no");
-  fail.set_permanent(true);
-  v1::FailResponse failed;
-  ASSERT_TRUE(client().Fail(fail, &failed).ok());
+  ASSERT_TRUE(FailPermanently(client(), *leased).ok());
   for (const std::string& id : {after, after_cancelled}) {
     ASSERT_TRUE(WaitFor([&] { return StateOf(id) == v1::JOB_STATE_FAILED; })) << id;
     EXPECT_EQ(client().MustGetJob(id).fail_reason(), v1::FAIL_REASON_DEPENDENCY_FAILED);
