@@ -2,7 +2,9 @@
 // nodes replicate to each other with a token of the peer role, and nothing else may replicate:
 // a client's token (whatever its roles) and no token are refused by the replication service,
 // and the peer token opens no client call. And a second process with a node id already in use
-// refuses to start instead of sharing the first one's partitions.
+// refuses to start instead of sharing the first one's partitions. With two partitions, a job
+// waiting for a job of the other partition is released: the node's dependency relay watches it
+// with the peer token, which WatchJob (and no other client call) accepts.
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -13,8 +15,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cluster/transport/replication.grpc.pb.h"
+#include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "tests/testing/broker_process.h"
 #include "tests/testing/cluster_node_options.h"
@@ -34,6 +38,8 @@ constexpr char kTokens[] = R"({"tokens": [
 
 class SecuredClusterTest : public ::testing::Test {
  protected:
+  virtual uint32_t partitions() const { return kPartitions; }
+
   void SetUp() override {
     // The token files live beside the cluster's own directory (the test reads them again).
     auto files = TempDir::Create();
@@ -43,7 +49,7 @@ class SecuredClusterTest : public ::testing::Test {
     ASSERT_TRUE(tokens.ok()) << tokens.status();
     auto peer = files_->WriteFile("peer.token", "peer-secret\n");
     ASSERT_TRUE(peer.ok()) << peer.status();
-    auto cluster = StartTestCluster(kNodes, kPartitions,
+    auto cluster = StartTestCluster(kNodes, partitions(),
                                     {"--auth-tokens", *tokens, "--cluster-peer-token-file", *peer});
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     dir_ = std::move(cluster->dir);
@@ -52,15 +58,19 @@ class SecuredClusterTest : public ::testing::Test {
   }
 
   grpc::Status EnqueueAt(int n, const std::string& token) {
-    auto stub = nodes_[n]->NewBrokerStub();
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-    context.AddMetadata("authorization", "Bearer " + token);
     v1::EnqueueRequest request;
     request.set_queue("secured");
     request.set_payload("x");
     v1::EnqueueResponse response;
-    return stub->Enqueue(&context, request, &response);
+    return EnqueueAt(n, token, request, &response);
+  }
+  grpc::Status EnqueueAt(int n, const std::string& token, const v1::EnqueueRequest& request,
+                         v1::EnqueueResponse* response) {
+    auto stub = nodes_[n]->NewBrokerStub();
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    context.AddMetadata("authorization", "Bearer " + token);
+    return stub->Enqueue(&context, request, response);
   }
 
   // How the replication service answers a stream opened with `token` ("" for none).
@@ -124,6 +134,100 @@ TEST_F(SecuredClusterTest, ASecondProcessWithANodeIdInUseRefusesToStart) {
     absl::SleepFor(absl::Milliseconds(100));
   } while (absl::Now() < until);
   EXPECT_TRUE(still.ok()) << still.error_message();
+}
+
+class SecuredTwoPartitionsTest : public SecuredClusterTest {
+ protected:
+  uint32_t partitions() const override { return 2; }
+
+  // A queue name that lives in `partition`.
+  static std::string QueueIn(uint32_t partition) {
+    for (int i = 0;; ++i) {
+      std::string queue = absl::StrCat("q-", i);
+      if (core::PartitionOfQueue(queue, 2) == partition) return queue;
+    }
+  }
+  // Runs `call` (with a fresh context carrying the app token) at node 0 until it is OK or
+  // kGiveUp passes: leadership may still be settling (UNAVAILABLE) when the test starts.
+  template <typename Call>
+  grpc::Status Until(Call call) {
+    grpc::Status status;
+    const absl::Time until = absl::Now() + kGiveUp;
+    do {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      context.AddMetadata("authorization", "Bearer app-secret");
+      status = call(context);
+      if (status.ok()) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    } while (absl::Now() < until);
+    return status;
+  }
+};
+
+TEST_F(SecuredTwoPartitionsTest, AJobOfTheOtherPartitionReleasesItsDependentThroughThePeerToken) {
+  auto broker = nodes_[0]->NewBrokerStub();
+  auto admin = nodes_[0]->NewAdminStub();
+  v1::EnqueueRequest first;
+  first.set_queue(QueueIn(0));
+  first.set_payload("d");
+  v1::EnqueueResponse dep;
+  ASSERT_TRUE(Until([&](grpc::ClientContext& c) { return broker->Enqueue(&c, first, &dep); }).ok());
+  v1::EnqueueRequest then;
+  then.set_queue(QueueIn(1));
+  then.set_payload("after");
+  then.add_depends_on(dep.job_id());
+  v1::EnqueueResponse after;
+  ASSERT_TRUE(
+      Until([&](grpc::ClientContext& c) { return broker->Enqueue(&c, then, &after); }).ok());
+
+  v1::LeaseRequest lease;
+  lease.set_queue(first.queue());
+  lease.set_worker_id("w");
+  v1::LeaseResponse leased;
+  ASSERT_TRUE(Until([&](grpc::ClientContext& c) {
+                grpc::Status s = broker->Lease(&c, lease, &leased);
+                return s.ok() && leased.jobs_size() == 0
+                           ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "nothing leased yet")
+                           : s;
+              }).ok());
+  ASSERT_EQ(leased.jobs(0).job_id(), dep.job_id());
+  v1::AckRequest ack;
+  ack.set_job_id(dep.job_id());
+  ack.set_lease_id(leased.jobs(0).lease_id());
+  ack.set_result("from partition 0");
+  v1::AckResponse acked;
+  ASSERT_TRUE(Until([&](grpc::ClientContext& c) { return broker->Ack(&c, ack, &acked); }).ok());
+
+  v1::GetJobRequest get;
+  get.set_job_id(after.job_id());
+  v1::Job job;
+  grpc::Status released = Until([&](grpc::ClientContext& c) {
+    grpc::Status s = admin->GetJob(&c, get, &job);
+    return s.ok() && job.state() != v1::JOB_STATE_READY
+               ? grpc::Status(grpc::StatusCode::UNAVAILABLE, v1::JobState_Name(job.state()))
+               : s;
+  });
+  ASSERT_TRUE(released.ok()) << "still " << released.error_message() << "\n"
+                             << nodes_[0]->ReadStderr();
+  EXPECT_EQ(job.dependency_results().at(dep.job_id()), "from partition 0");
+
+  // The peer token reads a job's state with WatchJob, and still opens no other client call.
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  watch_context.AddMetadata("authorization", "Bearer peer-secret");
+  v1::WatchJobRequest watch;
+  watch.set_job_id(dep.job_id());
+  auto reader = admin->WatchJob(&watch_context, watch);
+  v1::Job seen;
+  ASSERT_TRUE(reader->Read(&seen)) << reader->Finish().error_message();
+  EXPECT_EQ(seen.state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_TRUE(reader->Finish().ok());
+  grpc::ClientContext get_context;
+  get_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  get_context.AddMetadata("authorization", "Bearer peer-secret");
+  EXPECT_EQ(admin->GetJob(&get_context, get, &job).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
 }
 
 }  // namespace
