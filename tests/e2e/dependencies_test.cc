@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "jobbroker/partition.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
+#include "tests/testing/queue_names.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -112,12 +112,8 @@ class CrossPartitionDependenciesTest : public BrokerFixture {
   static constexpr uint32_t kPartitions = 4;
   CrossPartitionDependenciesTest() : BrokerFixture({.extra_args = {"--partitions", "4"}}) {}
 
-  // A queue name that lives in `partition`.
   static std::string QueueIn(uint32_t partition, const std::string& prefix) {
-    for (int i = 0;; ++i) {
-      std::string queue = absl::StrCat(prefix, "-", i);
-      if (client::PartitionOfQueue(queue, kPartitions) == partition) return queue;
-    }
+    return QueueInPartition(partition, kPartitions, prefix);
   }
   std::string EnqueueAfter(const std::string& queue, const std::vector<std::string>& deps) {
     v1::EnqueueRequest request;

@@ -20,6 +20,7 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/queue_names.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -50,10 +51,7 @@ grpc::Status Enqueue(const BrokerProcess& node, const std::string& queue, std::s
 
 // A queue name whose partition is `partition`.
 std::string QueueOfPartition(uint32_t partition) {
-  for (int i = 0;; ++i) {
-    std::string queue = absl::StrCat("q-", i);
-    if (core::PartitionOfQueue(queue, kPartitions) == partition) return queue;
-  }
+  return QueueInPartition(partition, kPartitions);
 }
 
 TEST(PlacementTest, ANewClusterWaitsForItsInitialNodesAndSpreadsThePartitionsOverThem) {

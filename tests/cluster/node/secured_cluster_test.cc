@@ -15,7 +15,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cluster/transport/replication.grpc.pb.h"
-#include "core/ids.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
@@ -23,6 +22,7 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/queue_names.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -140,13 +140,7 @@ class SecuredTwoPartitionsTest : public SecuredClusterTest {
  protected:
   uint32_t partitions() const override { return 2; }
 
-  // A queue name that lives in `partition`.
-  static std::string QueueIn(uint32_t partition) {
-    for (int i = 0;; ++i) {
-      std::string queue = absl::StrCat("q-", i);
-      if (core::PartitionOfQueue(queue, 2) == partition) return queue;
-    }
-  }
+  static std::string QueueIn(uint32_t partition) { return QueueInPartition(partition, 2); }
   // Runs `call` (with a fresh context carrying the app token) at node 0 until it is OK or
   // kGiveUp passes: leadership may still be settling (UNAVAILABLE) when the test starts.
   template <typename Call>

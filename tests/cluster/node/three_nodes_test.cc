@@ -23,6 +23,7 @@
 #include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
 #include "tests/testing/http_client.h"
+#include "tests/testing/queue_names.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -252,10 +253,7 @@ TEST_F(ThreeNodesTest, APartitionWithTwoOfItsThreeReplicasDownAcknowledgesNothin
 
 // A queue name that lives in `partition`.
 std::string QueueIn(uint32_t partition, const std::string& prefix) {
-  for (int i = 0;; ++i) {
-    std::string queue = absl::StrCat(prefix, "-", i);
-    if (core::PartitionOfQueue(queue, kPartitions) == partition) return queue;
-  }
+  return QueueInPartition(partition, kPartitions, prefix);
 }
 
 TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
