@@ -20,9 +20,10 @@ jobs="${JOBS:-2}"
 export JOBBROKER_BIN="$root/$build/server/jobbroker"
 suite_timeout="${SUITE_TIMEOUT:-1800}"
 
-# interop runs after the Python, Go and TypeScript suites: it uses what they built.
-all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python go typescript interop java
-  rust ruby bench image)
+# interop runs after every client's suite: it uses what they built (venvs, node_modules,
+# target/ folders).
+all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python go typescript java
+  rust ruby interop bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
