@@ -1,9 +1,11 @@
 import os from "node:os";
 import {
   ChannelCredentials,
+  InterceptingCall,
   Metadata,
   credentials as grpcCredentials,
   type ChannelOptions,
+  type Interceptor,
   type ServiceError,
 } from "@grpc/grpc-js";
 import {
@@ -29,6 +31,23 @@ import { fromServiceError } from "./errors";
 export function defaultAddress(): string {
   return process.env.JOBBROKER_ADDRESS || "127.0.0.1:7070";
 }
+
+/**
+ * What this library calls itself in the "jobbroker-client" metadata of every call
+ * ("jobbroker-typescript/0.1.0"): Admin.ListWorkers shows it, so an operator can tell which
+ * library (and version) a worker runs. The version is package.json's, read once at load: the
+ * package ships package.json two levels above dist/src/.
+ */
+export const clientName = `jobbroker-typescript/${(require("../../package.json") as { version: string }).version}`;
+
+/** Adds the "jobbroker-client" metadata to every call of the channel, unary and streaming. */
+const nameTheClient: Interceptor = (options, nextCall) =>
+  new InterceptingCall(nextCall(options), {
+    start(metadata, listener, next) {
+      metadata.set("jobbroker-client", clientName);
+      next(metadata, listener);
+    },
+  });
 
 /** "<hostname>-<pid>": names a worker in attempt histories. */
 export function defaultWorkerId(): string {
@@ -193,9 +212,13 @@ export class Client {
       "grpc.max_receive_message_length": 16 * 1024 * 1024,
       ...(o.channelOptions ?? {}),
     };
-    this.broker = new BrokerClient(this.address, creds, channelOptions);
+    this.broker = new BrokerClient(this.address, creds, { ...channelOptions, interceptors: [nameTheClient] });
     // The admin stub shares the broker stub's channel.
-    this.admin = new AdminClient(this.address, creds, { ...channelOptions, channelOverride: this.broker.getChannel() });
+    this.admin = new AdminClient(this.address, creds, {
+      ...channelOptions,
+      channelOverride: this.broker.getChannel(),
+      interceptors: [nameTheClient],
+    });
   }
 
   /** Closes the channel; calls after this fail. */

@@ -67,12 +67,36 @@ export function retryAfter(delayMs: number, message?: string): RetryAfterError {
   return new RetryAfterError(delayMs, message);
 }
 
+/**
+ * Thrown by a handler: the job goes back to its queue for `delayMs` without spending an attempt
+ * (Release with a delay: SCHEDULED, `Job.snoozes` + 1). For work that is not due yet, such as a
+ * resource another job holds; the queue's max_snoozes bounds how often.
+ */
+export class SnoozeError extends Error {
+  override readonly name = "SnoozeError";
+  constructor(
+    readonly delayMs: number,
+    message = `snoozed for ${delayMs} ms`,
+  ) {
+    super(message);
+  }
+}
+
+/** `throw snooze(5_000)`: shorthand for `new SnoozeError(...)`. */
+export function snooze(delayMs: number, message?: string): SnoozeError {
+  return new SnoozeError(delayMs, message);
+}
+
 /** Why a job context's `signal` was aborted. */
 export class JobCancelledError extends Error {
   override readonly name = "JobCancelledError";
   constructor(
-    /** "lease-lost", "cancel-requested" or "shutdown". */
-    readonly reason: "lease-lost" | "cancel-requested" | "shutdown",
+    /**
+     * "cancel-requested" (an operator cancelled the job), "lease-lost" (the broker ended the
+     * attempt: no heartbeat in time), "timeout" (the attempt reached its run-time limit,
+     * LeasedJob.timeout_at) or "shutdown" (a graceful stop's grace ran out; the job is released).
+     */
+    readonly reason: "lease-lost" | "cancel-requested" | "timeout" | "shutdown",
     message: string,
   ) {
     super(message);

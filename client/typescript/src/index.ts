@@ -21,10 +21,13 @@ export {
   PermanentError,
   RetryAfterError,
   retryAfter,
+  SnoozeError,
+  snooze,
   Status,
   statusName,
 } from "./errors";
 export { durationFromMs, durationToMs } from "./convert";
+export { clientName } from "./client";
 export { StepLog } from "./steps";
 export { AttemptOutcome, FailReason, JobState, type AttemptRecord, type Job } from "./gen/jobbroker/v1/job";
 export type { LeasedJob, HeartbeatResponse, FailResponse } from "./gen/jobbroker/v1/broker";

@@ -6,17 +6,29 @@ import {
   JobCancelledError,
   PermanentError,
   RetryAfterError,
+  SnoozeError,
   Status,
   statusName,
 } from "./errors";
 import type { AckRequest, LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker";
+import { AttemptOutcome } from "./gen/jobbroker/v1/job";
 import { StepLog } from "./steps";
+
+/** What a JobContext asks of the worker that runs it. @internal */
+export interface AttemptHooks {
+  /** Sends a heartbeat carrying `checkpoint`; resolves with the broker's answer. */
+  saveCheckpoint(checkpoint: Uint8Array): Promise<WorkResult>;
+  /** Sends a heartbeat carrying `progress` (or queues it behind the one in flight). */
+  reportProgress(progress: Buffer): void;
+}
 
 /**
  * What a handler sees of the job it runs (one attempt).
  *
- * `signal` aborts when the job should stop: its lease was lost, an operator cancelled it, or
- * the worker is shutting down past its grace period. Pass it to fetch() and friends.
+ * `signal` aborts when the job should stop: an operator cancelled it, its lease was lost, it
+ * reached its time-out (`timeoutAt`), or a graceful stop's grace ran out; `signal.reason` is a
+ * `JobCancelledError` saying which. Pass it to fetch() and friends. The worker cannot stop code
+ * that ignores it: an operator-cancelled or shut-down handler keeps its slot until it returns.
  */
 export class JobContext {
   readonly jobId: string;
@@ -35,13 +47,19 @@ export class JobContext {
   /** What an earlier attempt saved (with durable steps: a serialized StepCheckpoint). */
   readonly checkpoint: Buffer;
   readonly enqueuedAt?: Date;
+  /** The lease's deadline as the broker granted it (the worker's heartbeats push it on). */
+  readonly leaseDeadline?: Date;
+  /** When this attempt reaches its run-time limit (`signal` aborts then); unset if none. */
+  readonly timeoutAt?: Date;
+  /** The results of the jobs this one depended on, by job id. */
+  readonly dependencyResults: Readonly<Record<string, Buffer>>;
   readonly signal: AbortSignal;
 
   /** @internal */
   constructor(
     job: LeasedJob,
     signal: AbortSignal,
-    private readonly saveStep: (checkpoint: Uint8Array) => Promise<WorkResult>,
+    private readonly hooks: AttemptHooks,
   ) {
     this.jobId = job.jobId;
     this.queue = job.queue;
@@ -52,6 +70,11 @@ export class JobContext {
     this.idempotencyKey = job.idempotencyKey;
     this.checkpoint = asBuffer(job.checkpoint);
     this.enqueuedAt = job.enqueuedAt;
+    this.leaseDeadline = job.leaseDeadline;
+    this.timeoutAt = job.timeoutAt;
+    this.dependencyResults = Object.fromEntries(
+      Object.entries(job.dependencyResults ?? {}).map(([id, r]) => [id, asBuffer(r)]),
+    );
     this.signal = signal;
   }
 
@@ -68,6 +91,16 @@ export class JobContext {
   /** True once `signal` has aborted. */
   get cancelled(): boolean {
     return this.signal.aborted;
+  }
+
+  /**
+   * Reports how far the job got (`Job.progress`, shown by WatchJob and the dashboard): a
+   * heartbeat carrying it leaves at once. Bytes go as they are, a string as UTF-8, anything else
+   * as JSON (by convention `{ percent: 40 }`). If a report is still unanswered, the newest value
+   * goes out when it is answered and the ones in between are dropped: the last always arrives.
+   */
+  progress(value: unknown): void {
+    this.hooks.reportProgress(encodePayload(value));
   }
 
   private steps?: StepLog;
@@ -89,7 +122,7 @@ export class JobContext {
     if (done.found) return done.value as T;
     const value = await fn();
     const { json, checkpoint } = log.record(name, value);
-    const r = await this.saveStep(checkpoint);
+    const r = await this.hooks.saveCheckpoint(checkpoint);
     if (r.code !== Status.OK) {
       throw new JobBrokerError(
         r.code,
@@ -104,7 +137,12 @@ export class JobContext {
  * A handler runs one attempt. Returning acks the job (the value, if any, is kept as its result:
  * bytes, a string, or JSON). Throwing fails the attempt with the error's message and the job is
  * retried after the queue's backoff; `PermanentError` kills it (no retry); `RetryAfterError`
- * (see `retryAfter()`) asks for the next attempt after a given delay.
+ * (see `retryAfter()`) asks for the next attempt after a given delay; `SnoozeError` (see
+ * `snooze()`) puts the job back for a delay without spending an attempt.
+ *
+ * After `signal` aborted, how the handler ends no longer decides: an operator-cancelled job is
+ * failed "cancelled" (it stays CANCELLED), a job whose lease was lost or that timed out gets no
+ * answer (the broker already ended the attempt), and one cut off by a graceful stop is released.
  */
 export type Handler = (job: JobContext) => unknown | Promise<unknown>;
 
@@ -117,8 +155,9 @@ export interface WorkerOptions extends ClientOptions {
   concurrency?: number;
   /**
    * Jobs held ready beyond `concurrency`, so a freed slot need not wait for the next push (the
-   * stream's max_in_flight is concurrency + prefetch). They hold leases while they wait; a
-   * graceful stop gives them back unstarted. Default 0.
+   * stream's max_in_flight is concurrency + prefetch). They hold leases (and are heartbeated)
+   * while they wait, and start in arrival order; a graceful stop gives them back unstarted.
+   * Default 0.
    */
   prefetch?: number;
   /**
@@ -126,11 +165,11 @@ export interface WorkerOptions extends ClientOptions {
    * of the lease as granted, so a dead or hung worker loses its jobs after one lease.
    */
   leaseDurationMs?: number;
-  /** Reconnect backoff after the stream broke: doubles from this (default 100 ms)... */
+  /** Reconnect backoff after the stream broke: full jitter below a bound doubling from this (default 100 ms)... */
   reconnectInitialMs?: number;
   /** ...up to this (default 5 s). */
   reconnectMaxMs?: number;
-  /** How long `run()`'s SIGTERM/SIGINT stop lets running handlers finish. Default 30 s. */
+  /** How long a graceful stop (stop(), or SIGTERM/SIGINT in run()) lets running handlers finish. Default 30 s. */
   shutdownGraceMs?: number;
   /** Where the worker reports trouble; default console.error. */
   log?: (message: string) => void;
@@ -140,7 +179,12 @@ export interface WorkerOptions extends ClientOptions {
 export interface WorkerStats {
   acked: number;
   failed: number;
+  /** Jobs given back unstarted or cut off by a graceful stop (no attempt spent). */
   released: number;
+  /** Jobs put back for a while by a handler's SnoozeError (no attempt spent). */
+  snoozed: number;
+  /** Attempts the broker ended under the worker (lease lost, time-out): nothing was answered. */
+  attemptsLost: number;
   reconnects: number;
   /**
    * Ack and AckBatch messages sent (resends after a reconnect not counted): fewer than `acked`
@@ -154,12 +198,27 @@ export interface WorkerStats {
   acksRefused: number;
 }
 
+/** One attempt the worker holds: waiting for a slot, or running. */
 interface Held {
   job: LeasedJob;
   abort: AbortController;
-  leaseMs: number;
-  timer?: NodeJS.Timeout;
+  started: boolean;
+  /** Why the signal fired, when the worker fired it for an operator cancel or a stop. */
+  stoppedBy?: "cancel-requested" | "shutdown";
+  /** The broker ended the attempt (lease lost, time-out, leased again): nothing more is sent. */
   lost: boolean;
+  heartbeatTimer?: NodeJS.Timeout;
+  timeoutTimer?: NodeJS.Timeout;
+  /** The progress heartbeat unanswered (its request id), 0 when none. */
+  progressInFlight: number;
+  /** The newest progress not yet sent. */
+  progressNext?: Buffer;
+}
+
+/** An unanswered heartbeat: the attempt it was for, and the progress it carried. */
+interface HeartbeatSent {
+  held: Held;
+  progress?: Buffer;
 }
 
 interface Pending {
@@ -168,11 +227,25 @@ interface Pending {
 }
 
 type Outcome =
-  | { ok: true; result: Buffer }
-  | { ok: false; error: string; permanent: boolean; retryAfterMs?: number };
+  | { kind: "ack"; result: Buffer }
+  | { kind: "fail"; error: string; permanent: boolean; retryAfterMs?: number }
+  | { kind: "release"; delayMs?: number };
 
 // The broker takes at most 1000 acks in one AckBatchRequest.
 const maxAcksPerMessage = 1000;
+
+// A stream that ended with one of these is reopened; any other code is the caller's mistake (a
+// bad queue name, a missing or refused token) and ends run() with it, since retrying would hide it.
+const reconnectCodes = new Set<number>([
+  Status.OK, // the broker shut down
+  Status.UNAVAILABLE,
+  Status.UNKNOWN,
+  Status.INTERNAL,
+  Status.DEADLINE_EXCEEDED,
+  Status.CANCELLED,
+  Status.ABORTED,
+  Status.RESOURCE_EXHAUSTED,
+]);
 
 function leaseGone(code: number): boolean {
   return code === Status.FAILED_PRECONDITION || code === Status.NOT_FOUND;
@@ -183,14 +256,30 @@ function errorText(e: unknown): string {
   return String(e);
 }
 
+/** What the handler's end asks for, before cancellation and stops are taken into account. */
+function outcomeOf(e: unknown): Outcome {
+  if (e instanceof SnoozeError) return { kind: "release", delayMs: e.delayMs };
+  return {
+    kind: "fail",
+    error: errorText(e),
+    permanent: e instanceof PermanentError,
+    retryAfterMs: e instanceof RetryAfterError ? e.delayMs : undefined,
+  };
+}
+
 /**
- * Runs handlers for jobs the broker pushes over one Broker.Work stream: `concurrency` at a
- * time, heartbeats while they run, ack or fail when they return, reconnects with backoff when
- * the broker goes away, and stops gracefully.
+ * Runs handlers for jobs the broker pushes over one Broker.Work stream, one handler per queue
+ * (the contract of docs/worker-contract.md): `concurrency` at a time and `prefetch` more held,
+ * heartbeats every third of each lease, ack, fail or release when they end (acks coalesced: one
+ * ack message in flight, the ones that end meanwhile follow as one AckBatch), answers sent again
+ * after a reconnect, reconnects with backoff when the broker goes away, and a graceful stop.
  *
  *   const worker = new Worker({ concurrency: 4 });
  *   worker.handle("emails", async (job) => { await send(job.json(), job.idempotencyKey); });
  *   await worker.run(); // until SIGTERM or SIGINT
+ *
+ * Everything runs on Node's event loop: a handler that blocks it (CPU work without yielding)
+ * stops the heartbeats too, and its jobs' leases run out.
  */
 export class Worker {
   private readonly client: Client;
@@ -210,20 +299,23 @@ export class Worker {
   private nextRequestId = 1;
   private subscribeRequestId = 0;
   private stream: ClientDuplexStream<WorkRequest, WorkResponse> | null = null;
+  // Held attempts by job id. A job leased again (its old lease ran out) replaces its old entry.
   private readonly held = new Map<string, Held>();
-  private readonly queued: string[] = []; // held, not started
-  private readonly running = new Set<string>();
+  private readonly queued: Held[] = []; // held, not started, in arrival order
+  private readonly running = new Set<Held>();
   private readonly pending = new Map<number, Pending>(); // unanswered ack/fail/release/step save
-  private readonly heartbeats = new Map<number, string>(); // request id -> job id
+  private readonly heartbeats = new Map<number, HeartbeatSent>(); // by request id, this stream's
   // Acks not yet sent: they wait while an ack message is unanswered (ackRequestId), then go out
   // together. One ack message in flight is the worker's group commit: a busy worker sends one per
   // broker round trip instead of one per job.
   private acks: AckRequest[] = [];
   private ackRequestId = 0; // the unanswered ack message; 0 = none
   private readonly listeners = new Set<() => void>();
-  private readonly statsValue: WorkerStats = { acked: 0, failed: 0, released: 0, reconnects: 0, ackMessages: 0, acksRefused: 0 };
+  private readonly statsValue: WorkerStats = {
+    acked: 0, failed: 0, released: 0, snoozed: 0, attemptsLost: 0, reconnects: 0, ackMessages: 0, acksRefused: 0,
+  };
   private firstSubscribe?: (r: { code: number; message: string }) => void;
-  private fatal?: JobBrokerError; // a refused subscription
+  private fatal?: JobBrokerError; // a refused subscription, or a stream ended with a caller's error
   private loopDone?: Promise<void>;
   private wakeLoop?: () => void;
   private stopped?: Promise<void>;
@@ -274,15 +366,19 @@ export class Worker {
       }),
     ]);
     clearTimeout(timer);
-    if (answered && answered.code !== Status.OK && answered.code !== Status.UNAVAILABLE) {
+    // A refused subscription (whatever its code) or a stream ended by the caller's mistake.
+    const refusal = this.fatal ?? (answered && !reconnectCodes.has(answered.code) ? new JobBrokerError(answered.code, answered.message) : undefined);
+    if (refusal) {
       await this.stop(0);
-      throw new JobBrokerError(answered.code, answered.message);
+      throw refusal;
     }
   }
 
   /**
-   * start() (unless already started), then work until SIGTERM or SIGINT, then stop gracefully
-   * (`shutdownGraceMs`). Resolves once stopped; rejects if the subscription is refused.
+   * start() (unless already started), then work until SIGTERM or SIGINT (or stop()), then stop
+   * gracefully (`shutdownGraceMs`). Resolves once stopped; rejects if the subscription is
+   * refused or the stream ends with an error retrying cannot fix (UNAUTHENTICATED, ...). A
+   * second signal does not hurry the stop: SIGKILL does.
    */
   async run(): Promise<void> {
     if (this.state === "new") await this.start();
@@ -308,9 +404,11 @@ export class Worker {
   }
 
   /**
-   * Graceful stop: takes no new jobs, gives back (Release) the ones received but not started,
-   * lets running handlers finish for up to `graceMs`, then aborts the stragglers' signals and
-   * waits for them to return, waits for the broker's answers to the last acks, and closes.
+   * Graceful stop: takes no new jobs (flow 0), gives back (Release) the ones received but not
+   * started, lets running handlers finish for up to `graceMs`, then aborts the stragglers'
+   * signals and releases their jobs whatever they end with (no attempt spent), waits up to 1 s
+   * past the grace for the broker's answers to the last acks, fails and releases, and closes.
+   * A handler that ignores its signal holds the stop until it returns.
    */
   stop(graceMs = this.shutdownGraceMs): Promise<void> {
     if (this.stopped) return this.stopped;
@@ -326,31 +424,27 @@ export class Worker {
 
   private async doStop(graceMs: number): Promise<void> {
     this.state = "stopping";
-    const deadline = Date.now() + graceMs;
+    const graceEnds = Date.now() + graceMs;
     this.write({ requestId: this.newRequestId(), flow: { maxInFlight: 0 } });
     this.releaseQueued();
-    // Buffered acks count: they go out when the ack message ahead of them is answered.
-    const idle = () => this.running.size === 0 && this.pending.size === 0 && this.acks.length === 0;
-    await this.until(idle, deadline - Date.now());
-    for (const h of this.held.values()) {
-      if (!h.abort.signal.aborted) {
-        h.abort.abort(new JobCancelledError("shutdown", "the worker is shutting down"));
-      }
-    }
+    await this.until(() => this.running.size === 0, graceEnds - Date.now());
+    for (const h of this.running) this.stopAttempt(h, "shutdown", "the worker is shutting down: its grace ran out");
     await this.until(() => this.running.size === 0);
-    // The last acks' answers get a moment (and at least a short one past the grace period).
-    await this.until(idle, Math.max(deadline - Date.now(), 2000));
+    // Buffered acks count: they go out when the ack message ahead of them is answered.
+    const answered = () => this.pending.size === 0 && this.acks.length === 0;
+    await this.until(answered, graceEnds + 1000 - Date.now());
     this.closing = true;
-    for (const h of this.held.values()) clearInterval(h.timer);
+    for (const h of this.held.values()) this.forget(h);
     for (const [, p] of this.pending) {
       p.onResult?.({ requestId: 0, code: Status.UNAVAILABLE, message: "the worker stopped", leaseDeadline: undefined, cancelRequested: false, itemErrors: [] });
     }
     const stream = this.stream;
     if (stream) {
+      // Half-close: the broker ends the call once it has answered what it read; do not wait
+      // forever for that.
       stream.end();
-      // The broker ends the call once it has answered everything; do not wait forever.
-      const t = setTimeout(() => stream.cancel(), 1000);
-      await this.until(() => this.stream === null, 2000);
+      const t = setTimeout(() => stream.cancel(), 2000);
+      await this.until(() => this.stream === null, 2500);
       clearTimeout(t);
       this.stream?.cancel();
     }
@@ -440,23 +534,33 @@ export class Worker {
         });
       }
       // Acks, fails, releases and step saves the last stream did not answer: idempotent per
-      // lease, so sending them again is safe.
+      // lease (the broker answers a repeated ack of the same attempt OK), so sending them again
+      // with the same lease ids is safe. Heartbeats are not replayed: each held job's next tick
+      // goes out on this stream; only the newest unanswered progress is sent again.
       for (const p of this.pending.values()) this.write(p.request);
+      for (const h of this.held.values()) this.sendProgress(h);
 
       const end = await ended;
       if (this.stream === stream) this.stream = null;
-      this.heartbeats.clear();
+      this.forgetHeartbeats();
       this.notify();
       if (this.firstSubscribe) {
         this.firstSubscribe(end.code === Status.OK ? { code: Status.UNAVAILABLE, message: "the stream ended" } : end);
         this.firstSubscribe = undefined;
       }
       if (this.closing) return;
+      if (!reconnectCodes.has(end.code)) {
+        // Retrying would hide the caller's mistake (a bad token, a refused queue): run() ends.
+        this.onFatal(new JobBrokerError(end.code, `the Work stream ended: ${end.message}`));
+        return;
+      }
       this.statsValue.reconnects++;
       if (subscribed) backoff = this.reconnectInitialMs;
-      this.log(`stream ended (${statusName(end.code)}: ${end.message}); reconnecting in ${backoff} ms`);
+      // Full jitter: workers cut off by the same broker restart do not come back in step.
+      const delay = Math.round(Math.random() * backoff);
+      this.log(`stream ended (${statusName(end.code)}: ${end.message}); reconnecting in ${delay} ms`);
       await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, backoff);
+        const t = setTimeout(resolve, delay);
         this.wakeLoop = () => {
           clearTimeout(t);
           resolve();
@@ -465,6 +569,18 @@ export class Worker {
       this.wakeLoop = undefined;
       backoff = Math.min(backoff * 2, this.reconnectMaxMs);
     }
+  }
+
+  /** The stream is gone with its unanswered heartbeats; their progress goes out on the next. */
+  private forgetHeartbeats(): void {
+    for (const sent of this.heartbeats.values()) {
+      const h = sent.held;
+      if (sent.progress !== undefined && h.progressInFlight !== 0) {
+        h.progressNext ??= sent.progress;
+        h.progressInFlight = 0;
+      }
+    }
+    this.heartbeats.clear();
   }
 
   /** Handles one message; true for the answer that accepted this stream's subscription. */
@@ -477,56 +593,61 @@ export class Worker {
     } else if (m.result) {
       const r = m.result;
       const p = this.pending.get(r.requestId);
+      const beat = this.heartbeats.get(r.requestId);
       if (r.requestId === this.subscribeRequestId) {
         subscribed = r.code === Status.OK;
         if (this.firstSubscribe) {
           this.firstSubscribe({ code: r.code, message: r.message });
           this.firstSubscribe = undefined;
         }
-        if (!subscribed) this.onRefused(r);
+        if (!subscribed) this.onFatal(new JobBrokerError(r.code, `subscribe refused: ${r.message}`));
       } else if (p) {
         this.pending.delete(r.requestId);
         if (p.onResult) p.onResult(r);
         else if (r.code !== Status.OK && !leaseGone(r.code)) this.log(`${statusName(r.code)}: ${r.message}`);
-      } else {
-        const jobId = this.heartbeats.get(r.requestId);
-        if (jobId !== undefined) {
-          this.heartbeats.delete(r.requestId);
-          if (leaseGone(r.code)) this.loseLease(jobId, r.message);
-          else if (r.cancelRequested) this.cancelJob(jobId);
-        }
+      } else if (beat) {
+        this.heartbeats.delete(r.requestId);
+        this.onHeartbeatResult(beat, r);
       }
     } else if (m.leaseLost) {
-      this.loseLease(m.leaseLost.jobId, "the lease ran out");
+      const h = this.held.get(m.leaseLost.jobId);
+      if (h) {
+        // Usually our own timer fired first; the broker says TIMED_OUT when it did not.
+        const why =
+          m.leaseLost.outcome === AttemptOutcome.ATTEMPT_OUTCOME_TIMED_OUT
+            ? new JobCancelledError("timeout", "the attempt reached its time-out")
+            : new JobCancelledError("lease-lost", "the broker ended the attempt: its lease ran out");
+        this.loseAttempt(h, why);
+      }
     } else if (m.cancelRequested) {
-      this.cancelJob(m.cancelRequested.jobId);
+      const h = this.held.get(m.cancelRequested.jobId);
+      if (h) this.cancelByOperator(h);
     }
     this.notify();
     return subscribed;
   }
 
-  private onRefused(r: WorkResult): void {
-    const err = new JobBrokerError(r.code, `subscribe refused: ${r.message}`);
-    this.log(err.message);
-    if (this.state === "running" && !this.fatal) {
-      // A refusal (e.g. a bad queue name) does not get better by retrying: stop the worker.
-      this.fatal = err;
-      void this.stop(0);
+  private onHeartbeatResult(beat: HeartbeatSent, r: WorkResult): void {
+    const h = beat.held;
+    if (beat.progress !== undefined && h.progressInFlight === r.requestId) {
+      h.progressInFlight = 0;
+      this.sendProgress(h); // the newest value reported meanwhile, if any
+    }
+    if (leaseGone(r.code)) {
+      this.loseAttempt(h, new JobCancelledError("lease-lost", `the broker ended the attempt: ${r.message}`));
+    } else if (r.code !== Status.OK) {
+      this.log(`heartbeat of job ${h.job.jobId}: ${statusName(r.code)}: ${r.message}`);
+    } else if (r.cancelRequested) {
+      this.cancelByOperator(h);
     }
   }
 
-  private loseLease(jobId: string, why: string): void {
-    const h = this.held.get(jobId);
-    if (!h) return;
-    h.lost = true;
-    clearInterval(h.timer);
-    if (!h.abort.signal.aborted) h.abort.abort(new JobCancelledError("lease-lost", `lease lost: ${why}`));
-  }
-
-  private cancelJob(jobId: string): void {
-    const h = this.held.get(jobId);
-    if (h && !h.abort.signal.aborted) {
-      h.abort.abort(new JobCancelledError("cancel-requested", "an operator cancelled the job"));
+  /** A refusal does not get better by retrying: the worker stops and run() rejects with it. */
+  private onFatal(err: JobBrokerError): void {
+    this.log(err.message);
+    if (this.state === "running" && !this.fatal) {
+      this.fatal = err;
+      void this.stop(0);
     }
   }
 
@@ -536,34 +657,99 @@ export class Worker {
       this.sendRelease(job);
       return;
     }
+    // The same job again means the broker ended the attempt we hold (its lease ran out) and
+    // leased it anew, possibly before our heartbeat's refusal or the lease_lost reached us.
+    const previous = this.held.get(job.jobId);
+    if (previous) this.loseAttempt(previous, new JobCancelledError("lease-lost", "the broker leased the job again: this attempt's lease ran out"));
+
     const arrived = Date.now();
     const deadline = job.leaseDeadline ? job.leaseDeadline.getTime() : arrived;
     // Heartbeats follow the lease as granted; the floor guards against clock skew.
     const leaseMs = Math.max(deadline - arrived, 300);
-    const h: Held = { job, abort: new AbortController(), leaseMs, lost: false };
-    h.timer = setInterval(() => this.heartbeat(h), leaseMs / 3);
+    const h: Held = { job, abort: new AbortController(), started: false, lost: false, progressInFlight: 0 };
+    h.heartbeatTimer = setInterval(() => this.heartbeat(h), leaseMs / 3);
+    if (job.timeoutAt) {
+      // The broker ends the attempt TIMED_OUT at this moment; the handler hears it at once
+      // rather than when the lease_lost arrives.
+      h.timeoutTimer = setTimeout(
+        () => this.loseAttempt(h, new JobCancelledError("timeout", "the attempt reached its time-out")),
+        Math.max(0, job.timeoutAt.getTime() - arrived),
+      );
+    }
     this.held.set(job.jobId, h);
-    this.queued.push(job.jobId);
+    this.queued.push(h);
     this.pump();
   }
 
   private heartbeat(h: Held): void {
     if (h.lost || !this.stream) return;
     const requestId = this.newRequestId();
-    this.heartbeats.set(requestId, h.job.jobId);
+    this.heartbeats.set(requestId, { held: h });
     this.write({ requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined } });
   }
 
-  private sendRelease(job: LeasedJob): void {
-    this.statsValue.released++;
-    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId, delay: undefined } });
+  /** Sends `h`'s newest progress unless one is unanswered (then it waits for that answer). */
+  private sendProgress(h: Held): void {
+    if (h.lost || h.progressInFlight !== 0 || h.progressNext === undefined || !this.stream) return;
+    const progress = h.progressNext;
+    h.progressNext = undefined;
+    const requestId = this.newRequestId();
+    h.progressInFlight = requestId;
+    this.heartbeats.set(requestId, { held: h, progress });
+    this.write({ requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined, progress } });
+  }
+
+  /** Stops heartbeating `h` and frees its place (slot or queue position). */
+  private forget(h: Held): void {
+    clearInterval(h.heartbeatTimer);
+    clearTimeout(h.timeoutTimer);
+    if (this.held.get(h.job.jobId) === h) this.held.delete(h.job.jobId);
+    this.running.delete(h);
+    const i = this.queued.indexOf(h);
+    if (i >= 0) this.queued.splice(i, 1);
+  }
+
+  /**
+   * The broker ended the attempt (lease lost, time-out): the signal fires, nothing more is sent
+   * for it, and its slot is free at once, even while the handler still runs.
+   */
+  private loseAttempt(h: Held, why: JobCancelledError): void {
+    if (h.lost) return;
+    h.lost = true;
+    this.statsValue.attemptsLost++;
+    this.forget(h);
+    if (!h.abort.signal.aborted) h.abort.abort(why);
+    this.pump();
+    this.notify();
+  }
+
+  /** Fires the signal of an attempt the worker still answers for, saying why. */
+  private stopAttempt(h: Held, by: "cancel-requested" | "shutdown", message: string): void {
+    if (h.lost || h.abort.signal.aborted) return;
+    h.stoppedBy = by;
+    h.abort.abort(new JobCancelledError(by, message));
+  }
+
+  private cancelByOperator(h: Held): void {
+    if (h.lost || h.abort.signal.aborted) return;
+    this.stopAttempt(h, "cancel-requested", "an operator cancelled the job");
+    if (!h.started) {
+      // Not started: nothing to wait for. The fail tells the broker we let go of it.
+      this.forget(h);
+      this.answer(h, { kind: "fail", error: "cancelled", permanent: false });
+      this.notify();
+    }
+  }
+
+  private sendRelease(job: LeasedJob, delayMs?: number): void {
+    if (delayMs === undefined) this.statsValue.released++;
+    else this.statsValue.snoozed++;
+    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId, delay: durationFromMs(delayMs) } });
   }
 
   private releaseQueued(): void {
-    for (const id of this.queued.splice(0)) {
-      const h = this.held.get(id)!;
-      clearInterval(h.timer);
-      this.held.delete(id);
+    for (const h of [...this.queued]) {
+      this.forget(h);
       this.sendRelease(h.job);
     }
     this.notify();
@@ -571,67 +757,81 @@ export class Worker {
 
   private pump(): void {
     while (this.state === "running" && this.running.size < this.concurrency && this.queued.length > 0) {
-      const id = this.queued.shift()!;
-      const h = this.held.get(id)!;
-      this.running.add(id);
+      const h = this.queued.shift()!;
+      h.started = true;
+      this.running.add(h);
       void this.runJob(h);
     }
   }
 
   private async runJob(h: Held): Promise<void> {
     const job = h.job;
-    const saveStep = (checkpoint: Uint8Array) =>
-      new Promise<WorkResult>((resolve) => {
-        this.sendTracked(
-          { requestId: this.newRequestId(), heartbeat: { jobId: job.jobId, leaseId: job.leaseId, extendBy: undefined, checkpoint: asBuffer(checkpoint) } },
-          (r) => {
-            if (leaseGone(r.code)) this.loseLease(job.jobId, r.message);
-            resolve(r);
-          },
-        );
-      });
-    const ctx = new JobContext(job, h.abort.signal, saveStep);
+    const ctx = new JobContext(job, h.abort.signal, {
+      saveCheckpoint: (checkpoint) => this.saveCheckpoint(h, checkpoint),
+      reportProgress: (progress) => {
+        if (h.lost || this.held.get(job.jobId) !== h) return; // the attempt is over
+        h.progressNext = progress;
+        this.sendProgress(h);
+      },
+    });
     let outcome: Outcome;
     try {
       const handler = this.handlers.get(job.queue);
       if (!handler) throw new Error(`no handler for queue "${job.queue}"`);
       const result = await handler(ctx);
-      outcome = { ok: true, result: encodePayload(result) };
+      outcome = { kind: "ack", result: encodePayload(result) };
     } catch (e) {
-      outcome = {
-        ok: false,
-        error: errorText(e),
-        permanent: e instanceof PermanentError,
-        retryAfterMs: e instanceof RetryAfterError ? e.delayMs : undefined,
-      };
+      outcome = outcomeOf(e);
     }
-    this.complete(h, outcome);
+    this.finish(h, outcome);
   }
 
-  private complete(h: Held, outcome: Outcome): void {
+  private saveCheckpoint(h: Held, checkpoint: Uint8Array): Promise<WorkResult> {
     const { jobId, leaseId } = h.job;
-    clearInterval(h.timer);
-    if (outcome.ok) {
-      this.statsValue.acked++;
-      this.acks.push({ jobId, leaseId, result: outcome.result });
-      this.flushAcks();
-    } else {
-      this.statsValue.failed++;
-      this.sendTracked({
-        requestId: this.newRequestId(),
-        fail: {
-          jobId,
-          leaseId,
-          error: outcome.error,
-          permanent: outcome.permanent,
-          retryAfter: durationFromMs(outcome.retryAfterMs),
-        },
-      });
+    if (h.lost) {
+      return Promise.resolve({ requestId: 0, code: Status.FAILED_PRECONDITION, message: "the broker ended the attempt", leaseDeadline: undefined, cancelRequested: false, itemErrors: [] });
     }
-    this.held.delete(jobId);
-    this.running.delete(jobId);
+    return new Promise<WorkResult>((resolve) => {
+      this.sendTracked(
+        { requestId: this.newRequestId(), heartbeat: { jobId, leaseId, extendBy: undefined, checkpoint: asBuffer(checkpoint) } },
+        (r) => {
+          if (leaseGone(r.code)) this.loseAttempt(h, new JobCancelledError("lease-lost", `the broker ended the attempt: ${r.message}`));
+          resolve(r);
+        },
+      );
+    });
+  }
+
+  /** The handler of `h` ended with `outcome`; the signal, if it fired, decides what is sent. */
+  private finish(h: Held, outcome: Outcome): void {
+    if (h.lost) return; // the broker ended the attempt: any answer would be refused as stale
+    this.forget(h);
+    if (h.stoppedBy === "shutdown") outcome = { kind: "release" };
+    else if (h.stoppedBy === "cancel-requested") outcome = { kind: "fail", error: "cancelled", permanent: false };
+    this.answer(h, outcome);
     this.pump();
     this.notify();
+  }
+
+  private answer(h: Held, outcome: Outcome): void {
+    const { jobId, leaseId } = h.job;
+    switch (outcome.kind) {
+      case "ack":
+        this.statsValue.acked++;
+        this.acks.push({ jobId, leaseId, result: outcome.result });
+        this.flushAcks();
+        break;
+      case "fail":
+        this.statsValue.failed++;
+        this.sendTracked({
+          requestId: this.newRequestId(),
+          fail: { jobId, leaseId, error: outcome.error, permanent: outcome.permanent, retryAfter: durationFromMs(outcome.retryAfterMs) },
+        });
+        break;
+      case "release":
+        this.sendRelease(h.job, outcome.delayMs);
+        break;
+    }
   }
 
   /**

@@ -1,0 +1,295 @@
+// The worker contract (docs/worker-contract.md) as the TypeScript Worker keeps it, against the
+// real broker binary: snooze, progress, time-outs, the end of a graceful stop's grace, prefetch,
+// answers resent after a reconnect, and the "jobbroker-client" metadata.
+import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import {
+  AttemptOutcome,
+  Client,
+  JobCancelledError,
+  JobState,
+  SnoozeError,
+  Worker,
+  clientName,
+  snooze,
+} from "../src";
+import type { ListWorkersResponse } from "../src/gen/jobbroker/v1/admin";
+import { Broker, eventually, repoRoot } from "./broker";
+
+const config = {
+  queues: {
+    // One attempt: a timed-out job ends FAILED instead of coming back to the test's worker.
+    "timeout-once": { retry: { maxAttempts: 1 } },
+    "lost-lease": { retry: { maxAttempts: 3, initialBackoff: "0.05s", jitter: "JITTER_NONE" } },
+  },
+};
+const quiet = () => {};
+
+/** A promise and the function that resolves it: a gate a handler waits at. */
+function gate(): { opened: Promise<void>; open: () => void } {
+  let open!: () => void;
+  const opened = new Promise<void>((resolve) => (open = resolve));
+  return { opened, open };
+}
+
+describe("the worker contract", () => {
+  let broker: Broker;
+  let client: Client;
+
+  before(async () => {
+    broker = await Broker.start({ config });
+    client = new Client(broker.address);
+  });
+  after(async () => {
+    client?.close();
+    await broker?.dispose();
+  });
+
+  async function waitState(c: Client, jobId: string, state: JobState) {
+    return eventually(async () => {
+      const j = await c.getJob(jobId);
+      return j.state === state ? j : undefined;
+    }, `job ${jobId} in ${JobState[state]}`);
+  }
+
+  test("a SnoozeError puts the job back without spending an attempt", async () => {
+    const attempts: number[] = [];
+    const worker = new Worker({ address: broker.address, log: quiet });
+    worker.handle("snooze", (job) => {
+      attempts.push(job.attempt);
+      if (attempts.length === 1) throw snooze(200);
+      return "later";
+    });
+    await worker.start();
+    try {
+      const { jobId } = await client.enqueue("snooze", "x");
+      const job = await waitState(client, jobId, JobState.JOB_STATE_COMPLETED);
+      assert.equal(job.snoozes, 1);
+      assert.equal(job.attempt, 1);
+      assert.deepEqual(attempts, [1, 1]);
+      assert.equal(job.result.toString(), "later");
+    } finally {
+      await worker.stop();
+    }
+    assert.equal(worker.stats.snoozed, 1);
+    assert.ok(new SnoozeError(5) instanceof Error);
+  });
+
+  test("progress reaches the broker while the handler runs, the newest value last", async () => {
+    const { opened, open } = gate();
+    const worker = new Worker({ address: broker.address, log: quiet });
+    worker.handle("progress", async (job) => {
+      // A burst: the values between the first and the last may be dropped, the last may not.
+      for (let percent = 1; percent <= 100; percent++) job.progress({ percent });
+      await opened;
+    });
+    await worker.start();
+    try {
+      const { jobId } = await client.enqueue("progress", "x");
+      const running = await eventually(async () => {
+        const j = await client.getJob(jobId);
+        return j.progress.length > 0 && JSON.parse(j.progress.toString()).percent === 100 ? j : undefined;
+      }, "progress 100 to be shown");
+      assert.equal(running.state, JobState.JOB_STATE_ACTIVE);
+      open();
+      await waitState(client, jobId, JobState.JOB_STATE_COMPLETED);
+    } finally {
+      open();
+      await worker.stop();
+    }
+  });
+
+  test("a time-out aborts the signal at timeout_at and frees the slot while the handler runs on", async () => {
+    const { opened, open } = gate();
+    let reason: unknown;
+    let timedOutHandlerReturned = false;
+    const worker = new Worker({ address: broker.address, concurrency: 1, log: quiet });
+    worker.handle("timeout-once", async (job) => {
+      if (job.text() !== "slow") return "quick";
+      assert.ok(job.timeoutAt instanceof Date);
+      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      reason = job.signal.reason;
+      // Ignores the signal until the test lets go: the worker must not wait for it.
+      await opened;
+      timedOutHandlerReturned = true;
+      return "too late";
+    });
+    await worker.start();
+    try {
+      const slow = await client.enqueue("timeout-once", "slow", { timeoutMs: 300 });
+      const failed = await waitState(client, slow.jobId, JobState.JOB_STATE_FAILED);
+      assert.equal(failed.attempts[0].outcome, AttemptOutcome.ATTEMPT_OUTCOME_TIMED_OUT);
+      // Concurrency 1, and the timed-out handler still runs: the next job gets the slot anyway.
+      const quick = await client.enqueue("timeout-once", "quick");
+      await waitState(client, quick.jobId, JobState.JOB_STATE_COMPLETED);
+      assert.equal(timedOutHandlerReturned, false);
+      assert.ok(reason instanceof JobCancelledError);
+      assert.equal(reason.reason, "timeout");
+    } finally {
+      open();
+      await worker.stop();
+    }
+    // The late return of the timed-out handler was not answered: only the quick job was acked.
+    const stats = worker.stats;
+    assert.equal(stats.acked, 1, JSON.stringify(stats));
+    assert.equal(stats.attemptsLost, 1, JSON.stringify(stats));
+  });
+
+  test("a lost lease aborts the signal and frees the slot: the next attempt runs beside the old handler", async () => {
+    const { opened, open } = gate();
+    let reason: unknown;
+    let lostHandlerReturned = false;
+    const worker = new Worker({ address: broker.address, concurrency: 1, leaseDurationMs: 1000, log: quiet });
+    worker.handle("lost-lease", async (job) => {
+      if (job.attempt > 1) return "second";
+      // Blocks the event loop (no heartbeat goes out) until the broker has ended this attempt
+      // and leased the job again, to this very stream.
+      execFileSync(process.execPath, [path.join(__dirname, "fixtures/wait_attempt.js"), broker.address, "2", job.jobId], { stdio: "inherit", timeout: 120_000 });
+      if (!job.signal.aborted) {
+        await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      }
+      reason = job.signal.reason;
+      await opened; // ignores the signal: the worker must not wait for it
+      lostHandlerReturned = true;
+      return "first";
+    });
+    await worker.start();
+    try {
+      const { jobId } = await client.enqueue("lost-lease", "x");
+      const job = await waitState(client, jobId, JobState.JOB_STATE_COMPLETED);
+      assert.equal(job.result.toString(), "second");
+      assert.deepEqual(job.attempts.map((a) => a.outcome), [AttemptOutcome.ATTEMPT_OUTCOME_LEASE_EXPIRED, AttemptOutcome.ATTEMPT_OUTCOME_COMPLETED]);
+      assert.equal(lostHandlerReturned, false);
+      assert.ok(reason instanceof JobCancelledError);
+      assert.equal(reason.reason, "lease-lost");
+    } finally {
+      open();
+      await worker.stop();
+    }
+    // The first attempt's late return was not answered.
+    const stats = worker.stats;
+    assert.equal(stats.acked, 1, JSON.stringify(stats));
+    assert.equal(stats.attemptsLost, 1, JSON.stringify(stats));
+  });
+
+  test("a handler still running at the end of the grace is aborted and its job released", async () => {
+    let reason: unknown;
+    const worker = new Worker({ address: broker.address, log: quiet });
+    worker.handle("grace", async (job) => {
+      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      reason = job.signal.reason;
+      // Even a normal return after the abort releases: the stop was not the job's fault.
+      return "finished after all";
+    });
+    await worker.start();
+    const { jobId } = await client.enqueue("grace", "x");
+    await waitState(client, jobId, JobState.JOB_STATE_ACTIVE);
+    await worker.stop(200);
+    const job = await client.getJob(jobId);
+    assert.equal(job.state, JobState.JOB_STATE_READY);
+    assert.equal(job.attempts.length, 0, "a released job has no attempt counted");
+    assert.ok(reason instanceof JobCancelledError);
+    assert.equal(reason.reason, "shutdown");
+    assert.equal(worker.stats.released, 1);
+    assert.equal(worker.stats.acked, 0);
+  });
+
+  test("an operator-cancelled handler's end is sent as the fail 'cancelled'", async () => {
+    const worker = new Worker({ address: broker.address, log: quiet });
+    worker.handle("cancel-fail", async (job) => {
+      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      return "ignored the cancel";
+    });
+    await worker.start();
+    try {
+      const { jobId } = await client.enqueue("cancel-fail", "x");
+      await waitState(client, jobId, JobState.JOB_STATE_ACTIVE);
+      await client.cancelJob(jobId);
+      const job = await waitState(client, jobId, JobState.JOB_STATE_CANCELLED);
+      assert.equal(job.result.length, 0, "the handler's return value is not kept");
+    } finally {
+      await worker.stop();
+    }
+    assert.equal(worker.stats.failed, 1);
+    assert.equal(worker.stats.acked, 0);
+  });
+
+  test("prefetched jobs wait leased, then go back unstarted at a stop", async () => {
+    const { opened, open } = gate();
+    const started: string[] = [];
+    const worker = new Worker({ address: broker.address, concurrency: 1, prefetch: 1, log: quiet });
+    worker.handle("prefetch", async (job) => {
+      started.push(job.text());
+      await opened;
+    });
+    await worker.start();
+    const first = await client.enqueue("prefetch", "first");
+    await eventually(() => started.includes("first"), "the first job to start");
+    const second = await client.enqueue("prefetch", "second");
+    await waitState(client, second.jobId, JobState.JOB_STATE_ACTIVE); // leased, held, not started
+    const stopped = worker.stop(30_000);
+    // Released at once, while the first job still runs.
+    await waitState(client, second.jobId, JobState.JOB_STATE_READY);
+    assert.equal((await client.getJob(first.jobId)).state, JobState.JOB_STATE_ACTIVE);
+    open();
+    await stopped;
+    assert.equal((await client.getJob(first.jobId)).state, JobState.JOB_STATE_COMPLETED);
+    assert.deepEqual(started, ["first"]);
+    assert.equal((await client.getJob(second.jobId)).attempts.length, 0);
+  });
+
+  test("an ack that ended while the broker was down is sent again on the new stream", async () => {
+    const b = await Broker.start({ config });
+    const c = new Client(b.address);
+    const { opened, open } = gate();
+    let returned = false;
+    const worker = new Worker({ address: b.address, leaseDurationMs: 30_000, reconnectMaxMs: 500, log: quiet });
+    worker.handle("resend", async () => {
+      await opened;
+      returned = true;
+      return "acked across a restart";
+    });
+    await worker.start();
+    let restarted: Broker | undefined;
+    try {
+      const { jobId } = await c.enqueue("resend", "x");
+      await waitState(c, jobId, JobState.JOB_STATE_ACTIVE);
+      await b.kill();
+      open();
+      await eventually(() => returned, "the handler to return");
+      restarted = await Broker.start({ dataDir: b.dataDir, listen: b.address, config }, b.tempDir);
+      const job = await waitState(c, jobId, JobState.JOB_STATE_COMPLETED);
+      assert.equal(job.attempts.length, 1, "completed by the first attempt's resent ack");
+      assert.equal(job.result.toString(), "acked across a restart");
+    } finally {
+      open();
+      await worker.stop();
+      c.close();
+      await restarted?.stop();
+      await b.dispose();
+    }
+    assert.equal(worker.stats.ackMessages, 1, "a resend is not a new ack message");
+  });
+
+  test("every call names the library: ListWorkers shows jobbroker-typescript/<version>", async () => {
+    const version = JSON.parse(readFileSync(path.join(repoRoot(), "client/typescript/package.json"), "utf8")).version;
+    assert.equal(clientName, `jobbroker-typescript/${version}`);
+    const worker = new Worker({ address: broker.address, workerId: "named-worker", log: quiet });
+    worker.handle("named", () => {});
+    await worker.start();
+    try {
+      const listed = await eventually(async () => {
+        const r = await new Promise<ListWorkersResponse>((resolve, reject) =>
+          client.admin.listWorkers({ queue: "named" }, (err, res) => (err ? reject(err) : resolve(res))),
+        );
+        return r.workers.find((w) => w.workerId === "named-worker" && w.streams > 0);
+      }, "the worker to be listed");
+      assert.equal(listed.client, clientName);
+    } finally {
+      await worker.stop();
+    }
+  });
+});
