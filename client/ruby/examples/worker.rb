@@ -19,20 +19,16 @@ concurrency = Integer(ARGV.fetch(1, "2"))
 prefetch = Integer(ARGV.fetch(2, "0"))
 $stdout.sync = true
 
-worker = Jobbroker::Worker.new(queues: [queue], concurrency: concurrency, prefetch: prefetch,
-                               grace: Float(ENV.fetch("WORKER_GRACE", "30"))) do |job|
+worker = Jobbroker::Worker.new(concurrency: concurrency, prefetch: prefetch,
+                               grace: Float(ENV.fetch("WORKER_GRACE", "30")))
+worker.handle(queue) do |job|
   email = job.json
   if job.attempt <= email.fetch("fail_attempts", 0)
     raise "provider timeout (attempt #{job.attempt} of #{job.max_attempts})"
   end
   raise Jobbroker::PermanentError, "bad address #{email['to']}" if email["permanent"]
 
-  deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + email.fetch("work_seconds", 0)
-  while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
-    raise "stopped: #{job.cancel_reason}" if job.cancelled?
-
-    sleep 0.05
-  end
+  job.sleep(email.fetch("work_seconds", 0)) # raises Jobbroker::Cancelled if cancelled meanwhile
   puts "sent #{job.job_id} to #{email['to']} key=#{job.idempotency_key} attempt=#{job.attempt}"
   "sent" # kept as the job's result
 end

@@ -58,6 +58,68 @@ module Jobbroker
     Time.at(ts.seconds, ts.nanos, :nsec)
   end
 
+  # What every call tells the broker about its caller (Admin.ListWorkers shows it).
+  def self.client_name
+    "jobbroker-ruby/#{VERSION}"
+  end
+
+  # Channel arguments of every client: the channel retries a broker that went away after
+  # 0.1 s (gRPC's default is 1 s doubling to 120 s), so the worker's own reconnect backoff of
+  # 0.1 s to 5 s is what decides how fast it comes back.
+  CHANNEL_ARGS = {
+    "grpc.initial_reconnect_backoff_ms" => 100,
+    "grpc.min_reconnect_backoff_ms" => 100,
+    "grpc.max_reconnect_backoff_ms" => 5000
+  }.freeze
+
+  # The metadata every call carries: the jobbroker-client name, the bearer token if any.
+  def self.call_metadata(token: nil)
+    metadata = { "jobbroker-client" => client_name }
+    metadata["authorization"] = "Bearer #{token}" if token
+    metadata
+  end
+
+  # Adds Jobbroker.call_metadata to every call. (A bidi call opened with return_op: true takes
+  # its metadata before interceptors run: pass call_metadata to it yourself, as the worker does.)
+  class CallMetadata < GRPC::ClientInterceptor
+    def initialize(token: nil)
+      super()
+      @metadata = Jobbroker.call_metadata(token: token)
+    end
+
+    def request_response(metadata:, **)
+      metadata.merge!(@metadata)
+      yield
+    end
+
+    def client_streamer(metadata:, **)
+      metadata.merge!(@metadata)
+      yield
+    end
+
+    def server_streamer(metadata:, **)
+      metadata.merge!(@metadata)
+      yield
+    end
+
+    def bidi_streamer(metadata:, **)
+      metadata.merge!(@metadata)
+      yield
+    end
+  end
+
+  # A channel to `address` with CHANNEL_ARGS (plus `channel_args`).
+  def self.channel(address, credentials: :this_channel_is_insecure, channel_args: {})
+    GRPC::Core::Channel.new(address, CHANNEL_ARGS.merge(channel_args), credentials)
+  end
+
+  # The Broker stub the worker uses: its own channel, the client metadata on every call.
+  def self.broker_stub(address, credentials: :this_channel_is_insecure, token: nil)
+    V1::Broker::Stub.new(address, credentials,
+                         channel_override: channel(address, credentials: credentials),
+                         interceptors: [CallMetadata.new(token: token)])
+  end
+
   # A payload as bytes: a String is sent as is, anything else as JSON.
   def self.payload_bytes(payload)
     case payload
@@ -74,14 +136,18 @@ module Jobbroker
     # The raw generated stubs, for every call not wrapped here.
     attr_reader :broker, :admin, :address
 
-    # `timeout`: per-call deadline in seconds (nil = none).
+    # `timeout`: per-call deadline in seconds (nil = none). `token`: a bearer token sent with
+    # every call, if the broker wants one.
     def initialize(address = Jobbroker.default_address, timeout: 30,
-                   credentials: :this_channel_is_insecure, channel_args: {})
+                   credentials: :this_channel_is_insecure, channel_args: {}, token: nil)
       @address = address
       @timeout = timeout
-      @channel = GRPC::Core::Channel.new(address, channel_args, credentials)
-      @broker = V1::Broker::Stub.new(address, credentials, channel_override: @channel)
-      @admin = V1::Admin::Stub.new(address, credentials, channel_override: @channel)
+      @channel = Jobbroker.channel(address, credentials: credentials, channel_args: channel_args)
+      interceptors = [CallMetadata.new(token: token)]
+      @broker = V1::Broker::Stub.new(address, credentials, channel_override: @channel,
+                                                           interceptors: interceptors)
+      @admin = V1::Admin::Stub.new(address, credentials, channel_override: @channel,
+                                                         interceptors: interceptors)
     end
 
     # Adds one job; returns the EnqueueResponse (#job_id, #deduplicated).

@@ -20,9 +20,10 @@ class BrokerProcess
   end
 
   # `config`: a Hash written as the --config JSON file (proto3 JSON of ServerConfig).
-  def initialize(config: nil)
-    @dir = Dir.mktmpdir("jobbroker-ruby-")
-    args = [self.class.binary, "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+  # `listen` and `dir`: to start a broker again where a killed one was (same port, same data).
+  def initialize(config: nil, listen: "127.0.0.1:0", dir: nil)
+    @dir = dir || Dir.mktmpdir("jobbroker-ruby-")
+    args = [self.class.binary, "--listen", listen, "--http-listen", "127.0.0.1:0",
             "--data-dir", File.join(@dir, "data"), "--log-level", "warn"]
     if config
       path = File.join(@dir, "config.json")
@@ -31,7 +32,7 @@ class BrokerProcess
     end
     out_r, out_w = IO.pipe
     @log_path = File.join(@dir, "broker.log")
-    @pid = Process.spawn(*args, out: out_w, err: [@log_path, "w"])
+    @pid = Process.spawn(*args, out: out_w, err: [@log_path, "a"])
     out_w.close
     ready = Queue.new
     # Keep draining stdout so the pipe never fills.
@@ -48,6 +49,14 @@ class BrokerProcess
     raise "broker exited before it was ready:\n#{File.read(@log_path)}" unless got
 
     @address, @http_address = got
+  end
+
+  # Kills the broker at once (no drain), keeping its data directory for a restart.
+  def kill!
+    Process.kill("KILL", @pid)
+    Process.wait(@pid)
+    @pid = nil
+    @drain.join(5)
   end
 
   def stop

@@ -3,25 +3,13 @@
 require "json"
 require "logger"
 require "socket"
+require "jobbroker/job_context"
+require "jobbroker/work_session"
 
 module Jobbroker
-  # Raise it from a handler to fail the job with no retry: it dies FAILED with
-  # FAIL_REASON_PERMANENT (a bad address, a validation error: what another attempt cannot fix).
-  class PermanentError < StandardError; end
-
-  # Raise it from a handler to fail the attempt and ask for the next one after `delay` seconds
-  # instead of the queue's computed backoff (e.g. a provider's Retry-After).
-  class RetryAfter < StandardError
-    attr_reader :delay
-
-    def initialize(delay, message = nil)
-      @delay = delay
-      super(message || "retry after #{delay}s")
-    end
-  end
-
-  # The broker refused the Work subscription (e.g. INVALID_ARGUMENT for a bad queue name).
-  # #code is the gRPC status code (GRPC::Core::StatusCodes).
+  # The broker refused the Work subscription, or ended the stream with a code that retrying
+  # would only hide (INVALID_ARGUMENT for a bad queue name, UNAUTHENTICATED,
+  # PERMISSION_DENIED). #code is the gRPC status code (GRPC::Core::StatusCodes).
   class SubscriptionRefused < StandardError
     attr_reader :code
 
@@ -31,87 +19,83 @@ module Jobbroker
     end
   end
 
-  # What a handler sees of the job it runs. Thread-safe.
-  class JobContext
-    attr_reader :job_id, :lease_id, :queue, :payload, :headers, :attempt, :max_attempts,
-                :idempotency_key, :checkpoint, :enqueued_at
-
-    def initialize(leased)
-      @job_id = leased.job_id
-      @lease_id = leased.lease_id
-      @queue = leased.queue
-      @payload = leased.payload.b.freeze
-      @headers = leased.headers.to_h.freeze
-      @attempt = leased.attempt
-      @max_attempts = leased.max_attempts
-      @idempotency_key = leased.idempotency_key
-      @checkpoint = leased.checkpoint.b.freeze
-      @enqueued_at = Jobbroker.to_time(leased.enqueued_at)
-      @cancel_reason = nil
-    end
-
-    # The payload parsed as JSON.
-    def json
-      JSON.parse(@payload)
-    end
-
-    # The payload as UTF-8 text.
-    def text
-      @payload.dup.force_encoding(Encoding::UTF_8)
-    end
-
-    # True once the lease was lost, an operator cancelled the job, or the worker is stopping
-    # past its grace period: stop soon (the handler's outcome is still reported).
-    def cancelled?
-      !@cancel_reason.nil?
-    end
-
-    # Why the job was cancelled (:lease_lost, :cancel_requested, :shutdown), or nil.
-    attr_reader :cancel_reason
-
-    # Internal: set by the worker.
-    def cancel!(reason)
-      @cancel_reason ||= reason
-    end
-  end
-
-  # Runs a handler for every job pushed over one Broker.Work stream: `concurrency` jobs at a
-  # time, heartbeats while they run (every third of the lease), ack when the handler returns,
-  # fail when it raises (PermanentError: no retry; RetryAfter: the given delay), reconnects with
-  # backoff when the stream breaks, and stops gracefully.
+  # Runs one handler per queue for the jobs pushed over a Broker.Work stream, as
+  # docs/worker-contract.md defines it:
   #
-  #   worker = Jobbroker::Worker.new(queues: ["emails"], concurrency: 4) do |job|
-  #     send_email(job.json, idempotency_key: job.idempotency_key)
+  #   worker = Jobbroker::Worker.new(address: "127.0.0.1:7070", concurrency: 4)
+  #   worker.handle("emails") do |job|
+  #     id = job.step("send") { provider.send(job.json, key: job.idempotency_key) }
+  #     { "message_id" => id }   # the result: a String as it is, anything else as JSON
   #   end
-  #   worker.trap_signals          # SIGTERM/SIGINT -> graceful stop
-  #   worker.run                   # blocks until stopped
+  #   worker.trap_signals        # SIGTERM/SIGINT -> graceful stop
+  #   worker.run                 # blocks until stopped
   #
-  # The handler's return value is kept as the job's result when it is a String.
-  # #run and #stop may be called from different threads; #stop must not be called from a
-  # signal trap (use #trap_signals, which does it from a thread).
+  # A handler that returns acks the job; one that raises fails the attempt (PermanentError: no
+  # retry; RetryAfter: the next attempt after its delay; Snooze: released with a delay, no
+  # attempt spent). Cancellation (operator cancel, lost lease, the job's time-out, the end of a
+  # graceful stop's grace) turns JobContext#cancelled? true and makes the handler's next
+  # #sleep, #step or #check_cancelled! raise Cancelled; the worker cannot stop code that
+  # ignores it, and such a handler keeps its slot until it returns.
+  #
+  # Threads: `concurrency` handler threads, one timer thread (heartbeats every third of each
+  # lease, time-outs), one connection thread (reconnects with backoff) and one reader thread
+  # per stream. All state shared by them is guarded by @mu; callbacks that take @mu are never
+  # called with it held. #stop may be called from any thread but not from a trap handler (use
+  # #trap_signals, which calls it from a thread).
   class Worker
-    Stats = Struct.new(:acked, :failed, :released, :reconnects)
+    # acked/failed/released: answers the broker accepted; ack_messages: ack and ack_batch
+    # messages sent (fewer than acks when acks were coalesced); reconnects: streams reopened.
+    Stats = Struct.new(:acked, :failed, :released, :reconnects, :ack_messages)
+
+    # The most acks one ack_batch carries (the broker's limit).
+    ACK_BATCH_MAX = 1000
+    # Stream end codes after which the worker reconnects; any other ends #run with that error.
+    RETRYABLE_CODES = [
+      GRPC::Core::StatusCodes::OK, GRPC::Core::StatusCodes::UNAVAILABLE,
+      GRPC::Core::StatusCodes::UNKNOWN, GRPC::Core::StatusCodes::INTERNAL,
+      GRPC::Core::StatusCodes::DEADLINE_EXCEEDED, GRPC::Core::StatusCodes::CANCELLED,
+      GRPC::Core::StatusCodes::ABORTED, GRPC::Core::StatusCodes::RESOURCE_EXHAUSTED
+    ].freeze
+    # Answers that mean the lease is no longer ours: final, never an error of the worker.
+    STALE_LEASE_CODES = [
+      GRPC::Core::StatusCodes::FAILED_PRECONDITION, GRPC::Core::StatusCodes::NOT_FOUND
+    ].freeze
+    # Seconds to wait for the subscribe's answer before trying another stream.
+    SUBSCRIBE_TIMEOUT = 30
+    # Which WorkRequest field carries each kind of request.
+    REQUEST_FIELD = {
+      subscribe: :subscribe, heartbeat: :heartbeat, progress: :heartbeat,
+      checkpoint: :heartbeat, ack: :ack, ack_batch: :ack_batch, fail: :fail,
+      release: :release, flow: :flow
+    }.freeze
 
     attr_reader :worker_id, :stats
 
-    # queues:          queue names to take jobs from.
+    def self.monotonic
+      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    end
+
     # address:         "host:port" (default $JOBBROKER_ADDRESS, else 127.0.0.1:7070).
     # concurrency:     handlers run at once.
-    # prefetch:        jobs held ready beyond `concurrency` (max_in_flight = concurrency +
-    #                  prefetch). They hold heartbeated leases while they wait; a graceful stop
-    #                  releases them unstarted.
+    # prefetch:        jobs held beyond `concurrency` (max_in_flight = concurrency + prefetch).
+    #                  They are leased and heartbeated while they wait, start in arrival order,
+    #                  and a graceful stop releases them unstarted.
     # lease_duration:  seconds asked for each lease; nil = the job's, else the queue's.
-    # grace:           seconds #run waits for running handlers after a stop before it marks
-    #                  them cancelled.
-    # reconnect_initial / reconnect_max: reconnect backoff in seconds (doubling).
-    def initialize(queues:, address: Jobbroker.default_address, concurrency: 1, prefetch: 0,
+    # grace:           seconds a graceful stop lets running handlers finish before it cancels
+    #                  them (their jobs are then released).
+    # worker_id:       names the worker in attempt histories and Admin.ListWorkers.
+    # token:           a bearer token sent with every call, if the broker wants one.
+    # reconnect_initial / reconnect_max: reconnect backoff in seconds (doubling, full jitter).
+    # random:          jitter source (tests pass a seeded Random).
+    # queues: + block: shorthand for calling #handle(queue, &block) for each queue.
+    def initialize(address: Jobbroker.default_address, queues: nil, concurrency: 1, prefetch: 0,
                    worker_id: "#{Socket.gethostname}-#{Process.pid}", lease_duration: nil,
-                   grace: 30, reconnect_initial: 0.1, reconnect_max: 5.0,
-                   logger: Logger.new($stderr, progname: "jobbroker-worker"), &handler)
-      raise ArgumentError, "a handler block is required" unless handler
+                   grace: 30, token: nil, reconnect_initial: 0.1, reconnect_max: 5.0,
+                   random: Random.new, logger: Logger.new($stderr, progname: "jobbroker-worker"),
+                   credentials: :this_channel_is_insecure, &handler)
       raise ArgumentError, "concurrency must be at least 1" if concurrency < 1
+      raise ArgumentError, "prefetch must not be negative" if prefetch.negative?
 
-      @queues = Array(queues).map(&:to_s)
       @address = address
       @concurrency = concurrency
       @prefetch = prefetch
@@ -120,429 +104,715 @@ module Jobbroker
       @grace = grace
       @reconnect_initial = reconnect_initial
       @reconnect_max = reconnect_max
+      @random = random
       @log = logger
-      @handler = handler
-      @stub = V1::Broker::Stub.new(address, :this_channel_is_insecure)
-      @stats = Stats.new(0, 0, 0, 0)
-
+      @stub = Jobbroker.broker_stub(address, credentials: credentials, token: token)
+      @call_metadata = Jobbroker.call_metadata(token: token)
+      @stats = Stats.new(0, 0, 0, 0, 0)
       @mu = Mutex.new
       @cv = ConditionVariable.new
-      @stopping = false
-      @draining = false
-      @held = {}    # job_id => HeldJob: every job received and not yet answered
-      @waiting = [] # job_ids received but not started, oldest first
+      @running = false
+      @stop_requested = false
+      @handlers = {}
+      Array(queues).each { |queue| handle(queue, &handler) } if handler
+      raise ArgumentError, "queues: needs a handler block" if queues && !handler
     end
 
-    # Connects and runs jobs until #stop, then drains and returns. Raises SubscriptionRefused
-    # if the broker refuses the subscription; an unreachable broker is retried with backoff.
-    def run
-      threads = Array.new(@concurrency) { Thread.new { handler_loop } }
-      threads << Thread.new { heartbeat_loop }
-      session = nil
-      backoff = @reconnect_initial
-      until stopping?
-        session = Session.new(self, @stub, @log)
-        begin
-          session.open(subscribe_request)
-          backoff = @reconnect_initial
-          @log.info("subscribed to #{@queues.join(',')} as #{@worker_id}")
-          @mu.synchronize { @cv.wait(@mu) until @stopping || session.closed? }
-        rescue SubscriptionRefused
-          stop
-          session.close
-          finish(threads, nil)
-          raise
-        rescue GRPC::BadStatus => e
-          @log.warn("stream failed: #{e.class}: #{e.details}")
-        rescue StandardError => e
-          @log.warn("stream failed: #{e.class}: #{e.message}")
-        end
-        break if stopping? && !session.closed?
+    # Registers the handler of `queue`; the worker subscribes to every queue that has one. The
+    # block gets a JobContext. Returns self. Call it before #run.
+    def handle(queue, &handler)
+      raise ArgumentError, "handle(#{queue.inspect}) needs a block" unless handler
 
-        session.close
-        session = nil
-        @log.warn("stream closed; reconnecting in #{backoff}s") unless stopping?
-        wake_at = monotonic + backoff
-        @mu.synchronize do
-          @cv.wait(@mu, wake_at - monotonic) while !@stopping && monotonic < wake_at
-          @stats.reconnects += 1 unless @stopping
-        end
-        backoff = [backoff * 2, @reconnect_max].min
+      queue = queue.to_s
+      raise ArgumentError, "queue #{queue.inspect} already has a handler" if @handlers.key?(queue)
+
+      @mu.synchronize { raise "handlers must be registered before run" if @running }
+      @handlers[queue] = handler
+      self
+    end
+
+    # Connects and runs jobs until #stop (or SIGTERM/SIGINT after #trap_signals), then stops
+    # gracefully and returns nil. Raises ArgumentError when no handler is registered (before
+    # connecting) and SubscriptionRefused when the broker refuses the subscription or ends the
+    # stream with a code that is the caller's mistake; an unreachable broker is retried.
+    def run
+      raise ArgumentError, "no handler registered: call handle(queue) { |job| ... } first" if
+        @handlers.empty?
+
+      @mu.synchronize do
+        raise "run is already running" if @running
+
+        reset_state
+        @running = true
       end
-      finish(threads, session)
+      @handler_threads = Array.new(@concurrency) { Thread.new { handler_loop } }
+      @timer_thread = Thread.new { timer_loop }
+      @connection_thread = Thread.new { connection_loop }
+      fatal = @mu.synchronize do
+        @cv.wait(@mu) until @stop_requested || @fatal
+        @fatal
+      end
+      fatal ? abort_run(fatal) : graceful_stop
       @log.info("stopped: #{@stats.to_h}")
       nil
+    ensure
+      @mu.synchronize { @running = false }
     end
 
-    # Asks #run to stop gracefully: no new jobs (Flow 0), unstarted ones released, running ones
-    # finished. Returns at once. Safe from any thread, not from a trap handler.
+    # Starts the graceful stop of #run: no new jobs (Flow 0), unstarted ones released, running
+    # ones given the grace, then cancelled and released. Returns at once; calling it again does
+    # not skip any step. Safe from any thread, not from a trap handler.
     def stop
       @mu.synchronize do
-        @stopping = true
+        @stop_requested = true
         @cv.broadcast
       end
     end
 
-    # Installs traps that call #stop for the given signals.
+    # Installs traps that call #stop for the given signals (default TERM and INT).
     def trap_signals(*signals)
       signals = %w[TERM INT] if signals.empty?
       signals.each { |sig| Signal.trap(sig) { Thread.new { stop } } }
       self
     end
 
-    # --- called by Session on its reader thread (must not block) ---
+    # --- called by JobContext on a handler thread ---
 
-    def on_job(session, leased)
-      release_now = false
+    # Sends `bytes` as the job's progress now, or when the progress heartbeat in flight is
+    # answered (then only the newest value waiting goes out).
+    def send_progress(ctx, bytes)
       @mu.synchronize do
-        if @stopping
-          release_now = true
+        held = held_of_locked(ctx)
+        next unless held
+
+        if held.progress_in_flight || @session.nil?
+          held.progress_waiting = bytes
         else
-          # Heartbeats start now: a prefetched job's lease must survive its wait too.
-          lease_len = Jobbroker.to_time(leased.lease_deadline) - Time.now
-          interval = [lease_len / 3.0, 0.05].max
-          @held[leased.job_id] = HeldJob.new(session, leased, JobContext.new(leased), interval,
-                                             monotonic + interval)
-          @waiting << leased.job_id
-          @cv.broadcast
+          send_progress_locked(held, bytes)
         end
       end
-      return unless release_now
-
-      session.send_request(release: release_req(leased)) { |r| count_release(leased.job_id, r) }
     end
 
-    def on_lease_lost(job_id)
-      @mu.synchronize do
-        # A job that has not started is simply dropped; a running one is told to stop.
-        @held.delete(job_id) if @waiting.delete(job_id)
-        @held[job_id]&.context&.cancel!(:lease_lost)
+    # Saves the job's checkpoint at once and waits for the broker's answer (across reconnects:
+    # an unanswered save goes out again on the next stream). Raises Cancelled when the lease is
+    # gone, StepSaveError when the broker refused the save.
+    def save_checkpoint(ctx, bytes)
+      answer = Answer.new
+      held = @mu.synchronize do
+        held = held_of_locked(ctx)
+        raise Cancelled, ctx.cancel_reason || :lease_lost unless held
+
+        request = V1::HeartbeatRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id,
+                                           checkpoint: bytes)
+        send_or_keep_locked(Request.new(:checkpoint, request, nil, ->(r) { answer << r }, true))
+        held
       end
-      @log.warn("lease lost: #{job_id}")
+      result = wait_for_answer(ctx, answer)
+      if result.code.zero?
+        cancel_by_operator(held) if result.cancel_requested
+        return
+      end
+      if STALE_LEASE_CODES.include?(result.code)
+        lose_lease(ctx.job_id, :lease_lost, only: held)
+        raise Cancelled, ctx.cancel_reason || :lease_lost
+      end
+      raise StepSaveError, "the broker refused to save the checkpoint of job #{ctx.job_id} " \
+                           "(code #{result.code}): #{result.message}"
+    end
+
+    # --- called by WorkSession on its reader thread ---
+
+    def on_job(leased)
+      @mu.synchronize do
+        if @stop_taking
+          # Pushed after the stop began: back at once, unstarted.
+          send_answer_locked(:release, release_request(leased))
+          next
+        end
+        held = new_held(leased)
+        @held[leased.job_id] = held
+        @waiting << held
+        @cv.broadcast
+      end
+    end
+
+    def on_result(result)
+      request = @mu.synchronize { @in_flight.delete(result.request_id) }
+      request&.on_result&.call(result)
+    end
+
+    def on_lease_lost(job_id, outcome)
+      reason = outcome == :ATTEMPT_OUTCOME_TIMED_OUT ? :timed_out : :lease_lost
+      lose_lease(job_id, reason)
     end
 
     def on_cancel(job_id)
-      @mu.synchronize { @held[job_id]&.context&.cancel!(:cancel_requested) }
+      held = @mu.synchronize { @held[job_id] }
+      cancel_by_operator(held) if held
     end
 
-    def session_closed
-      @mu.synchronize { @cv.broadcast }
+    def on_session_end(session, code, message)
+      subscribe_answers = []
+      @mu.synchronize do
+        @session = nil if @session.equal?(session)
+        ended = @in_flight.select { |_, r| r.session.equal?(session) }
+        ended.each_key { |id| @in_flight.delete(id) }
+        ended.sort_by(&:first).each do |_, request|
+          case request.kind
+          when :subscribe then subscribe_answers << request
+          when :ack, :ack_batch
+            # Back to the front: they go out first on the next stream, same lease ids.
+            @ack_queue.unshift(*@acks_in_flight)
+            @acks_in_flight = nil
+          when :progress
+            request.held.progress_in_flight = false
+            request.held.progress_waiting ||= request.message.progress
+          else
+            # Fails, releases and checkpoints are resent; heartbeats and flows are not.
+            @resend << request if request.resend
+          end
+        end
+        @cv.broadcast
+      end
+      result = V1::WorkResult.new(code: code, message: message.to_s)
+      subscribe_answers.each { |r| r.on_result.call(result) }
     end
 
     private
 
-    HeldJob = Struct.new(:session, :leased, :context, :interval, :next_heartbeat)
+    # One request waiting for its WorkResult. `resend`: sent again on the next stream if this
+    # one ends unanswered. `held`: the job a progress heartbeat is about.
+    Request = Struct.new(:kind, :message, :held, :on_result, :resend, :session)
 
-    def stopping?
-      @mu.synchronize { @stopping }
+    # A WorkResult some thread waits for (Ruby 3.1's Queue#pop has no timeout).
+    class Answer
+      def initialize
+        @mu = Mutex.new
+        @cv = ConditionVariable.new
+        @result = nil
+      end
+
+      def <<(result)
+        @mu.synchronize do
+          @result = result
+          @cv.broadcast
+        end
+      end
+
+      # The result, or nil after `timeout` seconds.
+      def wait(timeout)
+        deadline = Worker.monotonic + timeout
+        @mu.synchronize do
+          while @result.nil?
+            left = deadline - Worker.monotonic
+            break if left <= 0
+
+            @cv.wait(@mu, left)
+          end
+          @result
+        end
+      end
     end
 
-    def monotonic
-      Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    # A job this worker holds a lease on: waiting for a handler, or running.
+    Held = Struct.new(:leased, :context, :heartbeat_interval, :next_heartbeat, :timeout_at,
+                      :progress_in_flight, :progress_waiting) do
+      def job_id
+        leased.job_id
+      end
+    end
+
+    def reset_state
+      @stop_requested = false
+      @stop_taking = false
+      @closing = false
+      @fatal = nil
+      @session = nil
+      @next_request_id = 0
+      @in_flight = {}       # request_id => Request sent on the current stream
+      @resend = []          # Requests to send again on the next stream
+      @held = {}            # job_id => Held
+      @waiting = []         # Held not yet started, oldest first
+      @handlers_running = 0
+      @ack_queue = []       # AckRequests waiting for the ack in flight to be answered
+      @acks_in_flight = nil # the AckRequests of the one ack message in flight
+      @answers_unanswered = 0
     end
 
     def subscribe_request
-      V1::SubscribeRequest.new(queues: @queues, worker_id: @worker_id,
+      V1::SubscribeRequest.new(queues: @handlers.keys, worker_id: @worker_id,
                                max_in_flight: @concurrency + @prefetch,
-                               lease_duration: Jobbroker.duration(@lease_duration))
+                               lease_duration: Jobbroker.duration(@lease_duration),
+                               batch_pushes: true)
     end
 
-    def release_req(leased)
-      V1::ReleaseRequest.new(job_id: leased.job_id, lease_id: leased.lease_id)
+    def new_held(leased)
+      ctx = JobContext.new(leased, self)
+      now = Worker.monotonic
+      # The interval comes from the deadline the broker gave, so a 30 s lease beats every 10 s.
+      lease_left = Jobbroker.to_time(leased.lease_deadline) - Time.now
+      interval = [lease_left / 3.0, 0.05].max
+      timeout_at = ctx.timeout_at && now + (ctx.timeout_at - Time.now)
+      Held.new(leased, ctx, interval, now + interval, timeout_at, false, nil)
     end
 
-    def count_release(job_id, result)
-      if result.code.zero?
-        @mu.synchronize { @stats.released += 1 }
-      else
-        @log.warn("release of #{job_id} refused: #{result.message}")
-      end
+    def release_request(leased, delay = nil)
+      V1::ReleaseRequest.new(job_id: leased.job_id, lease_id: leased.lease_id,
+                             delay: Jobbroker.duration(delay))
     end
 
-    # Graceful end: Flow 0, release what has not started, let handlers finish, close.
-    def finish(threads, session)
-      releases = []
+    # --- sending ---
+
+    # Sends `request` on the current stream; the caller holds @mu and has checked @session.
+    def dispatch_locked(request)
+      @next_request_id += 1
+      request.session = @session
+      @in_flight[@next_request_id] = request
+      field = REQUEST_FIELD.fetch(request.kind)
+      @session.push(V1::WorkRequest.new(request_id: @next_request_id, field => request.message))
+    end
+
+    def send_or_keep_locked(request)
+      @session ? dispatch_locked(request) : @resend << request
+    end
+
+    # A fail or release: counted until answered, resent after a reconnect.
+    def send_answer_locked(kind, message)
+      @answers_unanswered += 1
+      on_result = ->(result) { on_answer_result(kind, message, result) }
+      send_or_keep_locked(Request.new(kind, message, nil, on_result, true))
+    end
+
+    def on_answer_result(kind, message, result)
       @mu.synchronize do
-        @stopping = true
-        @draining = true
-        releases = @waiting.map { |id| @held.delete(id) }
-        @waiting = []
+        @answers_unanswered -= 1
+        if result.code.zero?
+          kind == :release ? @stats.released += 1 : @stats.failed += 1
+        else
+          log_refused(kind, message.job_id, result)
+        end
         @cv.broadcast
       end
-      if session && !session.closed?
-        session.send_request(flow: V1::FlowRequest.new(max_in_flight: 0))
+    end
+
+    def queue_ack_locked(ack)
+      @answers_unanswered += 1
+      @ack_queue << ack
+      send_acks_locked
+    end
+
+    # One ack message in flight at a time: acks that end meanwhile wait and go out together
+    # when it is answered, so a busy worker sends one ack message per round trip.
+    def send_acks_locked
+      return if @acks_in_flight || @session.nil? || @ack_queue.empty?
+
+      acks = @ack_queue.shift(ACK_BATCH_MAX)
+      @acks_in_flight = acks
+      @stats.ack_messages += 1
+      on_result = ->(result) { on_ack_result(acks, result) }
+      request = if acks.size == 1
+                  Request.new(:ack, acks.first, nil, on_result, true)
+                else
+                  Request.new(:ack_batch, V1::AckBatchRequest.new(acks: acks), nil, on_result, true)
+                end
+      dispatch_locked(request)
+    end
+
+    def on_ack_result(acks, result)
+      @mu.synchronize do
+        @acks_in_flight = nil if @acks_in_flight.equal?(acks)
+        @answers_unanswered -= acks.size
+        item_errors = result.item_errors.to_h { |e| [e.index, e] }
+        acks.each_with_index do |ack, i|
+          error = result.code.zero? ? item_errors[i] : result
+          if error
+            log_refused(:ack, ack.job_id, error)
+          else
+            @stats.acked += 1
+          end
+        end
+        send_acks_locked
+        @cv.broadcast
       end
-      waits = releases.map do |held|
-        held.session.send_request(release: release_req(held.leased)) do |r|
-          count_release(held.leased.job_id, r)
+    end
+
+    def log_refused(kind, job_id, result)
+      if STALE_LEASE_CODES.include?(result.code)
+        @log.info("#{kind} of #{job_id} refused as stale (the broker already ended the " \
+                  "attempt): #{result.message}")
+      else
+        @log.warn("#{kind} of #{job_id} refused (code #{result.code}): #{result.message}")
+      end
+    end
+
+    def send_progress_locked(held, bytes)
+      held.progress_in_flight = true
+      request = V1::HeartbeatRequest.new(job_id: held.job_id, lease_id: held.leased.lease_id,
+                                         progress: bytes)
+      on_result = ->(result) { on_progress_result(held, result) }
+      dispatch_locked(Request.new(:progress, request, held, on_result, false))
+    end
+
+    def on_progress_result(held, result)
+      on_heartbeat_result(held, result)
+      @mu.synchronize do
+        held.progress_in_flight = false
+        waiting = held.progress_waiting
+        if waiting && @session && @held[held.job_id].equal?(held)
+          held.progress_waiting = nil
+          send_progress_locked(held, waiting)
         end
       end
-      waits.zip(releases).each do |w, held|
-        leased = held.leased
-        r = w.wait(10)
-        next unless r.nil? || !r.code.zero?
+    end
 
-        # The stream could not carry it: the unary call can.
-        count_release(leased.job_id, unary(:release, release_req(leased)))
+    def on_heartbeat_result(held, result)
+      if result.code.zero?
+        cancel_by_operator(held) if result.cancel_requested
+      elsif STALE_LEASE_CODES.include?(result.code)
+        @log.warn("heartbeat of #{held.job_id} refused: #{result.message}")
+        lose_lease(held.job_id, :lease_lost, only: held)
       end
-      handlers = threads[0...@concurrency]
-      deadline = monotonic + @grace
-      handlers.each { |t| t.join([deadline - monotonic, 0].max) }
-      if handlers.any?(&:alive?)
-        @log.warn("grace period over: cancelling running jobs")
-        @mu.synchronize { @held.each_value { |h| h.context.cancel!(:shutdown) } }
-        handlers.each { |t| t.join(5) }
+    end
+
+    def cancel_by_operator(held)
+      @log.info("job #{held.job_id} cancelled by an operator")
+      held.context.cancel!(:cancel_requested)
+    end
+
+    # The Held of `ctx`'s attempt while the worker still holds its lease, else nil.
+    def held_of_locked(ctx)
+      held = @held[ctx.job_id]
+      held if held&.context.equal?(ctx)
+    end
+
+    # The broker ended the attempt (lease lost or timed out): stop heartbeating, answer
+    # nothing, and cancel the handler if it runs; a job still waiting is just dropped.
+    # `only`: the Held a refused heartbeat or save was about; a newer attempt of the same job
+    # that arrived meanwhile is not touched. Without it (a lease_lost push, which the stream
+    # orders after the job it is about), the job's current attempt.
+    def lose_lease(job_id, reason, only: nil)
+      held = @mu.synchronize do
+        h = @held[job_id]
+        next nil if h.nil? || (only && !h.equal?(only))
+
+        @held.delete(job_id)
+        @waiting.delete(h)
+        @cv.broadcast
+        h
       end
+      return unless held
+
+      @log.warn("job #{job_id}: #{reason == :timed_out ? 'timed out' : 'lease lost'}")
+      held.context.cancel!(reason)
+    end
+
+    # Waits for a checkpoint's answer; gives up with Cancelled once the lease is gone or the
+    # worker closes its stream (then no answer may ever come).
+    def wait_for_answer(ctx, answer)
+      loop do
+        result = answer.wait(0.05)
+        return result if result
+
+        reason = ctx.cancel_reason
+        raise Cancelled, reason if %i[lease_lost timed_out].include?(reason)
+        raise Cancelled, reason || :shutdown if closing?
+      end
+    end
+
+    # --- the stream ---
+
+    def connection_loop
+      backoff = @reconnect_initial
+      until closing?
+        session = WorkSession.new(@stub, @call_metadata, self)
+        if open_session(session)
+          backoff = @reconnect_initial
+          @mu.synchronize { @cv.wait(@mu) until session.ended? || @closing }
+        end
+        if closing?
+          session.close
+          break
+        end
+        code = session.end_code
+        unless code.nil? || RETRYABLE_CODES.include?(code)
+          fatal!(SubscriptionRefused.new(code, session.end_message))
+          break
+        end
+        @log.warn("stream ended (code #{code}: #{short(session.end_message)}); reconnecting")
+        pause = @random.rand * backoff
+        @mu.synchronize do
+          wake_at = Worker.monotonic + pause
+          @cv.wait(@mu, wake_at - Worker.monotonic) until @closing || Worker.monotonic >= wake_at
+          @stats.reconnects += 1
+        end
+        backoff = [backoff * 2, @reconnect_max].min
+      end
+    rescue SubscriptionRefused => e
+      fatal!(e)
+    rescue StandardError => e
+      fatal!(e)
+    end
+
+    # Subscribes on `session`; true once the broker answered OK. Raises SubscriptionRefused
+    # for an answer that is the caller's mistake.
+    def open_session(session)
+      answer = Answer.new
+      first = @mu.synchronize do
+        @next_request_id += 1
+        request = Request.new(:subscribe, subscribe_request, nil, ->(r) { answer << r }, false,
+                              session)
+        @in_flight[@next_request_id] = request
+        V1::WorkRequest.new(request_id: @next_request_id, subscribe: request.message)
+      end
+      session.start(first)
+      result = answer.wait(SUBSCRIBE_TIMEOUT)
+      if result.nil?
+        session.close(0.5)
+        @log.warn("no answer to subscribe in #{SUBSCRIBE_TIMEOUT}s")
+        return false
+      end
+      return subscribed(session) if result.code.zero?
+
+      session.close(0.5)
+      # Retryable: connection_loop logs the stream's end and tries again.
+      return false if RETRYABLE_CODES.include?(result.code)
+
+      raise SubscriptionRefused.new(result.code, result.message)
+    end
+
+    # The stream is up: unanswered answers go out again with their lease ids, then waiting
+    # acks and progress; held jobs heartbeat at once.
+    def subscribed(session)
       @mu.synchronize do
-        @held.clear
+        return false if session.ended?
+
+        @session = session
+        @log.info("subscribed to #{@handlers.keys.join(',')} as #{@worker_id}")
+        dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0))) if @stop_taking
+        resend = @resend
+        @resend = []
+        resend.each { |request| dispatch_locked(request) }
+        send_acks_locked
+        now = Worker.monotonic
+        @held.each_value do |held|
+          held.next_heartbeat = now
+          waiting = held.progress_waiting
+          next unless waiting && !held.progress_in_flight
+
+          held.progress_waiting = nil
+          send_progress_locked(held, waiting)
+        end
         @cv.broadcast
       end
-      threads.last.join(5)
-      session&.close
+      true
     end
+
+    # gRPC's messages carry a long debug string: the first sentence is what a reader needs.
+    def short(message)
+      message.to_s.split(" debug_error_string").first.to_s.lines.first.to_s.strip
+    end
+
+    def closing?
+      @mu.synchronize { @closing }
+    end
+
+    def fatal!(error)
+      @mu.synchronize do
+        @fatal ||= error
+        @cv.broadcast
+      end
+    end
+
+    # --- handlers ---
 
     def handler_loop
-      loop do
-        item = @mu.synchronize do
-          @cv.wait(@mu) while @waiting.empty? && !@stopping
-          @stopping ? nil : @held[@waiting.shift]
-        end
-        break unless item
-
-        run_one(item)
+      while (held = next_job)
+        run_one(held)
       end
     rescue StandardError => e
       @log.error("handler thread died: #{e.class}: #{e.message}")
     end
 
-    def run_one(held)
-      ctx = held.context
-      if ctx.cancel_reason == :lease_lost # its lease ran out while it waited
-        @mu.synchronize { @held.delete(ctx.job_id) }
-        return
+    # The oldest waiting job, or nil once the stop began.
+    def next_job
+      @mu.synchronize do
+        @cv.wait(@mu) while @waiting.empty? && !@stop_taking
+        next nil if @stop_taking
+
+        @handlers_running += 1
+        @waiting.shift
       end
-      answer = begin
-        value = @handler.call(ctx)
-        result = value.is_a?(String) ? value.b : "".b
-        { ack: V1::AckRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id, result: result) }
-      rescue PermanentError => e
-        { fail: fail_req(ctx, e, permanent: true) }
-      rescue RetryAfter => e
-        { fail: fail_req(ctx, e, retry_after: Jobbroker.duration(e.delay)) }
-      rescue StandardError => e
-        { fail: fail_req(ctx, e) }
-      end
-      session = held.session
-      @mu.synchronize { @held.delete(ctx.job_id) }
-      if ctx.cancel_reason == :lease_lost
-        @log.warn("not answering #{ctx.job_id}: its lease was lost")
-        return
-      end
-      deliver(session, answer, ctx)
     end
 
-    def fail_req(ctx, error, permanent: false, retry_after: nil)
-      text = error.message.to_s.empty? ? error.class.name : error.message
+    def run_one(held)
+      ctx = held.context
+      value = nil
+      error = nil
+      begin
+        handler = @handlers.fetch(ctx.queue) { raise "no handler for queue #{ctx.queue.inspect}" }
+        value = handler.call(ctx)
+        value = result_bytes(value)
+      rescue StandardError, ScriptError, SystemStackError => e
+        # Never kills the worker: it is the attempt's failure.
+        error = e
+      end
+      finish_job(held, value, error)
+    end
+
+    # A String is kept as it is (bytes or UTF-8 text), nil as no result, anything else as JSON.
+    def result_bytes(value)
+      case value
+      when nil then "".b
+      when String then value.b
+      else JSON.generate(value).b
+      end
+    end
+
+    def finish_job(held, value, error)
+      ctx = held.context
+      @mu.synchronize do
+        @handlers_running -= 1
+        @cv.broadcast
+        unless @held[ctx.job_id].equal?(held)
+          # Lease lost or timed out: the broker already ended the attempt.
+          @log.info("not answering #{ctx.job_id}: the broker already ended its attempt")
+          next
+        end
+        @held.delete(ctx.job_id)
+        answer_locked(ctx, value, error)
+      end
+    end
+
+    def answer_locked(ctx, value, error)
+      reason = ctx.cancel_reason
+      if reason == :shutdown
+        # The stop was not the job's fault: back unstarted, no attempt spent.
+        send_answer_locked(:release, release_request(ctx))
+      elsif error.is_a?(Snooze)
+        send_answer_locked(:release, release_request(ctx, error.delay))
+      elsif error && reason == :cancel_requested
+        send_answer_locked(:fail, fail_request(ctx, "cancelled"))
+      elsif error.is_a?(PermanentError)
+        send_answer_locked(:fail, fail_request(ctx, error_text(error), permanent: true))
+      elsif error.is_a?(RetryAfter)
+        send_answer_locked(:fail, fail_request(ctx, error_text(error),
+                                               retry_after: Jobbroker.duration(error.delay)))
+      elsif error
+        send_answer_locked(:fail, fail_request(ctx, error_text(error)))
+      else
+        queue_ack_locked(V1::AckRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id,
+                                            result: value))
+      end
+    end
+
+    def error_text(error)
+      error.message.to_s.empty? ? error.class.name : error.message
+    end
+
+    def fail_request(ctx, text, permanent: false, retry_after: nil)
       V1::FailRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id, error: text,
                           permanent: permanent, retry_after: retry_after)
     end
 
-    # Sends the ack/fail over the job's stream and waits for its result; if that stream is
-    # gone, uses the unary call (the lease outlives the stream).
-    def deliver(session, answer, ctx)
-      kind = answer.keys.first
-      result = session.send_request(**answer).wait(30)
-      # The stream broke before the answer: the lease outlives it, so use the unary call.
-      result = unary(kind, answer[kind]) if result.nil? || (!result.code.zero? && session.closed?)
-      if result.code.zero?
-        @mu.synchronize { kind == :ack ? @stats.acked += 1 : @stats.failed += 1 }
-      else
-        @log.warn("#{kind} of #{ctx.job_id} refused (code #{result.code}): #{result.message}")
-      end
-    end
+    # --- heartbeats and time-outs ---
 
-    def unary(kind, req)
-      @stub.public_send(kind, req, deadline: Time.now + 30)
-      V1::WorkResult.new(code: 0)
-    rescue GRPC::BadStatus => e
-      V1::WorkResult.new(code: e.code, message: e.details)
-    end
-
-    # One thread heartbeats every running job once a third of its lease has passed.
-    def heartbeat_loop
+    def timer_loop
       loop do
-        due = []
-        done = @mu.synchronize do
-          next true if @draining && @held.empty?
+        due, timed_out = @mu.synchronize { @closing ? nil : collect_due_locked }
+        break unless due
 
-          now = monotonic
-          @held.each_value do |r|
-            next if now < r.next_heartbeat
-
-            r.next_heartbeat = now + r.interval
-            due << r
-          end
-          next_at = @held.values.map(&:next_heartbeat).min
-          @cv.wait(@mu, next_at ? [next_at - now, 0.01].max : 1.0) if due.empty?
-          false
-        end
-        break if done
-
-        due.each { |r| heartbeat(r) }
+        timed_out.each { |held| lose_lease(held.job_id, :timed_out, only: held) }
+        due.each { |held| heartbeat(held) }
       end
     rescue StandardError => e
-      @log.error("heartbeat thread died: #{e.class}: #{e.message}")
+      @log.error("timer thread died: #{e.class}: #{e.message}")
+    end
+
+    # Waits until a heartbeat or time-out is due; returns [due heartbeats, timed-out jobs].
+    def collect_due_locked
+      loop do
+        now = Worker.monotonic
+        timed_out = @held.values.select { |h| h.timeout_at && h.timeout_at <= now }
+        due = @held.values.select { |h| h.next_heartbeat <= now } - timed_out
+        due.each { |h| h.next_heartbeat = now + h.heartbeat_interval }
+        return [due, timed_out] unless due.empty? && timed_out.empty?
+
+        next_at = @held.values.flat_map { |h| [h.next_heartbeat, h.timeout_at] }.compact.min
+        @cv.wait(@mu, next_at ? [next_at - now, 0.005].max : 1.0)
+        return [[], []] if @closing
+      end
     end
 
     def heartbeat(held)
-      req = V1::HeartbeatRequest.new(job_id: held.leased.job_id, lease_id: held.leased.lease_id)
-      ctx = held.context
-      handle = lambda do |result|
-        if result.code.zero?
-          ctx.cancel!(:cancel_requested) if result.cancel_requested
-        elsif result.code == GRPC::Core::StatusCodes::FAILED_PRECONDITION
-          ctx.cancel!(:lease_lost)
-          @log.warn("heartbeat of #{ctx.job_id} refused: #{result.message}")
-        end
-      end
-      if held.session.closed?
-        begin
-          resp = @stub.heartbeat(req, deadline: Time.now + 10)
-          handle.call(V1::WorkResult.new(code: 0, cancel_requested: resp.cancel_requested))
-        rescue GRPC::BadStatus => e
-          handle.call(V1::WorkResult.new(code: e.code, message: e.details))
-        end
-      else
-        held.session.send_request(heartbeat: req, &handle)
+      @mu.synchronize do
+        # No stream: not replayed; the held jobs heartbeat as soon as the next one subscribes.
+        next unless @session && @held[held.job_id].equal?(held)
+
+        request = V1::HeartbeatRequest.new(job_id: held.job_id, lease_id: held.leased.lease_id)
+        on_result = ->(result) { on_heartbeat_result(held, result) }
+        dispatch_locked(Request.new(:heartbeat, request, held, on_result, false))
       end
     end
 
-    # One Work stream: a request queue feeding gRPC, a reader thread dispatching responses.
-    class Session
-      # A result some thread may wait for.
-      class Pending
-        def initialize(&callback)
-          @mu = Mutex.new
-          @cv = ConditionVariable.new
-          @result = nil
-          @callback = callback
-        end
+    # --- stopping ---
 
-        def call(result)
-          @callback&.call(result)
-          @mu.synchronize do
-            @result = result
-            @cv.broadcast
-          end
+    # The contract's graceful stop (docs/worker-contract.md §6), in its order.
+    def graceful_stop
+      grace_end = Worker.monotonic + @grace
+      @mu.synchronize do
+        # 1. Stop taking; 2. release what has not started (on_job releases later pushes).
+        @stop_taking = true
+        dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0))) if @session
+        @waiting.each do |held|
+          @held.delete(held.job_id)
+          send_answer_locked(:release, release_request(held.leased))
         end
-
-        # The WorkResult, or nil after `timeout` seconds.
-        def wait(timeout)
-          deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + timeout
-          @mu.synchronize do
-            while @result.nil?
-              left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
-              break if left <= 0
-
-              @cv.wait(@mu, left)
-            end
-            @result
-          end
-        end
+        @waiting.clear
+        @cv.broadcast
+        # 3. Grace: running handlers finish, their answers go out as usual.
+        wait_locked(grace_end) { @handlers_running.zero? }
       end
-
-      def initialize(worker, stub, log)
-        @worker = worker
-        @stub = stub
-        @log = log
-        @out = Queue.new
-        @mu = Mutex.new
-        @pending = {}
-        @next_id = 0
-        @closed = false
+      # 4. Cancel: what still runs is cancelled, and its job released when it ends.
+      still_running = @mu.synchronize { @held.values }
+      unless still_running.empty?
+        @log.warn("grace over: cancelling #{still_running.size} running job(s)")
+        still_running.each { |held| held.context.cancel!(:shutdown) }
       end
-
-      def closed?
-        @mu.synchronize { @closed }
+      # 5. Wait for the answers, at most 1 s past the grace.
+      @mu.synchronize do
+        wait_locked(grace_end + 1) { @handlers_running.zero? && @answers_unanswered.zero? }
+        @log.warn("#{@answers_unanswered} answer(s) unanswered at stop") unless
+          @answers_unanswered.zero?
+        @closing = true
+        @cv.broadcast
       end
+      # 6. The connection thread half-closes the stream and cancels it after 2 s.
+      @connection_thread.join
+      @timer_thread.join
+      @handler_threads.each { |t| t.join(0.1) }
+    end
 
-      # Starts the stream and subscribes; raises SubscriptionRefused or the stream's error.
-      def open(subscribe)
-        out = @out
-        requests = Enumerator.new do |y|
-          while (req = out.pop)
-            y << req
-          end
-        end
-        @op = @stub.work(requests, return_op: true)
-        responses = @op.execute
-        @reader = Thread.new { read_loop(responses) }
-        result = send_request(subscribe: subscribe).wait(30)
-        raise GRPC::DeadlineExceeded, "no answer to subscribe" if result.nil?
-        return if result.code.zero?
+    def wait_locked(deadline)
+      until yield
+        left = deadline - Worker.monotonic
+        break if left <= 0
 
-        if result.code == GRPC::Core::StatusCodes::UNAVAILABLE
-          raise GRPC::Unavailable, result.message
-        end
-
-        raise SubscriptionRefused.new(result.code, result.message)
+        @cv.wait(@mu, left)
       end
+    end
 
-      # Sends one request; the block (if any) gets its WorkResult. Returns a Pending.
-      def send_request(**fields, &callback)
-        pending = Pending.new(&callback)
-        closed = @mu.synchronize do
-          @closed ||= @out.closed?
-          unless @closed
-            @next_id += 1
-            @pending[@next_id] = pending
-            @out << V1::WorkRequest.new(request_id: @next_id, **fields)
-          end
-          @closed
-        end
-        pending.call(V1::WorkResult.new(code: GRPC::Core::StatusCodes::UNAVAILABLE,
-                                        message: "stream closed")) if closed
-        pending
+    # A refused subscription: nothing to finish gracefully, cancel everything and raise.
+    def abort_run(error)
+      @mu.synchronize do
+        @stop_taking = true
+        @closing = true
+        @held.each_value { |held| held.context.cancel!(:shutdown) }
+        @cv.broadcast
       end
-
-      # Half-closes the stream and waits briefly for the broker to end it, then cancels.
-      def close
-        @out.close
-        return unless @reader
-
-        @op.cancel unless @reader.join(5)
-        @reader.join(5)
-      end
-
-      private
-
-      def read_loop(responses)
-        code = GRPC::Core::StatusCodes::UNAVAILABLE
-        message = "stream ended"
-        responses.each do |resp|
-          case resp.response
-          when :job then @worker.on_job(self, resp.job)
-          when :result
-            pending = @mu.synchronize { @pending.delete(resp.result.request_id) }
-            pending&.call(resp.result)
-          when :lease_lost then @worker.on_lease_lost(resp.lease_lost.job_id)
-          when :cancel_requested then @worker.on_cancel(resp.cancel_requested.job_id)
-          end
-        end
-      rescue GRPC::BadStatus => e
-        code = e.code
-        message = e.details
-      rescue StandardError => e
-        message = "#{e.class}: #{e.message}"
-      ensure
-        left = @mu.synchronize do
-          @closed = true
-          @pending.values.tap { @pending.clear }
-        end
-        @out.close
-        left.each { |p| p.call(V1::WorkResult.new(code: code, message: message)) }
-        @worker.session_closed
-      end
+      @connection_thread.join(5)
+      @timer_thread.join(5)
+      @handler_threads.each { |t| t.join(0.1) }
+      raise error
     end
   end
 end
