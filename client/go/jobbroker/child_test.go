@@ -2,6 +2,7 @@ package jobbroker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -85,6 +86,23 @@ func runChild(mode string) int {
 				return err
 			}
 			return job.SetResultJSON(msg)
+		})
+	case "lost":
+		// 1 s leases; attempt 1 waits for its cancellation (the test freezes the process past
+		// its lease) and then fails, which the worker must not send.
+		w = jobbroker.NewWorker(client, jobbroker.WorkerOptions{LeaseDuration: time.Second})
+		w.Handle(queue, func(ctx context.Context, job *jobbroker.Job) error {
+			if err := appendLine(logPath, fmt.Sprintf("start %d", job.Attempt)); err != nil {
+				return err
+			}
+			if job.Attempt > 1 {
+				return nil
+			}
+			<-ctx.Done()
+			if err := appendLine(logPath, fmt.Sprintf("cancelled %d %v", job.Attempt, context.Cause(ctx))); err != nil {
+				return err
+			}
+			return errors.New("ignored the lost lease")
 		})
 	default:
 		fmt.Fprintln(os.Stderr, "unknown child mode", mode)

@@ -19,11 +19,22 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "jobbroker.dev/client/go/jobbrokerv1"
 )
+
+// Version is this library's version; ClientName, sent with every call, carries it.
+const Version = "0.1.0"
+
+// ClientName is the "jobbroker-client" metadata of every call: Admin.ListWorkers shows it, so
+// an operator can tell which library (and version) a worker runs.
+const ClientName = "jobbroker-go/" + Version
+
+// clientHeader is the metadata key the broker reads ClientName from.
+const clientHeader = "jobbroker-client"
 
 // DefaultAddress is used when NewClient gets an empty address and $JOBBROKER_ADDRESS is unset.
 const DefaultAddress = "127.0.0.1:7070"
@@ -68,7 +79,28 @@ func NewClient(address string, opts ...grpc.DialOption) (*Client, error) {
 
 // NewClientFromConn makes a client that uses an existing connection; Close does not close it.
 func NewClientFromConn(conn grpc.ClientConnInterface) *Client {
-	return &Client{broker: pb.NewBrokerClient(conn), admin: pb.NewAdminClient(conn)}
+	named := namedConn{conn}
+	return &Client{broker: pb.NewBrokerClient(named), admin: pb.NewAdminClient(named)}
+}
+
+// namedConn adds the "jobbroker-client" metadata to every call, unary and streaming. Wrapping
+// the connection rather than installing interceptors covers NewClientFromConn's connections
+// too, whose dial options are not ours.
+type namedConn struct{ grpc.ClientConnInterface }
+
+func (c namedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.ClientConnInterface.Invoke(withClientName(ctx), method, args, reply, opts...)
+}
+
+func (c namedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.ClientConnInterface.NewStream(withClientName(ctx), desc, method, opts...)
+}
+
+func withClientName(ctx context.Context) context.Context {
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(clientHeader)) > 0 {
+		return ctx // the caller named itself (a wrapper library, say)
+	}
+	return metadata.AppendToOutgoingContext(ctx, clientHeader, ClientName)
 }
 
 // Close closes the connection NewClient opened.
@@ -146,6 +178,13 @@ func WithLeaseDuration(d time.Duration) EnqueueOption {
 // WithConcurrencyKey groups jobs for the queue's max_concurrency_per_key (e.g. a tenant id).
 func WithConcurrencyKey(key string) EnqueueOption {
 	return func(r *pb.EnqueueRequest) { r.ConcurrencyKey = key }
+}
+
+// WithTimeout limits each attempt's run time to d (100 ms to 720 h): an attempt still running
+// then ends TIMED_OUT even while it heartbeats (the Worker cancels its handler's ctx with
+// ErrTimedOut) and counts as a failed attempt. Default the queue's timeout (none).
+func WithTimeout(d time.Duration) EnqueueOption {
+	return func(r *pb.EnqueueRequest) { r.Timeout = durationpb.New(d) }
 }
 
 // NewEnqueueRequest builds the request Enqueue sends; EnqueueBatch takes a slice of them.

@@ -37,8 +37,12 @@ var (
 	ErrLeaseLost = errors.New("jobbroker: lease lost")
 	// ErrCancelRequested: an operator cancelled the job; stop and return.
 	ErrCancelRequested = errors.New("jobbroker: job cancelled by an operator")
-	// ErrShutdown: the worker is stopping and its grace period is over.
+	// ErrShutdown: the worker is stopping and its grace period is over; whatever the handler
+	// returns, the job is given back (no attempt spent).
 	ErrShutdown = errors.New("jobbroker: worker shutting down")
+	// ErrTimedOut: the attempt reached its run-time limit (LeasedJob.timeout_at); the broker
+	// ended it TIMED_OUT and will retry the job as for a failure.
+	ErrTimedOut = errors.New("jobbroker: attempt timed out")
 )
 
 // PermanentError fails a job with no retry: it dies with FAIL_REASON_PERMANENT. Make one with
@@ -79,5 +83,17 @@ func RetryAfter(d time.Duration, err error) error {
 	}
 	return &RetryAfterError{Delay: d, Err: err}
 }
+
+// SnoozeError gives the job back to run again after Delay, without spending an attempt (the
+// broker counts it in Job.snoozes; beyond the queue's max_snoozes the job fails). Make one with
+// Snooze.
+type SnoozeError struct{ Delay time.Duration }
+
+func (e *SnoozeError) Error() string { return fmt.Sprintf("jobbroker: snoozed for %v", e.Delay) }
+
+// Snooze is what a handler returns to try the job again after delay, when it is not ready to
+// run yet (a resource is busy, a rate limit is reached): the job is SCHEDULED that much later
+// and the attempt is not counted. Delay 0 makes it READY again at once.
+func Snooze(delay time.Duration) error { return &SnoozeError{Delay: delay} }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -109,8 +109,34 @@ func ExampleRetryAfter() {
 	}
 }
 
+func ExampleSnooze() {
+	_ = func(ctx context.Context, job *jobbroker.Job) error {
+		if !exportWindowOpen() {
+			return jobbroker.Snooze(10 * time.Minute) // later, without spending an attempt
+		}
+		return nil
+	}
+}
+
+func ExampleJob_SetProgressJSON() {
+	_ = func(ctx context.Context, job *jobbroker.Job) error {
+		for i, row := range []string{"a", "b", "c"} {
+			if err := importRow(ctx, row); err != nil {
+				return err
+			}
+			// Sent at once; Admin.WatchJob and the dashboard show it.
+			if err := job.SetProgressJSON(map[string]int{"percent": (i + 1) * 100 / 3}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
 var errRateLimited = errors.New("429 too many requests")
 
 func sendEmail(ctx context.Context, to, idempotencyKey string) error   { return nil }
 func createOrder(ctx context.Context, payload []byte) (string, error)  { return "order-1", nil }
 func charge(ctx context.Context, orderID, idempotencyKey string) error { return nil }
+func exportWindowOpen() bool                                           { return true }
+func importRow(ctx context.Context, row string) error                  { return nil }

@@ -34,6 +34,13 @@ type Job struct {
 	EnqueuedAt time.Time
 	// Fences this attempt; the Worker sends it with every heartbeat, ack and fail.
 	LeaseID string
+	// When the lease runs out as granted at the push (the Worker's heartbeats extend it).
+	LeaseDeadline time.Time
+	// When this attempt times out whatever its heartbeats (the handler's ctx is cancelled with
+	// ErrTimedOut then); zero if the job has no time-out.
+	TimeoutAt time.Time
+	// The results of the jobs it depended on (EnqueueRequest.depends_on), by job id; never nil.
+	DependencyResults map[string][]byte
 
 	mu     sync.Mutex
 	result []byte
@@ -41,6 +48,8 @@ type Job struct {
 	// Saves a checkpoint durably and waits for the broker's answer (set by the Worker).
 	saveCheckpoint func(ctx context.Context, checkpoint []byte) error
 	saveMu         sync.Mutex // one checkpoint save at a time, so saves arrive in order
+	// Sends progress (set by the Worker).
+	reportProgress func(progress []byte)
 }
 
 func newJob(l *pb.LeasedJob) *Job {
@@ -54,12 +63,23 @@ func newJob(l *pb.LeasedJob) *Job {
 		IdempotencyKey: l.GetIdempotencyKey(),
 		Checkpoint:     l.GetCheckpoint(),
 		LeaseID:        l.GetLeaseId(),
+
+		DependencyResults: l.GetDependencyResults(),
 	}
 	if j.Headers == nil {
 		j.Headers = map[string]string{}
 	}
+	if j.DependencyResults == nil {
+		j.DependencyResults = map[string][]byte{}
+	}
 	if l.GetEnqueuedAt() != nil {
 		j.EnqueuedAt = l.GetEnqueuedAt().AsTime()
+	}
+	if l.GetLeaseDeadline() != nil {
+		j.LeaseDeadline = l.GetLeaseDeadline().AsTime()
+	}
+	if l.GetTimeoutAt() != nil {
+		j.TimeoutAt = l.GetTimeoutAt().AsTime()
 	}
 	return j
 }
@@ -91,4 +111,24 @@ func (j *Job) getResult() []byte {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return j.result
+}
+
+// SetProgress reports the job's progress (JSON by convention, e.g. {"percent": 40}; at most
+// 64 KiB): it goes out at once as a heartbeat, and watchers (Admin.WatchJob, the dashboard) see
+// it. It does not wait for the broker. While one report is unanswered, only the newest of the
+// values set meanwhile goes out, when that answer comes: the last value always arrives.
+func (j *Job) SetProgress(progress []byte) {
+	if j.reportProgress != nil {
+		j.reportProgress(progress)
+	}
+}
+
+// SetProgressJSON reports the JSON encoding of v as the job's progress (see SetProgress).
+func (j *Job) SetProgressJSON(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	j.SetProgress(b)
+	return nil
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -21,12 +23,15 @@ import (
 // Handler runs one attempt of a job. Returning nil acks the job (with the result set by
 // Job.SetResult, if any). Returning an error fails the attempt with the error's text, and the
 // broker retries it after the queue's backoff, except for errors made by Permanent (the job
-// dies, no retry) and RetryAfter (the next attempt starts after the given delay).
+// dies, no retry), RetryAfter (the next attempt starts after the given delay) and Snooze (the
+// job is given back for later without spending an attempt).
 //
-// ctx is cancelled when the lease is lost, when an operator cancels the job, or when the worker
-// is stopping and its grace period is over; context.Cause(ctx) tells which (ErrLeaseLost,
-// ErrCancelRequested, ErrShutdown). It is not cancelled by the start of a graceful shutdown:
-// a running handler may finish its work.
+// ctx is cancelled when the lease is lost, when the attempt reaches its time-out, when an
+// operator cancels the job, or when the worker is stopping and its grace period is over;
+// context.Cause(ctx) tells which (ErrLeaseLost, ErrTimedOut, ErrCancelRequested, ErrShutdown).
+// It is not cancelled by the start of a graceful shutdown: a running handler may finish its
+// work. The worker cannot stop a handler that ignores ctx: such a handler keeps its
+// concurrency slot until it returns.
 type Handler func(ctx context.Context, job *Job) error
 
 // WorkerOptions configure a Worker. The zero value is usable.
@@ -36,16 +41,18 @@ type WorkerOptions struct {
 	// Handlers run at once; default 1.
 	Concurrency int
 	// Jobs held beyond Concurrency so that a freed handler need not wait for the next push.
-	// They hold leases while they wait; a graceful shutdown gives them back unstarted. Default 0.
+	// They hold leases (and are heartbeated) while they wait, start in arrival order, and a
+	// graceful shutdown gives them back unstarted. Default 0.
 	Prefetch int
 	// Lease asked for each job; 0 = the job's, else the queue's. Heartbeats go out every third
 	// of the lease, so a hung or dead worker loses its jobs after one lease.
 	LeaseDuration time.Duration
 	// How long Run lets running handlers finish after its context is cancelled; then their
-	// contexts are cancelled (cause ErrShutdown). Default 30 s.
+	// contexts are cancelled (cause ErrShutdown) and their jobs given back. Default 30 s.
 	ShutdownGrace time.Duration
-	// Reconnect backoff when the stream breaks or the broker is down: doubles from
-	// ReconnectInitial (default 100 ms) up to ReconnectMax (default 5 s).
+	// Reconnect backoff when the stream breaks or the broker is down: a random wait below a
+	// bound that doubles from ReconnectInitial (default 100 ms) up to ReconnectMax (default
+	// 5 s), back to ReconnectInitial once a stream was subscribed.
 	ReconnectInitial time.Duration
 	ReconnectMax     time.Duration
 	// Where the worker logs reconnects and refused requests; default slog.Default().
@@ -54,7 +61,8 @@ type WorkerOptions struct {
 
 // Worker runs handlers for jobs pushed over one Broker.Work stream: Concurrency at a time,
 // heartbeats while they run, ack or fail when they return, reconnects with backoff when the
-// broker goes away, and stops gracefully when Run's context is cancelled.
+// broker goes away, and stops gracefully when Run's context is cancelled. It implements the
+// worker contract of docs/worker-contract.md.
 //
 //	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: 4})
 //	w.Handle("emails", func(ctx context.Context, job *jobbroker.Job) error {
@@ -65,39 +73,60 @@ type WorkerOptions struct {
 //	err := w.Run(ctx)
 //
 // Register handlers before Run. A Worker runs once.
+//
+// Acks are coalesced: one ack message is in flight at a time, and the acks of jobs that end
+// meanwhile go out together as one ack_batch when it is answered. Acks, fails and releases the
+// broker has not answered when the stream breaks are sent again on the next stream.
 type Worker struct {
+	// Constant after construction (handlers: after Run starts).
 	client   *Client
 	opts     WorkerOptions
 	log      *slog.Logger
 	handlers map[string]Handler
-	sem      chan struct{} // one token per running handler
 	wake     chan struct{} // wakes the heartbeat loop for a new job
 	closed   chan struct{} // closed when Run is done with the stream
-	jobs     sync.WaitGroup
+	running  sync.WaitGroup
 
+	// State below is protected by mu.
 	mu           sync.Mutex
 	started      bool
-	stopping     bool // no new jobs
+	stopping     bool // no new jobs: what arrives is given back
 	closing      bool // the stream goes away
 	nextID       uint64
 	subscribeID  uint64
 	streamCancel context.CancelFunc
 	baseCtx      context.Context
-	held         map[string]*heldJob    // by job id: waiting for a handler slot, or running
-	pending      map[uint64]*pendingReq // ack, fail, release and step heartbeats not yet answered
-	beats        map[uint64]string      // periodic heartbeats not yet answered -> job id
-	stats        WorkerStats
+	// The stream generation a request was made for; written with both mu and sendMu held. A
+	// request made for an older generation is not sent by its maker: the new stream's first
+	// messages carry it (see resumeLocked).
+	gen      uint64
+	held     map[string]*heldJob    // by job id: the current attempt, waiting or running
+	waiting  []*heldJob             // held and not started, in arrival order
+	active   map[*heldJob]struct{}  // handlers running (lost ones included)
+	pending  map[uint64]*pendingReq // fails, releases and checkpoint saves not yet answered
+	beats    map[uint64]*heldJob    // heartbeats (periodic and progress) not yet answered
+	ackQueue []*pb.AckRequest       // acks waiting for the one in flight to be answered
+	ackID    uint64                 // the request id of the ack message in flight; 0 if none
+	ackSent  []*pb.AckRequest       // what that message carries
+	stats    WorkerStats
 
 	sendMu sync.Mutex
-	stream grpc.BidiStreamingClient[pb.WorkRequest, pb.WorkResponse]
+	stream grpc.BidiStreamingClient[pb.WorkRequest, pb.WorkResponse] // nil while disconnected
 }
+
+// The most acks one ack_batch carries (the broker's limit).
+const maxAckBatch = 1000
 
 // WorkerStats counts what a Worker did, for logs and tests.
 type WorkerStats struct {
-	Acked      int64 // attempts acked (handler returned nil)
-	Failed     int64 // attempts failed (handler returned an error or panicked)
-	Released   int64 // jobs given back unstarted (graceful shutdown)
-	Reconnects int64 // Work streams that ended while the worker ran
+	Acked    int64 // attempts acked (handler returned nil)
+	Failed   int64 // attempts failed (handler returned an error or panicked)
+	Released int64 // jobs given back by a graceful shutdown (unstarted, or at the end of grace)
+	Snoozed  int64 // jobs given back for later by Snooze
+	// Ack and ack_batch messages put in flight, resends after a reconnect included. Acks
+	// coalesce, so a busy worker sends far fewer than Acked.
+	AckMessages int64
+	Reconnects  int64 // Work streams that ended while the worker ran
 }
 
 // Stats returns what the worker has done so far.
@@ -107,17 +136,30 @@ func (w *Worker) Stats() WorkerStats {
 	return w.stats
 }
 
+// heldJob is one attempt the worker holds. Its fields are guarded by Worker.mu.
 type heldJob struct {
-	leased   *pb.LeasedJob
-	job      *Job
-	ctx      context.Context
-	cancel   context.CancelCauseFunc
-	lease    time.Duration // as granted: deadline - arrival
+	leased  *pb.LeasedJob
+	job     *Job
+	handler Handler
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	lease   time.Duration // as granted: deadline - arrival
+	// Fires the cancellation at LeasedJob.timeout_at; nil if the job has no time-out.
+	timeout  *time.Timer
 	nextBeat time.Time
-	lost     bool          // the lease is gone: no more heartbeats
-	started  bool          // the handler runs
-	released bool          // given back before it started
-	abandon  chan struct{} // closed when released
+	started  bool // handed to its handler
+	// The broker has ended the attempt (lease lost or timed out): no more heartbeats, and no
+	// answer when the handler returns.
+	lost bool
+	// Cancelled by an operator: a handler ending with an error fails the attempt "cancelled".
+	cancelRequested bool
+	// Cancelled at the end of a graceful shutdown's grace: the job is released.
+	graceOver bool
+	// Progress: one heartbeat with progress in flight; the newest value waits for its answer.
+	progressID   uint64 // request id of the progress heartbeat in flight; 0 if none
+	progressSent []byte
+	progressNext []byte
+	hasNext      bool
 }
 
 type pendingReq struct {
@@ -154,13 +196,13 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 		opts:     opts,
 		log:      log.With("worker_id", opts.WorkerID),
 		handlers: map[string]Handler{},
-		sem:      make(chan struct{}, opts.Concurrency),
 		wake:     make(chan struct{}, 1),
 		closed:   make(chan struct{}),
 		nextID:   1,
 		held:     map[string]*heldJob{},
+		active:   map[*heldJob]struct{}{},
 		pending:  map[uint64]*pendingReq{},
-		beats:    map[uint64]string{},
+		beats:    map[uint64]*heldJob{},
 	}
 }
 
@@ -176,13 +218,14 @@ func (w *Worker) Handle(queue string, h Handler) {
 
 // Run subscribes to the queues that have handlers and runs jobs until ctx is cancelled, then
 // shuts down gracefully: it takes no new jobs, gives back the jobs it holds but has not
-// started, lets running handlers finish (up to ShutdownGrace, then cancels their contexts and
-// waits for them to return), waits for the broker to answer their acks and fails, and returns
-// nil.
+// started, lets running handlers finish (up to ShutdownGrace; then it cancels their contexts,
+// waits for them to return and gives their jobs back), waits up to 1 s more for the broker to
+// answer its acks, fails and releases, closes the stream and returns nil.
 //
 // A broker that cannot be reached is not an error: Run keeps reconnecting with backoff. A
-// subscription the broker refuses (e.g. InvalidArgument for a malformed queue name) is: Run
-// shuts down and returns that status error.
+// stream the broker ends with a code that retrying cannot fix (InvalidArgument for a malformed
+// queue name, Unauthenticated, PermissionDenied, ...) is: Run shuts down and returns that
+// status error.
 func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	if w.started {
@@ -198,10 +241,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 
 	fatal := make(chan error, 1)
-	var loops sync.WaitGroup
-	loops.Add(2)
-	go func() { defer loops.Done(); w.connectionLoop(fatal) }()
-	go func() { defer loops.Done(); w.heartbeatLoop() }()
+	connDone := make(chan struct{})
+	heartbeatsDone := make(chan struct{})
+	go func() { defer close(connDone); w.connectionLoop(fatal) }()
+	go func() { defer close(heartbeatsDone); w.heartbeatLoop() }()
 
 	var err error
 	select {
@@ -209,67 +252,91 @@ func (w *Worker) Run(ctx context.Context) error {
 	case err = <-fatal:
 	}
 	w.shutdown()
-	w.mu.Lock()
-	w.closing = true
-	if w.streamCancel != nil {
-		w.streamCancel()
-	}
-	w.mu.Unlock()
-	close(w.closed)
-	loops.Wait()
+	w.closeStream(connDone)
+	<-heartbeatsDone
 	return err
 }
 
+// shutdown runs the graceful stop up to the broker's last answers.
 func (w *Worker) shutdown() {
-	deadline := time.Now().Add(w.opts.ShutdownGrace)
+	graceEnd := time.Now().Add(w.opts.ShutdownGrace)
 	w.mu.Lock()
 	w.stopping = true
 	out := []*pb.WorkRequest{{
 		RequestId: w.newIDLocked(),
 		Request:   &pb.WorkRequest_Flow{Flow: &pb.FlowRequest{MaxInFlight: 0}},
 	}}
-	for _, h := range w.held {
-		if !h.started {
-			out = append(out, w.releaseLocked(h))
-		}
+	waiting := w.waiting
+	w.waiting = nil
+	for _, h := range waiting {
+		out = append(out, w.giveBackUnstartedLocked(h))
 	}
+	gen := w.gen
 	w.mu.Unlock()
 	for _, r := range out {
-		w.send(r)
+		w.send(r, gen)
 	}
 
-	done := make(chan struct{})
-	go func() { w.jobs.Wait(); close(done) }()
-	timer := time.NewTimer(time.Until(deadline))
+	handlersDone := make(chan struct{})
+	go func() { w.running.Wait(); close(handlersDone) }()
+	timer := time.NewTimer(time.Until(graceEnd))
 	defer timer.Stop()
 	select {
-	case <-done:
+	case <-handlersDone:
 	case <-timer.C:
 		w.log.Warn("jobbroker: shutdown grace period over: cancelling running handlers")
 		w.mu.Lock()
-		for _, h := range w.held {
+		for h := range w.active {
+			h.graceOver = true
 			h.cancel(ErrShutdown)
 		}
 		w.mu.Unlock()
-		<-done
+		<-handlersDone
 	}
 
-	// The broker's answers to the last acks and fails get until the end of the grace period,
-	// and at least a few seconds.
-	answerBy := deadline
-	if minimum := time.Now().Add(3 * time.Second); answerBy.Before(minimum) {
-		answerBy = minimum
+	// The last answers get 1 s past the grace (or past the last handler, if one overran it).
+	answerBy := graceEnd
+	if now := time.Now(); now.After(answerBy) {
+		answerBy = now
 	}
+	answerBy = answerBy.Add(time.Second)
 	for time.Now().Before(answerBy) {
-		w.mu.Lock()
-		n := len(w.pending)
-		w.mu.Unlock()
-		if n == 0 {
+		if w.unanswered() == 0 {
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	w.log.Warn("jobbroker: shutting down with unanswered requests")
+	w.log.Warn("jobbroker: shutting down with unanswered requests", "count", w.unanswered())
+}
+
+// unanswered counts the acks, fails, releases and checkpoint saves the broker has not answered.
+func (w *Worker) unanswered() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.pending) + len(w.ackSent) + len(w.ackQueue)
+}
+
+// closeStream half-closes the stream, gives the broker 2 s to end it, then cancels it.
+func (w *Worker) closeStream(connDone <-chan struct{}) {
+	w.sendMu.Lock()
+	w.mu.Lock()
+	w.closing = true
+	cancel := w.streamCancel
+	w.mu.Unlock()
+	if w.stream != nil {
+		_ = w.stream.CloseSend()
+		w.stream = nil
+	}
+	w.sendMu.Unlock()
+	close(w.closed)
+	select {
+	case <-connDone:
+	case <-time.After(2 * time.Second):
+	}
+	if cancel != nil {
+		cancel()
+	}
+	<-connDone
 }
 
 func (w *Worker) newIDLocked() uint64 {
@@ -278,35 +345,64 @@ func (w *Worker) newIDLocked() uint64 {
 	return id
 }
 
-// releaseLocked gives back a job that has not started; its handler goroutine exits.
-func (w *Worker) releaseLocked(h *heldJob) *pb.WorkRequest {
-	h.released = true
-	close(h.abandon)
+// forgetLocked removes h from what the worker holds (it stays in active while it runs).
+func (w *Worker) forgetLocked(h *heldJob) {
 	if w.held[h.leased.GetJobId()] == h {
 		delete(w.held, h.leased.GetJobId())
 	}
-	return w.releaseRequestLocked(h.leased)
+	if !h.started {
+		if i := slices.Index(w.waiting, h); i >= 0 {
+			w.waiting = slices.Delete(w.waiting, i, i+1)
+		}
+	}
+	if h.timeout != nil {
+		h.timeout.Stop()
+	}
 }
 
-func (w *Worker) releaseRequestLocked(l *pb.LeasedJob) *pb.WorkRequest {
-	r := &pb.WorkRequest{
-		RequestId: w.newIDLocked(),
-		Request:   &pb.WorkRequest_Release{Release: &pb.ReleaseRequest{JobId: l.GetJobId(), LeaseId: l.GetLeaseId()}},
-	}
-	w.pending[r.RequestId] = &pendingReq{req: r}
+// giveBackUnstartedLocked releases a held job that has not started (graceful stop).
+func (w *Worker) giveBackUnstartedLocked(h *heldJob) *pb.WorkRequest {
+	w.forgetLocked(h)
+	h.cancel(ErrShutdown)
 	w.stats.Released++
+	return w.releaseRequestLocked(h.leased, 0)
+}
+
+// releaseRequestLocked makes a release (a snooze when delay > 0), pending until answered.
+func (w *Worker) releaseRequestLocked(l *pb.LeasedJob, delay time.Duration) *pb.WorkRequest {
+	rel := &pb.ReleaseRequest{JobId: l.GetJobId(), LeaseId: l.GetLeaseId()}
+	if delay > 0 {
+		rel.Delay = durationpb.New(delay)
+	}
+	r := &pb.WorkRequest{RequestId: w.newIDLocked(), Request: &pb.WorkRequest_Release{Release: rel}}
+	w.pending[r.RequestId] = &pendingReq{req: r}
 	return r
 }
 
-// send writes r on the current stream; false if there is none or it broke. An unanswered ack,
-// fail or release stays pending and goes out again after the reconnect.
-func (w *Worker) send(r *pb.WorkRequest) bool {
+// loseLocked: the broker ended h's attempt (lease lost, timed out). The handler's context is
+// cancelled with cause; nothing more is sent for the attempt.
+func (w *Worker) loseLocked(h *heldJob, cause error) {
+	if h.lost {
+		return
+	}
+	h.lost = true
+	h.cancel(cause)
+	w.forgetLocked(h)
+}
+
+// send writes r on the current stream if r was made for it (gen). A request that is not sent
+// stays pending and goes out on the next stream; a request of an older stream was already
+// resent by the new one.
+func (w *Worker) send(r *pb.WorkRequest, gen uint64) {
+	if r == nil {
+		return
+	}
 	w.sendMu.Lock()
 	defer w.sendMu.Unlock()
-	if w.stream == nil {
-		return false
+	if w.stream == nil || w.gen != gen {
+		return
 	}
-	return w.stream.Send(r) == nil
+	_ = w.stream.Send(r) // a broken stream shows up in Recv, which reconnects
 }
 
 func (w *Worker) connectionLoop(fatal chan<- error) {
@@ -314,51 +410,26 @@ func (w *Worker) connectionLoop(fatal chan<- error) {
 	for {
 		streamCtx, cancel := context.WithCancel(context.Background())
 		stream, err := w.client.broker.Work(streamCtx)
-		var first []*pb.WorkRequest
-		w.mu.Lock()
-		if w.closing {
-			w.mu.Unlock()
-			cancel()
-			return
-		}
-		w.streamCancel = cancel
-		if !w.stopping {
-			queues := make([]string, 0, len(w.handlers))
-			for q := range w.handlers {
-				queues = append(queues, q)
-			}
-			sort.Strings(queues)
-			sub := &pb.SubscribeRequest{
-				Queues:      queues,
-				WorkerId:    w.opts.WorkerID,
-				MaxInFlight: int32(w.opts.Concurrency + w.opts.Prefetch),
-			}
-			if w.opts.LeaseDuration > 0 {
-				sub.LeaseDuration = durationpb.New(w.opts.LeaseDuration)
-			}
-			w.subscribeID = w.newIDLocked()
-			first = append(first, &pb.WorkRequest{RequestId: w.subscribeID, Request: &pb.WorkRequest_Subscribe{Subscribe: sub}})
-		}
-		// Acks, fails, releases and checkpoint saves the last stream did not answer: they are
-		// idempotent per lease, so sending them again is safe.
-		ids := make([]uint64, 0, len(w.pending))
-		for id := range w.pending {
-			ids = append(ids, id)
-		}
-		sort.Slice(ids, func(a, b int) bool { return ids[a] < ids[b] })
-		for _, id := range ids {
-			first = append(first, w.pending[id].req)
-		}
-		w.mu.Unlock()
-
 		subscribed := false
 		if err == nil {
 			w.sendMu.Lock()
-			w.stream = stream
-			w.sendMu.Unlock()
-			for _, r := range first {
-				w.send(r)
+			w.mu.Lock()
+			if w.closing {
+				w.mu.Unlock()
+				w.sendMu.Unlock()
+				cancel()
+				return
 			}
+			w.streamCancel = cancel
+			first := w.resumeLocked()
+			w.mu.Unlock()
+			w.stream = stream
+			for _, r := range first {
+				if stream.Send(r) != nil {
+					break
+				}
+			}
+			w.sendMu.Unlock()
 			for {
 				var msg *pb.WorkResponse
 				msg, err = stream.Recv()
@@ -378,13 +449,14 @@ func (w *Worker) connectionLoop(fatal chan<- error) {
 				}
 			}
 			w.sendMu.Lock()
-			w.stream = nil
+			if w.stream == stream {
+				w.stream = nil
+			}
 			w.sendMu.Unlock()
 		}
 		cancel()
 		w.mu.Lock()
 		closing := w.closing
-		clear(w.beats) // their answers will not come
 		if !closing {
 			w.stats.Reconnects++
 		}
@@ -392,31 +464,89 @@ func (w *Worker) connectionLoop(fatal chan<- error) {
 		if closing {
 			return
 		}
-		if !subscribed && !retryable(status.Code(err)) {
-			w.log.Error("jobbroker: cannot subscribe", "err", err)
+		if code := status.Code(err); reconnectable(code) {
+			w.log.Warn("jobbroker: stream to the broker ended; reconnecting", "err", err, "subscribed", subscribed)
+		} else {
+			w.log.Error("jobbroker: the broker refused the stream", "err", err)
 			select {
 			case fatal <- err:
 			default:
 			}
-		} else {
-			w.log.Warn("jobbroker: stream to the broker ended; reconnecting", "err", err, "backoff", backoff)
 		}
+		// Full jitter, so that workers a broker restart disconnected together come back spread.
 		select {
 		case <-w.closed:
 			return
-		case <-time.After(backoff):
+		case <-time.After(rand.N(backoff) + time.Millisecond):
 		}
 		backoff = min(backoff*2, w.opts.ReconnectMax)
 	}
 }
 
-func retryable(c codes.Code) bool {
-	switch c {
-	case codes.InvalidArgument, codes.Unimplemented, codes.PermissionDenied, codes.Unauthenticated,
-		codes.NotFound, codes.FailedPrecondition, codes.OutOfRange, codes.AlreadyExists:
-		return false
+// resumeLocked starts a new stream generation and returns its first messages: the subscribe
+// (unless stopping), then every ack, fail, release and checkpoint save the last stream left
+// unanswered (idempotent per lease, so sending them again is safe), then the newest progress
+// of each job. Periodic heartbeats are not replayed: the loop sends the next ones.
+func (w *Worker) resumeLocked() []*pb.WorkRequest {
+	w.gen++
+	var first []*pb.WorkRequest
+	if !w.stopping {
+		queues := make([]string, 0, len(w.handlers))
+		for q := range w.handlers {
+			queues = append(queues, q)
+		}
+		sort.Strings(queues)
+		sub := &pb.SubscribeRequest{
+			Queues:      queues,
+			WorkerId:    w.opts.WorkerID,
+			MaxInFlight: int32(w.opts.Concurrency + w.opts.Prefetch),
+			BatchPushes: true,
+		}
+		if w.opts.LeaseDuration > 0 {
+			sub.LeaseDuration = durationpb.New(w.opts.LeaseDuration)
+		}
+		w.subscribeID = w.newIDLocked()
+		first = append(first, &pb.WorkRequest{RequestId: w.subscribeID, Request: &pb.WorkRequest_Subscribe{Subscribe: sub}})
 	}
-	return true
+	ids := make([]uint64, 0, len(w.pending))
+	for id := range w.pending {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		first = append(first, w.pending[id].req)
+	}
+	if w.ackID != 0 {
+		w.ackQueue = append(w.ackSent, w.ackQueue...)
+		w.ackID, w.ackSent = 0, nil
+	}
+	if r := w.nextAckLocked(); r != nil {
+		first = append(first, r)
+	}
+	clear(w.beats) // their answers will not come
+	for _, h := range w.held {
+		if h.progressID != 0 {
+			h.progressID = 0
+			if !h.hasNext {
+				h.progressNext, h.hasNext = h.progressSent, true
+			}
+		}
+		if r := w.nextProgressLocked(h); r != nil {
+			first = append(first, r)
+		}
+	}
+	return first
+}
+
+// reconnectable: the stream ended for a reason a new stream may not have (the contract's list;
+// OK is a broker that shut down).
+func reconnectable(c codes.Code) bool {
+	switch c {
+	case codes.OK, codes.Unavailable, codes.Unknown, codes.Internal, codes.DeadlineExceeded,
+		codes.Canceled, codes.Aborted, codes.ResourceExhausted:
+		return true
+	}
+	return false
 }
 
 func leaseGone(code int32) bool {
@@ -428,180 +558,322 @@ func leaseGone(code int32) bool {
 func (w *Worker) onMessage(m *pb.WorkResponse) (subscribed bool, refusal error) {
 	switch r := m.GetResponse().(type) {
 	case *pb.WorkResponse_Job:
-		w.onJob(r.Job)
+		w.onJobs([]*pb.LeasedJob{r.Job})
+	case *pb.WorkResponse_JobBatch:
+		w.onJobs(r.JobBatch.GetJobs())
 	case *pb.WorkResponse_Result:
-		res := r.Result
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if res.GetRequestId() == w.subscribeID {
-			switch codes.Code(res.GetCode()) {
-			case codes.OK:
-				return true, nil
-			case codes.Unavailable: // the broker is stopping: the stream ends, we reconnect
-				return false, nil
-			default:
-				err := status.Error(codes.Code(res.GetCode()), res.GetMessage())
-				w.log.Error("jobbroker: subscription refused", "err", err)
-				return false, err
-			}
-		}
-		if p, ok := w.pending[res.GetRequestId()]; ok {
-			delete(w.pending, res.GetRequestId())
-			if hb := p.req.GetHeartbeat(); hb != nil {
-				w.onHeartbeatResultLocked(hb.GetJobId(), res)
-			} else if res.GetCode() != 0 {
-				level := slog.LevelWarn
-				if leaseGone(res.GetCode()) {
-					level = slog.LevelInfo // the lease ran out: the job runs again elsewhere
-				}
-				w.log.Log(context.Background(), level, "jobbroker: request refused",
-					"code", codes.Code(res.GetCode()).String(), "message", res.GetMessage())
-			}
-			if p.done != nil {
-				p.done <- res
-			}
-			return false, nil
-		}
-		if jobID, ok := w.beats[res.GetRequestId()]; ok {
-			delete(w.beats, res.GetRequestId())
-			w.onHeartbeatResultLocked(jobID, res)
-		}
+		return w.onResult(r.Result)
 	case *pb.WorkResponse_LeaseLost:
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		if h, ok := w.held[r.LeaseLost.GetJobId()]; ok {
-			h.lost = true
-			h.cancel(ErrLeaseLost)
+			cause := ErrLeaseLost
+			if r.LeaseLost.GetOutcome() == pb.AttemptOutcome_ATTEMPT_OUTCOME_TIMED_OUT {
+				cause = ErrTimedOut
+			}
+			w.loseLocked(h, cause)
 		}
 	case *pb.WorkResponse_CancelRequested:
 		w.mu.Lock()
-		defer w.mu.Unlock()
 		if h, ok := w.held[r.CancelRequested.GetJobId()]; ok {
-			h.cancel(ErrCancelRequested)
+			r, gen := w.cancelRequestedLocked(h), w.gen
+			w.mu.Unlock()
+			w.send(r, gen)
+			return false, nil
 		}
+		w.mu.Unlock()
 	}
 	return false, nil
 }
 
-func (w *Worker) onHeartbeatResultLocked(jobID string, res *pb.WorkResult) {
-	h, ok := w.held[jobID]
-	if !ok {
+// cancelRequestedLocked: an operator cancelled h. A running handler's context is cancelled;
+// a job still waiting for a slot is released at once (the broker then cancels it).
+func (w *Worker) cancelRequestedLocked(h *heldJob) *pb.WorkRequest {
+	if h.cancelRequested || h.lost {
+		return nil
+	}
+	h.cancelRequested = true
+	h.cancel(ErrCancelRequested)
+	if h.started {
+		return nil
+	}
+	w.forgetLocked(h)
+	return w.releaseRequestLocked(h.leased, 0)
+}
+
+func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
+	id := res.GetRequestId()
+	var out []*pb.WorkRequest
+	w.mu.Lock()
+	gen := w.gen
+	switch {
+	case id == w.subscribeID:
+		w.mu.Unlock()
+		switch codes.Code(res.GetCode()) {
+		case codes.OK:
+			return true, nil
+		case codes.Unavailable: // the broker is stopping: the stream ends, we reconnect
+			return false, nil
+		default:
+			err := status.Error(codes.Code(res.GetCode()), res.GetMessage())
+			w.log.Error("jobbroker: subscription refused", "err", err)
+			return false, err
+		}
+	case id != 0 && id == w.ackID:
+		w.onAckResultLocked(res)
+		out = append(out, w.nextAckLocked())
+	case w.pending[id] != nil:
+		p := w.pending[id]
+		delete(w.pending, id)
+		if res.GetCode() != 0 {
+			w.logRefusalLocked(p.req, res.GetCode(), res.GetMessage())
+		}
+		if hb := p.req.GetHeartbeat(); hb != nil {
+			if h := w.held[hb.GetJobId()]; h != nil && h.leased.GetLeaseId() == hb.GetLeaseId() {
+				out = append(out, w.onHeartbeatResultLocked(h, res))
+			}
+		}
+		if p.done != nil {
+			p.done <- res
+		}
+	case w.beats[id] != nil:
+		h := w.beats[id]
+		delete(w.beats, id)
+		if h.progressID == id {
+			h.progressID = 0
+			out = append(out, w.nextProgressLocked(h))
+		}
+		if w.held[h.leased.GetJobId()] == h {
+			out = append(out, w.onHeartbeatResultLocked(h, res))
+		}
+	}
+	w.mu.Unlock()
+	for _, r := range out {
+		w.send(r, gen)
+	}
+	return false, nil
+}
+
+// onAckResultLocked takes the answer to the ack message in flight: each item's error is that
+// job's answer.
+func (w *Worker) onAckResultLocked(res *pb.WorkResult) {
+	sent := w.ackSent
+	w.ackID, w.ackSent = 0, nil
+	if res.GetCode() != 0 {
+		// The message as a whole was refused (a malformed item, storage trouble): every ack in
+		// it has that answer.
+		for _, a := range sent {
+			w.logRefusalLocked(&pb.WorkRequest{Request: &pb.WorkRequest_Ack{Ack: a}}, res.GetCode(), res.GetMessage())
+		}
 		return
 	}
-	if leaseGone(res.GetCode()) {
-		h.lost = true
-		h.cancel(ErrLeaseLost)
-	} else if res.GetCancelRequested() {
-		h.cancel(ErrCancelRequested)
+	for _, e := range res.GetItemErrors() {
+		if i := int(e.GetIndex()); i >= 0 && i < len(sent) {
+			w.logRefusalLocked(&pb.WorkRequest{Request: &pb.WorkRequest_Ack{Ack: sent[i]}}, e.GetCode(), e.GetMessage())
+		}
 	}
 }
 
-func (w *Worker) onJob(l *pb.LeasedJob) {
-	now := time.Now()
-	w.mu.Lock()
-	if w.stopping { // pushed before our Flow{0} arrived: give it straight back
-		r := w.releaseRequestLocked(l)
-		w.mu.Unlock()
-		w.send(r)
-		return
+// logRefusalLocked logs a request the broker did not apply. A stale lease is routine (the
+// attempt already ended: the job runs again elsewhere, or an operator ended it).
+func (w *Worker) logRefusalLocked(r *pb.WorkRequest, code int32, message string) {
+	level := slog.LevelWarn
+	if leaseGone(code) {
+		level = slog.LevelInfo
 	}
+	kind, jobID := "request", ""
+	switch x := r.GetRequest().(type) {
+	case *pb.WorkRequest_Ack:
+		kind, jobID = "ack", x.Ack.GetJobId()
+	case *pb.WorkRequest_Fail:
+		kind, jobID = "fail", x.Fail.GetJobId()
+	case *pb.WorkRequest_Release:
+		kind, jobID = "release", x.Release.GetJobId()
+	case *pb.WorkRequest_Heartbeat:
+		kind, jobID = "heartbeat", x.Heartbeat.GetJobId()
+	}
+	w.log.Log(context.Background(), level, "jobbroker: "+kind+" refused",
+		"job_id", jobID, "code", codes.Code(code).String(), "message", message)
+}
+
+// onHeartbeatResultLocked applies a heartbeat's answer to the job it was for.
+func (w *Worker) onHeartbeatResultLocked(h *heldJob, res *pb.WorkResult) *pb.WorkRequest {
+	if leaseGone(res.GetCode()) {
+		w.loseLocked(h, ErrLeaseLost)
+		return nil
+	}
+	if res.GetCancelRequested() {
+		return w.cancelRequestedLocked(h)
+	}
+	return nil
+}
+
+// queueAckLocked adds an ack; it returns the ack message to send now, if none is in flight.
+func (w *Worker) queueAckLocked(a *pb.AckRequest) *pb.WorkRequest {
+	w.ackQueue = append(w.ackQueue, a)
+	return w.nextAckLocked()
+}
+
+// nextAckLocked puts the waiting acks (up to maxAckBatch) in flight as one message, unless one
+// is in flight already.
+func (w *Worker) nextAckLocked() *pb.WorkRequest {
+	if w.ackID != 0 || len(w.ackQueue) == 0 {
+		return nil
+	}
+	n := min(len(w.ackQueue), maxAckBatch)
+	w.ackSent = slices.Clone(w.ackQueue[:n])
+	w.ackQueue = slices.Delete(w.ackQueue, 0, n)
+	w.ackID = w.newIDLocked()
+	w.stats.AckMessages++
+	r := &pb.WorkRequest{RequestId: w.ackID}
+	if n == 1 {
+		r.Request = &pb.WorkRequest_Ack{Ack: w.ackSent[0]}
+	} else {
+		r.Request = &pb.WorkRequest_AckBatch{AckBatch: &pb.AckBatchRequest{Acks: w.ackSent}}
+	}
+	return r
+}
+
+// onJobs takes pushed jobs, in order.
+func (w *Worker) onJobs(jobs []*pb.LeasedJob) {
+	now := time.Now()
+	var out []*pb.WorkRequest
+	w.mu.Lock()
+	for _, l := range jobs {
+		if r := w.onJobLocked(l, now); r != nil {
+			out = append(out, r)
+		}
+	}
+	w.startWaitingLocked()
+	gen := w.gen
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	for _, r := range out {
+		w.send(r, gen)
+	}
+}
+
+// onJobLocked holds a pushed job, or returns the release that gives it back.
+func (w *Worker) onJobLocked(l *pb.LeasedJob, now time.Time) *pb.WorkRequest {
 	handler := w.handlers[l.GetQueue()]
-	if handler == nil { // cannot happen: we subscribed to our handlers' queues
-		r := w.releaseRequestLocked(l)
-		w.mu.Unlock()
-		w.send(r)
-		return
+	if w.stopping || handler == nil { // pushed before our flow 0 arrived (or not ours): give it back
+		if w.stopping {
+			w.stats.Released++
+		}
+		return w.releaseRequestLocked(l, 0)
 	}
 	// Heartbeats follow the lease as granted; the floor guards against clock skew.
 	lease := max(l.GetLeaseDeadline().AsTime().Sub(now), 300*time.Millisecond)
 	h := &heldJob{
 		leased:   l,
 		job:      newJob(l),
+		handler:  handler,
 		lease:    lease,
 		nextBeat: now.Add(lease / 3),
-		abandon:  make(chan struct{}),
 	}
 	h.ctx, h.cancel = context.WithCancelCause(w.baseCtx)
 	h.job.saveCheckpoint = func(ctx context.Context, cp []byte) error { return w.saveCheckpoint(ctx, h, cp) }
+	h.job.reportProgress = func(p []byte) { w.reportProgress(h, p) }
 	if old, ok := w.held[l.GetJobId()]; ok { // an older attempt of ours lost its lease
-		old.lost = true
-		old.cancel(ErrLeaseLost)
+		w.loseLocked(old, ErrLeaseLost)
+	}
+	if t := l.GetTimeoutAt(); t != nil {
+		// The broker ends the attempt TIMED_OUT at this moment; the handler hears it now rather
+		// than when the lease_lost notice arrives.
+		h.timeout = time.AfterFunc(time.Until(t.AsTime()), func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.loseLocked(h, ErrTimedOut)
+		})
 	}
 	w.held[l.GetJobId()] = h
-	w.jobs.Add(1)
-	w.mu.Unlock()
-	select {
-	case w.wake <- struct{}{}:
-	default:
-	}
-	go w.runJob(h, handler)
+	w.waiting = append(w.waiting, h)
+	return nil
 }
 
-func (w *Worker) runJob(h *heldJob, handler Handler) {
-	defer w.jobs.Done()
-	select {
-	case w.sem <- struct{}{}:
-	case <-h.abandon:
-		return
+// startWaitingLocked hands waiting jobs, oldest first, to handlers while there are free slots.
+func (w *Worker) startWaitingLocked() {
+	for len(w.active) < w.opts.Concurrency && len(w.waiting) > 0 && !w.stopping {
+		h := w.waiting[0]
+		w.waiting = slices.Delete(w.waiting, 0, 1)
+		h.started = true
+		w.active[h] = struct{}{}
+		w.running.Add(1)
+		go w.runJob(h)
 	}
-	w.mu.Lock()
-	if h.released {
-		w.mu.Unlock()
-		<-w.sem
-		return
-	}
-	if h.lost { // the lease ran out while the job waited for a slot: the broker reruns it
-		if w.held[h.leased.GetJobId()] == h {
-			delete(w.held, h.leased.GetJobId())
-		}
-		w.mu.Unlock()
-		<-w.sem
-		h.cancel(context.Canceled)
-		return
-	}
-	h.started = true
-	w.mu.Unlock()
+}
 
-	err := w.callHandler(h, handler)
-	<-w.sem
+func (w *Worker) runJob(h *heldJob) {
+	defer w.running.Done()
+	err := w.callHandler(h)
 	h.cancel(context.Canceled)
 
 	w.mu.Lock()
-	if w.held[h.leased.GetJobId()] == h {
-		delete(w.held, h.leased.GetJobId())
-	}
-	r := &pb.WorkRequest{RequestId: w.newIDLocked()}
-	jobID, leaseID := h.leased.GetJobId(), h.leased.GetLeaseId()
-	if err == nil {
-		w.stats.Acked++
-		r.Request = &pb.WorkRequest_Ack{Ack: &pb.AckRequest{JobId: jobID, LeaseId: leaseID, Result: h.job.getResult()}}
-	} else {
-		w.stats.Failed++
-		f := &pb.FailRequest{JobId: jobID, LeaseId: leaseID, Error: err.Error()}
-		var perm *PermanentError
-		f.Permanent = errors.As(err, &perm)
-		var after *RetryAfterError
-		if errors.As(err, &after) && after.Delay > 0 {
-			f.RetryAfter = durationpb.New(after.Delay)
-		}
-		r.Request = &pb.WorkRequest_Fail{Fail: f}
-	}
-	w.pending[r.RequestId] = &pendingReq{req: r}
+	delete(w.active, h)
+	w.forgetLocked(h)
+	r := w.answerLocked(h, err)
+	w.startWaitingLocked()
+	gen := w.gen
 	w.mu.Unlock()
-	w.send(r)
+	w.send(r, gen)
 }
 
-func (w *Worker) callHandler(h *heldJob, handler Handler) (err error) {
+// answerLocked decides what the end of h's handler (with err) sends: the contract's table.
+func (w *Worker) answerLocked(h *heldJob, err error) *pb.WorkRequest {
+	jobID, leaseID := h.leased.GetJobId(), h.leased.GetLeaseId()
+	if h.lost {
+		// The broker ended the attempt (lease lost, time-out) and would refuse any answer.
+		w.log.Info("jobbroker: handler ended after its attempt was ended by the broker", "job_id", jobID, "err", err)
+		return nil
+	}
+	if h.graceOver {
+		// The stop was not the job's fault: it runs again, no attempt spent.
+		w.stats.Released++
+		return w.releaseRequestLocked(h.leased, 0)
+	}
+	fail := func(f *pb.FailRequest) *pb.WorkRequest {
+		w.stats.Failed++
+		f.JobId, f.LeaseId = jobID, leaseID
+		r := &pb.WorkRequest{RequestId: w.newIDLocked(), Request: &pb.WorkRequest_Fail{Fail: f}}
+		w.pending[r.RequestId] = &pendingReq{req: r}
+		return r
+	}
+	if err == nil {
+		w.stats.Acked++
+		return w.queueAckLocked(&pb.AckRequest{JobId: jobID, LeaseId: leaseID, Result: h.job.getResult()})
+	}
+	if h.cancelRequested {
+		return fail(&pb.FailRequest{Error: "cancelled"}) // the broker keeps the job CANCELLED
+	}
+	var snooze *SnoozeError
+	if errors.As(err, &snooze) {
+		w.stats.Snoozed++
+		return w.releaseRequestLocked(h.leased, snooze.Delay)
+	}
+	f := &pb.FailRequest{Error: err.Error()}
+	var perm *PermanentError
+	f.Permanent = errors.As(err, &perm)
+	var after *RetryAfterError
+	if errors.As(err, &after) && after.Delay > 0 {
+		f.RetryAfter = durationpb.New(after.Delay)
+	}
+	return fail(f)
+}
+
+func (w *Worker) callHandler(h *heldJob) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			w.log.Error("jobbroker: handler panicked", "job_id", h.job.ID, "panic", p, "stack", string(debug.Stack()))
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
-	return handler(h.ctx, h.job)
+	return h.handler(h.ctx, h.job)
 }
 
-// saveCheckpoint sends a heartbeat carrying cp and waits for the broker's answer.
+// saveCheckpoint sends a heartbeat carrying cp at once and waits for the broker's answer.
 func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) error {
 	done := make(chan *pb.WorkResult, 1)
 	w.mu.Lock()
@@ -611,7 +883,7 @@ func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) erro
 	}
 	if h.lost {
 		w.mu.Unlock()
-		return ErrLeaseLost
+		return context.Cause(h.ctx)
 	}
 	r := &pb.WorkRequest{
 		RequestId: w.newIDLocked(),
@@ -621,8 +893,9 @@ func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) erro
 	}
 	w.pending[r.RequestId] = &pendingReq{req: r, done: done}
 	h.nextBeat = time.Now().Add(h.lease / 3)
+	gen := w.gen
 	w.mu.Unlock()
-	w.send(r)
+	w.send(r, gen)
 	select {
 	case res := <-done:
 		if res.GetCode() != 0 {
@@ -637,6 +910,42 @@ func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) erro
 	}
 }
 
+// reportProgress sends p as h's progress at once, or, while a progress heartbeat is in flight,
+// keeps it to send when that one is answered (only the newest value waits).
+func (w *Worker) reportProgress(h *heldJob, p []byte) {
+	w.mu.Lock()
+	if h.lost || w.held[h.leased.GetJobId()] != h {
+		w.mu.Unlock()
+		return
+	}
+	h.progressNext, h.hasNext = p, true
+	r, gen := w.nextProgressLocked(h), w.gen
+	w.mu.Unlock()
+	w.send(r, gen)
+}
+
+// nextProgressLocked puts h's waiting progress in flight, unless one is in flight already.
+func (w *Worker) nextProgressLocked(h *heldJob) *pb.WorkRequest {
+	if h.progressID != 0 || !h.hasNext || h.lost {
+		return nil
+	}
+	p := h.progressNext
+	h.progressNext, h.hasNext = nil, false
+	if p == nil {
+		p = []byte{} // set, so the broker replaces the progress
+	}
+	r := &pb.WorkRequest{
+		RequestId: w.newIDLocked(),
+		Request: &pb.WorkRequest_Heartbeat{Heartbeat: &pb.HeartbeatRequest{
+			JobId: h.leased.GetJobId(), LeaseId: h.leased.GetLeaseId(), Progress: p,
+		}},
+	}
+	w.beats[r.RequestId] = h
+	h.progressID, h.progressSent = r.RequestId, p
+	h.nextBeat = time.Now().Add(h.lease / 3)
+	return r
+}
+
 func (w *Worker) heartbeatLoop() {
 	for {
 		now := time.Now()
@@ -644,9 +953,6 @@ func (w *Worker) heartbeatLoop() {
 		var out []*pb.WorkRequest
 		w.mu.Lock()
 		for id, h := range w.held {
-			if h.lost {
-				continue
-			}
 			if !h.nextBeat.After(now) {
 				r := &pb.WorkRequest{
 					RequestId: w.newIDLocked(),
@@ -654,7 +960,7 @@ func (w *Worker) heartbeatLoop() {
 						JobId: id, LeaseId: h.leased.GetLeaseId(),
 					}},
 				}
-				w.beats[r.RequestId] = id
+				w.beats[r.RequestId] = h
 				h.nextBeat = now.Add(h.lease / 3)
 				out = append(out, r)
 			}
@@ -662,9 +968,10 @@ func (w *Worker) heartbeatLoop() {
 				next = h.nextBeat
 			}
 		}
+		gen := w.gen
 		w.mu.Unlock()
 		for _, r := range out {
-			w.send(r)
+			w.send(r, gen)
 		}
 		timer := time.NewTimer(time.Until(next))
 		select {
