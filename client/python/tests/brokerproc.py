@@ -25,11 +25,12 @@ class BrokerProcess:
     """One broker with a fresh data directory. Use as a context manager; stop() sends SIGTERM."""
 
     def __init__(self, config: dict[str, Any] | None = None, *, data_dir: str | None = None,
-                 listen: str = "127.0.0.1:0") -> None:
+                 listen: str = "127.0.0.1:0", extra_args: list[str] | None = None) -> None:
         self._own_dir = data_dir is None
         self.dir = data_dir or tempfile.mkdtemp(prefix="jobbroker-py-")
         self.config = config
         self.listen = listen
+        self.extra_args = list(extra_args or [])
         self.address = ""
         self.proc: subprocess.Popen[str] | None = None
         self.log_lines: list[str] = []
@@ -42,6 +43,7 @@ class BrokerProcess:
             with open(path, "w") as f:
                 json.dump(self.config, f)
             args += ["--config", path]
+        args += self.extra_args
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
         ready = threading.Event()

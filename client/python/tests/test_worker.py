@@ -142,31 +142,34 @@ async def test_retry_after_sets_the_next_attempt(broker: BrokerProcess,
     assert wait.total_seconds() >= 3599  # the broker's own timestamps: no wall clock here
 
 
-async def test_cancel_reaches_the_handler(broker: BrokerProcess,
-                                          client: jobbroker.Client) -> None:
+async def test_an_operator_cancel_cancels_the_handlers_task(broker: BrokerProcess,
+                                                            client: jobbroker.Client) -> None:
     worker = jobbroker.Worker(broker.address, handle_signals=False)
     started = asyncio.Event()
     saw_cancel: list[bool] = []
 
     @worker.handler("cancel")
-    async def long(job: jobbroker.JobContext) -> None:
+    async def long(job: jobbroker.JobContext) -> str:
+        if job.text == "next":
+            return "next done"
         started.set()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(job.cancel_event.wait(), 60)
-        saw_cancel.append(job.cancelled)
-        raise jobbroker.PermanentError("cancelled by operator")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            saw_cancel.append(job.cancelled)
+            raise
+        return "not cancelled"
 
     res = await client.enqueue("cancel", "x")
     async with running(worker):
         await asyncio.wait_for(started.wait(), 60)
         await client.cancel_job(res.job_id)
-
-        async def ended() -> bool:
-            state = (await client.get_job(res.job_id)).state
-            return state in (jobbroker.JOB_STATE_CANCELLED, jobbroker.JOB_STATE_FAILED)
-
-        await eventually(ended, what="the cancelled job to end")
+        job = await wait_state(client, res.job_id, jobbroker.JOB_STATE_CANCELLED)
+        # The slot is free again: the next job runs (concurrency 1).
+        after = await client.enqueue("cancel", "next")
+        await wait_state(client, after.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert saw_cancel == [True]
+    assert [a.error for a in job.attempts] == ["cancelled"]
 
 
 def wait_for_attempt(address: str, ids: list[str], attempt: int) -> None:

@@ -4,6 +4,7 @@ worker helper with heartbeats, retries, graceful shutdown and durable steps (Wor
 The generated protobuf modules are in jobbroker.v1 (broker_pb2, admin_pb2, job_pb2, ...).
 """
 
+from ._version import __version__
 from .client import Client, EnqueueResult, NewJob, default_address, default_worker_id
 from .errors import (
     AbortedError,
@@ -31,6 +32,7 @@ from .v1.job_pb2 import (
     ATTEMPT_OUTCOME_ERROR,
     ATTEMPT_OUTCOME_LEASE_EXPIRED,
     ATTEMPT_OUTCOME_PERMANENT_ERROR,
+    ATTEMPT_OUTCOME_TIMED_OUT,
     FAIL_REASON_ATTEMPTS_EXHAUSTED,
     FAIL_REASON_PERMANENT,
     JOB_STATE_ACTIVE,
@@ -45,12 +47,14 @@ from .worker import (
     JobContext,
     PermanentError,
     RetryAfter,
+    Snooze,
     StepCheckpointError,
     Worker,
     WorkerStats,
 )
 
 __all__ = [
+    "__version__",
     "Client",
     "EnqueueResult",
     "NewJob",
@@ -62,6 +66,7 @@ __all__ = [
     "Handler",
     "PermanentError",
     "RetryAfter",
+    "Snooze",
     "StepCheckpointError",
     "JobBrokerError",
     "AbortedError",
@@ -98,6 +103,6 @@ __all__ = [
     "ATTEMPT_OUTCOME_ERROR",
     "ATTEMPT_OUTCOME_PERMANENT_ERROR",
     "ATTEMPT_OUTCOME_LEASE_EXPIRED",
+    "ATTEMPT_OUTCOME_TIMED_OUT",
 ]
 
-__version__ = "0.1.0"

@@ -10,6 +10,7 @@ import datetime as _dt
 import inspect
 import json
 import logging
+import random
 import signal
 import threading
 from collections import deque
@@ -20,9 +21,10 @@ import grpc
 import grpc.aio
 
 from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
+from ._metadata import Metadata, call_metadata
 from .client import default_address, default_worker_id
 from .errors import JobBrokerError, error_from_code, error_from_rpc
-from .v1 import broker_pb2, broker_pb2_grpc, steps_pb2
+from .v1 import broker_pb2, broker_pb2_grpc, job_pb2, steps_pb2
 
 __all__ = [
     "Worker",
@@ -31,6 +33,7 @@ __all__ = [
     "Handler",
     "PermanentError",
     "RetryAfter",
+    "Snooze",
     "StepCheckpointError",
 ]
 
@@ -57,6 +60,20 @@ _RETRYABLE = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
+# Why a handler's cancellation signal fired; it decides what the attempt's end sends.
+_OPERATOR_CANCEL = "cancelled by an operator"  # the end sends fail "cancelled" (or its ack)
+_LEASE_LOST = "lease lost"  # the broker ended the attempt: the end sends nothing
+_TIMED_OUT = "timed out"  # timeout_at passed: the broker ends the attempt, the end sends nothing
+_STOPPING = "the worker is stopping"  # past a graceful stop's grace: the end sends a release
+
+# The gRPC channel's own reconnect backoff, kept as short as the stream's (worker contract §5):
+# its default grows to 120 s, and a restarted broker would then wait that long for its workers.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+]
+
 T = TypeVar("T")
 # A handler gets the JobContext. An `async def` runs on the worker's event loop; a plain
 # function runs in a thread of the worker's own pool (use JobContext.step_sync there).
@@ -75,6 +92,16 @@ class RetryAfter(Exception):
     def __init__(self, delay: DurationLike, message: str = "") -> None:
         self.delay = delay
         super().__init__(message or f"retry after {delay}")
+
+
+class Snooze(Exception):
+    """Raise it from a handler to put the job back for `delay` (seconds or a timedelta) without
+    spending an attempt: it is SCHEDULED that much later and its `snoozes` count one more (the
+    queue's max_snoozes bounds them). For "not now" rather than "failed": a resource is busy."""
+
+    def __init__(self, delay: DurationLike) -> None:
+        self.delay = delay
+        super().__init__(f"snoozed for {delay}")
 
 
 class StepCheckpointError(Exception):
@@ -104,11 +131,24 @@ class _Held:
     def __init__(self, job: broker_pb2.LeasedJob, lease: float) -> None:
         self.job = job
         self.lease = lease  # seconds, as granted: deadline - arrival
-        self.lost = False  # the broker says the lease is gone: heartbeats stop
+        # The broker ended the attempt (lease lost, timed out): heartbeats stop, nothing more is
+        # sent for it, and its slot is free even while its handler still runs.
+        self.lost = False
         self.no_ack = False  # a durable step's checkpoint was refused: never ack this attempt
+        self.ended = False  # the handler returned (or the job was released unstarted)
+        # Its answer went out without waiting for the handler (a stop past the grace whose
+        # handler ignored its cancellation): the handler's end sends nothing.
+        self.answered = False
+        self.cancel_reason: str | None = None  # why the cancellation signal fired; None: it did not
         self.ctx: JobContext | None = None
         self.heartbeats: asyncio.Task[None] | None = None
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # _run_job
+        # The handler's own task (async handlers): cancelled when the signal fires.
+        self.handler_task: asyncio.Future[Any] | None = None
+        self.timeout_timer: asyncio.TimerHandle | None = None
+        # Progress (contract §8): one heartbeat with progress in flight; the newest value waits.
+        self.progress_in_flight = False
+        self.progress_next: bytes | None = None
 
 
 class _Pending:
@@ -125,8 +165,12 @@ class _Pending:
 class JobContext:
     """What a handler sees of the job it runs: one attempt.
 
-    `cancelled` turns true (and `cancel_event` is set) once an operator cancelled the job, its
-    lease was lost, or the worker is stopping past its grace period: stop soon.
+    The cancellation signal fires when an operator cancelled the job, its lease was lost, its
+    time-out (`timeout_at`) came, or the worker is stopping past its grace period: `cancelled`
+    turns true, `cancel_event` is set, and an async handler's task is cancelled (the
+    asyncio.CancelledError arrives at its next await; let it propagate). A plain handler running
+    in a thread cannot be interrupted: it should look at `cancelled`. The helper cannot stop code
+    that ignores the signal; such a handler holds its slot until it returns.
     """
 
     def __init__(self, worker: Worker, held: _Held) -> None:
@@ -197,11 +241,40 @@ class JobContext:
         return from_timestamp(self._job.lease_deadline)
 
     @property
+    def timeout_at(self) -> _dt.datetime | None:
+        """When this attempt's run-time limit ends (the signal fires then); None without one."""
+        if not self._job.HasField("timeout_at"):
+            return None
+        return from_timestamp(self._job.timeout_at)
+
+    @property
+    def dependency_results(self) -> dict[str, bytes]:
+        """The results of the jobs it depended on (enqueue's depends_on), by job id."""
+        return dict(self._job.dependency_results)
+
+    @property
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()
 
-    def _cancel(self) -> None:
-        self.cancel_event.set()
+    def progress(self, value: Any) -> None:
+        """Reports progress (bytes as they are, str as UTF-8, anything else as JSON, by
+        convention {"percent": 40}): a heartbeat carrying it goes out at once, and WatchJob and
+        the dashboard show it. While one is unanswered, the newest value waits and goes out when
+        the answer comes (values in between are dropped). Returns at once; safe from a plain
+        handler's thread too. Ignored once the attempt ended or its lease was lost."""
+        data = encode_payload(value)
+        loop = self._worker._loop
+        if loop is None:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._worker._report_progress(self._held, data)
+        else:
+            with contextlib.suppress(RuntimeError):  # a closed loop: the worker is gone
+                loop.call_soon_threadsafe(self._worker._report_progress, self._held, data)
 
     # --- durable steps ---------------------------------------------------------------------
 
@@ -319,14 +392,20 @@ class Worker:
 
     A handler that returns acks the job (its return value, if not None, is kept as the job's
     result: bytes, str, or JSON). One that raises fails the attempt with the exception's text
-    (retried after the queue's backoff), except PermanentError (no retry) and RetryAfter (retry
-    after the given delay). Heartbeats go out every third of the lease while a job is held.
+    (retried after the queue's backoff), except PermanentError (no retry), RetryAfter (retry
+    after the given delay) and Snooze (back later, no attempt spent). Heartbeats go out every
+    third of the lease while a job is held. The cancellation signal (JobContext) fires on an
+    operator's cancel (the attempt then ends as a fail "cancelled"), a lost lease or the job's
+    time-out (nothing is sent: the broker already ended the attempt), and at the end of a
+    graceful stop's grace (the job is released: no attempt spent).
 
     `concurrency`: handlers at once. `prefetch`: jobs held ready beyond that (they hold leases
     while they wait; a graceful stop gives them back). `lease_duration`: asked for each job
     (None = the job's, else the queue's). `grace`: seconds running handlers get to finish after
-    a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling.
-    `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only).
+    a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling, with
+    full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only).
+    `token`: sent as `authorization: Bearer <token>` (None: $JOBBROKER_TOKEN; "": none); the
+    stream also carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it).
     """
 
     def __init__(
@@ -342,6 +421,7 @@ class Worker:
         reconnect_max: float = 5.0,
         handle_signals: bool = True,
         channel: grpc.aio.Channel | None = None,
+        token: str | None = None,
     ) -> None:
         self.address = address or default_address()
         self.concurrency = max(1, concurrency)
@@ -353,6 +433,7 @@ class Worker:
         self.reconnect_max = reconnect_max
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
+        self._metadata: Metadata = call_metadata(token)
         self._given_channel = channel
         self._handlers: dict[str, Handler] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -360,9 +441,11 @@ class Worker:
         self._reset()
 
     def _reset(self) -> None:
+        # The newest attempt held of each job, by job id (pushes name jobs by id).
         self._held: dict[str, _Held] = {}
-        self._queued: deque[_Held] = deque()
-        self._running: set[str] = set()
+        self._queued: deque[_Held] = deque()  # leased, waiting for a slot, in arrival order
+        self._running: set[_Held] = set()  # handlers that hold a slot
+        self._active: set[_Held] = set()  # handlers not yet returned (lost ones included)
         self._pending: dict[int, _Pending] = {}
         # Acks not yet sent: they wait while an ack message is unanswered (_ack_request), then
         # go out together. One ack message in flight is the worker's group commit: a busy
@@ -411,8 +494,8 @@ class Worker:
 
     async def run(self) -> None:
         """Connects, takes jobs, and returns after a graceful stop (stop(), SIGTERM, SIGINT):
-        no new jobs, unstarted ones released, running handlers get `grace` seconds, their acks
-        are answered, the stream closes.
+        no new jobs, unstarted ones released, running handlers get `grace` seconds, then their
+        signal fires and their jobs are released; the answers are awaited, the stream closes.
 
         A broker that cannot be reached is not an error: the worker reconnects with backoff.
         Raises the broker's refusal of the subscription (InvalidArgumentError for a bad queue
@@ -427,7 +510,9 @@ class Worker:
         self._loop = loop
         self._stop_event = asyncio.Event()
         self._close_event = asyncio.Event()
-        channel = self._given_channel or grpc.aio.insecure_channel(self.address)
+        channel = self._given_channel or grpc.aio.insecure_channel(
+            self.address, options=_CHANNEL_OPTIONS
+        )
         self._stub = broker_pb2_grpc.BrokerStub(channel)
         signals = self._install_signals(loop)
         conn = asyncio.create_task(self._connection_loop(), name="jobbroker-worker-stream")
@@ -483,7 +568,7 @@ class Worker:
         assert self._close_event is not None
         while not self._closing:
             out: asyncio.Queue[broker_pb2.WorkRequest | None] = asyncio.Queue()
-            call = self._stub.Work(self._requests(out))
+            call = self._stub.Work(self._requests(out), metadata=self._metadata)
             self._call = call
             self._out = out
             subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
@@ -497,6 +582,8 @@ class Worker:
                 if self.lease_duration is not None:
                     sub.lease_duration.CopyFrom(to_duration(self.lease_duration))
                 subscribe = self._send(broker_pb2.WorkRequest(subscribe=sub))
+            # The acks, fails, releases and checkpoints the last stream left unanswered, with
+            # their lease ids: the broker answers a repeat of an applied one OK.
             for p in list(self._pending.values()):
                 if p.resend:
                     out.put_nowait(p.req)
@@ -526,16 +613,18 @@ class Worker:
             if end_code not in _RETRYABLE:
                 raise error_from_code(end_code, end_message)
             self.stats.reconnects += 1
-            _log.warning(
-                "jobbroker worker: stream ended (%s: %s); reconnecting in %.1fs",
-                end_code.name,
-                end_message,
-                backoff,
-            )
             if subscribed:
                 backoff = self.reconnect_initial
+            # Full jitter: workers that lost the same broker do not all come back at once.
+            wait = random.uniform(0, backoff)
+            _log.warning(
+                "jobbroker worker: stream ended (%s: %s); reconnecting in %.2fs",
+                end_code.name,
+                end_message,
+                wait,
+            )
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._close_event.wait(), backoff)
+                await asyncio.wait_for(self._close_event.wait(), wait)
             backoff = min(backoff * 2, self.reconnect_max)
 
     def _send(
@@ -578,13 +667,12 @@ class Worker:
         elif kind == "lease_lost":
             held = self._held.get(resp.lease_lost.job_id)
             if held is not None:
-                held.lost = True
-                if held.ctx is not None:
-                    held.ctx._cancel()
+                timed_out = resp.lease_lost.outcome == job_pb2.ATTEMPT_OUTCOME_TIMED_OUT
+                self._lose(held, _TIMED_OUT if timed_out else _LEASE_LOST)
         elif kind == "cancel_requested":
             held = self._held.get(resp.cancel_requested.job_id)
-            if held is not None and held.ctx is not None:
-                held.ctx._cancel()
+            if held is not None:
+                self._signal_cancel(held, _OPERATOR_CANCEL)
 
     def _on_result(self, result: broker_pb2.WorkResult) -> None:
         p = self._pending.pop(result.request_id, None)
@@ -599,11 +687,9 @@ class Worker:
             held = self._held.get(p.req.heartbeat.job_id)
             if held is not None and held.job.lease_id == p.req.heartbeat.lease_id:
                 if result.code in (_FAILED_PRECONDITION, _NOT_FOUND):
-                    held.lost = True
-                    if held.ctx is not None:
-                        held.ctx._cancel()
-                elif result.cancel_requested and held.ctx is not None:
-                    held.ctx._cancel()
+                    self._lose(held, _LEASE_LOST)
+                elif result.cancel_requested:
+                    self._signal_cancel(held, _OPERATOR_CANCEL)
         elif kind in ("ack", "ack_batch", "fail", "release") and result.code not in (
             _OK,
             _FAILED_PRECONDITION,
@@ -637,21 +723,26 @@ class Worker:
         lease = max((from_timestamp(job.lease_deadline) - now).total_seconds(), 0.3)
         old = self._held.get(job.job_id)
         if old is not None:  # a newer attempt: the one we held is gone
-            old.lost = True
-            if old.ctx is not None:
-                old.ctx._cancel()
+            self._lose(old, _LEASE_LOST)
         held = _Held(job, lease)
         self._held[job.job_id] = held
         held.heartbeats = asyncio.create_task(self._heartbeat_loop(held))
-        if len(self._running) < self.concurrency:
-            self._start(held)
-        else:
-            self._queued.append(held)
+        if job.HasField("timeout_at"):
+            # The helper fires the signal itself at the time-out; the broker's lease_lost for
+            # it is sent at the same moment, and the handler need not wait for it.
+            left = (from_timestamp(job.timeout_at) - now).total_seconds()
+            held.timeout_timer = self._loop.call_later(
+                max(left, 0.0), self._lose, held, _TIMED_OUT
+            )
+        self._queued.append(held)  # jobs start in arrival order
+        self._fill_slots()
 
-    def _release(self, job: broker_pb2.LeasedJob) -> None:
+    def _release(self, job: broker_pb2.LeasedJob, delay: DurationLike | None = None) -> None:
         req = broker_pb2.WorkRequest(
             release=broker_pb2.ReleaseRequest(job_id=job.job_id, lease_id=job.lease_id)
         )
+        if delay is not None:
+            req.release.delay.CopyFrom(to_duration(delay))
         self._send(req, resend=True)
         self.stats.released += 1
 
@@ -682,54 +773,166 @@ class Worker:
                 f"({result.message}): the lease is gone, this attempt will not be acked",
             )
 
+    def _report_progress(self, held: _Held, data: bytes) -> None:
+        if held.lost or held.ended:
+            return
+        held.progress_next = data  # replaces a value not yet sent: the newest wins
+        if not held.progress_in_flight:
+            self._send_progress(held)
+
+    def _send_progress(self, held: _Held) -> None:
+        data, held.progress_next = held.progress_next, None
+        if data is None or held.lost or held.ended:
+            return
+        req = broker_pb2.WorkRequest(
+            heartbeat=broker_pb2.HeartbeatRequest(
+                job_id=held.job.job_id, lease_id=held.job.lease_id, progress=data
+            )
+        )
+        held.progress_in_flight = True
+        # Resent after a reconnect like a checkpoint, so the newest value always arrives.
+        answer = self._send(req, resend=True)
+        answer.add_done_callback(lambda _: self._progress_answered(held))
+
+    def _progress_answered(self, held: _Held) -> None:
+        held.progress_in_flight = False
+        self._send_progress(held)
+
+    # --- cancellation ----------------------------------------------------------------------
+
+    def _signal_cancel(self, held: _Held, reason: str) -> None:
+        """Fires the handler's cancellation signal (once; the first reason is kept)."""
+        if held.ended:
+            return
+        if held.ctx is None:  # waiting for a slot: it never starts, the attempt ends now
+            self._drop_unstarted(held)
+            held.cancel_reason = reason
+            fail = broker_pb2.FailRequest(
+                job_id=held.job.job_id, lease_id=held.job.lease_id, error="cancelled"
+            )
+            self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
+            self.stats.failed += 1
+            return
+        first = held.cancel_reason is None
+        if first:
+            held.cancel_reason = reason
+        held.ctx.cancel_event.set()
+        task = held.handler_task
+        if first and task is not None and not task.done():
+            task.cancel()
+
+    def _lose(self, held: _Held, reason: str) -> None:
+        """The broker ended the attempt (lease lost, time-out): stop heartbeating, fire the
+        signal, and free the slot at once; the handler's end will send nothing."""
+        if held.lost or held.ended:
+            return
+        held.lost = True
+        self._stop_timers(held)
+        if held.ctx is None:  # still waiting for a slot: it never starts
+            self._drop_unstarted(held)
+            return
+        _log.info("jobbroker worker: job %s: %s", held.job.job_id, reason)
+        self._signal_cancel(held, reason)
+        self._running.discard(held)
+        self._fill_slots()
+
+    def _drop_unstarted(self, held: _Held) -> None:
+        """Forgets a job that waited for a slot and will not start."""
+        held.ended = True
+        self._stop_timers(held)
+        with contextlib.suppress(ValueError):
+            self._queued.remove(held)
+        if self._held.get(held.job.job_id) is held:
+            del self._held[held.job.job_id]
+
+    def _stop_timers(self, held: _Held) -> None:
+        if held.heartbeats is not None:
+            held.heartbeats.cancel()
+        if held.timeout_timer is not None:
+            held.timeout_timer.cancel()
+
     # --- running handlers ------------------------------------------------------------------
 
     def _start(self, held: _Held) -> None:
         held.ctx = JobContext(self, held)
-        self._running.add(held.job.job_id)
+        self._running.add(held)
+        self._active.add(held)
         held.task = asyncio.create_task(self._run_job(held))
 
-    async def _invoke(self, fn: Handler, ctx: JobContext) -> Any:
+    def _fill_slots(self) -> None:
+        while self._queued and not self._stopping and len(self._running) < self.concurrency:
+            self._start(self._queued.popleft())
+
+    async def _cancellable(self, held: _Held, work: Awaitable[Any]) -> Any:
+        """Runs an async handler as its own task, which the cancellation signal cancels."""
+        task = asyncio.ensure_future(work)
+        held.handler_task = task
+        if held.cancel_reason is not None:  # the signal fired before the handler began
+            task.cancel()
+        return await task
+
+    async def _invoke(self, held: _Held, fn: Handler, ctx: JobContext) -> Any:
         if inspect.iscoroutinefunction(fn):
-            return await fn(ctx)
+            return await self._cancellable(held, fn(ctx))
         loop = asyncio.get_running_loop()
         value = await loop.run_in_executor(self._executor(), fn, ctx)
         if inspect.isawaitable(value):
-            value = await value
+            value = await self._cancellable(held, value)
         return value
 
     async def _run_job(self, held: _Held) -> None:
         job = held.job
         assert held.ctx is not None
         fail: broker_pb2.FailRequest | None = None
+        snooze: DurationLike | None = None
         result = b""
         try:
-            value = await self._invoke(self._handlers[job.queue], held.ctx)
+            value = await self._invoke(held, self._handlers[job.queue], held.ctx)
             result = b"" if value is None else encode_payload(value)
         except PermanentError as err:
             fail = broker_pb2.FailRequest(error=str(err) or "permanent error", permanent=True)
         except RetryAfter as err:
             fail = broker_pb2.FailRequest(error=str(err))
             fail.retry_after.CopyFrom(to_duration(err.delay))
+        except Snooze as err:
+            snooze = err.delay
         except asyncio.CancelledError:
-            fail = broker_pb2.FailRequest(error="the worker stopped before the handler finished")
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task itself is cancelled: the worker is closing, nothing to send
+            # The handler ended on its cancellation signal (or cancelled itself).
+            fail = broker_pb2.FailRequest(error="cancelled")
         except Exception as err:  # noqa: BLE001 - any handler error fails the attempt
             text = str(err)
             fail = broker_pb2.FailRequest(
                 error=f"{type(err).__name__}: {text}" if text else type(err).__name__
             )
-        self._complete(held, fail, result)
+        self._complete(held, fail, result, snooze)
 
     def _complete(
-        self, held: _Held, fail: broker_pb2.FailRequest | None, result: bytes
+        self,
+        held: _Held,
+        fail: broker_pb2.FailRequest | None,
+        result: bytes,
+        snooze: DurationLike | None,
     ) -> None:
         job = held.job
-        if held.heartbeats is not None:
-            held.heartbeats.cancel()
+        held.ended = True
+        self._stop_timers(held)
         if self._held.get(job.job_id) is held:
             del self._held[job.job_id]
-        self._running.discard(job.job_id)
-        if fail is None and held.no_ack:
+        self._running.discard(held)
+        self._active.discard(held)
+        if held.answered:
+            pass  # released at the end of a stop's grace already
+        elif held.lost:
+            # The broker ended the attempt (and refuses a stale answer): send nothing.
+            _log.debug("jobbroker worker: job %s ended after %s", job.job_id, held.cancel_reason)
+        elif held.cancel_reason == _STOPPING:
+            self._release(job)  # the stop was not the job's fault: no attempt spent
+        elif snooze is not None:
+            self._release(job, snooze)
+        elif fail is None and held.no_ack:
             _log.warning("jobbroker worker: job %s not acked: its lease is gone", job.job_id)
         elif fail is None:
             self._acks.append(
@@ -741,8 +944,7 @@ class Worker:
             fail.job_id, fail.lease_id = job.job_id, job.lease_id
             self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
             self.stats.failed += 1
-        while self._queued and not self._stopping and len(self._running) < self.concurrency:
-            self._start(self._queued.popleft())
+        self._fill_slots()
 
     def _flush_acks(self) -> None:
         """Sends the buffered acks, unless an ack message is unanswered: they then wait for its
@@ -764,30 +966,26 @@ class Worker:
     # --- stopping --------------------------------------------------------------------------
 
     async def _drain(self) -> None:
+        """The graceful stop (worker contract §6): stop taking, release what has not started,
+        give running handlers the grace, then fire their signal and release their jobs, and
+        wait for the answers."""
         assert self._loop is not None
         self._stopping = True
-        deadline = self._loop.time() + self.grace
+        deadline = self._loop.time() + max(self.grace, 0.0)
         self._send(broker_pb2.WorkRequest(flow=broker_pb2.FlowRequest(max_in_flight=0)))
         while self._queued:
-            held = self._queued.popleft()
-            if held.heartbeats is not None:
-                held.heartbeats.cancel()
-            self._held.pop(held.job.job_id, None)
+            held = self._queued[0]
+            self._drop_unstarted(held)
             self._release(held.job)
-        tasks = [h.task for h in self._held.values() if h.task is not None]
+        tasks = {h.task for h in self._active if h.task is not None}
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=max(self.grace, 0.0))
             if late:
-                for h in list(self._held.values()):
-                    if h.ctx is not None:
-                        h.ctx._cancel()
-                for t in late:
-                    t.cancel()
-                await asyncio.wait(late)
+                await self._cancel_after_grace()
         # The answers to the last acks, fails and releases, bounded by the grace period (and a
         # moment past it). Acks buffered behind the unanswered ack message go out when its answer
         # arrives, adding a pending request: so look again after each answer.
-        end = max(deadline, self._loop.time() + 1.0)
+        end = max(deadline, self._loop.time()) + 1.0
         while True:
             answers = [p.future for p in self._pending.values() if p.resend]
             left = end - self._loop.time()
@@ -795,15 +993,36 @@ class Worker:
                 break
             await asyncio.wait(answers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
+    async def _cancel_after_grace(self) -> None:
+        """Handlers still running at the end of the grace: their signal fires, and whatever they
+        end with, their job is released (no attempt spent). One that has not returned a second
+        later (it ignores the signal, or is a thread that cannot be interrupted) has its job
+        released at once; its end then sends nothing."""
+        late = list(self._active)
+        for held in late:
+            self._signal_cancel(held, _STOPPING)
+        tasks = {h.task for h in late if h.task is not None}
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        for held in late:
+            if not held.ended and not held.lost and not held.answered:
+                _log.warning(
+                    "jobbroker worker: job %s: its handler ignores its cancellation; released",
+                    held.job.job_id,
+                )
+                held.answered = True
+                self._stop_timers(held)
+                self._release(held.job)
+
     async def _close(self, conn: asyncio.Task[None]) -> None:
         self._stopping = True
         self._closing = True
         if self._close_event is not None:
             self._close_event.set()
-        for held in list(self._held.values()):
-            for task in (held.heartbeats, held.task):
-                if task is not None:
-                    task.cancel()
+        for held in list(self._held.values()) + list(self._active):
+            self._stop_timers(held)
+            if held.task is not None:
+                held.task.cancel()
         if self._out is not None:
             self._out.put_nowait(None)  # half-close: the broker ends the stream
         if not conn.done():
