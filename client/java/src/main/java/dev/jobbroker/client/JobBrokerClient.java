@@ -8,9 +8,17 @@ import dev.jobbroker.v1.EnqueueRequest;
 import dev.jobbroker.v1.EnqueueResponse;
 import dev.jobbroker.v1.GetJobRequest;
 import dev.jobbroker.v1.Job;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ClientInterceptors;
+import io.grpc.ForwardingClientCall;
 import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
@@ -35,12 +43,39 @@ public final class JobBrokerClient implements AutoCloseable {
   /** The address used when neither an argument nor $JOBBROKER_ADDRESS names one. */
   public static final String DEFAULT_ADDRESS = "127.0.0.1:7070";
 
+  /** This library's version, sent with every call (see {@link #CLIENT_HEADER}). */
+  public static final String VERSION = "0.1.0";
+
+  /**
+   * The call metadata that names the library to the broker ("jobbroker-java/VERSION"), which
+   * Admin.ListWorkers shows for each worker.
+   */
+  public static final Metadata.Key<String> CLIENT_HEADER =
+      Metadata.Key.of("jobbroker-client", Metadata.ASCII_STRING_MARSHALLER);
+
   private final ManagedChannel channel;
+  private final Channel calls; // channel with CLIENT_HEADER on every call
   private final boolean ownsChannel;
 
   private JobBrokerClient(ManagedChannel channel, boolean ownsChannel) {
     this.channel = channel;
+    this.calls = ClientInterceptors.intercept(channel, new NamesTheLibrary());
     this.ownsChannel = ownsChannel;
+  }
+
+  /** Adds CLIENT_HEADER to the metadata of every call. */
+  private static final class NamesTheLibrary implements ClientInterceptor {
+    @Override
+    public <ReqT, RespT> ClientCall<ReqT, RespT> interceptCall(
+        MethodDescriptor<ReqT, RespT> method, CallOptions options, Channel next) {
+      return new ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+        @Override
+        public void start(Listener<RespT> listener, Metadata headers) {
+          headers.put(CLIENT_HEADER, "jobbroker-java/" + VERSION);
+          super.start(listener, headers);
+        }
+      };
+    }
   }
 
   /** Dials {@code target} ("host:port", plaintext). The connection is made lazily. */
@@ -70,23 +105,24 @@ public final class JobBrokerClient implements AutoCloseable {
     return env == null || env.isEmpty() ? DEFAULT_ADDRESS : env;
   }
 
+  /** The underlying channel (calls made on it directly do not carry CLIENT_HEADER). */
   public ManagedChannel channel() {
     return channel;
   }
 
   /** The producer and worker API, blocking. */
   public BrokerGrpc.BrokerBlockingStub broker() {
-    return BrokerGrpc.newBlockingStub(channel);
+    return BrokerGrpc.newBlockingStub(calls);
   }
 
   /** The producer and worker API, asynchronous (needed for the Work stream). */
   public BrokerGrpc.BrokerStub brokerAsync() {
-    return BrokerGrpc.newStub(channel);
+    return BrokerGrpc.newStub(calls);
   }
 
   /** The operator API, blocking. */
   public AdminGrpc.AdminBlockingStub admin() {
-    return AdminGrpc.newBlockingStub(channel);
+    return AdminGrpc.newBlockingStub(calls);
   }
 
   /** Enqueues {@code payload} (UTF-8) to {@code queue} with the queue's defaults. */

@@ -1,12 +1,14 @@
 package dev.jobbroker.client;
 
 import com.google.protobuf.ByteString;
+import com.google.protobuf.Timestamp;
+import dev.jobbroker.v1.AckBatchRequest;
 import dev.jobbroker.v1.AckRequest;
 import dev.jobbroker.v1.BrokerGrpc;
 import dev.jobbroker.v1.FailRequest;
 import dev.jobbroker.v1.FlowRequest;
 import dev.jobbroker.v1.HeartbeatRequest;
-import dev.jobbroker.v1.HeartbeatResponse;
+import dev.jobbroker.v1.ItemError;
 import dev.jobbroker.v1.LeasedJob;
 import dev.jobbroker.v1.ReleaseRequest;
 import dev.jobbroker.v1.SubscribeRequest;
@@ -15,78 +17,104 @@ import dev.jobbroker.v1.WorkResponse;
 import dev.jobbroker.v1.WorkResult;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
-import io.grpc.stub.StreamObserver;
+import io.grpc.stub.ClientCallStreamObserver;
+import io.grpc.stub.ClientResponseObserver;
 import java.lang.management.ManagementFactory;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
-import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
-import java.util.concurrent.LinkedBlockingQueue;
-import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.Consumer;
 import java.util.logging.Level;
 import java.util.logging.Logger;
 
 /**
- * Runs a handler for jobs pushed over one {@code Broker.Work} stream: {@code concurrency} jobs at
- * a time, heartbeats while they run (every third of the lease), acks or fails them when the
- * handler returns, reconnects with backoff when the stream breaks, and stops gracefully.
+ * Runs one handler per queue for jobs pushed over a {@code Broker.Work} stream, as {@code
+ * docs/worker-contract.md} defines it for every client library.
  *
  * <pre>{@code
- * Worker worker = Worker.builder(client)
- *     .queues("emails")
- *     .concurrency(4)
- *     .handler(job -> send(job.payloadText(), job.idempotencyKey()))
- *     .build();
- * worker.start();
- * worker.stopOnSignal(Duration.ofSeconds(30)); // SIGTERM/SIGINT -> stop(grace)
- * worker.awaitTermination();
+ * Worker worker = Worker.builder(client).concurrency(4).build();
+ * worker.handle("emails", job -> send(job.payloadText(), job.idempotencyKey()));
+ * worker.handle("reports", job -> job.step("render", () -> render(job.payloadJson())));
+ * worker.stopOnSignal();   // SIGTERM/SIGINT -> graceful stop
+ * worker.run();            // until stopped
  * }</pre>
+ *
+ * <p>What it does: at most {@code concurrency} handlers at once, up to {@code prefetch} more jobs
+ * held (leased, heartbeated) and started in arrival order; heartbeats every third of each lease;
+ * the handler's thread interrupted and {@link JobContext#isCancelled()} true on an operator
+ * cancel, a lost lease, the job's time-out or the end of a graceful stop's grace; acks coalesced
+ * (one ack message in flight, the acks that end meanwhile go out together as one {@code
+ * ack_batch}); acks, fails and releases not answered when the stream breaks sent again on the next
+ * one; reconnects with backoff (100 ms doubling to 5 s, full jitter).
+ *
+ * <p>A handler that ignores its cancellation keeps its thread until it returns: Java cannot stop
+ * it. After a lost lease or a time-out its slot is freed at once (the broker already ended the
+ * attempt), so such a handler runs beside the next ones.
  *
  * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
  */
 public final class Worker {
   private static final Logger log = Logger.getLogger(Worker.class.getName());
-  private static final Duration RESULT_TIMEOUT = Duration.ofSeconds(30);
+  /** How long start() waits for the first subscription's answer before it returns anyway. */
+  private static final Duration SUBSCRIBE_WAIT = Duration.ofSeconds(30);
+  /** How long a stop waits for the broker to answer Flow{0} before releasing jobs anyway. */
+  private static final Duration FLOW_WAIT = Duration.ofSeconds(2);
+  /** Answers get this long past the grace (contract §6 step 5). */
+  private static final Duration ANSWERS_PAST_GRACE = Duration.ofSeconds(1);
+  /** A half-closed stream is cancelled after this long (contract §6 step 6). */
+  private static final Duration CLOSE_WAIT = Duration.ofSeconds(2);
+  /** The broker's limit on the acks of one ack_batch. */
+  private static final int MAX_ACK_BATCH = 1000;
 
+  // Constant after construction.
   private final JobBrokerClient client;
   private final BrokerGrpc.BrokerStub stub;
-  private final List<String> queues;
-  private final JobHandler handler;
   private final int concurrency;
   private final int prefetch;
   private final Duration leaseDuration;
+  private final Duration grace;
   private final String workerId;
   private final Duration reconnectInitial;
   private final Duration reconnectMax;
-
   private final ExecutorService handlerThreads;
-  private final ScheduledExecutorService timers;
+  private final ScheduledThreadPoolExecutor timers;
   private final Thread supervisor;
-
-  // Jobs received but not started, and the attempts running now (by job id).
-  private final LinkedBlockingQueue<Delivery> ready = new LinkedBlockingQueue<>();
-  private final Map<String, Running> running = new ConcurrentHashMap<>();
   private final CompletableFuture<Void> firstSubscribe = new CompletableFuture<>();
   private final CompletableFuture<Void> terminated = new CompletableFuture<>();
+  private final AtomicLong nextRequestId = new AtomicLong(1);
 
-  // Guards `stopping`, `busy` and `session` changes; handlers and stop() wait on it.
+  // State below is guarded by lock; stop() waits on it.
   private final Object lock = new Object();
+  private final Map<String, JobHandler> handlers = new LinkedHashMap<>();
   private boolean started;
-  private boolean stopping;
-  private int busy; // handler threads running a job or releasing one
-  private volatile Session session;
-  private volatile Status refusal;
+  private boolean stopping; // a stop began: no job starts, every new push is released
+  private boolean closing; // the stop is closing the stream: no reconnect
+  private Session session; // the current stream, null between streams
+  private final Map<String, Held> held = new LinkedHashMap<>(); // by lease id
+  private final ArrayDeque<Held> waiting = new ArrayDeque<>(); // held, not started, in order
+  private int slotsInUse;
+  private int handlersRunning; // threads inside a handler (a lost attempt's too)
+  private final ArrayDeque<Request> toSend = new ArrayDeque<>(); // fails, releases, checkpoints
+  private final ArrayDeque<Request> acksWaiting = new ArrayDeque<>();
+  private boolean ackMessageInFlight;
+  private int answersOutstanding; // acks, fails and releases not yet answered
+  private Status fatal; // the non-retryable status that ended the run
 
   private final AtomicLong acked = new AtomicLong();
   private final AtomicLong failed = new AtomicLong();
@@ -100,18 +128,18 @@ public final class Worker {
   private Worker(Builder b) {
     this.client = b.client;
     this.stub = b.client.brokerAsync();
-    this.queues = List.copyOf(b.queues);
-    this.handler = b.handler;
+    this.handlers.putAll(b.handlers);
     this.concurrency = b.concurrency;
     this.prefetch = b.prefetch;
     this.leaseDuration = b.leaseDuration;
+    this.grace = b.grace;
     this.workerId = b.workerId;
     this.reconnectInitial = b.reconnectInitial;
     this.reconnectMax = b.reconnectMax;
-    this.handlerThreads =
-        Executors.newFixedThreadPool(concurrency, daemonThreads("jobbroker-handler"));
-    this.timers = Executors.newSingleThreadScheduledExecutor(daemonThreads("jobbroker-timer"));
-    this.supervisor = new Thread(this::superviseStream, "jobbroker-stream");
+    this.handlerThreads = Executors.newCachedThreadPool(daemonThreads("jobbroker-handler"));
+    this.timers = new ScheduledThreadPoolExecutor(1, daemonThreads("jobbroker-timer"));
+    this.timers.setRemoveOnCancelPolicy(true);
+    this.supervisor = new Thread(this::superviseStreams, "jobbroker-stream");
     this.supervisor.setDaemon(true);
   }
 
@@ -122,11 +150,11 @@ public final class Worker {
   /** Options of a {@link Worker}. */
   public static final class Builder {
     private final JobBrokerClient client;
-    private final List<String> queues = new ArrayList<>();
-    private JobHandler handler;
+    private final Map<String, JobHandler> handlers = new LinkedHashMap<>();
     private int concurrency = 1;
     private int prefetch = 0;
     private Duration leaseDuration = Duration.ZERO;
+    private Duration grace = Duration.ofSeconds(30);
     private String workerId = defaultWorkerId();
     private Duration reconnectInitial = Duration.ofMillis(100);
     private Duration reconnectMax = Duration.ofSeconds(5);
@@ -135,19 +163,13 @@ public final class Worker {
       this.client = Objects.requireNonNull(client);
     }
 
-    /** Queues to take jobs from (at least one). */
-    public Builder queues(String... names) {
-      queues.addAll(Arrays.asList(names));
+    /** Runs the jobs of {@code queue} with {@code handler}; see {@link Worker#handle}. */
+    public Builder handle(String queue, JobHandler handler) {
+      putHandler(handlers, queue, handler);
       return this;
     }
 
-    /** Runs each job; required. */
-    public Builder handler(JobHandler h) {
-      handler = h;
-      return this;
-    }
-
-    /** Jobs run at once (handler threads). Default 1. */
+    /** Handlers at once. Default 1. */
     public Builder concurrency(int n) {
       if (n < 1) {
         throw new IllegalArgumentException("concurrency must be at least 1");
@@ -157,8 +179,8 @@ public final class Worker {
     }
 
     /**
-     * Jobs held ready beyond {@code concurrency} so a freed handler need not wait for a push.
-     * They hold leases while they wait; a graceful stop gives them back unstarted. Default 0.
+     * Jobs held beyond {@code concurrency} so a freed handler need not wait for a push. They hold
+     * leases (heartbeated) while they wait; a graceful stop gives them back unstarted. Default 0.
      */
     public Builder prefetch(int n) {
       if (n < 0) {
@@ -170,13 +192,19 @@ public final class Worker {
 
     /** Lease asked for each job; zero (default) = the job's, else the queue's. */
     public Builder leaseDuration(Duration d) {
-      leaseDuration = d;
+      leaseDuration = Objects.requireNonNull(d);
       return this;
     }
 
-    /** Names this worker in attempt histories; default "host-pid". */
+    /** How long running handlers may finish after a signal's graceful stop. Default 30 s. */
+    public Builder grace(Duration d) {
+      grace = Objects.requireNonNull(d);
+      return this;
+    }
+
+    /** Names this worker in attempt histories and ListWorkers; default "host-pid". */
     public Builder workerId(String id) {
-      workerId = id;
+      workerId = Objects.requireNonNull(id);
       return this;
     }
 
@@ -188,99 +216,72 @@ public final class Worker {
     }
 
     public Worker build() {
-      if (handler == null) {
-        throw new IllegalStateException("a handler is required");
-      }
-      if (queues.isEmpty()) {
-        throw new IllegalStateException("at least one queue is required");
-      }
       return new Worker(this);
     }
   }
 
   /**
-   * Connects and starts taking jobs. Throws {@link StatusRuntimeException} with the broker's code
-   * when it refuses the subscription (e.g. INVALID_ARGUMENT for a bad queue name). A broker that
-   * cannot be reached is not an error: the worker keeps reconnecting with backoff.
+   * Registers {@code handler} for the jobs of {@code queue}; the worker subscribes to the queues
+   * that have one. Before {@link #start} only ({@link IllegalStateException} after);
+   * {@link IllegalArgumentException} if the queue already has a handler.
+   */
+  public Worker handle(String queue, JobHandler handler) {
+    synchronized (lock) {
+      if (started) {
+        throw new IllegalStateException("handlers are registered before start()");
+      }
+      putHandler(handlers, queue, handler);
+    }
+    return this;
+  }
+
+  private static void putHandler(Map<String, JobHandler> into, String queue, JobHandler h) {
+    Objects.requireNonNull(queue, "queue");
+    Objects.requireNonNull(h, "handler");
+    if (into.putIfAbsent(queue, h) != null) {
+      throw new IllegalArgumentException("queue \"" + queue + "\" already has a handler");
+    }
+  }
+
+  /**
+   * Connects and starts taking jobs; returns once the broker answered the subscription (or could
+   * not be reached: the worker then keeps reconnecting). {@link IllegalStateException} if no
+   * handler is registered; {@link StatusRuntimeException} with the broker's code when it refuses
+   * the subscription (INVALID_ARGUMENT for a bad queue name, UNAUTHENTICATED, ...).
    */
   public void start() throws InterruptedException {
     synchronized (lock) {
       if (started) {
         throw new IllegalStateException("already started");
       }
+      if (handlers.isEmpty()) {
+        throw new IllegalStateException("no handler registered: call handle(queue, handler)");
+      }
       started = true;
-    }
-    for (int i = 0; i < concurrency; i++) {
-      handlerThreads.execute(this::handlerLoop);
     }
     supervisor.start();
     try {
-      firstSubscribe.get();
+      firstSubscribe.get(SUBSCRIBE_WAIT.toMillis(), TimeUnit.MILLISECONDS);
+    } catch (TimeoutException e) {
+      // Not answered yet: the stream keeps trying; jobs come when it does.
     } catch (ExecutionException e) {
-      stop(Duration.ZERO);
+      awaitTermination();
       throw (StatusRuntimeException) e.getCause();
     }
   }
 
   /**
-   * Graceful stop: sends Flow{0} (no new jobs), releases the jobs received but not started, lets
-   * running handlers finish for up to {@code grace} (then marks them cancelled and waits a little
-   * more), waits for their acks' results and closes the stream. Idempotent; safe from any thread
-   * except a handler.
+   * {@link #start}, then blocks until the worker stopped ({@link #stop}, or a signal after
+   * {@link #stopOnSignal}). Throws {@link StatusRuntimeException} when the broker refused the
+   * stream with a code that retrying would not fix (contract §5).
    */
-  public void stop(Duration grace) throws InterruptedException {
-    boolean owner;
-    boolean neverStarted;
-    synchronized (lock) {
-      owner = !stopping; // the first call does the work; later calls wait for it
-      stopping = true;
-      neverStarted = !started;
+  public void run() throws InterruptedException {
+    start();
+    awaitTermination();
+    Status refused = refusal();
+    if (refused != null) {
+      throw refused.asRuntimeException();
     }
-    if (neverStarted) {
-      handlerThreads.shutdownNow();
-      timers.shutdownNow();
-      terminated.complete(null);
-      return;
-    }
-    if (!owner) {
-      awaitTermination();
-      return;
-    }
-    Session s = session;
-    if (s != null && !s.broken()) {
-      try {
-        WorkResult r =
-            s.call(WorkRequest.newBuilder().setFlow(FlowRequest.newBuilder().setMaxInFlight(0)))
-                .get(RESULT_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
-        if (r.getCode() != 0) {
-          log.warning("drain refused: " + r.getMessage());
-        }
-      } catch (ExecutionException | TimeoutException e) {
-        log.fine("drain not answered: " + e);
-      }
-    }
-    // Jobs that arrive from here on are released as they come (see onJob).
-    List<Delivery> unstarted = new ArrayList<>();
-    ready.drainTo(unstarted);
-    for (Delivery d : unstarted) {
-      release(d);
-    }
-    long deadline = System.nanoTime() + grace.toNanos();
-    if (!waitIdle(deadline)) {
-      for (Running r : running.values()) {
-        r.ctx.cancel("shutdown");
-      }
-      waitIdle(System.nanoTime() + Duration.ofSeconds(5).toNanos());
-    }
-    Session last = session;
-    if (last != null) {
-      last.close();
-    }
-    supervisor.interrupt();
-    handlerThreads.shutdownNow();
-    timers.shutdownNow();
-    firstSubscribe.complete(null); // a start() still waiting returns
-    terminated.complete(null);
   }
 
   /** Blocks until {@link #stop} has finished. */
@@ -297,105 +298,217 @@ public final class Worker {
     return terminated.isDone();
   }
 
-  /**
-   * The broker's refusal of a re-subscription after a reconnect (the worker then stops), or null.
-   */
+  /** The broker's refusal that ended the worker (a non-retryable code), or null. */
   public Status refusal() {
-    return refusal;
-  }
-
-  /**
-   * Stops gracefully (with {@code grace}) on SIGTERM or SIGINT, so that the process can then exit
-   * 0 from main, and also from a JVM shutdown hook (System.exit, or where signals cannot be
-   * caught) as a backstop.
-   */
-  public void stopOnSignal(Duration grace) {
-    Runnable stopper =
-        () -> {
-          try {
-            stop(grace);
-          } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-          }
-        };
-    Signals.onTermination(() -> new Thread(stopper, "jobbroker-stop").start());
-    Runtime.getRuntime().addShutdownHook(new Thread(stopper, "jobbroker-shutdown"));
+    synchronized (lock) {
+      return fatal;
+    }
   }
 
   public Stats stats() {
     return new Stats(acked.get(), failed.get(), released.get(), lost.get(), reconnects.get());
   }
 
-  // ---- the stream ----
+  /** Stops gracefully with the builder's grace on SIGTERM or SIGINT; see {@link #stop}. */
+  public void stopOnSignal() {
+    stopOnSignal(grace);
+  }
 
-  private void superviseStream() {
+  /**
+   * Stops gracefully (with {@code grace}) on SIGTERM or SIGINT, so that main can then return 0,
+   * and from a JVM shutdown hook (System.exit, or where signals cannot be caught) as a backstop.
+   * A second signal does not shorten the stop; SIGKILL does.
+   */
+  public void stopOnSignal(Duration grace) {
+    Runnable stopper = () -> stopQuietly(grace);
+    Signals.onTermination(() -> new Thread(stopper, "jobbroker-stop").start());
+    Runtime.getRuntime().addShutdownHook(new Thread(stopper, "jobbroker-shutdown"));
+  }
+
+  // ---- graceful stop ----
+
+  /**
+   * Graceful stop (contract §6): Flow{0} (no new jobs); releases the held jobs not started (and
+   * any pushed later); gives running handlers {@code grace} to finish (their acks and fails go out
+   * as usual); then cancels the rest, whose jobs are released whatever they end with; waits for
+   * every answer up to 1 s past the grace; closes the stream. Idempotent: a later call waits for
+   * the first. Not from a handler's thread.
+   */
+  public void stop(Duration grace) throws InterruptedException {
+    boolean owner;
+    boolean neverStarted;
+    synchronized (lock) {
+      owner = !stopping;
+      stopping = true;
+      neverStarted = !started;
+    }
+    if (neverStarted) {
+      shutDownThreads();
+      return;
+    }
+    if (!owner) {
+      awaitTermination();
+      return;
+    }
+    long graceEnd = System.nanoTime() + grace.toNanos();
+    long answersEnd = graceEnd + ANSWERS_PAST_GRACE.toNanos();
+
+    // 1. Stop taking.
+    CompletableFuture<WorkResult> flow = new CompletableFuture<>();
+    synchronized (lock) {
+      if (session != null && session.usableLocked()) {
+        session.sendLocked(new Request(flowRequest(0), Kind.CONTROL, null, flow::complete));
+      } else {
+        flow.complete(null); // a stream subscribed later sends Flow{0} first
+      }
+    }
+    try {
+      flow.get(FLOW_WAIT.toMillis(), TimeUnit.MILLISECONDS);
+    } catch (ExecutionException | TimeoutException e) {
+      log.fine("Flow{0} not answered: " + e);
+    }
+    // 2. Release what has not started.
+    synchronized (lock) {
+      for (Held h : new ArrayList<>(waiting)) {
+        forgetLocked(h);
+        answerLocked(h, releaseOf(h.job, Duration.ZERO));
+      }
+      pumpLocked();
+      // 3. Grace.
+      waitLocked(() -> handlersRunning == 0, graceEnd);
+      // 4. Cancel: the answer of each is a release (see finishAttempt).
+      for (Held h : held.values()) {
+        h.ctx.cancel(JobContext.Cancellation.SHUTDOWN);
+      }
+      // 5. Wait for the answers.
+      waitLocked(() -> handlersRunning == 0 && answersOutstanding == 0, answersEnd);
+      if (handlersRunning > 0 || answersOutstanding > 0) {
+        log.warning(
+            "stopping with " + handlersRunning + " handler(s) still running and "
+                + answersOutstanding + " answer(s) not confirmed; their leases run out");
+      }
+      closing = true;
+    }
+    // 6. Close the stream: half-close, then cancel.
+    Session last;
+    synchronized (lock) {
+      last = session;
+      if (last != null) {
+        last.halfCloseLocked();
+      }
+    }
+    supervisor.interrupt();
+    if (last != null) {
+      try {
+        last.closed.get(CLOSE_WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      } catch (ExecutionException | TimeoutException e) {
+        last.cancel("the worker stopped");
+      }
+    }
+    supervisor.join(CLOSE_WAIT.toMillis());
+    shutDownThreads();
+  }
+
+  private void shutDownThreads() {
+    handlerThreads.shutdownNow();
+    timers.shutdownNow();
+    firstSubscribe.complete(null); // a start() still waiting returns
+    terminated.complete(null);
+  }
+
+  private void stopQuietly(Duration grace) {
+    try {
+      stop(grace);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    } catch (RuntimeException e) {
+      log.log(Level.WARNING, "stop failed", e);
+    }
+  }
+
+  private interface Condition {
+    boolean holds();
+  }
+
+  /** Waits on lock until {@code done} holds or {@code deadlineNanos}; true if it holds. */
+  private boolean waitLocked(Condition done, long deadlineNanos) throws InterruptedException {
+    while (!done.holds()) {
+      long left = deadlineNanos - System.nanoTime();
+      if (left <= 0) {
+        return false;
+      }
+      TimeUnit.NANOSECONDS.timedWait(lock, left);
+    }
+    return true;
+  }
+
+  // ---- streams ----
+
+  /** Opens a stream, subscribes, and reopens it with backoff until the stop closes it. */
+  private void superviseStreams() {
     Duration backoff = reconnectInitial;
     boolean first = true;
-    while (!isStopping()) {
-      Session s = new Session();
+    while (true) {
+      Session s;
+      CompletableFuture<WorkResult> subscribed = new CompletableFuture<>();
       synchronized (lock) {
-        session = s;
-      }
-      SubscribeRequest.Builder sub =
-          SubscribeRequest.newBuilder()
-              .addAllQueues(queues)
-              .setWorkerId(workerId)
-              .setMaxInFlight(concurrency + prefetch);
-      if (!leaseDuration.isZero()) {
-        sub.setLeaseDuration(JobBrokerClient.toProto(leaseDuration));
-      }
-      s.open();
-      WorkResult result = null;
-      Status error = null;
-      try {
-        result =
-            s.call(WorkRequest.newBuilder().setSubscribe(sub))
-                .get(RESULT_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
-      } catch (ExecutionException e) {
-        error = Status.fromThrowable(e.getCause());
-      } catch (TimeoutException e) {
-        error = Status.DEADLINE_EXCEEDED.withDescription("subscribe not answered");
-      } catch (InterruptedException e) {
-        s.close();
-        return;
-      }
-      if (result != null && result.getCode() != 0) {
-        error = Status.fromCodeValue(result.getCode()).withDescription(result.getMessage());
-      }
-      if (error != null && !retriable(error.getCode())) {
-        s.close();
-        refusal = error;
-        log.severe("subscription refused: " + error);
-        if (first) {
-          firstSubscribe.completeExceptionally(error.asRuntimeException());
-        } else {
-          new Thread(() -> stopQuietly(Duration.ZERO), "jobbroker-stop").start();
+        if (closing) {
+          return;
         }
+        s = new Session();
+        session = s;
+        stub.work(s);
+        s.sendLocked(new Request(subscribeRequest(), Kind.CONTROL, null, subscribed::complete));
+      }
+      Status ended;
+      try {
+        WorkResult r = subscribed.get();
+        if (r.getCode() == 0) {
+          backoff = reconnectInitial;
+          synchronized (lock) {
+            onSubscribedLocked(s);
+          }
+          if (first) {
+            first = false;
+            firstSubscribe.complete(null);
+          }
+          ended = s.closed.get();
+        } else if (r == STREAM_ENDED) {
+          ended = s.closed.get(); // the status the stream ended with, e.g. UNAUTHENTICATED
+        } else {
+          ended = Status.fromCodeValue(r.getCode()).withDescription(r.getMessage());
+          s.cancel("subscription refused");
+        }
+      } catch (InterruptedException e) {
+        return; // the stop is closing the stream
+      } catch (ExecutionException e) {
+        ended = Status.fromThrowable(e.getCause()); // never: both futures only complete
+      }
+      synchronized (lock) {
+        if (closing) {
+          return;
+        }
+      }
+      if (!retriable(ended.getCode())) {
+        log.severe("work stream refused: " + ended);
+        synchronized (lock) {
+          fatal = ended;
+        }
+        if (first) {
+          firstSubscribe.completeExceptionally(ended.asRuntimeException());
+        }
+        new Thread(() -> stopQuietly(Duration.ZERO), "jobbroker-stop").start();
         return;
       }
       if (first) {
+        // Not reachable now: start() returns and the worker keeps trying.
         first = false;
-        firstSubscribe.complete(null); // reachable or not, start() returns
+        firstSubscribe.complete(null);
       }
-      if (error == null) {
-        backoff = reconnectInitial;
-        try {
-          s.closed.get();
-        } catch (InterruptedException e) {
-          return;
-        } catch (ExecutionException e) {
-          // closed never fails
-        }
-        if (isStopping()) {
-          return;
-        }
-        log.info("work stream ended: " + s.endStatus + "; reconnecting");
-      } else {
-        s.close();
-        log.fine("broker unreachable: " + error);
-      }
+      log.info("work stream ended: " + ended + "; reconnecting");
       try {
-        Thread.sleep(backoff.toMillis());
+        // Full jitter: workers cut off together do not come back together.
+        Thread.sleep(ThreadLocalRandom.current().nextLong(backoff.toMillis() + 1));
       } catch (InterruptedException e) {
         return;
       }
@@ -409,13 +522,49 @@ public final class Worker {
     }
   }
 
+  private WorkRequest.Builder subscribeRequest() {
+    SubscribeRequest.Builder sub =
+        SubscribeRequest.newBuilder()
+            .addAllQueues(handlers.keySet())
+            .setWorkerId(workerId)
+            .setMaxInFlight(concurrency + prefetch)
+            .setBatchPushes(true);
+    if (!leaseDuration.isZero()) {
+      sub.setLeaseDuration(JobBrokerClient.toProto(leaseDuration));
+    }
+    return WorkRequest.newBuilder().setSubscribe(sub);
+  }
+
+  private static WorkRequest.Builder flowRequest(int maxInFlight) {
+    return WorkRequest.newBuilder().setFlow(FlowRequest.newBuilder().setMaxInFlight(maxInFlight));
+  }
+
+  /** A new stream is subscribed: what waited for one goes out on it. */
+  private void onSubscribedLocked(Session s) {
+    if (s.ended) {
+      return;
+    }
+    s.subscribed = true;
+    if (stopping) {
+      s.sendLocked(new Request(flowRequest(0), Kind.CONTROL, null, r -> {}));
+    }
+    for (Held h : held.values()) {
+      if (h.progressWaiting != null && !h.progressInFlight) {
+        sendProgressLocked(h);
+      }
+    }
+    pumpLocked();
+  }
+
+  /** Codes of a stream's end that a reconnect may cure (contract §5). */
   private static boolean retriable(Status.Code code) {
     switch (code) {
+      case OK:
       case UNAVAILABLE:
-      case DEADLINE_EXCEEDED:
-      case CANCELLED:
       case UNKNOWN:
       case INTERNAL:
+      case DEADLINE_EXCEEDED:
+      case CANCELLED:
       case ABORTED:
       case RESOURCE_EXHAUSTED:
         return true;
@@ -424,395 +573,628 @@ public final class Worker {
     }
   }
 
-  /** One Work stream. Requests are numbered; each gets one WorkResult. */
-  private final class Session implements StreamObserver<WorkResponse> {
-    private final Map<Long, CompletableFuture<WorkResult>> pending = new ConcurrentHashMap<>();
-    private final AtomicLong nextId = new AtomicLong(1);
-    final CompletableFuture<Void> closed = new CompletableFuture<>();
-    private StreamObserver<WorkRequest> requests;
-    private boolean ended; // guarded by this
-    volatile Status endStatus;
+  private enum Kind {
+    /** Subscribe, flow, heartbeat, progress: answered on this stream or dropped with it. */
+    CONTROL,
+    /** Fail, release, a step's checkpoint: sent again on the next stream until answered. */
+    REPLAYED,
+    /** One ack message (ack or ack_batch) carrying the acks in {@code acks}. */
+    ACKS
+  }
 
-    synchronized void open() {
-      requests = stub.work(this);
+  /** One WorkRequest and what to do with its answer. */
+  private static final class Request {
+    final WorkRequest.Builder body;
+    final Kind kind;
+    final Held held; // the attempt it is about, or null
+    final Consumer<WorkResult> onResult;
+    List<Request> acks = List.of();
+
+    Request(WorkRequest.Builder body, Kind kind, Held held, Consumer<WorkResult> onResult) {
+      this.body = body;
+      this.kind = kind;
+      this.held = held;
+      this.onResult = onResult;
+    }
+  }
+
+  /** The answer a request gets when its stream ended first (compared by identity). */
+  private static final WorkResult STREAM_ENDED =
+      WorkResult.newBuilder()
+          .setCode(Status.Code.UNAVAILABLE.value())
+          .setMessage("the work stream ended")
+          .build();
+
+  /** One Work stream: its requests waiting for answers, by request id. */
+  private final class Session implements ClientResponseObserver<WorkRequest, WorkResponse> {
+    private ClientCallStreamObserver<WorkRequest> requests;
+    // Guarded by lock.
+    private final Map<Long, Request> pending = new HashMap<>();
+    boolean subscribed;
+    boolean ended;
+    private boolean halfClosed;
+    /** Completes with the status the stream ended with. */
+    final CompletableFuture<Status> closed = new CompletableFuture<>();
+
+    @Override
+    public void beforeStart(ClientCallStreamObserver<WorkRequest> requestStream) {
+      requests = requestStream;
     }
 
-    boolean broken() {
-      return closed.isDone();
-    }
-
-    /** Sends a request; the future completes with its result, or fails if the stream ends. */
-    CompletableFuture<WorkResult> call(WorkRequest.Builder request) {
-      long id = nextId.getAndIncrement();
-      CompletableFuture<WorkResult> f = new CompletableFuture<>();
-      pending.put(id, f);
-      synchronized (this) {
-        if (ended) {
-          pending.remove(id);
-          f.completeExceptionally(
-              Status.UNAVAILABLE.withDescription("work stream closed").asRuntimeException());
-          return f;
-        }
-        try {
-          requests.onNext(request.setRequestId(id).build());
-        } catch (RuntimeException e) {
-          pending.remove(id);
-          f.completeExceptionally(e);
-        }
+    /** Sends {@code r}; if the stream is over, does what its end does to it. */
+    void sendLocked(Request r) {
+      if (ended || halfClosed) {
+        onStreamEndLocked(r);
+        return;
       }
-      return f;
+      long id = nextRequestId.getAndIncrement();
+      pending.put(id, r);
+      try {
+        requests.onNext(r.body.setRequestId(id).build());
+      } catch (RuntimeException e) {
+        // The call is already over; its onError follows and handles what is pending.
+        log.fine("send on a finished stream: " + e);
+      }
     }
 
-    synchronized void close() {
-      if (!ended) {
-        ended = true;
+    /** Subscribed and still taking requests. */
+    boolean usableLocked() {
+      return subscribed && !ended && !halfClosed;
+    }
+
+    void halfCloseLocked() {
+      if (!ended && !halfClosed) {
+        halfClosed = true;
         try {
           requests.onCompleted();
-        } catch (RuntimeException ignored) {
-          // already cancelled
+        } catch (RuntimeException e) {
+          log.fine("half-close of a finished stream: " + e);
         }
       }
-      finish(Status.CANCELLED.withDescription("closed by the worker"));
     }
 
-    private void finish(Status status) {
-      synchronized (this) {
-        ended = true;
-        if (endStatus == null) {
-          endStatus = status;
-        }
+    void cancel(String why) {
+      try {
+        requests.cancel(why, null);
+      } catch (RuntimeException e) {
+        log.fine("cancel of a finished stream: " + e);
       }
-      StatusRuntimeException e = status.asRuntimeException();
-      for (Long id : new ArrayList<>(pending.keySet())) {
-        CompletableFuture<WorkResult> f = pending.remove(id);
-        if (f != null) {
-          f.completeExceptionally(e);
-        }
-      }
-      closed.complete(null);
     }
 
     @Override
     public void onNext(WorkResponse response) {
       switch (response.getResponseCase()) {
-        case JOB -> onJob(this, response.getJob());
+        case JOB -> onJobs(List.of(response.getJob()));
+        case JOB_BATCH -> onJobs(response.getJobBatch().getJobsList());
         case RESULT -> {
-          CompletableFuture<WorkResult> f = pending.remove(response.getResult().getRequestId());
-          if (f != null) {
-            f.complete(response.getResult());
+          Request r;
+          synchronized (lock) {
+            r = pending.remove(response.getResult().getRequestId());
           }
-        }
-        case LEASE_LOST -> onLeaseLost(response.getLeaseLost().getJobId());
-        case CANCEL_REQUESTED -> {
-          Running r = running.get(response.getCancelRequested().getJobId());
           if (r != null) {
-            r.ctx.cancel("cancelled");
+            r.onResult.accept(response.getResult());
           }
         }
+        case LEASE_LOST -> {
+          boolean timedOut =
+              response.getLeaseLost().getOutcome()
+                  == dev.jobbroker.v1.AttemptOutcome.ATTEMPT_OUTCOME_TIMED_OUT;
+          onLeaseLost(
+              response.getLeaseLost().getJobId(),
+              timedOut ? JobContext.Cancellation.TIMED_OUT : JobContext.Cancellation.LEASE_LOST);
+        }
+        case CANCEL_REQUESTED -> onCancelRequested(response.getCancelRequested().getJobId());
         default -> {}
       }
     }
 
     @Override
     public void onError(Throwable t) {
-      finish(Status.fromThrowable(t));
-      dropUnstarted(this);
+      end(Status.fromThrowable(t));
     }
 
     @Override
     public void onCompleted() {
-      finish(Status.UNAVAILABLE.withDescription("the broker ended the work stream"));
-      dropUnstarted(this);
+      end(Status.OK);
     }
-  }
 
-  private record Delivery(Session session, LeasedJob job, long arrivedMillis) {}
-
-  private record Running(Delivery delivery, JobContext ctx) {}
-
-  private void onJob(Session s, LeasedJob job) {
-    Delivery d = new Delivery(s, job, System.currentTimeMillis());
-    synchronized (lock) {
-      if (!stopping) {
-        ready.add(d);
-        return;
-      }
-    }
-    // Arrived after the drain began: give it back unstarted (off the gRPC thread).
-    try {
-      timers.execute(() -> release(d));
-    } catch (RuntimeException e) {
-      log.fine("job " + job.getJobId() + " not released (worker stopped); its lease runs out");
-    }
-  }
-
-  private void onLeaseLost(String jobId) {
-    Running r = running.get(jobId);
-    if (r != null) {
-      r.ctx.markLeaseLost();
-    }
-    ready.removeIf(d -> d.job().getJobId().equals(jobId));
-  }
-
-  /** The stream broke: unstarted jobs go back through the unary API (best effort). */
-  private void dropUnstarted(Session s) {
-    List<Delivery> mine = new ArrayList<>();
-    for (Delivery d : ready) {
-      if (d.session() == s && ready.remove(d)) {
-        mine.add(d);
-      }
-    }
-    if (!mine.isEmpty()) {
-      try {
-        timers.execute(() -> mine.forEach(this::release));
-      } catch (RuntimeException ignored) {
-        // shutting down: the leases run out
-      }
-    }
-  }
-
-  // ---- handlers ----
-
-  private void handlerLoop() {
-    while (!terminated.isDone()) {
-      Delivery d;
-      try {
-        d = ready.poll(100, TimeUnit.MILLISECONDS);
-      } catch (InterruptedException e) {
-        return;
-      }
-      if (d == null) {
-        continue;
-      }
-      boolean start;
+    private void end(Status status) {
+      List<Request> left;
       synchronized (lock) {
-        busy++;
-        start = !stopping;
-      }
-      try {
-        if (start) {
-          runAttempt(d);
-        } else {
-          release(d);
+        if (ended) {
+          return;
         }
-      } finally {
-        synchronized (lock) {
-          busy--;
-          lock.notifyAll();
+        ended = true;
+        if (session == this) {
+          session = null;
+        }
+        // In the order they were sent, so that replayed answers keep it.
+        left = new ArrayList<>();
+        pending.entrySet().stream()
+            .sorted(Map.Entry.comparingByKey())
+            .forEach(e -> left.add(e.getValue()));
+        pending.clear();
+        for (int i = left.size() - 1; i >= 0; i--) {
+          Request r = left.get(i);
+          if (r.kind != Kind.CONTROL) {
+            onStreamEndLocked(r);
+          }
         }
       }
-    }
-  }
-
-  private void runAttempt(Delivery d) {
-    LeasedJob job = d.job();
-    JobContext ctx = new JobContext(job, this::saveCheckpoint);
-    Running r = new Running(d, ctx);
-    running.put(job.getJobId(), r);
-    long leaseMillis =
-        job.getLeaseDeadline().getSeconds() * 1000
-            + job.getLeaseDeadline().getNanos() / 1_000_000
-            - d.arrivedMillis();
-    if (leaseMillis <= 0) {
-      leaseMillis = 1000;
-    }
-    long every = Math.max(50, leaseMillis / 3);
-    ScheduledFuture<?> beats =
-        timers.scheduleAtFixedRate(() -> heartbeat(r), every, every, TimeUnit.MILLISECONDS);
-    WorkRequest.Builder answer = WorkRequest.newBuilder();
-    try {
-      handler.handle(ctx);
-      answer.setAck(
-          AckRequest.newBuilder()
-              .setJobId(job.getJobId())
-              .setLeaseId(job.getLeaseId())
-              .setResult(ByteString.copyFrom(ctx.result())));
-    } catch (PermanentError e) {
-      answer.setFail(failOf(job, e).setPermanent(true));
-    } catch (RetryAfter e) {
-      answer.setFail(failOf(job, e).setRetryAfter(JobBrokerClient.toProto(e.delay())));
-    } catch (Exception | Error e) {
-      answer.setFail(failOf(job, e));
-    } finally {
-      beats.cancel(false);
-    }
-    try {
-      if (ctx.leaseLost()) {
-        lost.incrementAndGet();
-        log.info("job " + job.getJobId() + ": lease lost, not answering");
-        return;
+      for (Request r : left) {
+        if (r.kind == Kind.CONTROL) {
+          r.onResult.accept(STREAM_ENDED);
+        }
       }
-      WorkResult result = answer(d.session(), answer);
-      if (result.getCode() != 0) {
-        log.warning(
-            "job " + job.getJobId() + ": " + answer.getRequestCase() + " refused: "
-                + result.getMessage());
-      } else if (answer.hasAck()) {
-        acked.incrementAndGet();
-      } else {
-        failed.incrementAndGet();
-      }
-    } catch (RuntimeException e) {
-      log.warning("job " + job.getJobId() + ": " + answer.getRequestCase() + " failed: " + e);
-    } finally {
-      running.remove(job.getJobId());
-    }
-  }
-
-  private static FailRequest.Builder failOf(LeasedJob job, Throwable e) {
-    String text = e.getMessage() == null ? e.toString() : e.getMessage();
-    return FailRequest.newBuilder()
-        .setJobId(job.getJobId())
-        .setLeaseId(job.getLeaseId())
-        .setError(text);
-  }
-
-  private void heartbeat(Running r) {
-    LeasedJob job = r.delivery().job();
-    HeartbeatRequest.Builder hb =
-        HeartbeatRequest.newBuilder().setJobId(job.getJobId()).setLeaseId(job.getLeaseId());
-    Session s = r.delivery().session();
-    if (!s.broken()) {
-      s.call(WorkRequest.newBuilder().setHeartbeat(hb))
-          .whenComplete(
-              (result, error) -> {
-                if (result != null) {
-                  onHeartbeat(r, result.getCode(), result.getCancelRequested());
-                }
-              });
-      return;
-    }
-    try {
-      HeartbeatResponse resp =
-          client.broker().withDeadlineAfter(10, TimeUnit.SECONDS).heartbeat(hb.build());
-      onHeartbeat(r, 0, resp.getCancelRequested());
-    } catch (StatusRuntimeException e) {
-      onHeartbeat(r, e.getStatus().getCode().value(), false);
-    }
-  }
-
-  private void onHeartbeat(Running r, int code, boolean cancelRequested) {
-    if (code == Status.Code.FAILED_PRECONDITION.value() || code == Status.Code.NOT_FOUND.value()) {
-      r.ctx.markLeaseLost();
-    } else if (cancelRequested) {
-      r.ctx.cancel("cancelled");
-    }
-  }
-
-  private void saveCheckpoint(JobContext ctx, byte[] data) throws InterruptedException {
-    Running r = running.get(ctx.jobId());
-    if (r == null || ctx.leaseLost()) {
-      throw new LeaseLostException("job " + ctx.jobId() + ": lease no longer held");
-    }
-    LeasedJob job = r.delivery().job();
-    WorkResult result =
-        answer(
-            r.delivery().session(),
-            WorkRequest.newBuilder()
-                .setHeartbeat(
-                    HeartbeatRequest.newBuilder()
-                        .setJobId(job.getJobId())
-                        .setLeaseId(job.getLeaseId())
-                        .setCheckpoint(ByteString.copyFrom(data))));
-    if (Thread.interrupted()) {
-      throw new InterruptedException();
-    }
-    if (result.getCode() != 0) {
-      ctx.markLeaseLost();
-      throw new LeaseLostException(
-          "job " + ctx.jobId() + ": checkpoint refused: " + result.getMessage());
-    }
-    if (result.getCancelRequested()) {
-      ctx.cancel("cancelled");
+      closed.complete(status);
     }
   }
 
   /**
-   * Sends a heartbeat, ack, fail or release on the job's stream and waits for its result; if that
-   * stream is gone, uses the unary RPC (the lease outlives the stream).
+   * A request of a stream that ended unanswered: answers and checkpoints wait for the next stream
+   * (front of the line, called newest first so the order holds), the rest learn it ended.
    */
-  private WorkResult answer(Session s, WorkRequest.Builder request) {
-    if (!s.broken()) {
-      try {
-        return s.call(request).get(RESULT_TIMEOUT.toMillis(), TimeUnit.MILLISECONDS);
-      } catch (InterruptedException e) {
-        Thread.currentThread().interrupt();
-        return WorkResult.newBuilder().setCode(Status.Code.CANCELLED.value()).build();
-      } catch (ExecutionException | TimeoutException e) {
-        // the stream broke meanwhile: fall through to the unary call
-      }
-    }
-    BrokerGrpc.BrokerBlockingStub unary = client.broker().withDeadlineAfter(10, TimeUnit.SECONDS);
-    try {
-      switch (request.getRequestCase()) {
-        case ACK -> unary.ack(request.getAck());
-        case FAIL -> unary.fail(request.getFail());
-        case RELEASE -> unary.release(request.getRelease());
-        case HEARTBEAT -> {
-          HeartbeatResponse r = unary.heartbeat(request.getHeartbeat());
-          return WorkResult.newBuilder()
-              .setLeaseDeadline(r.getLeaseDeadline())
-              .setCancelRequested(r.getCancelRequested())
-              .build();
+  private void onStreamEndLocked(Request r) {
+    switch (r.kind) {
+      case REPLAYED -> {
+        // A step's save of an attempt that was lost meanwhile is not sent again.
+        if (!r.body.hasHeartbeat() || held.get(r.held.job.getLeaseId()) == r.held) {
+          toSend.addFirst(r);
         }
-        default -> throw new IllegalArgumentException(request.getRequestCase().toString());
       }
-      return WorkResult.getDefaultInstance();
-    } catch (StatusRuntimeException e) {
-      return WorkResult.newBuilder()
-          .setCode(e.getStatus().getCode().value())
-          .setMessage(String.valueOf(e.getStatus().getDescription()))
-          .build();
+      case ACKS -> {
+        ackMessageInFlight = false;
+        for (int i = r.acks.size() - 1; i >= 0; i--) {
+          acksWaiting.addFirst(r.acks.get(i));
+        }
+      }
+      case CONTROL -> r.onResult.accept(STREAM_ENDED);
     }
   }
 
-  private void release(Delivery d) {
-    LeasedJob job = d.job();
-    WorkResult r =
-        answer(
-            d.session(),
-            WorkRequest.newBuilder()
-                .setRelease(
-                    ReleaseRequest.newBuilder()
-                        .setJobId(job.getJobId())
-                        .setLeaseId(job.getLeaseId())));
-    if (r.getCode() == 0) {
-      released.incrementAndGet();
-    } else {
-      log.info("job " + job.getJobId() + ": release refused: " + r.getMessage());
+  /** Sends what waits, if a subscribed stream is there: one ack message at a time. */
+  private void pumpLocked() {
+    Session s = session;
+    if (s == null || !s.usableLocked()) {
+      return;
     }
+    while (!toSend.isEmpty()) {
+      s.sendLocked(toSend.poll());
+    }
+    if (ackMessageInFlight || acksWaiting.isEmpty()) {
+      return;
+    }
+    List<Request> batch = new ArrayList<>();
+    while (!acksWaiting.isEmpty() && batch.size() < MAX_ACK_BATCH) {
+      batch.add(acksWaiting.poll());
+    }
+    WorkRequest.Builder body;
+    if (batch.size() == 1) {
+      body = batch.get(0).body;
+    } else {
+      AckBatchRequest.Builder acks = AckBatchRequest.newBuilder();
+      for (Request a : batch) {
+        acks.addAcks(a.body.getAck());
+      }
+      body = WorkRequest.newBuilder().setAckBatch(acks);
+    }
+    Request message = new Request(body, Kind.ACKS, null, r -> onAckMessageAnswered(batch, r));
+    message.acks = batch;
+    ackMessageInFlight = true;
+    s.sendLocked(message);
+  }
+
+  /** Each item's error is that ack's answer; the next ack message may go. */
+  private void onAckMessageAnswered(List<Request> batch, WorkResult result) {
+    Map<Integer, ItemError> itemErrors = new HashMap<>();
+    for (ItemError e : result.getItemErrorsList()) {
+      itemErrors.put(e.getIndex(), e);
+    }
+    for (int i = 0; i < batch.size(); i++) {
+      ItemError e = itemErrors.get(i);
+      WorkResult item =
+          e == null
+              ? result
+              : WorkResult.newBuilder().setCode(e.getCode()).setMessage(e.getMessage()).build();
+      batch.get(i).onResult.accept(item);
+    }
+    synchronized (lock) {
+      ackMessageInFlight = false;
+      pumpLocked();
+    }
+  }
+
+  // ---- jobs ----
+
+  /** One attempt this worker holds: waiting for a slot, or running. */
+  private final class Held implements JobContext.Attempt {
+    final LeasedJob job;
+    final JobContext ctx;
+    final JobHandler handler;
+    ScheduledFuture<?> heartbeats;
+    ScheduledFuture<?> timeout;
+    // Guarded by lock.
+    boolean holdsSlot;
+    boolean progressInFlight;
+    byte[] progressWaiting;
+
+    Held(LeasedJob job, JobHandler handler) {
+      this.job = job;
+      this.handler = handler;
+      this.ctx = new JobContext(job, this);
+    }
+
+    @Override
+    public void saveCheckpoint(byte[] checkpoint) throws InterruptedException {
+      saveCheckpointOf(this, checkpoint);
+    }
+
+    @Override
+    public void sendProgress(byte[] progress) {
+      synchronized (lock) {
+        if (held.get(job.getLeaseId()) != this) {
+          return; // answered or lost: nothing more goes out for it
+        }
+        progressWaiting = progress; // only the newest value matters
+        if (!progressInFlight) {
+          sendProgressLocked(this);
+        }
+      }
+    }
+  }
+
+  private void onJobs(List<LeasedJob> jobs) {
+    long arrived = System.currentTimeMillis();
+    synchronized (lock) {
+      for (LeasedJob job : jobs) {
+        Held h = new Held(job, handlers.get(job.getQueue()));
+        if (stopping) {
+          // Pushed after the stop began: back at once, unstarted.
+          answersOutstanding++;
+          toSend.add(replayed(h, releaseOf(job, Duration.ZERO)));
+          continue;
+        }
+        held.put(job.getLeaseId(), h);
+        waiting.add(h);
+        long leaseMillis = millis(job.getLeaseDeadline()) - arrived;
+        long every = Math.max(50, (leaseMillis > 0 ? leaseMillis : 1000) / 3);
+        h.heartbeats =
+            timers.scheduleAtFixedRate(() -> heartbeat(h), every, every, TimeUnit.MILLISECONDS);
+        if (job.hasTimeoutAt()) {
+          // The broker ends the attempt TIMED_OUT at this moment; the handler hears it now rather
+          // than when the broker's lease_lost arrives.
+          h.timeout =
+              timers.schedule(
+                  () -> onLost(h, JobContext.Cancellation.TIMED_OUT),
+                  Math.max(0, millis(job.getTimeoutAt()) - System.currentTimeMillis()),
+                  TimeUnit.MILLISECONDS);
+        }
+      }
+      pumpLocked();
+      dispatchLocked();
+    }
+  }
+
+  /** Starts waiting jobs, in arrival order, while a slot is free. */
+  private void dispatchLocked() {
+    while (!stopping && slotsInUse < concurrency && !waiting.isEmpty()) {
+      Held h = waiting.poll();
+      h.holdsSlot = true;
+      slotsInUse++;
+      handlersRunning++;
+      handlerThreads.execute(() -> runHandler(h));
+    }
+  }
+
+  private void runHandler(Held h) {
+    Object value = null;
+    Throwable error = null;
+    h.ctx.enterHandler();
+    try {
+      if (h.handler == null) {
+        throw new IllegalStateException("no handler for queue " + h.job.getQueue());
+      }
+      value = h.handler.handle(h.ctx);
+    } catch (Throwable t) { // an exception or Error is the attempt's failure, never the worker's
+      error = t;
+    } finally {
+      h.ctx.leaveHandler();
+    }
+    finishAttempt(h, value, error);
+  }
+
+  /** The handler returned or threw: the answer its end means (contract §1). */
+  private void finishAttempt(Held h, Object value, Throwable error) {
+    WorkRequest.Builder answer = null;
+    JobContext.Cancellation why = h.ctx.cancellation();
+    if (why == JobContext.Cancellation.SHUTDOWN) {
+      answer = releaseOf(h.job, Duration.ZERO);
+    } else if (why == JobContext.Cancellation.OPERATOR) {
+      answer = failOf(h.job, "cancelled");
+    } else if (error == null) {
+      try {
+        answer = ackOf(h.job, encodeResult(value, h.ctx));
+      } catch (IllegalArgumentException e) {
+        answer = failOf(h.job, "the result cannot be encoded: " + e.getMessage());
+      }
+    } else if (error instanceof Snooze s) {
+      answer = releaseOf(h.job, s.delay());
+    } else if (error instanceof PermanentError) {
+      answer = failOf(h.job, textOf(error));
+      answer.getFailBuilder().setPermanent(true);
+    } else if (error instanceof RetryAfter r) {
+      answer = failOf(h.job, textOf(error));
+      answer.getFailBuilder().setRetryAfter(JobBrokerClient.toProto(r.delay()));
+    } else {
+      answer = failOf(h.job, textOf(error));
+    }
+    synchronized (lock) {
+      handlersRunning--;
+      freeSlotLocked(h);
+      // A lost lease (or time-out) removed it already: the broker ended the attempt.
+      if (held.get(h.job.getLeaseId()) == h) {
+        forgetLocked(h);
+        answerLocked(h, answer);
+        pumpLocked();
+      }
+      dispatchLocked();
+      lock.notifyAll();
+    }
+  }
+
+  private static byte[] encodeResult(Object value, JobContext ctx) {
+    if (value == null) {
+      return ctx.result();
+    }
+    if (value instanceof byte[] b) {
+      return b;
+    }
+    if (value instanceof String s) {
+      return s.getBytes(StandardCharsets.UTF_8);
+    }
+    return Json.encode(value);
+  }
+
+  private static String textOf(Throwable e) {
+    return e.getMessage() == null ? e.toString() : e.getMessage();
+  }
+
+  private void freeSlotLocked(Held h) {
+    if (h.holdsSlot) {
+      h.holdsSlot = false;
+      slotsInUse--;
+    }
+  }
+
+  /** Stops heartbeating {@code h} and drops it from what the worker holds. */
+  private void forgetLocked(Held h) {
+    held.remove(h.job.getLeaseId(), h);
+    waiting.remove(h);
+    if (h.heartbeats != null) {
+      h.heartbeats.cancel(false);
+    }
+    if (h.timeout != null) {
+      h.timeout.cancel(false);
+    }
+  }
+
+  /** Queues an ack, fail or release of {@code h}: sent when a stream can take it. */
+  private void answerLocked(Held h, WorkRequest.Builder answer) {
+    answersOutstanding++;
+    if (answer.hasAck()) {
+      acksWaiting.add(new Request(answer, Kind.ACKS, h, r -> onAnswered(h, answer, r)));
+    } else {
+      toSend.add(replayed(h, answer));
+    }
+  }
+
+  private Request replayed(Held h, WorkRequest.Builder answer) {
+    return new Request(answer, Kind.REPLAYED, h, r -> onAnswered(h, answer, r));
+  }
+
+  private void onAnswered(Held h, WorkRequest.Builder answer, WorkResult r) {
+    String what = answer.getRequestCase().name().toLowerCase();
+    if (r.getCode() == 0) {
+      switch (answer.getRequestCase()) {
+        case ACK -> acked.incrementAndGet();
+        case FAIL -> failed.incrementAndGet();
+        default -> released.incrementAndGet();
+      }
+    } else if (isStale(r.getCode())) {
+      // Final: the broker ended the attempt already (a lost lease, a cancel, a time-out).
+      log.info("job " + h.job.getJobId() + ": " + what + " refused as stale: " + r.getMessage());
+    } else {
+      log.warning("job " + h.job.getJobId() + ": " + what + " refused: " + r.getMessage());
+    }
+    synchronized (lock) {
+      answersOutstanding--;
+      lock.notifyAll();
+    }
+  }
+
+  private static boolean isStale(int code) {
+    return code == Status.Code.FAILED_PRECONDITION.value()
+        || code == Status.Code.NOT_FOUND.value();
+  }
+
+  /** The lease of {@code h} ended (lost, or timed out): nothing more is sent for it. */
+  private void onLost(Held h, JobContext.Cancellation why) {
+    synchronized (lock) {
+      if (held.get(h.job.getLeaseId()) != h) {
+        return;
+      }
+      forgetLocked(h);
+      toSend.removeIf(r -> r.held == h && r.body.hasHeartbeat()); // a step's save: refused below
+      freeSlotLocked(h);
+      lost.incrementAndGet();
+      dispatchLocked();
+      lock.notifyAll();
+    }
+    h.ctx.cancel(why);
+    log.info("job " + h.job.getJobId() + " attempt " + h.job.getAttempt() + ": " + why);
+  }
+
+  private void onLeaseLost(String jobId, JobContext.Cancellation why) {
+    for (Held h : heldWithJobId(jobId)) {
+      onLost(h, why);
+    }
+  }
+
+  private void onCancelRequested(String jobId) {
+    for (Held h : heldWithJobId(jobId)) {
+      synchronized (lock) {
+        if (waiting.contains(h)) {
+          // Not started: nothing to interrupt, the answer is the cancelled attempt's.
+          forgetLocked(h);
+          answerLocked(h, failOf(h.job, "cancelled"));
+          pumpLocked();
+          continue;
+        }
+      }
+      h.ctx.cancel(JobContext.Cancellation.OPERATOR);
+    }
+  }
+
+  private List<Held> heldWithJobId(String jobId) {
+    List<Held> out = new ArrayList<>();
+    synchronized (lock) {
+      for (Held h : held.values()) {
+        if (h.job.getJobId().equals(jobId)) {
+          out.add(h);
+        }
+      }
+    }
+    return out;
+  }
+
+  // ---- heartbeats, progress, checkpoints ----
+
+  private HeartbeatRequest.Builder heartbeatOf(Held h) {
+    return HeartbeatRequest.newBuilder()
+        .setJobId(h.job.getJobId())
+        .setLeaseId(h.job.getLeaseId());
+  }
+
+  /** The periodic heartbeat of a held job; skipped while no stream is subscribed. */
+  private void heartbeat(Held h) {
+    synchronized (lock) {
+      Session s = session;
+      if (held.get(h.job.getLeaseId()) != h || s == null || !s.usableLocked()) {
+        return;
+      }
+      s.sendLocked(
+          new Request(
+              WorkRequest.newBuilder().setHeartbeat(heartbeatOf(h)),
+              Kind.CONTROL,
+              h,
+              r -> onHeartbeatAnswered(h, r)));
+    }
+  }
+
+  /** What any heartbeat's answer says about the attempt: lost, or cancelled by an operator. */
+  private void onHeartbeatAnswered(Held h, WorkResult r) {
+    if (isStale(r.getCode())) {
+      onLost(h, JobContext.Cancellation.LEASE_LOST);
+    } else if (r.getCode() == 0 && r.getCancelRequested()) {
+      onCancelRequested(h.job.getJobId());
+    }
+  }
+
+  private void sendProgressLocked(Held h) {
+    Session s = session;
+    if (s == null || !s.usableLocked()) {
+      return; // progressWaiting goes out once a stream is subscribed
+    }
+    byte[] value = h.progressWaiting;
+    h.progressWaiting = null;
+    h.progressInFlight = true;
+    s.sendLocked(
+        new Request(
+            WorkRequest.newBuilder()
+                .setHeartbeat(heartbeatOf(h).setProgress(ByteString.copyFrom(value))),
+            Kind.CONTROL,
+            h,
+            r -> {
+              synchronized (lock) {
+                h.progressInFlight = false;
+                if (r == STREAM_ENDED && h.progressWaiting == null) {
+                  h.progressWaiting = value; // the stream ended: the newest goes out on the next
+                }
+                if (h.progressWaiting != null && held.get(h.job.getLeaseId()) == h) {
+                  sendProgressLocked(h);
+                }
+              }
+              onHeartbeatAnswered(h, r);
+            }));
+  }
+
+  /** A step's save: a heartbeat with the checkpoint, at once, waited for (contract §7). */
+  private void saveCheckpointOf(Held h, byte[] checkpoint) throws InterruptedException {
+    CompletableFuture<WorkResult> answered = new CompletableFuture<>();
+    Request save =
+        new Request(
+            WorkRequest.newBuilder()
+                .setHeartbeat(heartbeatOf(h).setCheckpoint(ByteString.copyFrom(checkpoint))),
+            Kind.REPLAYED,
+            h,
+            answered::complete);
+    synchronized (lock) {
+      if (held.get(h.job.getLeaseId()) != h) {
+        throw new LeaseLostException("job " + h.job.getJobId() + ": the lease is no longer held");
+      }
+      toSend.add(save);
+      pumpLocked();
+    }
+    WorkResult r;
+    try {
+      // A lost lease drops the save from the line; the cancellation interrupts this wait.
+      r = answered.get();
+    } catch (ExecutionException e) {
+      throw new IllegalStateException(e);
+    }
+    if (r.getCode() != 0) {
+      onHeartbeatAnswered(h, r);
+      throw new LeaseLostException(
+          "job " + h.job.getJobId() + ": checkpoint refused: " + r.getMessage());
+    }
+    if (r.getCancelRequested()) {
+      onCancelRequested(h.job.getJobId());
+    }
+  }
+
+  // ---- requests ----
+
+  private static WorkRequest.Builder ackOf(LeasedJob job, byte[] result) {
+    return WorkRequest.newBuilder()
+        .setAck(
+            AckRequest.newBuilder()
+                .setJobId(job.getJobId())
+                .setLeaseId(job.getLeaseId())
+                .setResult(ByteString.copyFrom(result)));
+  }
+
+  private static WorkRequest.Builder failOf(LeasedJob job, String error) {
+    return WorkRequest.newBuilder()
+        .setFail(
+            FailRequest.newBuilder()
+                .setJobId(job.getJobId())
+                .setLeaseId(job.getLeaseId())
+                .setError(error));
+  }
+
+  private static WorkRequest.Builder releaseOf(LeasedJob job, Duration delay) {
+    ReleaseRequest.Builder release =
+        ReleaseRequest.newBuilder().setJobId(job.getJobId()).setLeaseId(job.getLeaseId());
+    if (!delay.isZero()) {
+      release.setDelay(JobBrokerClient.toProto(delay));
+    }
+    return WorkRequest.newBuilder().setRelease(release);
   }
 
   // ---- helpers ----
 
-  private boolean isStopping() {
-    synchronized (lock) {
-      return stopping;
-    }
-  }
-
-  /** Waits until no handler is busy; false if {@code deadlineNanos} passed first. */
-  private boolean waitIdle(long deadlineNanos) throws InterruptedException {
-    synchronized (lock) {
-      while (busy > 0) {
-        long left = deadlineNanos - System.nanoTime();
-        if (left <= 0) {
-          return false;
-        }
-        TimeUnit.NANOSECONDS.timedWait(lock, left);
-      }
-      return true;
-    }
-  }
-
-  private void stopQuietly(Duration grace) {
-    try {
-      stop(grace);
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-    } catch (RuntimeException e) {
-      log.log(Level.WARNING, "stop failed", e);
-    }
+  private static long millis(Timestamp t) {
+    return t.getSeconds() * 1000 + t.getNanos() / 1_000_000;
   }
 
   private static String defaultWorkerId() {

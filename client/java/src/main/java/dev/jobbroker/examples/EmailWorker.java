@@ -31,22 +31,22 @@ public final class EmailWorker {
     this.sendMillis = sendMillis;
   }
 
-  /** Runs one attempt: returning acks the job, throwing fails it. */
-  private void send(JobContext job) throws Exception {
+  /** Runs one attempt: returning acks the job (the text is its result), throwing fails it. */
+  private String send(JobContext job) throws Exception {
     String to = job.payloadText().trim();
     if (!to.contains("@")) {
       throw new PermanentError("invalid address: \"" + to + "\"");
     }
     log("sending job=%s to=%s attempt=%d", job.jobId(), to, job.attempt());
     if (job.sleepUnlessCancelled(sendMillis)) {
-      throw new IOException("send interrupted: " + job.cancelReason());
+      throw new IOException("send interrupted: " + job.cancellation());
     }
     if (to.startsWith("flaky") && job.attempt() == 1) {
       throw new IOException("provider timed out sending to " + to);
     }
     // A real provider gets job.idempotencyKey() so that a repeated attempt sends nothing twice.
-    job.setResult(("sent to " + to).getBytes(java.nio.charset.StandardCharsets.UTF_8));
     log("sent job=%s to=%s key=%s", job.jobId(), to, job.idempotencyKey());
+    return "sent to " + to;
   }
 
   public static void main(String[] args) throws Exception {
@@ -58,12 +58,12 @@ public final class EmailWorker {
     try (JobBrokerClient client = JobBrokerClient.connectFromEnv()) {
       Worker worker =
           Worker.builder(client)
-              .queues(queue)
+              .handle(queue, emails::send)
               .concurrency(concurrency)
               .prefetch(prefetch)
-              .handler(emails::send)
+              .grace(Duration.ofSeconds(30))
               .build();
-      worker.stopOnSignal(Duration.ofSeconds(30));
+      worker.stopOnSignal();
       worker.start(); // throws StatusRuntimeException if the broker refuses the subscription
       log("ready queue=%s concurrency=%d", queue, concurrency);
       worker.awaitTermination();

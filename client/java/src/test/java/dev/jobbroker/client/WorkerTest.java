@@ -54,9 +54,13 @@ class WorkerTest {
     String id = broker.client.enqueue("worker-long", "3 seconds of work").getJobId();
     start(
         Worker.builder(broker.client)
-            .queues("worker-long")
             .leaseDuration(Duration.ofSeconds(1))
-            .handler(job -> Thread.sleep(3000)));
+            .handle(
+                "worker-long",
+                job -> {
+                  Thread.sleep(3000);
+                  return null;
+                }));
     Job done = broker.awaitState(id, JobState.JOB_STATE_COMPLETED);
     assertEquals(1, done.getAttempt(), "no lease ran out: " + done);
     assertEquals(1, done.getAttemptsCount());
@@ -68,13 +72,13 @@ class WorkerTest {
     String id = broker.client.enqueue("retries", "fails once").getJobId();
     start(
         Worker.builder(broker.client)
-            .queues("retries")
-            .handler(
+            .handle(
+                "retries",
                 job -> {
                   if (job.attempt() == 1) {
                     throw new IOException("provider timed out");
                   }
-                  job.setResult("ok".getBytes());
+                  return "ok";
                 }));
     Job done = broker.awaitState(id, JobState.JOB_STATE_COMPLETED);
     assertEquals(2, done.getAttempt());
@@ -95,8 +99,8 @@ class WorkerTest {
     AtomicInteger runs = new AtomicInteger();
     start(
         Worker.builder(broker.client)
-            .queues("worker-permanent")
-            .handler(
+            .handle(
+                "worker-permanent",
                 job -> {
                   runs.incrementAndGet();
                   throw new PermanentError("invalid address");
@@ -113,12 +117,13 @@ class WorkerTest {
     String id = broker.client.enqueue("worker-retry-after", "rate limited").getJobId();
     start(
         Worker.builder(broker.client)
-            .queues("worker-retry-after")
-            .handler(
+            .handle(
+                "worker-retry-after",
                 job -> {
                   if (job.attempt() == 1) {
                     throw new RetryAfter(Duration.ofMillis(100), "429 from provider");
                   }
+                  return null;
                 }));
     // The queue's default backoff is 1 s with full jitter; retry_after replaces it.
     Job done = broker.awaitState(id, JobState.JOB_STATE_COMPLETED);
@@ -132,14 +137,15 @@ class WorkerTest {
     List<String> seen = new java.util.concurrent.CopyOnWriteArrayList<>();
     start(
         Worker.builder(broker.client)
-            .queues("retries")
-            .handler(
+            .handle(
+                "retries",
                 job -> {
                   seen.add(new String(job.checkpoint()));
                   if (job.attempt() == 1) {
                     job.saveCheckpoint("step 1 done".getBytes());
                     throw new IOException("crash after step 1");
                   }
+                  return null;
                 }));
     broker.awaitState(id, JobState.JOB_STATE_COMPLETED);
     assertEquals(List.of("", "step 1 done"), seen);
@@ -148,7 +154,7 @@ class WorkerTest {
   @Test
   void refusedSubscriptionIsReported() {
     Worker bad =
-        Worker.builder(broker.client).queues("not a valid name!").handler(job -> {}).build();
+        Worker.builder(broker.client).handle("not a valid name!", job -> null).build();
     StatusRuntimeException e = assertThrows(StatusRuntimeException.class, bad::start);
     assertEquals(Status.Code.INVALID_ARGUMENT, e.getStatus().getCode());
     assertTrue(bad.isTerminated());
@@ -164,14 +170,15 @@ class WorkerTest {
     AtomicInteger started = new AtomicInteger();
     start(
         Worker.builder(broker.client)
-            .queues("worker-drain")
             .concurrency(1)
             .prefetch(2) // the other two wait here, leased but not started
-            .handler(
+            .handle(
+                "worker-drain",
                 job -> {
                   started.incrementAndGet();
                   running.countDown();
                   assertTrue(release.await(30, TimeUnit.SECONDS));
+                  return null;
                 }));
     assertTrue(running.await(30, TimeUnit.SECONDS));
     // All three are leased by this worker once the prefetch is full.
@@ -223,9 +230,8 @@ class WorkerTest {
       AtomicInteger handled = new AtomicInteger();
       worker =
           Worker.builder(own.client)
-              .queues("worker-reconnect")
               .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
-              .handler(job -> handled.incrementAndGet())
+              .handle("worker-reconnect", job -> handled.incrementAndGet())
               .build();
       worker.start();
       String before = own.client.enqueue("worker-reconnect", "before").getJobId();
