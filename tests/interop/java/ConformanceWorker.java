@@ -18,6 +18,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CancellationException;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.TimeUnit;
 
 /**
  * The Java conformance worker of tests/interop/CONFORMANCE.md: one handler per --queues entry,
@@ -86,8 +87,19 @@ public final class ConformanceWorker {
         break;
       case "wait_cancel":
         if (job.attempt() < okFrom) {
+          if ("return".equals(p.get("after_cancel"))) {
+            // The work was done anyway: return normally after the cancellation (acked).
+            job.awaitCancellation();
+            event(jobEvent(job, "cancelled"));
+            break;
+          }
           cancellably(job, job::awaitCancellation);
           throw new IllegalStateException("awaitCancellation returned uncancelled");
+        }
+        break;
+      case "ignore_cancel":
+        if (job.attempt() < okFrom) {
+          sleepIgnoringCancellation(number(p, "ms"));
         }
         break;
       case "fail":
@@ -206,6 +218,18 @@ public final class ConformanceWorker {
     }
     event(jobEvent(job, "cancelled"));
     throw new CancellationException("cancelled: " + job.cancellation());
+  }
+
+  /** A handler stuck in a blocking call: sleeps {@code ms}, swallowing the cancel's interrupt. */
+  private static void sleepIgnoringCancellation(long ms) {
+    long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(ms);
+    for (long left; (left = end - System.nanoTime()) > 0; ) {
+      try {
+        TimeUnit.NANOSECONDS.sleep(left);
+      } catch (InterruptedException e) {
+        // not looking at it
+      }
+    }
   }
 
   private static Map<String, Object> jobEvent(JobContext job, String name) {

@@ -27,7 +27,11 @@ public final class JobContext {
   public enum Cancellation {
     /** Not cancelled. */
     NONE,
-    /** An operator cancelled the job (Admin.CancelJob); the job ends CANCELLED. */
+    /**
+     * An operator cancelled the job (Admin.CancelJob): a handler that then throws (or is ended by
+     * the interrupt) leaves it CANCELLED; one that returns normally did the work, and its ack
+     * completes the job with the result.
+     */
     OPERATOR,
     /** The lease ran out or a heartbeat was refused; another attempt may run the job. */
     LEASE_LOST,

@@ -12,7 +12,9 @@ package dev.jobbroker.client;
  *
  * <p>Cancellation (operator cancel, lost lease, time-out, end of a graceful stop's grace)
  * interrupts the handler's thread and turns {@link JobContext#isCancelled()} true; a handler that
- * ignores both keeps its thread until it returns.
+ * ignores both keeps its thread, and its slot of the worker's {@code concurrency}, until it
+ * returns. After an operator cancel, returning normally still acks (the job completes); throwing
+ * leaves it cancelled.
  */
 @FunctionalInterface
 public interface JobHandler {

@@ -58,14 +58,20 @@ import java.util.logging.Logger;
  * <p>What it does: at most {@code concurrency} handlers at once, up to {@code prefetch} more jobs
  * held (leased, heartbeated) and started in arrival order; heartbeats every third of each lease;
  * the handler's thread interrupted and {@link JobContext#isCancelled()} true on an operator
- * cancel, a lost lease, the job's time-out or the end of a graceful stop's grace; acks coalesced
- * (one ack message in flight, the acks that end meanwhile go out together as one {@code
- * ack_batch}); acks, fails and releases not answered when the stream breaks sent again on the next
- * one; reconnects with backoff (100 ms doubling to 5 s, full jitter).
+ * cancel, a lost lease, the job's time-out or the end of a graceful stop's grace (after an operator
+ * cancel, a handler that throws fails the attempt "cancelled" and one that returns normally is
+ * acked: the broker completes the cancelled job); acks coalesced (one ack message in flight, the
+ * acks that end meanwhile go out together as one {@code ack_batch}); acks, fails and releases not
+ * answered when the stream breaks sent again on the next one; reconnects with backoff (100 ms
+ * doubling to 5 s, full jitter).
  *
- * <p>A handler that ignores its cancellation keeps its thread until it returns: Java cannot stop
- * it. After a lost lease or a time-out its slot is freed at once (the broker already ended the
- * attempt), so such a handler runs beside the next ones.
+ * <p>{@code concurrency} is a hard bound. A handler that ignores its cancellation keeps its thread
+ * until it returns (Java cannot stop it), and it keeps its slot too: after a lost lease or a
+ * time-out the attempt is forgotten at once (no heartbeats, no answer: the broker already ended
+ * it), but no other handler starts in its place until it returns. The broker counts the attempt
+ * as ended, so it may push another job meanwhile: that one waits, leased and heartbeated, like a
+ * prefetched job. A worker whose slots are all held by stuck handlers takes no new work (visible
+ * in {@code Admin.ListWorkers} and the dashboard).
  *
  * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
  */
@@ -108,7 +114,7 @@ public final class Worker {
   private Session session; // the current stream, null between streams
   private final Map<String, Held> held = new LinkedHashMap<>(); // by lease id
   private final ArrayDeque<Held> waiting = new ArrayDeque<>(); // held, not started, in order
-  private int slotsInUse;
+  private int slotsInUse; // handlers holding a slot: a lost attempt's too, until it returns
   private int handlersRunning; // threads inside a handler (a lost attempt's too)
   private final ArrayDeque<Request> toSend = new ArrayDeque<>(); // fails, releases, checkpoints
   private final ArrayDeque<Request> acksWaiting = new ArrayDeque<>();
@@ -909,9 +915,12 @@ public final class Worker {
     JobContext.Cancellation why = h.ctx.cancellation();
     if (why == JobContext.Cancellation.SHUTDOWN) {
       answer = releaseOf(h.job, Duration.ZERO);
-    } else if (why == JobContext.Cancellation.OPERATOR) {
+    } else if (why == JobContext.Cancellation.OPERATOR && error != null) {
+      // Ended by the cancel (or failing after it): the broker cancels the job.
       answer = failOf(h.job, "cancelled");
     } else if (error == null) {
+      // Also after an operator cancel: the handler returned normally, the work was done, and the
+      // broker completes a cancelled job on ack.
       try {
         answer = ackOf(h.job, encodeResult(value, h.ctx));
       } catch (IllegalArgumentException e) {
@@ -930,7 +939,7 @@ public final class Worker {
     }
     synchronized (lock) {
       handlersRunning--;
-      freeSlotLocked(h);
+      freeSlotLocked(h); // only now, also for a lost attempt: concurrency is a hard bound
       // A lost lease (or time-out) removed it already: the broker ended the attempt.
       if (held.get(h.job.getLeaseId()) == h) {
         forgetLocked(h);
@@ -1017,17 +1026,18 @@ public final class Worker {
         || code == Status.Code.NOT_FOUND.value();
   }
 
-  /** The lease of {@code h} ended (lost, or timed out): nothing more is sent for it. */
+  /**
+   * The lease of {@code h} ended (lost, or timed out): nothing more is sent for it. A running
+   * handler keeps its slot until it returns (finishAttempt frees it): concurrency is a hard bound.
+   */
   private void onLost(Held h, JobContext.Cancellation why) {
     synchronized (lock) {
       if (held.get(h.job.getLeaseId()) != h) {
         return;
       }
-      forgetLocked(h);
+      forgetLocked(h); // a waiting one leaves the line; it held no slot
       toSend.removeIf(r -> r.held == h && r.body.hasHeartbeat()); // a step's save: refused below
-      freeSlotLocked(h);
       lost.incrementAndGet();
-      dispatchLocked();
       lock.notifyAll();
     }
     h.ctx.cancel(why);

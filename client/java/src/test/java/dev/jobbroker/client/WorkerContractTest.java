@@ -185,6 +185,106 @@ class WorkerContractTest {
   }
 
   @Test
+  void aHandlerThatReturnsAfterAnOperatorCancelIsAckedAndTheJobCompletes() throws Exception {
+    String id = enqueue("contract-cancel-done", "x");
+    CountDownLatch running = new CountDownLatch(1);
+    AtomicReference<JobContext.Cancellation> seen = new AtomicReference<>();
+    start(
+        Worker.builder(broker.client)
+            .handle(
+                "contract-cancel-done",
+                job -> {
+                  running.countDown();
+                  job.awaitCancellation();
+                  seen.set(job.cancellation());
+                  return "finished anyway"; // the work was done: an ack completes a cancelled job
+                }));
+    assertTrue(running.await(30, TimeUnit.SECONDS));
+    broker.client.admin().cancelJob(CancelJobRequest.newBuilder().setJobId(id).build());
+    Job done = broker.awaitState(id, JobState.JOB_STATE_COMPLETED);
+    assertEquals("finished anyway", done.getResult().toStringUtf8());
+    assertEquals(1, done.getAttempt());
+    worker.stop(Duration.ofSeconds(10)); // waits for the ack's answer
+    assertEquals(JobContext.Cancellation.OPERATOR, seen.get());
+    assertEquals(1, worker.stats().acked());
+    assertEquals(0, worker.stats().failed());
+  }
+
+  @Test
+  void aTimedOutHandlerThatIgnoresItKeepsItsSlotUntilItReturns() throws Exception {
+    // concurrency is a hard bound: the stuck handler's attempt is over (the broker timed it out,
+    // the helper forgot it), but the next job, pushed meanwhile, waits until the handler returns.
+    String stuck =
+        broker
+            .client
+            .enqueue(
+                EnqueueRequest.newBuilder()
+                    .setQueue("contract-stuck")
+                    .setPayload(ByteString.copyFromUtf8("stuck"))
+                    .setTimeout(JobBrokerClient.toProto(Duration.ofMillis(300)))
+                    .build())
+            .getJobId();
+    CountDownLatch stuckRunning = new CountDownLatch(1);
+    CountDownLatch unstick = new CountDownLatch(1);
+    AtomicInteger running = new AtomicInteger();
+    AtomicInteger most = new AtomicInteger();
+    List<String> order = new CopyOnWriteArrayList<>();
+    AtomicReference<JobContext.Cancellation> seen = new AtomicReference<>();
+    start(
+        Worker.builder(broker.client)
+            .concurrency(1)
+            .handle(
+                "contract-stuck",
+                job -> {
+                  most.accumulateAndGet(running.incrementAndGet(), Math::max);
+                  try {
+                    order.add("start " + job.payloadText() + " " + job.attempt());
+                    if (job.payloadText().equals("stuck") && job.attempt() == 1) {
+                      stuckRunning.countDown();
+                      // A blocking call that ignores the interrupt of the time-out.
+                      while (true) {
+                        try {
+                          unstick.await();
+                          break;
+                        } catch (InterruptedException ignored) {
+                          // not looking at it
+                        }
+                      }
+                      seen.set(job.cancellation());
+                      order.add("stuck returned");
+                    }
+                    return "ok " + job.attempt();
+                  } finally {
+                    running.decrementAndGet();
+                  }
+                }));
+    assertTrue(stuckRunning.await(30, TimeUnit.SECONDS));
+    String next = enqueue("contract-stuck", "next");
+    // The broker ended attempt 1 and, its in-flight slot free, pushed the next job: the helper
+    // holds it (leased, heartbeated) without starting it.
+    broker.awaitJob(
+        stuck,
+        j -> j.getAttemptsCount() >= 1
+            && j.getAttempts(0).getOutcome() == AttemptOutcome.ATTEMPT_OUTCOME_TIMED_OUT,
+        Duration.ofSeconds(30));
+    broker.awaitState(next, JobState.JOB_STATE_ACTIVE);
+    Thread.sleep(300); // time for a wrongly freed slot to start it
+    assertEquals(List.of("start stuck 1"), order);
+    assertEquals(JobState.JOB_STATE_ACTIVE, broker.client.getJob(next).getState());
+    unstick.countDown();
+    Job nextDone = broker.awaitState(next, JobState.JOB_STATE_COMPLETED);
+    assertEquals(1, nextDone.getAttempt());
+    Job stuckDone = broker.awaitState(stuck, JobState.JOB_STATE_COMPLETED);
+    assertEquals("ok 2", stuckDone.getResult().toStringUtf8()); // attempt 1's return sent nothing
+    assertEquals(JobContext.Cancellation.TIMED_OUT, seen.get());
+    assertEquals(1, most.get(), "handlers at once");
+    assertTrue(
+        order.indexOf("stuck returned") < order.indexOf("start next 1"), order.toString());
+    worker.stop(Duration.ofSeconds(10));
+    assertEquals(new Worker.Stats(2, 0, 0, 1, 0), worker.stats());
+  }
+
+  @Test
   void aTimeOutInterruptsTheHandlerAndTheNextAttemptRuns() throws Exception {
     String id =
         broker
