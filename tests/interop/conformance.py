@@ -347,6 +347,40 @@ def operator_cancel(r: Run) -> None:
     w.stop_gracefully()
 
 
+def cancelled_work_finished(r: Run) -> None:
+    # A handler that sees the cancel but returns normally did the work: the ack completes it.
+    w = r.worker("--lease-ms", "60000")
+    job_id = r.broker.enqueue(r.queue, {"action": "wait_cancel", "after_cancel": "return"})
+    w.wait_event("start", job_id)
+    r.broker.call(r.broker.admin.CancelJob, admin_pb2.CancelJobRequest(job_id=job_id))
+    w.wait_event("cancelled", job_id)
+    job = r.broker.wait_state(job_id, COMPLETED)
+    check(result_of(job) == ok_result(r.queue), f"result {result_of(job)}")
+    w.stop_gracefully()
+
+
+def stuck_handler_keeps_slot(r: Run) -> None:
+    # concurrency is a hard bound: a timed-out handler that ignores its cancellation keeps its
+    # slot until it returns, so the next job starts only after it.
+    w = r.worker("--concurrency", "1", "--lease-ms", "60000")
+    stuck = r.broker.enqueue(r.queue, {"action": "ignore_cancel", "ms": 1500,
+                                       "ok_from_attempt": 2}, timeout_ms=300)
+    w.wait_event("start", stuck)
+    after = r.broker.enqueue(r.queue, {"action": "ok"})
+    r.broker.wait_state(after, COMPLETED)
+    job = r.broker.wait_state(stuck, COMPLETED)
+    check(job.attempts[0].outcome == job_pb2.ATTEMPT_OUTCOME_TIMED_OUT,
+          f"attempt 1 ended {job_pb2.AttemptOutcome.Name(job.attempts[0].outcome)}, want "
+          f"TIMED_OUT")
+    order = [(e.get("event"), e.get("job"), e.get("attempt")) for e in w.events()
+             if e.get("event") in ("start", "done")]
+    stuck_done = order.index(("done", stuck, 1)) if ("done", stuck, 1) in order else None
+    after_start = [i for i, e in enumerate(order) if e[:2] == ("start", after)]
+    check(stuck_done is not None and after_start and after_start[0] > stuck_done,
+          f"the next job started beside the stuck handler (concurrency 1): {order}")
+    w.stop_gracefully()
+
+
 def timeout(r: Run) -> None:
     w = r.worker("--lease-ms", "60000")
     job_id = r.broker.enqueue(r.queue, {"action": "wait_cancel", "ok_from_attempt": 2},
@@ -535,7 +569,8 @@ def identifies(r: Run) -> None:
 
 SCENARIOS: dict[str, Callable[[Run], None]] = {
     f.__name__: f
-    for f in (per_queue_handlers, lost_lease, operator_cancel, timeout, graceful_stop,
+    for f in (per_queue_handlers, lost_lease, operator_cancel, cancelled_work_finished, timeout,
+              stuck_handler_keeps_slot, graceful_stop,
               grace_then_cancel, permanent, retry_after, snooze, reconnect, steps, progress,
               seed_kill, identifies)
 }
@@ -557,11 +592,6 @@ def build(lang: str) -> str:
 def run_language(lang: str, scenarios: list[str], binary: str,
                  root: Path) -> Iterator[tuple[str, float, str]]:
     """Yields (scenario, seconds, problem or "") for each scenario."""
-    failure = build(lang)
-    if failure:
-        for name in scenarios:
-            yield name, 0.0, failure
-        return
     workdir = root / lang
     workdir.mkdir()
     broker = Broker(binary, workdir)
@@ -585,10 +615,41 @@ def run_language(lang: str, scenarios: list[str], binary: str,
         broker.stop()
 
 
+def steps_across(first: str, second: str, broker: Broker, root: Path) -> str:
+    """A job whose worker died in `first` is finished in `second`: the checkpoint format is one
+    (StepCheckpoint, results as UTF-8 JSON), so the steps `first` saved are not run again and
+    their results come back as `first` wrote them. Returns the problem, or ""."""
+    run = Run(first, f"steps_{first}_to_{second}", broker, root)
+    try:
+        job_id = broker.enqueue(run.queue, {"action": "steps", "steps": ["a", "b", "c"]})
+        dying = run.worker("--lease-ms", "1000", "--die-at-step", "c")
+        code = dying.wait_exit()
+        check(code == -signal.SIGKILL, f"{first} worker should die by SIGKILL in step c, exit "
+              f"{code}\n{dying.tail()}")
+        run.lang = second
+        w = run.worker("--lease-ms", "1000")
+        job = broker.wait_state(job_id, COMPLETED)
+        ran = [(first, e.get("step")) for e in dying.events("step", job_id)] + \
+            [(second, e.get("step")) for e in w.events("step", job_id)]
+        want_ran = [(first, "a"), (first, "b"), (first, "c"), (second, "c")]
+        check(ran == want_ran, f"step bodies ran {ran}, want {want_ran}")
+        want = {"a": {"by": first, "step": "a"}, "b": {"by": first, "step": "b"},
+                "c": {"by": second, "step": "c"}}
+        check(result_of(job) == want, f"result {result_of(job)}, want {want}")
+        w.stop_gracefully()
+        return ""
+    except ScenarioFailed as err:
+        return str(err)
+    finally:
+        run.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lang", action="append", choices=LANGS)
     parser.add_argument("--scenario", action="append", choices=list(SCENARIOS))
+    parser.add_argument("--all-pairs", action="store_true",
+                        help="steps across every ordered pair of languages, not only the chain")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
     args = parser.parse_args()
     langs = args.lang or LANGS
@@ -598,14 +659,43 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="conformance."))
     cells: dict[tuple[str, str], str] = {}
     problems: list[str] = []
+    built: list[str] = []
+    pairs: dict[tuple[str, str], str] = {}
     try:
         for lang in langs:
+            failure = build(lang)
+            if failure:
+                for name in scenarios:
+                    cells[(lang, name)] = "FAIL"
+                problems.append(f"--- {lang}: every scenario\n{failure}")
+                continue
+            built.append(lang)
             for name, took, problem in run_language(lang, scenarios, binary, root):
                 cells[(lang, name)] = "FAIL" if problem else "pass"
                 print(f"{lang:<11} {name:<20} {'FAIL' if problem else 'pass'} {took:5.1f} s",
                       flush=True)
                 if problem:
                     problems.append(f"--- {lang} / {name}\n{problem}")
+        # Durable steps across languages: the chain (each language once first, once second), or
+        # every ordered pair. Only with the whole scenario list: a --scenario run is a focus.
+        if not args.scenario and len(built) >= 2:
+            if args.all_pairs:
+                order = [(a, b) for a in built for b in built if a != b]
+            else:
+                order = list(zip(built, built[1:] + built[:1]))
+            workdir = root / "across"
+            workdir.mkdir()
+            broker = Broker(binary, workdir)
+            try:
+                for first, second in order:
+                    problem = steps_across(first, second, broker, workdir)
+                    pairs[(first, second)] = problem
+                    print(f"steps {first} -> {second}: {'FAIL' if problem else 'pass'}",
+                          flush=True)
+                    if problem:
+                        problems.append(f"--- steps {first} -> {second}\n{problem}")
+            finally:
+                broker.stop()
     finally:
         if args.keep or problems:
             print(f"scratch (logs, events): {root}")
@@ -622,11 +712,13 @@ def main() -> int:
                                            for lang in langs))
     failed = sum(1 for c in cells.values() if c != "pass")
     missing = len(langs) * len(scenarios) - len(cells)
+    pairs_failed = sum(1 for p in pairs.values() if p)
     for p in problems:
         print(p)
     print(f"conformance: {len(cells) - failed} passed, {failed + missing} failed "
-          f"({len(langs)} languages x {len(scenarios)} scenarios)")
-    return 0 if failed + missing == 0 else 1
+          f"({len(langs)} languages x {len(scenarios)} scenarios); steps across languages: "
+          f"{len(pairs) - pairs_failed} of {len(pairs)} pairs passed")
+    return 0 if failed + missing + pairs_failed == 0 else 1
 
 
 if __name__ == "__main__":
