@@ -10,6 +10,12 @@
 //! * [`WorkStream`]: the `Work` stream with request ids and result routing done for you; every
 //!   request returns the broker's [`v1::WorkResult`] (or a [`Status`] carrying its code).
 //!
+//! * [`Worker`]: the worker helper of `docs/worker-contract.md` (handlers per queue, leases and
+//!   heartbeats, cancellation, ack coalescing, reconnects, graceful stop, durable steps).
+//!
+//! Every call carries the `jobbroker-client: jobbroker-rust/<version>` metadata, so
+//! `Admin.ListWorkers` can tell which library a worker runs.
+//!
 //! Errors are [`tonic::Status`]; compare `status.code()` with [`Code`] (e.g.
 //! `Code::InvalidArgument` for a malformed request, `Code::FailedPrecondition` for a stale
 //! lease).
@@ -19,7 +25,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+
+pub mod worker;
+pub use worker::{
+    CancelReason, Job, Output, RunError, ShutdownHandle, Worker, WorkerBuilder, WorkerError,
+};
 
 pub use prost_types;
 pub use tonic;
@@ -34,15 +47,41 @@ pub mod v1 {
 use v1::work_request::Request;
 use v1::work_response::Response;
 
-/// The generated Broker client over a tonic channel.
-pub type BrokerClient = v1::broker_client::BrokerClient<Channel>;
-/// The generated Admin client over a tonic channel.
-pub type AdminClient = v1::admin_client::AdminClient<Channel>;
+/// The generated Broker client over a tonic channel, every call tagged with [`ClientTag`].
+pub type BrokerClient = v1::broker_client::BrokerClient<InterceptedService<Channel, ClientTag>>;
+/// The generated Admin client over a tonic channel, every call tagged with [`ClientTag`].
+pub type AdminClient = v1::admin_client::AdminClient<InterceptedService<Channel, ClientTag>>;
+
+/// The library this crate says it is on every call: `jobbroker-rust/<crate version>`.
+pub const CLIENT_NAME: &str = concat!("jobbroker-rust/", env!("CARGO_PKG_VERSION"));
+
+/// Adds the `jobbroker-client` metadata (the broker shows it in `Admin.ListWorkers`) and, when
+/// one is configured, `authorization: Bearer <token>` to every call of the clients a
+/// [`Client`] hands out.
+#[derive(Clone, Debug, Default)]
+pub struct ClientTag {
+    authorization: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+impl tonic::service::Interceptor for ClientTag {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        let metadata = request.metadata_mut();
+        metadata.insert(
+            "jobbroker-client",
+            tonic::metadata::MetadataValue::from_static(CLIENT_NAME),
+        );
+        if let Some(authorization) = &self.authorization {
+            metadata.insert("authorization", authorization.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// Both services of one broker over one HTTP/2 channel. Cheap to clone; clones share the
 /// channel. Safe to use from many tasks.
 #[derive(Clone, Debug)]
 pub struct Client {
+    channel: Channel,
     broker: BrokerClient,
     admin: AdminClient,
 }
@@ -72,10 +111,28 @@ impl Client {
 
     /// Wraps a channel the caller configured (TLS, timeouts, ...).
     pub fn from_channel(channel: Channel) -> Self {
+        Self::tagged(channel, ClientTag::default())
+    }
+
+    fn tagged(channel: Channel, tag: ClientTag) -> Self {
         Self {
-            broker: BrokerClient::new(channel.clone()),
-            admin: AdminClient::new(channel),
+            broker: v1::broker_client::BrokerClient::with_interceptor(channel.clone(), tag.clone()),
+            admin: v1::admin_client::AdminClient::with_interceptor(channel.clone(), tag),
+            channel,
         }
+    }
+
+    /// This client, with every call carrying `authorization: Bearer <token>` (for a broker
+    /// started with `--auth-tokens`). Shares the channel. `INVALID_ARGUMENT` if the token
+    /// cannot be sent as metadata (not visible ASCII).
+    pub fn with_token(&self, token: &str) -> Result<Self, Status> {
+        let authorization = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Status::invalid_argument("the token is not visible ASCII"))?;
+        let tag = ClientTag {
+            authorization: Some(authorization),
+        };
+        Ok(Self::tagged(self.channel.clone(), tag))
     }
 
     /// The generated Broker client (a clone sharing this client's channel).
@@ -135,6 +192,7 @@ impl Client {
                 next_id: AtomicU64::new(1),
                 pending: Mutex::new(HashMap::new()),
                 end: Mutex::new(None),
+                reader: Mutex::new(None),
             }),
         };
         let subscribed = stream.start(Request::Subscribe(subscribe))?;
@@ -144,7 +202,8 @@ impl Client {
             .await?
             .into_inner();
         let (events_tx, events_rx) = mpsc::unbounded_channel();
-        tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
+        let reader = tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
+        *stream.shared.reader.lock().unwrap() = Some(reader.abort_handle());
         stream.finish(subscribed).await?;
         Ok((stream, events_rx))
     }
@@ -198,6 +257,8 @@ struct Shared {
     next_id: AtomicU64,
     pending: Mutex<HashMap<u64, oneshot::Sender<v1::WorkResult>>>,
     end: Mutex<Option<Status>>,
+    /// The task reading responses: aborting it drops the response stream, cancelling the call.
+    reader: Mutex<Option<AbortHandle>>,
 }
 
 /// The sending half of a `Work` stream. Cheap to clone; safe to use from many tasks. Each call
@@ -296,6 +357,30 @@ impl WorkStream {
         self.shared.tx.lock().unwrap().take();
     }
 
+    /// True once the stream ended (the broker closed it, it broke, or it was cancelled): every
+    /// request on it fails from then on, and a new stream must be opened.
+    pub fn is_closed(&self) -> bool {
+        self.shared.end.lock().unwrap().is_some()
+    }
+
+    /// Cancels the call at once: the broker sees the stream end, unanswered requests fail and
+    /// the receiver gets [`WorkEvent::Closed`] no more (it just ends). For a clean end, use
+    /// [`WorkStream::close`] and wait for `Closed` first.
+    pub fn cancel(&self) {
+        self.close();
+        if let Some(reader) = self.shared.reader.lock().unwrap().take() {
+            reader.abort();
+        }
+        let mut end = self.shared.end.lock().unwrap();
+        if end.is_none() {
+            *end = Some(Status::cancelled("work stream cancelled"));
+        }
+        drop(end);
+        self.shared.pending.lock().unwrap().clear();
+    }
+
+    /// Queues `request` on the stream now (so requests keep the order of these calls) and
+    /// returns the waiter for its result, to pass to [`WorkStream::finish`].
     fn start(&self, request: Request) -> Result<oneshot::Receiver<v1::WorkResult>, Status> {
         let request_id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let (result_tx, result_rx) = oneshot::channel();

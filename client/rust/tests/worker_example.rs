@@ -110,7 +110,7 @@ async fn worker_example_completes_jobs_and_drains_on_sigterm() {
     let broker = Broker::start_with_config(Some(CONFIG));
     let client = broker.client().await;
     let mut worker = Worker::start(&broker.addr, "demo");
-    worker.wait_for_line("subscribed to demo");
+    worker.wait_for_line("working demo");
 
     let plain: Vec<String> = client
         .enqueue_batch((0..3).map(|i| job("demo", format!("hello {i}"))).collect())

@@ -53,6 +53,8 @@ pub struct Broker {
     child: Child,
     pub addr: String,
     pub dir: TempDir,
+    config: Option<String>,
+    extra_args: Vec<String>,
 }
 
 impl Broker {
@@ -61,76 +63,37 @@ impl Broker {
     }
 
     pub fn start_with_config(config: Option<&str>) -> Self {
-        let bin = std::env::var_os("JOBBROKER_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo_root().join("build/server/jobbroker"));
-        assert!(
-            bin.exists(),
-            "broker binary not found at {} (set JOBBROKER_BIN)",
-            bin.display()
-        );
-        let dir = TempDir::new("broker");
-        let data = dir.0.join("data");
-        let mut command = Command::new(&bin);
-        command
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--http-listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--log-level")
-            .arg("warn");
-        if let Some(config) = config {
-            let path = dir.0.join("config.json");
-            std::fs::write(&path, config).unwrap();
-            command.arg("--config").arg(path);
-        }
-        let mut child = command
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-
-        // Read stdout until the ready line, then keep draining both pipes so they never fill.
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let stdout = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            for line in lines.by_ref() {
-                let Ok(line) = line else { break };
-                if let Some(rest) = line.strip_prefix("jobbroker: serving grpc=") {
-                    let addr = rest
-                        .split_whitespace()
-                        .next()
-                        .unwrap_or_default()
-                        .to_string();
-                    let _ = ready_tx.send(addr);
-                    break;
-                }
-            }
-            for _ in lines {}
-        });
-        let mut stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = stderr.read_to_end(&mut sink);
-            if !sink.is_empty() {
-                eprint!("[broker] {}", String::from_utf8_lossy(&sink));
-            }
-        });
-        let addr = match ready_rx.recv_timeout(GIVE_UP) {
-            Ok(addr) => addr,
-            Err(_) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("broker did not print its serving line");
-            }
-        };
-        Broker { child, addr, dir }
+        Self::start_with_args(config, &[])
     }
 
+    /// Like [`Broker::start_with_config`], with more flags for the broker.
+    pub fn start_with_args(config: Option<&str>, extra_args: &[&str]) -> Self {
+        let dir = TempDir::new("broker");
+        let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
+        let (child, addr) = launch(&dir.0, "127.0.0.1:0", config, &extra_args);
+        Broker {
+            child,
+            addr,
+            dir,
+            config: config.map(str::to_string),
+            extra_args,
+        }
+    }
+
+    /// SIGKILLs the broker and starts it again on the same address and data dir (what a crash
+    /// and a supervisor's restart look like to a worker).
+    pub fn kill_and_restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (child, addr) = launch(
+            &self.dir.0,
+            &self.addr,
+            self.config.as_deref(),
+            &self.extra_args,
+        );
+        assert_eq!(addr, self.addr, "the broker came back on another address");
+        self.child = child;
+    }
     pub async fn client(&self) -> Client {
         Client::connect(&self.addr)
             .await
@@ -168,4 +131,82 @@ pub async fn wait_for_state(client: &Client, job_id: &str, state: JobState) -> j
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Starts the broker binary on `listen` with its data under `dir`; returns it and the address
+/// it printed.
+fn launch(
+    dir: &Path,
+    listen: &str,
+    config: Option<&str>,
+    extra_args: &[String],
+) -> (Child, String) {
+    let bin = std::env::var_os("JOBBROKER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("build/server/jobbroker"));
+    assert!(
+        bin.exists(),
+        "broker binary not found at {} (set JOBBROKER_BIN)",
+        bin.display()
+    );
+    let data = dir.join("data");
+    let mut command = Command::new(&bin);
+    command
+        .arg("--listen")
+        .arg(listen)
+        .arg("--http-listen")
+        .arg("127.0.0.1:0")
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--log-level")
+        .arg("warn");
+    if let Some(config) = config {
+        let path = dir.join("config.json");
+        std::fs::write(&path, config).unwrap();
+        command.arg("--config").arg(path);
+    }
+    command.args(extra_args);
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+
+    // Read stdout until the ready line, then keep draining both pipes so they never fill.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        for line in lines.by_ref() {
+            let Ok(line) = line else { break };
+            if let Some(rest) = line.strip_prefix("jobbroker: serving grpc=") {
+                let addr = rest
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                let _ = ready_tx.send(addr);
+                break;
+            }
+        }
+        for _ in lines {}
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = stderr.read_to_end(&mut sink);
+        if !sink.is_empty() {
+            eprint!("[broker] {}", String::from_utf8_lossy(&sink));
+        }
+    });
+    let addr = match ready_rx.recv_timeout(GIVE_UP) {
+        Ok(addr) => addr,
+        Err(_) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("broker did not print its serving line");
+        }
+    };
+    (child, addr)
 }

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Starts the Rust conformance worker with the harness's arguments; exec, so that the PID the
+# harness holds (SIGSTOP, SIGCONT, SIGTERM, exit code) is the worker's own.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+exec "$here/../../../client/rust/target/debug/examples/conformance_worker" "$@"
