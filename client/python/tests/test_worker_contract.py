@@ -1,6 +1,7 @@
 """The Worker against the contract (docs/worker-contract.md), real broker: Snooze, progress,
-the cancellation signal (time-out, lost lease, end of a stop's grace), answers resent after a
-reconnect, and the call metadata (library name, token)."""
+the cancellation signal (time-out, lost lease holding its slot, operator cancel, end of a
+stop's grace), answers resent after a reconnect, and the call metadata (library name,
+token)."""
 
 from __future__ import annotations
 
@@ -129,17 +130,20 @@ async def test_a_time_out_fires_the_signal_and_the_attempt_sends_nothing(
     assert worker.stats.failed == 0  # nothing was sent for the timed-out attempt
 
 
-async def test_a_lost_lease_frees_the_slot_while_its_handler_ignores_the_signal(
+async def test_a_lost_lease_keeps_the_slot_while_its_handler_ignores_the_signal(
         broker: BrokerProcess, client: jobbroker.Client) -> None:
+    # concurrency is a hard bound (worker contract §3): the broker pushes attempt 2 to this
+    # worker while attempt 1's handler still runs, and attempt 2 waits (leased, heartbeated)
+    # until that handler returned.
     worker = jobbroker.Worker(broker.address, concurrency=1, lease_duration=1,
                               handle_signals=False)
-    second_ran = asyncio.Event()
+    order: list[str] = []
     first_saw: list[bool] = []
 
     @worker.handler("lost")
     async def work(job: jobbroker.JobContext) -> str:
+        order.append(f"start {job.attempt}")
         if job.attempt > 1:
-            second_ran.set()
             return "second"
         # Blocks the event loop until the broker re-leased the job: no heartbeat went out, the
         # lease ran out (the broker pushes lease_lost and attempt 2 to this stream).
@@ -149,17 +153,47 @@ async def test_a_lost_lease_frees_the_slot_while_its_handler_ignores_the_signal(
             await asyncio.sleep(60)
         except asyncio.CancelledError:
             first_saw.append(job.cancelled)
-        # Ignores the signal: still running, yet attempt 2 gets the only slot.
-        await second_ran.wait()
+        # Ignores the signal for a while (longer than attempt 2's lease: its heartbeats must
+        # keep it while it waits): attempt 2 must not start beside it.
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(deadline - time.monotonic())
+        order.append("end 1")
         return "first"
 
     res = await client.enqueue("lost", "x", max_attempts=5)
     async with running(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert first_saw == [True]
+    assert order == ["start 1", "end 1", "start 2"]
     assert done.result == b"second"
-    assert done.attempts[0].outcome == jobbroker.ATTEMPT_OUTCOME_LEASE_EXPIRED
+    assert [a.outcome for a in done.attempts] == [
+        jobbroker.ATTEMPT_OUTCOME_LEASE_EXPIRED, jobbroker.ATTEMPT_OUTCOME_COMPLETED]
     assert worker.stats.acked == 1  # the lost attempt's end sent nothing
+
+
+async def test_an_operator_cancelled_handler_that_returns_is_acked(
+        broker: BrokerProcess, client: jobbroker.Client) -> None:
+    worker = jobbroker.Worker(broker.address, handle_signals=False)
+    started = asyncio.Event()
+
+    @worker.handler("cancel-return")
+    async def work(job: jobbroker.JobContext) -> str:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            pass  # the work was done after all: return normally
+        return "done anyway"
+
+    res = await client.enqueue("cancel-return", "x")
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 60)
+        await client.cancel_job(res.job_id)
+        done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
+    assert done.result == b"done anyway"
+    assert worker.stats.acked == 1 and worker.stats.failed == 0
 
 
 async def test_the_end_of_the_grace_cancels_handlers_and_releases_their_jobs(

@@ -28,7 +28,8 @@ export interface AttemptHooks {
  * `signal` aborts when the job should stop: an operator cancelled it, its lease was lost, it
  * reached its time-out (`timeoutAt`), or a graceful stop's grace ran out; `signal.reason` is a
  * `JobCancelledError` saying which. Pass it to fetch() and friends. The worker cannot stop code
- * that ignores it: an operator-cancelled or shut-down handler keeps its slot until it returns.
+ * that ignores it: such a handler keeps its slot until it returns, whatever ended its attempt
+ * (`concurrency` is a hard bound).
  */
 export class JobContext {
   readonly jobId: string;
@@ -140,9 +141,11 @@ export class JobContext {
  * (see `retryAfter()`) asks for the next attempt after a given delay; `SnoozeError` (see
  * `snooze()`) puts the job back for a delay without spending an attempt.
  *
- * After `signal` aborted, how the handler ends no longer decides: an operator-cancelled job is
- * failed "cancelled" (it stays CANCELLED), a job whose lease was lost or that timed out gets no
- * answer (the broker already ended the attempt), and one cut off by a graceful stop is released.
+ * After `signal` aborted: an operator-cancelled handler that throws (the signal's reason or
+ * anything else) is failed "cancelled" (the job stays CANCELLED), while one that returns normally
+ * did the work and is acked (the ack completes the job); a job whose lease was lost or that timed
+ * out gets no answer whatever its handler does (the broker already ended the attempt), and one
+ * cut off by a graceful stop is released.
  */
 export type Handler = (job: JobContext) => unknown | Promise<unknown>;
 
@@ -151,7 +154,10 @@ export interface WorkerOptions extends ClientOptions {
   client?: Client;
   /** Names this worker in attempt histories; default "<hostname>-<pid>". */
   workerId?: string;
-  /** Jobs run at once. Default 1. */
+  /**
+   * Handlers at once, a hard bound: a handler still running after its signal aborted (even one
+   * whose attempt the broker already ended) holds its slot until it returns. Default 1.
+   */
   concurrency?: number;
   /**
    * Jobs held ready beyond `concurrency`, so a freed slot need not wait for the next push (the
@@ -205,7 +211,10 @@ interface Held {
   started: boolean;
   /** Why the signal fired, when the worker fired it for an operator cancel or a stop. */
   stoppedBy?: "cancel-requested" | "shutdown";
-  /** The broker ended the attempt (lease lost, time-out, leased again): nothing more is sent. */
+  /**
+   * The broker ended the attempt (lease lost, time-out, leased again): nothing more is sent. A
+   * started handler keeps its slot (in `stuck`) until it returns.
+   */
   lost: boolean;
   heartbeatTimer?: NodeJS.Timeout;
   timeoutTimer?: NodeJS.Timeout;
@@ -302,7 +311,12 @@ export class Worker {
   // Held attempts by job id. A job leased again (its old lease ran out) replaces its old entry.
   private readonly held = new Map<string, Held>();
   private readonly queued: Held[] = []; // held, not started, in arrival order
-  private readonly running = new Set<Held>();
+  private readonly running = new Set<Held>(); // started attempts the worker still answers for
+  // Handlers of attempts the broker ended (lease lost, time-out) that have not returned yet.
+  // They keep their slots: `concurrency` is a hard bound (worker contract §3), so a handler
+  // that ignores its signal (stuck in a call that cannot be aborted) does not get new ones
+  // started beside it. Jobs pushed meanwhile wait in `queued`, leased and heartbeated.
+  private readonly stuck = new Set<Held>();
   private readonly pending = new Map<number, Pending>(); // unanswered ack/fail/release/step save
   private readonly heartbeats = new Map<number, HeartbeatSent>(); // by request id, this stream's
   // Acks not yet sent: they wait while an ack message is unanswered (ackRequestId), then go out
@@ -710,14 +724,15 @@ export class Worker {
   }
 
   /**
-   * The broker ended the attempt (lease lost, time-out): the signal fires, nothing more is sent
-   * for it, and its slot is free at once, even while the handler still runs.
+   * The broker ended the attempt (lease lost, time-out): the signal fires and nothing more is
+   * sent for it. A started handler keeps its slot until it returns (`stuck`).
    */
   private loseAttempt(h: Held, why: JobCancelledError): void {
     if (h.lost) return;
     h.lost = true;
     this.statsValue.attemptsLost++;
     this.forget(h);
+    if (h.started) this.stuck.add(h);
     if (!h.abort.signal.aborted) h.abort.abort(why);
     this.pump();
     this.notify();
@@ -756,7 +771,7 @@ export class Worker {
   }
 
   private pump(): void {
-    while (this.state === "running" && this.running.size < this.concurrency && this.queued.length > 0) {
+    while (this.state === "running" && this.running.size + this.stuck.size < this.concurrency && this.queued.length > 0) {
       const h = this.queued.shift()!;
       h.started = true;
       this.running.add(h);
@@ -804,10 +819,20 @@ export class Worker {
 
   /** The handler of `h` ended with `outcome`; the signal, if it fired, decides what is sent. */
   private finish(h: Held, outcome: Outcome): void {
-    if (h.lost) return; // the broker ended the attempt: any answer would be refused as stale
+    if (h.lost) {
+      // The broker ended the attempt: any answer would be refused as stale. The slot is free.
+      this.stuck.delete(h);
+      this.pump();
+      this.notify();
+      return;
+    }
     this.forget(h);
     if (h.stoppedBy === "shutdown") outcome = { kind: "release" };
-    else if (h.stoppedBy === "cancel-requested") outcome = { kind: "fail", error: "cancelled", permanent: false };
+    else if (h.stoppedBy === "cancel-requested" && outcome.kind !== "ack") {
+      // Ended by its cancellation (or failing after it): the broker keeps the job CANCELLED. A
+      // normal return did the work: its ack completes the job.
+      outcome = { kind: "fail", error: "cancelled", permanent: false };
+    }
     this.answer(h, outcome);
     this.pump();
     this.notify();

@@ -102,19 +102,20 @@ describe("the worker contract", () => {
     }
   });
 
-  test("a time-out aborts the signal at timeout_at and frees the slot while the handler runs on", async () => {
+  test("a time-out aborts the signal at timeout_at; the handler keeps its slot until it returns", async () => {
     const { opened, open } = gate();
     let reason: unknown;
-    let timedOutHandlerReturned = false;
+    const order: string[] = [];
     const worker = new Worker({ address: broker.address, concurrency: 1, log: quiet });
     worker.handle("timeout-once", async (job) => {
+      order.push(`start ${job.text()}`);
       if (job.text() !== "slow") return "quick";
       assert.ok(job.timeoutAt instanceof Date);
       await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
       reason = job.signal.reason;
-      // Ignores the signal until the test lets go: the worker must not wait for it.
+      // Ignores the signal until the test lets go, as a handler stuck in a blocking call would.
       await opened;
-      timedOutHandlerReturned = true;
+      order.push("end slow");
       return "too late";
     });
     await worker.start();
@@ -122,12 +123,17 @@ describe("the worker contract", () => {
       const slow = await client.enqueue("timeout-once", "slow", { timeoutMs: 300 });
       const failed = await waitState(client, slow.jobId, JobState.JOB_STATE_FAILED);
       assert.equal(failed.attempts[0].outcome, AttemptOutcome.ATTEMPT_OUTCOME_TIMED_OUT);
-      // Concurrency 1, and the timed-out handler still runs: the next job gets the slot anyway.
-      const quick = await client.enqueue("timeout-once", "quick");
-      await waitState(client, quick.jobId, JobState.JOB_STATE_COMPLETED);
-      assert.equal(timedOutHandlerReturned, false);
       assert.ok(reason instanceof JobCancelledError);
       assert.equal(reason.reason, "timeout");
+      // Concurrency 1 is a hard bound: the broker pushes the next job (its in-flight slot is
+      // free), but it waits, leased, while the timed-out handler still runs.
+      const quick = await client.enqueue("timeout-once", "quick");
+      await waitState(client, quick.jobId, JobState.JOB_STATE_ACTIVE);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      assert.deepEqual(order, ["start slow"]);
+      open();
+      await waitState(client, quick.jobId, JobState.JOB_STATE_COMPLETED);
+      assert.deepEqual(order, ["start slow", "end slow", "start quick"]);
     } finally {
       open();
       await worker.stop();
@@ -138,12 +144,12 @@ describe("the worker contract", () => {
     assert.equal(stats.attemptsLost, 1, JSON.stringify(stats));
   });
 
-  test("a lost lease aborts the signal and frees the slot: the next attempt runs beside the old handler", async () => {
-    const { opened, open } = gate();
+  test("a lost lease aborts the signal; the next attempt waits until the old handler returned", async () => {
     let reason: unknown;
-    let lostHandlerReturned = false;
+    const order: string[] = [];
     const worker = new Worker({ address: broker.address, concurrency: 1, leaseDurationMs: 1000, log: quiet });
     worker.handle("lost-lease", async (job) => {
+      order.push(`start ${job.attempt}`);
       if (job.attempt > 1) return "second";
       // Blocks the event loop (no heartbeat goes out) until the broker has ended this attempt
       // and leased the job again, to this very stream.
@@ -152,8 +158,9 @@ describe("the worker contract", () => {
         await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
       }
       reason = job.signal.reason;
-      await opened; // ignores the signal: the worker must not wait for it
-      lostHandlerReturned = true;
+      // Ignores the signal for longer than a lease: attempt 2 waits, its heartbeats keep it.
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      order.push("end 1");
       return "first";
     });
     await worker.start();
@@ -162,11 +169,10 @@ describe("the worker contract", () => {
       const job = await waitState(client, jobId, JobState.JOB_STATE_COMPLETED);
       assert.equal(job.result.toString(), "second");
       assert.deepEqual(job.attempts.map((a) => a.outcome), [AttemptOutcome.ATTEMPT_OUTCOME_LEASE_EXPIRED, AttemptOutcome.ATTEMPT_OUTCOME_COMPLETED]);
-      assert.equal(lostHandlerReturned, false);
+      assert.deepEqual(order, ["start 1", "end 1", "start 2"]);
       assert.ok(reason instanceof JobCancelledError);
       assert.equal(reason.reason, "lease-lost");
     } finally {
-      open();
       await worker.stop();
     }
     // The first attempt's late return was not answered.
@@ -197,11 +203,11 @@ describe("the worker contract", () => {
     assert.equal(worker.stats.acked, 0);
   });
 
-  test("an operator-cancelled handler's end is sent as the fail 'cancelled'", async () => {
+  test("an operator-cancelled handler that throws is sent as the fail 'cancelled'", async () => {
     const worker = new Worker({ address: broker.address, log: quiet });
     worker.handle("cancel-fail", async (job) => {
       await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
-      return "ignored the cancel";
+      throw job.signal.reason;
     });
     await worker.start();
     try {
@@ -209,12 +215,32 @@ describe("the worker contract", () => {
       await waitState(client, jobId, JobState.JOB_STATE_ACTIVE);
       await client.cancelJob(jobId);
       const job = await waitState(client, jobId, JobState.JOB_STATE_CANCELLED);
-      assert.equal(job.result.length, 0, "the handler's return value is not kept");
+      assert.deepEqual(job.attempts.map((a) => a.error), ["cancelled"]);
     } finally {
       await worker.stop();
     }
     assert.equal(worker.stats.failed, 1);
     assert.equal(worker.stats.acked, 0);
+  });
+
+  test("an operator-cancelled handler that returns normally is acked: the job completes", async () => {
+    const worker = new Worker({ address: broker.address, log: quiet });
+    worker.handle("cancel-return", async (job) => {
+      await new Promise((resolve) => job.signal.addEventListener("abort", resolve, { once: true }));
+      return "done anyway"; // the work was done after all
+    });
+    await worker.start();
+    try {
+      const { jobId } = await client.enqueue("cancel-return", "x");
+      await waitState(client, jobId, JobState.JOB_STATE_ACTIVE);
+      await client.cancelJob(jobId);
+      const job = await waitState(client, jobId, JobState.JOB_STATE_COMPLETED);
+      assert.equal(job.result.toString(), "done anyway");
+    } finally {
+      await worker.stop();
+    }
+    assert.equal(worker.stats.acked, 1);
+    assert.equal(worker.stats.failed, 0);
   });
 
   test("prefetched jobs wait leased, then go back unstarted at a stop", async () => {

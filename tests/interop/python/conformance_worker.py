@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -51,6 +52,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+async def ignoring_cancellation(seconds: float) -> None:
+    """Sleeps `seconds` whatever the cancellation signal says, as a handler stuck in a blocking
+    call would: a cancellation of this task is caught, and the sleep goes on until the time is
+    up."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while (left := deadline - loop.time()) > 0:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(left)
+
+
 class Actions:
     """What a job's payload asks its handler to do (CONFORMANCE.md, "Jobs")."""
 
@@ -80,7 +92,15 @@ class Actions:
         if action == "sleep":
             await asyncio.sleep(payload["ms"] / 1000)
         elif action == "wait_cancel" and not_yet:
-            await asyncio.Event().wait()  # until the cancellation signal cancels this task
+            try:
+                await asyncio.Event().wait()  # until the cancellation signal cancels this task
+            except asyncio.CancelledError:
+                if payload.get("after_cancel") != "return":
+                    raise
+                # The work was done after all: return normally (the library acks it).
+                self.events.write("cancelled", job)
+        elif action == "ignore_cancel" and not_yet:
+            await ignoring_cancellation(payload["ms"] / 1000)
         elif action == "fail" and not_yet:
             raise RuntimeError(payload["message"])
         elif action == "permanent":
@@ -148,6 +168,11 @@ async def main(args: argparse.Namespace) -> int:
     actions = Actions(args, events)
     for queue in args.queues.split(","):
         worker.handle(queue, actions.handler_of(queue))
+    # While run() runs, the library's handlers make SIGTERM and SIGINT start the graceful stop;
+    # it puts back the ones it found when it returns. Ignoring them here absorbs a second signal
+    # that arrives after the stop finished, before the process exited (as the Go worker does).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     events.write("ready")
     try:
         await worker.run()

@@ -43,8 +43,10 @@ class ConformanceHandler
     case payload["action"]
     when "ok" then nil
     when "sleep" then until_cancelled(job) { job.sleep(payload.fetch("ms") / 1000.0) }
-    when "wait_cancel"
-      until_cancelled(job) { job.sleep(3600) while before_ok?(job, payload) }
+    when "wait_cancel" then wait_cancel(job, payload)
+    when "ignore_cancel"
+      # A handler stuck in a blocking call: Kernel#sleep does not look at the cancellation.
+      sleep(payload.fetch("ms") / 1000.0) if before_ok?(job, payload)
     when "fail" then raise payload["message"].to_s if before_ok?(job, payload)
     when "permanent" then raise Jobbroker::PermanentError, payload["message"].to_s
     when "retry_after"
@@ -73,6 +75,14 @@ class ConformanceHandler
   rescue Jobbroker::Cancelled
     @events.write("cancelled", job)
     raise
+  end
+
+  # Waits for the cancellation; ends cancelled, or with "after_cancel": "return" returns
+  # normally (the work was done), which the library acks.
+  def wait_cancel(job, payload)
+    until_cancelled(job) { job.sleep(3600) while before_ok?(job, payload) }
+  rescue Jobbroker::Cancelled
+    raise unless payload["after_cancel"] == "return"
   end
 
   def snooze_first_time(job, payload)

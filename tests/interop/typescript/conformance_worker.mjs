@@ -98,7 +98,16 @@ function handlerFor(queue) {
       case "wait_cancel":
         if (!beforeOkAttempt) return ok();
         await aborted(job.signal);
+        if (p.after_cancel === "return") {
+          // The work was done after all: a normal return, which the library acks.
+          jobEvent("cancelled", job);
+          return ok();
+        }
         return endCancelled(job);
+      case "ignore_cancel":
+        // A handler stuck in a blocking call: a timer that does not look at the signal.
+        if (beforeOkAttempt) await sleep(p.ms);
+        return ok();
       case "fail":
         if (beforeOkAttempt) throw new Error(p.message);
         return ok();

@@ -131,8 +131,9 @@ class _Held:
     def __init__(self, job: broker_pb2.LeasedJob, lease: float) -> None:
         self.job = job
         self.lease = lease  # seconds, as granted: deadline - arrival
-        # The broker ended the attempt (lease lost, timed out): heartbeats stop, nothing more is
-        # sent for it, and its slot is free even while its handler still runs.
+        # The broker ended the attempt (lease lost, timed out): heartbeats stop and nothing more
+        # is sent for it, but a handler still running keeps its slot until it returns
+        # (concurrency is a hard bound, worker contract §3).
         self.lost = False
         self.no_ack = False  # a durable step's checkpoint was refused: never ack this attempt
         self.ended = False  # the handler returned (or the job was released unstarted)
@@ -395,15 +396,20 @@ class Worker:
     (retried after the queue's backoff), except PermanentError (no retry), RetryAfter (retry
     after the given delay) and Snooze (back later, no attempt spent). Heartbeats go out every
     third of the lease while a job is held. The cancellation signal (JobContext) fires on an
-    operator's cancel (the attempt then ends as a fail "cancelled"), a lost lease or the job's
-    time-out (nothing is sent: the broker already ended the attempt), and at the end of a
-    graceful stop's grace (the job is released: no attempt spent).
+    operator's cancel (a handler that then lets the CancelledError propagate ends the attempt
+    as a fail "cancelled", one that raises as a fail with its text, and the job stays CANCELLED;
+    one that returns normally did the work, and its ack completes the job), a lost lease or the job's time-out (nothing is sent: the broker already ended the
+    attempt), and at the end of a graceful stop's grace (the job is released: no attempt spent).
+    `concurrency` is a hard bound: a handler that keeps running after its signal (one stuck in a
+    blocking call) holds its slot until it returns, even when the broker already ended its
+    attempt; no other handler starts in its place meanwhile.
 
     `concurrency`: handlers at once. `prefetch`: jobs held ready beyond that (they hold leases
     while they wait; a graceful stop gives them back). `lease_duration`: asked for each job
     (None = the job's, else the queue's). `grace`: seconds running handlers get to finish after
     a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling, with
-    full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only).
+    full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only;
+    the handlers in place before run() are put back when it returns).
     `token`: sent as `authorization: Bearer <token>` (None: $JOBBROKER_TOKEN; "": none); the
     stream also carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it).
     """
@@ -444,8 +450,8 @@ class Worker:
         # The newest attempt held of each job, by job id (pushes name jobs by id).
         self._held: dict[str, _Held] = {}
         self._queued: deque[_Held] = deque()  # leased, waiting for a slot, in arrival order
-        self._running: set[_Held] = set()  # handlers that hold a slot
-        self._active: set[_Held] = set()  # handlers not yet returned (lost ones included)
+        # Handlers not yet returned, lost ones included: each holds a slot until it returns.
+        self._active: set[_Held] = set()
         self._pending: dict[int, _Pending] = {}
         # Acks not yet sent: they wait while an ack message is unanswered (_ack_request), then
         # go out together. One ack message in flight is the worker's group commit: a busy
@@ -526,23 +532,32 @@ class Worker:
         finally:
             stop.cancel()
             await self._close(conn)
-            for sig in signals:
-                loop.remove_signal_handler(sig)
             if self._given_channel is None:
                 await channel.close(None)
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
+            # Last, so that a signal arriving while the worker closes is still absorbed; the
+            # handlers in place before run() come back (not the default action, which would let
+            # a late second SIGTERM kill a program that ignores or handles it).
+            for sig, previous in signals:
+                loop.remove_signal_handler(sig)
+                if previous is not None:
+                    with contextlib.suppress(TypeError, ValueError, OSError):
+                        signal.signal(sig, previous)
             self._loop = None
 
-    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[int]:
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> list[tuple[int, Any]]:
+        """SIGTERM and SIGINT stop the worker gracefully while run() runs; returns each signal
+        installed with the handler it replaced (restored when run() returns)."""
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return []
-        installed: list[int] = []
+        installed: list[tuple[int, Any]] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                previous = signal.getsignal(sig)
                 loop.add_signal_handler(sig, self.stop)
-                installed.append(sig)
+                installed.append((sig, previous))
         return installed
 
     def _executor(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -822,8 +837,10 @@ class Worker:
             task.cancel()
 
     def _lose(self, held: _Held, reason: str) -> None:
-        """The broker ended the attempt (lease lost, time-out): stop heartbeating, fire the
-        signal, and free the slot at once; the handler's end will send nothing."""
+        """The broker ended the attempt (lease lost, time-out): stop heartbeating and fire the
+        signal; the handler's end will send nothing. A handler that keeps running keeps its slot
+        until it returns: concurrency is a hard bound (worker contract §3), so a handler stuck in
+        a blocking call cannot pile up new ones beside it."""
         if held.lost or held.ended:
             return
         held.lost = True
@@ -833,8 +850,6 @@ class Worker:
             return
         _log.info("jobbroker worker: job %s: %s", held.job.job_id, reason)
         self._signal_cancel(held, reason)
-        self._running.discard(held)
-        self._fill_slots()
 
     def _drop_unstarted(self, held: _Held) -> None:
         """Forgets a job that waited for a slot and will not start."""
@@ -855,12 +870,11 @@ class Worker:
 
     def _start(self, held: _Held) -> None:
         held.ctx = JobContext(self, held)
-        self._running.add(held)
         self._active.add(held)
         held.task = asyncio.create_task(self._run_job(held))
 
     def _fill_slots(self) -> None:
-        while self._queued and not self._stopping and len(self._running) < self.concurrency:
+        while self._queued and not self._stopping and len(self._active) < self.concurrency:
             self._start(self._queued.popleft())
 
     async def _cancellable(self, held: _Held, work: Awaitable[Any]) -> Any:
@@ -921,7 +935,6 @@ class Worker:
         self._stop_timers(held)
         if self._held.get(job.job_id) is held:
             del self._held[job.job_id]
-        self._running.discard(held)
         self._active.discard(held)
         if held.answered:
             pass  # released at the end of a stop's grace already

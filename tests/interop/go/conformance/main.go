@@ -36,6 +36,7 @@ type payload struct {
 	Echo          json.RawMessage `json:"echo"`
 	MS            int             `json:"ms"`
 	OKFromAttempt int             `json:"ok_from_attempt"`
+	AfterCancel   string          `json:"after_cancel"`
 	Message       string          `json:"message"`
 	Percent       json.RawMessage `json:"percent"`
 	Gate          string          `json:"gate"`
@@ -124,7 +125,18 @@ func (c *conformance) handler(queue string) jobbroker.Handler {
 				return ok()
 			}
 			<-ctx.Done()
+			if p.AfterCancel == "return" {
+				// The work was done after all: a normal return, which the library acks.
+				c.events.job("cancelled", job, nil)
+				return ok()
+			}
 			return cancelled()
+		case "ignore_cancel":
+			if beforeOK {
+				// A handler stuck in a blocking call: a sleep that does not look at ctx.
+				time.Sleep(time.Duration(p.MS) * time.Millisecond)
+			}
+			return ok()
 		case "fail":
 			if !beforeOK {
 				return ok()
