@@ -55,7 +55,7 @@ absl::Status Run(const ClientOptions& options, Router& router, const Router::Rou
     if (options.timeout != absl::InfiniteDuration()) {
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
     }
-    if (absl::Status s = AddBearerToken(options.token, &ctx); !s.ok()) return s;
+    if (absl::Status s = AddCallMetadata(options.token, &ctx); !s.ok()) return s;
     absl::Status status = FromGrpc(call(*node, &ctx));
     if (IsTransient(status.code())) router.MarkStale();
     if (status.ok() || attempt >= attempts || !IsTransient(status.code())) return status;
@@ -135,6 +135,11 @@ absl::Status AddBearerToken(const std::string& token, grpc::ClientContext* ctx) 
   }
   ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token));
   return absl::OkStatus();
+}
+
+absl::Status AddCallMetadata(const std::string& token, grpc::ClientContext* ctx) {
+  ctx->AddMetadata("jobbroker-client", kClientName);
+  return AddBearerToken(token, ctx);
 }
 
 std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
@@ -263,7 +268,7 @@ absl::StatusOr<v1::Job> Client::WatchJob(const std::string& job_id, absl::Durati
     const std::shared_ptr<const Router::Node> node = router_->NodeFor(Router::Route::Job(job_id));
     grpc::ClientContext ctx;
     if (deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(deadline));
-    if (absl::Status s = AddBearerToken(options_.token, &ctx); !s.ok()) return s;
+    if (absl::Status s = AddCallMetadata(options_.token, &ctx); !s.ok()) return s;
     std::unique_ptr<grpc::ClientReader<v1::Job>> reader = node->admin->WatchJob(&ctx, req);
     v1::Job job;
     std::optional<v1::Job> last;

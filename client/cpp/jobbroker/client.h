@@ -22,8 +22,8 @@ class ClientContext;
 
 namespace jobbroker::client {
 
-// This library's name and version, in the user agent of its calls (the broker's ListWorkers
-// shows it as the worker's client).
+// This library's name and version, in the jobbroker-client metadata and the user agent of its
+// calls (the broker's ListWorkers shows it as the worker's client).
 inline constexpr char kClientName[] = "jobbroker-cpp/0.1.0";
 
 class Router;
@@ -99,6 +99,10 @@ std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
 // INVALID_ARGUMENT, without the token in the message, if it is not printable ASCII (a token
 // file's trailing newline, say), which gRPC could not send.
 absl::Status AddBearerToken(const std::string& token, grpc::ClientContext* ctx);
+
+// Adds what every call of this library carries: `jobbroker-client: <kClientName>`
+// (Admin.ListWorkers shows it) and the bearer token as AddBearerToken does, with its error.
+absl::Status AddCallMetadata(const std::string& token, grpc::ClientContext* ctx);
 
 // Options of one Enqueue; unset fields take the queue's policy.
 struct EnqueueOptions {

@@ -137,7 +137,7 @@ std::optional<RoutingTable> Router::Fetch(
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout_));
     }
     // A token that cannot be sent fails every call; the call itself reports it.
-    if (!AddBearerToken(token_, &ctx).ok()) return std::nullopt;
+    if (!AddCallMetadata(token_, &ctx).ok()) return std::nullopt;
     v1::GetClusterRequest request;
     v1::ClusterInfo info;
     const grpc::Status status = node->admin->GetCluster(&ctx, request, &info);
