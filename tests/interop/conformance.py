@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -81,13 +82,67 @@ def ts(t: Any) -> float:
     return t.seconds + t.nanos / 1e9
 
 
+class Pki:
+    """A throwaway CA (openssl), the broker's certificate for 127.0.0.1, a client certificate,
+    and a token file: a worker token (role worker) and the harness's operator token (producer
+    and admin), both on the conformance.* queues."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir()
+        self.folder = folder
+        self.ca = folder / "ca.pem"
+        self.server_cert, self.server_key = folder / "server.pem", folder / "server.key"
+        self.client_cert, self.client_key = folder / "client.pem", folder / "client.key"
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=folder)
+
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        openssl("req", "-x509", *ec, "-days", "1", "-subj", "/CN=conformance CA",
+                "-keyout", "ca.key", "-out", "ca.pem")
+        for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                          ("client", "extendedKeyUsage=clientAuth")):
+            openssl("req", *ec, "-subj", f"/CN=conformance {name}", "-keyout", f"{name}.key",
+                    "-out", f"{name}.csr")
+            (folder / f"{name}.ext").write_text(ext + "\n")
+            openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                    "-CAcreateserial", "-days", "1", "-extfile", f"{name}.ext",
+                    "-out", f"{name}.pem")
+        self.worker_token = "conformance-worker-" + os.urandom(8).hex()
+        self.operator_token = "conformance-operator-" + os.urandom(8).hex()
+        self.tokens = folder / "tokens.json"
+        self.tokens.write_text(json.dumps({"tokens": [
+            {"name": "worker", "sha256": hashlib.sha256(self.worker_token.encode()).hexdigest(),
+             "roles": ["worker"], "queues": ["conformance.*"]},
+            {"name": "operator",
+             "sha256": hashlib.sha256(self.operator_token.encode()).hexdigest(),
+             "roles": ["producer", "admin"], "queues": ["*"]},
+        ]}))
+
+    def broker_flags(self) -> list[str]:
+        return ["--tls-cert", str(self.server_cert), "--tls-key", str(self.server_key),
+                "--tls-client-ca", str(self.ca), "--auth-tokens", str(self.tokens)]
+
+    def worker_flags(self, token: str) -> list[str]:
+        return ["--ca", str(self.ca), "--cert", str(self.client_cert), "--key",
+                str(self.client_key), "--token", token]
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.ca.read_bytes(), private_key=self.client_key.read_bytes(),
+            certificate_chain=self.client_cert.read_bytes())
+
+
 class Broker:
     """The real broker on a fixed loopback port with its own data dir; kill9() + start() is a
     crash and a restart on the same address and data."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, pki: Pki | None = None) -> None:
+        """With `pki`, the broker serves TLS, requires client certificates of the test CA
+        (mutual TLS) and bearer tokens (pki.tokens); the harness calls with the operator's."""
         self.binary = binary
         self.workdir = workdir
+        self.pki = pki
         self.port = free_port()
         self.address = f"127.0.0.1:{self.port}"
         config = workdir / "config.json"
@@ -110,7 +165,12 @@ class Broker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.start()
-        self.channel = grpc.insecure_channel(self.address)
+        self.metadata: list[tuple[str, str]] = []
+        if pki is None:
+            self.channel = grpc.insecure_channel(self.address)
+        else:
+            self.channel = grpc.secure_channel(self.address, pki.credentials())
+            self.metadata = [("authorization", f"Bearer {pki.operator_token}")]
         self.broker = broker_pb2_grpc.BrokerStub(self.channel)
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
 
@@ -120,7 +180,7 @@ class Broker:
         self.proc = subprocess.Popen(
             [self.binary, "--listen", self.address, "--http-listen", "127.0.0.1:0",
              "--data-dir", str(self.workdir / "data"), "--config", str(self.config),
-             "--log-level", "warn"],
+             "--log-level", "warn", *(self.pki.broker_flags() if self.pki else [])],
             stdout=subprocess.PIPE, stderr=log)
         log.close()
         assert self.proc.stdout is not None
@@ -154,7 +214,7 @@ class Broker:
         deadline = time.monotonic() + GIVE_UP
         while True:
             try:
-                return fn(request, timeout=5, wait_for_ready=True)
+                return fn(request, timeout=5, wait_for_ready=True, metadata=self.metadata)
             except grpc.RpcError as err:
                 if err.code() not in (grpc.StatusCode.UNAVAILABLE,
                                       grpc.StatusCode.DEADLINE_EXCEEDED) \
@@ -186,6 +246,94 @@ class Broker:
 
     def wait_state(self, job_id: str, state: int) -> job_pb2.Job:
         return self.wait_job(job_id, state_name(state), lambda j: j.state == state)
+
+
+class Cluster(Broker):
+    """A real etcd and three nodes (2 partitions, every one replicated on all three, a write
+    durable on 2 before it is answered). The harness's channel names all three addresses
+    (gRPC's pick_first moves to the next when one dies); kill9(node) is a dead machine."""
+
+    NODES = 3
+
+    def __init__(self, binary: str, workdir: Path) -> None:
+        self.binary = binary
+        self.workdir = workdir
+        self.pki = None
+        workdir.mkdir(exist_ok=True)
+        self.config = workdir / "config.json"
+        self.config.write_text(json.dumps({"defaultPolicy": {"retry": {
+            "maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "0.1s",
+            "jitter": "JITTER_NONE"}}}))
+        etcd_client, etcd_peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{etcd_client}"
+        with open(workdir / "etcd.log", "wb") as log:
+            self.etcd = subprocess.Popen(
+                ["etcd", "--data-dir", str(workdir / "etcd"),
+                 "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+                 "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}"],
+                stdout=log, stderr=subprocess.STDOUT)
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(self.NODES)]
+        self.nodes: list[subprocess.Popen[bytes] | None] = [None] * self.NODES
+        self.address = ",".join(self.addresses)
+        self.metadata = []
+        self.channel = grpc.insecure_channel("ipv4:" + self.address)
+        self.broker = broker_pb2_grpc.BrokerStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        for n in range(self.NODES):
+            self.start_node(n)
+        self.wait_replicated()
+
+    def start_node(self, n: int) -> None:
+        with open(self.workdir / f"node-{n}.log", "ab") as log:
+            self.nodes[n] = subprocess.Popen(
+                [self.binary, "--listen", self.addresses[n], "--http-listen", "127.0.0.1:0",
+                 "--data-dir", str(self.workdir / f"node-{n}"), "--partitions", "2",
+                 "--cluster-etcd", self.etcd_url, "--node-id", f"node-{n}",
+                 "--cluster-initial-nodes", str(self.NODES), "--config", str(self.config),
+                 "--log-level", "warn"],
+                stdout=subprocess.DEVNULL, stderr=log)
+
+    def wait_replicated(self) -> None:
+        """Until every partition has a leader and all three nodes in sync."""
+        deadline = time.monotonic() + 2 * GIVE_UP
+        while True:
+            with contextlib.suppress(grpc.RpcError):
+                info = self.admin.GetCluster(admin_pb2.GetClusterRequest(), timeout=2)
+                if info.partitions and all(p.leader_node_id and len(p.in_sync) == self.NODES
+                                           for p in info.partitions):
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster never had every partition in sync on all "
+                                   f"{self.NODES} nodes; logs in {self.workdir}")
+            time.sleep(0.2)
+
+    def leader_of(self, queue: str) -> int:
+        info = self.call(self.admin.GetQueue, admin_pb2.GetQueueRequest(queue=queue))
+        return int(info.leader_node_id.removeprefix("node-"))
+
+    def kill9(self, n: int = 0) -> None:  # type: ignore[override]
+        node = self.nodes[n]
+        assert node is not None
+        node.kill()
+        node.wait()
+
+    def start(self) -> None:  # Broker.start: only a dead node comes back, by start_node
+        pass
+
+    def stop(self) -> None:
+        self.channel.close()
+        for node in self.nodes:
+            if node is not None and node.poll() is None:
+                node.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node is not None:
+                try:
+                    node.wait(timeout=GIVE_UP)
+                except subprocess.TimeoutExpired:
+                    node.kill()
+                    node.wait()
+        self.etcd.kill()
+        self.etcd.wait()
 
 
 class Worker:
@@ -267,6 +415,7 @@ class Run:
         self.workdir.mkdir()
         self.queue = f"conformance.{scenario}"
         self.workers: list[Worker] = []
+        self.secured: Broker | None = None
 
     def worker(self, *args: str, queues: list[str] | None = None) -> Worker:
         w = Worker(self.lang, self.workdir, f"worker{len(self.workers) + 1}",
@@ -278,6 +427,8 @@ class Run:
     def close(self) -> None:
         for w in self.workers:
             w.kill()
+        if self.secured is not None:
+            self.secured.stop()
 
 
 def result_of(job: job_pb2.Job) -> Any:
@@ -567,12 +718,77 @@ def identifies(r: Run) -> None:
     w.stop_gracefully()
 
 
+def secured(r: Run) -> Broker:
+    """A second broker for this scenario: TLS, mutual TLS and tokens (Pki)."""
+    broker = Broker(r.broker.binary, r.workdir, Pki(r.workdir / "pki"))
+    r.secured = broker
+    return broker
+
+
+def tls_token(r: Run) -> None:
+    broker = secured(r)
+    assert broker.pki is not None
+    w = Worker(r.lang, r.workdir, "secured-worker",
+               ["--address", broker.address, "--queues", r.queue,
+                *broker.pki.worker_flags(broker.pki.worker_token)])
+    r.workers.append(w)
+    job_id = broker.enqueue(r.queue, {"action": "ok", "echo": "over TLS"})
+    job = broker.wait_state(job_id, COMPLETED)
+    check(result_of(job) == ok_result(r.queue, "over TLS"), f"result {result_of(job)}")
+    workers = broker.call(broker.admin.ListWorkers, admin_pb2.ListWorkersRequest()).workers
+    check(any(r.queue in x.queues and x.client.startswith(f"jobbroker-{r.lang}/")
+              for x in workers), f"ListWorkers shows {[(x.queues, x.client) for x in workers]}")
+    w.stop_gracefully()
+
+
+def bad_token_refused(r: Run) -> None:
+    # UNAUTHENTICATED is the caller's mistake: the run call ends with it (no retrying forever).
+    broker = secured(r)
+    assert broker.pki is not None
+    w = Worker(r.lang, r.workdir, "refused-worker",
+               ["--address", broker.address, "--queues", r.queue,
+                *broker.pki.worker_flags("not-a-token")])
+    r.workers.append(w)
+    job_id = broker.enqueue(r.queue, {"action": "ok"})
+    code = w.wait_exit()
+    check(code == 1, f"a refused token: exit {code}, want 1\n{w.tail()}")
+    check(not w.events("start"), "a worker whose token was refused ran a job")
+    check(broker.job(job_id).state == job_pb2.JOB_STATE_READY, "the job is not READY")
+
+
+def cluster_leader_kill(r: Run) -> None:
+    # Three nodes; the worker is given every address, the queue's leader first. Its leader dies
+    # (kill -9) while jobs run and more arrive: the worker moves to another node, the new
+    # leader serves the partition, and every acknowledged job completes.
+    cluster = Cluster(r.broker.binary, r.workdir / "cluster")
+    r.secured = cluster  # closed with the run
+    first = [cluster.enqueue(r.queue, {"action": "sleep", "ms": 50}) for _ in range(30)]
+    leader = cluster.leader_of(r.queue)
+    order = [cluster.addresses[leader]] + [a for i, a in enumerate(cluster.addresses)
+                                           if i != leader]
+    w = Worker(r.lang, r.workdir, "cluster-worker",
+               ["--address", ",".join(order), "--queues", r.queue, "--concurrency", "4",
+                "--lease-ms", "2000"])
+    r.workers.append(w)
+    deadline = time.monotonic() + GIVE_UP
+    while len(w.events("done")) < 10:
+        check(time.monotonic() < deadline and w.proc.poll() is None,
+              f"the worker did not get going on the cluster\n{w.tail()}")
+        time.sleep(POLL)
+    cluster.kill9(leader)
+    later = [cluster.enqueue(r.queue, {"action": "sleep", "ms": 50}) for _ in range(20)]
+    for job_id in first + later:
+        cluster.wait_state(job_id, COMPLETED)
+    check(cluster.leader_of(r.queue) != leader, "the dead node still leads the queue")
+    w.stop_gracefully()
+
+
 SCENARIOS: dict[str, Callable[[Run], None]] = {
     f.__name__: f
     for f in (per_queue_handlers, lost_lease, operator_cancel, cancelled_work_finished, timeout,
               stuck_handler_keeps_slot, graceful_stop,
               grace_then_cancel, permanent, retry_after, snooze, reconnect, steps, progress,
-              seed_kill, identifies)
+              seed_kill, identifies, tls_token, bad_token_refused, cluster_leader_kill)
 }
 
 
