@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
-# Ruby client of jobbroker: the generated gRPC stubs (Jobbroker::V1) plus a small producer
-# helper (Jobbroker::Client) and a streaming worker (Jobbroker::Worker).
+# Ruby client of jobbroker: the generated gRPC stubs (Jobbroker::V1), the connection options
+# shared by both sides (Jobbroker::Options), the producer and admin client (Jobbroker::Client)
+# and a streaming worker (Jobbroker::Worker).
 #
 #   client = Jobbroker.connect("127.0.0.1:7070")
 #   client.enqueue("emails", { to: "a@example.com" }, dedup_key: "welcome:a")
@@ -25,11 +26,12 @@ require "jobbroker/version"
 module Jobbroker
   # The address used when none is given: $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
   def self.default_address
-    ENV.fetch("JOBBROKER_ADDRESS", "127.0.0.1:7070")
+    Options.new.address
   end
 
-  # Returns a Client for the broker at `address` (plaintext).
-  def self.connect(address = default_address, **opts)
+  # Returns a Client for the broker at `address`; `opts` are Options' keywords (tls:, token:,
+  # deadline:, ...) or `options:` a ready Options.
+  def self.connect(address = nil, **opts)
     Client.new(address, **opts)
   end
 
@@ -50,6 +52,47 @@ module Jobbroker
 
     Google::Protobuf::Timestamp.new(seconds: value.to_i, nanos: value.nsec)
   end
+
+  # A JobState from :ready, "failed", :JOB_STATE_READY or its number; nil is UNSPECIFIED.
+  def self.job_state(state)
+    return :JOB_STATE_UNSPECIFIED if state.nil?
+
+    enum_value("JOB_STATE", state)
+  end
+
+  # An enum value named with or without its prefix (:one or :SCHEDULE_CATCH_UP_ONE); numbers
+  # pass through.
+  def self.enum_value(prefix, value)
+    return value if value.is_a?(Integer)
+
+    name = value.to_s.upcase
+    name.start_with?("#{prefix}_") ? name.to_sym : :"#{prefix}_#{name}"
+  end
+
+  # A message of `klass` from a Hash of its fields, with seconds (Numeric) for Durations,
+  # Times for Timestamps and Hashes for nested messages; a ready message passes through.
+  def self.message(klass, fields)
+    return fields if fields.is_a?(klass)
+
+    converted = fields.to_h.to_h do |name, value|
+      field = klass.descriptor.lookup(name.to_s)
+      raise ArgumentError, "#{klass.descriptor.name} has no field #{name}" unless field
+
+      [name.to_sym, message_field(field, value)]
+    end
+    klass.new(**converted)
+  end
+
+  def self.message_field(field, value)
+    return value unless field.type == :message && !value.nil?
+
+    case field.subtype.name
+    when "google.protobuf.Duration" then duration(value)
+    when "google.protobuf.Timestamp" then timestamp(value)
+    else value.is_a?(Hash) ? message(field.subtype.msgclass, value) : value
+    end
+  end
+  private_class_method :message_field
 
   # Timestamp -> Time (nil for an unset one).
   def self.to_time(ts)
@@ -108,18 +151,6 @@ module Jobbroker
     end
   end
 
-  # A channel to `address` with CHANNEL_ARGS (plus `channel_args`).
-  def self.channel(address, credentials: :this_channel_is_insecure, channel_args: {})
-    GRPC::Core::Channel.new(address, CHANNEL_ARGS.merge(channel_args), credentials)
-  end
-
-  # The Broker stub the worker uses: its own channel, the client metadata on every call.
-  def self.broker_stub(address, credentials: :this_channel_is_insecure, token: nil)
-    V1::Broker::Stub.new(address, credentials,
-                         channel_override: channel(address, credentials: credentials),
-                         interceptors: [CallMetadata.new(token: token)])
-  end
-
   # A payload as bytes: a String is sent as is, anything else as JSON.
   def self.payload_bytes(payload)
     case payload
@@ -128,74 +159,8 @@ module Jobbroker
     else JSON.generate(payload).b
     end
   end
-
-  # Producer and admin calls on one channel. Errors are the gRPC status exceptions
-  # (GRPC::InvalidArgument, GRPC::AlreadyExists, GRPC::NotFound, ...), each with #code.
-  # Thread-safe: the stubs may be shared by threads.
-  class Client
-    # The raw generated stubs, for every call not wrapped here.
-    attr_reader :broker, :admin, :address
-
-    # `timeout`: per-call deadline in seconds (nil = none). `token`: a bearer token sent with
-    # every call, if the broker wants one.
-    def initialize(address = Jobbroker.default_address, timeout: 30,
-                   credentials: :this_channel_is_insecure, channel_args: {}, token: nil)
-      @address = address
-      @timeout = timeout
-      @channel = Jobbroker.channel(address, credentials: credentials, channel_args: channel_args)
-      interceptors = [CallMetadata.new(token: token)]
-      @broker = V1::Broker::Stub.new(address, credentials, channel_override: @channel,
-                                                           interceptors: interceptors)
-      @admin = V1::Admin::Stub.new(address, credentials, channel_override: @channel,
-                                                         interceptors: interceptors)
-    end
-
-    # Adds one job; returns the EnqueueResponse (#job_id, #deduplicated).
-    # `payload`: a String (bytes) or any JSON-able value. Durations in seconds, run_at a Time.
-    def enqueue(queue, payload = nil, **options)
-      @broker.enqueue(self.class.enqueue_request(queue, payload, **options), deadline: deadline)
-    end
-
-    # Adds several jobs, all or nothing. `jobs`: hashes with :queue, :payload and the options
-    # of #enqueue. Returns the EnqueueResponses in order.
-    def enqueue_batch(jobs)
-      reqs = jobs.map do |j|
-        j = j.dup
-        self.class.enqueue_request(j.delete(:queue), j.delete(:payload), **j)
-      end
-      @broker.enqueue_batch(V1::EnqueueBatchRequest.new(jobs: reqs), deadline: deadline).results.to_a
-    end
-
-    # The job as the Admin service shows it (Jobbroker::V1::Job). GRPC::NotFound if unknown.
-    def get_job(job_id)
-      @admin.get_job(V1::GetJobRequest.new(job_id: job_id), deadline: deadline)
-    end
-
-    # Closes the channel; the client is unusable afterwards.
-    def close
-      @channel.close
-    end
-
-    # Builds an EnqueueRequest from keyword options (see #enqueue).
-    def self.enqueue_request(queue, payload = nil, headers: {}, priority: 0, delay: nil,
-                             run_at: nil, dedup_key: "", dedup_ttl: nil, max_attempts: 0,
-                             lease_duration: nil, concurrency_key: "")
-      V1::EnqueueRequest.new(
-        queue: queue.to_s, payload: Jobbroker.payload_bytes(payload),
-        headers: headers.to_h { |k, v| [k.to_s, v.to_s] }, priority: priority,
-        delay: Jobbroker.duration(delay), run_at: Jobbroker.timestamp(run_at),
-        dedup_key: dedup_key.to_s, dedup_ttl: Jobbroker.duration(dedup_ttl),
-        max_attempts: max_attempts, lease_duration: Jobbroker.duration(lease_duration),
-        concurrency_key: concurrency_key.to_s
-      )
-    end
-
-    private
-
-    def deadline
-      @timeout && Time.now + @timeout
-    end
-  end
 end
 
+require "jobbroker/options"
+require "jobbroker/client"
 require "jobbroker/worker"

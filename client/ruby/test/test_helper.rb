@@ -21,10 +21,11 @@ class BrokerProcess
 
   # `config`: a Hash written as the --config JSON file (proto3 JSON of ServerConfig).
   # `listen` and `dir`: to start a broker again where a killed one was (same port, same data).
-  def initialize(config: nil, listen: "127.0.0.1:0", dir: nil)
+  # `extra_args`: more flags (TLS, --auth-tokens).
+  def initialize(config: nil, listen: "127.0.0.1:0", dir: nil, extra_args: [])
     @dir = dir || Dir.mktmpdir("jobbroker-ruby-")
     args = [self.class.binary, "--listen", listen, "--http-listen", "127.0.0.1:0",
-            "--data-dir", File.join(@dir, "data"), "--log-level", "warn"]
+            "--data-dir", File.join(@dir, "data"), "--log-level", "warn", *extra_args]
     if config
       path = File.join(@dir, "config.json")
       File.write(path, JSON.generate(config))
@@ -127,4 +128,79 @@ module BrokerTestHelpers
       job if job.state == state
     end
   end
+end
+
+# A throwaway certificate authority made with openssl: a CA, a server certificate for
+# 127.0.0.1 and a client certificate, as PEM files in `dir`.
+class TestCertificates
+  attr_reader :dir
+
+  def initialize(dir)
+    @dir = dir
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=jobbroker test CA", "-keyout", path("ca-key.pem"), "-out", path("ca.pem"))
+    issue("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth")
+    issue("client", "/CN=ruby-test-client", "extendedKeyUsage=clientAuth")
+  end
+
+  def path(name)
+    File.join(@dir, name)
+  end
+
+  private
+
+  def issue(name, subject, extensions)
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+            "-keyout", path("#{name}-key.pem"), "-out", path("#{name}.csr"))
+    File.write(path("#{name}.ext"), extensions)
+    openssl("x509", "-req", "-in", path("#{name}.csr"), "-CA", path("ca.pem"),
+            "-CAkey", path("ca-key.pem"), "-CAcreateserial", "-days", "2",
+            "-extfile", path("#{name}.ext"), "-out", path("#{name}.pem"))
+  end
+
+  def openssl(*args)
+    out = IO.popen(["openssl", *args], err: %i[child out], &:read)
+    raise "openssl #{args.first} failed:\n#{out}" unless $?.success?
+  end
+end
+
+module BrokerTestHelpers
+  # Runs `worker` in a thread while the block runs, then stops it gracefully.
+  def running(worker)
+    thread = Thread.new { worker.run }
+    begin
+      yield worker
+    ensure
+      worker.stop
+      thread.join(60) or flunk("worker did not stop")
+    end
+  end
+
+  def quiet_logger
+    Logger.new($stderr, level: :error)
+  end
+end
+
+# Counts the unary calls a client makes, by method: how the tests see its retries.
+class CallCounter < GRPC::ClientInterceptor
+  attr_reader :calls
+
+  def initialize
+    super()
+    @calls = Hash.new(0)
+    @mu = Mutex.new
+  end
+
+  def request_response(method:, **)
+    @mu.synchronize { @calls[method.to_s.split("/").last] += 1 }
+    yield
+  end
+end
+
+# An address where nothing listens (a stopped broker): a port the OS gave and took back.
+def dead_address
+  server = TCPServer.new("127.0.0.1", 0)
+  port = server.addr[1]
+  server.close
+  "127.0.0.1:#{port}"
 end

@@ -123,7 +123,7 @@ end
 
 options = { concurrency: 1, prefetch: 0, lease_ms: 0, grace_ms: 10_000, lang_name: "ruby" }
 OptionParser.new do |o|
-  o.on("--address HOST:PORT") { |v| options[:address] = v }
+  o.on("--address HOST:PORT[,HOST:PORT...]") { |v| options[:address] = v }
   o.on("--queues LIST") { |v| options[:queues] = v.split(",") }
   o.on("--events FILE") { |v| options[:events] = v }
   o.on("--concurrency N", Integer) { |v| options[:concurrency] = v }
@@ -135,6 +135,10 @@ OptionParser.new do |o|
   o.on("--outbox FILE") { |v| options[:outbox] = v }
   o.on("--idempotent") { options[:idempotent] = true }
   o.on("--lang-name NAME") { |v| options[:lang_name] = v }
+  o.on("--ca FILE") { |v| options[:ca] = v }
+  o.on("--cert FILE") { |v| options[:cert] = v }
+  o.on("--key FILE") { |v| options[:key] = v }
+  o.on("--token TOKEN") { |v| options[:token] = v }
 end.parse!
 %i[address queues events].each do |required|
   abort("conformance_worker: --#{required} is required") unless options[required]
@@ -142,8 +146,13 @@ end
 
 events = EventLog.new(options[:events])
 handler = ConformanceHandler.new(options, events)
+# The TLS and token flags go to the library's client options, as a user would set them.
+client_options = Jobbroker::Options.new(addresses: options[:address].split(","),
+                                        tls: options[:ca],
+                                        cert: options[:cert], key: options[:key],
+                                        token: options[:token])
 worker = Jobbroker::Worker.new(
-  address: options[:address], concurrency: options[:concurrency],
+  options: client_options, concurrency: options[:concurrency],
   prefetch: options[:prefetch], grace: options[:grace_ms] / 1000.0,
   lease_duration: options[:lease_ms].positive? ? options[:lease_ms] / 1000.0 : nil,
   logger: Logger.new($stderr, progname: "ruby-conformance", level: :info)

@@ -69,13 +69,16 @@ module Jobbroker
       release: :release, flow: :flow
     }.freeze
 
-    attr_reader :worker_id, :stats
+    attr_reader :worker_id, :stats, :options
 
     def self.monotonic
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
-    # address:         "host:port" (default $JOBBROKER_ADDRESS, else 127.0.0.1:7070).
+    # options:         a Jobbroker::Options (addresses, TLS, token, ...), the one a Client
+    #                  takes too; default Options.new ($JOBBROKER_ADDRESS, $JOBBROKER_TOKEN).
+    #                  A stream that ends UNAVAILABLE reconnects to the next of its addresses.
+    # address:, token:, credentials: shorthands that override those fields of `options`.
     # concurrency:     handlers run at once.
     # prefetch:        jobs held beyond `concurrency` (max_in_flight = concurrency + prefetch).
     #                  They are leased and heartbeated while they wait, start in arrival order,
@@ -84,19 +87,21 @@ module Jobbroker
     # grace:           seconds a graceful stop lets running handlers finish before it cancels
     #                  them (their jobs are then released).
     # worker_id:       names the worker in attempt histories and Admin.ListWorkers.
-    # token:           a bearer token sent with every call, if the broker wants one.
     # reconnect_initial / reconnect_max: reconnect backoff in seconds (doubling, full jitter).
     # random:          jitter source (tests pass a seeded Random).
     # queues: + block: shorthand for calling #handle(queue, &block) for each queue.
-    def initialize(address: Jobbroker.default_address, queues: nil, concurrency: 1, prefetch: 0,
+    def initialize(options: nil, address: nil, token: nil, credentials: nil, queues: nil,
+                   concurrency: 1, prefetch: 0,
                    worker_id: "#{Socket.gethostname}-#{Process.pid}", lease_duration: nil,
-                   grace: 30, token: nil, reconnect_initial: 0.1, reconnect_max: 5.0,
+                   grace: 30, reconnect_initial: 0.1, reconnect_max: 5.0,
                    random: Random.new, logger: Logger.new($stderr, progname: "jobbroker-worker"),
-                   credentials: :this_channel_is_insecure, &handler)
+                   &handler)
       raise ArgumentError, "concurrency must be at least 1" if concurrency < 1
       raise ArgumentError, "prefetch must not be negative" if prefetch.negative?
 
-      @address = address
+      overrides = { address: address, token: token, credentials: credentials }.compact
+      @options = (options || Options.new(**overrides))
+      @options = @options.with(**overrides) if options && !overrides.empty?
       @concurrency = concurrency
       @prefetch = prefetch
       @worker_id = worker_id
@@ -106,16 +111,32 @@ module Jobbroker
       @reconnect_max = reconnect_max
       @random = random
       @log = logger
-      @stub = Jobbroker.broker_stub(address, credentials: credentials, token: token)
-      @call_metadata = Jobbroker.call_metadata(token: token)
+      @connection = Connection.new(@options)
       @stats = Stats.new(0, 0, 0, 0, 0)
       @mu = Mutex.new
       @cv = ConditionVariable.new
       @running = false
       @stop_requested = false
       @handlers = {}
+      @middleware = []
       Array(queues).each { |queue| handle(queue, &handler) } if handler
       raise ArgumentError, "queues: needs a handler block" if queues && !handler
+    end
+
+    # Adds a worker middleware around every handler call: `call(job, next_call)` (a lambda, an
+    # object, or a block with those two arguments) gets the JobContext; `next_call.call` runs
+    # the later middleware and the handler and returns the handler's result, which the
+    # middleware returns (or its own; an exception it raises ends the attempt as a handler's
+    # would). The first registered is the outermost, as in Sidekiq and asynq. Call it before
+    # #run. Returns self.
+    def use(middleware = nil, &block)
+      middleware ||= block
+      raise ArgumentError, "use needs a middleware (call(job, next_call)) or a block" unless
+        middleware
+
+      @mu.synchronize { raise "middleware must be added before run" if @running }
+      @middleware << middleware
+      self
     end
 
     # Registers the handler of `queue`; the worker subscribes to every queue that has one. The
@@ -524,7 +545,8 @@ module Jobbroker
     def connection_loop
       backoff = @reconnect_initial
       until closing?
-        session = WorkSession.new(@stub, @call_metadata, self)
+        address_index = @connection.current_index
+        session = WorkSession.new(@connection.stub(V1::Broker), @options.metadata, self)
         if open_session(session)
           backoff = @reconnect_initial
           @mu.synchronize { @cv.wait(@mu) until session.ended? || @closing }
@@ -538,6 +560,8 @@ module Jobbroker
           fatal!(SubscriptionRefused.new(code, session.end_message))
           break
         end
+        # A node that is down or draining: the next address (a cluster's other nodes).
+        @connection.advance(address_index) if code == GRPC::Core::StatusCodes::UNAVAILABLE
         @log.warn("stream ended (code #{code}: #{short(session.end_message)}); reconnecting")
         pause = @random.rand * backoff
         @mu.synchronize do
@@ -650,13 +674,21 @@ module Jobbroker
       error = nil
       begin
         handler = @handlers.fetch(ctx.queue) { raise "no handler for queue #{ctx.queue.inspect}" }
-        value = handler.call(ctx)
+        value = through_middleware(ctx, handler)
         value = result_bytes(value)
       rescue StandardError, ScriptError, SystemStackError => e
         # Never kills the worker: it is the attempt's failure.
         error = e
       end
       finish_job(held, value, error)
+    end
+
+    # The handler inside the middleware, first registered outermost.
+    def through_middleware(ctx, handler)
+      chain = @middleware.reverse.inject(handler) do |inner, middleware|
+        ->(job) { middleware.call(job, -> { inner.call(job) }) }
+      end
+      chain.call(ctx)
     end
 
     # A String is kept as it is (bytes or UTF-8 text), nil as no result, anything else as JSON.

@@ -1,0 +1,450 @@
+# frozen_string_literal: true
+
+require "jobbroker/options"
+
+module Jobbroker
+  # The job ended FAILED or CANCELLED while #enqueue_and_wait waited for it. #job is the final
+  # Jobbroker::V1::Job (fail_reason, last_error, attempts), #state its state.
+  class JobFailed < StandardError
+    attr_reader :job
+
+    def initialize(job)
+      @job = job
+      why = job.last_error.to_s.empty? ? "" : ": #{job.last_error}"
+      reason = job.state == :JOB_STATE_FAILED ? " (#{job.fail_reason})" : ""
+      super("job #{job.id} ended #{job.state}#{reason}#{why}")
+    end
+
+    def state
+      @job.state
+    end
+  end
+
+  # #enqueue_and_wait's wait_timeout passed before the job ended. #job_id names the job, which
+  # goes on without the waiter.
+  class WaitTimeout < StandardError
+    attr_reader :job_id
+
+    def initialize(job_id, seconds)
+      @job_id = job_id
+      super("job #{job_id} did not end within #{seconds}s")
+    end
+  end
+
+  # Producer and admin calls: one method per RPC of Broker (but Work, which Worker speaks)
+  # and Admin. Errors are gRPC's status exceptions (GRPC::InvalidArgument, GRPC::NotFound, ...:
+  # each a GRPC::BadStatus with #code and #details).
+  #
+  # Every unary call has the options' deadline (10 s) unless it names its own (`deadline:`
+  # seconds, or a Time). A call is retried after UNAVAILABLE (3 attempts in all, 0.1 s then
+  # 0.2 s apart, each on the next address) only when repeating it cannot do the work twice:
+  # reads, Heartbeat/Ack/Fail/Release (a repeated answer for the same lease is answered as the
+  # first), idempotent settings (UpdateQueuePolicy, Pause/ResumeQueue, PutSchedule), and
+  # Enqueue/EnqueueBatch when every job has a dedup_key. An enqueue without one is tried once:
+  # the broker may have stored the job before the connection broke, and only the caller can
+  # tell whether a second copy is harmless.
+  #
+  # Producer middleware (#use) wraps every enqueue, outermost first.
+  #
+  # Thread-safe. Nothing connects before the first call, and a client created before a fork
+  # connects anew in the child (Connection).
+  class Client
+    RETRY_ATTEMPTS = 3
+    RETRY_BACKOFF = 0.1
+    TERMINAL_STATES = %i[JOB_STATE_COMPLETED JOB_STATE_FAILED JOB_STATE_CANCELLED].freeze
+
+    attr_reader :options
+
+    # `options`: a Jobbroker::Options; or its keyword arguments (address:, tls:, token:, ...)
+    # directly. `address` may also come first, as in Jobbroker.connect("host:port").
+    # `timeout:` is the old name of `deadline:`.
+    def initialize(address = nil, options: nil, timeout: nil, **option_fields)
+      option_fields[:deadline] = timeout if timeout
+      option_fields[:address] = address if address
+      @options = options ? options.with(**option_fields) : Options.new(**option_fields)
+      @connection = Connection.new(@options)
+      @middleware = []
+    end
+
+    # The address calls go to now (the first one, until one was UNAVAILABLE).
+    def address
+      @connection.address
+    end
+
+    # The generated stubs for the current address, for what the methods here do not wrap.
+    def broker
+      @connection.stub(V1::Broker)
+    end
+
+    def admin
+      @connection.stub(V1::Admin)
+    end
+
+    # Closes the channels; a later call connects again.
+    def close
+      @connection.close
+    end
+
+    # Adds a producer middleware: `call(jobs, next_call)` (a lambda, an object, or a block with
+    # those two arguments) around every #enqueue and #enqueue_batch. `jobs` is the Array of
+    # EnqueueRequests about to be sent (one for #enqueue), which it may change (add headers);
+    # `next_call.call` sends them (through the later middleware) and returns the Array of
+    # EnqueueResponses, which the middleware returns. The first registered is the outermost.
+    # Register before sharing the client between threads. Returns self.
+    def use(middleware = nil, &block)
+      middleware ||= block
+      raise ArgumentError, "use needs a middleware (call(jobs, next_call)) or a block" unless
+        middleware
+
+      @middleware << middleware
+      self
+    end
+
+    # --- Broker ---
+
+    # Adds one job; returns the EnqueueResponse (#job_id, #deduplicated). `payload`: a String
+    # (bytes) or any JSON-able value. Options (every EnqueueRequest field): headers, priority,
+    # delay (seconds) or run_at (Time), dedup_key, dedup_ttl, max_attempts, lease_duration,
+    # concurrency_key, timeout (the run-time limit of each attempt), expire_at (Time),
+    # depends_on (job ids). `deadline:` overrides the call's deadline.
+    def enqueue(queue, payload = nil, deadline: nil, **options)
+      request = self.class.enqueue_request(queue, payload, **options)
+      through_middleware([request]) do |jobs|
+        [unary(V1::Broker, :enqueue, jobs.first, retry_safe: !jobs.first.dedup_key.empty?,
+                                                 deadline: deadline)]
+      end.first
+    end
+
+    # Adds several jobs, all or nothing. `jobs`: Hashes with :queue, :payload and the options
+    # of #enqueue (also depends_on_index: indexes of earlier jobs of the batch). Returns the
+    # EnqueueResponses in order. Retried only when every job has a dedup_key.
+    def enqueue_batch(jobs, deadline: nil)
+      requests = jobs.map do |j|
+        j = j.dup
+        self.class.enqueue_request(j.delete(:queue), j.delete(:payload), **j)
+      end
+      through_middleware(requests) do |jobs|
+        safe = jobs.all? { |job| !job.dedup_key.empty? }
+        unary(V1::Broker, :enqueue_batch, V1::EnqueueBatchRequest.new(jobs: jobs),
+              retry_safe: safe, deadline: deadline).results.to_a
+      end
+    end
+
+    # Enqueues the job, then watches it (Admin.WatchJob) until it ends. Returns the final Job
+    # when it COMPLETED (its #result holds the handler's result). Raises JobFailed when it
+    # ended FAILED or CANCELLED, WaitTimeout after `wait_timeout` seconds (nil: wait for as
+    # long as it takes). A watch the broker ended (UNAVAILABLE: it shut down) is opened again.
+    # Options as for #enqueue; the caller's token needs the producer and the admin roles.
+    def enqueue_and_wait(queue, payload = nil, wait_timeout: nil, **options)
+      started = Worker.monotonic
+      job_id = enqueue(queue, payload, **options).job_id
+      wait_for(job_id, wait_timeout: wait_timeout && wait_timeout - (Worker.monotonic - started))
+    end
+
+    # Waits until the job ends, as #enqueue_and_wait does after its enqueue.
+    def wait_for(job_id, wait_timeout: nil)
+      give_up_at = wait_timeout && Time.now + wait_timeout
+      attempt = 0
+      loop do
+        raise WaitTimeout.new(job_id, wait_timeout) if give_up_at && Time.now >= give_up_at
+
+        index = @connection.current_index
+        begin
+          watch_job(job_id, deadline: give_up_at).each do |job|
+            next unless TERMINAL_STATES.include?(job.state)
+            raise JobFailed, job unless job.state == :JOB_STATE_COMPLETED
+
+            return job
+          end
+          # Ended without a terminal state (not what the broker does): look again shortly.
+          attempt = 0
+          sleep(RETRY_BACKOFF)
+        rescue GRPC::DeadlineExceeded
+          raise WaitTimeout.new(job_id, wait_timeout)
+        rescue GRPC::Unavailable
+          @connection.advance(index)
+          attempt += 1
+          sleep(retry_pause(attempt))
+        end
+      end
+    end
+
+    # Leases up to `max_jobs` ready jobs of `queue`, waiting up to `wait` seconds for one;
+    # returns the LeasedJobs (empty when none was ready in time). Not retried: a repeated lease
+    # would hold jobs nobody works until their leases run out. The deadline is `wait` plus the
+    # default one.
+    def lease(queue, worker_id:, max_jobs: 1, lease_duration: nil, wait: nil, deadline: nil)
+      request = V1::LeaseRequest.new(queue: queue.to_s, worker_id: worker_id, max_jobs: max_jobs,
+                                     lease_duration: Jobbroker.duration(lease_duration),
+                                     wait: Jobbroker.duration(wait))
+      deadline ||= @options.deadline && @options.deadline + wait.to_f
+      unary(V1::Broker, :lease, request, retry_safe: false, deadline: deadline).jobs.to_a
+    end
+
+    # Extends a lease (by `extend_by` seconds, else its own length), saving `checkpoint` and
+    # `progress` (Strings, or JSON-able values for progress) when given. HeartbeatResponse.
+    def heartbeat(job_id, lease_id, extend_by: nil, checkpoint: nil, progress: nil, deadline: nil)
+      request = V1::HeartbeatRequest.new(job_id: job_id, lease_id: lease_id,
+                                         extend_by: Jobbroker.duration(extend_by))
+      request.checkpoint = checkpoint.b if checkpoint
+      request.progress = Jobbroker.payload_bytes(progress) if progress
+      unary(V1::Broker, :heartbeat, request, retry_safe: true, deadline: deadline)
+    end
+
+    # Completes the job with `result` (a String as it is, anything else as JSON).
+    def ack(job_id, lease_id, result = nil, deadline: nil)
+      request = V1::AckRequest.new(job_id: job_id, lease_id: lease_id,
+                                   result: Jobbroker.payload_bytes(result))
+      unary(V1::Broker, :ack, request, retry_safe: true, deadline: deadline)
+      nil
+    end
+
+    # Fails the attempt (`permanent`: no retry; `retry_after`: seconds before the next one).
+    # Returns the FailResponse (#state, #next_attempt_at).
+    def fail(job_id, lease_id, error, permanent: false, retry_after: nil, deadline: nil)
+      request = V1::FailRequest.new(job_id: job_id, lease_id: lease_id, error: error.to_s,
+                                    permanent: permanent,
+                                    retry_after: Jobbroker.duration(retry_after))
+      unary(V1::Broker, :fail, request, retry_safe: true, deadline: deadline)
+    end
+
+    # Gives the job back unstarted; with `delay` (seconds) it is snoozed that long.
+    def release(job_id, lease_id, delay: nil, deadline: nil)
+      request = V1::ReleaseRequest.new(job_id: job_id, lease_id: lease_id,
+                                       delay: Jobbroker.duration(delay))
+      unary(V1::Broker, :release, request, retry_safe: true, deadline: deadline)
+      nil
+    end
+
+    # --- Admin: jobs ---
+
+    # The job (Jobbroker::V1::Job). GRPC::NotFound if unknown.
+    def get_job(job_id, deadline: nil)
+      admin_call(:get_job, V1::GetJobRequest.new(job_id: job_id), deadline: deadline)
+    end
+
+    # The job now, then once per change until it ends: an Enumerator of Jobs (or, with a
+    # block, yields each and returns nil). No deadline unless given (seconds or a Time).
+    def watch_job(job_id, deadline: nil, &block)
+      stream = @connection.stub(V1::Admin).watch_job(V1::WatchJobRequest.new(job_id: job_id),
+                                                     deadline: absolute(deadline))
+      return stream unless block
+
+      stream.each(&block)
+      nil
+    end
+
+    # One page of the queue's jobs: a ListJobsResponse (#jobs, #next_page_token). `state`:
+    # :ready, :JOB_STATE_READY, ... (nil: every state).
+    def list_jobs(queue, state: nil, page_size: 0, page_token: "", newest_first: false,
+                  dedup_key: "", deadline: nil)
+      request = V1::ListJobsRequest.new(queue: queue.to_s, state: Jobbroker.job_state(state),
+                                        page_size: page_size, page_token: page_token,
+                                        newest_first: newest_first, dedup_key: dedup_key)
+      admin_call(:list_jobs, request, deadline: deadline)
+    end
+
+    # Every job of the queue (in `state`), page after page: an Enumerator of Jobs.
+    def each_job(queue, state: nil, newest_first: false)
+      return enum_for(:each_job, queue, state: state, newest_first: newest_first) unless
+        block_given?
+
+      token = ""
+      loop do
+        page = list_jobs(queue, state: state, page_token: token, newest_first: newest_first)
+        page.jobs.each { |job| yield job }
+        token = page.next_page_token
+        break if token.empty?
+      end
+    end
+
+    # Cancels the job (READY/SCHEDULED: at once; ACTIVE: its worker is told). Returns the
+    # Job. Not retried: a repeat of a cancel that went through is FAILED_PRECONDITION.
+    def cancel_job(job_id, deadline: nil)
+      unary(V1::Admin, :cancel_job, V1::CancelJobRequest.new(job_id: job_id),
+            retry_safe: false, deadline: deadline)
+    end
+
+    # A FAILED or CANCELLED job back to READY (`job_id`), or with `queue:` every such job of
+    # the queue (state: :failed by default, dry_run, limit). Returns the RetryJobResponse
+    # (#job for one job, #matched, #retried).
+    def retry_job(job_id = nil, queue: nil, state: nil, dry_run: false, limit: 0, deadline: nil)
+      request = V1::RetryJobRequest.new(job_id: job_id.to_s, queue: queue.to_s,
+                                        state: Jobbroker.job_state(state), dry_run: dry_run,
+                                        limit: limit)
+      unary(V1::Admin, :retry_job, request, retry_safe: dry_run, deadline: deadline)
+    end
+
+    # Removes a job that is not ACTIVE.
+    def delete_job(job_id, deadline: nil)
+      unary(V1::Admin, :delete_job, V1::DeleteJobRequest.new(job_id: job_id),
+            retry_safe: false, deadline: deadline)
+      nil
+    end
+
+    # --- Admin: queues ---
+
+    # Every queue the token may see: an Array of QueueInfo.
+    def list_queues(deadline: nil)
+      admin_call(:list_queues, V1::ListQueuesRequest.new, deadline: deadline).queues.to_a
+    end
+
+    # The queue's QueueInfo (effective policy, counts by state). GRPC::NotFound if unknown.
+    def get_queue(queue, deadline: nil)
+      admin_call(:get_queue, V1::GetQueueRequest.new(queue: queue.to_s), deadline: deadline)
+    end
+
+    # Changes the queue's policy at run time: a V1::QueuePolicy, or its fields as a Hash or
+    # keywords (durations in seconds: `lease_duration: 30, retry: { max_attempts: 5 }`).
+    # `reset`: first drop every run-time override. Returns the QueueInfo.
+    def update_queue_policy(queue, policy = nil, reset: false, deadline: nil, **fields)
+      policy = Jobbroker.message(V1::QueuePolicy, policy || fields)
+      request = V1::UpdateQueuePolicyRequest.new(queue: queue.to_s, policy: policy, reset: reset)
+      admin_call(:update_queue_policy, request, deadline: deadline)
+    end
+
+    # Stops leasing from the queue (enqueues go on). Returns the QueueInfo.
+    def pause_queue(queue, deadline: nil)
+      admin_call(:pause_queue, V1::PauseQueueRequest.new(queue: queue.to_s), deadline: deadline)
+    end
+
+    def resume_queue(queue, deadline: nil)
+      admin_call(:resume_queue, V1::ResumeQueueRequest.new(queue: queue.to_s),
+                 deadline: deadline)
+    end
+
+    # Removes the queue's jobs in `states` (default: every terminal state). Returns how many.
+    def purge_queue(queue, states: [], deadline: nil)
+      request = V1::PurgeQueueRequest.new(queue: queue.to_s,
+                                          states: states.map { |s| Jobbroker.job_state(s) })
+      unary(V1::Admin, :purge_queue, request, retry_safe: false, deadline: deadline).purged
+    end
+
+    # --- Admin: cluster and workers ---
+
+    # The ClusterInfo (nodes, partitions and their leaders); a single node answers as a
+    # cluster of one.
+    def get_cluster(deadline: nil)
+      admin_call(:get_cluster, V1::GetClusterRequest.new, deadline: deadline)
+    end
+
+    # The workers connected now (of `queue`, if given): an Array of WorkerInfo.
+    def list_workers(queue: "", deadline: nil)
+      admin_call(:list_workers, V1::ListWorkersRequest.new(queue: queue.to_s),
+                 deadline: deadline).workers.to_a
+    end
+
+    # --- Admin: schedules ---
+
+    # Creates or replaces the schedule `schedule_id`: every run enqueues `payload` into
+    # `queue` with the enqueue options given (headers, priority, max_attempts, lease_duration,
+    # concurrency_key, timeout, dedup_ttl). Exactly one of `cron` ("*/5 * * * *") and `every`
+    # (seconds). Also takes a ready V1::Schedule instead. Returns the stored Schedule
+    # (#next_run_at, ...).
+    def put_schedule(schedule_id, queue = nil, payload = nil, cron: "", every: nil,
+                     time_zone: "", paused: false, start_at: nil, end_at: nil, catch_up: nil,
+                     deadline: nil, **template_options)
+      schedule = if schedule_id.is_a?(V1::Schedule)
+                   schedule_id
+                 else
+                   V1::Schedule.new(
+                     schedule_id: schedule_id.to_s, cron: cron.to_s,
+                     every: Jobbroker.duration(every), time_zone: time_zone.to_s,
+                     template: self.class.enqueue_request(queue, payload, **template_options),
+                     paused: paused, start_at: Jobbroker.timestamp(start_at),
+                     end_at: Jobbroker.timestamp(end_at),
+                     catch_up: catch_up ? Jobbroker.enum_value("SCHEDULE_CATCH_UP", catch_up) : 0
+                   )
+                 end
+      admin_call(:put_schedule, V1::PutScheduleRequest.new(schedule: schedule), deadline: deadline)
+    end
+
+    # The Schedule. GRPC::NotFound if unknown.
+    def get_schedule(schedule_id, deadline: nil)
+      admin_call(:get_schedule, V1::GetScheduleRequest.new(schedule_id: schedule_id),
+                 deadline: deadline)
+    end
+
+    # Every schedule (of `queue`, if given): an Array of Schedule, by id.
+    def list_schedules(queue: "", deadline: nil)
+      admin_call(:list_schedules, V1::ListSchedulesRequest.new(queue: queue.to_s),
+                 deadline: deadline).schedules.to_a
+    end
+
+    # Removes the schedule; the jobs it enqueued stay.
+    def delete_schedule(schedule_id, deadline: nil)
+      unary(V1::Admin, :delete_schedule, V1::DeleteScheduleRequest.new(schedule_id: schedule_id),
+            retry_safe: false, deadline: deadline)
+      nil
+    end
+
+    # Enqueues one run now. Returns the TriggerScheduleResponse (#job_id, #deduplicated).
+    def trigger_schedule(schedule_id, deadline: nil)
+      unary(V1::Admin, :trigger_schedule,
+            V1::TriggerScheduleRequest.new(schedule_id: schedule_id),
+            retry_safe: false, deadline: deadline)
+    end
+
+    # Builds an EnqueueRequest from keyword options (see #enqueue).
+    def self.enqueue_request(queue, payload = nil, headers: {}, priority: 0, delay: nil,
+                             run_at: nil, dedup_key: "", dedup_ttl: nil, max_attempts: 0,
+                             lease_duration: nil, concurrency_key: "", timeout: nil,
+                             expire_at: nil, depends_on: [], depends_on_index: [])
+      V1::EnqueueRequest.new(
+        queue: queue.to_s, payload: Jobbroker.payload_bytes(payload),
+        headers: headers.to_h { |k, v| [k.to_s, v.to_s] }, priority: priority,
+        delay: Jobbroker.duration(delay), run_at: Jobbroker.timestamp(run_at),
+        dedup_key: dedup_key.to_s, dedup_ttl: Jobbroker.duration(dedup_ttl),
+        max_attempts: max_attempts, lease_duration: Jobbroker.duration(lease_duration),
+        concurrency_key: concurrency_key.to_s, timeout: Jobbroker.duration(timeout),
+        expire_at: Jobbroker.timestamp(expire_at), depends_on: Array(depends_on).map(&:to_s),
+        depends_on_index: Array(depends_on_index)
+      )
+    end
+
+    private
+
+    # Reads and idempotent settings: always safe to repeat.
+    def admin_call(method, request, deadline:)
+      unary(V1::Admin, method, request, retry_safe: true, deadline: deadline)
+    end
+
+    # One unary call with the retry rule of the class comment. Every attempt shares one
+    # deadline, so a retried call still ends within it.
+    def unary(service, method, request, retry_safe:, deadline:)
+      deadline_at = absolute(deadline.nil? ? @options.deadline : deadline)
+      attempts = retry_safe ? RETRY_ATTEMPTS : 1
+      attempt = 0
+      begin
+        attempt += 1
+        index = @connection.current_index
+        @connection.stub(service).public_send(method, request, deadline: deadline_at)
+      rescue GRPC::Unavailable
+        @connection.advance(index)
+        raise if attempt >= attempts
+
+        pause = retry_pause(attempt)
+        raise if deadline_at && Time.now + pause >= deadline_at
+
+        sleep(pause)
+        retry
+      end
+    end
+
+    def retry_pause(attempt)
+      RETRY_BACKOFF * (2**([attempt, 6].min - 1))
+    end
+
+    # Seconds from now or a Time -> a Time; nil stays nil.
+    def absolute(deadline)
+      deadline.is_a?(Numeric) ? Time.now + deadline : deadline
+    end
+
+    def through_middleware(jobs, &send_jobs)
+      chain = @middleware.reverse.inject(send_jobs) do |inner, middleware|
+        ->(js) { middleware.call(js, -> { inner.call(js) }) }
+      end
+      chain.call(jobs)
+    end
+  end
+end

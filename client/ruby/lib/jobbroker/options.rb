@@ -1,0 +1,210 @@
+# frozen_string_literal: true
+
+module Jobbroker
+  # How a Client or a Worker reaches the broker: one object shared by both, so a program that
+  # produces and works jobs configures its connection once.
+  #
+  #   options = Jobbroker::Options.new(address: "broker:7070", tls: "/etc/jobbroker/ca.pem",
+  #                                    cert: "client.pem", key: "client-key.pem",
+  #                                    token: ENV["BILLING_TOKEN"])
+  #   client = Jobbroker::Client.new(options: options)
+  #   worker = Jobbroker::Worker.new(options: options, concurrency: 4)
+  #
+  # Immutable; #with returns a changed copy.
+  class Options
+    DEFAULT_ADDRESS = "127.0.0.1:7070"
+    # Seconds a unary call may take unless the call names its own deadline. Streams (Work,
+    # WatchJob) have none: they live as long as their reader wants.
+    DEFAULT_DEADLINE = 10
+
+    # addresses:    "host:port" strings tried in order: after UNAVAILABLE the next one (a
+    #               cluster's nodes; a node that does not lead a queue forwards the call).
+    # tls:          nil/false = plaintext; true = TLS trusting the system roots; a String = TLS
+    #               trusting that CA (a file path, or the PEM itself).
+    # cert, key:    the client certificate chain and its key for mutual TLS (paths or PEM);
+    #               both or neither, and only with tls.
+    # server_name:  the name the broker's certificate must carry, when the address does not.
+    # token:        the bearer token sent as `authorization: Bearer T` on every call.
+    # deadline:     seconds for each unary call (nil = none).
+    # channel_args: extra gRPC channel arguments, over Jobbroker::CHANNEL_ARGS.
+    # interceptors: extra GRPC::ClientInterceptors, after the one that adds the metadata.
+    # credentials:  a ready GRPC::Core::ChannelCredentials (or :this_channel_is_insecure),
+    #               instead of tls/cert/key: the escape hatch for what they cannot say.
+    attr_reader :addresses, :tls, :cert, :key, :server_name, :token, :deadline, :channel_args,
+                :interceptors
+
+    # `address` and `token` default to $JOBBROKER_ADDRESS (several may be given, comma
+    # separated) and $JOBBROKER_TOKEN, then to 127.0.0.1:7070 and no token.
+    def initialize(address: nil, addresses: nil, tls: nil, cert: nil, key: nil, server_name: nil,
+                   token: nil, deadline: DEFAULT_DEADLINE, channel_args: {}, interceptors: [],
+                   credentials: nil)
+      @addresses = resolve_addresses(address, addresses).freeze
+      raise ArgumentError, "cert and key go together (mutual TLS)" if cert.nil? != key.nil?
+      raise ArgumentError, "a client certificate needs tls (the CA to trust)" if cert && !tls
+      raise ArgumentError, "credentials replace tls/cert/key: give one or the other" if
+        credentials && (tls || cert)
+
+      @tls = tls
+      @cert = cert
+      @key = key
+      @server_name = server_name
+      env_token = ENV.fetch("JOBBROKER_TOKEN", "")
+      @token = token || (env_token.empty? ? nil : env_token)
+      @deadline = deadline
+      @channel_args = channel_args.dup.freeze
+      @interceptors = interceptors.dup.freeze
+      @credentials = credentials
+      freeze
+    end
+
+    # A copy with the given fields changed (keyword arguments as for #initialize).
+    def with(**changes)
+      fields = { addresses: @addresses, tls: @tls, cert: @cert, key: @key,
+                 server_name: @server_name, token: @token, deadline: @deadline,
+                 channel_args: @channel_args, interceptors: @interceptors,
+                 credentials: @credentials }
+      fields.delete(:addresses) if changes.key?(:address)
+      self.class.new(**fields, **changes)
+    end
+
+    # The first address.
+    def address
+      @addresses.first
+    end
+
+    # The channel credentials: plaintext, TLS or mutual TLS. Files are read here, so a missing
+    # one raises Errno::ENOENT when the first channel is made.
+    def credentials
+      return @credentials if @credentials
+      return :this_channel_is_insecure unless @tls
+
+      roots = @tls == true ? nil : self.class.pem(@tls)
+      return GRPC::Core::ChannelCredentials.new(roots) unless @cert
+
+      GRPC::Core::ChannelCredentials.new(roots, self.class.pem(@key), self.class.pem(@cert))
+    end
+
+    # The channel arguments of every channel these options make.
+    def all_channel_args
+      args = Jobbroker::CHANNEL_ARGS.merge(@channel_args)
+      args = args.merge("grpc.ssl_target_name_override" => @server_name) if @server_name
+      args
+    end
+
+    # The metadata of every call: jobbroker-client and, with a token, authorization.
+    def metadata
+      Jobbroker.call_metadata(token: @token)
+    end
+
+    # PEM text: the String itself when it holds PEM, else the file it names.
+    def self.pem(path_or_pem)
+      text = path_or_pem.to_s
+      text.include?("-----BEGIN") ? text : File.read(text)
+    end
+
+    def inspect
+      "#<Jobbroker::Options addresses=#{@addresses} tls=#{!!@tls} mtls=#{!@cert.nil?} " \
+        "token=#{@token ? '[set]' : 'none'} deadline=#{@deadline.inspect}>"
+    end
+
+    private
+
+    def resolve_addresses(address, addresses)
+      raise ArgumentError, "give address or addresses, not both" if address && addresses
+
+      list = addresses ? Array(addresses) : [address].compact
+      list = ENV.fetch("JOBBROKER_ADDRESS", "").split(",") if list.empty?
+      list = list.map { |a| a.to_s.strip }.reject(&:empty?)
+      list.empty? ? [DEFAULT_ADDRESS] : list
+    end
+  end
+
+  # Grpc 1.51 refuses any call in a child once the parent process used gRPC; this says what to
+  # do about it instead of gRPC's one-line message.
+  class ForkError < StandardError; end
+
+  # The channels and stubs of one Options, one per address, made on first use. Shared by the
+  # Client and the Worker. Thread-safe.
+  #
+  # Fork safety: nothing is connected until the first call, and a process that finds the
+  # channels were made by another process (its parent, before a fork: Puma's preload_app)
+  # drops them and connects anew. gRPC's channels are not fork-safe, so they are never reused
+  # across a fork. grpc-ruby before 1.57 goes further and refuses every call in a child whose
+  # parent had used gRPC: that is raised as ForkError (make no call in the parent before
+  # forking, e.g. create clients in Puma's on_worker_boot, or only use them in workers).
+  class Connection
+    attr_reader :options
+
+    def initialize(options)
+      @options = options
+      @mu = Mutex.new
+      @pid = nil
+      @stubs = {}
+      @current = 0
+    end
+
+    # The address calls go to now.
+    def address
+      @options.addresses[@current % @options.addresses.size]
+    end
+
+    # The index of the current address, for #advance.
+    def current_index
+      @current
+    end
+
+    # After UNAVAILABLE from the address at `from`: calls go to the next one. A no-op when
+    # another thread already moved on.
+    def advance(from)
+      @mu.synchronize { @current = from + 1 if @current == from }
+    end
+
+    # The generated stub `service` (V1::Broker or V1::Admin) for the current address.
+    def stub(service)
+      @mu.synchronize do
+        reset_after_fork_locked
+        address = self.address
+        @stubs[[service, address]] ||= begin
+          channel = (@stubs[[:channel, address]] ||= new_channel(address))
+          # The channel carries the credentials; the stub's own argument is then unused.
+          service::Stub.new(address, :this_channel_is_insecure, channel_override: channel,
+                                                                interceptors: interceptors)
+        end
+      end
+    end
+
+    # Closes every channel; calls made afterwards connect again.
+    def close
+      @mu.synchronize do
+        @stubs.each { |(kind, _), channel| channel.close if kind == :channel } if
+          @pid == Process.pid
+        @stubs = {}
+      end
+    end
+
+    private
+
+    def new_channel(address)
+      GRPC::Core::Channel.new(address, @options.all_channel_args, @options.credentials)
+    rescue RuntimeError => e
+      raise unless e.message.include?("fork")
+
+      raise ForkError, "gRPC #{GRPC::VERSION} cannot be used in a process forked after its " \
+                       "parent used gRPC: make the first jobbroker call after the fork (Puma: " \
+                       "in on_worker_boot or lazily in the workers, never in the master)"
+    end
+
+    # Channels made by another process belong to it: forget them without closing them (that
+    # would touch state the parent still uses).
+    def reset_after_fork_locked
+      return if @pid == Process.pid
+
+      @stubs = {}
+      @pid = Process.pid
+    end
+
+    def interceptors
+      [CallMetadata.new(token: @options.token), *@options.interceptors]
+    end
+  end
+end
