@@ -1,31 +1,77 @@
+import { readFileSync } from "node:fs";
 import os from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
 import {
   ChannelCredentials,
   InterceptingCall,
   Metadata,
   credentials as grpcCredentials,
+  type CallOptions as GrpcCallOptions,
   type ChannelOptions,
   type Interceptor,
   type ServiceError,
 } from "@grpc/grpc-js";
 import {
   AdminClient,
+  CancelJobRequest,
+  DeleteJobRequest,
+  DeleteScheduleRequest,
+  GetClusterRequest,
+  GetJobRequest,
+  GetQueueRequest,
+  GetScheduleRequest,
   ListJobsRequest,
+  ListQueuesRequest,
+  ListSchedulesRequest,
+  ListWorkersRequest,
+  PauseQueueRequest,
+  PurgeQueueRequest,
+  PutScheduleRequest,
+  ResumeQueueRequest,
+  RetryJobRequest,
+  ScheduleCatchUp,
+  TriggerScheduleRequest,
+  UpdateQueuePolicyRequest,
+  WatchJobRequest,
+  type ClusterInfo,
+  type DeleteJobResponse,
+  type DeleteScheduleResponse,
   type ListJobsResponse,
+  type ListQueuesResponse,
+  type ListSchedulesResponse,
+  type ListWorkersResponse,
+  type PurgeQueueResponse,
   type QueueInfo,
   type RetryJobResponse,
+  type Schedule,
+  type TriggerScheduleResponse,
+  type WorkerInfo,
 } from "./gen/jobbroker/v1/admin";
 import {
+  AckRequest,
   BrokerClient,
+  EnqueueBatchRequest,
+  FailRequest,
+  HeartbeatRequest,
+  LeaseRequest,
+  ReleaseRequest,
+  type AckResponse,
+  type EnqueueBatchResponse,
   type EnqueueRequest,
+  type EnqueueResponse,
   type FailResponse,
   type HeartbeatResponse,
+  type LeaseResponse,
   type LeasedJob,
+  type ReleaseResponse,
 } from "./gen/jobbroker/v1/broker";
-import type { Job, JobState } from "./gen/jobbroker/v1/job";
+import { JobState, type Job } from "./gen/jobbroker/v1/job";
 import { QueuePolicy } from "./gen/jobbroker/v1/policy";
-import { durationFromMs, encodePayload, type Payload } from "./convert";
-import { fromServiceError } from "./errors";
+import { asBuffer, durationFromMs, encodePayload, type Payload } from "./convert";
+import { JobBrokerError, JobEndedError, Status, fromServiceError } from "./errors";
+import { composeProducer, composeProducerBatch, type EnqueueResult, type ProducerMiddleware } from "./middleware";
+
+export type { EnqueueResult };
 
 /** The broker address when none is given: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. */
 export function defaultAddress(): string {
@@ -40,29 +86,75 @@ export function defaultAddress(): string {
  */
 export const clientName = `jobbroker-typescript/${(require("../../package.json") as { version: string }).version}`;
 
-/** Adds the "jobbroker-client" metadata to every call of the channel, unary and streaming. */
-const nameTheClient: Interceptor = (options, nextCall) =>
-  new InterceptingCall(nextCall(options), {
-    start(metadata, listener, next) {
-      metadata.set("jobbroker-client", clientName);
-      next(metadata, listener);
-    },
-  });
+/** Adds the library's name and, when there is one, the bearer token to every call. */
+function callMetadata(token: string | undefined): Interceptor {
+  return (options, nextCall) =>
+    new InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        metadata.set("jobbroker-client", clientName);
+        // Metadata rather than grpc-js call credentials: those refuse a plaintext channel, and a
+        // token on a laptop broker without TLS is a legitimate (if unwise) setup.
+        if (token) metadata.set("authorization", `Bearer ${token}`);
+        next(metadata, listener);
+      },
+    });
+}
 
 /** "<hostname>-<pid>": names a worker in attempt histories. */
 export function defaultWorkerId(): string {
   return `${os.hostname()}-${process.pid}`;
 }
 
+/** PEM given inline, as bytes or as a file path. */
+export type Pem = string | Uint8Array;
+
+/**
+ * How a Client (and a Worker, which takes the same options) reaches the broker. Every field is
+ * optional: with none, a plaintext channel to $JOBBROKER_ADDRESS (else 127.0.0.1:7070), the token
+ * in $JOBBROKER_TOKEN if set, and a 10 s deadline on unary calls.
+ */
 export interface ClientOptions {
-  /** "host:port"; default $JOBBROKER_ADDRESS, else 127.0.0.1:7070. */
+  /** "host:port"; default $JOBBROKER_ADDRESS, else 127.0.0.1:7070. Ignored when `addresses` is set. */
   address?: string;
-  /** Default: insecure (plaintext), as the broker serves by default. */
+  /**
+   * Several brokers (the nodes of a cluster), tried in order: a call answered UNAVAILABLE moves
+   * the client to the next one (and a retry-safe call is retried there). A worker's stream moves
+   * the same way when it ends UNAVAILABLE.
+   */
+  addresses?: string[];
+  /**
+   * TLS: `true` trusts the system's roots; a PEM (text starting "-----BEGIN", bytes, or a file
+   * path) trusts that CA only. Default: plaintext, as the broker serves by default.
+   */
+  tls?: boolean | Pem;
+  /** Mutual TLS: the certificate chain to present (PEM text, bytes or a file path). Implies TLS. */
+  clientCert?: Pem;
+  /** Mutual TLS: `clientCert`'s private key (PEM text, bytes or a file path). */
+  clientKey?: Pem;
+  /** The name the broker's certificate must carry, when it is not the address's host. */
+  tlsServerName?: string;
+  /**
+   * Sent as `authorization: Bearer <token>` on every call (docs/security.md); default
+   * $JOBBROKER_TOKEN. Use TLS with it anywhere but a laptop.
+   */
+  token?: string;
+  /**
+   * Deadline of each unary call in ms (a Lease's `waitMs` is added to it); default 10 s,
+   * `Infinity` for none. A call's `CallOptions.deadlineMs` overrides it. Streams have none.
+   */
+  deadlineMs?: number;
+  /** Replaces the credentials built from `tls`/`clientCert` (e.g. a custom verifier). */
   credentials?: ChannelCredentials;
   /** Extra grpc-js channel options. */
   channelOptions?: ChannelOptions;
-  /** Deadline of each unary call in ms (a Lease's `waitMs` is added to it). Default: none. */
-  timeoutMs?: number;
+  /** grpc-js interceptors run on every call after the library's own (metadata, logging, tests). */
+  interceptors?: Interceptor[];
+}
+
+/** Per-call options, the last argument of every Client method. */
+export interface CallOptions {
+  /** This call's deadline in ms, instead of the client's `deadlineMs`. */
+  deadlineMs?: number;
 }
 
 /** Every option of Broker.Enqueue. Durations are in milliseconds. */
@@ -75,7 +167,11 @@ export interface EnqueueOptions {
   delayMs?: number;
   /** Run no earlier than this time. */
   runAt?: Date;
-  /** While a job of the queue holds this key, enqueueing it again returns that job (deduplicated). */
+  /**
+   * While a job of the queue holds this key, enqueueing it again returns that job
+   * (deduplicated). It also makes the enqueue safe to retry: only enqueues with a key are
+   * retried after UNAVAILABLE.
+   */
   dedupKey?: string;
   /** How long the dedup key blocks duplicates; default the queue's dedup_ttl. */
   dedupTtlMs?: number;
@@ -106,10 +202,15 @@ export interface BatchJob extends EnqueueOptions {
   dependsOnIndex?: number[];
 }
 
-export interface EnqueueResult {
-  jobId: string;
-  /** True when dedupKey matched an existing job: jobId is that job and nothing was created. */
-  deduplicated: boolean;
+/** `enqueueAndWait`'s options: the enqueue's, and how long to wait. */
+export interface EnqueueAndWaitOptions extends EnqueueOptions {
+  /**
+   * Give up waiting after this long (the job itself goes on): rejects with a JobBrokerError
+   * DEADLINE_EXCEEDED naming the job's last state. Default: wait as long as it takes.
+   */
+  waitTimeoutMs?: number;
+  /** Stop waiting when this aborts (rejects with its reason; the job goes on). */
+  signal?: AbortSignal;
 }
 
 export interface LeaseOptions {
@@ -148,6 +249,35 @@ export interface ListJobsOptions {
   dedupKey?: string;
 }
 
+/** A recurring schedule for `putSchedule`: its timing and the job each run enqueues. */
+export interface ScheduleSpec {
+  /** 1 to 128 characters of [A-Za-z0-9._:-]; names the schedule and its runs' dedup keys. */
+  scheduleId: string;
+  /** A cron expression (5 fields, or 6 with seconds first). Exactly one of cron and everyMs. */
+  cron?: string;
+  /** A fixed interval, at least 1 s, counted from the schedule's creation (or startAt). */
+  everyMs?: number;
+  /** An IANA zone for cron ("Europe/Berlin"); default UTC. */
+  timeZone?: string;
+  /** The queue each run enqueues into. */
+  queue: string;
+  /** Each run's payload: bytes as they are, a string as UTF-8, anything else as JSON. */
+  payload?: Payload;
+  /**
+   * Each run's enqueue options. Not dedupKey, delayMs, runAt nor expireAt: the schedule names
+   * and times its runs (the broker refuses them with INVALID_ARGUMENT).
+   */
+  template?: EnqueueOptions;
+  /** A paused schedule enqueues nothing; resuming goes on with the next run after now. */
+  paused?: boolean;
+  /** No run before this time. */
+  startAt?: Date;
+  /** No run after this time. */
+  endAt?: Date;
+  /** Runs missed while no broker ran it: one at once (the default) or none. */
+  catchUp?: ScheduleCatchUp;
+}
+
 /** Deep-partial form of a message, as `fromPartial` takes it. */
 export type PartialMessage<T> = T extends Date | Uint8Array
   ? T
@@ -157,12 +287,51 @@ export type PartialMessage<T> = T extends Date | Uint8Array
       ? { [K in keyof T]?: PartialMessage<T[K]> }
       : T;
 
-type Unary<Req, Res> = (
-  request: Req,
-  metadata: Metadata,
-  options: { deadline?: Date },
-  callback: (err: ServiceError | null, response: Res) => void,
-) => unknown;
+/** The stubs of one broker address, on one channel. */
+interface Endpoint {
+  readonly address: string;
+  readonly broker: BrokerClient;
+  readonly admin: AdminClient;
+}
+
+type Callback<Res> = (err: ServiceError | null, response: Res) => void;
+/** Starts one unary call on `endpoint`; typed by the stub method it calls. */
+type Invoke<Res> = (endpoint: Endpoint, metadata: Metadata, options: Partial<GrpcCallOptions>, callback: Callback<Res>) => unknown;
+
+// Safe retries: a call whose repeat cannot duplicate anything is tried this many times in all
+// when the broker answers UNAVAILABLE (restarting, draining, a partition without a leader),
+// waiting retryBackoffMs, then twice that, between attempts.
+const retryAttempts = 3;
+const retryBackoffMs = 50;
+const defaultDeadlineMs = 10_000;
+
+const terminalStates = new Set<JobState>([
+  JobState.JOB_STATE_COMPLETED,
+  JobState.JOB_STATE_FAILED,
+  JobState.JOB_STATE_CANCELLED,
+]);
+
+/** A PEM option's bytes: inline text, bytes, or the contents of the file it names. */
+function readPem(pem: Pem): Buffer {
+  if (pem instanceof Uint8Array) return Buffer.from(pem);
+  if (pem.trimStart().startsWith("-----BEGIN")) return Buffer.from(pem, "utf8");
+  return readFileSync(pem);
+}
+
+function channelCredentials(o: ClientOptions): ChannelCredentials {
+  if (o.credentials) return o.credentials;
+  const mutual = o.clientCert !== undefined || o.clientKey !== undefined;
+  if (!o.tls && !mutual) return grpcCredentials.createInsecure();
+  if (mutual && (o.clientCert === undefined || o.clientKey === undefined)) {
+    throw new Error("clientCert and clientKey go together (mutual TLS)");
+  }
+  const ca = typeof o.tls === "string" || o.tls instanceof Uint8Array ? readPem(o.tls) : null;
+  return grpcCredentials.createSsl(
+    ca,
+    o.clientKey === undefined ? null : readPem(o.clientKey),
+    o.clientCert === undefined ? null : readPem(o.clientCert),
+  );
+}
 
 export function toEnqueueRequest(queue: string, payload: Payload, o: EnqueueOptions = {}): EnqueueRequest {
   return {
@@ -184,61 +353,122 @@ export function toEnqueueRequest(queue: string, payload: Payload, o: EnqueueOpti
   };
 }
 
+function toEnqueueResult(r: EnqueueResponse): EnqueueResult {
+  return { jobId: r.jobId, deduplicated: r.deduplicated };
+}
+
 /**
- * The producer and operator API of one broker over one gRPC channel: Broker (enqueue, lease,
- * heartbeat, ack, fail, release) and Admin (jobs and queues). Every method returns a promise that
- * rejects with a `JobBrokerError` carrying the gRPC status code. Call `close()` when done.
+ * The producer and operator API of jobbroker: Broker (enqueue, lease, heartbeat, ack, fail,
+ * release) and Admin (jobs, queues, schedules, workers, the cluster). Every method returns a
+ * promise that rejects with a `JobBrokerError` carrying the gRPC status code. Call `close()`
+ * when done.
  *
  *   const client = new Client({ address: "127.0.0.1:7070" });
  *   const { jobId } = await client.enqueue("emails", { to: "ada@example.com" });
+ *
+ * Retries: a call answered UNAVAILABLE is tried again (3 attempts in all, 50 then 100 ms
+ * apart; on the next address when there are several) only when a repeat cannot do anything
+ * twice: reads, ack/fail/release/heartbeat (idempotent per lease), queue and schedule puts, and
+ * enqueues whose every job has a dedup key. Any other call, an enqueue without a dedup key
+ * first of all, is tried once: the caller sees the error and decides.
  */
 export class Client {
-  /** The generated Broker stub, for calls this class does not wrap. */
-  readonly broker: BrokerClient;
-  /** The generated Admin stub. */
-  readonly admin: AdminClient;
   readonly address: string;
-  private readonly timeoutMs?: number;
+  /** The brokers this client tries, in order (`address` alone when `addresses` is not set). */
+  readonly addresses: readonly string[];
+  private readonly endpoints: Endpoint[];
+  private current = 0;
+  private readonly deadlineMs: number;
+  private readonly producerMiddleware: ProducerMiddleware[] = [];
 
   constructor(options: ClientOptions | string = {}) {
     const o: ClientOptions = typeof options === "string" ? { address: options } : options;
-    this.address = o.address || defaultAddress();
-    this.timeoutMs = o.timeoutMs;
-    const creds = o.credentials ?? grpcCredentials.createInsecure();
+    const addresses = o.addresses?.length ? [...o.addresses] : [o.address || defaultAddress()];
+    this.addresses = addresses;
+    this.address = addresses[0];
+    this.deadlineMs = o.deadlineMs ?? defaultDeadlineMs;
+    const creds = channelCredentials(o);
+    const token = o.token ?? (process.env.JOBBROKER_TOKEN || undefined);
     const channelOptions: ChannelOptions = {
       // Reconnect quickly after a broker restart (grpc-js waits up to 120 s by default).
       "grpc.initial_reconnect_backoff_ms": 100,
       "grpc.max_reconnect_backoff_ms": 5000,
       "grpc.max_receive_message_length": 16 * 1024 * 1024,
+      ...(o.tlsServerName ? { "grpc.ssl_target_name_override": o.tlsServerName } : {}),
       ...(o.channelOptions ?? {}),
     };
-    this.broker = new BrokerClient(this.address, creds, { ...channelOptions, interceptors: [nameTheClient] });
-    // The admin stub shares the broker stub's channel.
-    this.admin = new AdminClient(this.address, creds, {
-      ...channelOptions,
-      channelOverride: this.broker.getChannel(),
-      interceptors: [nameTheClient],
-    });
-  }
-
-  /** Closes the channel; calls after this fail. */
-  close(): void {
-    this.broker.close();
-  }
-
-  private call<Req, Res>(
-    stub: BrokerClient | AdminClient,
-    method: Unary<Req, Res>,
-    request: Req,
-    extraMs = 0,
-  ): Promise<Res> {
-    const deadline = this.timeoutMs === undefined ? undefined : new Date(Date.now() + this.timeoutMs + extraMs);
-    return new Promise<Res>((resolve, reject) => {
-      method.call(stub, request, new Metadata(), deadline ? { deadline } : {}, (err, response) => {
-        if (err) reject(fromServiceError(err));
-        else resolve(response);
+    const interceptors = [callMetadata(token), ...(o.interceptors ?? [])];
+    this.endpoints = addresses.map((address) => {
+      const broker = new BrokerClient(address, creds, { ...channelOptions, interceptors });
+      // The admin stub shares the broker stub's channel.
+      const admin = new AdminClient(address, creds, {
+        ...channelOptions,
+        channelOverride: broker.getChannel(),
+        interceptors,
       });
+      return { address, broker, admin };
     });
+  }
+
+  /** The generated Broker stub of the current address, for calls this class does not wrap. */
+  get broker(): BrokerClient {
+    return this.endpoints[this.current].broker;
+  }
+
+  /** The generated Admin stub of the current address. */
+  get admin(): AdminClient {
+    return this.endpoints[this.current].admin;
+  }
+
+  /**
+   * Moves to the next address after `stub`'s broker answered UNAVAILABLE (a no-op with one
+   * address, or when another call already moved on). @internal
+   */
+  markUnavailable(stub: BrokerClient | AdminClient): void {
+    const e = this.endpoints[this.current];
+    if (e.broker === stub || e.admin === stub) this.current = (this.current + 1) % this.endpoints.length;
+  }
+
+  /**
+   * Adds producer middleware: it wraps every enqueue (and each job of an enqueueBatch), the
+   * first added outermost. It gets the request (it may change it: add headers, say) and `next`,
+   * and resolves with what `next` resolved (or its own result, without calling `next`).
+   */
+  use(middleware: ProducerMiddleware): this {
+    this.producerMiddleware.push(middleware);
+    return this;
+  }
+
+  /** Closes the channels; calls after this fail. */
+  close(): void {
+    for (const e of this.endpoints) e.broker.close();
+  }
+
+  private grpcOptions(call: CallOptions, extraMs: number): Partial<GrpcCallOptions> {
+    const ms = call.deadlineMs ?? this.deadlineMs;
+    return Number.isFinite(ms) ? { deadline: new Date(Date.now() + ms + extraMs) } : {};
+  }
+
+  /** One unary call; `retry` says a repeat is harmless (the class comment's rule). */
+  private async call<Res>(retry: boolean, invoke: Invoke<Res>, call: CallOptions = {}, extraMs = 0): Promise<Res> {
+    const attempts = retry ? retryAttempts : 1;
+    for (let attempt = 1; ; attempt++) {
+      const endpoint = this.endpoints[this.current];
+      try {
+        return await new Promise<Res>((resolve, reject) => {
+          invoke(endpoint, new Metadata(), this.grpcOptions(call, extraMs), (err, response) => {
+            if (err) reject(err);
+            else resolve(response);
+          });
+        });
+      } catch (e) {
+        const error = fromServiceError(e);
+        const unavailable = error instanceof JobBrokerError && error.code === Status.UNAVAILABLE;
+        if (unavailable) this.markUnavailable(endpoint.broker);
+        if (!unavailable || attempt >= attempts) throw error;
+        await sleep(retryBackoffMs * 2 ** (attempt - 1));
+      }
+    }
   }
 
   // ---- Broker ---------------------------------------------------------------------------------
@@ -247,162 +477,323 @@ export class Client {
    * Adds one job; resolves once it is durable. `payload`: bytes as they are, a string as UTF-8,
    * anything else as JSON. INVALID_ARGUMENT names a malformed field; ALREADY_EXISTS if
    * `dedupKey` is held by a job with another payload; RESOURCE_EXHAUSTED for a full queue.
+   * Retried after UNAVAILABLE only with a `dedupKey` (without one, a retry could enqueue twice).
    */
-  async enqueue(queue: string, payload?: Payload, options: EnqueueOptions = {}): Promise<EnqueueResult> {
-    const r = await this.call(this.broker, this.broker.enqueue as Unary<EnqueueRequest, EnqueueResult>,
-      toEnqueueRequest(queue, payload, options));
-    return { jobId: r.jobId, deduplicated: r.deduplicated };
+  enqueue(queue: string, payload?: Payload, options: EnqueueOptions = {}, call?: CallOptions): Promise<EnqueueResult> {
+    return this.enqueueRequest(toEnqueueRequest(queue, payload, options), call);
   }
 
-  /** Adds 1 to 1000 jobs, all or nothing; results are in the order of `jobs`. */
-  async enqueueBatch(jobs: BatchJob[]): Promise<EnqueueResult[]> {
-    const r = await this.call(this.broker, this.broker.enqueueBatch as Unary<unknown, { results: EnqueueResult[] }>, {
-      jobs: jobs.map((j) => ({
-        ...toEnqueueRequest(j.queue, j.payload, j),
-        dependsOnIndex: [...(j.dependsOnIndex ?? [])],
-      })),
-    });
-    return r.results.map((x) => ({ jobId: x.jobId, deduplicated: x.deduplicated }));
+  /** Sends one EnqueueRequest through the producer middleware. */
+  private enqueueRequest(request: EnqueueRequest, call?: CallOptions): Promise<EnqueueResult> {
+    const send = async (r: EnqueueRequest): Promise<EnqueueResult> =>
+      toEnqueueResult(
+        await this.call<EnqueueResponse>(r.dedupKey !== "", (e, md, o, cb) => e.broker.enqueue(r, md, o, cb), call),
+      );
+    return composeProducer(this.producerMiddleware, send)(request);
+  }
+
+  /**
+   * Adds 1 to 1000 jobs, all or nothing; results are in the order of `jobs`. Retried after
+   * UNAVAILABLE only when every job has a `dedupKey`.
+   */
+  async enqueueBatch(jobs: BatchJob[], call?: CallOptions): Promise<EnqueueResult[]> {
+    const requests = jobs.map((j) => ({
+      ...toEnqueueRequest(j.queue, j.payload, j),
+      dependsOnIndex: [...(j.dependsOnIndex ?? [])],
+    }));
+    const send = async (rs: EnqueueRequest[]): Promise<EnqueueResult[]> => {
+      const request = EnqueueBatchRequest.fromPartial({ jobs: rs });
+      const retry = rs.every((r) => r.dedupKey !== "");
+      const r = await this.call<EnqueueBatchResponse>(retry, (e, md, o, cb) => e.broker.enqueueBatch(request, md, o, cb), call);
+      return r.results.map(toEnqueueResult);
+    };
+    return composeProducerBatch(this.producerMiddleware, send)(requests);
+  }
+
+  /**
+   * Enqueues a job, then watches it (Admin.WatchJob) until it ends: resolves with the COMPLETED
+   * job (its `result` is the handler's), rejects with a `JobEndedError` naming the state for a
+   * FAILED or CANCELLED one, and with a JobBrokerError DEADLINE_EXCEEDED after `waitTimeoutMs`
+   * (the job goes on). A watch cut by a broker restart is opened again.
+   */
+  async enqueueAndWait(queue: string, payload?: Payload, options: EnqueueAndWaitOptions = {}): Promise<Job> {
+    const { waitTimeoutMs, signal, ...enqueueOptions } = options;
+    const giveUp = waitTimeoutMs === undefined ? undefined : Date.now() + waitTimeoutMs;
+    const { jobId } = await this.enqueue(queue, payload, enqueueOptions);
+    return this.waitForJob(jobId, { giveUp, waitTimeoutMs, signal });
+  }
+
+  /** Watches `jobId` until it ends (enqueueAndWait's second half). */
+  private async waitForJob(jobId: string, o: { giveUp?: number; waitTimeoutMs?: number; signal?: AbortSignal }): Promise<Job> {
+    let last: Job | undefined;
+    for (let backoff = retryBackoffMs; ; backoff = Math.min(backoff * 2, 1000)) {
+      const left = o.giveUp === undefined ? undefined : o.giveUp - Date.now();
+      const timedOut = () =>
+        new JobBrokerError(
+          Status.DEADLINE_EXCEEDED,
+          `job ${jobId} had not ended after ${o.waitTimeoutMs} ms` + (last ? `: still ${JobState[last.state]}` : ""),
+        );
+      if (left !== undefined && left <= 0) throw timedOut();
+      try {
+        for await (const job of this.watchJob(jobId, { signal: o.signal, deadlineMs: left })) {
+          last = job;
+          if (job.state === JobState.JOB_STATE_COMPLETED) return job;
+          if (terminalStates.has(job.state)) throw new JobEndedError(job);
+        }
+      } catch (e) {
+        if (!(e instanceof JobBrokerError)) throw e;
+        if (e.code === Status.DEADLINE_EXCEEDED && left !== undefined) throw timedOut();
+        // A broker restart ends the watch: watch again. Anything else is the caller's to see.
+        if (e.code !== Status.UNAVAILABLE) throw e;
+      }
+      await sleep(backoff);
+    }
+  }
+
+  /**
+   * The job as it is now, then the job again at each change (state, attempt, progress,
+   * snoozes, cancel request), ending after the message that shows a terminal state. NOT_FOUND
+   * for an unknown job; UNAVAILABLE if the broker shuts down (watch again). `signal` ends the
+   * watch early (the iteration throws its reason); no deadline unless `deadlineMs` is given.
+   */
+  async *watchJob(jobId: string, options: { signal?: AbortSignal; deadlineMs?: number } = {}): AsyncGenerator<Job> {
+    options.signal?.throwIfAborted();
+    const endpoint = this.endpoints[this.current];
+    const grpcOptions = this.grpcOptions({ deadlineMs: options.deadlineMs ?? Infinity }, 0);
+    const stream = endpoint.admin.watchJob(WatchJobRequest.fromPartial({ jobId }), new Metadata(), grpcOptions);
+    const cancel = () => stream.cancel();
+    options.signal?.addEventListener("abort", cancel, { once: true });
+    try {
+      for await (const message of stream) {
+        const job: Job = message;
+        yield job;
+      }
+    } catch (e) {
+      options.signal?.throwIfAborted();
+      const error = fromServiceError(e);
+      if (error instanceof JobBrokerError && error.code === Status.UNAVAILABLE) this.markUnavailable(endpoint.admin);
+      throw error;
+    } finally {
+      options.signal?.removeEventListener("abort", cancel);
+      stream.cancel();
+    }
   }
 
   /** Leases up to `maxJobs` ready jobs of `queue` (empty when none was ready within `waitMs`). */
-  async lease(queue: string, options: LeaseOptions = {}): Promise<LeasedJob[]> {
-    const r = await this.call(
-      this.broker,
-      this.broker.lease as Unary<unknown, { jobs: LeasedJob[] }>,
-      {
-        queue,
-        workerId: options.workerId ?? defaultWorkerId(),
-        maxJobs: options.maxJobs ?? 1,
-        leaseDuration: durationFromMs(options.leaseDurationMs),
-        wait: durationFromMs(options.waitMs),
-      },
-      options.waitMs ?? 0,
-    );
+  async lease(queue: string, options: LeaseOptions = {}, call?: CallOptions): Promise<LeasedJob[]> {
+    const request = LeaseRequest.fromPartial({
+      queue,
+      workerId: options.workerId ?? defaultWorkerId(),
+      maxJobs: options.maxJobs ?? 1,
+      leaseDuration: durationFromMs(options.leaseDurationMs),
+      wait: durationFromMs(options.waitMs),
+    });
+    // Never retried: a lease whose answer was lost holds jobs nobody works until it runs out.
+    const r = await this.call<LeaseResponse>(false, (e, md, o, cb) => e.broker.lease(request, md, o, cb), call, options.waitMs ?? 0);
     return r.jobs;
   }
 
   /**
    * Extends a lease (by `extendByMs`, default the lease's own length) and optionally saves a
-   * checkpoint. FAILED_PRECONDITION if the lease is no longer held.
+   * checkpoint and progress. FAILED_PRECONDITION if the lease is no longer held.
    */
-  heartbeat(lease: LeaseHandle, options: { extendByMs?: number; checkpoint?: Uint8Array } = {}): Promise<HeartbeatResponse> {
-    return this.call(this.broker, this.broker.heartbeat as Unary<unknown, HeartbeatResponse>, {
+  heartbeat(
+    lease: LeaseHandle,
+    options: { extendByMs?: number; checkpoint?: Uint8Array; progress?: Payload } = {},
+    call?: CallOptions,
+  ): Promise<HeartbeatResponse> {
+    const request = HeartbeatRequest.fromPartial({
       jobId: lease.jobId,
       leaseId: lease.leaseId,
       extendBy: durationFromMs(options.extendByMs),
-      checkpoint: options.checkpoint,
+      checkpoint: options.checkpoint === undefined ? undefined : asBuffer(options.checkpoint),
+      progress: options.progress === undefined ? undefined : encodePayload(options.progress),
     });
+    return this.call<HeartbeatResponse>(true, (e, md, o, cb) => e.broker.heartbeat(request, md, o, cb), call);
   }
 
   /** Completes the job, keeping `result` with it. FAILED_PRECONDITION for a stale lease. */
-  async ack(lease: LeaseHandle, result?: Payload): Promise<void> {
-    await this.call(this.broker, this.broker.ack as Unary<unknown, unknown>, {
-      jobId: lease.jobId,
-      leaseId: lease.leaseId,
-      result: encodePayload(result),
-    });
+  async ack(lease: LeaseHandle, result?: Payload, call?: CallOptions): Promise<void> {
+    const request = AckRequest.fromPartial({ jobId: lease.jobId, leaseId: lease.leaseId, result: encodePayload(result) });
+    await this.call<AckResponse>(true, (e, md, o, cb) => e.broker.ack(request, md, o, cb), call);
   }
 
   /** Fails the attempt: retried after a backoff, or dead (permanent, or no attempts left). */
-  fail(lease: LeaseHandle, error: string, options: FailOptions = {}): Promise<FailResponse> {
-    return this.call(this.broker, this.broker.fail as Unary<unknown, FailResponse>, {
+  fail(lease: LeaseHandle, error: string, options: FailOptions = {}, call?: CallOptions): Promise<FailResponse> {
+    const request = FailRequest.fromPartial({
       jobId: lease.jobId,
       leaseId: lease.leaseId,
       error,
       permanent: options.permanent ?? false,
       retryAfter: durationFromMs(options.retryAfterMs),
     });
+    return this.call<FailResponse>(true, (e, md, o, cb) => e.broker.fail(request, md, o, cb), call);
   }
 
-  /** Gives the job back unstarted: READY again, no attempt counted. */
-  async release(lease: LeaseHandle): Promise<void> {
-    await this.call(this.broker, this.broker.release as Unary<unknown, unknown>, {
-      jobId: lease.jobId,
-      leaseId: lease.leaseId,
-    });
+  /**
+   * Gives the job back unstarted: READY again, no attempt counted; with `delayMs` (a snooze)
+   * SCHEDULED that much later.
+   */
+  async release(lease: LeaseHandle, options: { delayMs?: number } = {}, call?: CallOptions): Promise<void> {
+    const request = ReleaseRequest.fromPartial({ jobId: lease.jobId, leaseId: lease.leaseId, delay: durationFromMs(options.delayMs) });
+    await this.call<ReleaseResponse>(true, (e, md, o, cb) => e.broker.release(request, md, o, cb), call);
   }
 
-  // ---- Admin ----------------------------------------------------------------------------------
+  // ---- Admin: jobs ----------------------------------------------------------------------------
 
   /** The job, with its state, attempts, checkpoint and result. NOT_FOUND for an unknown id. */
-  getJob(jobId: string): Promise<Job> {
-    return this.call(this.admin, this.admin.getJob as Unary<unknown, Job>, { jobId });
+  getJob(jobId: string, call?: CallOptions): Promise<Job> {
+    const request = GetJobRequest.fromPartial({ jobId });
+    return this.call<Job>(true, (e, md, o, cb) => e.admin.getJob(request, md, o, cb), call);
   }
 
   /** One page of a queue's jobs. */
-  listJobs(queue: string, options: ListJobsOptions = {}): Promise<ListJobsResponse> {
+  listJobs(queue: string, options: ListJobsOptions = {}, call?: CallOptions): Promise<ListJobsResponse> {
     // fromPartial sets every field the options leave out (and any field a newer proto adds) to
     // its default; the generated encoder would write an `undefined` string field as a value.
-    return this.call(
-      this.admin,
-      this.admin.listJobs as Unary<unknown, ListJobsResponse>,
-      ListJobsRequest.fromPartial({
-        queue,
-        state: options.state ?? 0,
-        pageSize: options.pageSize ?? 0,
-        pageToken: options.pageToken ?? "",
-        newestFirst: options.newestFirst ?? false,
-        dedupKey: options.dedupKey ?? "",
-      }),
-    );
+    const request = ListJobsRequest.fromPartial({ queue, ...options });
+    return this.call<ListJobsResponse>(true, (e, md, o, cb) => e.admin.listJobs(request, md, o, cb), call);
   }
 
   /** READY/SCHEDULED: cancelled at once; ACTIVE: the worker is told (cancel_requested). */
-  cancelJob(jobId: string): Promise<Job> {
-    return this.call(this.admin, this.admin.cancelJob as Unary<unknown, Job>, { jobId });
+  cancelJob(jobId: string, call?: CallOptions): Promise<Job> {
+    const request = CancelJobRequest.fromPartial({ jobId });
+    return this.call<Job>(false, (e, md, o, cb) => e.admin.cancelJob(request, md, o, cb), call);
   }
 
   /** A FAILED or CANCELLED job back to READY, attempts reset. */
-  async retryJob(jobId: string): Promise<Job> {
-    const r = await this.call(this.admin, this.admin.retryJob as Unary<unknown, RetryJobResponse>, {
-      jobId, queue: "", state: 0, dryRun: false, limit: 0,
-    });
-    return r.job!;
+  async retryJob(jobId: string, call?: CallOptions): Promise<Job> {
+    const request = RetryJobRequest.fromPartial({ jobId });
+    const r = await this.call<RetryJobResponse>(false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
+    if (!r.job) throw new JobBrokerError(Status.INTERNAL, `RetryJob of ${jobId} answered without the job`);
+    return r.job;
   }
 
   /** Bulk redrive: every job of `queue` in `state` (default FAILED) back to READY. */
-  retryQueue(queue: string, options: { state?: JobState; dryRun?: boolean; limit?: number } = {}): Promise<RetryJobResponse> {
-    return this.call(this.admin, this.admin.retryJob as Unary<unknown, RetryJobResponse>, {
-      jobId: "", queue, state: options.state ?? 0, dryRun: options.dryRun ?? false, limit: options.limit ?? 0,
-    });
+  retryQueue(
+    queue: string,
+    options: { state?: JobState; dryRun?: boolean; limit?: number } = {},
+    call?: CallOptions,
+  ): Promise<RetryJobResponse> {
+    const request = RetryJobRequest.fromPartial({ queue, ...options });
+    return this.call<RetryJobResponse>(false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
   }
 
   /** Removes a job that is not ACTIVE. */
-  async deleteJob(jobId: string): Promise<void> {
-    await this.call(this.admin, this.admin.deleteJob as Unary<unknown, unknown>, { jobId });
+  async deleteJob(jobId: string, call?: CallOptions): Promise<void> {
+    const request = DeleteJobRequest.fromPartial({ jobId });
+    await this.call<DeleteJobResponse>(false, (e, md, o, cb) => e.admin.deleteJob(request, md, o, cb), call);
   }
 
-  async listQueues(): Promise<QueueInfo[]> {
-    const r = await this.call(this.admin, this.admin.listQueues as Unary<unknown, { queues: QueueInfo[] }>, {});
+  // ---- Admin: queues --------------------------------------------------------------------------
+
+  /** Every queue the token may see, by name. */
+  async listQueues(call?: CallOptions): Promise<QueueInfo[]> {
+    const request = ListQueuesRequest.fromPartial({});
+    const r = await this.call<ListQueuesResponse>(true, (e, md, o, cb) => e.admin.listQueues(request, md, o, cb), call);
     return r.queues;
   }
 
   /** Effective policy, counts by state (keyed "JOB_STATE_READY", ...) and oldest ready age. */
-  getQueue(queue: string): Promise<QueueInfo> {
-    return this.call(this.admin, this.admin.getQueue as Unary<unknown, QueueInfo>, { queue });
+  getQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
+    const request = GetQueueRequest.fromPartial({ queue });
+    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.getQueue(request, md, o, cb), call);
   }
 
   /** Changes a queue's policy at run time (persisted); fields left out keep their value. */
-  updateQueuePolicy(queue: string, policy: PartialMessage<QueuePolicy>, options: { reset?: boolean } = {}): Promise<QueueInfo> {
-    return this.call(this.admin, this.admin.updateQueuePolicy as Unary<unknown, QueueInfo>, {
-      queue,
-      policy: QueuePolicy.fromPartial(policy as never),
-      reset: options.reset ?? false,
-    });
+  updateQueuePolicy(
+    queue: string,
+    policy: PartialMessage<QueuePolicy>,
+    options: { reset?: boolean } = {},
+    call?: CallOptions,
+  ): Promise<QueueInfo> {
+    const request: UpdateQueuePolicyRequest = { queue, policy: QueuePolicy.fromPartial(policy), reset: options.reset ?? false };
+    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.updateQueuePolicy(request, md, o, cb), call);
   }
 
-  pauseQueue(queue: string): Promise<QueueInfo> {
-    return this.call(this.admin, this.admin.pauseQueue as Unary<unknown, QueueInfo>, { queue });
+  /** Stops leasing from the queue (enqueues are still accepted). */
+  pauseQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
+    const request = PauseQueueRequest.fromPartial({ queue });
+    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.pauseQueue(request, md, o, cb), call);
   }
 
-  resumeQueue(queue: string): Promise<QueueInfo> {
-    return this.call(this.admin, this.admin.resumeQueue as Unary<unknown, QueueInfo>, { queue });
+  /** Leases from the queue again. */
+  resumeQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
+    const request = ResumeQueueRequest.fromPartial({ queue });
+    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.resumeQueue(request, md, o, cb), call);
   }
 
   /** Removes the queue's jobs in `states` (default every terminal state); resolves to the count. */
-  async purgeQueue(queue: string, states: JobState[] = []): Promise<number> {
-    const r = await this.call(this.admin, this.admin.purgeQueue as Unary<unknown, { purged: number }>, { queue, states });
+  async purgeQueue(queue: string, states: JobState[] = [], call?: CallOptions): Promise<number> {
+    const request = PurgeQueueRequest.fromPartial({ queue, states });
+    const r = await this.call<PurgeQueueResponse>(false, (e, md, o, cb) => e.admin.purgeQueue(request, md, o, cb), call);
     return r.purged;
+  }
+
+  // ---- Admin: workers and the cluster ---------------------------------------------------------
+
+  /** The workers connected now (of `queue`, if given), by worker id, with what they run. */
+  async listWorkers(queue = "", call?: CallOptions): Promise<WorkerInfo[]> {
+    const request = ListWorkersRequest.fromPartial({ queue });
+    const r = await this.call<ListWorkersResponse>(true, (e, md, o, cb) => e.admin.listWorkers(request, md, o, cb), call);
+    return r.workers;
+  }
+
+  /** The cluster as the node asked sees it (a single node answers as a cluster of one). */
+  getCluster(call?: CallOptions): Promise<ClusterInfo> {
+    const request = GetClusterRequest.fromPartial({});
+    return this.call<ClusterInfo>(true, (e, md, o, cb) => e.admin.getCluster(request, md, o, cb), call);
+  }
+
+  // ---- Admin: schedules -----------------------------------------------------------------------
+
+  /**
+   * Creates or replaces a recurring schedule; resolves with it as stored (`nextRunAt` set).
+   * INVALID_ARGUMENT names a bad field (no timing, both timings, a dedup key in the template).
+   */
+  putSchedule(spec: ScheduleSpec, call?: CallOptions): Promise<Schedule> {
+    const request = PutScheduleRequest.fromPartial({
+      schedule: {
+        scheduleId: spec.scheduleId,
+        cron: spec.cron ?? "",
+        every: durationFromMs(spec.everyMs),
+        timeZone: spec.timeZone ?? "",
+        template: toEnqueueRequest(spec.queue, spec.payload, spec.template),
+        paused: spec.paused ?? false,
+        startAt: spec.startAt,
+        endAt: spec.endAt,
+        catchUp: spec.catchUp ?? ScheduleCatchUp.SCHEDULE_CATCH_UP_UNSPECIFIED,
+      },
+    });
+    return this.call<Schedule>(true, (e, md, o, cb) => e.admin.putSchedule(request, md, o, cb), call);
+  }
+
+  /** The schedule, with its next and last runs. NOT_FOUND for an unknown id. */
+  getSchedule(scheduleId: string, call?: CallOptions): Promise<Schedule> {
+    const request = GetScheduleRequest.fromPartial({ scheduleId });
+    return this.call<Schedule>(true, (e, md, o, cb) => e.admin.getSchedule(request, md, o, cb), call);
+  }
+
+  /** Every schedule (whose template enqueues into `queue`, if given), by id. */
+  async listSchedules(queue = "", call?: CallOptions): Promise<Schedule[]> {
+    const request = ListSchedulesRequest.fromPartial({ queue });
+    const r = await this.call<ListSchedulesResponse>(true, (e, md, o, cb) => e.admin.listSchedules(request, md, o, cb), call);
+    return r.schedules;
+  }
+
+  /** Removes a schedule; the jobs it already enqueued stay. */
+  async deleteSchedule(scheduleId: string, call?: CallOptions): Promise<void> {
+    const request = DeleteScheduleRequest.fromPartial({ scheduleId });
+    await this.call<DeleteScheduleResponse>(false, (e, md, o, cb) => e.admin.deleteSchedule(request, md, o, cb), call);
+  }
+
+  /**
+   * Enqueues one run now, outside the timing (also while paused); `nextRunAt` does not change.
+   * Not retried: a repeat a moment later is another run.
+   */
+  async triggerSchedule(scheduleId: string, call?: CallOptions): Promise<EnqueueResult> {
+    const request = TriggerScheduleRequest.fromPartial({ scheduleId });
+    const r = await this.call<TriggerScheduleResponse>(false, (e, md, o, cb) => e.admin.triggerSchedule(request, md, o, cb), call);
+    return { jobId: r.jobId, deduplicated: r.deduplicated };
   }
 }

@@ -1,11 +1,12 @@
 import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
+import { JobState, type Job } from "./gen/jobbroker/v1/job";
 
 /** gRPC status codes (google.rpc.Code), as `JobBrokerError.code` carries them. */
 export { GrpcStatus as Status };
 
 /** The name of a gRPC status code: "INVALID_ARGUMENT" for 3. */
 export function statusName(code: number): string {
-  return (GrpcStatus as unknown as Record<number, string>)[code] ?? `CODE_${code}`;
+  return GrpcStatus[code] ?? `CODE_${code}`;
 }
 
 /**
@@ -100,5 +101,20 @@ export class JobCancelledError extends Error {
     message: string,
   ) {
     super(message);
+  }
+}
+
+/**
+ * `enqueueAndWait`'s rejection for a job that ended without completing: FAILED (its attempts
+ * ran out, a permanent error, a dependency failed, it expired) or CANCELLED. `job` is the job
+ * as it ended (`lastError`, `failReason`, `attempts`).
+ */
+export class JobEndedError extends Error {
+  override readonly name = "JobEndedError";
+  /** JobState.JOB_STATE_FAILED or JobState.JOB_STATE_CANCELLED. */
+  readonly state: JobState;
+  constructor(readonly job: Job) {
+    super(`job ${job.id} ended ${JobState[job.state]}${job.lastError ? `: ${job.lastError}` : ""}`);
+    this.state = job.state;
   }
 }

@@ -31,7 +31,7 @@ export interface AttemptHooks {
  * that ignores it: such a handler keeps its slot until it returns, whatever ended its attempt
  * (`concurrency` is a hard bound).
  */
-export class JobContext {
+export class JobContext<Data = unknown> {
   readonly jobId: string;
   readonly queue: string;
   /** The payload as enqueued. */
@@ -84,9 +84,17 @@ export class JobContext {
     return this.payload.toString("utf8");
   }
 
-  /** The payload parsed as JSON. */
-  json<T = unknown>(): T {
+  /** The payload parsed as JSON (typed as the handler's `Data`; not validated). */
+  json<T = Data>(): T {
     return JSON.parse(this.text()) as T;
+  }
+
+  private parsed?: { value: Data };
+
+  /** The payload parsed as JSON once, typed as the worker's (or handler's) `Data`. */
+  get data(): Data {
+    this.parsed ??= { value: JSON.parse(this.text()) };
+    return this.parsed.value;
   }
 
   /** True once `signal` has aborted. */
@@ -147,7 +155,29 @@ export class JobContext {
  * out gets no answer whatever its handler does (the broker already ended the attempt), and one
  * cut off by a graceful stop is released.
  */
-export type Handler = (job: JobContext) => unknown | Promise<unknown>;
+export type Handler<Data = unknown, Result = unknown> = (job: JobContext<Data>) => Result | Promise<Result>;
+
+/**
+ * Wraps every handler call (docs/worker-contract.md §9), added with `Worker.use()`: the first
+ * added is the outermost. It gets the job's context and `next`, which runs the rest of the
+ * chain and the handler and resolves with the handler's value (or rejects with its error).
+ * What it resolves with (or throws) is what the worker answers, exactly as if the handler had:
+ * a middleware that does not call `next` answers for the handler.
+ */
+export type WorkerMiddleware = (job: JobContext, next: () => Promise<unknown>) => Promise<unknown>;
+
+/** Runs `handler` for `ctx` inside `middleware`, the first outermost. */
+function runThrough<Data, Result>(
+  middleware: readonly WorkerMiddleware[],
+  ctx: JobContext<Data>,
+  handler: Handler<Data, Result>,
+): Promise<unknown> {
+  const inner = async (): Promise<unknown> => handler(ctx);
+  return middleware.reduceRight<() => Promise<unknown>>((next, m) => () => m(ctx, next), inner)();
+}
+
+/** A registered handler: builds the job's context with the handler's own types and runs it. */
+type Registered = (job: LeasedJob, signal: AbortSignal, hooks: AttemptHooks) => Promise<unknown>;
 
 export interface WorkerOptions extends ClientOptions {
   /** Use this client's channel instead of dialing `address` (the worker does not close it). */
@@ -290,7 +320,7 @@ function outcomeOf(e: unknown): Outcome {
  * Everything runs on Node's event loop: a handler that blocks it (CPU work without yielding)
  * stops the heartbeats too, and its jobs' leases run out.
  */
-export class Worker {
+export class Worker<Data = unknown, Result = unknown> {
   private readonly client: Client;
   private readonly ownsClient: boolean;
   private readonly workerId: string;
@@ -302,7 +332,8 @@ export class Worker {
   private readonly shutdownGraceMs: number;
   private readonly log: (message: string) => void;
 
-  private readonly handlers = new Map<string, Handler>();
+  private readonly handlers = new Map<string, Registered>();
+  private readonly middleware: WorkerMiddleware[] = [];
   private state: "new" | "running" | "stopping" | "closed" = "new";
   private closing = false; // the connection loop ends
   private nextRequestId = 1;
@@ -329,6 +360,8 @@ export class Worker {
     acked: 0, failed: 0, released: 0, snoozed: 0, attemptsLost: 0, reconnects: 0, ackMessages: 0, acksRefused: 0,
   };
   private firstSubscribe?: (r: { code: number; message: string }) => void;
+  // This stream's subscription was refused with a code that is retried: why, for the reconnect.
+  private subscribeRefusal?: { code: number; message: string };
   private fatal?: JobBrokerError; // a refused subscription, or a stream ended with a caller's error
   private loopDone?: Promise<void>;
   private wakeLoop?: () => void;
@@ -347,10 +380,23 @@ export class Worker {
     this.log = options.log ?? ((m) => console.error(`jobbroker worker: ${m}`));
   }
 
-  /** Registers the handler of `queue`. Call before start()/run(). Returns the worker. */
-  handle(queue: string, handler: Handler): this {
+  /**
+   * Registers the handler of `queue`. Call before start()/run(). Returns the worker. `Data` and
+   * `Result` default to the worker's; a queue whose jobs differ names its own.
+   */
+  handle<D = Data, R = Result>(queue: string, handler: Handler<D, R>): this {
     if (this.state !== "new") throw new Error("register handlers before start()");
-    this.handlers.set(queue, handler);
+    this.handlers.set(queue, (job, signal, hooks) => runThrough(this.middleware, new JobContext<D>(job, signal, hooks), handler));
+    return this;
+  }
+
+  /**
+   * Adds worker middleware around every handler call; the first added is the outermost (see
+   * `WorkerMiddleware`). Call before start()/run(). Returns the worker.
+   */
+  use(middleware: WorkerMiddleware): this {
+    if (this.state !== "new") throw new Error("add middleware before start()");
+    this.middleware.push(middleware);
     return this;
   }
 
@@ -522,7 +568,8 @@ export class Worker {
   private async connectionLoop(): Promise<void> {
     let backoff = this.reconnectInitialMs;
     while (!this.closing) {
-      const stream = this.client.broker.work();
+      const broker = this.client.broker;
+      const stream = broker.work();
       this.stream = stream;
       let subscribed = false;
       const ended = new Promise<{ code: number; message: string }>((resolve) => {
@@ -554,7 +601,9 @@ export class Worker {
       for (const p of this.pending.values()) this.write(p.request);
       for (const h of this.held.values()) this.sendProgress(h);
 
-      const end = await ended;
+      const streamEnd = await ended;
+      const end = this.subscribeRefusal ?? streamEnd;
+      this.subscribeRefusal = undefined;
       if (this.stream === stream) this.stream = null;
       this.forgetHeartbeats();
       this.notify();
@@ -568,6 +617,8 @@ export class Worker {
         this.onFatal(new JobBrokerError(end.code, `the Work stream ended: ${end.message}`));
         return;
       }
+      // With several addresses (a cluster's nodes), an unreachable one gives way to the next.
+      if (end.code === Status.UNAVAILABLE) this.client.markUnavailable(broker);
       this.statsValue.reconnects++;
       if (subscribed) backoff = this.reconnectInitialMs;
       // Full jitter: workers cut off by the same broker restart do not come back in step.
@@ -614,7 +665,14 @@ export class Worker {
           this.firstSubscribe({ code: r.code, message: r.message });
           this.firstSubscribe = undefined;
         }
-        if (!subscribed) this.onFatal(new JobBrokerError(r.code, `subscribe refused: ${r.message}`));
+        if (!subscribed && reconnectCodes.has(r.code)) {
+          // Refused for now (a partition without a leader in a cluster, a broker draining): a
+          // stream that ends so is reopened, so this one is ended and reopened the same way.
+          this.subscribeRefusal = { code: r.code, message: `subscribe refused: ${r.message}` };
+          this.stream?.cancel();
+        } else if (!subscribed) {
+          this.onFatal(new JobBrokerError(r.code, `subscribe refused: ${r.message}`));
+        }
       } else if (p) {
         this.pending.delete(r.requestId);
         if (p.onResult) p.onResult(r);
@@ -781,19 +839,19 @@ export class Worker {
 
   private async runJob(h: Held): Promise<void> {
     const job = h.job;
-    const ctx = new JobContext(job, h.abort.signal, {
+    const hooks: AttemptHooks = {
       saveCheckpoint: (checkpoint) => this.saveCheckpoint(h, checkpoint),
       reportProgress: (progress) => {
         if (h.lost || this.held.get(job.jobId) !== h) return; // the attempt is over
         h.progressNext = progress;
         this.sendProgress(h);
       },
-    });
+    };
     let outcome: Outcome;
     try {
-      const handler = this.handlers.get(job.queue);
-      if (!handler) throw new Error(`no handler for queue "${job.queue}"`);
-      const result = await handler(ctx);
+      const run = this.handlers.get(job.queue);
+      if (!run) throw new Error(`no handler for queue "${job.queue}"`);
+      const result = await run(job, h.abort.signal, hooks);
       outcome = { kind: "ack", result: encodePayload(result) };
     } catch (e) {
       outcome = outcomeOf(e);

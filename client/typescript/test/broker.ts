@@ -26,6 +26,8 @@ export interface BrokerOptions {
   dataDir?: string;
   /** "127.0.0.1:PORT"; default port 0. */
   listen?: string;
+  /** More command-line flags (--tls-cert FILE, --auth-tokens FILE, ...). */
+  args?: string[];
 }
 
 export class Broker {
@@ -51,6 +53,7 @@ export class Broker {
       writeFileSync(config, JSON.stringify(options.config));
       args.push("--config", config);
     }
+    args.push(...(options.args ?? []));
     const proc = spawn(brokerBinary(), args, { stdio: ["ignore", "pipe", "pipe"] });
     const log = createWriteStream(path.join(dir, "broker.log"), { flags: "a" });
     proc.stderr!.pipe(log);

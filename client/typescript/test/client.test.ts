@@ -16,7 +16,7 @@ describe("Client", () => {
 
   before(async () => {
     broker = await Broker.start({ config });
-    client = new Client({ address: broker.address, timeoutMs: 30_000 });
+    client = new Client({ address: broker.address, deadlineMs: 30_000 });
   });
   after(async () => {
     client?.close();

@@ -23,6 +23,10 @@ const { values: args } = parseArgs({
     outbox: { type: "string" },
     idempotent: { type: "boolean", default: false },
     "lang-name": { type: "string", default: "typescript" },
+    ca: { type: "string" },
+    cert: { type: "string" },
+    key: { type: "string" },
+    token: { type: "string" },
   },
 });
 for (const required of ["address", "queues", "events"]) {
@@ -159,7 +163,14 @@ function handlerFor(queue) {
 
 const leaseMs = Number(args["lease-ms"]);
 const worker = new Worker({
-  address: args.address,
+  // Several addresses (a cluster's nodes) go to the client options' list, tried in order.
+  addresses: args.address.split(",").filter(Boolean),
+  // The library's own client options: TLS trusting --ca, mutual TLS with --cert/--key, and the
+  // bearer token on every call.
+  tls: args.ca,
+  clientCert: args.cert,
+  clientKey: args.key,
+  token: args.token,
   concurrency: Number(args.concurrency),
   prefetch: Number(args.prefetch),
   leaseDurationMs: leaseMs > 0 ? leaseMs : undefined,
