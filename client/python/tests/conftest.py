@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -56,3 +57,14 @@ async def wait_state(client: jobbroker.Client, job_id: str, state: int,
 
     await eventually(check, timeout, f"job {job_id} to reach {jobbroker.job_pb2.JobState.Name(state)}")
     return job
+
+
+@contextlib.asynccontextmanager
+async def running_worker(worker: jobbroker.Worker) -> AsyncIterator[asyncio.Task[None]]:
+    """Runs `worker` in a task of the test's loop; stops it gracefully on the way out."""
+    task = asyncio.create_task(worker.run())
+    try:
+        yield task
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 60)

@@ -24,14 +24,15 @@ def snippets() -> list[str]:
 
 def test_every_snippet_compiles() -> None:
     blocks = snippets()
-    assert len(blocks) == 4
+    assert len(blocks) == 8
     for i, block in enumerate(blocks):
         compile(block, f"README.md block {i}", "exec")
 
 
 async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
                                 client: jobbroker.Client) -> None:
-    enqueue, worker, errors, steps = snippets()
+    enqueue, connecting, sync, worker, errors, steps, middleware, tracing = snippets()
+    del connecting  # TLS to made-up hosts: compiled above, not run
     env = dict(os.environ, JOBBROKER_ADDRESS=broker.address)
 
     def run(code: str) -> str:
@@ -40,6 +41,8 @@ async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
 
     assert run(enqueue).splitlines()[-1] == "JOB_STATE_READY"
     assert "StatusCode.INVALID_ARGUMENT" in run(errors)
+    run(middleware)  # registers and exits: no call is made
+    run(tracing)
 
     for code, queue, expected in ((worker, "emails", {"status": "sent"}),
                                   (steps, "orders", {"charge": "ch_123",
@@ -49,6 +52,8 @@ async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
                                 stdout=subprocess.DEVNULL)
         try:
             done = await wait_state(client, job.job_id, jobbroker.JOB_STATE_COMPLETED)
+            if queue == "emails":  # the SyncClient snippet waits for a job this worker does
+                assert run(sync).splitlines()[-1] == "JOB_STATE_COMPLETED {'status': 'sent'}"
         finally:
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(60) == 0

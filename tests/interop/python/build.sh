@@ -6,8 +6,9 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 python="$repo/client/python/.venv/bin/python"
-# The installed package is current when it has what the worker uses (Snooze, progress).
-check='import jobbroker; jobbroker.Snooze; jobbroker.JobContext.progress'
+# The installed package is current when it has what the worker uses (Snooze, progress,
+# ClientOptions).
+check='import jobbroker; jobbroker.Snooze; jobbroker.JobContext.progress; jobbroker.ClientOptions'
 if [[ ! -x "$python" ]] || ! "$python" -c "$check" >/dev/null 2>&1; then
   log="$(mktemp)"
   if ! "$repo/client/python/test.sh" --build-only >"$log" 2>&1; then

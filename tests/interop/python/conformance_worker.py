@@ -49,6 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--outbox")
     p.add_argument("--idempotent", action="store_true")
     p.add_argument("--lang-name", default="python")
+    p.add_argument("--ca", help="connect with TLS, trusting this CA (PEM file)")
+    p.add_argument("--cert", help="with --ca: this client certificate (mutual TLS)")
+    p.add_argument("--key", help="with --ca: the client certificate's key")
+    p.add_argument("--token", help="the bearer token of every call")
     return p.parse_args(argv)
 
 
@@ -158,8 +162,17 @@ class Actions:
 
 async def main(args: argparse.Namespace) -> int:
     events = Events(args.events)
+    # The library's client options, as a user sets them: never a channel built here.
+    options = jobbroker.ClientOptions(
+        # Several: a cluster's nodes, the worker moves to the next when one dies.
+        addresses=[a for a in args.address.split(",") if a],
+        tls=args.ca or False,
+        cert=args.cert,
+        key=args.key,
+        token=args.token,
+    )
     worker = jobbroker.Worker(
-        args.address,
+        options=options,
         concurrency=args.concurrency,
         prefetch=args.prefetch,
         lease_duration=args.lease_ms / 1000 if args.lease_ms > 0 else None,
@@ -177,6 +190,7 @@ async def main(args: argparse.Namespace) -> int:
     try:
         await worker.run()
     except Exception as err:  # noqa: BLE001 - any error of the run call ends the program
+        # Among them the errors the contract does not retry: UNAUTHENTICATED for a refused token.
         print(f"conformance worker: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     events.write("stopped")

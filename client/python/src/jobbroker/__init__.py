@@ -1,11 +1,20 @@
-"""Python client of jobbroker, a durable job broker: producer and admin calls (Client) and a
+"""Python client of jobbroker, a durable job broker: producer and admin calls (Client, and
+SyncClient for code without an event loop), their connection settings (ClientOptions), and a
 worker helper with heartbeats, retries, graceful shutdown and durable steps (Worker).
 
 The generated protobuf modules are in jobbroker.v1 (broker_pb2, admin_pb2, job_pb2, ...).
 """
 
 from ._version import __version__
-from .client import Client, EnqueueResult, NewJob, default_address, default_worker_id
+from .client import (
+    Client,
+    EnqueueNext,
+    EnqueueResult,
+    NewJob,
+    ProducerMiddleware,
+    default_address,
+    default_worker_id,
+)
 from .errors import (
     AbortedError,
     AlreadyExistsError,
@@ -16,6 +25,7 @@ from .errors import (
     InternalError,
     InvalidArgumentError,
     JobBrokerError,
+    JobFailedError,
     NotFoundError,
     OutOfRangeError,
     PermissionDeniedError,
@@ -26,6 +36,8 @@ from .errors import (
     UnknownError,
     error_from_code,
 )
+from .options import ClientOptions
+from .sync import SyncClient
 from .v1 import admin_pb2, broker_pb2, job_pb2, policy_pb2, steps_pb2
 from .v1.job_pb2 import (
     ATTEMPT_OUTCOME_COMPLETED,
@@ -34,29 +46,39 @@ from .v1.job_pb2 import (
     ATTEMPT_OUTCOME_PERMANENT_ERROR,
     ATTEMPT_OUTCOME_TIMED_OUT,
     FAIL_REASON_ATTEMPTS_EXHAUSTED,
+    FAIL_REASON_DEPENDENCY_FAILED,
+    FAIL_REASON_EXPIRED,
     FAIL_REASON_PERMANENT,
+    FAIL_REASON_SNOOZE_LIMIT,
     JOB_STATE_ACTIVE,
     JOB_STATE_CANCELLED,
     JOB_STATE_COMPLETED,
     JOB_STATE_FAILED,
     JOB_STATE_READY,
     JOB_STATE_SCHEDULED,
+    JOB_STATE_WAITING,
 )
 from .worker import (
     Handler,
+    HandlerNext,
     JobContext,
     PermanentError,
     RetryAfter,
     Snooze,
     StepCheckpointError,
     Worker,
+    WorkerMiddleware,
     WorkerStats,
 )
 
 __all__ = [
     "__version__",
     "Client",
+    "ClientOptions",
+    "SyncClient",
     "EnqueueResult",
+    "EnqueueNext",
+    "ProducerMiddleware",
     "NewJob",
     "default_address",
     "default_worker_id",
@@ -64,11 +86,14 @@ __all__ = [
     "WorkerStats",
     "JobContext",
     "Handler",
+    "HandlerNext",
+    "WorkerMiddleware",
     "PermanentError",
     "RetryAfter",
     "Snooze",
     "StepCheckpointError",
     "JobBrokerError",
+    "JobFailedError",
     "AbortedError",
     "AlreadyExistsError",
     "CancelledError",
@@ -97,8 +122,12 @@ __all__ = [
     "JOB_STATE_COMPLETED",
     "JOB_STATE_FAILED",
     "JOB_STATE_CANCELLED",
+    "JOB_STATE_WAITING",
     "FAIL_REASON_PERMANENT",
     "FAIL_REASON_ATTEMPTS_EXHAUSTED",
+    "FAIL_REASON_SNOOZE_LIMIT",
+    "FAIL_REASON_EXPIRED",
+    "FAIL_REASON_DEPENDENCY_FAILED",
     "ATTEMPT_OUTCOME_COMPLETED",
     "ATTEMPT_OUTCOME_ERROR",
     "ATTEMPT_OUTCOME_PERMANENT_ERROR",

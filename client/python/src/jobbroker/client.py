@@ -2,34 +2,76 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime as _dt
+import enum
 import os
+import random
 import socket
-from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from ._convert import DurationLike, encode_payload, to_duration, to_timestamp
-from ._metadata import Metadata, call_metadata
-from .errors import error_from_rpc
+from ._metadata import Metadata
+from .errors import JobFailedError, UnavailableError, error_from_rpc
+from .options import ClientOptions
 from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, job_pb2, policy_pb2
 
-__all__ = ["Client", "NewJob", "EnqueueResult", "default_address", "default_worker_id"]
+__all__ = [
+    "Client",
+    "NewJob",
+    "EnqueueResult",
+    "EnqueueNext",
+    "ProducerMiddleware",
+    "default_address",
+    "default_worker_id",
+]
 
-_T = TypeVar("_T")
+
+class _Unset(enum.Enum):
+    UNSET = 0
+
+
+# "Not given": a deadline of None means "no deadline", so it cannot also mean "the default".
+_UNSET = _Unset.UNSET
+DeadlineArg = float | None | _Unset
+
+_TERMINAL = (job_pb2.JOB_STATE_COMPLETED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED)
 
 
 def default_address() -> str:
-    """$JOBBROKER_ADDRESS, else 127.0.0.1:7070."""
-    return os.environ.get("JOBBROKER_ADDRESS") or "127.0.0.1:7070"
+    """The first address of $JOBBROKER_ADDRESS, else 127.0.0.1:7070."""
+    return ClientOptions().targets()[0]
 
 
 def default_worker_id() -> str:
     """<hostname>-<pid>."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def resolve_options(
+    address: str | None,
+    options: ClientOptions | None,
+    *,
+    token: str | None = None,
+    deadline: DeadlineArg = _UNSET,
+) -> ClientOptions:
+    """`options` (or the defaults) with the shorthand arguments of Client() and Worker()
+    applied on top: `address`, `token`, `deadline` when given."""
+    opts = options or ClientOptions()
+    changes: dict[str, Any] = {}
+    if address:
+        changes["address"] = address
+        changes["addresses"] = ()
+    if token is not None:
+        changes["token"] = token
+    if deadline is not _UNSET:
+        changes["deadline"] = deadline
+    return dataclasses.replace(opts, **changes) if changes else opts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,22 +85,32 @@ class EnqueueResult:
 
 @dataclasses.dataclass
 class NewJob:
-    """One job for Client.enqueue_batch; the fields mean what Client.enqueue's arguments mean."""
+    """One job to enqueue: every field of EnqueueRequest. Client.enqueue's keywords mean the
+    same; Client.enqueue_batch takes a list of these, and producer middleware sees them."""
 
     queue: str
+    # bytes as they are, str as UTF-8, anything else as JSON.
     payload: Any = b""
     headers: Mapping[str, str] | None = None
     priority: int = 0
+    # Durations are seconds or timedeltas; times datetimes (naive = UTC). At most one of delay
+    # and run_at.
     delay: DurationLike | None = None
     run_at: _dt.datetime | None = None
     dedup_key: str = ""
     dedup_ttl: DurationLike | None = None
+    # 0 and the unset durations mean the queue's policy.
     max_attempts: int = 0
     lease_duration: DurationLike | None = None
     concurrency_key: str = ""
+    # Each attempt's run-time limit.
     timeout: DurationLike | None = None
+    # No attempt starts at or after it.
     expire_at: _dt.datetime | None = None
+    # Ids of jobs that must complete first.
     depends_on: Iterable[str] = ()
+    # Inside enqueue_batch only: indexes of earlier jobs of the same batch it waits for.
+    depends_on_index: Iterable[int] = ()
 
     def to_proto(self) -> broker_pb2.EnqueueRequest:
         req = broker_pb2.EnqueueRequest(
@@ -70,6 +122,7 @@ class NewJob:
             max_attempts=self.max_attempts,
             concurrency_key=self.concurrency_key,
             depends_on=list(self.depends_on),
+            depends_on_index=list(self.depends_on_index),
         )
         if self.delay is not None:
             req.delay.CopyFrom(to_duration(self.delay))
@@ -86,6 +139,13 @@ class NewJob:
         return req
 
 
+# Producer middleware (worker contract §9): `async def mw(jobs, next)` gets the jobs of one
+# enqueue or enqueue_batch call (one NewJob for enqueue), may change them (add headers), and
+# returns what `await next(jobs)` returns, or raises. The first registered is the outermost.
+EnqueueNext = Callable[[list[NewJob]], Awaitable[list[EnqueueResult]]]
+ProducerMiddleware = Callable[[list[NewJob], EnqueueNext], Awaitable[list[EnqueueResult]]]
+
+
 def _lease_ref(job: broker_pb2.LeasedJob | str, lease_id: str | None) -> tuple[str, str]:
     if isinstance(job, broker_pb2.LeasedJob):
         return job.job_id, lease_id if lease_id is not None else job.lease_id
@@ -94,38 +154,80 @@ def _lease_ref(job: broker_pb2.LeasedJob | str, lease_id: str | None) -> tuple[s
     return job, lease_id
 
 
+class _Stubs:
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.channel = channel
+        self.broker = broker_pb2_grpc.BrokerStub(channel)
+        self.admin = admin_pb2_grpc.AdminStub(channel)
+
+
 class Client:
-    """An asyncio client of one broker: producer calls, the unary worker calls, and Admin.
+    """An asyncio client of the broker: producer calls, the unary worker calls, and Admin.
 
         async with Client("127.0.0.1:7070") as client:
             result = await client.enqueue("emails", {"to": "ada@example.com"})
 
-    Every failed call raises a JobBrokerError subclass carrying the gRPC status code
-    (InvalidArgumentError, NotFoundError, ...). Use it from one event loop.
+    The connection (addresses, TLS, client certificate, token, deadline, retries) is a
+    ClientOptions, shared with the Worker: `Client(options=ClientOptions(...))`. `address`,
+    `token` and `deadline` (or its older name `timeout`) are shorthands that override the
+    options' fields. `channel` replaces dialing altogether (the options' TLS and addresses are
+    then not used).
 
-    `address` defaults to $JOBBROKER_ADDRESS, else 127.0.0.1:7070. `timeout` (seconds) is the
-    deadline of each unary call; None waits as long as it takes. `channel` replaces dialing.
-    `token`: sent as `authorization: Bearer <token>` (None: $JOBBROKER_TOKEN; "": none). Every
-    call also carries `jobbroker-client: jobbroker-python/<version>`; pass `metadata=` to calls
-    of the raw stubs `broker` and `admin` to do the same.
+    Every failed call raises a JobBrokerError subclass carrying the gRPC status code
+    (InvalidArgumentError, NotFoundError, ...). Every call carries
+    `jobbroker-client: jobbroker-python/<version>` and the bearer token, if any; each unary
+    call has the options' deadline (10 s by default), which its `deadline=` keyword overrides
+    (seconds; None: no deadline).
+
+    Retries: a unary call that fails UNAVAILABLE is tried again (3 attempts in all, short
+    backoff, the next address of a cluster first) only when repeating it cannot do anything
+    twice: reads, ack/fail/release/heartbeat (the broker answers a repeat of the same lease's
+    ack OK), idempotent settings (pause, resume, policies, schedules), and enqueues whose jobs
+    all carry a dedup key (a repeat of one that was applied answers deduplicated). Any other
+    call, an enqueue without a dedup key above all, is tried once: the caller sees the error and
+    decides. Use it from one event loop (SyncClient is the blocking facade).
     """
 
     def __init__(
         self,
         address: str | None = None,
         *,
-        timeout: float | None = None,
-        channel: grpc.aio.Channel | None = None,
+        options: ClientOptions | None = None,
         token: str | None = None,
+        deadline: DeadlineArg = _UNSET,
+        timeout: DeadlineArg = _UNSET,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
-        self.address = address or default_address()
-        self.timeout = timeout
-        self.metadata: Metadata = call_metadata(token)
-        self._owns_channel = channel is None
-        self.channel: grpc.aio.Channel = channel or grpc.aio.insecure_channel(self.address)
-        # The generated stubs, for calls this class does not wrap.
-        self.broker = broker_pb2_grpc.BrokerStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminStub(self.channel)
+        if deadline is _UNSET:
+            deadline = timeout  # the older name of the same setting
+        self.options = resolve_options(address, options, token=token, deadline=deadline)
+        self.metadata: Metadata = self.options.metadata()
+        self._owns_channels = channel is None
+        if channel is not None:
+            self.addresses = ["<given channel>"]
+            self._stubs = [_Stubs(channel)]
+        else:
+            self.addresses = self.options.targets()
+            self._stubs = [_Stubs(self.options.open_channel(t)) for t in self.addresses]
+        self.address = self.addresses[0]
+        self._current = 0  # the address calls go to; moves on after UNAVAILABLE
+        self._middleware: list[ProducerMiddleware] = []
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        """The channel to the address calls go to now."""
+        return self._stubs[self._current].channel
+
+    @property
+    def broker(self) -> broker_pb2_grpc.BrokerStub:
+        """The generated Broker stub, for calls this class does not wrap (pass
+        metadata=client.metadata)."""
+        return self._stubs[self._current].broker
+
+    @property
+    def admin(self) -> admin_pb2_grpc.AdminStub:
+        """The generated Admin stub (pass metadata=client.metadata)."""
+        return self._stubs[self._current].admin
 
     async def __aenter__(self) -> Client:
         return self
@@ -134,21 +236,88 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Closes the channel (if this client dialed it)."""
-        if self._owns_channel:
-            await self.channel.close(None)
+        """Closes the channels (if this client dialed them)."""
+        if self._owns_channels:
+            for stubs in self._stubs:
+                await stubs.channel.close(None)
 
-    def _options(self) -> dict[str, Any]:
-        """The keyword arguments of every unary call: its deadline and the metadata."""
-        return {"timeout": self.timeout, "metadata": self.metadata}
+    # --- calls and retries -----------------------------------------------------------------
 
-    async def _call(self, call: Awaitable[_T]) -> _T:
-        try:
-            return await call
-        except grpc.aio.AioRpcError as err:
-            raise error_from_rpc(err) from err
+    def _timeout(self, deadline: DeadlineArg) -> float | None:
+        return self.options.deadline if deadline is _UNSET else deadline
+
+    def _failed_over(self, index: int) -> None:
+        """The address at `index` answered UNAVAILABLE: later calls go to the next one (unless
+        a concurrent call moved on already)."""
+        if self._current == index:
+            self._current = (index + 1) % len(self._stubs)
+
+    async def _unary(
+        self,
+        service: str,
+        method: str,
+        request: Any,
+        *,
+        retry: bool,
+        deadline: DeadlineArg = _UNSET,
+        extra_time: float = 0.0,
+    ) -> Any:
+        """One unary call, tried up to retry_attempts times on UNAVAILABLE when `retry` (the
+        caller knows a repeat cannot duplicate), else once."""
+        attempts = self.options.retry_attempts if retry else 1
+        timeout = self._timeout(deadline)
+        if timeout is not None:
+            timeout += extra_time
+        backoff = self.options.retry_backoff
+        for attempt in range(1, attempts + 1):
+            index = self._current
+            stub = getattr(self._stubs[index], service)
+            try:
+                return await getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
+            except grpc.aio.AioRpcError as err:
+                if err.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise error_from_rpc(err) from err
+                self._failed_over(index)
+                if attempt == attempts:
+                    raise error_from_rpc(err) from err
+            # Full jitter: clients that lost the same broker do not all come back at once.
+            await asyncio.sleep(random.uniform(0, backoff))
+            backoff *= 2
+        raise AssertionError("unreachable")
 
     # --- producer -------------------------------------------------------------------------
+
+    def use(self, middleware: ProducerMiddleware) -> ProducerMiddleware:
+        """Adds producer middleware around enqueue, enqueue_batch and enqueue_and_wait: the
+        first added is the outermost. Returns it, so it works as a decorator."""
+        self._middleware.append(middleware)
+        return middleware
+
+    async def _send_jobs(
+        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg
+    ) -> list[EnqueueResult]:
+        requests = [j.to_proto() for j in jobs]
+        # A repeat of an applied enqueue is answered with the same job (deduplicated) only when
+        # every job has a dedup key; without one it would create a second job.
+        retry = all(r.dedup_key for r in requests)
+        if single and len(requests) == 1:
+            resp = await self._unary("broker", "Enqueue", requests[0], retry=retry,
+                                     deadline=deadline)
+            return [EnqueueResult(resp.job_id, resp.deduplicated)]
+        batch = broker_pb2.EnqueueBatchRequest(jobs=requests)
+        resp = await self._unary("broker", "EnqueueBatch", batch, retry=retry, deadline=deadline)
+        return [EnqueueResult(r.job_id, r.deduplicated) for r in resp.results]
+
+    async def _enqueue_jobs(
+        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg
+    ) -> list[EnqueueResult]:
+        async def send(js: list[NewJob]) -> list[EnqueueResult]:
+            return await self._send_jobs(js, single, deadline)
+
+        call: EnqueueNext = send
+        for mw in reversed(self._middleware):
+            call = _bind_producer(mw, call)
+        return await call(jobs)
 
     async def enqueue(
         self,
@@ -167,6 +336,7 @@ class Client:
         timeout: DurationLike | None = None,
         expire_at: _dt.datetime | None = None,
         depends_on: Iterable[str] = (),
+        deadline: DeadlineArg = _UNSET,
     ) -> EnqueueResult:
         """Adds one job; returns once it is durable on the broker.
 
@@ -174,7 +344,8 @@ class Client:
         or timedeltas; `run_at` a datetime (naive = UTC). At most one of `delay` and `run_at`.
         `max_attempts` 0 and the unset durations mean the queue's policy. `timeout`: each
         attempt's run-time limit; `expire_at`: no attempt starts after it; `depends_on`: ids of
-        jobs that must complete first.
+        jobs that must complete first. `deadline`: this call's deadline (seconds).
+        Retried on UNAVAILABLE only with a `dedup_key` (see the class comment).
         Raises InvalidArgumentError (a malformed field, named in the message),
         AlreadyExistsError (dedup_key held by a job with another payload),
         ResourceExhaustedError (a full queue, an oversized payload).
@@ -195,14 +366,47 @@ class Client:
             expire_at=expire_at,
             depends_on=depends_on,
         )
-        resp = await self._call(self.broker.Enqueue(job.to_proto(), **self._options()))
-        return EnqueueResult(resp.job_id, resp.deduplicated)
+        [result] = await self._enqueue_jobs([job], True, deadline)
+        return result
 
-    async def enqueue_batch(self, jobs: Iterable[NewJob]) -> list[EnqueueResult]:
-        """Adds 1 to 1000 jobs, all or nothing; results in the order of `jobs`."""
-        req = broker_pb2.EnqueueBatchRequest(jobs=[j.to_proto() for j in jobs])
-        resp = await self._call(self.broker.EnqueueBatch(req, **self._options()))
-        return [EnqueueResult(r.job_id, r.deduplicated) for r in resp.results]
+    async def enqueue_batch(
+        self, jobs: Iterable[NewJob], *, deadline: DeadlineArg = _UNSET
+    ) -> list[EnqueueResult]:
+        """Adds 1 to 1000 jobs, all or nothing; results in the order of `jobs`. Retried on
+        UNAVAILABLE only when every job has a dedup key."""
+        return await self._enqueue_jobs(list(jobs), False, deadline)
+
+    async def enqueue_and_wait(
+        self,
+        queue: str,
+        payload: Any = b"",
+        *,
+        wait_timeout: float | None = None,
+        **options: Any,
+    ) -> job_pb2.Job:
+        """Enqueues a job (`options` are enqueue's keywords) and waits until it ends: returns
+        the COMPLETED job (its `result`); raises JobFailedError naming the state when it ends
+        FAILED or CANCELLED, and TimeoutError when `wait_timeout` seconds pass first (the job
+        goes on)."""
+        result = await self.enqueue(queue, payload, **options)
+        return await self.wait_job(result.job_id, timeout=wait_timeout)
+
+    async def wait_job(self, job_id: str, *, timeout: float | None = None) -> job_pb2.Job:
+        """Watches the job (WatchJob) until it ends: returns it COMPLETED, raises JobFailedError
+        for FAILED or CANCELLED, TimeoutError after `timeout` seconds. A watch cut by a broker
+        that goes away (UNAVAILABLE) is opened again: watching changes nothing."""
+        async with asyncio.timeout(timeout):
+            backoff = self.options.retry_backoff
+            while True:
+                try:
+                    async for job in self.watch_job(job_id):
+                        if job.state in _TERMINAL:
+                            if job.state != job_pb2.JOB_STATE_COMPLETED:
+                                raise JobFailedError(job)
+                            return job
+                except UnavailableError:
+                    await asyncio.sleep(random.uniform(0, backoff))
+                    backoff = min(backoff * 2, 5.0)
 
     # --- unary worker calls ----------------------------------------------------------------
 
@@ -214,19 +418,22 @@ class Client:
         max_jobs: int = 1,
         lease_duration: DurationLike | None = None,
         wait: DurationLike | None = None,
+        deadline: DeadlineArg = _UNSET,
     ) -> list[broker_pb2.LeasedJob]:
-        """Leases up to `max_jobs` ready jobs; waits up to `wait` for one. May return []."""
+        """Leases up to `max_jobs` ready jobs; waits up to `wait` for one. May return []. Not
+        retried (a lost answer would leave jobs leased to nobody until their leases end)."""
         req = broker_pb2.LeaseRequest(
             queue=queue, worker_id=worker_id or default_worker_id(), max_jobs=max_jobs
         )
         if lease_duration is not None:
             req.lease_duration.CopyFrom(to_duration(lease_duration))
-        timeout = self.timeout
+        extra = 0.0
         if wait is not None:
             req.wait.CopyFrom(to_duration(wait))
-            if timeout is not None:
-                timeout += req.wait.ToTimedelta().total_seconds()
-        resp = await self._call(self.broker.Lease(req, timeout=timeout, metadata=self.metadata))
+            extra = req.wait.ToTimedelta().total_seconds()  # the long poll is not a slow call
+        resp = await self._unary(
+            "broker", "Lease", req, retry=False, deadline=deadline, extra_time=extra
+        )
         return list(resp.jobs)
 
     async def heartbeat(
@@ -236,24 +443,37 @@ class Client:
         *,
         extend_by: DurationLike | None = None,
         checkpoint: bytes | None = None,
+        progress: Any = None,
+        deadline: DeadlineArg = _UNSET,
     ) -> broker_pb2.HeartbeatResponse:
-        """Extends a lease (and saves `checkpoint` when given). FailedPreconditionError if the
-        lease is gone. `job` is a LeasedJob, or a job id with its `lease_id`."""
+        """Extends a lease (and saves `checkpoint`, reports `progress` when given: bytes, str
+        or JSON). FailedPreconditionError if the lease is gone. `job` is a LeasedJob, or a job
+        id with its `lease_id`."""
         job_id, lease = _lease_ref(job, lease_id)
         req = broker_pb2.HeartbeatRequest(job_id=job_id, lease_id=lease)
         if extend_by is not None:
             req.extend_by.CopyFrom(to_duration(extend_by))
         if checkpoint is not None:
             req.checkpoint = checkpoint
-        return await self._call(self.broker.Heartbeat(req, **self._options()))
+        if progress is not None:
+            req.progress = encode_payload(progress)
+        resp: broker_pb2.HeartbeatResponse = await self._unary(
+            "broker", "Heartbeat", req, retry=True, deadline=deadline
+        )
+        return resp
 
     async def ack(
-        self, job: broker_pb2.LeasedJob | str, lease_id: str | None = None, *, result: Any = b""
+        self,
+        job: broker_pb2.LeasedJob | str,
+        lease_id: str | None = None,
+        *,
+        result: Any = b"",
+        deadline: DeadlineArg = _UNSET,
     ) -> None:
         """Completes the job; `result` is kept with it (bytes, str, or JSON)."""
         job_id, lease = _lease_ref(job, lease_id)
         req = broker_pb2.AckRequest(job_id=job_id, lease_id=lease, result=encode_payload(result))
-        await self._call(self.broker.Ack(req, **self._options()))
+        await self._unary("broker", "Ack", req, retry=True, deadline=deadline)
 
     async def fail(
         self,
@@ -263,6 +483,7 @@ class Client:
         error: str = "",
         permanent: bool = False,
         retry_after: DurationLike | None = None,
+        deadline: DeadlineArg = _UNSET,
     ) -> broker_pb2.FailResponse:
         """Fails the attempt: retried after the backoff (or `retry_after`), or dead when
         `permanent` or out of attempts. The answer says which (`state`)."""
@@ -270,39 +491,52 @@ class Client:
         req = broker_pb2.FailRequest(job_id=job_id, lease_id=lease, error=error, permanent=permanent)
         if retry_after is not None:
             req.retry_after.CopyFrom(to_duration(retry_after))
-        return await self._call(self.broker.Fail(req, **self._options()))
+        resp: broker_pb2.FailResponse = await self._unary(
+            "broker", "Fail", req, retry=True, deadline=deadline
+        )
+        return resp
 
-    async def release(self, job: broker_pb2.LeasedJob | str, lease_id: str | None = None) -> None:
-        """Gives the job back unstarted: READY again, no attempt counted."""
+    async def release(
+        self,
+        job: broker_pb2.LeasedJob | str,
+        lease_id: str | None = None,
+        *,
+        delay: DurationLike | None = None,
+        deadline: DeadlineArg = _UNSET,
+    ) -> None:
+        """Gives the job back unstarted: READY again, no attempt counted; with `delay`
+        (snooze), SCHEDULED that much later and its `snoozes` count one more."""
         job_id, lease = _lease_ref(job, lease_id)
         req = broker_pb2.ReleaseRequest(job_id=job_id, lease_id=lease)
-        await self._call(self.broker.Release(req, **self._options()))
+        if delay is not None:
+            req.delay.CopyFrom(to_duration(delay))
+        await self._unary("broker", "Release", req, retry=True, deadline=deadline)
 
-    # --- admin -----------------------------------------------------------------------------
+    # --- admin: jobs -----------------------------------------------------------------------
 
-    async def get_job(self, job_id: str) -> job_pb2.Job:
+    async def get_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> job_pb2.Job:
         """The job with its state, attempts and checkpoint. NotFoundError if unknown."""
         req = admin_pb2.GetJobRequest(job_id=job_id)
-        return await self._call(self.admin.GetJob(req, **self._options()))
+        job: job_pb2.Job = await self._unary("admin", "GetJob", req, retry=True, deadline=deadline)
+        return job
 
-    async def watch_job(self, job_id: str) -> AsyncIterator[job_pb2.Job]:
+    async def watch_job(self, job_id: str) -> AsyncGenerator[job_pb2.Job, None]:
         """The job as it is now, then once per change (state, attempt, progress, snoozes,
         cancel request); ends after the message showing a terminal state. NotFoundError if
-        unknown; UnavailableError if the broker shuts down (watch again)."""
-        call = self.admin.WatchJob(admin_pb2.WatchJobRequest(job_id=job_id), metadata=self.metadata)
+        unknown; UnavailableError if the broker shuts down (watch again, or use wait_job).
+        A stream: no deadline."""
+        index = self._current
+        req = admin_pb2.WatchJobRequest(job_id=job_id)
+        call = self._stubs[index].admin.WatchJob(req, metadata=self.metadata)
         try:
             async for job in call:
                 yield job
         except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                self._failed_over(index)
             raise error_from_rpc(err) from err
         finally:
             call.cancel()
-
-    async def list_workers(self, queue: str = "") -> list[admin_pb2.WorkerInfo]:
-        """The connected workers (of `queue`, or all), with the library each one says it is."""
-        req = admin_pb2.ListWorkersRequest(queue=queue)
-        resp = await self._call(self.admin.ListWorkers(req, **self._options()))
-        return list(resp.workers)
 
     async def list_jobs(
         self,
@@ -312,63 +546,230 @@ class Client:
         page_size: int = 0,
         page_token: str = "",
         newest_first: bool = False,
+        dedup_key: str = "",
+        deadline: DeadlineArg = _UNSET,
     ) -> admin_pb2.ListJobsResponse:
-        """One page of the queue's jobs in `state` (every state when unspecified)."""
+        """One page of the queue's jobs in `state` (every state when unspecified); with
+        `dedup_key`, only the job holding it. Follow `next_page_token` for the next page."""
         req = admin_pb2.ListJobsRequest(
             queue=queue,
             state=state,
             page_size=page_size,
             page_token=page_token,
             newest_first=newest_first,
+            dedup_key=dedup_key,
         )
-        return await self._call(self.admin.ListJobs(req, **self._options()))
+        resp: admin_pb2.ListJobsResponse = await self._unary(
+            "admin", "ListJobs", req, retry=True, deadline=deadline
+        )
+        return resp
 
-    async def cancel_job(self, job_id: str) -> job_pb2.Job:
+    async def cancel_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> job_pb2.Job:
+        """READY or SCHEDULED: CANCELLED at once; ACTIVE: its worker is told (the job is
+        CANCELLED when the attempt ends). FailedPreconditionError if it already ended."""
         req = admin_pb2.CancelJobRequest(job_id=job_id)
-        return await self._call(self.admin.CancelJob(req, **self._options()))
+        job: job_pb2.Job = await self._unary(
+            "admin", "CancelJob", req, retry=False, deadline=deadline
+        )
+        return job
 
-    async def retry_job(self, job_id: str) -> job_pb2.Job:
-        """A FAILED or CANCELLED job back to READY, attempts reset."""
+    async def retry_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> job_pb2.Job:
+        """A FAILED or CANCELLED job back to READY, attempts reset, history kept."""
         req = admin_pb2.RetryJobRequest(job_id=job_id)
-        resp = await self._call(self.admin.RetryJob(req, **self._options()))
+        resp = await self._unary("admin", "RetryJob", req, retry=False, deadline=deadline)
         job: job_pb2.Job = resp.job
         return job
 
-    async def delete_job(self, job_id: str) -> None:
-        req = admin_pb2.DeleteJobRequest(job_id=job_id)
-        await self._call(self.admin.DeleteJob(req, **self._options()))
-
-    async def list_queues(self) -> list[admin_pb2.QueueInfo]:
-        resp = await self._call(
-            self.admin.ListQueues(
-                admin_pb2.ListQueuesRequest(), **self._options()
-            )
+    async def retry_jobs(
+        self,
+        queue: str,
+        state: job_pb2.JobState = job_pb2.JOB_STATE_FAILED,
+        *,
+        dry_run: bool = False,
+        limit: int = 0,
+        deadline: DeadlineArg = _UNSET,
+    ) -> admin_pb2.RetryJobResponse:
+        """Bulk redrive: the queue's jobs in `state` (FAILED or CANCELLED) back to READY, oldest
+        ended first, at most `limit` (0: 1000). `matched` and `retried` count them; `dry_run`
+        only counts."""
+        req = admin_pb2.RetryJobRequest(queue=queue, state=state, dry_run=dry_run, limit=limit)
+        resp: admin_pb2.RetryJobResponse = await self._unary(
+            "admin", "RetryJob", req, retry=dry_run, deadline=deadline
         )
+        return resp
+
+    async def delete_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> None:
+        """Removes a job that is not ACTIVE (FailedPreconditionError: cancel it first)."""
+        req = admin_pb2.DeleteJobRequest(job_id=job_id)
+        await self._unary("admin", "DeleteJob", req, retry=False, deadline=deadline)
+
+    # --- admin: queues ---------------------------------------------------------------------
+
+    async def list_queues(self, *, deadline: DeadlineArg = _UNSET) -> list[admin_pb2.QueueInfo]:
+        req = admin_pb2.ListQueuesRequest()
+        resp = await self._unary("admin", "ListQueues", req, retry=True, deadline=deadline)
         return list(resp.queues)
 
-    async def get_queue(self, queue: str) -> admin_pb2.QueueInfo:
+    async def get_queue(
+        self, queue: str, *, deadline: DeadlineArg = _UNSET
+    ) -> admin_pb2.QueueInfo:
         """The queue's effective policy and job counts by state name."""
         req = admin_pb2.GetQueueRequest(queue=queue)
-        return await self._call(self.admin.GetQueue(req, **self._options()))
+        info: admin_pb2.QueueInfo = await self._unary(
+            "admin", "GetQueue", req, retry=True, deadline=deadline
+        )
+        return info
 
     async def update_queue_policy(
-        self, queue: str, policy: policy_pb2.QueuePolicy, *, reset: bool = False
+        self,
+        queue: str,
+        policy: policy_pb2.QueuePolicy | None = None,
+        *,
+        reset: bool = False,
+        deadline: DeadlineArg = _UNSET,
     ) -> admin_pb2.QueueInfo:
-        req = admin_pb2.UpdateQueuePolicyRequest(queue=queue, policy=policy, reset=reset)
-        return await self._call(self.admin.UpdateQueuePolicy(req, **self._options()))
+        """Sets the fields of `policy` that are set (the others keep their value); `reset`
+        first drops every run-time override. Creates the queue if new."""
+        req = admin_pb2.UpdateQueuePolicyRequest(queue=queue, reset=reset)
+        if policy is not None:
+            req.policy.CopyFrom(policy)
+        # Setting the same fields (after the same reset) twice leaves the queue as once.
+        info: admin_pb2.QueueInfo = await self._unary(
+            "admin", "UpdateQueuePolicy", req, retry=True, deadline=deadline
+        )
+        return info
 
-    async def pause_queue(self, queue: str) -> admin_pb2.QueueInfo:
+    async def pause_queue(
+        self, queue: str, *, deadline: DeadlineArg = _UNSET
+    ) -> admin_pb2.QueueInfo:
         req = admin_pb2.PauseQueueRequest(queue=queue)
-        return await self._call(self.admin.PauseQueue(req, **self._options()))
+        info: admin_pb2.QueueInfo = await self._unary(
+            "admin", "PauseQueue", req, retry=True, deadline=deadline
+        )
+        return info
 
-    async def resume_queue(self, queue: str) -> admin_pb2.QueueInfo:
+    async def resume_queue(
+        self, queue: str, *, deadline: DeadlineArg = _UNSET
+    ) -> admin_pb2.QueueInfo:
         req = admin_pb2.ResumeQueueRequest(queue=queue)
-        return await self._call(self.admin.ResumeQueue(req, **self._options()))
+        info: admin_pb2.QueueInfo = await self._unary(
+            "admin", "ResumeQueue", req, retry=True, deadline=deadline
+        )
+        return info
 
     async def purge_queue(
-        self, queue: str, states: Iterable[job_pb2.JobState] = ()
+        self,
+        queue: str,
+        states: Iterable[job_pb2.JobState] = (),
+        *,
+        deadline: DeadlineArg = _UNSET,
     ) -> int:
         """Removes the queue's jobs in `states` (every terminal state if none); the count."""
         req = admin_pb2.PurgeQueueRequest(queue=queue, states=list(states))
-        resp = await self._call(self.admin.PurgeQueue(req, **self._options()))
+        resp = await self._unary("admin", "PurgeQueue", req, retry=False, deadline=deadline)
         return int(resp.purged)
+
+    # --- admin: cluster and workers --------------------------------------------------------
+
+    async def get_cluster(self, *, deadline: DeadlineArg = _UNSET) -> admin_pb2.ClusterInfo:
+        """The nodes and each partition's leader (a single node: a cluster of one)."""
+        req = admin_pb2.GetClusterRequest()
+        info: admin_pb2.ClusterInfo = await self._unary(
+            "admin", "GetCluster", req, retry=True, deadline=deadline
+        )
+        return info
+
+    async def list_workers(
+        self, queue: str = "", *, deadline: DeadlineArg = _UNSET
+    ) -> list[admin_pb2.WorkerInfo]:
+        """The connected workers (of `queue`, or all), with the library each one says it is."""
+        req = admin_pb2.ListWorkersRequest(queue=queue)
+        resp = await self._unary("admin", "ListWorkers", req, retry=True, deadline=deadline)
+        return list(resp.workers)
+
+    # --- admin: schedules ------------------------------------------------------------------
+
+    async def put_schedule(
+        self,
+        schedule_id: str,
+        template: NewJob,
+        *,
+        cron: str = "",
+        every: DurationLike | None = None,
+        time_zone: str = "",
+        paused: bool = False,
+        start_at: _dt.datetime | None = None,
+        end_at: _dt.datetime | None = None,
+        catch_up: admin_pb2.ScheduleCatchUp = admin_pb2.SCHEDULE_CATCH_UP_UNSPECIFIED,
+        deadline: DeadlineArg = _UNSET,
+    ) -> admin_pb2.Schedule:
+        """Creates or replaces a recurring schedule: exactly one of `cron` (5 or 6 fields, on
+        `time_zone`'s wall clock, UTC if empty) and `every` (seconds or a timedelta). Each run
+        enqueues `template` (not its dedup_key, delay, run_at nor expire_at: the schedule names
+        and times its runs). Returns the stored schedule with next_run_at."""
+        schedule = admin_pb2.Schedule(
+            schedule_id=schedule_id,
+            cron=cron,
+            time_zone=time_zone,
+            paused=paused,
+            catch_up=catch_up,
+        )
+        schedule.template.CopyFrom(template.to_proto())
+        if every is not None:
+            schedule.every.CopyFrom(to_duration(every))
+        if start_at is not None:
+            schedule.start_at.CopyFrom(to_timestamp(start_at))
+        if end_at is not None:
+            schedule.end_at.CopyFrom(to_timestamp(end_at))
+        return await self.put_schedule_proto(schedule, deadline=deadline)
+
+    async def put_schedule_proto(
+        self, schedule: admin_pb2.Schedule, *, deadline: DeadlineArg = _UNSET
+    ) -> admin_pb2.Schedule:
+        """put_schedule with a ready admin_pb2.Schedule."""
+        req = admin_pb2.PutScheduleRequest(schedule=schedule)
+        # Putting the same schedule twice leaves it as once: safe to repeat.
+        stored: admin_pb2.Schedule = await self._unary(
+            "admin", "PutSchedule", req, retry=True, deadline=deadline
+        )
+        return stored
+
+    async def get_schedule(
+        self, schedule_id: str, *, deadline: DeadlineArg = _UNSET
+    ) -> admin_pb2.Schedule:
+        """NotFoundError if there is none."""
+        req = admin_pb2.GetScheduleRequest(schedule_id=schedule_id)
+        schedule: admin_pb2.Schedule = await self._unary(
+            "admin", "GetSchedule", req, retry=True, deadline=deadline
+        )
+        return schedule
+
+    async def list_schedules(
+        self, queue: str = "", *, deadline: DeadlineArg = _UNSET
+    ) -> list[admin_pb2.Schedule]:
+        """Every schedule (whose template enqueues into `queue`, if named), by id."""
+        req = admin_pb2.ListSchedulesRequest(queue=queue)
+        resp = await self._unary("admin", "ListSchedules", req, retry=True, deadline=deadline)
+        return list(resp.schedules)
+
+    async def delete_schedule(self, schedule_id: str, *, deadline: DeadlineArg = _UNSET) -> None:
+        """Removes the schedule; the jobs it enqueued stay."""
+        req = admin_pb2.DeleteScheduleRequest(schedule_id=schedule_id)
+        await self._unary("admin", "DeleteSchedule", req, retry=False, deadline=deadline)
+
+    async def trigger_schedule(
+        self, schedule_id: str, *, deadline: DeadlineArg = _UNSET
+    ) -> EnqueueResult:
+        """Enqueues one run now, outside the timing (also while paused). Not retried: a repeat
+        in another second would be another run."""
+        req = admin_pb2.TriggerScheduleRequest(schedule_id=schedule_id)
+        resp = await self._unary("admin", "TriggerSchedule", req, retry=False, deadline=deadline)
+        return EnqueueResult(resp.job_id, resp.deduplicated)
+
+
+def _bind_producer(mw: ProducerMiddleware, nxt: EnqueueNext) -> EnqueueNext:
+    async def call(jobs: list[NewJob]) -> list[EnqueueResult]:
+        return await mw(jobs, nxt)
+
+    return call
+

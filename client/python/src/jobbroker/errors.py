@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 __all__ = [
@@ -22,6 +24,7 @@ __all__ = [
     "UnavailableError",
     "DataLossError",
     "UnauthenticatedError",
+    "JobFailedError",
     "error_from_code",
     "error_from_rpc",
     "status_code_from_int",
@@ -120,6 +123,23 @@ class DataLossError(JobBrokerError):
 
 class UnauthenticatedError(JobBrokerError):
     code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class JobFailedError(Exception):
+    """A job waited for (Client.enqueue_and_wait, Client.wait_job) ended without completing:
+    FAILED (its fail_reason and last_error say why) or CANCELLED. `job` is the job as it
+    ended; `state` its JobState name ("JOB_STATE_FAILED", "JOB_STATE_CANCELLED")."""
+
+    def __init__(self, job: Any) -> None:
+        from .v1 import job_pb2  # the generated module imports nothing of ours; kept local
+
+        self.job = job
+        self.state: str = job_pb2.JobState.Name(job.state)
+        why = ""
+        if job.state == job_pb2.JOB_STATE_FAILED:
+            why = f" ({job_pb2.FailReason.Name(job.fail_reason)})"
+        detail = f": {job.last_error}" if job.last_error else ""
+        super().__init__(f"job {job.id} ended {self.state}{why}{detail}")
 
 
 _BY_CODE: dict[grpc.StatusCode, type[JobBrokerError]] = {

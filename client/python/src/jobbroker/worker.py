@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import dataclasses
 import datetime as _dt
 import inspect
@@ -21,9 +22,10 @@ import grpc
 import grpc.aio
 
 from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
-from ._metadata import Metadata, call_metadata
-from .client import default_address, default_worker_id
+from ._metadata import Metadata
+from .client import default_worker_id, resolve_options
 from .errors import JobBrokerError, error_from_code, error_from_rpc
+from .options import ClientOptions
 from .v1 import broker_pb2, broker_pb2_grpc, job_pb2, steps_pb2
 
 __all__ = [
@@ -31,6 +33,8 @@ __all__ = [
     "WorkerStats",
     "JobContext",
     "Handler",
+    "HandlerNext",
+    "WorkerMiddleware",
     "PermanentError",
     "RetryAfter",
     "Snooze",
@@ -78,6 +82,11 @@ T = TypeVar("T")
 # A handler gets the JobContext. An `async def` runs on the worker's event loop; a plain
 # function runs in a thread of the worker's own pool (use JobContext.step_sync there).
 Handler = Callable[["JobContext"], Any]
+# Worker middleware (worker contract §9): `async def mw(job, next)` wraps each handler call; it
+# returns `await next(job)` (the handler's result, or its exception propagates) or a result of
+# its own without calling it. The first registered (Worker.use) is the outermost.
+HandlerNext = Callable[["JobContext"], Awaitable[Any]]
+WorkerMiddleware = Callable[["JobContext", HandlerNext], Awaitable[Any]]
 
 
 class PermanentError(Exception):
@@ -299,7 +308,8 @@ class JobContext:
             value = await fn()
         else:
             loop = asyncio.get_running_loop()
-            value = await loop.run_in_executor(self._worker._executor(), fn)
+            context = contextvars.copy_context()  # the handler's (its tracing span)
+            value = await loop.run_in_executor(self._worker._executor(), context.run, fn)
             if inspect.isawaitable(value):
                 value = await value
         return await self._record(name, value)
@@ -410,14 +420,19 @@ class Worker:
     a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling, with
     full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only;
     the handlers in place before run() are put back when it returns).
-    `token`: sent as `authorization: Bearer <token>` (None: $JOBBROKER_TOKEN; "": none); the
-    stream also carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it).
+    The connection is a ClientOptions (`options=`), the one the Client takes: addresses (a
+    stream that ends UNAVAILABLE reconnects to the next one), TLS, client certificate, token.
+    `address` and `token` are shorthands that override its fields; `channel` replaces dialing.
+    The stream carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it) and
+    `authorization: Bearer <token>` when a token is set (default $JOBBROKER_TOKEN). A token the
+    broker refuses (UNAUTHENTICATED, PERMISSION_DENIED) ends run() with that error.
     """
 
     def __init__(
         self,
         address: str | None = None,
         *,
+        options: ClientOptions | None = None,
         concurrency: int = 1,
         prefetch: int = 0,
         lease_duration: DurationLike | None = None,
@@ -429,7 +444,9 @@ class Worker:
         channel: grpc.aio.Channel | None = None,
         token: str | None = None,
     ) -> None:
-        self.address = address or default_address()
+        self.options = resolve_options(address, options, token=token)
+        self.addresses = self.options.targets() if channel is None else ["<given channel>"]
+        self.address = self.addresses[0]
         self.concurrency = max(1, concurrency)
         self.prefetch = max(0, prefetch)
         self.lease_duration = lease_duration
@@ -439,9 +456,11 @@ class Worker:
         self.reconnect_max = reconnect_max
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
-        self._metadata: Metadata = call_metadata(token)
+        self._metadata: Metadata = self.options.metadata()
         self._given_channel = channel
+        self._target = 0  # the address the stream goes to; the next one after UNAVAILABLE
         self._handlers: dict[str, Handler] = {}
+        self._middleware: list[WorkerMiddleware] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._reset()
@@ -471,6 +490,12 @@ class Worker:
     def handle(self, queue: str, fn: Handler) -> None:
         """Registers the handler of `queue`. Call before run()."""
         self._handlers[queue] = fn
+
+    def use(self, middleware: WorkerMiddleware) -> WorkerMiddleware:
+        """Adds worker middleware around every handler call: the first added is the outermost.
+        Call before run(). Returns it, so it works as a decorator."""
+        self._middleware.append(middleware)
+        return middleware
 
     def handler(self, queue: str) -> Callable[[Handler], Handler]:
         """Decorator form of handle()."""
@@ -516,10 +541,11 @@ class Worker:
         self._loop = loop
         self._stop_event = asyncio.Event()
         self._close_event = asyncio.Event()
-        channel = self._given_channel or grpc.aio.insecure_channel(
-            self.address, options=_CHANNEL_OPTIONS
-        )
-        self._stub = broker_pb2_grpc.BrokerStub(channel)
+        if self._given_channel is not None:
+            channels = [self._given_channel]
+        else:
+            channels = [self.options.open_channel(t, _CHANNEL_OPTIONS) for t in self.addresses]
+        self._stubs = [broker_pb2_grpc.BrokerStub(c) for c in channels]
         signals = self._install_signals(loop)
         conn = asyncio.create_task(self._connection_loop(), name="jobbroker-worker-stream")
         stop = asyncio.create_task(self._stop_event.wait())
@@ -533,7 +559,8 @@ class Worker:
             stop.cancel()
             await self._close(conn)
             if self._given_channel is None:
-                await channel.close(None)
+                for channel in channels:
+                    await channel.close(None)
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
@@ -583,7 +610,7 @@ class Worker:
         assert self._close_event is not None
         while not self._closing:
             out: asyncio.Queue[broker_pb2.WorkRequest | None] = asyncio.Queue()
-            call = self._stub.Work(self._requests(out), metadata=self._metadata)
+            call = self._stubs[self._target].Work(self._requests(out), metadata=self._metadata)
             self._call = call
             self._out = out
             subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
@@ -627,6 +654,9 @@ class Worker:
                 return
             if end_code not in _RETRYABLE:
                 raise error_from_code(end_code, end_message)
+            if end_code == grpc.StatusCode.UNAVAILABLE:
+                # A cluster's next node; with one address, the same broker again.
+                self._target = (self._target + 1) % len(self._stubs)
             self.stats.reconnects += 1
             if subscribed:
                 backoff = self.reconnect_initial
@@ -889,10 +919,24 @@ class Worker:
         if inspect.iscoroutinefunction(fn):
             return await self._cancellable(held, fn(ctx))
         loop = asyncio.get_running_loop()
-        value = await loop.run_in_executor(self._executor(), fn, ctx)
+        # In the caller's context (contextvars): what middleware set, such as the current
+        # tracing span, is seen by a plain handler's thread too.
+        context = contextvars.copy_context()
+        value = await loop.run_in_executor(self._executor(), context.run, fn, ctx)
         if inspect.isawaitable(value):
             value = await self._cancellable(held, value)
         return value
+
+    async def _call_chain(self, held: _Held, fn: Handler, ctx: JobContext) -> Any:
+        """The handler inside the middleware, the first registered outermost."""
+
+        async def handler(job: JobContext) -> Any:
+            return await self._invoke(held, fn, job)
+
+        call: HandlerNext = handler
+        for mw in reversed(self._middleware):
+            call = _bind_worker(mw, call)
+        return await call(ctx)
 
     async def _run_job(self, held: _Held) -> None:
         job = held.job
@@ -901,7 +945,7 @@ class Worker:
         snooze: DurationLike | None = None
         result = b""
         try:
-            value = await self._invoke(held, self._handlers[job.queue], held.ctx)
+            value = await self._call_chain(held, self._handlers[job.queue], held.ctx)
             result = b"" if value is None else encode_payload(value)
         except PermanentError as err:
             fail = broker_pb2.FailRequest(error=str(err) or "permanent error", permanent=True)
@@ -1047,3 +1091,10 @@ class Worker:
             conn.cancel()
         with contextlib.suppress(asyncio.CancelledError, JobBrokerError):
             await conn
+
+
+def _bind_worker(mw: WorkerMiddleware, nxt: HandlerNext) -> HandlerNext:
+    async def call(job: JobContext) -> Any:
+        return await mw(job, nxt)
+
+    return call
