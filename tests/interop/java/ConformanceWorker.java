@@ -1,3 +1,4 @@
+import dev.jobbroker.client.ClientOptions;
 import dev.jobbroker.client.JobBrokerClient;
 import dev.jobbroker.client.JobContext;
 import dev.jobbroker.client.Json;
@@ -45,7 +46,7 @@ public final class ConformanceWorker {
   }
 
   private int run() throws Exception {
-    try (JobBrokerClient client = JobBrokerClient.connect(required("address"))) {
+    try (JobBrokerClient client = JobBrokerClient.connect(clientOptions())) {
       Worker worker =
           Worker.builder(client)
               .concurrency(intFlag("concurrency", 1))
@@ -67,6 +68,25 @@ public final class ConformanceWorker {
       event(Map.of("event", "stopped"));
       return 0;
     }
+  }
+
+  /**
+   * --address (one, or a cluster's nodes separated by commas, tried in order), --ca,
+   * --cert/--key and --token as the library's own client options.
+   */
+  private ClientOptions clientOptions() {
+    ClientOptions.Builder b =
+        ClientOptions.builder().addresses(List.of(required("address").split(",")));
+    if (flags.containsKey("ca")) {
+      b.tlsCaFile(Path.of(flags.get("ca")));
+    }
+    if (flags.containsKey("cert") || flags.containsKey("key")) {
+      b.clientCertificate(Path.of(required("cert")), Path.of(required("key")));
+    }
+    if (flags.containsKey("token")) {
+      b.token(flags.get("token"));
+    }
+    return b.build();
   }
 
   /** The handler registered for {@code handlerQueue}. */

@@ -1,10 +1,11 @@
 package dev.jobbroker.client;
 
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /** Catches SIGTERM and SIGINT so that a worker can stop gracefully and main can return 0. */
 final class Signals {
-  private static final Logger log = Logger.getLogger(Signals.class.getName());
+  private static final Logger log = LoggerFactory.getLogger(Signals.class);
 
   private Signals() {}
 
@@ -17,7 +18,7 @@ final class Signals {
       try {
         sun.misc.Signal.handle(new sun.misc.Signal(name), sig -> action.run());
       } catch (IllegalArgumentException | UnsupportedOperationException e) {
-        log.fine("cannot catch SIG" + name + ": " + e.getMessage());
+        log.debug("cannot catch SIG{}: {}", name, e.getMessage());
       }
     }
   }

@@ -40,8 +40,8 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
-import java.util.logging.Level;
-import java.util.logging.Logger;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * Runs one handler per queue for jobs pushed over a {@code Broker.Work} stream, as {@code
@@ -76,7 +76,7 @@ import java.util.logging.Logger;
  * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
  */
 public final class Worker {
-  private static final Logger log = Logger.getLogger(Worker.class.getName());
+  private static final Logger log = LoggerFactory.getLogger(Worker.class);
   /** How long start() waits for the first subscription's answer before it returns anyway. */
   private static final Duration SUBSCRIBE_WAIT = Duration.ofSeconds(30);
   /** How long a stop waits for the broker to answer Flow{0} before releasing jobs anyway. */
@@ -108,6 +108,7 @@ public final class Worker {
   // State below is guarded by lock; stop() waits on it.
   private final Object lock = new Object();
   private final Map<String, JobHandler> handlers = new LinkedHashMap<>();
+  private final List<WorkerMiddleware> middleware = new ArrayList<>();
   private boolean started;
   private boolean stopping; // a stop began: no job starts, every new push is released
   private boolean closing; // the stop is closing the stream: no reconnect
@@ -135,6 +136,7 @@ public final class Worker {
     this.client = b.client;
     this.stub = b.client.brokerAsync();
     this.handlers.putAll(b.handlers);
+    this.middleware.addAll(b.middleware);
     this.concurrency = b.concurrency;
     this.prefetch = b.prefetch;
     this.leaseDuration = b.leaseDuration;
@@ -157,6 +159,7 @@ public final class Worker {
   public static final class Builder {
     private final JobBrokerClient client;
     private final Map<String, JobHandler> handlers = new LinkedHashMap<>();
+    private final List<WorkerMiddleware> middleware = new ArrayList<>();
     private int concurrency = 1;
     private int prefetch = 0;
     private Duration leaseDuration = Duration.ZERO;
@@ -172,6 +175,12 @@ public final class Worker {
     /** Runs the jobs of {@code queue} with {@code handler}; see {@link Worker#handle}. */
     public Builder handle(String queue, JobHandler handler) {
       putHandler(handlers, queue, handler);
+      return this;
+    }
+
+    /** Wraps every handler call in {@code m}; see {@link Worker#use}. */
+    public Builder use(WorkerMiddleware m) {
+      middleware.add(Objects.requireNonNull(m, "middleware"));
       return this;
     }
 
@@ -237,6 +246,22 @@ public final class Worker {
         throw new IllegalStateException("handlers are registered before start()");
       }
       putHandler(handlers, queue, handler);
+    }
+    return this;
+  }
+
+  /**
+   * Wraps every handler call in {@code m} ({@link WorkerMiddleware}): middleware runs in the
+   * order it was added, the first outermost. Before {@link #start} only
+   * ({@link IllegalStateException} after).
+   */
+  public Worker use(WorkerMiddleware m) {
+    Objects.requireNonNull(m, "middleware");
+    synchronized (lock) {
+      if (started) {
+        throw new IllegalStateException("middleware is added before start()");
+      }
+      middleware.add(m);
     }
     return this;
   }
@@ -371,7 +396,7 @@ public final class Worker {
     try {
       flow.get(FLOW_WAIT.toMillis(), TimeUnit.MILLISECONDS);
     } catch (ExecutionException | TimeoutException e) {
-      log.fine("Flow{0} not answered: " + e);
+      log.debug("Flow{0} not answered: {}", e.toString());
     }
     // 2. Release what has not started.
     synchronized (lock) {
@@ -389,9 +414,11 @@ public final class Worker {
       // 5. Wait for the answers.
       waitLocked(() -> handlersRunning == 0 && answersOutstanding == 0, answersEnd);
       if (handlersRunning > 0 || answersOutstanding > 0) {
-        log.warning(
-            "stopping with " + handlersRunning + " handler(s) still running and "
-                + answersOutstanding + " answer(s) not confirmed; their leases run out");
+        log.warn(
+            "stopping with {} handler(s) still running and {} answer(s) not confirmed; their"
+                + " leases run out",
+            handlersRunning,
+            answersOutstanding);
       }
       closing = true;
     }
@@ -428,7 +455,7 @@ public final class Worker {
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
     } catch (RuntimeException e) {
-      log.log(Level.WARNING, "stop failed", e);
+      log.warn("stop failed", e);
     }
   }
 
@@ -496,7 +523,7 @@ public final class Worker {
         }
       }
       if (!retriable(ended.getCode())) {
-        log.severe("work stream refused: " + ended);
+        log.error("work stream refused: {}", ended);
         synchronized (lock) {
           fatal = ended;
         }
@@ -511,15 +538,16 @@ public final class Worker {
         first = false;
         firstSubscribe.complete(null);
       }
-      log.info("work stream ended: " + ended + "; reconnecting");
+      log.info("work stream ended: {}; reconnecting", ended);
       try {
         // Full jitter: workers cut off together do not come back together.
         Thread.sleep(ThreadLocalRandom.current().nextLong(backoff.toMillis() + 1));
       } catch (InterruptedException e) {
         return;
       }
-      // Our backoff, not the channel's (which grows to minutes): try the broker again now.
-      client.channel().resetConnectBackoff();
+      // Our backoff, not the channel's (which grows to minutes): try the broker again now, the
+      // next address of the options if this one was unavailable.
+      client.streamEnded(ended);
       backoff = backoff.multipliedBy(2);
       if (backoff.compareTo(reconnectMax) > 0) {
         backoff = reconnectMax;
@@ -639,7 +667,7 @@ public final class Worker {
         requests.onNext(r.body.setRequestId(id).build());
       } catch (RuntimeException e) {
         // The call is already over; its onError follows and handles what is pending.
-        log.fine("send on a finished stream: " + e);
+        log.debug("send on a finished stream: {}", e.toString());
       }
     }
 
@@ -654,7 +682,7 @@ public final class Worker {
         try {
           requests.onCompleted();
         } catch (RuntimeException e) {
-          log.fine("half-close of a finished stream: " + e);
+          log.debug("half-close of a finished stream: {}", e.toString());
         }
       }
     }
@@ -663,7 +691,7 @@ public final class Worker {
       try {
         requests.cancel(why, null);
       } catch (RuntimeException e) {
-        log.fine("cancel of a finished stream: " + e);
+        log.debug("cancel of a finished stream: {}", e.toString());
       }
     }
 
@@ -900,13 +928,24 @@ public final class Worker {
       if (h.handler == null) {
         throw new IllegalStateException("no handler for queue " + h.job.getQueue());
       }
-      value = h.handler.handle(h.ctx);
+      value = callThrough(0, h.handler, h.ctx);
     } catch (Throwable t) { // an exception or Error is the attempt's failure, never the worker's
       error = t;
     } finally {
       h.ctx.leaveHandler();
     }
     finishAttempt(h, value, error);
+  }
+
+  /**
+   * Runs middleware {@code i} and, through its {@code next}, the rest of the chain and the
+   * handler. The list no longer changes: use() refuses after start(), whose lock publishes it.
+   */
+  private Object callThrough(int i, JobHandler handler, JobContext job) throws Exception {
+    if (i == middleware.size()) {
+      return handler.handle(job);
+    }
+    return middleware.get(i).handle(job, j -> callThrough(i + 1, handler, j));
   }
 
   /** The handler returned or threw: the answer its end means (contract §1). */
@@ -1011,9 +1050,9 @@ public final class Worker {
       }
     } else if (isStale(r.getCode())) {
       // Final: the broker ended the attempt already (a lost lease, a cancel, a time-out).
-      log.info("job " + h.job.getJobId() + ": " + what + " refused as stale: " + r.getMessage());
+      log.info("job {}: {} refused as stale: {}", h.job.getJobId(), what, r.getMessage());
     } else {
-      log.warning("job " + h.job.getJobId() + ": " + what + " refused: " + r.getMessage());
+      log.warn("job {}: {} refused: {}", h.job.getJobId(), what, r.getMessage());
     }
     synchronized (lock) {
       answersOutstanding--;
@@ -1041,7 +1080,7 @@ public final class Worker {
       lock.notifyAll();
     }
     h.ctx.cancel(why);
-    log.info("job " + h.job.getJobId() + " attempt " + h.job.getAttempt() + ": " + why);
+    log.info("job {} attempt {}: {}", h.job.getJobId(), h.job.getAttempt(), why);
   }
 
   private void onLeaseLost(String jobId, JobContext.Cancellation why) {

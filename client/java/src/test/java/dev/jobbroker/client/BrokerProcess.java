@@ -27,24 +27,43 @@ final class BrokerProcess implements AutoCloseable {
 
   private final Path dataDir;
   private final String grpcTarget;
+  private final List<String> extraArgs;
   private Process process;
   final JobBrokerClient client;
 
-  private BrokerProcess(Process process, Path dataDir, String grpcTarget) {
+  private BrokerProcess(
+      Process process, Path dataDir, String grpcTarget, List<String> extraArgs,
+      ClientOptions.Builder clientOptions) {
     this.process = process;
     this.dataDir = dataDir;
     this.grpcTarget = grpcTarget;
-    this.client = JobBrokerClient.connect(grpcTarget);
+    this.extraArgs = extraArgs;
+    this.client = JobBrokerClient.connect(clientOptions.address(grpcTarget).build());
   }
 
   /** Starts the broker with {@code configJson} (proto3 JSON of ServerConfig) or none if null. */
   static BrokerProcess start(String configJson) throws IOException {
+    return start(configJson, List.of(), ClientOptions.builder());
+  }
+
+  /**
+   * Starts the broker with {@code extraArgs} (TLS, tokens) added to its command line; its
+   * {@link #client} uses {@code clientOptions} (the address is set here).
+   */
+  static BrokerProcess start(
+      String configJson, List<String> extraArgs, ClientOptions.Builder clientOptions)
+      throws IOException {
     Path dataDir = Files.createTempDirectory("jobbroker-java-test");
     if (configJson != null) {
       Files.writeString(dataDir.resolve("config.json"), configJson);
     }
-    Launched l = launch(dataDir, "127.0.0.1:0");
-    return new BrokerProcess(l.process, dataDir, l.target);
+    Launched l = launch(dataDir, "127.0.0.1:0", extraArgs);
+    return new BrokerProcess(l.process, dataDir, l.target, extraArgs, clientOptions);
+  }
+
+  /** A scratch directory of this broker's, removed by {@link #close()}. */
+  Path dir() {
+    return dataDir;
   }
 
   /**
@@ -53,12 +72,13 @@ final class BrokerProcess implements AutoCloseable {
    */
   void restart() throws Exception {
     stopProcess();
-    process = launch(dataDir, grpcTarget).process;
+    process = launch(dataDir, grpcTarget, extraArgs).process;
   }
 
   private record Launched(Process process, String target) {}
 
-  private static Launched launch(Path dataDir, String listen) throws IOException {
+  private static Launched launch(Path dataDir, String listen, List<String> extraArgs)
+      throws IOException {
     List<String> cmd = new ArrayList<>();
     cmd.add(brokerBinary().toString());
     cmd.addAll(
@@ -67,6 +87,7 @@ final class BrokerProcess implements AutoCloseable {
             "--http-listen", "127.0.0.1:0",
             "--data-dir", dataDir.resolve("data").toString(),
             "--log-level", "warn"));
+    cmd.addAll(extraArgs);
     Path config = dataDir.resolve("config.json");
     if (Files.exists(config)) {
       cmd.add("--config");

@@ -1,0 +1,248 @@
+package dev.jobbroker.client;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * How a {@link JobBrokerClient} (and so every {@link Worker} built on it) reaches the broker:
+ * where, over what transport, with which credentials and deadlines. Immutable; made with
+ * {@link #builder()}.
+ *
+ * <pre>{@code
+ * ClientOptions options = ClientOptions.builder()
+ *     .addresses("10.0.0.1:7070", "10.0.0.2:7070")     // tried in order on UNAVAILABLE
+ *     .tlsCaFile(Path.of("ca.pem"))                     // TLS, trusting this CA
+ *     .clientCertificate(Path.of("me.pem"), Path.of("me.key"))   // mutual TLS
+ *     .token(System.getenv("JOBBROKER_TOKEN"))          // authorization: Bearer ...
+ *     .defaultDeadline(Duration.ofSeconds(5))
+ *     .build();
+ * try (JobBrokerClient client = JobBrokerClient.connect(options)) { ... }
+ * }</pre>
+ *
+ * <p>Unset, the address comes from $JOBBROKER_ADDRESS (else {@link #DEFAULT_ADDRESS}) and the
+ * token from $JOBBROKER_TOKEN (else none), so a program configured by its environment needs no
+ * code for it.
+ */
+public final class ClientOptions {
+  /** The address used when neither the options nor $JOBBROKER_ADDRESS name one. */
+  public static final String DEFAULT_ADDRESS = "127.0.0.1:7070";
+  /** The deadline of a unary call that names none: long enough for a synced write. */
+  public static final Duration DEFAULT_DEADLINE = Duration.ofSeconds(10);
+  /** Attempts of a call that is safe to repeat, the first included, when it meets UNAVAILABLE. */
+  public static final int DEFAULT_RETRY_ATTEMPTS = 3;
+
+  private final List<String> addresses;
+  private final boolean tls;
+  private final byte[] caPem;
+  private final byte[] certPem;
+  private final byte[] keyPem;
+  private final String token;
+  private final Duration defaultDeadline;
+  private final int retryAttempts;
+  private final Duration retryBackoff;
+
+  private ClientOptions(Builder b) {
+    List<String> addrs = new ArrayList<>(b.addresses);
+    if (addrs.isEmpty()) {
+      addrs.add(envOr("JOBBROKER_ADDRESS", DEFAULT_ADDRESS));
+    }
+    this.addresses = List.copyOf(addrs);
+    this.tls = b.tls || b.caPem != null || b.certPem != null;
+    this.caPem = b.caPem;
+    this.certPem = b.certPem;
+    this.keyPem = b.keyPem;
+    this.token = b.token != null ? b.token : envOr("JOBBROKER_TOKEN", null);
+    this.defaultDeadline = b.defaultDeadline;
+    this.retryAttempts = b.retryAttempts;
+    this.retryBackoff = b.retryBackoff;
+  }
+
+  public static Builder builder() {
+    return new Builder();
+  }
+
+  /** Options from the environment alone: $JOBBROKER_ADDRESS, $JOBBROKER_TOKEN, plaintext. */
+  public static ClientOptions fromEnv() {
+    return builder().build();
+  }
+
+  /** The brokers to try, in order; never empty. */
+  public List<String> addresses() {
+    return addresses;
+  }
+
+  /** True for TLS (with a CA or client certificate, or {@link Builder#tls()}). */
+  public boolean tls() {
+    return tls;
+  }
+
+  /** The trusted CA certificates (PEM), or null for the system's roots. */
+  public byte[] caPem() {
+    return caPem == null ? null : caPem.clone();
+  }
+
+  /** The client certificate chain (PEM) of mutual TLS, or null. */
+  public byte[] certPem() {
+    return certPem == null ? null : certPem.clone();
+  }
+
+  /** The client certificate's private key (PEM, PKCS#8), or null. */
+  public byte[] keyPem() {
+    return keyPem == null ? null : keyPem.clone();
+  }
+
+  /** The bearer token sent with every call, or null. */
+  public String token() {
+    return token;
+  }
+
+  /** The deadline of unary calls that set none; zero = none. */
+  public Duration defaultDeadline() {
+    return defaultDeadline;
+  }
+
+  /** Attempts of a call safe to repeat (1 = no retry). */
+  public int retryAttempts() {
+    return retryAttempts;
+  }
+
+  /** The pause before the first retry; doubles for each next one. */
+  public Duration retryBackoff() {
+    return retryBackoff;
+  }
+
+  private static String envOr(String name, String fallback) {
+    String v = System.getenv(name);
+    return v == null || v.isEmpty() ? fallback : v;
+  }
+
+  /** Options of a client; every setter returns the builder. */
+  public static final class Builder {
+    private final List<String> addresses = new ArrayList<>();
+    private boolean tls;
+    private byte[] caPem;
+    private byte[] certPem;
+    private byte[] keyPem;
+    private String token;
+    private Duration defaultDeadline = DEFAULT_DEADLINE;
+    private int retryAttempts = DEFAULT_RETRY_ATTEMPTS;
+    private Duration retryBackoff = Duration.ofMillis(100);
+
+    private Builder() {}
+
+    /** The broker, "host:port". Replaces earlier addresses. Default $JOBBROKER_ADDRESS. */
+    public Builder address(String address) {
+      addresses.clear();
+      addresses.add(Objects.requireNonNull(address, "address"));
+      return this;
+    }
+
+    /**
+     * Several brokers (a cluster's nodes), tried in order: a call or Work stream that meets
+     * UNAVAILABLE goes to the next one, and later calls stay there. Replaces earlier addresses.
+     */
+    public Builder addresses(String... addresses) {
+      return addresses(List.of(addresses));
+    }
+
+    /** As {@link #addresses(String...)}. */
+    public Builder addresses(List<String> addresses) {
+      if (addresses.isEmpty()) {
+        throw new IllegalArgumentException("addresses must not be empty");
+      }
+      this.addresses.clear();
+      this.addresses.addAll(addresses);
+      return this;
+    }
+
+    /** TLS trusting the system's roots (implied by a CA or a client certificate). */
+    public Builder tls() {
+      tls = true;
+      return this;
+    }
+
+    /** TLS trusting the CA certificates of this PEM file (the broker's --tls-cert issuer). */
+    public Builder tlsCaFile(Path caFile) {
+      caPem = read(caFile);
+      return this;
+    }
+
+    /** TLS trusting these CA certificates (PEM text). */
+    public Builder tlsCaPem(String pem) {
+      caPem = pem.getBytes(StandardCharsets.UTF_8);
+      return this;
+    }
+
+    /**
+     * Mutual TLS: present this certificate chain (PEM) and its private key (PEM, PKCS#8: "BEGIN
+     * PRIVATE KEY", what {@code openssl genpkey} writes) to a broker started with
+     * --tls-client-ca.
+     */
+    public Builder clientCertificate(Path certFile, Path keyFile) {
+      certPem = read(certFile);
+      keyPem = read(keyFile);
+      return this;
+    }
+
+    /** As {@link #clientCertificate(Path, Path)}, from PEM text. */
+    public Builder clientCertificatePem(String certPem, String keyPem) {
+      this.certPem = certPem.getBytes(StandardCharsets.UTF_8);
+      this.keyPem = keyPem.getBytes(StandardCharsets.UTF_8);
+      return this;
+    }
+
+    /** Sends "authorization: Bearer TOKEN" with every call. Default $JOBBROKER_TOKEN, else none. */
+    public Builder token(String token) {
+      this.token = token;
+      return this;
+    }
+
+    /**
+     * The deadline of every unary call that sets none (streams have none). Default 10 s; zero
+     * for none. {@link JobBrokerClient#withDeadline} overrides it for some calls.
+     */
+    public Builder defaultDeadline(Duration d) {
+      if (d.isNegative()) {
+        throw new IllegalArgumentException("defaultDeadline must not be negative");
+      }
+      defaultDeadline = d;
+      return this;
+    }
+
+    /**
+     * How a call that is safe to repeat is retried on UNAVAILABLE: {@code attempts} in all (the
+     * first included; 1 = never), pausing {@code backoff}, then twice that, ... Default 3,
+     * 100 ms. Which calls are safe: {@link JobBrokerClient}.
+     */
+    public Builder retries(int attempts, Duration backoff) {
+      if (attempts < 1) {
+        throw new IllegalArgumentException("attempts must be at least 1");
+      }
+      retryAttempts = attempts;
+      retryBackoff = Objects.requireNonNull(backoff);
+      return this;
+    }
+
+    public ClientOptions build() {
+      if ((certPem == null) != (keyPem == null)) {
+        throw new IllegalArgumentException("a client certificate needs its key");
+      }
+      return new ClientOptions(this);
+    }
+
+    private static byte[] read(Path file) {
+      try {
+        return Files.readAllBytes(file);
+      } catch (IOException e) {
+        throw new UncheckedIOException("cannot read " + file, e);
+      }
+    }
+  }
+}
