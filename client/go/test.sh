@@ -27,12 +27,17 @@ fi
 echo "== go vet / go build"
 go vet ./...
 go build ./...
+# jobbrokerotel is a module of its own (so the library does not depend on OpenTelemetry).
+(cd jobbrokerotel && go mod download && go vet ./... && go build ./...)
 
 echo "== go test"
 set +e
 go test -count=1 -timeout 8m -v ./... 2>&1 | tee "$tmp/test.log"
 rc=${PIPESTATUS[0]}
+(cd jobbrokerotel && go test -count=1 -timeout 3m -v ./...) 2>&1 | tee -a "$tmp/test.log"
+otel_rc=${PIPESTATUS[0]}
 set -e
+if [[ $rc -eq 0 ]]; then rc=$otel_rc; fi
 passed=$(grep -c -- '^--- PASS' "$tmp/test.log" || true)
 failed=$(grep -c -- '^--- FAIL' "$tmp/test.log" || true)
 echo "${passed} passed, ${failed} failed"

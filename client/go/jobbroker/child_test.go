@@ -48,7 +48,7 @@ func runChild(mode string) int {
 	case "drain":
 		// Concurrency 1 with 2 prefetched jobs: one runs, two wait and are given back on SIGTERM.
 		w = jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: 1, Prefetch: 2})
-		w.Handle(queue, func(ctx context.Context, job *jobbroker.Job) error {
+		w.HandleFunc(queue, func(ctx context.Context, job *jobbroker.Job) error {
 			if err := appendLine(logPath, "start "+job.ID); err != nil {
 				return err
 			}
@@ -58,7 +58,7 @@ func runChild(mode string) int {
 	case "steps":
 		// A 3-step job, 1 s leases so that a killed worker's job comes back quickly.
 		w = jobbroker.NewWorker(client, jobbroker.WorkerOptions{LeaseDuration: time.Second})
-		w.Handle(queue, func(ctx context.Context, job *jobbroker.Job) error {
+		w.HandleFunc(queue, func(ctx context.Context, job *jobbroker.Job) error {
 			pid := strconv.Itoa(os.Getpid())
 			acct, err := jobbroker.Step(ctx, job, "create-account", func(ctx context.Context) (account, error) {
 				return account{UserID: "u-" + job.Text(), Plan: "pro"}, appendLine(logPath, "step1 "+pid)
@@ -91,7 +91,7 @@ func runChild(mode string) int {
 		// 1 s leases; attempt 1 waits for its cancellation (the test freezes the process past
 		// its lease) and then fails, which the worker must not send.
 		w = jobbroker.NewWorker(client, jobbroker.WorkerOptions{LeaseDuration: time.Second})
-		w.Handle(queue, func(ctx context.Context, job *jobbroker.Job) error {
+		w.HandleFunc(queue, func(ctx context.Context, job *jobbroker.Job) error {
 			if err := appendLine(logPath, fmt.Sprintf("start %d", job.Attempt)); err != nil {
 				return err
 			}

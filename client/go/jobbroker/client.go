@@ -1,7 +1,9 @@
 // Package jobbroker is the Go client of the jobbroker job broker: a producer API (Enqueue,
-// EnqueueBatch), the unary worker calls (Lease, Heartbeat, Ack, Fail, Release), a few admin
-// calls, and a Worker that runs handlers for jobs pushed over a Broker.Work stream, with
-// heartbeats, retries, graceful shutdown and durable steps (see Step).
+// EnqueueBatch, EnqueueAndWait), the unary worker calls (Lease, Heartbeat, Ack, Fail, Release),
+// every operator call of the Admin service, and a Worker that runs handlers for jobs pushed
+// over a Broker.Work stream, with heartbeats, retries, graceful shutdown, durable steps (see
+// Step) and middleware (Worker.Use, Options.EnqueueMiddleware). One Options value configures
+// the connection (addresses, TLS, token, deadline) for the client and its workers.
 //
 // Every error that comes from the broker is a gRPC status error, so
 //
@@ -12,14 +14,27 @@ package jobbroker
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -36,74 +51,326 @@ const ClientName = "jobbroker-go/" + Version
 // clientHeader is the metadata key the broker reads ClientName from.
 const clientHeader = "jobbroker-client"
 
-// DefaultAddress is used when NewClient gets an empty address and $JOBBROKER_ADDRESS is unset.
+// DefaultAddress is used when Options names no address and $JOBBROKER_ADDRESS is unset.
 const DefaultAddress = "127.0.0.1:7070"
 
-// Client talks to one broker. It is safe for concurrent use; make one and share it.
+// DefaultDeadline bounds a unary call whose context has no deadline (Options.DefaultDeadline).
+const DefaultDeadline = 10 * time.Second
+
+// Options configure a Client, and through it every Worker made with it: one set of connection
+// settings for producers, operators and workers. The zero value is a plaintext client of
+// $JOBBROKER_ADDRESS (else DefaultAddress) with the token of $JOBBROKER_TOKEN, if set.
+type Options struct {
+	// The broker, "host:port" (a comma-separated list is taken as Addresses). Empty and no
+	// Addresses: $JOBBROKER_ADDRESS (the same form), else DefaultAddress.
+	Address string
+	// Several brokers (a cluster's nodes), tried in order: the client connects to the first
+	// that answers and, when that one becomes unreachable, tries them again from the first.
+	// Any node serves every call (a node forwards to the partition's leader). With Address,
+	// Address comes first.
+	Addresses []string
+
+	// TLS turns TLS on, trusting the system's roots unless CAFile or CAPEM is set. Setting any
+	// of CAFile, CAPEM, CertFile or CertPEM turns it on too.
+	TLS bool
+	// The CA certificates (PEM) that the broker's certificate must chain to, as a file or as
+	// bytes; they replace the system's roots.
+	CAFile string
+	CAPEM  []byte
+	// A client certificate and its key (PEM) for mutual TLS (the broker's --tls-client-ca), as
+	// files or as bytes.
+	CertFile, KeyFile string
+	CertPEM, KeyPEM   []byte
+	// The name the broker's certificate must carry; default the host of the address.
+	ServerName string
+
+	// Bearer token sent as "authorization: Bearer <token>" with every call (docs/security.md).
+	// Empty: $JOBBROKER_TOKEN, if set. Send it over TLS only: on a plaintext connection anyone
+	// on the path can read it.
+	Token string
+
+	// Bounds each unary call whose context has no deadline, retries included (a context's own
+	// deadline always wins: that is the per-call override). 0 means DefaultDeadline (10 s); a
+	// negative value means no bound. Streams (Work, WatchJob) are never bounded.
+	DefaultDeadline time.Duration
+
+	// Producer middleware: wraps every Enqueue, EnqueueBatch and EnqueueAndWait, the first one
+	// the outermost (see EnqueueMiddleware).
+	EnqueueMiddleware []EnqueueMiddleware
+
+	// Extra gRPC dial options, applied after the client's own (an interceptor, a custom dialer,
+	// keepalive settings).
+	DialOptions []grpc.DialOption
+}
+
+// Client talks to one broker (or one cluster). It is safe for concurrent use; make one and
+// share it.
+//
+// Every call carries the "jobbroker-client" name and the bearer token. A unary call whose
+// context has no deadline gets Options.DefaultDeadline. A unary call the broker answers
+// Unavailable (down, restarting, draining) is tried up to 3 times in all, 100 ms then 200 ms
+// apart (jittered), only when a repeat cannot do its work twice: reads, Heartbeat, Ack, Fail,
+// Release, the calls that set a state, and an Enqueue or EnqueueBatch whose every job has a
+// dedup key. An Enqueue without one is tried once and the error is the caller's to handle.
 type Client struct {
 	conn   *grpc.ClientConn // nil when made by NewClientFromConn
 	broker pb.BrokerClient
 	admin  pb.AdminClient
+	// Constant after construction.
+	enqueueMiddleware []EnqueueMiddleware
+	defaultDeadline   time.Duration // < 0: none
 }
 
-// NewClient makes a client of the broker at address ("host:port"). An empty address means
-// $JOBBROKER_ADDRESS, else DefaultAddress. The connection is plaintext unless opts carry
-// transport credentials (grpc.WithTransportCredentials); reconnects back off from 100 ms to 5 s
-// unless opts carry grpc.WithConnectParams. Like grpc.NewClient it does not
-// connect yet: the first call does, so a broker that is down shows up as an Unavailable error
-// of that call.
-func NewClient(address string, opts ...grpc.DialOption) (*Client, error) {
-	if address == "" {
-		address = os.Getenv("JOBBROKER_ADDRESS")
+// New makes a client with opts. Like grpc.NewClient it does not connect yet: the first call
+// does, so a broker that is down shows up as an Unavailable error of that call (retried when
+// that is safe, see Client). It fails only on bad options (an unreadable CA or key file).
+func New(opts Options) (*Client, error) {
+	addresses := resolveAddresses(opts)
+	if opts.Token == "" {
+		opts.Token = os.Getenv("JOBBROKER_TOKEN")
 	}
-	if address == "" {
-		address = DefaultAddress
+	creds, err := transportCredentials(opts)
+	if err != nil {
+		return nil, err
 	}
-	defaults := []grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	dial := []grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
 		// Reconnect to a restarted broker within seconds, not gRPC's default of up to 2 min.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 2, Jitter: 0.2, MaxDelay: 5 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
-	all := append(defaults, opts...)
-	conn, err := grpc.NewClient(address, all...)
+	target := addresses[0]
+	if len(addresses) > 1 {
+		// A resolver of our own hands gRPC the whole list; its default policy, pick_first,
+		// connects to the first address that answers, in the order given.
+		r := manual.NewBuilderWithScheme("jobbroker")
+		state := resolver.State{}
+		for _, a := range addresses {
+			state.Addresses = append(state.Addresses, resolver.Address{Addr: a, ServerName: serverName(opts, a)})
+		}
+		r.InitialState(state)
+		dial = append(dial, grpc.WithResolvers(r))
+		target = r.Scheme() + ":///brokers"
+	}
+	conn, err := grpc.NewClient(target, append(dial, opts.DialOptions...)...)
 	if err != nil {
 		return nil, err
 	}
-	c := NewClientFromConn(conn)
+	c := newClientOnConn(conn, opts)
 	c.conn = conn
 	return c, nil
 }
 
-// NewClientFromConn makes a client that uses an existing connection; Close does not close it.
-func NewClientFromConn(conn grpc.ClientConnInterface) *Client {
-	named := namedConn{conn}
-	return &Client{broker: pb.NewBrokerClient(named), admin: pb.NewAdminClient(named)}
+// NewClient makes a client of the broker at address ("host:port"; "" as in Options.Address)
+// with the default Options and extra dial options; New takes every option.
+func NewClient(address string, dialOptions ...grpc.DialOption) (*Client, error) {
+	return New(Options{Address: address, DialOptions: dialOptions})
 }
 
-// namedConn adds the "jobbroker-client" metadata to every call, unary and streaming. Wrapping
-// the connection rather than installing interceptors covers NewClientFromConn's connections
-// too, whose dial options are not ours.
-type namedConn struct{ grpc.ClientConnInterface }
-
-func (c namedConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
-	return c.ClientConnInterface.Invoke(withClientName(ctx), method, args, reply, opts...)
-}
-
-func (c namedConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	return c.ClientConnInterface.NewStream(withClientName(ctx), desc, method, opts...)
-}
-
-func withClientName(ctx context.Context) context.Context {
-	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(clientHeader)) > 0 {
-		return ctx // the caller named itself (a wrapper library, say)
+// NewClientFromConn makes a client that uses an existing connection (whose dial options say
+// how it connects); Close does not close it. Of opts, only Token ($JOBBROKER_TOKEN is not
+// read), DefaultDeadline and EnqueueMiddleware apply.
+func NewClientFromConn(conn grpc.ClientConnInterface, opts ...Options) *Client {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
 	}
-	return metadata.AppendToOutgoingContext(ctx, clientHeader, ClientName)
+	return newClientOnConn(conn, o)
 }
 
-// Close closes the connection NewClient opened.
+func newClientOnConn(conn grpc.ClientConnInterface, opts Options) *Client {
+	deadline := opts.DefaultDeadline
+	if deadline == 0 {
+		deadline = DefaultDeadline
+	}
+	cc := &callConn{ClientConnInterface: conn, token: opts.Token, deadline: deadline}
+	return &Client{
+		broker:            pb.NewBrokerClient(cc),
+		admin:             pb.NewAdminClient(cc),
+		enqueueMiddleware: slices.Clone(opts.EnqueueMiddleware),
+		defaultDeadline:   deadline,
+	}
+}
+
+func resolveAddresses(opts Options) []string {
+	out := splitAddresses(opts.Address)
+	for _, a := range opts.Addresses {
+		out = append(out, splitAddresses(a)...)
+	}
+	if len(out) == 0 {
+		out = splitAddresses(os.Getenv("JOBBROKER_ADDRESS"))
+	}
+	if len(out) == 0 {
+		out = append(out, DefaultAddress)
+	}
+	return out
+}
+
+// splitAddresses reads "host:port[,host:port...]", the form of $JOBBROKER_ADDRESS and of the
+// command-line flags that name a cluster.
+func splitAddresses(list string) []string {
+	var out []string
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func serverName(opts Options, address string) string {
+	if opts.ServerName != "" {
+		return opts.ServerName
+	}
+	if host, _, err := net.SplitHostPort(address); err == nil {
+		return host
+	}
+	return address
+}
+
+// transportCredentials builds TLS from the options, or plaintext when none asks for it.
+func transportCredentials(opts Options) (credentials.TransportCredentials, error) {
+	useTLS := opts.TLS || opts.CAFile != "" || len(opts.CAPEM) > 0 || opts.CertFile != "" || len(opts.CertPEM) > 0
+	if !useTLS {
+		return insecure.NewCredentials(), nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: opts.ServerName}
+	ca := opts.CAPEM
+	if opts.CAFile != "" {
+		b, err := os.ReadFile(opts.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("jobbroker: reading the CA file: %w", err)
+		}
+		ca = append(slices.Clone(ca), b...)
+	}
+	if len(ca) > 0 {
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(ca) {
+			return nil, errors.New("jobbroker: no PEM certificate in the CA")
+		}
+		cfg.RootCAs = pool
+	}
+	certPEM, keyPEM := opts.CertPEM, opts.KeyPEM
+	if opts.CertFile != "" || opts.KeyFile != "" {
+		var err error
+		if certPEM, err = os.ReadFile(opts.CertFile); err != nil {
+			return nil, fmt.Errorf("jobbroker: reading the client certificate: %w", err)
+		}
+		if keyPEM, err = os.ReadFile(opts.KeyFile); err != nil {
+			return nil, fmt.Errorf("jobbroker: reading the client key: %w", err)
+		}
+	}
+	if len(certPEM) > 0 || len(keyPEM) > 0 {
+		pair, err := tls.X509KeyPair(certPEM, keyPEM)
+		if err != nil {
+			return nil, fmt.Errorf("jobbroker: the client certificate and key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// callConn adds what every call carries (the "jobbroker-client" name, the bearer token), and
+// to unary calls the default deadline and the safe retries. Wrapping the connection rather
+// than installing interceptors covers NewClientFromConn's connections too, whose dial options
+// are not ours.
+type callConn struct {
+	grpc.ClientConnInterface
+	token    string
+	deadline time.Duration // < 0: none
+}
+
+// Unary calls are tried this many times in all when the broker answers Unavailable and a
+// repeat cannot do the work twice (retrySafe).
+const unaryAttempts = 3
+
+// The wait before the second attempt; it doubles for the third.
+const firstRetryDelay = 100 * time.Millisecond
+
+func (c *callConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	ctx = c.withMetadata(ctx)
+	if _, ok := ctx.Deadline(); !ok && c.deadline > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.deadline)
+		defer cancel()
+	}
+	attempts := 1
+	if retrySafe(method, args) {
+		attempts = unaryAttempts
+	}
+	delay := firstRetryDelay
+	for attempt := 1; ; attempt++ {
+		err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+		if err == nil || attempt == attempts || status.Code(err) != codes.Unavailable {
+			return err
+		}
+		// Jitter keeps many clients that lost the same broker from retrying in step.
+		wait := delay/2 + rand.N(delay/2+1)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		delay *= 2
+	}
+}
+
+func (c *callConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return c.ClientConnInterface.NewStream(c.withMetadata(ctx), desc, method, opts...)
+}
+
+func (c *callConn) withMetadata(ctx context.Context) context.Context {
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if len(md.Get(clientHeader)) == 0 { // else the caller named itself (a wrapper library, say)
+		ctx = metadata.AppendToOutgoingContext(ctx, clientHeader, ClientName)
+	}
+	if c.token != "" && len(md.Get("authorization")) == 0 {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.token)
+	}
+	return ctx
+}
+
+// retrySafe reports whether a unary call may be sent again after Unavailable without the risk
+// of doing its work twice: the first attempt may have been applied and only its answer lost.
+// Reads repeat harmlessly; a repeated Heartbeat, Ack, Fail or Release of the same lease is
+// answered like the first; setting a policy, a pause or a schedule twice sets it once. An
+// Enqueue repeats harmlessly only when its dedup key makes the broker answer the repeat with
+// the first job; without one it would enqueue a second job, so it is tried once and the caller
+// decides. Not retried: Lease (a lost answer would hide its jobs until their leases ran out),
+// and CancelJob, RetryJob, DeleteJob, PurgeQueue, DeleteSchedule, TriggerSchedule, whose
+// repeat either acts again or turns a success into an error.
+func retrySafe(method string, args any) bool {
+	switch method {
+	case pb.Broker_Enqueue_FullMethodName:
+		r, ok := args.(*pb.EnqueueRequest)
+		return ok && r.GetDedupKey() != ""
+	case pb.Broker_EnqueueBatch_FullMethodName:
+		r, ok := args.(*pb.EnqueueBatchRequest)
+		if !ok || len(r.GetJobs()) == 0 {
+			return false
+		}
+		for _, j := range r.GetJobs() {
+			if j.GetDedupKey() == "" {
+				return false
+			}
+		}
+		return true
+	case pb.Broker_Heartbeat_FullMethodName, pb.Broker_Ack_FullMethodName,
+		pb.Broker_Fail_FullMethodName, pb.Broker_Release_FullMethodName,
+		pb.Admin_GetJob_FullMethodName, pb.Admin_ListJobs_FullMethodName,
+		pb.Admin_ListQueues_FullMethodName, pb.Admin_GetQueue_FullMethodName,
+		pb.Admin_GetCluster_FullMethodName, pb.Admin_ListWorkers_FullMethodName,
+		pb.Admin_GetSchedule_FullMethodName, pb.Admin_ListSchedules_FullMethodName,
+		pb.Admin_UpdateQueuePolicy_FullMethodName, pb.Admin_PauseQueue_FullMethodName,
+		pb.Admin_ResumeQueue_FullMethodName, pb.Admin_PutSchedule_FullMethodName:
+		return true
+	}
+	return false
+}
+
+// Close closes the connection New opened.
 func (c *Client) Close() error {
 	if c.conn == nil {
 		return nil
@@ -187,6 +454,26 @@ func WithTimeout(d time.Duration) EnqueueOption {
 	return func(r *pb.EnqueueRequest) { r.Timeout = durationpb.New(d) }
 }
 
+// WithExpireAt: no attempt starts at or after t; a job still waiting then (READY or SCHEDULED)
+// ends FAILED with FAIL_REASON_EXPIRED. t must be after the job could first run.
+func WithExpireAt(t time.Time) EnqueueOption {
+	return func(r *pb.EnqueueRequest) { r.ExpireAt = timestamppb.New(t) }
+}
+
+// WithDependsOn makes the job wait (JOB_STATE_WAITING) until the jobs with these ids have
+// completed; their results come with it (Job.DependencyResults). When one of them fails, is
+// cancelled or deleted, the job ends FAILED with FAIL_REASON_DEPENDENCY_FAILED. The ids are
+// those Enqueue returned, of queues in the same partition (any queue on a single node).
+func WithDependsOn(jobIDs ...string) EnqueueOption {
+	return func(r *pb.EnqueueRequest) { r.DependsOn = append(r.DependsOn, jobIDs...) }
+}
+
+// WithDependsOnIndex, in an EnqueueBatch only, makes the job wait for earlier jobs of the same
+// batch, by their position in it (from 0): a whole graph in one call.
+func WithDependsOnIndex(indexes ...int32) EnqueueOption {
+	return func(r *pb.EnqueueRequest) { r.DependsOnIndex = append(r.DependsOnIndex, indexes...) }
+}
+
 // NewEnqueueRequest builds the request Enqueue sends; EnqueueBatch takes a slice of them.
 func NewEnqueueRequest(queue string, payload []byte, opts ...EnqueueOption) *pb.EnqueueRequest {
 	r := &pb.EnqueueRequest{Queue: queue, Payload: payload}
@@ -207,12 +494,24 @@ type Enqueued struct {
 // Enqueue adds one job to queue. It returns once the job is durably stored.
 // InvalidArgument names a malformed field; AlreadyExists means the dedup key is held by a job
 // with another payload; ResourceExhausted means the queue is full or the payload too large.
+// Unavailable (the broker is down) is retried only when the job has a dedup key: without one,
+// a repeat could enqueue the job twice, so the caller sees the error and decides.
 func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts ...EnqueueOption) (Enqueued, error) {
-	resp, err := c.broker.Enqueue(ctx, NewEnqueueRequest(queue, payload, opts...))
+	send := func(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
+		resp, err := c.broker.Enqueue(ctx, jobs[0])
+		if err != nil {
+			return nil, err
+		}
+		return []Enqueued{{JobID: resp.GetJobId(), Deduplicated: resp.GetDeduplicated()}}, nil
+	}
+	out, err := c.throughMiddleware(send)(ctx, []*pb.EnqueueRequest{NewEnqueueRequest(queue, payload, opts...)})
 	if err != nil {
 		return Enqueued{}, err
 	}
-	return Enqueued{JobID: resp.GetJobId(), Deduplicated: resp.GetDeduplicated()}, nil
+	if len(out) != 1 {
+		return Enqueued{}, fmt.Errorf("jobbroker: enqueue middleware returned %d results for one job", len(out))
+	}
+	return out[0], nil
 }
 
 // EnqueueJSON enqueues the JSON encoding of v.
@@ -225,17 +524,21 @@ func (c *Client) EnqueueJSON(ctx context.Context, queue string, v any, opts ...E
 }
 
 // EnqueueBatch adds several jobs (1 to 1000, see NewEnqueueRequest), all or nothing: any
-// invalid job refuses the whole batch. The results are in the order of jobs.
+// invalid job refuses the whole batch. The results are in the order of jobs. Unavailable is
+// retried only when every job has a dedup key (see Enqueue).
 func (c *Client) EnqueueBatch(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
-	resp, err := c.broker.EnqueueBatch(ctx, &pb.EnqueueBatchRequest{Jobs: jobs})
-	if err != nil {
-		return nil, err
+	send := func(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
+		resp, err := c.broker.EnqueueBatch(ctx, &pb.EnqueueBatchRequest{Jobs: jobs})
+		if err != nil {
+			return nil, err
+		}
+		out := make([]Enqueued, len(resp.GetResults()))
+		for i, r := range resp.GetResults() {
+			out[i] = Enqueued{JobID: r.GetJobId(), Deduplicated: r.GetDeduplicated()}
+		}
+		return out, nil
 	}
-	out := make([]Enqueued, len(resp.GetResults()))
-	for i, r := range resp.GetResults() {
-		out[i] = Enqueued{JobID: r.GetJobId(), Deduplicated: r.GetDeduplicated()}
-	}
-	return out, nil
+	return c.throughMiddleware(send)(ctx, jobs)
 }
 
 // LeaseOptions are the optional fields of Lease. The zero value is fine.
@@ -250,8 +553,9 @@ type LeaseOptions struct {
 	Wait time.Duration
 }
 
-// Lease leases up to opts.MaxJobs ready jobs of queue, waiting up to opts.Wait for one. An
-// empty result means none was ready in time. Answer each job with Ack, Fail or Release, and
+// Lease leases up to opts.MaxJobs ready jobs of queue, waiting up to opts.Wait for one (the
+// default deadline counts from the end of that wait). An empty result means none was ready in
+// time. Answer each job with Ack, Fail or Release, and
 // Heartbeat it while it runs longer than its lease.
 func (c *Client) Lease(ctx context.Context, queue string, opts LeaseOptions) ([]*pb.LeasedJob, error) {
 	req := &pb.LeaseRequest{Queue: queue, WorkerId: opts.WorkerID, MaxJobs: opts.MaxJobs}
@@ -263,6 +567,13 @@ func (c *Client) Lease(ctx context.Context, queue string, opts LeaseOptions) ([]
 	}
 	if opts.Wait > 0 {
 		req.Wait = durationpb.New(opts.Wait)
+		// The long poll is not the broker being slow: the default deadline bounds the call
+		// beyond it.
+		if _, ok := ctx.Deadline(); !ok && c.defaultDeadline > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, opts.Wait+c.defaultDeadline)
+			defer cancel()
+		}
 	}
 	resp, err := c.broker.Lease(ctx, req)
 	if err != nil {
@@ -319,32 +630,6 @@ func (c *Client) Fail(ctx context.Context, jobID, leaseID, errText string, opts 
 func (c *Client) Release(ctx context.Context, jobID, leaseID string) error {
 	_, err := c.broker.Release(ctx, &pb.ReleaseRequest{JobId: jobID, LeaseId: leaseID})
 	return err
-}
-
-// GetJob returns a job with its state, attempts, result and checkpoint. NotFound for an
-// unknown job.
-func (c *Client) GetJob(ctx context.Context, jobID string) (*pb.Job, error) {
-	return c.admin.GetJob(ctx, &pb.GetJobRequest{JobId: jobID})
-}
-
-// CancelJob cancels a job: READY or SCHEDULED ones at once; for an ACTIVE one the worker is
-// told (its handler's context is cancelled). FailedPrecondition if the job has ended.
-func (c *Client) CancelJob(ctx context.Context, jobID string) (*pb.Job, error) {
-	return c.admin.CancelJob(ctx, &pb.CancelJobRequest{JobId: jobID})
-}
-
-// RetryJob puts a FAILED or CANCELLED job back to READY with its attempts reset.
-func (c *Client) RetryJob(ctx context.Context, jobID string) (*pb.Job, error) {
-	resp, err := c.admin.RetryJob(ctx, &pb.RetryJobRequest{JobId: jobID})
-	if err != nil {
-		return nil, err
-	}
-	return resp.GetJob(), nil
-}
-
-// GetQueue returns a queue's effective policy and its job counts by state.
-func (c *Client) GetQueue(ctx context.Context, queue string) (*pb.QueueInfo, error) {
-	return c.admin.GetQueue(ctx, &pb.GetQueueRequest{Queue: queue})
 }
 
 func defaultWorkerID() string {

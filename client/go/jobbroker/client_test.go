@@ -1,6 +1,8 @@
 package jobbroker_test
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +263,17 @@ func TestEnqueueOptionsAndBatch(t *testing.T) {
 	}
 	if info.GetCounts()["JOB_STATE_READY"] != 3 || info.GetCounts()["JOB_STATE_SCHEDULED"] != 2 {
 		t.Fatalf("queue counts = %v", info.GetCounts())
+	}
+}
+
+// The repository's VERSION file is the one version of the broker and every client; Go cannot
+// read a file outside its module at build time, so this test keeps the constant in step.
+func TestVersionMatchesTheRepositoryVersionFile(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(repoRoot(), "VERSION"))
+	if err != nil {
+		t.Skipf("no VERSION file: %v", err)
+	}
+	if want := strings.TrimSpace(string(data)); jobbroker.Version != want {
+		t.Fatalf("jobbroker.Version = %q, VERSION says %q", jobbroker.Version, want)
 	}
 }

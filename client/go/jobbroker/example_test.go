@@ -68,7 +68,7 @@ func ExampleWorker() {
 		log.Fatal(err)
 	}
 	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: 4})
-	w.Handle("emails", func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc("emails", func(ctx context.Context, job *jobbroker.Job) error {
 		var msg struct{ To string }
 		if err := job.DecodeJSON(&msg); err != nil {
 			return jobbroker.Permanent(err) // dies at once: FAILED, FAIL_REASON_PERMANENT
@@ -140,3 +140,54 @@ func createOrder(ctx context.Context, payload []byte) (string, error)  { return 
 func charge(ctx context.Context, orderID, idempotencyKey string) error { return nil }
 func exportWindowOpen() bool                                           { return true }
 func importRow(ctx context.Context, row string) error                  { return nil }
+
+func ExampleNew() {
+	client, err := jobbroker.New(jobbroker.Options{
+		Addresses: []string{"10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"},
+		CAFile:    "/etc/jobbroker/ca.pem",
+		CertFile:  "/etc/jobbroker/client.pem",
+		KeyFile:   "/etc/jobbroker/client.key",
+		Token:     os.Getenv("BILLING_TOKEN"), // "" = $JOBBROKER_TOKEN
+	})
+	if err != nil {
+		log.Fatal(err) // bad options only: New does not connect
+	}
+	defer client.Close()
+}
+
+func ExampleClient_EnqueueAndWait() {
+	client, err := jobbroker.NewClient("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // the wait's time-out
+	defer cancel()
+	job, err := client.EnqueueAndWait(ctx, "thumbnails", []byte(`{"image":"a.png"}`))
+	var ended *jobbroker.JobEndedError
+	switch {
+	case err == nil:
+		fmt.Printf("result: %s\n", job.GetResult())
+	case errors.As(err, &ended):
+		log.Printf("the job failed: %v", err) // names the state: JOB_STATE_FAILED or JOB_STATE_CANCELLED
+	default:
+		log.Fatal(err) // the enqueue failed, or ctx ended first
+	}
+}
+
+func ExampleWorker_Use() {
+	client, err := jobbroker.NewClient("")
+	if err != nil {
+		log.Fatal(err)
+	}
+	logged := func(next jobbroker.Handler) jobbroker.Handler {
+		return jobbroker.HandlerFunc(func(ctx context.Context, job *jobbroker.Job) error {
+			start := time.Now()
+			err := next.ProcessJob(ctx, job)
+			log.Printf("%s %s took %v: %v", job.Queue, job.ID, time.Since(start), err)
+			return err
+		})
+	}
+	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{})
+	w.Use(logged) // the first added is the outermost
+	w.HandleFunc("emails", func(ctx context.Context, job *jobbroker.Job) error { return nil })
+}

@@ -70,8 +70,8 @@ type testBroker struct {
 var servingLine = regexp.MustCompile(`^jobbroker: serving grpc=(\S+) http=(\S+)`)
 
 // startBroker starts the real broker binary. listen is usually 127.0.0.1:0; dataDir "" makes
-// a fresh one (removed by stop).
-func startBroker(config, listen, dataDir string) (*testBroker, error) {
+// a fresh one (removed by stop); extra are more flags (TLS, tokens).
+func startBroker(config, listen, dataDir string, extra ...string) (*testBroker, error) {
 	b := &testBroker{dataDir: dataDir, exited: make(chan struct{})}
 	if dataDir == "" {
 		d, err := os.MkdirTemp("", "jobbroker-go-test-")
@@ -89,6 +89,7 @@ func startBroker(config, listen, dataDir string) (*testBroker, error) {
 		}
 		args = append(args, "--config", b.config)
 	}
+	args = append(args, extra...)
 	logFile, err := os.CreateTemp(b.dataDir, "broker-*.log")
 	if err != nil {
 		return nil, err

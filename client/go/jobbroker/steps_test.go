@@ -82,7 +82,7 @@ func TestStepsResumeAfterAFailedStep(t *testing.T) {
 	}
 	var charged, shipped atomic.Int32
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		receipt, err := jobbroker.Step(ctx, job, "charge", func(ctx context.Context) (map[string]int, error) {
 			charged.Add(1)
 			return map[string]int{"cents": 1999}, nil
@@ -120,7 +120,7 @@ func TestStepNameUsedTwice(t *testing.T) {
 	}
 	var calls atomic.Int32
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		for range 2 {
 			if _, err := jobbroker.Step(ctx, job, "same", func(ctx context.Context) (int, error) {
 				calls.Add(1)
@@ -158,7 +158,7 @@ func TestStepRejectsAForeignCheckpoint(t *testing.T) {
 	}
 	var ran atomic.Bool
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		_, err := jobbroker.Step(ctx, job, "one", func(ctx context.Context) (int, error) {
 			ran.Store(true)
 			return 1, nil

@@ -32,7 +32,19 @@ import (
 // It is not cancelled by the start of a graceful shutdown: a running handler may finish its
 // work. The worker cannot stop a handler that ignores ctx: such a handler keeps its
 // concurrency slot until it returns.
-type Handler func(ctx context.Context, job *Job) error
+type Handler interface {
+	ProcessJob(ctx context.Context, job *Job) error
+}
+
+// HandlerFunc adapts an ordinary function to a Handler.
+type HandlerFunc func(ctx context.Context, job *Job) error
+
+// ProcessJob calls f(ctx, job).
+func (f HandlerFunc) ProcessJob(ctx context.Context, job *Job) error { return f(ctx, job) }
+
+// MiddlewareFunc wraps a Handler: it gets the job's context and job and decides whether, and
+// how, to call next (logging, metrics, tracing, recovering, filtering). See Worker.Use.
+type MiddlewareFunc func(next Handler) Handler
 
 // WorkerOptions configure a Worker. The zero value is usable.
 type WorkerOptions struct {
@@ -65,7 +77,7 @@ type WorkerOptions struct {
 // worker contract of docs/worker-contract.md.
 //
 //	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: 4})
-//	w.Handle("emails", func(ctx context.Context, job *jobbroker.Job) error {
+//	w.HandleFunc("emails", func(ctx context.Context, job *jobbroker.Job) error {
 //		return send(ctx, job.Payload, job.IdempotencyKey)
 //	})
 //	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -79,13 +91,14 @@ type WorkerOptions struct {
 // broker has not answered when the stream breaks are sent again on the next stream.
 type Worker struct {
 	// Constant after construction (handlers: after Run starts).
-	client   *Client
-	opts     WorkerOptions
-	log      *slog.Logger
-	handlers map[string]Handler
-	wake     chan struct{} // wakes the heartbeat loop for a new job
-	closed   chan struct{} // closed when Run is done with the stream
-	running  sync.WaitGroup
+	client     *Client
+	opts       WorkerOptions
+	log        *slog.Logger
+	handlers   map[string]Handler
+	middleware []MiddlewareFunc
+	wake       chan struct{} // wakes the heartbeat loop for a new job
+	closed     chan struct{} // closed when Run is done with the stream
+	running    sync.WaitGroup
 
 	// State below is protected by mu.
 	mu           sync.Mutex
@@ -108,7 +121,12 @@ type Worker struct {
 	ackQueue []*pb.AckRequest       // acks waiting for the one in flight to be answered
 	ackID    uint64                 // the request id of the ack message in flight; 0 if none
 	ackSent  []*pb.AckRequest       // what that message carries
-	stats    WorkerStats
+	// Answers the broker refused with Unavailable (a partition handing over to a new leader,
+	// a broker draining): not final, unlike a stale lease, so they go out again after
+	// answerRetryDelay, or with the next stream if it comes first.
+	ackRetry   []*pb.AckRequest
+	retryTimer *time.Timer // nil unless a resend is due
+	stats      WorkerStats
 
 	sendMu sync.Mutex
 	stream grpc.BidiStreamingClient[pb.WorkRequest, pb.WorkResponse] // nil while disconnected
@@ -165,7 +183,17 @@ type heldJob struct {
 type pendingReq struct {
 	req  *pb.WorkRequest
 	done chan *pb.WorkResult // nil unless someone waits for the answer
+	// Refused with Unavailable; sent again by resendRefused (or the next stream).
+	refused bool
 }
+
+// How long an answer refused with Unavailable waits before it is sent again.
+const answerRetryDelay = 250 * time.Millisecond
+
+// retryable: an answer to an ack, fail or release that is not final. The broker could not
+// apply it now (the partition has no serving leader, storage refused the write) and says
+// "retry"; the lease may still be valid, so dropping it would run the job again.
+func retryable(code int32) bool { return codes.Code(code) == codes.Unavailable }
 
 // NewWorker makes a worker that uses client's connection.
 func NewWorker(client *Client, opts WorkerOptions) *Worker {
@@ -206,14 +234,49 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 	}
 }
 
-// Handle registers the handler of queue. Call it before Run.
+// Handle registers the handler of queue, the way http.ServeMux and asynq's ServeMux register
+// a handler per pattern; the worker subscribes to exactly the queues that have one (the
+// broker's subscription names queues, so a pattern could not say what to subscribe to).
+// Registering a queue twice replaces its handler. Call it before Run.
 func (w *Worker) Handle(queue string, h Handler) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.started {
 		panic("jobbroker: Worker.Handle called after Run")
 	}
+	if h == nil {
+		panic("jobbroker: Worker.Handle with a nil handler")
+	}
 	w.handlers[queue] = h
+}
+
+// HandleFunc registers fn as the handler of queue (see Handle).
+func (w *Worker) HandleFunc(queue string, fn func(ctx context.Context, job *Job) error) {
+	w.Handle(queue, HandlerFunc(fn))
+}
+
+// Use appends middleware that wraps every handler call of this worker, whatever the queue.
+// Middlewares run in the order they were added: the first one added is the outermost, it sees
+// the job first and the handler's result last. What the outermost returns is the attempt's
+// result (nil acks, an error fails, as for a Handler). Call it before Run.
+func (w *Worker) Use(mws ...MiddlewareFunc) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		panic("jobbroker: Worker.Use called after Run")
+	}
+	w.middleware = append(w.middleware, mws...)
+}
+
+// wrapHandlersLocked applies the middleware to every handler once, at Run, so that Use and
+// Handle may come in either order.
+func (w *Worker) wrapHandlersLocked() {
+	for q, h := range w.handlers {
+		for i := len(w.middleware) - 1; i >= 0; i-- {
+			h = w.middleware[i](h)
+		}
+		w.handlers[q] = h
+	}
 }
 
 // Run subscribes to the queues that have handlers and runs jobs until ctx is cancelled, then
@@ -237,6 +300,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return errors.New("jobbroker: register a handler with Worker.Handle before Run")
 	}
 	w.started = true
+	w.wrapHandlersLocked()
 	w.baseCtx = context.WithoutCancel(ctx)
 	w.mu.Unlock()
 
@@ -313,7 +377,7 @@ func (w *Worker) shutdown() {
 func (w *Worker) unanswered() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.pending) + len(w.ackSent) + len(w.ackQueue)
+	return len(w.pending) + len(w.ackSent) + len(w.ackQueue) + len(w.ackRetry)
 }
 
 // closeStream half-closes the stream, gives the broker 2 s to end it, then cancels it.
@@ -514,8 +578,10 @@ func (w *Worker) resumeLocked() []*pb.WorkRequest {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
+		w.pending[id].refused = false
 		first = append(first, w.pending[id].req)
 	}
+	w.requeueRefusedLocked()
 	if w.ackID != 0 {
 		w.ackQueue = append(w.ackSent, w.ackQueue...)
 		w.ackID, w.ackSent = 0, nil
@@ -612,7 +678,17 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 		switch codes.Code(res.GetCode()) {
 		case codes.OK:
 			return true, nil
-		case codes.Unavailable: // the broker is stopping: the stream ends, we reconnect
+		case codes.Unavailable:
+			// The broker is stopping, or (cluster mode) a queue's partition has no leader
+			// right now. The broker may leave such a stream open without a subscription, so
+			// end it here: the connection loop reconnects after its backoff.
+			w.log.Warn("jobbroker: subscription refused for now; reconnecting", "message", res.GetMessage())
+			w.mu.Lock()
+			cancel := w.streamCancel
+			w.mu.Unlock()
+			if cancel != nil {
+				cancel()
+			}
 			return false, nil
 		default:
 			err := status.Error(codes.Code(res.GetCode()), res.GetMessage())
@@ -624,6 +700,12 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 		out = append(out, w.nextAckLocked())
 	case w.pending[id] != nil:
 		p := w.pending[id]
+		if retryable(res.GetCode()) && p.done == nil && p.req.GetHeartbeat() == nil {
+			p.refused = true
+			w.log.Info("jobbroker: answer refused for now; sending it again", "message", res.GetMessage())
+			w.scheduleResendLocked()
+			break
+		}
 		delete(w.pending, id)
 		if res.GetCode() != 0 {
 			w.logRefusalLocked(p.req, res.GetCode(), res.GetMessage())
@@ -659,18 +741,70 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 func (w *Worker) onAckResultLocked(res *pb.WorkResult) {
 	sent := w.ackSent
 	w.ackID, w.ackSent = 0, nil
+	if retryable(res.GetCode()) {
+		w.log.Info("jobbroker: acks refused for now; sending them again", "count", len(sent), "message", res.GetMessage())
+		w.ackRetry = append(w.ackRetry, sent...)
+		w.scheduleResendLocked()
+		return
+	}
 	if res.GetCode() != 0 {
-		// The message as a whole was refused (a malformed item, storage trouble): every ack in
-		// it has that answer.
+		// The message as a whole was refused (a malformed item): every ack in it has that
+		// answer.
 		for _, a := range sent {
 			w.logRefusalLocked(&pb.WorkRequest{Request: &pb.WorkRequest_Ack{Ack: a}}, res.GetCode(), res.GetMessage())
 		}
 		return
 	}
 	for _, e := range res.GetItemErrors() {
-		if i := int(e.GetIndex()); i >= 0 && i < len(sent) {
+		if i := int(e.GetIndex()); i >= 0 && i < len(sent) && retryable(e.GetCode()) {
+			w.log.Info("jobbroker: ack refused for now; sending it again", "job_id", sent[i].GetJobId(), "message", e.GetMessage())
+			w.ackRetry = append(w.ackRetry, sent[i])
+			w.scheduleResendLocked()
+		} else if i >= 0 && i < len(sent) {
 			w.logRefusalLocked(&pb.WorkRequest{Request: &pb.WorkRequest_Ack{Ack: sent[i]}}, e.GetCode(), e.GetMessage())
 		}
+	}
+}
+
+// scheduleResendLocked arranges for resendRefused to run after answerRetryDelay.
+func (w *Worker) scheduleResendLocked() {
+	if w.retryTimer == nil {
+		w.retryTimer = time.AfterFunc(answerRetryDelay, w.resendRefused)
+	}
+}
+
+// resendRefused sends again the acks, fails and releases the broker refused with Unavailable.
+func (w *Worker) resendRefused() {
+	var out []*pb.WorkRequest
+	w.mu.Lock()
+	w.retryTimer = nil
+	w.requeueRefusedLocked()
+	if r := w.nextAckLocked(); r != nil {
+		out = append(out, r)
+	}
+	ids := make([]uint64, 0)
+	for id, p := range w.pending {
+		if p.refused {
+			p.refused = false
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		out = append(out, w.pending[id].req)
+	}
+	gen := w.gen
+	w.mu.Unlock()
+	for _, r := range out {
+		w.send(r, gen)
+	}
+}
+
+// requeueRefusedLocked puts the refused acks back first in line.
+func (w *Worker) requeueRefusedLocked() {
+	if len(w.ackRetry) > 0 {
+		w.ackQueue = append(w.ackRetry, w.ackQueue...)
+		w.ackRetry = nil
 	}
 }
 
@@ -870,7 +1004,7 @@ func (w *Worker) callHandler(h *heldJob) (err error) {
 			err = fmt.Errorf("handler panicked: %v", p)
 		}
 	}()
-	return h.handler(h.ctx, h.job)
+	return h.handler.ProcessJob(h.ctx, h.job)
 }
 
 // saveCheckpoint sends a heartbeat carrying cp at once and waits for the broker's answer.

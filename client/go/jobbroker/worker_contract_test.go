@@ -29,7 +29,7 @@ func TestWorkerSnoozeGivesTheJobBackWithoutSpendingAnAttempt(t *testing.T) {
 	var calls atomic.Int32
 	attempts := make(chan int, 2)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		attempts <- job.Attempt
 		if calls.Add(1) == 1 {
 			return fmt.Errorf("rate limited: %w", jobbroker.Snooze(200*time.Millisecond))
@@ -59,7 +59,7 @@ func TestWorkerTimeoutCancelsTheHandlerAndSendsNothing(t *testing.T) {
 	}
 	cause := make(chan error, 1)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{LeaseDuration: time.Minute})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		if job.Attempt > 1 {
 			return nil
 		}
@@ -92,7 +92,7 @@ func TestWorkerOperatorCancelFailsTheAttemptAsCancelled(t *testing.T) {
 	}
 	started := make(chan struct{})
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{LeaseDuration: time.Minute})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		close(started)
 		<-ctx.Done()
 		return errors.New("the handler's own words")
@@ -122,7 +122,7 @@ func TestWorkerReleasesWhatRunsPastTheGrace(t *testing.T) {
 	started := make(chan struct{})
 	cause := make(chan error, 1)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{ShutdownGrace: 200 * time.Millisecond})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		close(started)
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
@@ -159,7 +159,7 @@ func TestWorkerProgressReachesTheBroker(t *testing.T) {
 	}
 	gate := make(chan struct{})
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		for i := 1; i <= 100; i++ {
 			if err := job.SetProgressJSON(map[string]int{"percent": i}); err != nil {
 				return err
@@ -196,7 +196,7 @@ func TestWorkerPrefetchedJobsStartInArrivalOrder(t *testing.T) {
 	var mu sync.Mutex
 	var order []string
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{Concurrency: 1, Prefetch: 5})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		mu.Lock()
 		order = append(order, job.Text())
 		first := len(order) == 1
@@ -249,7 +249,7 @@ func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 	gate := make(chan struct{})
 	var started atomic.Int32
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{Concurrency: jobs, ReconnectMax: 200 * time.Millisecond})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		started.Add(1)
 		<-gate
 		job.SetResult([]byte("done " + job.Text()))
@@ -287,7 +287,7 @@ func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 func TestWorkerNamesItsLibraryToTheBroker(t *testing.T) {
 	c, ctx, q := newClient(t, shared), testCtx(t), queueFor(t)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error { return nil })
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error { return nil })
 	runWorker(t, w)
 	var client string
 	waitFor(t, "the worker in ListWorkers", func() bool {

@@ -29,7 +29,7 @@ func TestWorkerAcksWithResult(t *testing.T) {
 	var mu sync.Mutex
 	running, maxRunning := 0, 0
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{Concurrency: 2, WorkerID: "go-worker"})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		mu.Lock()
 		running++
 		maxRunning = max(maxRunning, running)
@@ -67,7 +67,7 @@ func TestWorkerHeartbeatsKeepAShortLeaseAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{LeaseDuration: time.Second})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		select {
 		case <-time.After(3 * time.Second): // three leases long
 			return nil
@@ -90,7 +90,7 @@ func TestWorkerPermanentError(t *testing.T) {
 	}
 	var calls atomic.Int32
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		calls.Add(1)
 		return fmt.Errorf("sending: %w", jobbroker.Permanent(errors.New("no such mailbox")))
 	})
@@ -113,7 +113,7 @@ func TestWorkerRetriesFailedAttempts(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		switch job.Attempt {
 		case 1:
 			return errors.New("connection reset")
@@ -142,7 +142,7 @@ func TestWorkerPanicFailsTheAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error { panic("boom") })
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error { panic("boom") })
 	runWorker(t, w)
 	job := waitState(t, c, enq.JobID, pb.JobState_JOB_STATE_FAILED)
 	if job.GetFailReason() != pb.FailReason_FAIL_REASON_ATTEMPTS_EXHAUSTED || !strings.Contains(job.GetLastError(), "boom") {
@@ -159,7 +159,7 @@ func TestWorkerCancelNoticeCancelsTheHandler(t *testing.T) {
 	started := make(chan struct{})
 	cause := make(chan error, 1)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		close(started)
 		<-ctx.Done()
 		cause <- context.Cause(ctx)
@@ -188,7 +188,7 @@ func TestWorkerCancelNoticeCancelsTheHandler(t *testing.T) {
 func TestWorkerRefusedSubscriptionIsReturned(t *testing.T) {
 	c := newClient(t, shared)
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{})
-	w.Handle("not a valid queue name!", func(ctx context.Context, job *jobbroker.Job) error { return nil })
+	w.HandleFunc("not a valid queue name!", func(ctx context.Context, job *jobbroker.Job) error { return nil })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	err := w.Run(ctx)
@@ -209,7 +209,7 @@ func TestWorkerReconnectsAfterBrokerRestart(t *testing.T) {
 	q := queueFor(t)
 	var done sync.Map
 	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{ReconnectMax: 500 * time.Millisecond})
-	w.Handle(q, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
 		done.Store(job.Text(), true)
 		return nil
 	})

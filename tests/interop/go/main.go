@@ -61,7 +61,7 @@ func main() {
 	}
 	defer client.Close()
 	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: 1})
-	w.Handle(*queue, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(*queue, func(ctx context.Context, job *jobbroker.Job) error {
 		results := map[string]any{}
 		for i, step := range steps {
 			v, err := jobbroker.Step(ctx, job, step, func(ctx context.Context) (map[string]any, error) {

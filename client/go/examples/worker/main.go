@@ -34,7 +34,7 @@ func main() {
 	defer client.Close()
 
 	w := jobbroker.NewWorker(client, jobbroker.WorkerOptions{Concurrency: *concurrency})
-	w.Handle(*queue, func(ctx context.Context, job *jobbroker.Job) error {
+	w.HandleFunc(*queue, func(ctx context.Context, job *jobbroker.Job) error {
 		var s signup
 		if err := job.DecodeJSON(&s); err != nil {
 			return jobbroker.Permanent(fmt.Errorf("bad payload: %w", err)) // no retry can fix it

@@ -28,6 +28,7 @@ type options struct {
 	dieAtStep, dieAfterUser string
 	outbox, langName        string
 	idempotent              bool
+	ca, cert, key, token    string
 }
 
 // payload is every action's fields; each action reads its own.
@@ -85,7 +86,7 @@ type conformance struct {
 	outbox  sync.Mutex      // one provider write at a time
 }
 
-func (c *conformance) handler(queue string) jobbroker.Handler {
+func (c *conformance) handler(queue string) jobbroker.HandlerFunc {
 	return func(ctx context.Context, job *jobbroker.Job) error {
 		c.events.job("start", job, map[string]any{"queue": job.Queue, "handler": queue})
 		var p payload
@@ -265,7 +266,7 @@ func outboxHasKey(path, key string) (bool, error) {
 
 func parseFlags() options {
 	var o options
-	flag.StringVar(&o.address, "address", "", "the broker, HOST:PORT")
+	flag.StringVar(&o.address, "address", "", "the broker, HOST:PORT[,HOST:PORT...] (a cluster's nodes)")
 	flag.StringVar(&o.queues, "queues", "", "Q1,Q2,...: one handler per queue")
 	flag.StringVar(&o.events, "events", "", "file the events are appended to")
 	flag.IntVar(&o.concurrency, "concurrency", 1, "handlers at once")
@@ -277,6 +278,10 @@ func parseFlags() options {
 	flag.StringVar(&o.outbox, "outbox", "", "signup action: the fake email provider's file")
 	flag.BoolVar(&o.idempotent, "idempotent", false, "signup action: pass the idempotency key to the provider")
 	flag.StringVar(&o.langName, "lang-name", "go", "written into step results")
+	flag.StringVar(&o.ca, "ca", "", "connect with TLS, trusting this CA (PEM file)")
+	flag.StringVar(&o.cert, "cert", "", "with --ca: the client certificate (PEM file) for mutual TLS")
+	flag.StringVar(&o.key, "key", "", "with --cert: its key (PEM file)")
+	flag.StringVar(&o.token, "token", "", "bearer token sent with every call")
 	flag.Parse()
 	if o.address == "" || o.queues == "" || o.events == "" {
 		fmt.Fprintln(os.Stderr, "usage: conformance --address HOST:PORT --queues Q1,Q2 --events FILE [flags]")
@@ -294,7 +299,15 @@ func main() {
 	}
 	c := &conformance{opts: opts, events: &eventLog{file: file}, snoozed: map[string]bool{}}
 
-	client, err := jobbroker.NewClient(opts.address)
+	// The TLS and token flags go to the library's own client options, as a user's would.
+	client, err := jobbroker.New(jobbroker.Options{
+		// Several addresses are a cluster's nodes, tried in order.
+		Addresses: strings.Split(opts.address, ","),
+		CAFile:    opts.ca,
+		CertFile:  opts.cert,
+		KeyFile:   opts.key,
+		Token:     opts.token,
+	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
