@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -15,14 +16,17 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jobbroker/proto_time.h"
+#include "jobbroker/worker.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_process.h"
+#include "tests/testing/test_pki.h"
 
 namespace jobbroker::client {
 namespace {
@@ -30,6 +34,8 @@ namespace {
 using ::jobbroker::testing::BrokerClient;
 using ::jobbroker::testing::BrokerProcess;
 using ::jobbroker::testing::BrokerProcessOptions;
+using ::jobbroker::testing::TempDir;
+using ::jobbroker::testing::TestPki;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -402,6 +408,346 @@ TEST(ClientRestartTest, DedupEnqueueIssuedWhileTheBrokerIsDownSucceedsOnceItIsBa
   EXPECT_EQ(repeated->job_id, original->job_id);
   EXPECT_TRUE(repeated->deduplicated);
   EXPECT_GE(retries.load(), 1);
+}
+
+// Polls `condition` every 20 ms for up to 30 s (a bound for a hung test, never a measurement).
+bool Eventually(const std::function<bool()>& condition) {
+  for (const absl::Time give_up = absl::Now() + absl::Seconds(30); absl::Now() < give_up;) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return condition();
+}
+
+// A worker on `queue` sharing `options` with the test's client; runs until the test ends.
+class RunningWorker {
+ public:
+  RunningWorker(const ClientOptions& options, const std::string& queue, Handler handler)
+      : worker_(options, {.worker_id = "client-test-worker"}) {
+    worker_.Handle(queue, std::move(handler));
+    const absl::Status started = worker_.Start();
+    EXPECT_TRUE(started.ok()) << started;
+  }
+  ~RunningWorker() { worker_.Stop(absl::Seconds(5)); }
+
+ private:
+  Worker worker_;
+};
+
+TEST_F(ClientTest, UnsafeCallsAgainstAStoppedBrokerAreAttemptedOnceAndSafeOnesThreeTimes) {
+  RetryLog log;
+  ClientOptions options{.address = broker_->address()};
+  log.Attach(options);
+  EXPECT_EQ(options.max_attempts, 3);
+  Client client(std::move(options));
+  ASSERT_TRUE(client.Enqueue("orders", "before the stop").ok());
+  broker_->Kill9();
+
+  absl::StatusOr<Enqueued> plain = client.Enqueue("orders", "no key");
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kUnavailable) << plain.status();
+  EXPECT_THAT(log.Waits(), ::testing::IsEmpty());  // one attempt, no retry
+
+  absl::StatusOr<Enqueued> keyed = client.Enqueue("orders", "keyed", {.dedup_key = "order-1"});
+  EXPECT_EQ(keyed.status().code(), absl::StatusCode::kUnavailable) << keyed.status();
+  EXPECT_THAT(log.Waits(),
+              ElementsAre(Pair(1, absl::Milliseconds(100)), Pair(2, absl::Milliseconds(200))));
+
+  // A repeated ack of the same lease is answered alike, so acks are retried too.
+  EXPECT_EQ(client.Ack("job", "lease").code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(log.Waits().size(), 4u);
+  v1::LeaseRequest lease;
+  lease.set_queue("orders");
+  EXPECT_EQ(client.Lease(lease).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(log.Waits().size(), 4u);  // a repeated lease would lease more jobs
+}
+
+TEST_F(ClientTest, EnqueueAndWaitReturnsTheCompletedJobWithItsResult) {
+  RunningWorker worker(client_->options(), "reports", [](JobContext& job) {
+    job.SetResult("report for " + job.payload());
+    return absl::OkStatus();
+  });
+  absl::StatusOr<v1::Job> done = client_->EnqueueAndWait("reports", "march", {.priority = 3});
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(done->result(), "report for march");
+  EXPECT_EQ(done->priority(), 3);
+}
+
+TEST_F(ClientTest, EnqueueAndWaitNamesTheStateOfAFailedOrCancelledJob) {
+  RunningWorker failing(client_->options(), "invalid",
+                        [](JobContext&) { return PermanentError("no such address"); });
+  absl::StatusOr<v1::Job> failed = client_->EnqueueAndWait("invalid", "x");
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kAborted) << failed.status();
+  EXPECT_THAT(failed.status().message(), HasSubstr("JOB_STATE_FAILED"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("FAIL_REASON_PERMANENT"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("no such address"));
+  std::optional<v1::Job> job = EndedJob(failed.status());
+  ASSERT_TRUE(job.has_value());
+  EXPECT_EQ(job->state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(failed.status().message(), HasSubstr(job->id()));
+
+  // The handler cancels its own job, as an operator would, and waits for the signal.
+  Client* client = client_.get();
+  RunningWorker cancelling(client_->options(), "cancelled", [client](JobContext& job) {
+    EXPECT_TRUE(client->CancelJob(job.job_id()).ok());
+    job.WaitCancelled(absl::Seconds(30));
+    return absl::CancelledError("cancelled");
+  });
+  absl::StatusOr<v1::Job> cancelled = client_->EnqueueAndWait("cancelled", "y");
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kAborted) << cancelled.status();
+  EXPECT_THAT(cancelled.status().message(), HasSubstr("JOB_STATE_CANCELLED"));
+  ASSERT_TRUE(EndedJob(cancelled.status()).has_value());
+  EXPECT_FALSE(EndedJob(absl::AbortedError("another")).has_value());
+}
+
+TEST_F(ClientTest, EnqueueAndWaitTimesOutAndLeavesTheJobAlone) {
+  absl::StatusOr<v1::Job> waited = client_->EnqueueAndWait(
+      "nobody-works-this", "z", {.dedup_key = "z"}, absl::Milliseconds(200));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kDeadlineExceeded) << waited.status();
+  absl::StatusOr<Enqueued> again = client_->Enqueue("nobody-works-this", "z", {.dedup_key = "z"});
+  ASSERT_TRUE(again.ok()) << again.status();
+  absl::StatusOr<v1::Job> job = client_->GetJob(again->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_READY);
+}
+
+TEST_F(ClientTest, EveryEnqueueOptionReachesTheBroker) {
+  absl::StatusOr<Enqueued> first = client_->Enqueue("pipeline", "first");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const absl::Time expire_at = absl::FromUnixSeconds(4102444800);  // 2100-01-01
+  absl::StatusOr<Enqueued> second = client_->Enqueue(
+      "pipeline", "second",
+      {.timeout = absl::Minutes(3), .expire_at = expire_at, .depends_on = {first->job_id}});
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<v1::Job> job = client_->GetJob(second->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::JOB_STATE_WAITING);
+  EXPECT_EQ(FromProtoDuration(job->timeout()), absl::Minutes(3));
+  EXPECT_EQ(FromProtoTimestamp(job->expire_at()), expire_at);
+  EXPECT_THAT(job->depends_on(), ElementsAre(first->job_id));
+}
+
+TEST_F(ClientTest, ASchedulePutIsReadListedTriggeredAndDeleted) {
+  v1::Schedule schedule;
+  schedule.set_schedule_id("nightly-report");
+  schedule.set_cron("0 3 * * *");
+  schedule.set_time_zone("UTC");
+  *schedule.mutable_template_() = MakeEnqueueRequest("reports", "nightly", {.priority = 2});
+  absl::StatusOr<v1::Schedule> put = client_->PutSchedule(schedule);
+  ASSERT_TRUE(put.ok()) << put.status();
+  EXPECT_TRUE(IsSet(put->next_run_at()));
+
+  absl::StatusOr<v1::Schedule> got = client_->GetSchedule("nightly-report");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->cron(), "0 3 * * *");
+  EXPECT_EQ(got->template_().payload(), "nightly");
+  absl::StatusOr<std::vector<v1::Schedule>> listed = client_->ListSchedules("reports");
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].schedule_id(), "nightly-report");
+
+  absl::StatusOr<v1::TriggerScheduleResponse> run = client_->TriggerSchedule("nightly-report");
+  ASSERT_TRUE(run.ok()) << run.status();
+  absl::StatusOr<v1::Job> job = client_->GetJob(run->job_id());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->queue(), "reports");
+  EXPECT_EQ(job->payload(), "nightly");
+  EXPECT_EQ(job->priority(), 2);
+
+  EXPECT_TRUE(client_->DeleteSchedule("nightly-report").ok());
+  EXPECT_EQ(client_->GetSchedule("nightly-report").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClientTest, ListWorkersShowsAWorkerThatSharesTheClientsOptions) {
+  RunningWorker worker(client_->options(), "thumbnails",
+                       [](JobContext&) { return absl::OkStatus(); });
+  std::vector<v1::WorkerInfo> seen;
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client_->ListWorkers("thumbnails");
+    if (workers.ok()) seen = *workers;
+    return !seen.empty();
+  }));
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].worker_id(), "client-test-worker");
+  EXPECT_THAT(seen[0].queues(), ElementsAre("thumbnails"));
+  EXPECT_EQ(seen[0].client(), kClientName);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> others = client_->ListWorkers("other-queue");
+  ASSERT_TRUE(others.ok()) << others.status();
+  EXPECT_TRUE(others->empty()) << others->size() << " workers";
+}
+
+TEST_F(ClientTest, TheUnaryWorkerCallsLeaseHeartbeatAckFailAndRelease) {
+  ASSERT_TRUE(client_->Enqueue("polled", "one").ok());
+  ASSERT_TRUE(client_->Enqueue("polled", "two").ok());
+  v1::LeaseRequest lease;
+  lease.set_queue("polled");
+  lease.set_worker_id("poller");
+  lease.set_max_jobs(2);
+  absl::StatusOr<std::vector<v1::LeasedJob>> leased = client_->Lease(lease);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  ASSERT_EQ(leased->size(), 2u);
+  const v1::LeasedJob& one = (*leased)[0];
+  const v1::LeasedJob& two = (*leased)[1];
+
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_job_id(one.job_id());
+  heartbeat.set_lease_id(one.lease_id());
+  absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(heartbeat);
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  EXPECT_FALSE(beat->cancel_requested());
+
+  EXPECT_TRUE(client_->Ack(one.job_id(), one.lease_id(), "done").ok());
+  // What a retry after a lost reply sends: answered OK, nothing changes.
+  EXPECT_TRUE(client_->Ack(one.job_id(), one.lease_id(), "done").ok());
+  absl::StatusOr<v1::Job> acked = client_->GetJob(one.job_id());
+  ASSERT_TRUE(acked.ok()) << acked.status();
+  EXPECT_EQ(acked->state(), v1::JOB_STATE_COMPLETED);
+  EXPECT_EQ(acked->result(), "done");
+
+  EXPECT_TRUE(client_->Release(two.job_id(), two.lease_id()).ok());
+  leased = client_->Lease(lease);
+  ASSERT_TRUE(leased.ok()) << leased.status();
+  ASSERT_EQ(leased->size(), 1u);
+  v1::FailRequest fail;
+  fail.set_job_id((*leased)[0].job_id());
+  fail.set_lease_id((*leased)[0].lease_id());
+  fail.set_error("out of paper");
+  fail.set_permanent(true);
+  absl::StatusOr<v1::FailResponse> failed = client_->Fail(fail);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_EQ(failed->state(), v1::JOB_STATE_FAILED);
+}
+
+TEST_F(ClientTest, ProducerMiddlewaresWrapEnqueueTheFirstAddedOutermost) {
+  std::vector<std::string> calls;
+  client_->Use([&](v1::EnqueueBatchRequest& jobs, const EnqueueHandler& next) {
+    calls.push_back("outer");
+    for (v1::EnqueueRequest& job : *jobs.mutable_jobs())
+      (*job.mutable_headers())["tenant"] = "acme";
+    absl::StatusOr<std::vector<Enqueued>> enqueued = next(jobs);
+    calls.push_back("outer done");
+    return enqueued;
+  });
+  client_->Use([&](v1::EnqueueBatchRequest& jobs, const EnqueueHandler& next) {
+    calls.push_back(absl::StrCat("inner sees tenant ", jobs.jobs(0).headers().at("tenant")));
+    if (jobs.jobs(0).payload() == "refuse") {
+      return absl::StatusOr<std::vector<Enqueued>>(absl::InternalError("no"));
+    }
+    return next(jobs);
+  });
+
+  absl::StatusOr<Enqueued> enqueued = client_->Enqueue("billing", "invoice");
+  ASSERT_TRUE(enqueued.ok()) << enqueued.status();
+  EXPECT_THAT(calls, ElementsAre("outer", "inner sees tenant acme", "outer done"));
+  absl::StatusOr<v1::Job> job = client_->GetJob(enqueued->job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->headers(), UnorderedElementsAre(Pair("tenant", "acme")));
+
+  // A batch passes through once, with all its jobs.
+  calls.clear();
+  v1::EnqueueBatchRequest batch;
+  *batch.add_jobs() = MakeEnqueueRequest("billing", "one", {});
+  *batch.add_jobs() = MakeEnqueueRequest("billing", "two", {});
+  absl::StatusOr<std::vector<Enqueued>> both = client_->EnqueueBatch(batch);
+  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_EQ(both->size(), 2u);
+  EXPECT_EQ(calls.size(), 3u);
+  job = client_->GetJob((*both)[1].job_id);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->headers(), UnorderedElementsAre(Pair("tenant", "acme")));
+
+  // A middleware that does not call `next` sends nothing; its result stands.
+  EXPECT_EQ(client_->Enqueue("billing", "refuse").status().code(), absl::StatusCode::kInternal);
+  absl::StatusOr<std::vector<v1::QueueInfo>> queues = client_->ListQueues();
+  ASSERT_TRUE(queues.ok()) << queues.status();
+  ASSERT_EQ(queues->size(), 1u);
+  EXPECT_EQ((*queues)[0].counts().at("JOB_STATE_READY"), 3);
+}
+
+// A broker with TLS, mutual TLS and bearer tokens, its certificates from a throwaway CA made
+// with openssl for this test.
+class SecuredClientTest : public ::testing::Test {
+ protected:
+  static constexpr char kToken[] = "client-test-token-1f4b";
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<TempDir>> dir = TempDir::Create();
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *std::move(dir);
+    absl::StatusOr<TestPki> pki = testing::MakePki(*dir_);
+    ASSERT_TRUE(pki.ok()) << pki.status();
+    pki_ = *std::move(pki);
+    // A plaintext "token" entry (accepted for development) keeps the test free of hashing.
+    absl::StatusOr<std::string> tokens = dir_->WriteFile(
+        "tokens.json",
+        absl::StrCat(R"({"tokens": [{"name": "client-test", "token": ")", kToken,
+                     R"(", "roles": ["producer", "worker", "admin"],)", R"( "queues": ["*"]}]})"));
+    ASSERT_TRUE(tokens.ok()) << tokens.status();
+    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start(
+        {.extra_args = {"--tls-cert", pki_.server_cert, "--tls-key", pki_.server_key,
+                        "--tls-client-ca", pki_.ca_cert, "--auth-tokens", *tokens}});
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    broker_ = *std::move(broker);
+  }
+
+  ClientOptions Secured(std::string token) {
+    absl::StatusOr<TlsOptions> tls = ReadTlsFiles(pki_.ca_cert, pki_.client_cert, pki_.client_key);
+    EXPECT_TRUE(tls.ok()) << tls.status();
+    return ClientOptions{
+        .address = broker_->address(), .tls = tls.value_or(TlsOptions{}), .token = token};
+  }
+
+  std::unique_ptr<TempDir> dir_;
+  TestPki pki_;
+  std::unique_ptr<BrokerProcess> broker_;
+};
+
+TEST_F(SecuredClientTest, AClientAndAWorkerWithTheSameOptionsWorkAJobOverMutualTls) {
+  const ClientOptions options = Secured(kToken);
+  Client client(options);
+  RunningWorker worker(options, "secure", [](JobContext& job) {
+    job.SetResult("seen over TLS");
+    return absl::OkStatus();
+  });
+  absl::StatusOr<v1::Job> done = client.EnqueueAndWait("secure", "x", {}, absl::Seconds(30));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->result(), "seen over TLS");
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers("secure");
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].client(), kClientName);
+}
+
+TEST_F(SecuredClientTest, AWrongOrMissingTokenIsRefusedAndTheEnvironmentSuppliesOne) {
+  Client wrong(Secured("not-the-token"));
+  EXPECT_EQ(wrong.Enqueue("secure", "x").status().code(), absl::StatusCode::kUnauthenticated);
+
+  ASSERT_EQ(setenv("JOBBROKER_TOKEN", kToken, 1), 0);
+  Client from_env(Secured(""));
+  EXPECT_EQ(from_env.options().token, kToken);
+  ASSERT_EQ(unsetenv("JOBBROKER_TOKEN"), 0);
+  EXPECT_TRUE(from_env.Enqueue("secure", "x").ok());
+
+  Client none(Secured(""));
+  EXPECT_EQ(none.GetCluster().status().code(), absl::StatusCode::kUnauthenticated);
+
+  // A worker with a refused token stops with the refusal instead of reconnecting forever.
+  Worker worker(Secured("not-the-token"), {});
+  worker.Handle("secure", [](JobContext&) { return absl::OkStatus(); });
+  EXPECT_EQ(worker.Run().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST_F(SecuredClientTest, PlaintextOrNoClientCertificateCannotGetThrough) {
+  ClientOptions plaintext = Secured(kToken);
+  plaintext.tls.reset();
+  plaintext.max_attempts = 1;
+  EXPECT_EQ(Client(plaintext).Health().code(), absl::StatusCode::kUnavailable);
+
+  ClientOptions without_certificate = Secured(kToken);
+  without_certificate.tls->cert_pem.clear();
+  without_certificate.tls->key_pem.clear();
+  without_certificate.max_attempts = 1;
+  EXPECT_EQ(Client(without_certificate).Health().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

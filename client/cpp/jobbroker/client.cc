@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -21,6 +22,8 @@ namespace jobbroker::client {
 namespace {
 
 constexpr char kFallbackAddress[] = "127.0.0.1:7070";
+// The absl::Status payload of JobEndedError: the job, serialized.
+constexpr char kEndedJobUrl[] = "type.jobbroker.dev/jobbroker.v1.Job";
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(5);
 // The broker accepts messages this large; payloads themselves are limited to 4 MiB, but a batch
@@ -44,16 +47,19 @@ bool IsTransient(absl::StatusCode code) {
 // returns grpc::Status) on the node `route` names, with the per-attempt deadline, retrying
 // transient failures when `retryable`. A transient failure also makes the router ask for the
 // cluster's layout again before the next call, retried or not: the node may no longer lead.
+// `timeout` replaces ClientOptions::timeout as each attempt's deadline when given (Lease's
+// long poll).
 template <typename Call>
 absl::Status Run(const ClientOptions& options, Router& router, const Router::Route& route,
-                 bool retryable, Call call) {
+                 bool retryable, Call call, std::optional<absl::Duration> timeout = std::nullopt) {
   const int attempts = retryable ? std::max(1, options.max_attempts) : 1;
+  const absl::Duration attempt_timeout = timeout.value_or(options.timeout);
   absl::Duration wait = kFirstBackoff;
   for (int attempt = 1;; ++attempt) {
     const std::shared_ptr<const Router::Node> node = router.NodeFor(route);
     grpc::ClientContext ctx;
-    if (options.timeout != absl::InfiniteDuration()) {
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
+    if (attempt_timeout != absl::InfiniteDuration()) {
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
     }
     if (absl::Status s = AddCallMetadata(options.token, &ctx); !s.ok()) return s;
     absl::Status status = FromGrpc(call(*node, &ctx));
@@ -212,7 +218,56 @@ absl::StatusOr<Enqueued> Client::Enqueue(const std::string& queue, const std::st
   return Enqueue(MakeEnqueueRequest(queue, payload, options));
 }
 
+void Client::Use(EnqueueMiddleware middleware) {
+  enqueue_middlewares_.push_back(std::move(middleware));
+}
+
 absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request) {
+  if (enqueue_middlewares_.empty()) return SendEnqueue(request);
+  v1::EnqueueBatchRequest one;
+  *one.add_jobs() = request;
+  absl::StatusOr<std::vector<Enqueued>> results =
+      ThroughMiddlewares(one, [this](v1::EnqueueBatchRequest& jobs) {
+        absl::StatusOr<Enqueued> enqueued = SendEnqueue(jobs.jobs(0));
+        if (!enqueued.ok()) return absl::StatusOr<std::vector<Enqueued>>(enqueued.status());
+        return absl::StatusOr<std::vector<Enqueued>>(std::vector<Enqueued>{*std::move(enqueued)});
+      });
+  if (!results.ok()) return results.status();
+  if (results->size() != 1) {
+    return absl::InternalError(
+        absl::StrCat("a producer middleware answered ", results->size(), " results for one job"));
+  }
+  return (*results)[0];
+}
+
+absl::StatusOr<std::vector<Enqueued>> Client::EnqueueBatch(const v1::EnqueueBatchRequest& request) {
+  if (enqueue_middlewares_.empty()) return SendEnqueueBatch(request);
+  return ThroughMiddlewares(
+      request, [this](v1::EnqueueBatchRequest& jobs) { return SendEnqueueBatch(jobs); });
+}
+
+absl::StatusOr<std::vector<Enqueued>> Client::ThroughMiddlewares(
+    const v1::EnqueueBatchRequest& jobs, const EnqueueHandler& send) {
+  const int count = jobs.jobs_size();
+  // The middlewares may change jobs, not their number: the results answer them in order.
+  EnqueueHandler chain = [&send, count](v1::EnqueueBatchRequest& changed) {
+    if (changed.jobs_size() != count) {
+      return absl::StatusOr<std::vector<Enqueued>>(absl::InvalidArgumentError(absl::StrCat(
+          "a producer middleware turned ", count, " jobs into ", changed.jobs_size())));
+    }
+    return send(changed);
+  };
+  // Built per call: a few allocations beside a network round trip.
+  for (auto m = enqueue_middlewares_.rbegin(); m != enqueue_middlewares_.rend(); ++m) {
+    chain = [middleware = &*m, next = std::move(chain)](v1::EnqueueBatchRequest& changed) {
+      return (*middleware)(changed, next);
+    };
+  }
+  v1::EnqueueBatchRequest changeable = jobs;
+  return chain(changeable);
+}
+
+absl::StatusOr<Enqueued> Client::SendEnqueue(const v1::EnqueueRequest& request) {
   v1::EnqueueResponse resp;
   absl::Status s =
       Run(options_, *router_, Router::Route::Queue(request.queue()), !request.dedup_key().empty(),
@@ -224,7 +279,8 @@ absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request) {
   return FromProto(resp);
 }
 
-absl::StatusOr<std::vector<Enqueued>> Client::EnqueueBatch(const v1::EnqueueBatchRequest& request) {
+absl::StatusOr<std::vector<Enqueued>> Client::SendEnqueueBatch(
+    const v1::EnqueueBatchRequest& request) {
   // A retry repeats the whole batch; only dedup keys make that harmless, and only if every job
   // has one.
   const bool retryable =
@@ -294,8 +350,96 @@ absl::StatusOr<v1::Job> Client::EnqueueAndWait(const std::string& queue, const s
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   absl::StatusOr<Enqueued> enqueued = Enqueue(queue, payload, options);
   if (!enqueued.ok()) return enqueued.status();
-  return WatchJob(enqueued->job_id, deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
-                                                                       : deadline - absl::Now());
+  absl::StatusOr<v1::Job> ended =
+      WatchJob(enqueued->job_id, deadline == absl::InfiniteFuture() ? absl::InfiniteDuration()
+                                                                    : deadline - absl::Now());
+  if (!ended.ok()) return ended.status();
+  if (ended->state() != v1::JOB_STATE_COMPLETED) return JobEndedError(*ended);
+  return ended;
+}
+
+absl::Status JobEndedError(const v1::Job& job) {
+  std::string message = absl::StrCat("job ", job.id(), " ended ", v1::JobState_Name(job.state()));
+  if (job.state() == v1::JOB_STATE_FAILED)
+    absl::StrAppend(&message, " (", v1::FailReason_Name(job.fail_reason()), ")");
+  if (!job.last_error().empty()) absl::StrAppend(&message, ": ", job.last_error());
+  absl::Status status = absl::AbortedError(message);
+  status.SetPayload(kEndedJobUrl, absl::Cord(job.SerializeAsString()));
+  return status;
+}
+
+std::optional<v1::Job> EndedJob(const absl::Status& status) {
+  const auto payload = status.GetPayload(kEndedJobUrl);
+  if (!payload.has_value()) return std::nullopt;
+  v1::Job job;
+  if (!job.ParseFromString(std::string(*payload))) return std::nullopt;
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::LeasedJob>> Client::Lease(const v1::LeaseRequest& request) {
+  v1::LeaseResponse resp;
+  // The broker holds the call open for up to `wait` before it answers with no job.
+  const absl::Duration timeout = options_.timeout + FromProtoDuration(request.wait());
+  // Not retried: a repeat after a lost reply would lease more jobs, and those the first one
+  // leased would sit until their leases expire.
+  absl::Status s = Run(
+      options_, *router_, Router::Route::Queue(request.queue()),
+      /*retryable=*/false,
+      [&](const Router::Node& node, grpc::ClientContext* ctx) {
+        return node.broker->Lease(ctx, request, &resp);
+      },
+      timeout);
+  if (!s.ok()) return s;
+  return std::vector<v1::LeasedJob>(resp.jobs().begin(), resp.jobs().end());
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Client::Heartbeat(const v1::HeartbeatRequest& request) {
+  v1::HeartbeatResponse resp;
+  absl::Status s = Run(options_, *router_, Router::Route::Job(request.job_id()),
+                       /*retryable=*/true, [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.broker->Heartbeat(ctx, request, &resp);
+                       });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::Ack(const std::string& job_id, const std::string& lease_id,
+                         const std::string& result) {
+  v1::AckRequest req;
+  req.set_job_id(job_id);
+  req.set_lease_id(lease_id);
+  req.set_result(result);
+  v1::AckResponse resp;
+  // Retried: the broker answers a repeated ack of the same lease OK.
+  return Run(options_, *router_, Router::Route::Job(job_id), /*retryable=*/true,
+             [&](const Router::Node& node, grpc::ClientContext* ctx) {
+               return node.broker->Ack(ctx, req, &resp);
+             });
+}
+
+absl::StatusOr<v1::FailResponse> Client::Fail(const v1::FailRequest& request) {
+  v1::FailResponse resp;
+  absl::Status s = Run(options_, *router_, Router::Route::Job(request.job_id()),
+                       /*retryable=*/true, [&](const Router::Node& node, grpc::ClientContext* ctx) {
+                         resp.Clear();
+                         return node.broker->Fail(ctx, request, &resp);
+                       });
+  if (!s.ok()) return s;
+  return resp;
+}
+
+absl::Status Client::Release(const std::string& job_id, const std::string& lease_id,
+                             absl::Duration delay) {
+  v1::ReleaseRequest req;
+  req.set_job_id(job_id);
+  req.set_lease_id(lease_id);
+  if (delay > absl::ZeroDuration()) *req.mutable_delay() = ToProtoDuration(delay);
+  v1::ReleaseResponse resp;
+  return Run(options_, *router_, Router::Route::Job(job_id), /*retryable=*/true,
+             [&](const Router::Node& node, grpc::ClientContext* ctx) {
+               return node.broker->Release(ctx, req, &resp);
+             });
 }
 
 absl::StatusOr<v1::ListJobsResponse> Client::ListJobs(const v1::ListJobsRequest& request) {

@@ -50,20 +50,32 @@ absl::StatusOr<TlsOptions> ReadTlsFiles(const std::string& ca_file, const std::s
 // One PEM file's text. INVALID_ARGUMENT "PATH: cannot be read" or "PATH: holds no PEM block".
 absl::StatusOr<std::string> ReadPemFile(const std::string& path);
 
+// How a Client and a Worker reach the broker: one set of options for both, so a program that
+// enqueues and works jobs configures the connection once:
+//
+//   jobbroker::client::ClientOptions options{
+//       .address = "broker-0:7070,broker-1:7070", .tls = *ReadTlsFiles(ca, cert, key),
+//       .token = token};
+//   jobbroker::client::Client client(options);
+//   jobbroker::client::Worker worker(options, {.concurrency = 4});
+//
+// Every call carries `jobbroker-client: <kClientName>` and, with a token, `authorization:
+// Bearer <token>`.
 struct ClientOptions {
   // "host:port", or several nodes of one cluster as "h1:p1,h2:p2". Default (when `addresses`
   // is empty too): $JOBBROKER_ADDRESS, which may be such a list, else 127.0.0.1:7070.
   std::string address;
-  // More nodes of the same cluster, after those in `address`. The client asks the first that
-  // answers for the cluster's layout (Admin.GetCluster) and sends each call straight to the
-  // leader of its partition; see Client.
+  // More nodes of the same cluster, after those in `address`, tried in order: the client asks
+  // the first that answers for the cluster's layout (Admin.GetCluster) and sends each call
+  // straight to the leader of its partition; a call that fails UNAVAILABLE makes the next one
+  // ask the others. See Client.
   std::vector<std::string> addresses;
-  // Deadline of each call attempt.
+  // The default deadline of each unary call attempt (WatchJob and the Work stream have none).
   absl::Duration timeout = absl::Seconds(10);
   // Attempts for calls that are safe to repeat, when the broker is UNAVAILABLE (restarting,
   // draining) or the attempt hit its deadline. Waits 100 ms, 200 ms, 400 ms, ... between them
   // (at most 5 s each). Values below 1 mean 1.
-  int max_attempts = 5;
+  int max_attempts = 3;
   // Called before each retry's wait with the attempt that failed (1-based), its status and the
   // wait that follows; for logging and metrics. Runs on the calling thread.
   std::function<void(int attempt, const absl::Status& status, absl::Duration wait)> on_retry;
@@ -130,6 +142,26 @@ struct Enqueued {
   bool deduplicated = false;
 };
 
+// The rest of an enqueue's chain: the next producer middleware, the last one the call itself.
+// One result per job, in order.
+using EnqueueHandler =
+    std::function<absl::StatusOr<std::vector<Enqueued>>(v1::EnqueueBatchRequest& jobs)>;
+// Wraps Client::Enqueue, EnqueueBatch and EnqueueAndWait's enqueue, once per call (before any
+// retry): gets the call's jobs (one for Enqueue), which it may change (add headers: a trace
+// context, a tenant) but not add or remove, and `next`; returns what the call ends with
+// (usually what `next` returned; without calling it, nothing is sent and its own result
+// stands). Sidekiq's client middleware, asynq's producer hooks.
+using EnqueueMiddleware = std::function<absl::StatusOr<std::vector<Enqueued>>(
+    v1::EnqueueBatchRequest& jobs, const EnqueueHandler& next)>;
+
+// What EnqueueAndWait returns for a job that ended FAILED or CANCELLED: ABORTED, with a message
+// that names the job, its state and why ("job 01J... ended JOB_STATE_FAILED
+// (FAIL_REASON_PERMANENT): bad address"); the job as it ended rides along as the status's
+// payload, which EndedJob gives back.
+absl::Status JobEndedError(const v1::Job& job);
+// The job a JobEndedError carries; nullopt for any other status.
+std::optional<v1::Job> EndedJob(const absl::Status& status);
+
 // A producer's and operator's handle on one broker or a cluster. Thread-safe; calls share one
 // channel per broker node.
 //
@@ -150,13 +182,23 @@ struct Enqueued {
 // (reads, policy changes, pause, resume, purge, and Enqueue/EnqueueBatch only when every job has
 // a dedup_key: without one a retry after a lost reply would enqueue the job twice). CancelJob,
 // RetryJob and DeleteJob are not retried: after a lost reply the repeat would be refused
-// (FAILED_PRECONDITION, NOT_FOUND) and hide that the first one worked.
+// (FAILED_PRECONDITION, NOT_FOUND) and hide that the first one worked. Of the Broker calls a
+// worker may make without the Work stream, Heartbeat, Ack, Fail and Release are retried (the
+// broker answers a repeat for the same lease as it answered the first) and Lease is not (a
+// repeat would lease more jobs).
+//
+// Use() registers producer middleware before the first call; the other methods may then be
+// called from any thread.
 class Client {
  public:
   explicit Client(ClientOptions options = {});
   ~Client();
   Client(Client&&) noexcept;
   Client& operator=(Client&&) noexcept;
+
+  // Adds a producer middleware around every Enqueue and EnqueueBatch; the first added is the
+  // outermost. Call before the first enqueue (not thread-safe with calls under way).
+  void Use(EnqueueMiddleware middleware);
 
   absl::StatusOr<Enqueued> Enqueue(const std::string& queue, const std::string& payload,
                                    const EnqueueOptions& options = {});
@@ -174,8 +216,10 @@ class Client {
                                    absl::Duration timeout = absl::InfiniteDuration(),
                                    const std::function<void(const v1::Job&)>& on_change = nullptr);
   // Enqueue, then WatchJob: what a producer that needs the result calls (BullMQ's
-  // waitUntilFinished, Celery's AsyncResult.get). The job's `result` holds what the worker
-  // returned. DEADLINE_EXCEEDED after `timeout` leaves the job running.
+  // waitUntilFinished, Celery's AsyncResult.get). The COMPLETED job, whose `result` holds what
+  // the worker returned; a job that ended FAILED or CANCELLED is JobEndedError (ABORTED naming
+  // the state; EndedJob gives the job). DEADLINE_EXCEEDED after `timeout` leaves the job
+  // running. Enqueue's own errors as they are.
   absl::StatusOr<v1::Job> EnqueueAndWait(const std::string& queue, const std::string& payload,
                                          const EnqueueOptions& options = {},
                                          absl::Duration timeout = absl::InfiniteDuration());
@@ -214,13 +258,34 @@ class Client {
   // with an empty cluster_name; one older than cluster mode with UNIMPLEMENTED.
   absl::StatusOr<v1::ClusterInfo> GetCluster();
 
+  // The Broker service's unary calls, for a worker that polls instead of holding a Work stream
+  // (the Worker class does not use them). Lease waits up to `wait` for a job (long poll; its
+  // deadline is the call timeout plus `wait`) and is not retried. The others name the lease
+  // Lease handed out and are retried: a repeat for the same lease gets the first one's answer.
+  absl::StatusOr<std::vector<v1::LeasedJob>> Lease(const v1::LeaseRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status Ack(const std::string& job_id, const std::string& lease_id,
+                   const std::string& result = "");
+  absl::StatusOr<v1::FailResponse> Fail(const v1::FailRequest& request);
+  absl::Status Release(const std::string& job_id, const std::string& lease_id,
+                       absl::Duration delay = absl::ZeroDuration());
+
   // The channel to the first address given (or ClientOptions::channel).
   const std::shared_ptr<grpc::Channel>& channel() const;
   const ClientOptions& options() const { return options_; }
 
  private:
+  // `jobs` through the middlewares to `send`, the call itself.
+  absl::StatusOr<std::vector<Enqueued>> ThroughMiddlewares(const v1::EnqueueBatchRequest& jobs,
+                                                           const EnqueueHandler& send);
+  absl::StatusOr<Enqueued> SendEnqueue(const v1::EnqueueRequest& request);
+  absl::StatusOr<std::vector<Enqueued>> SendEnqueueBatch(const v1::EnqueueBatchRequest& request);
+
   ClientOptions options_;
   std::unique_ptr<Router> router_;
+  // Around SendEnqueue and SendEnqueueBatch, the first outermost; set before the first call,
+  // then only read.
+  std::vector<EnqueueMiddleware> enqueue_middlewares_;
 };
 
 // Builds the EnqueueRequest that Client::Enqueue(queue, payload, options) sends.

@@ -101,6 +101,16 @@ absl::StatusOr<v1::StepCheckpoint> ParseStepCheckpoint(const std::string& checkp
   return steps;
 }
 
+// `options` with the connection settings replaced by `client`'s.
+WorkerOptions WithConnectionOf(const ClientOptions& client, WorkerOptions options) {
+  options.address = client.address;
+  options.addresses = client.addresses;
+  options.channel = client.channel;
+  options.tls = client.tls;
+  options.token = client.token;
+  return options;
+}
+
 }  // namespace
 
 absl::Status PermanentError(absl::string_view message) {
@@ -121,6 +131,8 @@ absl::Status Snooze(absl::Duration delay) {
   s.SetPayload(kSnoozeUrl, absl::Cord(absl::FormatDuration(delay)));
   return s;
 }
+
+bool IsSnooze(const absl::Status& status) { return status.GetPayload(kSnoozeUrl).has_value(); }
 
 // Why a job's cancellation signal fired; the first reason is the one that decides what the
 // worker answers when the handler returns.
@@ -1044,6 +1056,9 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
 };
 
 Worker::Worker(WorkerOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
+
+Worker::Worker(const ClientOptions& client, WorkerOptions options)
+    : Worker(WithConnectionOf(client, std::move(options))) {}
 
 Worker::~Worker() {
   if (impl_->running()) impl_->Stop(absl::Seconds(30));

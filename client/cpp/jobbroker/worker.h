@@ -117,7 +117,12 @@ absl::Status RetryAfter(absl::Duration delay, absl::string_view message);
 // Gives the job back to run again after `delay` without spending an attempt (a snooze: not
 // ready yet, try later). The queue's max_snoozes bounds how often.
 absl::Status Snooze(absl::Duration delay);
+// Whether `status` is one Snooze made (for middleware: a snooze is not a failure).
+bool IsSnooze(const absl::Status& status);
 
+// What a Worker runs and how. The connection (address, addresses, channel, tls, token) is the
+// ClientOptions' own: give a ClientOptions to Worker(ClientOptions, WorkerOptions) to share it
+// with a Client; the fields of the same name here are for the one-argument constructor.
 struct WorkerOptions {
   // "host:port", or several nodes of one cluster as "h1:p1,h2:p2"; default (when `addresses`
   // is empty too) $JOBBROKER_ADDRESS, else 127.0.0.1:7070.
@@ -177,6 +182,9 @@ struct WorkerOptions {
 class Worker {
  public:
   explicit Worker(WorkerOptions options = {});
+  // The connection from `client` (address, addresses, channel, tls, token: the options a
+  // Client takes), the rest from `options`, whose connection fields are ignored.
+  Worker(const ClientOptions& client, WorkerOptions options);
   ~Worker();  // Stop() with the default grace if still running
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

@@ -49,15 +49,26 @@ struct Flags {
   std::string outbox;
   bool idempotent = false;
   std::string lang_name = "cpp";
+  // TLS (a CA to trust, and a client certificate for mutual TLS) and the bearer token.
+  std::string ca;
+  std::string cert;
+  std::string key;
+  std::string token;
 };
 
 // Parses the arguments of CONFORMANCE.md; an error names the flag.
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   Flags flags;
-  std::map<std::string, std::string*> strings = {
-      {"--address", &flags.address},         {"--events", &flags.events},
-      {"--die-at-step", &flags.die_at_step}, {"--die-after-user", &flags.die_after_user},
-      {"--outbox", &flags.outbox},           {"--lang-name", &flags.lang_name}};
+  std::map<std::string, std::string*> strings = {{"--address", &flags.address},
+                                                 {"--events", &flags.events},
+                                                 {"--die-at-step", &flags.die_at_step},
+                                                 {"--die-after-user", &flags.die_after_user},
+                                                 {"--outbox", &flags.outbox},
+                                                 {"--lang-name", &flags.lang_name},
+                                                 {"--ca", &flags.ca},
+                                                 {"--cert", &flags.cert},
+                                                 {"--key", &flags.key},
+                                                 {"--token", &flags.token}};
   std::map<std::string, int*> ints = {{"--concurrency", &flags.concurrency},
                                       {"--prefetch", &flags.prefetch},
                                       {"--lease-ms", &flags.lease_ms},
@@ -322,13 +333,24 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // The connection goes through the library's client options, as a user's program sets them.
+  jobbroker::client::ClientOptions connection{.address = flags->address, .token = flags->token};
+  if (!flags->ca.empty() || !flags->cert.empty()) {
+    absl::StatusOr<jobbroker::client::TlsOptions> tls =
+        jobbroker::client::ReadTlsFiles(flags->ca, flags->cert, flags->key);
+    if (!tls.ok()) {
+      std::cerr << "interop_conformance_worker: " << tls.status().message() << "\n";
+      return 2;
+    }
+    connection.tls = *std::move(tls);
+  }
   ConformanceWorker conformance(*flags);
-  jobbroker::client::Worker worker({
-      .address = flags->address,
-      .concurrency = flags->concurrency,
-      .prefetch = flags->prefetch,
-      .lease_duration = absl::Milliseconds(flags->lease_ms),
-  });
+  jobbroker::client::Worker worker(connection,
+                                   {
+                                       .concurrency = flags->concurrency,
+                                       .prefetch = flags->prefetch,
+                                       .lease_duration = absl::Milliseconds(flags->lease_ms),
+                                   });
   for (const std::string& queue : flags->queues) {
     worker.Handle(
         queue, [&conformance, queue](JobContext& job) { return conformance.Handle(queue, job); });
