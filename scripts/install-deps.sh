@@ -19,8 +19,10 @@ packages=(
   etcd-server  # /usr/bin/etcd, for tests/cluster/real_etcd (the etcd conformance suite)
 )
 if [ "${1:-}" = "--tests" ]; then
-  # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem.
-  packages+=(ruby ruby-grpc ruby-grpc-tools)
+  # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem; its
+  # ActiveJob adapter is tested in a minimal Rails app (railties is only recommended by
+  # activejob, and recommends are not installed).
+  packages+=(ruby ruby-grpc ruby-grpc-tools ruby-activejob ruby-railties)
   # scripts/image-check.sh builds and runs the container image with podman (no Docker engine),
   # on a base image it makes with debootstrap.
   packages+=(podman runc debootstrap curl)

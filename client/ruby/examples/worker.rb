@@ -6,12 +6,15 @@
 # work_seconds simulates a slow provider; fail_attempts makes the first N attempts raise (the
 # broker retries them after the queue's backoff); permanent makes it fail with no retry.
 #
+#   gem install jobbroker    # or from the source tree: ruby -I lib examples/worker.rb ...
 #   JOBBROKER_ADDRESS=127.0.0.1:7070 ruby examples/worker.rb [queue] [concurrency] [prefetch]
+#
+# The connection comes from the environment: $JOBBROKER_ADDRESS (comma-separated for a
+# cluster), $JOBBROKER_TOKEN (a bearer token) and, for TLS, $JOBBROKER_CA (the CA's PEM file).
 #
 # SIGTERM or SIGINT stops it gracefully: no new jobs, unstarted ones released, running ones
 # finished and acked, exit 0.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
 require "jobbroker"
 
 queue = ARGV.fetch(0, "emails")
@@ -19,7 +22,9 @@ concurrency = Integer(ARGV.fetch(1, "2"))
 prefetch = Integer(ARGV.fetch(2, "0"))
 $stdout.sync = true
 
-worker = Jobbroker::Worker.new(concurrency: concurrency, prefetch: prefetch,
+ca = ENV.fetch("JOBBROKER_CA", "")
+options = Jobbroker::Options.new(tls: ca.empty? ? nil : ca) # address and token: from the env
+worker = Jobbroker::Worker.new(options: options, concurrency: concurrency, prefetch: prefetch,
                                grace: Float(ENV.fetch("WORKER_GRACE", "30")))
 worker.handle(queue) do |job|
   email = job.json

@@ -164,3 +164,18 @@ end
 require "jobbroker/options"
 require "jobbroker/client"
 require "jobbroker/worker"
+
+module Jobbroker
+  # Runs ActiveJob jobs from jobbroker queues (jobbroker/active_job; needs ActiveJob).
+  autoload :ActiveJobWorker, "jobbroker/active_job"
+end
+
+# ActiveJob: `config.active_job.queue_adapter = :jobbroker` looks up
+# ActiveJob::QueueAdapters::JobbrokerAdapter. In a Rails app ActiveJob is loaded before the
+# Gemfile's gems, so it is defined here; in a program that loads ActiveJob later, it is defined
+# when ActiveJob::Base loads (or `require "jobbroker/active_job"` yourself).
+if defined?(::ActiveJob)
+  require "active_job/queue_adapters/jobbroker_adapter"
+elsif defined?(::ActiveSupport) && ::ActiveSupport.respond_to?(:on_load)
+  ::ActiveSupport.on_load(:active_job) { require "active_job/queue_adapters/jobbroker_adapter" }
+end

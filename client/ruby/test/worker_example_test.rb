@@ -7,11 +7,12 @@ class WorkerExampleTest < Minitest::Test
   include BrokerTestHelpers
 
   EXAMPLE = File.expand_path("../examples/worker.rb", __dir__)
+  LIB = File.expand_path("../lib", __dir__)
 
   def start_worker(queue, concurrency, prefetch = 0)
     @log = File.join(broker.dir, "worker-#{SecureRandom.hex(4)}.log")
     @pid = Process.spawn({ "JOBBROKER_ADDRESS" => broker.address },
-                         RbConfig.ruby, EXAMPLE, queue, concurrency.to_s, prefetch.to_s,
+                         RbConfig.ruby, "-I", LIB, EXAMPLE, queue, concurrency.to_s, prefetch.to_s,
                          out: [@log, "w"], err: [:child, :out])
   end
 
