@@ -16,17 +16,20 @@ else
 fi
 
 echo "== cargo build"
-# --all-targets also builds examples/worker, which tests/worker_example.rs runs.
+# --all-targets also builds examples/worker, which tests/worker_example.rs runs. Without the
+# optional features first: the crate must build without OpenTelemetry.
 cargo build --locked -j2 --all-targets
+cargo build --locked -j2 --all-targets --features tracing-otel
 
 if grep -q '^clippy' <<<"$installed"; then
   echo "== cargo clippy"
   cargo clippy --locked -j2 --all-targets -- -D warnings
+  cargo clippy --locked -j2 --all-targets --features tracing-otel -- -D warnings
 else
   echo "== clippy not installed: skipping cargo clippy"
 fi
 
 echo "== cargo test (doc tests: the README's snippets compile)"
-cargo test --locked -j2 --doc
+cargo test --locked -j2 --doc --features tracing-otel
 echo "== cargo test (integration tests against the real broker)"
-cargo test --locked -j2 --lib --tests
+cargo test --locked -j2 --lib --tests --features tracing-otel

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jobbroker::{Job, Worker, WorkerError};
+use jobbroker::{ClientOptions, Job, Worker, WorkerError};
 use serde_json::{Value, json};
 
 struct Options {
@@ -25,6 +25,10 @@ struct Options {
     outbox: Option<PathBuf>,
     idempotent: bool,
     lang_name: String,
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    token: Option<String>,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -44,6 +48,10 @@ fn parse_args() -> Result<Options, String> {
         outbox: None,
         idempotent: false,
         lang_name: "rust".into(),
+        ca: None,
+        cert: None,
+        key: None,
+        token: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -65,12 +73,19 @@ fn parse_args() -> Result<Options, String> {
             "--die-after-user" => options.die_after_user = Some(value),
             "--outbox" => options.outbox = Some(PathBuf::from(value)),
             "--lang-name" => options.lang_name = value,
+            "--ca" => options.ca = Some(PathBuf::from(value)),
+            "--cert" => options.cert = Some(PathBuf::from(value)),
+            "--key" => options.key = Some(PathBuf::from(value)),
+            "--token" => options.token = Some(value),
             other => return Err(format!("unknown flag {other}")),
         }
     }
     options.address = address.ok_or("--address is required")?;
     options.queues = queues.ok_or("--queues is required")?;
     options.events = events.ok_or("--events is required")?;
+    if options.cert.is_some() != options.key.is_some() {
+        return Err("--cert and --key go together".into());
+    }
     Ok(options)
 }
 
@@ -254,6 +269,23 @@ fn send_welcome(options: &Options, job: &Job, user: &str) -> Result<(), WorkerEr
     Ok(())
 }
 
+/// The connection flags as the library's client options, the same ones a user sets.
+fn client_options(options: &Options) -> ClientOptions {
+    // Several addresses (the nodes of a cluster) come comma-separated, in the order to try:
+    // the options take that form as it is.
+    let mut client = ClientOptions::new().address(options.address.clone());
+    if let Some(ca) = &options.ca {
+        client = client.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&options.cert, &options.key) {
+        client = client.client_cert_files(cert, key);
+    }
+    if let Some(token) = &options.token {
+        client = client.token(token.clone());
+    }
+    client
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let options = match parse_args() {
@@ -268,7 +300,7 @@ async fn main() {
         .append(true)
         .open(&options.events)
         .unwrap_or_else(|e| panic!("cannot open {}: {e}", options.events.display()));
-    let mut builder = Worker::builder(options.address.clone())
+    let mut builder = Worker::builder(client_options(&options))
         .concurrency(options.concurrency)
         .prefetch(options.prefetch)
         .grace(Duration::from_millis(options.grace_ms));

@@ -1,7 +1,11 @@
 //! A complete jobbroker worker on the library [`Worker`].
 //!
 //!     cargo run --example worker -- --address 127.0.0.1:7070 --queue emails [--concurrency 4]
-//!         [--worker-id NAME] [--grace-secs 30]
+//!         [--worker-id NAME] [--grace-secs 30] [--ca ca.pem [--cert c.pem --key c.key]]
+//!
+//! Without `--address`, the library's options take `$JOBBROKER_ADDRESS` (else
+//! 127.0.0.1:7070); the bearer token, if any, comes from `$JOBBROKER_TOKEN` (not a flag: every
+//! user of the machine can read a command line).
 //!
 //! The library does the rest: heartbeats every third of the lease, ack / fail / release from
 //! what the handler returns, operator cancels, lost leases and time-outs through the job's
@@ -15,7 +19,7 @@
 
 use std::time::Duration;
 
-use jobbroker::{Job, Worker, WorkerError};
+use jobbroker::{ClientOptions, Job, Worker, WorkerError};
 
 /// The work itself. Replace with your own.
 async fn handle(job: Job) -> Result<String, WorkerError> {
@@ -40,7 +44,7 @@ async fn handle(job: Job) -> Result<String, WorkerError> {
 }
 
 struct Options {
-    address: String,
+    connection: ClientOptions,
     queue: String,
     worker_id: Option<String>,
     concurrency: usize,
@@ -49,17 +53,21 @@ struct Options {
 
 fn parse_args() -> Result<Options, String> {
     let mut options = Options {
-        address: "127.0.0.1:7070".into(),
+        connection: ClientOptions::new(),
         queue: String::new(),
         worker_id: None,
         concurrency: 4,
         grace: Duration::from_secs(30),
     };
+    let (mut cert, mut key) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
-            "--address" => options.address = value()?,
+            "--address" => options.connection = options.connection.address(value()?),
+            "--ca" => options.connection = options.connection.tls_ca_file(value()?),
+            "--cert" => cert = Some(value()?),
+            "--key" => key = Some(value()?),
             "--queue" => options.queue = value()?,
             "--worker-id" => options.worker_id = Some(value()?),
             "--concurrency" => {
@@ -75,6 +83,13 @@ fn parse_args() -> Result<Options, String> {
     if options.queue.is_empty() {
         return Err("--queue is required".into());
     }
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            options.connection = options.connection.client_cert_files(cert, key);
+        }
+        (None, None) => {}
+        _ => return Err("--cert and --key go together".into()),
+    }
     Ok(options)
 }
 
@@ -82,11 +97,11 @@ fn parse_args() -> Result<Options, String> {
 async fn main() {
     let options = parse_args().unwrap_or_else(|e| {
         eprintln!(
-            "worker: {e}\nusage: worker --address HOST:PORT --queue QUEUE [--concurrency N] [--worker-id ID] [--grace-secs S]"
+            "worker: {e}\nusage: worker [--address HOST:PORT] --queue QUEUE [--concurrency N] [--worker-id ID] [--grace-secs S] [--ca FILE [--cert FILE --key FILE]]"
         );
         std::process::exit(2);
     });
-    let mut builder = Worker::builder(options.address)
+    let mut builder = Worker::builder(options.connection)
         .concurrency(options.concurrency)
         .grace(options.grace);
     if let Some(id) = options.worker_id {

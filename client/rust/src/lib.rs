@@ -3,15 +3,18 @@
 //! The API is the tonic code generated from `proto/jobbroker/v1/*.proto`, re-exported under
 //! [`v1`]: [`v1::broker_client::BrokerClient`] (producers and workers) and
 //! [`v1::admin_client::AdminClient`] (operators), plus every message and enum. On top of it
-//! this crate adds a thin layer:
+//! this crate adds:
 //!
-//! * [`Client`]: one channel, both services, and short-hands for the common calls.
-//! * [`job`]: an [`v1::EnqueueRequest`] for a queue and payload, other fields defaulted.
+//! * [`ClientOptions`]: how to reach the broker (addresses, TLS, mutual TLS, bearer token,
+//!   deadline), one set of options for the client and the worker.
+//! * [`Client`]: both services, a method per call, safe retries, [`Client::enqueue_and_wait`]
+//!   and producer middleware.
+//! * [`job`] and the `with_` methods of [`v1::EnqueueRequest`]: every enqueue option.
+//! * [`Worker`]: the worker helper of `docs/worker-contract.md` (handlers per queue, leases and
+//!   heartbeats, cancellation, ack coalescing, reconnects, graceful stop, durable steps,
+//!   middleware).
 //! * [`WorkStream`]: the `Work` stream with request ids and result routing done for you; every
 //!   request returns the broker's [`v1::WorkResult`] (or a [`Status`] carrying its code).
-//!
-//! * [`Worker`]: the worker helper of `docs/worker-contract.md` (handlers per queue, leases and
-//!   heartbeats, cancellation, ack coalescing, reconnects, graceful stop, durable steps).
 //!
 //! Every call carries the `jobbroker-client: jobbroker-rust/<version>` metadata, so
 //! `Admin.ListWorkers` can tell which library a worker runs.
@@ -23,13 +26,23 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::AbortHandle;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
+mod client;
+mod enqueue;
+pub mod middleware;
+pub mod options;
+#[cfg(feature = "tracing-otel")]
+pub mod otel;
 pub mod worker;
+pub use client::{Client, ClientTag, WaitError};
+pub use middleware::{EnqueueNext, HandlerNext};
+pub use options::{ClientOptions, ConnectError, DEFAULT_ADDRESS, DEFAULT_DEADLINE};
 pub use worker::{
     CancelReason, Job, Output, RunError, ShutdownHandle, Worker, WorkerBuilder, WorkerError,
 };
@@ -55,160 +68,6 @@ pub type AdminClient = v1::admin_client::AdminClient<InterceptedService<Channel,
 /// The library this crate says it is on every call: `jobbroker-rust/<crate version>`.
 pub const CLIENT_NAME: &str = concat!("jobbroker-rust/", env!("CARGO_PKG_VERSION"));
 
-/// Adds the `jobbroker-client` metadata (the broker shows it in `Admin.ListWorkers`) and, when
-/// one is configured, `authorization: Bearer <token>` to every call of the clients a
-/// [`Client`] hands out.
-#[derive(Clone, Debug, Default)]
-pub struct ClientTag {
-    authorization: Option<tonic::metadata::AsciiMetadataValue>,
-}
-
-impl tonic::service::Interceptor for ClientTag {
-    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
-        let metadata = request.metadata_mut();
-        metadata.insert(
-            "jobbroker-client",
-            tonic::metadata::MetadataValue::from_static(CLIENT_NAME),
-        );
-        if let Some(authorization) = &self.authorization {
-            metadata.insert("authorization", authorization.clone());
-        }
-        Ok(request)
-    }
-}
-
-/// Both services of one broker over one HTTP/2 channel. Cheap to clone; clones share the
-/// channel. Safe to use from many tasks.
-#[derive(Clone, Debug)]
-pub struct Client {
-    channel: Channel,
-    broker: BrokerClient,
-    admin: AdminClient,
-}
-
-/// Turns `host:port` into `http://host:port`; addresses with a scheme are kept.
-fn endpoint(addr: &str) -> Result<Endpoint, tonic::transport::Error> {
-    let uri = if addr.contains("://") {
-        addr.to_string()
-    } else {
-        format!("http://{addr}")
-    };
-    Endpoint::from_shared(uri)
-}
-
-impl Client {
-    /// Connects to `addr` (`host:port` or `http://host:port`). Fails if the broker cannot be
-    /// reached now.
-    pub async fn connect(addr: &str) -> Result<Self, tonic::transport::Error> {
-        Ok(Self::from_channel(endpoint(addr)?.connect().await?))
-    }
-
-    /// Like [`Client::connect`], but connects on first use and reconnects after failures;
-    /// fails only for a malformed address.
-    pub fn connect_lazy(addr: &str) -> Result<Self, tonic::transport::Error> {
-        Ok(Self::from_channel(endpoint(addr)?.connect_lazy()))
-    }
-
-    /// Wraps a channel the caller configured (TLS, timeouts, ...).
-    pub fn from_channel(channel: Channel) -> Self {
-        Self::tagged(channel, ClientTag::default())
-    }
-
-    fn tagged(channel: Channel, tag: ClientTag) -> Self {
-        Self {
-            broker: v1::broker_client::BrokerClient::with_interceptor(channel.clone(), tag.clone()),
-            admin: v1::admin_client::AdminClient::with_interceptor(channel.clone(), tag),
-            channel,
-        }
-    }
-
-    /// This client, with every call carrying `authorization: Bearer <token>` (for a broker
-    /// started with `--auth-tokens`). Shares the channel. `INVALID_ARGUMENT` if the token
-    /// cannot be sent as metadata (not visible ASCII).
-    pub fn with_token(&self, token: &str) -> Result<Self, Status> {
-        let authorization = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| Status::invalid_argument("the token is not visible ASCII"))?;
-        let tag = ClientTag {
-            authorization: Some(authorization),
-        };
-        Ok(Self::tagged(self.channel.clone(), tag))
-    }
-
-    /// The generated Broker client (a clone sharing this client's channel).
-    pub fn broker(&self) -> BrokerClient {
-        self.broker.clone()
-    }
-
-    /// The generated Admin client (a clone sharing this client's channel).
-    pub fn admin(&self) -> AdminClient {
-        self.admin.clone()
-    }
-
-    /// Enqueues one job; see [`job`] to build the request. `INVALID_ARGUMENT` names a malformed
-    /// field, `ALREADY_EXISTS` means the dedup key is held by a job with another payload.
-    pub async fn enqueue(
-        &self,
-        request: v1::EnqueueRequest,
-    ) -> Result<v1::EnqueueResponse, Status> {
-        Ok(self.broker().enqueue(request).await?.into_inner())
-    }
-
-    /// Enqueues 1 to 1000 jobs, all or nothing; one result per job, in order.
-    pub async fn enqueue_batch(
-        &self,
-        jobs: Vec<v1::EnqueueRequest>,
-    ) -> Result<Vec<v1::EnqueueResponse>, Status> {
-        let request = v1::EnqueueBatchRequest { jobs };
-        Ok(self
-            .broker()
-            .enqueue_batch(request)
-            .await?
-            .into_inner()
-            .results)
-    }
-
-    /// The job as the Admin service shows it (state, attempts, fail reason, checkpoint, ...).
-    /// `NOT_FOUND` for an unknown id.
-    pub async fn get_job(&self, job_id: &str) -> Result<v1::Job, Status> {
-        let request = v1::GetJobRequest {
-            job_id: job_id.to_string(),
-        };
-        Ok(self.admin().get_job(request).await?.into_inner())
-    }
-
-    /// Opens a `Work` stream and subscribes. Returns once the broker accepted the subscription;
-    /// a refusal (e.g. `INVALID_ARGUMENT` for a bad queue name) is returned as its status.
-    /// Pushed jobs and notices arrive on the returned receiver, which ends with
-    /// [`WorkEvent::Closed`]. Must be called inside a Tokio runtime (it spawns the reader).
-    pub async fn work(
-        &self,
-        subscribe: v1::SubscribeRequest,
-    ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let stream = WorkStream {
-            shared: Arc::new(Shared {
-                tx: Mutex::new(Some(tx)),
-                next_id: AtomicU64::new(1),
-                pending: Mutex::new(HashMap::new()),
-                end: Mutex::new(None),
-                reader: Mutex::new(None),
-            }),
-        };
-        let subscribed = stream.start(Request::Subscribe(subscribe))?;
-        let responses = self
-            .broker()
-            .work(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-            .await?
-            .into_inner();
-        let (events_tx, events_rx) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
-        *stream.shared.reader.lock().unwrap() = Some(reader.abort_handle());
-        stream.finish(subscribed).await?;
-        Ok((stream, events_rx))
-    }
-}
-
 /// An [`v1::EnqueueRequest`] for `queue` and `payload`, every other field at its default; set
 /// more with struct update syntax:
 ///
@@ -225,6 +84,15 @@ pub fn job(queue: &str, payload: impl Into<Vec<u8>>) -> v1::EnqueueRequest {
         queue: queue.to_string(),
         payload: payload.into(),
         ..Default::default()
+    }
+}
+
+/// A protobuf Timestamp for a std time (times before 1970 are 1970).
+pub fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(since.subsec_nanos()).unwrap_or(0),
     }
 }
 
@@ -259,6 +127,8 @@ struct Shared {
     end: Mutex<Option<Status>>,
     /// The task reading responses: aborting it drops the response stream, cancelling the call.
     reader: Mutex<Option<AbortHandle>>,
+    /// Which of the client's addresses the stream is open to.
+    node: usize,
 }
 
 /// The sending half of a `Work` stream. Cheap to clone; safe to use from many tasks. Each call

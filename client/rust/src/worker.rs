@@ -65,8 +65,9 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 pub use tokio_util::sync::CancellationToken;
 
+use crate::middleware::{self, HandlerNext, WorkerMiddleware};
 use crate::v1::{self, work_request::Request};
-use crate::{Client, Code, Status, WorkEvent, WorkStream, duration};
+use crate::{Client, ClientOptions, Code, ConnectError, Status, WorkEvent, WorkStream, duration};
 
 /// Reconnect backoff: from this, doubling per failed try (full jitter) ...
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -169,15 +170,10 @@ pub enum RunError {
     /// [`Worker::handle`] was never called: there is no queue to subscribe to.
     #[error("no handler registered: call Worker::handle before running")]
     NoHandlers,
-    /// The broker address does not parse as a URI.
-    #[error("invalid broker address {address:?}: {source}")]
-    InvalidAddress {
-        /// As given to [`Worker::builder`].
-        address: String,
-        /// Why it does not parse.
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// The [`ClientOptions`] cannot work (a malformed address, an unreadable certificate file,
+    /// a certificate without TLS, a token that cannot be sent).
+    #[error("{0}")]
+    Options(#[from] ConnectError),
     /// The broker refused the stream with a code that retrying would not change
     /// (`INVALID_ARGUMENT` for a bad queue name, `UNAUTHENTICATED`, `PERMISSION_DENIED`, ...).
     #[error("the broker refused the work stream: {0}")]
@@ -751,20 +747,19 @@ fn read_step_checkpoint(data: &[u8]) -> Result<Steps, String> {
     Ok(steps)
 }
 
-type HandlerFuture = Pin<Box<dyn Future<Output = Result<Output, WorkerError>> + Send>>;
-type Handler = Arc<dyn Fn(Job) -> HandlerFuture + Send + Sync>;
+type HandlerFuture = crate::middleware::BoxFuture<Result<Output, WorkerError>>;
+pub(crate) type Handler = Arc<dyn Fn(Job) -> HandlerFuture + Send + Sync>;
 
 /// Options of a [`Worker`]; see [`Worker::builder`].
 #[derive(Debug)]
 pub struct WorkerBuilder {
-    address: String,
+    options: ClientOptions,
     client: Option<Client>,
     concurrency: usize,
     prefetch: usize,
     lease: Option<Duration>,
     grace: Duration,
     worker_id: Option<String>,
-    token: Option<String>,
 }
 
 impl WorkerBuilder {
@@ -801,33 +796,25 @@ impl WorkerBuilder {
     }
 
     /// Sends `authorization: Bearer <token>` on every call (a broker with `--auth-tokens`;
-    /// the token needs the `worker` role on the handlers' queues).
+    /// the token needs the `worker` role on the handlers' queues): the same as
+    /// [`ClientOptions::token`].
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.options = self.options.token(token);
         self
     }
 
-    /// Uses this client (its channel: TLS, timeouts, ...) instead of connecting to the address.
+    /// Uses this client (and its options) instead of making one from the builder's options.
     pub fn client(mut self, client: Client) -> Self {
         self.client = Some(client);
         self
     }
 
-    /// The worker, with no handler yet. Connects on [`Worker::run`], not now; fails only for a
-    /// malformed address.
+    /// The worker, with no handler yet. Connects on [`Worker::run`], not now; fails only for
+    /// options that cannot work ([`RunError::Options`]).
     pub fn build(self) -> Result<Worker, RunError> {
         let client = match self.client {
             Some(client) => client,
-            None => {
-                Client::connect_lazy(&self.address).map_err(|source| RunError::InvalidAddress {
-                    address: self.address.clone(),
-                    source,
-                })?
-            }
-        };
-        let client = match &self.token {
-            Some(token) => client.with_token(token).map_err(RunError::Refused)?,
-            None => client,
+            None => Client::new(self.options)?,
         };
         Ok(Worker {
             client,
@@ -837,6 +824,7 @@ impl WorkerBuilder {
             grace: self.grace,
             worker_id: self.worker_id.unwrap_or_else(default_worker_id),
             handlers: HashMap::new(),
+            middleware: Vec::new(),
             shutdown: CancellationToken::new(),
         })
     }
@@ -874,6 +862,7 @@ pub struct Worker {
     grace: Duration,
     worker_id: String,
     handlers: HashMap<String, Handler>,
+    middleware: Vec<WorkerMiddleware>,
     shutdown: CancellationToken,
 }
 
@@ -889,17 +878,17 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Options for a worker of the broker at `address` (`host:port` or `http://host:port`).
-    pub fn builder(address: impl Into<String>) -> WorkerBuilder {
+    /// Options for a worker that reaches the broker with `options`: a [`ClientOptions`] (TLS,
+    /// token, several addresses, ...) or just an address (`host:port`, `http://host:port`).
+    pub fn builder(options: impl Into<ClientOptions>) -> WorkerBuilder {
         WorkerBuilder {
-            address: address.into(),
+            options: options.into(),
             client: None,
             concurrency: 1,
             prefetch: 0,
             lease: None,
             grace: Duration::from_secs(30),
             worker_id: None,
-            token: None,
         }
     }
 
@@ -917,6 +906,33 @@ impl Worker {
             Box::pin(async move { running.await.map(Into::into) })
         });
         self.handlers.insert(queue.into(), handler);
+        self
+    }
+
+    /// Adds a middleware around every handler call, inside those added before: the first
+    /// added is the outermost. It gets the job and `next`; `next.run(job).await` runs the rest
+    /// of the chain and the handler. Not calling it skips the handler, and the middleware's own
+    /// result is the job's. It runs in the handler's task: a panic there is the attempt's
+    /// failure too.
+    ///
+    /// ```
+    /// # fn demo(worker: &mut jobbroker::Worker) {
+    /// use std::time::Instant;
+    /// worker.use_middleware(|job, next| async move {
+    ///     let (id, started) = (job.id().to_string(), Instant::now());
+    ///     let outcome = next.run(job).await;
+    ///     eprintln!("job {id}: {:?} after {:?}", outcome.is_ok(), started.elapsed());
+    ///     outcome
+    /// });
+    /// # }
+    /// ```
+    pub fn use_middleware<F, Fut>(&mut self, middleware: F) -> &mut Self
+    where
+        F: Fn(Job, HandlerNext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Output, WorkerError>> + Send + 'static,
+    {
+        self.middleware
+            .push(Arc::new(move |job, next| Box::pin(middleware(job, next))));
         self
     }
 
@@ -989,9 +1005,15 @@ impl Worker {
             closing.clone(),
         )));
         let _coalescer = AbortOnDrop(tokio::spawn(coalesce_acks(acks, current.clone())));
+        let chain: Arc<[WorkerMiddleware]> = Arc::from(self.middleware);
+        let handlers = self
+            .handlers
+            .into_iter()
+            .map(|(queue, handler)| (queue, middleware::wrap(&chain, handler)))
+            .collect();
         let mut run = RunLoop {
             jobs: Arc::new(JobContext {
-                handlers: self.handlers,
+                handlers,
                 current,
                 acks: acks_tx,
                 freed: freed_tx,
@@ -1066,6 +1088,7 @@ async fn keep_connected(
                     }
                     current.send_replace(Some(stream));
                 }
+                let open = current.borrow().clone();
                 let end = loop {
                     tokio::select! {
                         delivered_event = delivered.recv() => match forward(delivered_event, &events) {
@@ -1096,6 +1119,12 @@ async fn keep_connected(
                     }
                 };
                 current.send_replace(None);
+                if let (Some(stream), Some(status)) = (&open, &end)
+                    && status.code() == Code::Unavailable
+                {
+                    // Its node is gone: the next stream goes to the next address.
+                    client.work_stream_unavailable(stream);
+                }
                 end
             }
             Err(status) => Some(status),

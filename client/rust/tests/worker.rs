@@ -9,53 +9,22 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Broker, GIVE_UP, wait_for_state};
+use common::{Broker, GIVE_UP, Running, wait_for_state};
 use jobbroker::v1::{
     AttemptOutcome, CancelJobRequest, EnqueueRequest, FailReason, FailRequest, HeartbeatRequest,
     JobState, LeaseRequest, ListWorkersRequest, StepCheckpoint,
 };
 use jobbroker::{
-    CLIENT_NAME, CancelReason, Client, Code, Job, RunError, ShutdownHandle, Worker, WorkerError,
-    duration, job,
+    CLIENT_NAME, CancelReason, Client, Code, Job, RunError, Worker, WorkerError, duration, job,
 };
 use prost::Message;
 use serde_json::{Value, json};
 use tokio::sync::{Notify, mpsc};
-use tokio::task::JoinHandle;
 
 /// Queues with 3 attempts, 50 ms backoff without jitter and a 1 s lease.
 const CONFIG: &str = r#"{"queues": {
   "w": {"retry": {"maxAttempts": 3, "initialBackoff": "0.05s", "jitter": "JITTER_NONE"}, "leaseDuration": "1s"}
 }}"#;
-
-/// A worker running in a task of this test.
-struct Running {
-    stop: ShutdownHandle,
-    task: JoinHandle<Result<(), RunError>>,
-}
-
-impl Running {
-    fn start(worker: Worker) -> Self {
-        let stop = worker.shutdown_handle();
-        Self {
-            stop,
-            task: tokio::spawn(worker.run()),
-        }
-    }
-
-    /// Starts the graceful stop and waits for `run` to return.
-    async fn stop(self) -> Result<(), RunError> {
-        self.stop.shutdown();
-        self.finished().await
-    }
-
-    async fn finished(self) -> Result<(), RunError> {
-        tokio::time::timeout(GIVE_UP, self.task)
-            .await
-            .expect("the worker did not stop")
-            .expect("the worker task panicked")
-    }
-}
 
 fn worker_for(broker: &Broker) -> jobbroker::WorkerBuilder {
     Worker::builder(broker.addr.clone()).worker_id("rust-worker-test")
@@ -730,5 +699,62 @@ async fn a_worker_presents_its_bearer_token() {
     let id = enqueue(&client, job("w", "x")).await;
     let done = wait_for_state(&client, &id, JobState::Completed).await;
     assert_eq!(done.result, b"with a token");
+    running.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn middleware_wraps_each_handler_call_first_registered_outermost() {
+    let broker = Broker::start_with_config(Some(CONFIG));
+    let client = broker.client().await;
+    let order = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut worker = worker_for(&broker).build().unwrap();
+    for name in ["outer", "inner"] {
+        let order = order.clone();
+        worker.use_middleware(move |job: Job, next: jobbroker::HandlerNext| {
+            let order = order.clone();
+            async move {
+                order.lock().unwrap().push(format!("{name} before"));
+                // The inner one answers a "skip" job itself: the handler never runs.
+                if name == "inner" && job.text()? == "skip" {
+                    return Ok(jobbroker::Output::from("answered by middleware"));
+                }
+                let outcome = next.run(job).await;
+                order.lock().unwrap().push(format!("{name} after"));
+                outcome
+            }
+        });
+    }
+    let handled = order.clone();
+    worker.handle("w", move |_job: Job| {
+        let handled = handled.clone();
+        async move {
+            handled.lock().unwrap().push("handler".into());
+            Ok("from the handler")
+        }
+    });
+    let running = Running::start(worker);
+
+    let id = enqueue(&client, job("w", "run")).await;
+    let done = wait_for_state(&client, &id, JobState::Completed).await;
+    assert_eq!(done.result, b"from the handler");
+    assert_eq!(
+        *order.lock().unwrap(),
+        [
+            "outer before",
+            "inner before",
+            "handler",
+            "inner after",
+            "outer after"
+        ]
+    );
+
+    order.lock().unwrap().clear();
+    let id = enqueue(&client, job("w", "skip")).await;
+    let done = wait_for_state(&client, &id, JobState::Completed).await;
+    assert_eq!(done.result, b"answered by middleware");
+    assert_eq!(
+        *order.lock().unwrap(),
+        ["outer before", "inner before", "outer after"]
+    );
     running.stop().await.unwrap();
 }

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use jobbroker::Client;
 use jobbroker::v1::JobState;
+use jobbroker::{Client, RunError, ShutdownHandle, Worker};
+use tokio::task::JoinHandle;
 
 /// The retries queue: 3 attempts, 50 ms backoff without jitter, 1 s lease.
 pub const FAST_RETRIES: &str = r#"{"queues": {"retries": {"retry": {"maxAttempts": 3, "initialBackoff": "0.05s", "jitter": "JITTER_NONE"}, "leaseDuration": "1s"}}}"#;
@@ -209,4 +210,194 @@ fn launch(
         }
     };
     (child, addr)
+}
+
+/// An address nothing listens on: a broker that is stopped.
+pub fn stopped_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// A fake node that answers every gRPC call `UNAVAILABLE` (as a draining broker or a
+/// partition without a leader does) and records the method of each call it got.
+pub struct UnavailableNode {
+    pub addr: String,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl UnavailableNode {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let calls = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let recorded = calls.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let recorded = recorded.clone();
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        recorded
+                            .lock()
+                            .unwrap()
+                            .push(request.uri().path().to_string());
+                        // Trailers-only: the status in the headers, no body.
+                        let response = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .header("grpc-status", "14")
+                            .header("grpc-message", "draining")
+                            .body(())
+                            .unwrap();
+                        let _ = respond.send_response(response, true);
+                    }
+                });
+            }
+        });
+        UnavailableNode { addr, calls }
+    }
+
+    /// How many calls of `method` (e.g. "/jobbroker.v1.Broker/Enqueue") it got.
+    pub fn calls_of(&self, method: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| *m == method)
+            .count()
+    }
+}
+
+/// A throwaway CA, a broker certificate for 127.0.0.1 and a client certificate, made by the
+/// openssl command (PEM files in a temp dir).
+pub struct Certificates {
+    pub dir: TempDir,
+}
+
+impl Certificates {
+    pub fn make() -> Self {
+        let dir = TempDir::new("certs");
+        let d = &dir.0;
+        let openssl = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .expect("run openssl (is it installed?)");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+        openssl(
+            &[
+                &[
+                    "req",
+                    "-x509",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=jobbroker test CA",
+                ][..],
+                &ec,
+                &["-keyout", "ca.key", "-out", "ca.pem"],
+                &["-addext", "basicConstraints=critical,CA:TRUE"],
+                &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            ]
+            .concat(),
+        );
+        for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+            let ext = format!("{name}.ext");
+            std::fs::write(
+                d.join(&ext),
+                format!(
+                    "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage={usage}\n"
+                ),
+            )
+            .unwrap();
+            let (key, csr, pem) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+            );
+            let subject = format!("/CN=jobbroker test {name}");
+            openssl(
+                &[
+                    &["req", "-nodes", "-subj", &subject][..],
+                    &ec,
+                    &["-keyout", &key, "-out", &csr],
+                ]
+                .concat(),
+            );
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+                "-out",
+                &pem,
+            ]);
+        }
+        Certificates { dir }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.0.join(name)
+    }
+
+    /// The broker flags for TLS with required client certificates.
+    pub fn broker_args(&self) -> Vec<String> {
+        let p = |n: &str| self.path(n).display().to_string();
+        vec![
+            "--tls-cert".into(),
+            p("server.pem"),
+            "--tls-key".into(),
+            p("server.key"),
+            "--tls-client-ca".into(),
+            p("ca.pem"),
+        ]
+    }
+}
+
+/// A worker running in a task of this test.
+pub struct Running {
+    pub stop: ShutdownHandle,
+    pub task: JoinHandle<Result<(), RunError>>,
+}
+
+impl Running {
+    pub fn start(worker: Worker) -> Self {
+        let stop = worker.shutdown_handle();
+        Self {
+            stop,
+            task: tokio::spawn(worker.run()),
+        }
+    }
+
+    /// Starts the graceful stop and waits for `run` to return.
+    pub async fn stop(self) -> Result<(), RunError> {
+        self.stop.shutdown();
+        self.finished().await
+    }
+
+    pub async fn finished(self) -> Result<(), RunError> {
+        tokio::time::timeout(GIVE_UP, self.task)
+            .await
+            .expect("the worker did not stop")
+            .expect("the worker task panicked")
+    }
 }

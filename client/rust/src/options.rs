@@ -1,0 +1,481 @@
+//! How to reach the broker: one [`ClientOptions`] for the [`Client`](crate::Client) and the
+//! [`Worker`](crate::Worker) alike.
+//!
+//! ```
+//! use std::time::Duration;
+//! use jobbroker::ClientOptions;
+//!
+//! let options = ClientOptions::new()
+//!     .addresses(["10.0.0.1:7070", "10.0.0.2:7070"]) // tried in order; UNAVAILABLE: the next
+//!     .tls_ca_file("/etc/jobbroker/ca.pem")          // TLS, trusting this CA
+//!     .client_cert_files("/etc/jobbroker/client.pem", "/etc/jobbroker/client.key") // mutual TLS
+//!     .token("s3cret")                               // authorization: Bearer s3cret
+//!     .deadline(Duration::from_secs(5));             // unary calls; default 10 s
+//! # let _ = options;
+//! ```
+//!
+//! What is left unset comes from the environment when a client is made: the address from
+//! `$JOBBROKER_ADDRESS` (a comma-separated list works too; neither: [`DEFAULT_ADDRESS`]), the
+//! token from `$JOBBROKER_TOKEN`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tonic::metadata::AsciiMetadataValue;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+
+/// Unary calls that name no deadline of their own get this one.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Read when [`ClientOptions::address`] was not set: one address, or several separated by
+/// commas.
+pub const ADDRESS_ENV: &str = "JOBBROKER_ADDRESS";
+/// The broker when neither the options nor `$JOBBROKER_ADDRESS` name one.
+pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
+/// Read when [`ClientOptions::token`] was not set.
+pub const TOKEN_ENV: &str = "JOBBROKER_TOKEN";
+
+/// PEM data given inline or as a file read when the client is made.
+#[derive(Clone)]
+enum Pem {
+    File(PathBuf),
+    Inline(Vec<u8>),
+}
+
+impl Pem {
+    fn read(&self, what: &'static str) -> Result<Vec<u8>, ConnectError> {
+        match self {
+            Self::Inline(pem) => Ok(pem.clone()),
+            Self::File(path) => std::fs::read(path).map_err(|source| ConnectError::ReadFile {
+                what,
+                path: path.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::File(path) => write!(f, "{}", path.display()),
+            Self::Inline(_) => f.write_str("<inline PEM>"),
+        }
+    }
+}
+
+/// Which certificates the client trusts when it speaks TLS.
+#[derive(Clone, Debug)]
+enum Trust {
+    /// The operating system's roots (a broker behind a public certificate).
+    SystemRoots,
+    /// Only this CA (a private one, as most deployments have).
+    Ca(Pem),
+}
+
+/// How to reach the broker, shared by [`Client`](crate::Client) and
+/// [`Worker`](crate::Worker): the addresses, TLS and mutual TLS, the bearer token and the
+/// deadline of unary calls. Every call also carries `jobbroker-client: jobbroker-rust/<version>`
+/// ([`CLIENT_NAME`](crate::CLIENT_NAME)).
+///
+/// A plain address converts into options, so `Client::new("127.0.0.1:7070")` and
+/// `Worker::builder("127.0.0.1:7070")` work as they are. Nothing is read or connected until a
+/// client is made from the options.
+#[derive(Clone)]
+pub struct ClientOptions {
+    addresses: Vec<String>,
+    trust: Option<Trust>,
+    identity: Option<(Pem, Pem)>,
+    server_name: Option<String>,
+    token: Option<String>,
+    deadline: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            addresses: Vec::new(),
+            trust: None,
+            identity: None,
+            server_name: None,
+            token: None,
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClientOptions {
+    // The token is left out: options end up in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("addresses", &self.addresses)
+            .field("trust", &self.trust)
+            .field("identity", &self.identity)
+            .field("server_name", &self.server_name)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl From<&str> for ClientOptions {
+    fn from(address: &str) -> Self {
+        Self::new().address(address)
+    }
+}
+
+impl From<String> for ClientOptions {
+    fn from(address: String) -> Self {
+        Self::new().address(address)
+    }
+}
+
+impl From<&String> for ClientOptions {
+    fn from(address: &String) -> Self {
+        Self::new().address(address.as_str())
+    }
+}
+
+impl ClientOptions {
+    /// No address yet (`$JOBBROKER_ADDRESS` then, else [`DEFAULT_ADDRESS`]), plaintext, no
+    /// token (`$JOBBROKER_TOKEN` then), a 10 s deadline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The broker: `host:port`, or a URI (`http://host:port`, `https://host:port`); a
+    /// comma-separated list is taken as [`Self::addresses`]. Replaces any address set before.
+    pub fn address(mut self, address: impl Into<String>) -> Self {
+        self.addresses = split_list(&address.into());
+        self
+    }
+
+    /// Several brokers (the nodes of a cluster), tried in order: a call answered
+    /// `UNAVAILABLE` moves the client to the next one, for its retry (if the call is safe to
+    /// repeat) and for later calls. Replaces any address set before.
+    pub fn addresses<I, S>(mut self, addresses: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.addresses = addresses.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// TLS, trusting only the CA certificate(s) in this PEM file (read when the client is
+    /// made). The broker's certificate must name the host of the address (an IP address
+    /// works when the certificate has it as an IP SAN), or [`Self::tls_server_name`].
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.trust = Some(Trust::Ca(Pem::File(path.into())));
+        self
+    }
+
+    /// Like [`Self::tls_ca_file`], with the PEM itself.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.trust = Some(Trust::Ca(Pem::Inline(pem.into())));
+        self
+    }
+
+    /// TLS, trusting the operating system's root certificates.
+    pub fn tls_system_roots(mut self) -> Self {
+        self.trust = Some(Trust::SystemRoots);
+        self
+    }
+
+    /// The name to check the broker's certificate against, when it is not the address's host.
+    pub fn tls_server_name(mut self, name: impl Into<String>) -> Self {
+        self.server_name = Some(name.into());
+        self
+    }
+
+    /// Mutual TLS: present this certificate chain and its private key (PEM files, read when
+    /// the client is made), for a broker started with `--tls-client-ca`. Needs TLS
+    /// ([`Self::tls_ca_file`] or another `tls_` option).
+    pub fn client_cert_files(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.identity = Some((Pem::File(cert.into()), Pem::File(key.into())));
+        self
+    }
+
+    /// Like [`Self::client_cert_files`], with the PEMs themselves.
+    pub fn client_cert_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.identity = Some((Pem::Inline(cert.into()), Pem::Inline(key.into())));
+        self
+    }
+
+    /// Sends `authorization: Bearer <token>` on every call (a broker started with
+    /// `--auth-tokens`). Unset: `$JOBBROKER_TOKEN`, if set. Send tokens over TLS only.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// How long a unary call may take, its retries included; default 10 s; `Duration::MAX`:
+    /// no deadline. Streams (`Work`, `WatchJob`) have none. [`Client::with_deadline`](crate::Client::with_deadline) changes
+    /// it for some calls.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The options made concrete, with `env` standing for the process environment (an
+    /// argument so that tests need not change the real one).
+    pub(crate) fn resolve(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Resolved, ConnectError> {
+        let mut addresses = self.addresses.clone();
+        if addresses.is_empty() {
+            addresses = env(ADDRESS_ENV)
+                .map(|list| split_list(&list))
+                .unwrap_or_default();
+        }
+        if addresses.is_empty() {
+            addresses = vec![DEFAULT_ADDRESS.to_string()];
+        }
+        let tls = self.tls_config()?;
+        let mut endpoints = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            let endpoint = endpoint(&address, tls.as_ref()).map_err(|source| {
+                ConnectError::InvalidAddress {
+                    address: address.clone(),
+                    source,
+                }
+            })?;
+            endpoints.push((address, endpoint));
+        }
+        let token = self
+            .token
+            .clone()
+            .or_else(|| env(TOKEN_ENV).filter(|t| !t.is_empty()));
+        let authorization = token
+            .map(|t| bearer(&t).ok_or(ConnectError::BadToken))
+            .transpose()?;
+        Ok(Resolved {
+            endpoints,
+            authorization,
+            deadline: self.deadline,
+        })
+    }
+
+    fn tls_config(&self) -> Result<Option<ClientTlsConfig>, ConnectError> {
+        let Some(trust) = &self.trust else {
+            if self.identity.is_some() {
+                return Err(ConnectError::CertificateWithoutTls);
+            }
+            return Ok(None);
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match trust {
+            Trust::SystemRoots => config.with_native_roots(),
+            Trust::Ca(pem) => config.ca_certificate(Certificate::from_pem(pem.read("CA file")?)),
+        };
+        if let Some((cert, key)) = &self.identity {
+            let identity =
+                Identity::from_pem(cert.read("client certificate")?, key.read("client key")?);
+            config = config.identity(identity);
+        }
+        if let Some(name) = &self.server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(Some(config))
+    }
+}
+
+/// The options as a client uses them.
+pub(crate) struct Resolved {
+    /// Each address as given, and its endpoint.
+    pub endpoints: Vec<(String, Endpoint)>,
+    pub authorization: Option<AsciiMetadataValue>,
+    pub deadline: Duration,
+}
+
+/// The addresses of a comma-separated list, blanks dropped.
+fn split_list(list: &str) -> Vec<String> {
+    list.split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// `Bearer <token>` as metadata; `None` if the token is not visible ASCII.
+pub(crate) fn bearer(token: &str) -> Option<AsciiMetadataValue> {
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return None;
+    }
+    format!("Bearer {token}").parse().ok()
+}
+
+/// The endpoint of `address`: `host:port` becomes `http://host:port`, or `https://` with TLS;
+/// an address with a scheme keeps it.
+fn endpoint(
+    address: &str,
+    tls: Option<&ClientTlsConfig>,
+) -> Result<Endpoint, tonic::transport::Error> {
+    let uri = if address.contains("://") {
+        address.to_string()
+    } else if tls.is_some() {
+        format!("https://{address}")
+    } else {
+        format!("http://{address}")
+    };
+    let endpoint = Endpoint::from_shared(uri)?;
+    match tls {
+        Some(tls) => endpoint.tls_config(tls.clone()),
+        None => Ok(endpoint),
+    }
+}
+
+/// Why a [`Client`](crate::Client) could not be made from its [`ClientOptions`].
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// An address does not parse as a URI.
+    #[error("invalid broker address {address:?}: {source}")]
+    InvalidAddress {
+        /// As given.
+        address: String,
+        /// Why it does not parse.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A certificate or key file could not be read.
+    #[error("cannot read the {what} {}: {source}", path.display())]
+    ReadFile {
+        /// Which file: "CA file", "client certificate", "client key".
+        what: &'static str,
+        /// As given.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A client certificate was given without TLS.
+    #[error("a client certificate needs TLS: set tls_ca_file (or another tls_ option) too")]
+    CertificateWithoutTls,
+    /// The token cannot be sent as metadata (empty, or not visible ASCII).
+    #[error("the token is empty or not visible ASCII")]
+    BadToken,
+    /// [`Client::connect`](crate::Client::connect) reached none of the addresses.
+    #[error("cannot connect to {address}: {source}")]
+    Unreachable {
+        /// The last address tried.
+        address: String,
+        /// Why that one failed.
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    fn addresses(resolved: &Resolved) -> Vec<String> {
+        resolved.endpoints.iter().map(|(a, _)| a.clone()).collect()
+    }
+
+    fn uris(resolved: &Resolved) -> Vec<String> {
+        resolved
+            .endpoints
+            .iter()
+            .map(|(_, e)| e.uri().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn the_environment_fills_in_what_was_not_set() {
+        let env = env_of(&[
+            (ADDRESS_ENV, "10.0.0.1:7070, 10.0.0.2:7070"),
+            (TOKEN_ENV, "from-env"),
+        ]);
+        let resolved = ClientOptions::new().resolve(&env).unwrap();
+        assert_eq!(addresses(&resolved), ["10.0.0.1:7070", "10.0.0.2:7070"]);
+        assert_eq!(
+            resolved.authorization.unwrap().to_str().unwrap(),
+            "Bearer from-env"
+        );
+        assert_eq!(resolved.deadline, DEFAULT_DEADLINE);
+
+        let resolved = ClientOptions::new()
+            .address("broker:1")
+            .token("set")
+            .resolve(&env)
+            .unwrap();
+        assert_eq!(addresses(&resolved), ["broker:1"]);
+        assert_eq!(
+            resolved.authorization.unwrap().to_str().unwrap(),
+            "Bearer set"
+        );
+    }
+
+    #[test]
+    fn with_no_address_anywhere_the_default_one_is_used() {
+        let resolved = ClientOptions::new().resolve(env_of(&[])).unwrap();
+        assert_eq!(addresses(&resolved), [DEFAULT_ADDRESS]);
+        assert!(resolved.authorization.is_none());
+    }
+
+    #[test]
+    fn a_comma_separated_address_is_a_list() {
+        let resolved = ClientOptions::from("a:1, b:2,")
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert_eq!(addresses(&resolved), ["a:1", "b:2"]);
+    }
+
+    #[test]
+    fn tls_turns_plain_addresses_into_https() {
+        let plain = ClientOptions::from("127.0.0.1:7070")
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert_eq!(uris(&plain), ["http://127.0.0.1:7070/"]);
+        let tls = ClientOptions::new()
+            .addresses(["127.0.0.1:7070", "http://127.0.0.1:7071"])
+            .tls_ca_pem("not checked until a connection is made")
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert_eq!(
+            uris(&tls),
+            ["https://127.0.0.1:7070/", "http://127.0.0.1:7071/"]
+        );
+    }
+
+    #[test]
+    fn bad_options_are_refused_before_any_connection() {
+        let refused = |options: ClientOptions| options.resolve(env_of(&[])).err().unwrap();
+        assert!(matches!(
+            refused(ClientOptions::from("b:1").token("two words")),
+            ConnectError::BadToken
+        ));
+        assert!(matches!(
+            refused(ClientOptions::from("b:1").client_cert_pem("c", "k")),
+            ConnectError::CertificateWithoutTls
+        ));
+        assert!(matches!(
+            refused(ClientOptions::from("b:1").tls_ca_file("/nonexistent/ca.pem")),
+            ConnectError::ReadFile {
+                what: "CA file",
+                ..
+            }
+        ));
+        assert!(matches!(
+            refused(ClientOptions::from("not a uri")),
+            ConnectError::InvalidAddress { .. }
+        ));
+    }
+
+    #[test]
+    fn the_token_stays_out_of_debug_output() {
+        let shown = format!("{:?}", ClientOptions::from("b:1").token("s3cret"));
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}
