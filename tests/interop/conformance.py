@@ -348,7 +348,12 @@ class Worker:
             self.proc = subprocess.Popen(
                 [str(HERE / lang / "run.sh"), "--events", str(self.events_path),
                  "--lang-name", lang, *args],
-                stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir))
+                stdout=log, stderr=subprocess.STDOUT, cwd=str(workdir),
+                # Its own session: signals meant for the harness's process group never reach it,
+                # and a SIGSTOPped worker gets no SIGHUP when some process of that group exits
+                # and leaves the group orphaned (POSIX sends SIGHUP + SIGCONT to a stopped
+                # member then).
+                start_new_session=True)
 
     def events(self, kind: str | None = None, job: str | None = None) -> list[dict[str, Any]]:
         found = []
