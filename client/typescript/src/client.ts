@@ -46,7 +46,7 @@ import {
   type Schedule,
   type TriggerScheduleResponse,
   type WorkerInfo,
-} from "./gen/jobbroker/v1/admin";
+} from "./gen/jobbroker/v1/admin.js";
 import {
   AckRequest,
   BrokerClient,
@@ -64,12 +64,13 @@ import {
   type LeaseResponse,
   type LeasedJob,
   type ReleaseResponse,
-} from "./gen/jobbroker/v1/broker";
-import { JobState, type Job } from "./gen/jobbroker/v1/job";
-import { QueuePolicy } from "./gen/jobbroker/v1/policy";
-import { asBuffer, durationFromMs, encodePayload, type Payload } from "./convert";
-import { JobBrokerError, JobEndedError, Status, fromServiceError } from "./errors";
-import { composeProducer, composeProducerBatch, type EnqueueResult, type ProducerMiddleware } from "./middleware";
+} from "./gen/jobbroker/v1/broker.js";
+import { JobState, type Job } from "./gen/jobbroker/v1/job.js";
+import { QueuePolicy } from "./gen/jobbroker/v1/policy.js";
+import { version } from "./gen/version.js";
+import { asBuffer, durationFromMs, encodePayload, type Payload } from "./convert.js";
+import { JobBrokerError, JobEndedError, Status, fromServiceError } from "./errors.js";
+import { composeProducer, composeProducerBatch, type EnqueueResult, type ProducerMiddleware } from "./middleware.js";
 
 export type { EnqueueResult };
 
@@ -81,10 +82,10 @@ export function defaultAddress(): string {
 /**
  * What this library calls itself in the "jobbroker-client" metadata of every call
  * ("jobbroker-typescript/0.1.0"): Admin.ListWorkers shows it, so an operator can tell which
- * library (and version) a worker runs. The version is package.json's, read once at load: the
- * package ships package.json two levels above dist/src/.
+ * library (and version) a worker runs. The version is the repository's VERSION file, which the
+ * build writes into src/gen/version.ts (and package.json).
  */
-export const clientName = `jobbroker-typescript/${(require("../../package.json") as { version: string }).version}`;
+export const clientName = `jobbroker-typescript/${version}`;
 
 /** Adds the library's name and, when there is one, the bearer token to every call. */
 function callMetadata(token: string | undefined): Interceptor {

@@ -1,4 +1,4 @@
-import { Duration } from "./gen/google/protobuf/duration";
+import { Duration } from "./gen/google/protobuf/duration.js";
 
 /** Milliseconds as a google.protobuf.Duration; undefined stays unset. */
 export function durationFromMs(ms: number | undefined): Duration | undefined {

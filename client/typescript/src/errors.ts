@@ -1,5 +1,5 @@
 import { status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
-import { JobState, type Job } from "./gen/jobbroker/v1/job";
+import { JobState, type Job } from "./gen/jobbroker/v1/job.js";
 
 /** gRPC status codes (google.rpc.Code), as `JobBrokerError.code` carries them. */
 export { GrpcStatus as Status };

@@ -17,9 +17,9 @@ export {
   type PartialMessage,
   type Pem,
   type ScheduleSpec,
-} from "./client";
-export { type EnqueueNext, type ProducerMiddleware } from "./middleware";
-export { Worker, JobContext, type Handler, type WorkerMiddleware, type WorkerOptions, type WorkerStats } from "./worker";
+} from "./client.js";
+export { type EnqueueNext, type ProducerMiddleware } from "./middleware.js";
+export { Worker, JobContext, type Handler, type WorkerMiddleware, type WorkerOptions, type WorkerStats } from "./worker.js";
 export {
   JobBrokerError,
   JobCancelledError,
@@ -31,12 +31,15 @@ export {
   snooze,
   Status,
   statusName,
-} from "./errors";
-export { durationFromMs, durationToMs } from "./convert";
-export { clientName } from "./client";
-export { StepLog } from "./steps";
-export { AttemptOutcome, FailReason, JobState, type AttemptRecord, type Job } from "./gen/jobbroker/v1/job";
-export type { LeasedJob, HeartbeatResponse, FailResponse } from "./gen/jobbroker/v1/broker";
+} from "./errors.js";
+export { durationFromMs, durationToMs } from "./convert.js";
+export { clientName } from "./client.js";
+export type { Producer } from "./testing.js";
+/** The library's version (the repository's VERSION file, as it was at build time). */
+export { version } from "./gen/version.js";
+export { StepLog } from "./steps.js";
+export { AttemptOutcome, FailReason, JobState, type AttemptRecord, type Job } from "./gen/jobbroker/v1/job.js";
+export type { LeasedJob, HeartbeatResponse, FailResponse } from "./gen/jobbroker/v1/broker.js";
 export type {
   ClusterInfo,
   ListJobsResponse,
@@ -47,7 +50,7 @@ export type {
   RunningJob,
   Schedule,
   WorkerInfo,
-} from "./gen/jobbroker/v1/admin";
-export { ScheduleCatchUp } from "./gen/jobbroker/v1/admin";
-export { Jitter, type QueuePolicy, type RetryPolicy, type ServerConfig } from "./gen/jobbroker/v1/policy";
-export { StepCheckpoint, CompletedStep } from "./gen/jobbroker/v1/steps";
+} from "./gen/jobbroker/v1/admin.js";
+export { ScheduleCatchUp } from "./gen/jobbroker/v1/admin.js";
+export { Jitter, type QueuePolicy, type RetryPolicy, type ServerConfig } from "./gen/jobbroker/v1/policy.js";
+export { StepCheckpoint, CompletedStep } from "./gen/jobbroker/v1/steps.js";

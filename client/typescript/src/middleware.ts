@@ -1,6 +1,6 @@
 // Producer middleware: the chain that wraps every enqueue (docs/worker-contract.md §9). The
 // worker's chain is in worker.ts, next to the JobContext it passes along.
-import type { EnqueueRequest } from "./gen/jobbroker/v1/broker";
+import type { EnqueueRequest } from "./gen/jobbroker/v1/broker.js";
 
 /** What an enqueue resolves with. */
 export interface EnqueueResult {

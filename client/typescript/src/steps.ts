@@ -1,4 +1,4 @@
-import { CompletedStep, StepCheckpoint } from "./gen/jobbroker/v1/steps";
+import { CompletedStep, StepCheckpoint } from "./gen/jobbroker/v1/steps.js";
 
 /**
  * The durable steps of one attempt: those the job arrived with (from its checkpoint) plus those

@@ -15,10 +15,10 @@ import {
   type Tracer,
   type TracerProvider,
 } from "@opentelemetry/api";
-import { clientName } from "./client";
-import { SnoozeError } from "./errors";
-import type { ProducerMiddleware } from "./middleware";
-import type { WorkerMiddleware } from "./worker";
+import { clientName } from "./client.js";
+import { SnoozeError } from "./errors.js";
+import type { ProducerMiddleware } from "./middleware.js";
+import type { WorkerMiddleware } from "./worker.js";
 
 export interface TracingOptions {
   /** Where spans go; default the global provider (`trace.setGlobalTracerProvider`, NodeSDK). */

@@ -1,6 +1,6 @@
 import type { ClientDuplexStream } from "@grpc/grpc-js";
-import { Client, defaultWorkerId, type ClientOptions } from "./client";
-import { asBuffer, durationFromMs, encodePayload } from "./convert";
+import { Client, defaultWorkerId, type ClientOptions } from "./client.js";
+import { asBuffer, durationFromMs, encodePayload } from "./convert.js";
 import {
   JobBrokerError,
   JobCancelledError,
@@ -9,10 +9,10 @@ import {
   SnoozeError,
   Status,
   statusName,
-} from "./errors";
-import type { AckRequest, LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker";
-import { AttemptOutcome } from "./gen/jobbroker/v1/job";
-import { StepLog } from "./steps";
+} from "./errors.js";
+import type { AckRequest, LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker.js";
+import { AttemptOutcome } from "./gen/jobbroker/v1/job.js";
+import { StepLog } from "./steps.js";
 
 /** What a JobContext asks of the worker that runs it. @internal */
 export interface AttemptHooks {

@@ -4,7 +4,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 client="$here/../../../client/typescript"
-if [[ ! -f "$client/dist/src/index.js" ]]; then
+if [[ ! -f "$client/dist/esm/index.js" ]]; then
   "$client/test.sh" --build-only >/dev/null
 fi
 node --check "$here/conformance_worker.mjs"

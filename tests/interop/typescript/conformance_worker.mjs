@@ -6,8 +6,9 @@ import { closeSync, existsSync, openSync, readFileSync, writeSync } from "node:f
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 
-// The package's entry point ("main" of client/typescript/package.json), CommonJS built by tsc.
-import { PermanentError, Worker, retryAfter, snooze } from "../../../client/typescript/dist/src/index.js";
+// The package's ESM build (what `import "@jobbroker/client"` loads: the "import" condition of
+// client/typescript/package.json's exports), built by client/typescript/test.sh.
+import { PermanentError, Worker, retryAfter, snooze } from "../../../client/typescript/dist/esm/index.js";
 
 const { values: args } = parseArgs({
   options: {

@@ -5,8 +5,9 @@
 import { closeSync, fsyncSync, openSync, writeSync } from "node:fs";
 import { parseArgs } from "node:util";
 
-// The package's entry point ("main" of client/typescript/package.json), CommonJS built by tsc.
-import { Worker } from "../../../client/typescript/dist/src/index.js";
+// The package's ESM build (what `import "@jobbroker/client"` loads: the "import" condition of
+// client/typescript/package.json's exports), built by client/typescript/test.sh.
+import { Worker } from "../../../client/typescript/dist/esm/index.js";
 
 const STEPS = ["a", "b", "c"];
 
