@@ -38,7 +38,12 @@ rc=${PIPESTATUS[0]}
 otel_rc=${PIPESTATUS[0]}
 set -e
 if [[ $rc -eq 0 ]]; then rc=$otel_rc; fi
+
+echo "== install test (the module as a tagged version gives it, example worker over TLS + token)"
+./install_test.sh 2>&1 | tee "$tmp/install.log"
+install_rc=${PIPESTATUS[0]}
+if [[ $rc -eq 0 ]]; then rc=$install_rc; fi
 passed=$(grep -c -- '^--- PASS' "$tmp/test.log" || true)
 failed=$(grep -c -- '^--- FAIL' "$tmp/test.log" || true)
-echo "${passed} passed, ${failed} failed"
+echo "${passed} passed, ${failed} failed; install test: $([[ $install_rc -eq 0 ]] && echo passed || echo FAILED)"
 exit "$rc"

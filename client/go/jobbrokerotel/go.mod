@@ -6,7 +6,7 @@ require (
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0
 	go.opentelemetry.io/otel/trace v1.47.0
-	jobbroker.dev/client/go v0.0.0
+	jobbroker.dev/client/go v0.1.0
 )
 
 require (

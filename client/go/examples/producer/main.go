@@ -1,6 +1,8 @@
 // Command producer enqueues welcome emails for the example worker.
 //
 //	go run ./examples/producer -addr 127.0.0.1:7070 -n 3
+//
+// With TLS and a token: -ca ca.pem, and the token in $JOBBROKER_TOKEN.
 package main
 
 import (
@@ -17,9 +19,11 @@ func main() {
 	addr := flag.String("addr", "", "broker address (default $JOBBROKER_ADDRESS, else 127.0.0.1:7070)")
 	queue := flag.String("queue", "emails", "queue to enqueue to")
 	n := flag.Int("n", 3, "jobs to enqueue")
+	ca := flag.String("ca", "", "TLS: the CA certificate (PEM) of the broker's certificate; empty: plaintext")
 	flag.Parse()
 
-	client, err := jobbroker.NewClient(*addr)
+	// The token, if any, comes from $JOBBROKER_TOKEN (Options.Token sets it in code).
+	client, err := jobbroker.New(jobbroker.Options{Address: *addr, CAFile: *ca})
 	if err != nil {
 		log.Fatal(err)
 	}

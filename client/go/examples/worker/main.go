@@ -2,6 +2,11 @@
 // "emails" queue, with a durable step per side effect, and stops gracefully on SIGTERM/Ctrl-C.
 //
 //	go run ./examples/worker -addr 127.0.0.1:7070
+//
+// With TLS and a token (docs/security.md): -ca names the CA the broker's certificate chains to,
+// and the token comes from $JOBBROKER_TOKEN:
+//
+//	JOBBROKER_TOKEN=... go run ./examples/worker -addr broker.internal:7070 -ca ca.pem
 package main
 
 import (
@@ -25,9 +30,11 @@ func main() {
 	addr := flag.String("addr", "", "broker address (default $JOBBROKER_ADDRESS, else 127.0.0.1:7070)")
 	queue := flag.String("queue", "emails", "queue to work")
 	concurrency := flag.Int("concurrency", 4, "jobs at once")
+	ca := flag.String("ca", "", "TLS: the CA certificate (PEM) of the broker's certificate; empty: plaintext")
 	flag.Parse()
 
-	client, err := jobbroker.NewClient(*addr)
+	// The token, if any, comes from $JOBBROKER_TOKEN (Options.Token sets it in code).
+	client, err := jobbroker.New(jobbroker.Options{Address: *addr, CAFile: *ca})
 	if err != nil {
 		log.Fatal(err)
 	}
