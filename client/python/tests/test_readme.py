@@ -24,15 +24,24 @@ def snippets() -> list[str]:
 
 def test_every_snippet_compiles() -> None:
     blocks = snippets()
-    assert len(blocks) == 8
+    assert len(blocks) == 11
     for i, block in enumerate(blocks):
         compile(block, f"README.md block {i}", "exec")
 
 
+def test_first_screen_is_the_examples() -> None:
+    """The producer and the worker at the top are examples/ verbatim (test_install.py runs them
+    from an installed wheel)."""
+    examples = README.parent / "examples"
+    assert snippets()[:2] == [(examples / "producer.py").read_text(),
+                              (examples / "worker.py").read_text()]
+
+
 async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
                                 client: jobbroker.Client) -> None:
-    enqueue, connecting, sync, worker, errors, steps, middleware, tracing = snippets()
+    enqueue, connecting, sync, worker, typed, errors, steps, middleware, tracing = snippets()[2:]
     del connecting  # TLS to made-up hosts: compiled above, not run
+    del typed  # compiled above; tests/test_typed_payloads.py runs typed handlers
     env = dict(os.environ, JOBBROKER_ADDRESS=broker.address)
 
     def run(code: str) -> str:

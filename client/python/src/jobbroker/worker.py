@@ -16,13 +16,14 @@ import signal
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
 
 from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
 from ._metadata import Metadata
+from ._typed import decode_payload, payload_type
 from .client import default_worker_id, resolve_options
 from .errors import JobBrokerError, error_from_code, error_from_rpc
 from .options import ClientOptions
@@ -33,6 +34,7 @@ __all__ = [
     "WorkerStats",
     "JobContext",
     "Handler",
+    "TypedHandler",
     "HandlerNext",
     "WorkerMiddleware",
     "PermanentError",
@@ -82,11 +84,36 @@ T = TypeVar("T")
 # A handler gets the JobContext. An `async def` runs on the worker's event loop; a plain
 # function runs in a thread of the worker's own pool (use JobContext.step_sync there).
 Handler = Callable[["JobContext"], Any]
+# A handler that declares its payload's type as a second parameter (a pydantic model, a
+# dataclass, a TypedDict...): the worker decodes the JSON payload into it (jobbroker._typed).
+TypedHandler = Callable[["JobContext", Any], Any]
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Any])
 # Worker middleware (worker contract §9): `async def mw(job, next)` wraps each handler call; it
 # returns `await next(job)` (the handler's result, or its exception propagates) or a result of
 # its own without calling it. The first registered (Worker.use) is the outermost.
 HandlerNext = Callable[["JobContext"], Awaitable[Any]]
 WorkerMiddleware = Callable[["JobContext", HandlerNext], Awaitable[Any]]
+
+
+def _with_payload(fn: TypedHandler, tp: Any) -> Handler:
+    """`fn(job, payload as tp)` as a one-argument handler, async if `fn` is."""
+
+    def decode(job: JobContext) -> Any:
+        try:
+            return decode_payload(job.payload, tp)
+        except (TypeError, ValueError) as err:
+            raise PermanentError(f"invalid payload: {err}") from err
+
+    if inspect.iscoroutinefunction(fn):
+        async def typed_async(job: JobContext) -> Any:
+            return await fn(job, decode(job))
+
+        return typed_async
+
+    def typed(job: JobContext) -> Any:
+        return fn(job, decode(job))
+
+    return typed
 
 
 class PermanentError(Exception):
@@ -216,6 +243,12 @@ class JobContext:
     def json(self) -> Any:
         """The payload decoded as JSON."""
         return json.loads(self._job.payload)
+
+    def data_as(self, tp: type[T]) -> T:
+        """The JSON payload as a `tp`: a pydantic model, a dataclass, a TypedDict or another
+        JSON type (what a handler's typed second parameter gets). ValueError or TypeError when
+        it does not fit."""
+        return decode_payload(self._job.payload, tp)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -487,9 +520,18 @@ class Worker:
 
     # --- registration ----------------------------------------------------------------------
 
-    def handle(self, queue: str, fn: Handler) -> None:
-        """Registers the handler of `queue`. Call before run()."""
-        self._handlers[queue] = fn
+    def handle(self, queue: str, fn: Handler | TypedHandler) -> None:
+        """Registers the handler of `queue`. Call before run().
+
+        A handler with a second parameter gets the payload decoded into that parameter's type
+        (`async def send(job, signup: Signup)`): a pydantic model, a dataclass, a TypedDict or
+        another JSON type. A payload that does not fit fails the job with no retry
+        (PermanentError), before the handler is called."""
+        tp = payload_type(fn)
+        if tp is None:
+            self._handlers[queue] = cast(Handler, fn)
+        else:
+            self._handlers[queue] = _with_payload(cast(TypedHandler, fn), tp)
 
     def use(self, middleware: WorkerMiddleware) -> WorkerMiddleware:
         """Adds worker middleware around every handler call: the first added is the outermost.
@@ -497,10 +539,10 @@ class Worker:
         self._middleware.append(middleware)
         return middleware
 
-    def handler(self, queue: str) -> Callable[[Handler], Handler]:
+    def handler(self, queue: str) -> Callable[[AnyHandler], AnyHandler]:
         """Decorator form of handle()."""
 
-        def register(fn: Handler) -> Handler:
+        def register(fn: AnyHandler) -> AnyHandler:
             self.handle(queue, fn)
             return fn
 
