@@ -37,7 +37,7 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
-# .dockerignore lets in only what this build reads (CMakeLists.txt, cmake/ proto/ core/ storage/
+# .dockerignore lets in only what this build reads (CMakeLists.txt, VERSION, cmake/ proto/ core/ storage/
 # node/ cluster/ server/ client/cpp/ ui/), so a change to tests, docs, the chart or another
 # language's client keeps this layer and the build below cached.
 COPY . .

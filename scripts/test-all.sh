@@ -29,7 +29,9 @@ suites=("$@")
 
 run_suite() {
   case "$1" in
-    cpp) ctest --test-dir "$build" -j"$jobs" --output-on-failure ;;
+    # Every C++ test, then the C++ client as users get it: installed into an empty prefix and
+    # built from a scratch CMake project (client/cpp/test.sh).
+    cpp) ctest --test-dir "$build" -j"$jobs" --output-on-failure && client/cpp/test.sh ;;
     # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
     # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
     asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;

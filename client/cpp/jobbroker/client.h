@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "jobbroker/version.h"
 
 namespace grpc {
 class Channel;
@@ -24,7 +25,7 @@ namespace jobbroker::client {
 
 // This library's name and version, in the jobbroker-client metadata and the user agent of its
 // calls (the broker's ListWorkers shows it as the worker's client).
-inline constexpr char kClientName[] = "jobbroker-cpp/0.1.0";
+inline constexpr char kClientName[] = "jobbroker-cpp/" JOBBROKER_CLIENT_VERSION;
 
 class Router;
 
