@@ -263,6 +263,8 @@ interface HeartbeatSent {
 interface Pending {
   request: WorkRequest;
   onResult?: (r: WorkResult) => void;
+  /** Answered UNAVAILABLE: goes out again after answerRetryMs, or on the next stream. */
+  refused?: boolean;
 }
 
 type Outcome =
@@ -272,6 +274,17 @@ type Outcome =
 
 // The broker takes at most 1000 acks in one AckBatchRequest.
 const maxAcksPerMessage = 1000;
+
+// An ack, fail, release or step save answered UNAVAILABLE (a partition between leaders, a
+// broker draining: "retry") is not final: it goes out again after this long, or on the next
+// stream if this one ends first (worker contract §4). Dropping it would have the job run again
+// once its lease runs out.
+const answerRetryMs = 250;
+
+// A graceful stop waits this long for the handlers cancelled at the end of grace to return,
+// then this long for the broker's answers (worker contract §6 step 5).
+const cancelledReturnMs = 1000;
+const answersWaitMs = 1000;
 
 // A stream that ended with one of these is reopened; any other code is the caller's mistake (a
 // bad queue name, a missing or refused token) and ends run() with it, since retrying would hide it.
@@ -355,6 +368,9 @@ export class Worker<Data = unknown, Result = unknown> {
   // broker round trip instead of one per job.
   private acks: AckRequest[] = [];
   private ackRequestId = 0; // the unanswered ack message; 0 = none
+  // Acks answered UNAVAILABLE: first in line again when the resend timer fires (or a new stream opens).
+  private ackRetry: AckRequest[] = [];
+  private retryTimer?: NodeJS.Timeout; // set while a resend of refused answers is due
   private readonly listeners = new Set<() => void>();
   private readonly statsValue: WorkerStats = {
     acked: 0, failed: 0, released: 0, snoozed: 0, attemptsLost: 0, reconnects: 0, ackMessages: 0, acksRefused: 0,
@@ -467,8 +483,9 @@ export class Worker<Data = unknown, Result = unknown> {
    * Graceful stop: takes no new jobs (flow 0), gives back (Release) the ones received but not
    * started, lets running handlers finish for up to `graceMs`, then aborts the stragglers'
    * signals and releases their jobs whatever they end with (no attempt spent), waits up to 1 s
-   * past the grace for the broker's answers to the last acks, fails and releases, and closes.
-   * A handler that ignores its signal holds the stop until it returns.
+   * for those to return (a handler that ignores its signal has its job released anyway, and
+   * whatever it ends with is dropped), then up to 1 s for the broker's answers to the last acks,
+   * fails and releases, and closes.
    */
   stop(graceMs = this.shutdownGraceMs): Promise<void> {
     if (this.stopped) return this.stopped;
@@ -489,11 +506,18 @@ export class Worker<Data = unknown, Result = unknown> {
     this.releaseQueued();
     await this.until(() => this.running.size === 0, graceEnds - Date.now());
     for (const h of this.running) this.stopAttempt(h, "shutdown", "the worker is shutting down: its grace ran out");
-    await this.until(() => this.running.size === 0);
-    // Buffered acks count: they go out when the ack message ahead of them is answered.
-    const answered = () => this.pending.size === 0 && this.acks.length === 0;
-    await this.until(answered, graceEnds + 1000 - Date.now());
+    // Up to 1 s for the cancelled handlers to return (contract §6 step 5). One that ignores its
+    // signal has its job released anyway; whatever it ends with later is dropped.
+    if (!(await this.until(() => this.running.size === 0, cancelledReturnMs))) {
+      for (const h of [...this.running]) this.abandon(h);
+    }
+    // Then up to 1 s for the answers. Buffered acks count: they go out when the ack message ahead
+    // of them is answered; refused ones go out again after answerRetryMs.
+    const answered = () => this.pending.size === 0 && this.acks.length === 0 && this.ackRetry.length === 0;
+    await this.until(answered, answersWaitMs);
     this.closing = true;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
     for (const h of this.held.values()) this.forget(h);
     for (const [, p] of this.pending) {
       p.onResult?.({ requestId: 0, code: Status.UNAVAILABLE, message: "the worker stopped", leaseDeadline: undefined, cancelRequested: false, itemErrors: [] });
@@ -512,6 +536,21 @@ export class Worker<Data = unknown, Result = unknown> {
     await this.loopDone;
     if (this.ownsClient) this.client.close();
     this.state = "closed";
+    this.notify();
+  }
+
+  /**
+   * A graceful stop gives up on a handler that did not return within 1 s of its cancellation:
+   * its job is released (no attempt spent) and its own answer, if it ever ends, is dropped. It
+   * stays in `stuck`, as an attempt the broker ended does, until it returns.
+   */
+  private abandon(h: Held): void {
+    if (h.lost) return;
+    this.log(`job ${h.job.jobId}: its handler did not return within ${cancelledReturnMs} ms of its cancellation; releasing the job anyway`);
+    this.forget(h);
+    h.lost = true; // nothing more is sent for the attempt but this release
+    this.stuck.add(h);
+    this.sendRelease(h.job);
     this.notify();
   }
 
@@ -598,7 +637,12 @@ export class Worker<Data = unknown, Result = unknown> {
       // lease (the broker answers a repeated ack of the same attempt OK), so sending them again
       // with the same lease ids is safe. Heartbeats are not replayed: each held job's next tick
       // goes out on this stream; only the newest unanswered progress is sent again.
-      for (const p of this.pending.values()) this.write(p.request);
+      for (const p of this.pending.values()) {
+        p.refused = false; // sent now: the resend timer need not send it again
+        this.write(p.request);
+      }
+      this.requeueRefusedAcks();
+      this.flushAcks();
       for (const h of this.held.values()) this.sendProgress(h);
 
       const streamEnd = await ended;
@@ -673,6 +717,12 @@ export class Worker<Data = unknown, Result = unknown> {
         } else if (!subscribed) {
           this.onFatal(new JobBrokerError(r.code, `subscribe refused: ${r.message}`));
         }
+      } else if (p && r.code === Status.UNAVAILABLE && p.request.ack === undefined && p.request.ackBatch === undefined) {
+        // A fail, release or step save the broker could not apply now: not final (acks are
+        // handled the same way in onAckResult).
+        p.refused = true;
+        this.log(`request ${r.requestId} refused for now (${r.message}); sending it again in ${answerRetryMs} ms`);
+        this.scheduleResend();
       } else if (p) {
         this.pending.delete(r.requestId);
         if (p.onResult) p.onResult(r);
@@ -931,19 +981,62 @@ export class Worker<Data = unknown, Result = unknown> {
       batch.length === 1 ? { requestId, ack: batch[0] } : { requestId, ackBatch: { acks: batch } };
     this.ackRequestId = requestId;
     this.statsValue.ackMessages++;
-    this.sendTracked(request, (r) => this.onAckResult(requestId, batch.length, r));
+    this.sendTracked(request, (r) => this.onAckResult(requestId, batch, r));
   }
 
-  private onAckResult(requestId: number, acks: number, r: WorkResult): void {
+  /** Arranges for the answers refused with UNAVAILABLE to go out again after answerRetryMs. */
+  private scheduleResend(): void {
+    if (this.retryTimer || this.closing) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      this.resendRefused();
+    }, answerRetryMs);
+  }
+
+  /** Sends again the acks, fails, releases and step saves the broker refused with UNAVAILABLE. */
+  private resendRefused(): void {
+    if (this.closing) return;
+    this.requeueRefusedAcks();
+    this.flushAcks();
+    // Without a stream they wait: the next stream sends every unanswered request.
+    if (!this.stream) return;
+    for (const p of [...this.pending.values()].filter((p) => p.refused).sort((a, b) => a.request.requestId - b.request.requestId)) {
+      p.refused = false;
+      this.write(p.request);
+    }
+  }
+
+  /** Puts the acks refused with UNAVAILABLE back first in line. */
+  private requeueRefusedAcks(): void {
+    if (this.ackRetry.length === 0) return;
+    this.acks = [...this.ackRetry, ...this.acks];
+    this.ackRetry = [];
+  }
+
+  private onAckResult(requestId: number, batch: AckRequest[], r: WorkResult): void {
     // requestId 0 is no answer: the worker closed with this message unanswered.
-    if (r.requestId !== 0) {
+    if (r.requestId !== 0 && r.code === Status.UNAVAILABLE) {
+      // Not applied for now (a partition between leaders): every ack in it goes out again.
+      this.log(`${batch.length} ack(s) refused for now (${r.message}); sending again in ${answerRetryMs} ms`);
+      this.ackRetry.push(...batch);
+      this.scheduleResend();
+    } else if (r.requestId !== 0) {
       if (r.code !== Status.OK && !leaseGone(r.code)) this.log(`ack: ${statusName(r.code)}: ${r.message}`);
       // Acks the broker did not apply; the others in the batch were. A stale or unknown lease
-      // means another attempt owns the job now: nothing to do, as for a single ack.
+      // means another attempt owns the job now: nothing to do, as for a single ack. UNAVAILABLE
+      // is not final: that ack goes out again.
+      let refused = 0;
       for (const e of r.itemErrors) {
+        if (e.code === Status.UNAVAILABLE && e.index >= 0 && e.index < batch.length) {
+          this.log(`ack of job ${batch[e.index].jobId} refused for now (${e.message}); sending again in ${answerRetryMs} ms`);
+          this.ackRetry.push(batch[e.index]);
+          this.scheduleResend();
+          continue;
+        }
+        refused++;
         if (!leaseGone(e.code)) this.log(`ack not applied: ${statusName(e.code)}: ${e.message}`);
       }
-      this.statsValue.acksRefused += r.code !== Status.OK ? acks : r.itemErrors.length;
+      this.statsValue.acksRefused += r.code !== Status.OK ? batch.length : refused;
     }
     if (this.ackRequestId === requestId) {
       this.ackRequestId = 0;
