@@ -22,6 +22,7 @@ module Jobbroker
       @ended = false
       @end_code = nil
       @end_message = nil
+      @forced_end = nil
     end
 
     # Opens the stream with `first` (the subscribe) as its first message. Never raises: a call
@@ -55,7 +56,15 @@ module Jobbroker
     end
 
     # Half-closes the stream, gives the broker `wait` seconds to end it, then cancels it.
-    def close(wait = 2.0)
+    # `code`/`message`: the end to report instead of the one the stream will have (a
+    # subscription refused while the stream stays open counts as a stream that ended with the
+    # refusal's code).
+    def close(wait = 2.0, code: nil, message: nil)
+      if code
+        @forced_end = [code, message]
+        @end_code = code
+        @end_message = message
+      end
       @out.close
       return unless @reader
 
@@ -91,6 +100,7 @@ module Jobbroker
     end
 
     def finish(code, message)
+      code, message = @forced_end if @forced_end
       @end_code = code
       @end_message = message
       @ended = true

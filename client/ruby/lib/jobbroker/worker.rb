@@ -38,10 +38,11 @@ module Jobbroker
   # ignores it, and such a handler keeps its slot until it returns.
   #
   # Threads: `concurrency` handler threads, one timer thread (heartbeats every third of each
-  # lease, time-outs), one connection thread (reconnects with backoff) and one reader thread
-  # per stream. All state shared by them is guarded by @mu; callbacks that take @mu are never
-  # called with it held. #stop may be called from any thread but not from a trap handler (use
-  # #trap_signals, which calls it from a thread).
+  # lease, time-outs, resends of answers refused UNAVAILABLE), one connection thread
+  # (reconnects with backoff) and one reader thread per stream. All state shared by them is
+  # guarded by @mu; callbacks that take @mu are never called with it held. #stop may be called
+  # from any thread but not from a trap handler (use #trap_signals, which calls it from a
+  # thread).
   class Worker
     # acked/failed/released: answers the broker accepted; ack_messages: ack and ack_batch
     # messages sent (fewer than acks when acks were coalesced); reconnects: streams reopened.
@@ -60,8 +61,14 @@ module Jobbroker
     STALE_LEASE_CODES = [
       GRPC::Core::StatusCodes::FAILED_PRECONDITION, GRPC::Core::StatusCodes::NOT_FOUND
     ].freeze
+    UNAVAILABLE = GRPC::Core::StatusCodes::UNAVAILABLE
     # Seconds to wait for the subscribe's answer before trying another stream.
     SUBSCRIBE_TIMEOUT = 30
+    # An ack, fail, release or checkpoint save answered UNAVAILABLE (the partition is between
+    # leaders, or the broker could not apply it now: "retry") is not final: it goes out again
+    # after these seconds, or on the next stream if this one ends first. Dropping it would have
+    # the job run again once its lease runs out.
+    ANSWER_RETRY_DELAY = 0.25
     # Which WorkRequest field carries each kind of request.
     REQUEST_FIELD = {
       subscribe: :subscribe, heartbeat: :heartbeat, progress: :heartbeat,
@@ -215,17 +222,24 @@ module Jobbroker
     end
 
     # Saves the job's checkpoint at once and waits for the broker's answer (across reconnects:
-    # an unanswered save goes out again on the next stream). Raises Cancelled when the lease is
-    # gone, StepSaveError when the broker refused the save.
+    # an unanswered save goes out again on the next stream; one answered UNAVAILABLE goes out
+    # again after ANSWER_RETRY_DELAY). Raises Cancelled when the lease is gone, StepSaveError
+    # when the broker refused the save.
     def save_checkpoint(ctx, bytes)
       answer = Answer.new
       held = @mu.synchronize do
         held = held_of_locked(ctx)
         raise Cancelled, ctx.cancel_reason || :lease_lost unless held
 
-        request = V1::HeartbeatRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id,
-                                           checkpoint: bytes)
-        send_or_keep_locked(Request.new(:checkpoint, request, nil, ->(r) { answer << r }, true))
+        request = Request.new(:checkpoint,
+                              V1::HeartbeatRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id,
+                                                       checkpoint: bytes),
+                              held, nil, true)
+        # UNAVAILABLE is not the save's answer: the save goes out again (retry_later).
+        request.on_result = lambda do |r|
+          r.code == UNAVAILABLE ? retry_later(request, r) : answer << r
+        end
+        send_or_keep_locked(request)
         held
       end
       result = wait_for_answer(ctx, answer)
@@ -358,6 +372,10 @@ module Jobbroker
       @ack_queue = []       # AckRequests waiting for the ack in flight to be answered
       @acks_in_flight = nil # the AckRequests of the one ack message in flight
       @answers_unanswered = 0
+      # Answered UNAVAILABLE, to send again at @retry_at (or on the next stream, if sooner).
+      @ack_retry = []       # AckRequests
+      @refused = []         # fail, release and checkpoint Requests
+      @retry_at = nil
     end
 
     def subscribe_request
@@ -400,20 +418,58 @@ module Jobbroker
     # A fail or release: counted until answered, resent after a reconnect.
     def send_answer_locked(kind, message)
       @answers_unanswered += 1
-      on_result = ->(result) { on_answer_result(kind, message, result) }
-      send_or_keep_locked(Request.new(kind, message, nil, on_result, true))
+      request = Request.new(kind, message, nil, nil, true)
+      request.on_result = ->(result) { on_answer_result(request, result) }
+      send_or_keep_locked(request)
     end
 
-    def on_answer_result(kind, message, result)
+    def on_answer_result(request, result)
+      return retry_later(request, result) if result.code == UNAVAILABLE
+
       @mu.synchronize do
         @answers_unanswered -= 1
         if result.code.zero?
-          kind == :release ? @stats.released += 1 : @stats.failed += 1
+          request.kind == :release ? @stats.released += 1 : @stats.failed += 1
         else
-          log_refused(kind, message.job_id, result)
+          log_refused(request.kind, request.message.job_id, result)
         end
         @cv.broadcast
       end
+    end
+
+    # A fail, release or checkpoint save answered UNAVAILABLE: sent again after
+    # ANSWER_RETRY_DELAY (or on the next stream if this one ends first); still unanswered.
+    def retry_later(request, result)
+      @mu.synchronize do
+        @log.info("#{request.kind} of #{request.message.job_id} refused for now, sending it " \
+                  "again: #{result.message}")
+        @refused << request
+        schedule_retry_locked
+      end
+    end
+
+    def schedule_retry_locked
+      @retry_at ||= Worker.monotonic + ANSWER_RETRY_DELAY
+      @cv.broadcast # the timer thread waits for it
+    end
+
+    # Sends again what was answered UNAVAILABLE: the acks first in line, then the fails,
+    # releases and checkpoint saves in their order (kept for the next stream if there is none
+    # now). A save whose handler gave up on it (its lease is gone) is dropped.
+    def resend_refused_locked
+      @retry_at = nil
+      unless @ack_retry.empty?
+        @ack_queue.unshift(*@ack_retry)
+        @ack_retry = []
+      end
+      refused = @refused
+      @refused = []
+      refused.each do |request|
+        next if request.kind == :checkpoint && !@held[request.held.job_id].equal?(request.held)
+
+        send_or_keep_locked(request)
+      end
+      send_acks_locked
     end
 
     def queue_ack_locked(ack)
@@ -442,16 +498,23 @@ module Jobbroker
     def on_ack_result(acks, result)
       @mu.synchronize do
         @acks_in_flight = nil if @acks_in_flight.equal?(acks)
-        @answers_unanswered -= acks.size
         item_errors = result.item_errors.to_h { |e| [e.index, e] }
         acks.each_with_index do |ack, i|
           error = result.code.zero? ? item_errors[i] : result
+          if error&.code == UNAVAILABLE
+            # Not final: sent again after ANSWER_RETRY_DELAY, still unanswered.
+            @log.info("ack of #{ack.job_id} refused for now, sending it again: #{error.message}")
+            @ack_retry << ack
+            next
+          end
+          @answers_unanswered -= 1
           if error
             log_refused(:ack, ack.job_id, error)
           else
             @stats.acked += 1
           end
         end
+        schedule_retry_locked unless @ack_retry.empty?
         send_acks_locked
         @cv.broadcast
       end
@@ -577,8 +640,8 @@ module Jobbroker
       fatal!(e)
     end
 
-    # Subscribes on `session`; true once the broker answered OK. Raises SubscriptionRefused
-    # for an answer that is the caller's mistake.
+    # Subscribes on `session`; true once the broker answered OK. False if it did not (the
+    # session is then closed, with the refusal's code as its end code).
     def open_session(session)
       answer = Answer.new
       first = @mu.synchronize do
@@ -597,15 +660,16 @@ module Jobbroker
       end
       return subscribed(session) if result.code.zero?
 
-      session.close(0.5)
-      # Retryable: connection_loop logs the stream's end and tries again.
-      return false if RETRYABLE_CODES.include?(result.code)
-
-      raise SubscriptionRefused.new(result.code, result.message)
+      # Refused (UNAVAILABLE: a queue's partition has no leader yet), perhaps with the stream
+      # left open: it would never push, so it is ended here, and counts as a stream that ended
+      # with the refusal's code (connection_loop then moves to the next address and tries
+      # again after its backoff, or raises for a code that is the caller's mistake).
+      session.close(0.5, code: result.code, message: result.message)
+      false
     end
 
-    # The stream is up: unanswered answers go out again with their lease ids, then waiting
-    # acks and progress; held jobs heartbeat at once.
+    # The stream is up: unanswered answers (and those answered UNAVAILABLE) go out again with
+    # their lease ids, then waiting acks and progress; held jobs heartbeat at once.
     def subscribed(session)
       @mu.synchronize do
         return false if session.ended?
@@ -616,6 +680,8 @@ module Jobbroker
         resend = @resend
         @resend = []
         resend.each { |request| dispatch_locked(request) }
+        # What was answered UNAVAILABLE on the last stream goes out now, not at @retry_at.
+        resend_refused_locked
         send_acks_locked
         now = Worker.monotonic
         @held.each_value do |held|
@@ -761,15 +827,18 @@ module Jobbroker
     end
 
     # Waits until a heartbeat or time-out is due; returns [due heartbeats, timed-out jobs].
+    # Meanwhile sends again, at @retry_at, the answers refused UNAVAILABLE.
     def collect_due_locked
       loop do
         now = Worker.monotonic
+        resend_refused_locked if @retry_at && @retry_at <= now
         timed_out = @held.values.select { |h| h.timeout_at && h.timeout_at <= now }
         due = @held.values.select { |h| h.next_heartbeat <= now } - timed_out
         due.each { |h| h.next_heartbeat = now + h.heartbeat_interval }
         return [due, timed_out] unless due.empty? && timed_out.empty?
 
-        next_at = @held.values.flat_map { |h| [h.next_heartbeat, h.timeout_at] }.compact.min
+        next_at = [*@held.values.flat_map { |h| [h.next_heartbeat, h.timeout_at] }, @retry_at]
+                  .compact.min
         @cv.wait(@mu, next_at ? [next_at - now, 0.005].max : 1.0)
         return [[], []] if @closing
       end
