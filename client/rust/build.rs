@@ -1,11 +1,13 @@
-//! Generates the jobbroker.v1 messages and tonic clients from ../../proto at build time.
-//! Uses $PROTOC when set, else /usr/bin/protoc when present, else `protoc` from PATH.
+//! Generates the jobbroker.v1 messages and tonic clients at build time from `proto/`, the
+//! crate's own copy of the repository's proto/ (so the packaged .crate builds on its own;
+//! tests/packaging.rs fails when the copy differs from ../../proto). Uses $PROTOC when set, else
+//! /usr/bin/protoc when present, else `protoc` from PATH.
 
 use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    let proto_root = manifest_dir.join("../../proto");
+    let proto_root = manifest_dir.join("proto");
     let proto_dir = proto_root.join("jobbroker/v1");
 
     println!("cargo:rerun-if-env-changed=PROTOC");

@@ -33,3 +33,5 @@ echo "== cargo test (doc tests: the README's snippets compile)"
 cargo test --locked -j2 --doc --features tracing-otel
 echo "== cargo test (integration tests against the real broker)"
 cargo test --locked -j2 --lib --tests --features tracing-otel
+echo "== install test (cargo package, the .crate in a scratch project, example worker over TLS with a token)"
+./install_test.sh

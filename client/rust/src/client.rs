@@ -655,7 +655,8 @@ impl Client {
     }
 
     /// Opens a `Work` stream and subscribes. Returns once the broker accepted the subscription;
-    /// a refusal (e.g. `INVALID_ARGUMENT` for a bad queue name) is returned as its status.
+    /// a refusal (e.g. `INVALID_ARGUMENT` for a bad queue name, `UNAVAILABLE` while a queue's
+    /// partition has no leader) ends the stream and is returned as its status.
     /// Pushed jobs and notices arrive on the returned receiver, which ends with
     /// [`WorkEvent::Closed`]. Must be called inside a Tokio runtime (it spawns the reader).
     pub async fn work(
@@ -698,7 +699,13 @@ impl Client {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
         *stream.shared.reader.lock().unwrap() = Some(reader.abort_handle());
-        stream.finish(subscribed).await?;
+        if let Err(status) = stream.finish(subscribed).await {
+            // Refused while the stream stays open (UNAVAILABLE: a queue's partition has no
+            // leader yet; or a code retrying would not change): it will never push, so end it
+            // here. The caller takes it as a stream that ended with this code.
+            stream.cancel();
+            return Err(status);
+        }
         Ok((stream, events_rx))
     }
 

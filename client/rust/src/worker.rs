@@ -73,6 +73,10 @@ use crate::{Client, ClientOptions, Code, ConnectError, Status, WorkEvent, WorkSt
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// ... up to this.
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How long an ack, fail, release or step save the broker answered `UNAVAILABLE` (a partition
+/// between leaders: "retry") waits before it is sent again (unless the stream ends first: then
+/// it goes out on the next one).
+const ANSWER_RETRY_DELAY: Duration = Duration::from_millis(250);
 /// The most acks one `ack_batch` may carry (AckBatchRequest).
 const MAX_ACK_BATCH: usize = 1000;
 /// How long handlers cancelled at the end of a graceful stop's grace may take to return before
@@ -367,12 +371,12 @@ async fn open_stream(current: &mut CurrentStream) -> Option<WorkStream> {
 }
 
 /// Sends `request` until the broker answers it: on the next stream when this one ends first,
-/// again after a pause when the broker answers `UNAVAILABLE`. Any other answer is returned.
+/// again after [`ANSWER_RETRY_DELAY`] when the broker answers `UNAVAILABLE` (not final: the
+/// partition is between leaders). Any other answer is returned.
 async fn send_until_answered(
     mut current: CurrentStream,
     request: Request,
 ) -> Result<v1::WorkResult, Status> {
-    let mut pause = BACKOFF_MIN;
     loop {
         let Some(stream) = open_stream(&mut current).await else {
             return Err(Status::unavailable(
@@ -385,11 +389,19 @@ async fn send_until_answered(
             // with the same lease id is safe either way.
             Err(_) if stream.is_closed() => {}
             Err(status) if status.code() == Code::Unavailable => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(BACKOFF_MAX);
+                wait_to_resend(&mut current).await;
             }
             Err(status) => return Err(status),
         }
+    }
+}
+
+/// After an answer refused with `UNAVAILABLE`: waits [`ANSWER_RETRY_DELAY`], or less if the
+/// stream ends first (the answer then goes out on the next stream).
+async fn wait_to_resend(current: &mut CurrentStream) {
+    tokio::select! {
+        () = tokio::time::sleep(ANSWER_RETRY_DELAY) => {}
+        _ = current.changed() => {}
     }
 }
 
@@ -1206,10 +1218,22 @@ struct PendingAck {
 
 /// Keeps one ack message in flight: acks that end while it waits for its answer go out
 /// together as one `ack_batch` when it comes, so a busy worker sends one ack message per round
-/// trip and a quiet one each ack at once.
-async fn coalesce_acks(mut queued: mpsc::UnboundedReceiver<PendingAck>, current: CurrentStream) {
-    while let Some(first) = queued.recv().await {
-        let mut batch = vec![first];
+/// trip and a quiet one each ack at once. An ack the broker answers `UNAVAILABLE` (the whole
+/// message, or its item of a batch) is not final: it goes out again after
+/// [`ANSWER_RETRY_DELAY`], with the acks queued meanwhile.
+async fn coalesce_acks(
+    mut queued: mpsc::UnboundedReceiver<PendingAck>,
+    mut current: CurrentStream,
+) {
+    let mut refused: Vec<PendingAck> = Vec::new();
+    loop {
+        let mut batch = std::mem::take(&mut refused);
+        if batch.is_empty() {
+            match queued.recv().await {
+                Some(first) => batch.push(first),
+                None => return,
+            }
+        }
         while batch.len() < MAX_ACK_BATCH {
             match queued.try_recv() {
                 Ok(next) => batch.push(next),
@@ -1234,9 +1258,23 @@ async fn coalesce_acks(mut queued: mpsc::UnboundedReceiver<PendingAck>, current:
                     })
                     .collect();
                 for (index, pending) in batch.into_iter().enumerate() {
-                    let _ = pending
-                        .answered
-                        .send(item_errors.remove(&index).map_or(Ok(()), Err));
+                    match item_errors.remove(&index) {
+                        Some(status) if status.code() == Code::Unavailable => {
+                            eprintln!(
+                                "jobbroker worker: job {}: ack refused for now ({}); sending it again",
+                                pending.ack.job_id,
+                                status.message()
+                            );
+                            refused.push(pending);
+                        }
+                        answer => {
+                            let _ = pending.answered.send(answer.map_or(Ok(()), Err));
+                        }
+                    }
+                }
+                if !refused.is_empty() {
+                    current.mark_unchanged();
+                    wait_to_resend(&mut current).await;
                 }
             }
             Err(status) => {

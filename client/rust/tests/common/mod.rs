@@ -401,3 +401,181 @@ impl Running {
             .expect("the worker task panicked")
     }
 }
+
+/// What a [`FakeWorkNode`] saw, in order.
+#[derive(Debug, Clone)]
+pub enum Seen {
+    /// A `Work` stream opened (streams are numbered from 0 in the order they opened).
+    Opened(usize),
+    /// A request on that stream, when it arrived.
+    Request(usize, jobbroker::v1::WorkRequest, std::time::Instant),
+    /// The worker ended that stream (half-closed it, or cancelled it).
+    Ended(usize, std::time::Instant),
+}
+
+/// What a [`FakeWorkNode`] answers to one request: each message sent after its delay.
+pub type Answers = Vec<(Duration, jobbroker::v1::work_response::Response)>;
+
+/// The script of a [`FakeWorkNode`]: (stream number, request) -> what to send back.
+pub type Script =
+    std::sync::Arc<dyn Fn(usize, &jobbroker::v1::WorkRequest) -> Answers + Send + Sync>;
+
+/// A stand-in broker that serves `Broker/Work` streams from a script, over plaintext HTTP/2
+/// (h2 and hand-made gRPC frames): it can answer what the real broker answers only in a
+/// cluster between leaders (`UNAVAILABLE` results on an open stream). It ends a stream
+/// (status OK) when the worker half-closes it, and records everything in `seen`. Any other
+/// method is answered `UNIMPLEMENTED`.
+pub struct FakeWorkNode {
+    pub addr: String,
+    pub seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+/// A `WorkResult` answering `request_id` with `code` (0: OK).
+pub fn work_result(
+    request_id: u64,
+    code: i32,
+    message: &str,
+) -> jobbroker::v1::work_response::Response {
+    jobbroker::v1::work_response::Response::Result(jobbroker::v1::WorkResult {
+        request_id,
+        code,
+        message: message.into(),
+        ..Default::default()
+    })
+}
+
+fn grpc_frame(message: &impl prost::Message) -> prost::bytes::Bytes {
+    let body = message.encode_to_vec();
+    let mut frame = Vec::with_capacity(5 + body.len());
+    frame.push(0);
+    frame.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    frame.extend_from_slice(&body);
+    frame.into()
+}
+
+impl FakeWorkNode {
+    pub async fn start(script: Script) -> Self {
+        use prost::Message;
+        use std::sync::{Arc, Mutex};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::new(Mutex::new(Vec::new()));
+        let streams = Arc::new(AtomicU32::new(0));
+        let recorded = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let (seen, script, streams) = (recorded.clone(), script.clone(), streams.clone());
+                tokio::spawn(async move {
+                    let Ok(mut connection) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        if request.uri().path() != "/jobbroker.v1.Broker/Work" {
+                            let response = http::Response::builder()
+                                .status(200)
+                                .header("content-type", "application/grpc")
+                                .header("grpc-status", "12")
+                                .body(())
+                                .unwrap();
+                            let _ = respond.send_response(response, true);
+                            continue;
+                        }
+                        let n = streams.fetch_add(1, Ordering::SeqCst) as usize;
+                        seen.lock().unwrap().push(Seen::Opened(n));
+                        let response = http::Response::builder()
+                            .status(200)
+                            .header("content-type", "application/grpc")
+                            .body(())
+                            .unwrap();
+                        let Ok(send) = respond.send_response(response, false) else {
+                            continue;
+                        };
+                        // One writer per stream, so delayed answers keep their own order.
+                        let (out_tx, mut out_rx) = tokio::sync::mpsc::unbounded_channel::<
+                            Option<jobbroker::v1::work_response::Response>,
+                        >();
+                        tokio::spawn(async move {
+                            let mut send = send;
+                            while let Some(message) = out_rx.recv().await {
+                                match message {
+                                    Some(response) => {
+                                        let frame = grpc_frame(&jobbroker::v1::WorkResponse {
+                                            response: Some(response),
+                                        });
+                                        if send.send_data(frame, false).is_err() {
+                                            return;
+                                        }
+                                    }
+                                    None => {
+                                        let mut trailers = http::HeaderMap::new();
+                                        trailers.insert("grpc-status", "0".parse().unwrap());
+                                        let _ = send.send_trailers(trailers);
+                                        return;
+                                    }
+                                }
+                            }
+                        });
+                        let (seen, script) = (seen.clone(), script.clone());
+                        tokio::spawn(async move {
+                            let mut body = request.into_body();
+                            let mut buffer: Vec<u8> = Vec::new();
+                            while let Some(Ok(data)) = body.data().await {
+                                let _ = body.flow_control().release_capacity(data.len());
+                                buffer.extend_from_slice(&data);
+                                while buffer.len() >= 5 {
+                                    let len = u32::from_be_bytes(buffer[1..5].try_into().unwrap())
+                                        as usize;
+                                    if buffer.len() < 5 + len {
+                                        break;
+                                    }
+                                    let message: Vec<u8> =
+                                        buffer.drain(..5 + len).skip(5).collect();
+                                    let request =
+                                        jobbroker::v1::WorkRequest::decode(&message[..]).unwrap();
+                                    seen.lock().unwrap().push(Seen::Request(
+                                        n,
+                                        request.clone(),
+                                        std::time::Instant::now(),
+                                    ));
+                                    for (delay, answer) in script(n, &request) {
+                                        if delay.is_zero() {
+                                            let _ = out_tx.send(Some(answer));
+                                        } else {
+                                            let out_tx = out_tx.clone();
+                                            tokio::spawn(async move {
+                                                tokio::time::sleep(delay).await;
+                                                let _ = out_tx.send(Some(answer));
+                                            });
+                                        }
+                                    }
+                                }
+                            }
+                            seen.lock()
+                                .unwrap()
+                                .push(Seen::Ended(n, std::time::Instant::now()));
+                            let _ = out_tx.send(None);
+                        });
+                    }
+                });
+            }
+        });
+        FakeWorkNode { addr, seen }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits (up to GIVE_UP) until `what` holds for what the node saw.
+    pub async fn wait_until(&self, what: &str, test: impl Fn(&[Seen]) -> bool) {
+        let give_up = std::time::Instant::now() + GIVE_UP;
+        while !test(&self.seen()) {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the fake node never saw {what}; it saw {:#?}",
+                self.seen()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
