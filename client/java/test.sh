@@ -1,19 +1,43 @@
 #!/usr/bin/env bash
-# Builds the Java client (stubs generated from ../../proto by protoc at build time) and runs its
-# tests against the real broker ($JOBBROKER_BIN, else <repo>/build/server/jobbroker).
+# Builds the Java client (stubs generated from ../../proto by protoc at build time) into
+# target/jobbroker-client-VERSION.jar (+ -sources.jar, -javadoc.jar, .pom), runs its tests against
+# the real broker ($JOBBROKER_BIN, else <repo>/build/server/jobbroker), then the install test
+# (scripts/install-test.sh: the built jar installed into a temporary repository, the examples built
+# from it and run over TLS with a token).
+# VERSION is the repository's VERSION file, passed to Maven as -Drevision.
 # Maven fetches the pinned versions of pom.xml into ~/.m2 on the first run; later runs reuse them.
-# Extra arguments go to Maven (e.g. ./test.sh -Dtest=WorkerTest).
+# Extra arguments go to Maven (e.g. ./test.sh -Dtest=WorkerTest) and skip the install test.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+version="$(tr -d '[:space:]' <../../VERSION)"
+pom_default="$(sed -n 's:^ *<revision>\(.*\)</revision>.*:\1:p' pom.xml | head -1)"
+if [[ "$pom_default" != "$version" ]]; then
+  echo "pom.xml's default <revision> is '$pom_default', ../../VERSION is '$version': make them equal" >&2
+  exit 1
+fi
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
 status=0
-mvn -B -ntp -Dstyle.color=never verify "$@" 2>&1 | tee "$log" || status=$?
+mvn -B -ntp -Dstyle.color=never -Drevision="$version" verify "$@" 2>&1 | tee "$log" || status=$?
 
-# End with Surefire's total (the last "Tests run:" line without a class name).
+# Surefire's total (the last "Tests run:" line without a class name).
 summary="$(grep -E '^\[[A-Z]+\] Tests run: [0-9]+, Failures: [0-9]+, Errors: [0-9]+, Skipped: [0-9]+$' "$log" | tail -n 1 || true)"
+
+install="install test: not run (the build failed)"
+if [[ $status -eq 0 && $# -gt 0 ]]; then
+  install="install test: skipped (extra Maven arguments)"
+elif [[ $status -eq 0 ]]; then
+  if scripts/install-test.sh; then
+    install="install test: OK"
+  else
+    install="install test: FAILED"
+    status=1
+  fi
+fi
+
 echo
 if [[ -n "$summary" ]]; then
   echo "${summary#\[*\] }"
@@ -21,4 +45,5 @@ else
   echo "no Surefire summary: the build failed before the tests ran"
   [[ $status -ne 0 ]] || status=1
 fi
+echo "$install"
 exit "$status"

@@ -111,8 +111,11 @@ public final class JobBrokerClient implements AutoCloseable {
   /** The address used when neither the options nor $JOBBROKER_ADDRESS name one. */
   public static final String DEFAULT_ADDRESS = ClientOptions.DEFAULT_ADDRESS;
 
-  /** This library's version, sent with every call (see {@link #CLIENT_HEADER}). */
-  public static final String VERSION = "0.1.0";
+  /**
+   * This library's version, sent with every call (see {@link #CLIENT_HEADER}): the repository's
+   * VERSION file, written into {@code version.properties} by the build.
+   */
+  public static final String VERSION = readVersion();
 
   /**
    * The call metadata that names the library to the broker ("jobbroker-java/VERSION"), which
@@ -773,6 +776,19 @@ public final class JobBrokerClient implements AutoCloseable {
         options = options.withDeadlineAfter(deadline.toNanos(), TimeUnit.NANOSECONDS);
       }
       return next.newCall(method, options);
+    }
+  }
+
+  private static String readVersion() {
+    try (java.io.InputStream in = JobBrokerClient.class.getResourceAsStream("version.properties")) {
+      java.util.Properties p = new java.util.Properties();
+      if (in != null) {
+        p.load(in);
+      }
+      String v = p.getProperty("version", "");
+      return v.isEmpty() || v.startsWith("${") ? "unknown" : v;
+    } catch (java.io.IOException e) {
+      return "unknown";
     }
   }
 }

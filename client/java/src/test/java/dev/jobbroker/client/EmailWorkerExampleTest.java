@@ -1,11 +1,14 @@
 package dev.jobbroker.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.jobbroker.v1.FailReason;
 import dev.jobbroker.v1.Job;
 import dev.jobbroker.v1.JobState;
+import java.io.ByteArrayOutputStream;
+import java.io.File;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -14,11 +17,18 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+import javax.tools.JavaCompiler;
+import javax.tools.ToolProvider;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
-/** Runs examples/EmailWorker as its own process (java -cp) against the real broker. */
+/**
+ * Runs examples/EmailWorker as its own process (java -cp) against the real broker. The examples
+ * are not in the library jar: they are compiled here, from client/java/examples, against the
+ * test classpath.
+ */
 class EmailWorkerExampleTest {
   static final String CONFIG =
       """
@@ -28,15 +38,37 @@ class EmailWorkerExampleTest {
       """;
 
   static BrokerProcess broker;
+  static Path exampleClasses;
 
   @BeforeAll
   static void startBroker() throws Exception {
+    exampleClasses = compileExamples();
     broker = BrokerProcess.start(CONFIG);
   }
 
   @AfterAll
   static void stopBroker() throws Exception {
     broker.close();
+  }
+
+  /** javac of examples/src/main/java into a temp directory; returns that directory. */
+  static Path compileExamples() throws IOException {
+    Path src = Path.of(System.getProperty("jobbroker.examples.dir", "examples/src/main/java"));
+    List<String> files;
+    try (Stream<Path> walk = Files.walk(src)) {
+      files = walk.filter(f -> f.toString().endsWith(".java")).map(Path::toString).toList();
+    }
+    assertFalse(files.isEmpty(), "no examples under " + src.toAbsolutePath());
+    Path out = Files.createTempDirectory("jobbroker-examples");
+    JavaCompiler javac = ToolProvider.getSystemJavaCompiler();
+    List<String> args = new ArrayList<>(List.of(
+        "-d", out.toString(), "-cp", System.getProperty("java.class.path"), "-Xlint:all",
+        "-implicit:none"));
+    args.addAll(files);
+    ByteArrayOutputStream err = new ByteArrayOutputStream();
+    int rc = javac.run(null, err, err, args.toArray(String[]::new));
+    assertEquals(0, rc, "javac of the examples failed:\n" + err);
+    return out;
   }
 
   /** The example in a child JVM, its output in a file. */
@@ -51,7 +83,7 @@ class EmailWorkerExampleTest {
           new ProcessBuilder(
                   java,
                   "-cp",
-                  System.getProperty("java.class.path"),
+                  exampleClasses + File.pathSeparator + System.getProperty("java.class.path"),
                   "dev.jobbroker.examples.EmailWorker")
               .redirectErrorStream(true)
               .redirectOutput(output.toFile());

@@ -1,10 +1,12 @@
 package dev.jobbroker.examples;
 
+import dev.jobbroker.client.ClientOptions;
 import dev.jobbroker.client.JobBrokerClient;
 import dev.jobbroker.client.JobContext;
 import dev.jobbroker.client.PermanentError;
 import dev.jobbroker.client.Worker;
 import java.io.IOException;
+import java.nio.file.Path;
 import java.time.Duration;
 
 /**
@@ -20,9 +22,11 @@ import java.time.Duration;
  *       (up to 30 s), exit 0.
  * </ul>
  *
- * <p>Run: {@code JOBBROKER_ADDRESS=127.0.0.1:7070 mvn -q exec:java} (or {@code java -cp ...
- * dev.jobbroker.examples.EmailWorker}). Settings come from the environment: EMAIL_QUEUE (default
- * "emails"), EMAIL_CONCURRENCY (2), EMAIL_PREFETCH (0), EMAIL_SEND_MILLIS (200).
+ * <p>Run (in client/java/examples): {@code JOBBROKER_ADDRESS=127.0.0.1:7070 mvn -q compile
+ * exec:java} (or {@code java -cp ... dev.jobbroker.examples.EmailWorker}). Settings come from the
+ * environment: JOBBROKER_ADDRESS, JOBBROKER_TOKEN, JOBBROKER_CA (a CA certificate: TLS),
+ * EMAIL_QUEUE (default "emails"), EMAIL_CONCURRENCY (2), EMAIL_PREFETCH (0), EMAIL_SEND_MILLIS
+ * (200).
  */
 public final class EmailWorker {
   private final long sendMillis;
@@ -55,7 +59,7 @@ public final class EmailWorker {
     int prefetch = Integer.parseInt(env("EMAIL_PREFETCH", "0"));
     EmailWorker emails = new EmailWorker(Long.parseLong(env("EMAIL_SEND_MILLIS", "200")));
 
-    try (JobBrokerClient client = JobBrokerClient.connectFromEnv()) {
+    try (JobBrokerClient client = JobBrokerClient.connect(optionsFromEnv())) {
       Worker worker =
           Worker.builder(client)
               .handle(queue, emails::send)
@@ -65,7 +69,8 @@ public final class EmailWorker {
               .build();
       worker.stopOnSignal();
       worker.start(); // throws StatusRuntimeException if the broker refuses the subscription
-      log("ready queue=%s concurrency=%d", queue, concurrency);
+      log("ready queue=%s concurrency=%d client=jobbroker-java/%s", queue, concurrency,
+          JobBrokerClient.VERSION);
       worker.awaitTermination();
       log("stopped %s", worker.stats());
     }
@@ -79,5 +84,18 @@ public final class EmailWorker {
   private static synchronized void log(String format, Object... args) {
     System.out.println("email-worker: " + String.format(format, args));
     System.out.flush();
+  }
+
+  /**
+   * $JOBBROKER_ADDRESS and $JOBBROKER_TOKEN (read by the options themselves), plus TLS trusting
+   * the CA certificate of $JOBBROKER_CA when it is set.
+   */
+  static ClientOptions optionsFromEnv() {
+    ClientOptions.Builder options = ClientOptions.builder();
+    String ca = System.getenv("JOBBROKER_CA");
+    if (ca != null && !ca.isEmpty()) {
+      options.tlsCaFile(Path.of(ca));
+    }
+    return options.build();
   }
 }

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The install test: installs the built artifact (target/jobbroker-client-VERSION.jar with its pom
+# target/jobbroker-client-VERSION.pom, -sources.jar and -javadoc.jar) with `mvn install:install-file`
+# into a temporary local Maven repository, copies examples/ (its own pom, depending on dev.jobbroker:jobbroker-client by
+# coordinates) into a scratch project outside the repository, builds that project offline from the
+# temporary repository (the third-party jars are those of ~/.m2, linked in, so nothing is
+# downloaded), and runs its two programs against a real broker with TLS (a throwaway CA made by
+# openssl, a server certificate for 127.0.0.1) and a bearer token: EnqueueEmails enqueues a job,
+# EmailWorker completes it. The classpath of that run is the scratch project's classes and the
+# jars of the temporary repository: client/java is not on it (checked).
+#   scripts/install-test.sh            (after `mvn package` made target/)
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$here/../.." && pwd)"
+bin="${JOBBROKER_BIN:-$root/build/server/jobbroker}"
+m2="${M2_REPO:-$HOME/.m2/repository}"
+version="$(tr -d '[:space:]' <"$root/VERSION")"
+work="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-java-install-XXXXXX")"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "install-test: FAIL: $*" >&2
+  for f in broker.log worker.out; do [[ -f "$work/$f" ]] && { echo "--- $f" >&2; tail -20 "$work/$f" >&2; }; done
+  exit 1
+}
+
+# The artifacts, named by VERSION, and what they hold.
+jar="$here/target/jobbroker-client-$version.jar"
+for f in "$jar" "${jar%.jar}-sources.jar" "${jar%.jar}-javadoc.jar"; do
+  [[ -s "$f" ]] || fail "$f is missing (is VERSION $version what the build used?)"
+done
+listing="$(unzip -Z1 "$jar")"
+for f in META-INF/LICENSE dev/jobbroker/client/JobBrokerClient.class dev/jobbroker/client/version.properties \
+         dev/jobbroker/v1/BrokerGrpc.class; do
+  grep -qx "$f" <<<"$listing" || fail "$f is not in $(basename "$jar")"
+done
+! grep -q '^dev/jobbroker/examples/' <<<"$listing" || fail "the examples are in the library jar"
+grep -qx META-INF/LICENSE <<<"$(unzip -Z1 "${jar%.jar}-sources.jar")" || fail "no LICENSE in the sources jar"
+grep -qx index.html <<<"$(unzip -Z1 "${jar%.jar}-javadoc.jar")" || fail "no index.html in the javadoc jar"
+[[ "$(unzip -p "$jar" dev/jobbroker/client/version.properties | sed -n 's/^version=//p')" == "$version" ]] ||
+  fail "version.properties in the jar is not $version"
+unzip -p "$jar" META-INF/MANIFEST.MF | tr -d '\r' | grep -qx "Implementation-Version: $version" ||
+  fail "the jar's manifest has no Implementation-Version: $version"
+examples_version="$(sed -n 's:.*<jobbroker.version>\(.*\)</jobbroker.version>.*:\1:p' "$here/examples/pom.xml")"
+[[ "$examples_version" == "$version" ]] || fail "examples/pom.xml uses $examples_version, VERSION is $version"
+
+# The pom a user's build reads: pom.xml with the version in place of the revision property
+# (flatten-maven-plugin).
+pom="${jar%.jar}.pom"
+grep -q "^  <version>$version</version>" "$pom" 2>/dev/null || fail "$pom has no version $version"
+
+# The temporary local repository: every group of ~/.m2 linked in, except dev.jobbroker's own.
+repo="$work/repo"
+mkdir -p "$repo"
+for d in "$m2"/*; do
+  [[ "$(basename "$d")" == dev ]] && continue
+  ln -s "$d" "$repo/"
+done
+if [[ -d "$m2/dev" ]]; then
+  mkdir -p "$repo/dev"
+  for d in "$m2"/dev/*; do [[ "$(basename "$d")" == jobbroker ]] || ln -s "$d" "$repo/dev/"; done
+fi
+mvn_tmp=(mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$repo")
+install_file=(org.apache.maven.plugins:maven-install-plugin:3.1.3:install-file -Dfile="$jar" -DpomFile="$pom"
+  -Dsources="${jar%.jar}-sources.jar" -Djavadoc="${jar%.jar}-javadoc.jar")
+installed="$repo/dev/jobbroker/jobbroker-client/$version"
+# A throwaway CA and a server certificate for IP 127.0.0.1; a token and its hash.
+(
+  cd "$work"
+  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+  openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days 1 -subj "/CN=jobbroker install-test CA" 2>/dev/null
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
+  openssl req "${ec[@]}" -keyout server.key -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
+  openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 \
+    -extfile server.ext 2>/dev/null
+  # gRPC Java and the broker read PKCS#8 keys.
+  openssl pkcs8 -topk8 -nocrypt -in server.key -out server.pk8 && mv server.pk8 server.key
+)
+token="$(openssl rand -hex 32)"
+printf '{"tokens": [{"name": "install-test", "sha256": "%s", "roles": ["producer", "worker", "admin"], "queues": ["*"]}]}\n' \
+  "$(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$work/tokens.json"
+
+# The broker, TLS and tokens on; its port is the one it reports. It starts while Maven builds.
+"$bin" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$work/data" --log-level warn \
+  --tls-cert "$work/server.pem" --tls-key "$work/server.key" --auth-tokens "$work/tokens.json" \
+  >"$work/broker.out" 2>"$work/broker.log" &
+pids+=($!)
+broker_pid=$!
+
+# The scratch project: the examples folder alone. One Maven run installs the artifact into the
+# temporary repository, then builds the project offline from it (the install plugin's own
+# dependencies come from Maven Central the first time only, landing in ~/.m2 through the links).
+app="$work/app"
+mkdir "$app"
+cp -r "$here/examples/pom.xml" "$here/examples/src" "$app/"
+build=(compile org.apache.maven.plugins:maven-dependency-plugin:2.8:build-classpath -DincludeScope=runtime
+  -Dmdep.outputFile="$app/classpath.txt")
+(cd "$app" && { "${mvn_tmp[@]}" -o "${install_file[@]}" "${build[@]}" >"$work/mvn.out" 2>&1 ||
+  { "${mvn_tmp[@]}" "${install_file[@]}" >"$work/mvn.out" 2>&1 &&
+    "${mvn_tmp[@]}" -o "${build[@]}" >"$work/mvn.out" 2>&1; }; }) ||
+  { cat "$work/mvn.out" >&2; fail "the scratch project did not build"; }
+[[ -s "$installed/jobbroker-client-$version.jar" ]] || fail "nothing installed in $installed"
+cp="$app/target/classes:$(cat "$app/classpath.txt")"
+tr ':' '\n' <<<"$cp" | grep -q "^$installed/jobbroker-client-$version.jar$" ||
+  fail "the classpath has no $installed/jobbroker-client-$version.jar"
+! tr ':' '\n' <<<"$cp" | grep -q "^$here" || fail "the classpath has a path under $here"
+echo "install-test: jobbroker-client from $installed/jobbroker-client-$version.jar"
+
+for _ in $(seq 1 300); do
+  grep -q '^jobbroker: serving grpc=' "$work/broker.out" 2>/dev/null && break
+  kill -0 "$broker_pid" 2>/dev/null || fail "the broker exited"
+  sleep 0.1
+done
+address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\).*/\1/p' "$work/broker.out" | head -1)"
+[[ -n "$address" ]] || fail "the broker did not report its address"
+
+unset CLASSPATH
+cd "$app"
+export JOBBROKER_ADDRESS="$address" JOBBROKER_CA="$work/ca.pem" EMAIL_QUEUE=install-test EMAIL_SEND_MILLIS=50
+
+JOBBROKER_TOKEN="$token" java -cp "$cp" dev.jobbroker.examples.EmailWorker >"$work/worker.out" 2>&1 &
+pids+=($!)
+worker_pid=$!
+
+# While the worker starts: without the token the broker refuses the producer; the token is what
+# lets it in.
+if JOBBROKER_TOKEN="" timeout 30 java -cp "$cp" dev.jobbroker.examples.EnqueueEmails nobody@example.com \
+    >/dev/null 2>"$work/refused.err"; then
+  fail "a producer without a token was let in"
+fi
+grep -q UNAUTHENTICATED "$work/refused.err" || fail "no UNAUTHENTICATED without a token: $(cat "$work/refused.err")"
+
+export JOBBROKER_TOKEN="$token"
+job="$(timeout 30 java -cp "$cp" dev.jobbroker.examples.EnqueueEmails ada@example.com | cut -d' ' -f1)" ||
+  fail "the producer"
+[[ -n "$job" ]] || fail "the producer printed no job id"
+for _ in $(seq 1 300); do
+  grep -q "^email-worker: sent job=$job " "$work/worker.out" && break
+  kill -0 "$worker_pid" 2>/dev/null || fail "the worker exited"
+  sleep 0.1
+done
+grep -q "^email-worker: sent job=$job " "$work/worker.out" || fail "the worker did not send job $job"
+kill -TERM "$worker_pid"
+wait "$worker_pid" || fail "the worker exited non-zero on SIGTERM"
+cat "$work/worker.out"
+grep -q "^email-worker: ready .* client=jobbroker-java/$version$" "$work/worker.out" ||
+  fail "the installed client does not say version $version"
+grep -q "^email-worker: stopped Stats\[acked=1," "$work/worker.out" || fail "the worker did not ack the job"
+echo "install-test: OK: jobbroker-client-$version.jar installed into a temporary repository; the examples built from it ran over TLS with a token"
