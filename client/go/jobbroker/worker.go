@@ -183,6 +183,8 @@ type heldJob struct {
 type pendingReq struct {
 	req  *pb.WorkRequest
 	done chan *pb.WorkResult // nil unless someone waits for the answer
+	// The attempt a checkpoint save is for; nil for a fail or release.
+	held *heldJob
 	// Refused with Unavailable; sent again by resendRefused (or the next stream).
 	refused bool
 }
@@ -190,9 +192,10 @@ type pendingReq struct {
 // How long an answer refused with Unavailable waits before it is sent again.
 const answerRetryDelay = 250 * time.Millisecond
 
-// retryable: an answer to an ack, fail or release that is not final. The broker could not
-// apply it now (the partition has no serving leader, storage refused the write) and says
-// "retry"; the lease may still be valid, so dropping it would run the job again.
+// retryable: an answer to an ack, fail, release or checkpoint save that is not final. The
+// broker could not apply it now (the partition has no serving leader, storage refused the
+// write) and says "retry"; the lease may still be valid, so dropping it would run the job
+// again (or, for a checkpoint save, fail an attempt that did nothing wrong).
 func retryable(code int32) bool { return codes.Code(code) == codes.Unavailable }
 
 // NewWorker makes a worker that uses client's connection.
@@ -452,6 +455,29 @@ func (w *Worker) loseLocked(h *heldJob, cause error) {
 	h.lost = true
 	h.cancel(cause)
 	w.forgetLocked(h)
+	// A checkpoint save of h refused Unavailable and waiting to be sent again never will be
+	// applied now: its step fails as for a stale lease instead of waiting on.
+	for id, p := range w.pending {
+		if p.held == h && p.refused {
+			delete(w.pending, id)
+			if p.done != nil {
+				p.done <- leaseGoneResult(h)
+			}
+		}
+	}
+}
+
+// leaseGoneResult is the answer a checkpoint save of h gets when h's lease was lost (or its
+// attempt timed out) before the broker could apply it: a stale lease.
+func leaseGoneResult(h *heldJob) *pb.WorkResult {
+	why := ErrLeaseLost
+	if h != nil {
+		if cause := context.Cause(h.ctx); cause != nil {
+			why = cause
+		}
+	}
+	return &pb.WorkResult{Code: int32(codes.FailedPrecondition),
+		Message: "checkpoint not saved: " + why.Error() + " before the broker could apply it"}
 }
 
 // send writes r on the current stream if r was made for it (gen). A request that is not sent
@@ -700,13 +726,20 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 		out = append(out, w.nextAckLocked())
 	case w.pending[id] != nil:
 		p := w.pending[id]
-		if retryable(res.GetCode()) && p.done == nil && p.req.GetHeartbeat() == nil {
+		if retryable(res.GetCode()) && (p.held == nil || !p.held.lost) {
+			// A checkpoint save too: its step keeps waiting until the save is applied (or
+			// the lease is gone: see loseLocked).
 			p.refused = true
 			w.log.Info("jobbroker: answer refused for now; sending it again", "message", res.GetMessage())
 			w.scheduleResendLocked()
 			break
 		}
 		delete(w.pending, id)
+		if retryable(res.GetCode()) {
+			// A checkpoint save refused again after its lease was lost: it can no longer be
+			// applied, so its step fails as for a stale lease.
+			res = leaseGoneResult(p.held)
+		}
 		if res.GetCode() != 0 {
 			w.logRefusalLocked(p.req, res.GetCode(), res.GetMessage())
 		}
@@ -773,7 +806,8 @@ func (w *Worker) scheduleResendLocked() {
 	}
 }
 
-// resendRefused sends again the acks, fails and releases the broker refused with Unavailable.
+// resendRefused sends again the acks, fails, releases and checkpoint saves the broker refused
+// with Unavailable.
 func (w *Worker) resendRefused() {
 	var out []*pb.WorkRequest
 	w.mu.Lock()
@@ -825,6 +859,9 @@ func (w *Worker) logRefusalLocked(r *pb.WorkRequest, code int32, message string)
 		kind, jobID = "release", x.Release.GetJobId()
 	case *pb.WorkRequest_Heartbeat:
 		kind, jobID = "heartbeat", x.Heartbeat.GetJobId()
+		if x.Heartbeat.Checkpoint != nil {
+			kind = "checkpoint save"
+		}
 	}
 	w.log.Log(context.Background(), level, "jobbroker: "+kind+" refused",
 		"job_id", jobID, "code", codes.Code(code).String(), "message", message)
@@ -1007,7 +1044,9 @@ func (w *Worker) callHandler(h *heldJob) (err error) {
 	return h.handler.ProcessJob(h.ctx, h.job)
 }
 
-// saveCheckpoint sends a heartbeat carrying cp at once and waits for the broker's answer.
+// saveCheckpoint sends a heartbeat carrying cp at once and waits for the broker's answer. A save
+// answered Unavailable is sent again (after answerRetryDelay, or on the next stream) and
+// waited for; if the lease is lost meanwhile it fails as for a stale lease.
 func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) error {
 	done := make(chan *pb.WorkResult, 1)
 	w.mu.Lock()
@@ -1025,7 +1064,7 @@ func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) erro
 			JobId: h.leased.GetJobId(), LeaseId: h.leased.GetLeaseId(), Checkpoint: cp,
 		}},
 	}
-	w.pending[r.RequestId] = &pendingReq{req: r, done: done}
+	w.pending[r.RequestId] = &pendingReq{req: r, done: done, held: h}
 	h.nextBeat = time.Now().Add(h.lease / 3)
 	gen := w.gen
 	w.mu.Unlock()
