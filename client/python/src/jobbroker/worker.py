@@ -53,6 +53,11 @@ _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 # The broker takes at most 1000 acks in one AckBatchRequest.
 _MAX_ACKS_PER_MESSAGE = 1000
 
+# How long an ack, fail, release or checkpoint the broker answered UNAVAILABLE ("retry": the
+# partition is between leaders) waits before it is sent again on the same stream (worker
+# contract §4); a stream that ends first sends it on the next one.
+_ANSWER_RETRY_DELAY = 0.25
+
 # Stream ends after which the worker reconnects; any other code is the caller's mistake
 # (e.g. INVALID_ARGUMENT for a bad queue name) and ends Worker.run with that error.
 _RETRYABLE = {
@@ -197,6 +202,9 @@ class _Pending:
         # Acks, fails, releases and checkpoints go out again on the next stream if this one
         # ends unanswered: they are idempotent per lease.
         self.resend = resend
+        # Answered UNAVAILABLE ("retry"): sent again after _ANSWER_RETRY_DELAY, or on the next
+        # stream if it comes first.
+        self.refused = False
 
 
 class JobContext:
@@ -510,6 +518,10 @@ class Worker:
         # worker sends one per broker round trip instead of one per job.
         self._acks: list[broker_pb2.AckRequest] = []
         self._ack_request = 0  # request id of the unanswered ack message; 0 = none
+        # Acks an AckBatch's item errors answered UNAVAILABLE: they go back in front of _acks
+        # after _ANSWER_RETRY_DELAY (or when the next stream opens).
+        self._ack_retry: list[broker_pb2.AckRequest] = []
+        self._retry_timer: asyncio.TimerHandle | None = None
         self._next_request_id = 1
         self._out: asyncio.Queue[broker_pb2.WorkRequest | None] | None = None
         self._call: Any = None
@@ -670,7 +682,9 @@ class Worker:
             # their lease ids: the broker answers a repeat of an applied one OK.
             for p in list(self._pending.values()):
                 if p.resend:
+                    p.refused = False
                     out.put_nowait(p.req)
+            self._requeue_refused_acks()
             subscribed = False
             end_code, end_message = grpc.StatusCode.OK, "the broker ended the stream"
             try:
@@ -766,8 +780,19 @@ class Worker:
         if p is None:
             return
         if p.resend and result.code == _UNAVAILABLE:
-            # The broker is shutting down: the request goes out again on the next stream.
+            # Not final (worker contract §4): the broker is shutting down, or (cluster) the
+            # partition is between leaders and says "retry". The request goes out again after
+            # _ANSWER_RETRY_DELAY, or on the next stream if this one ends first; dropping it
+            # would have the job run again when its lease runs out. An unanswered ack message
+            # stays the one in flight: acks completing meanwhile wait for its answer.
             self._pending[result.request_id] = p
+            p.refused = True
+            _log.info(
+                "jobbroker worker: %s refused for now (%s); sending it again",
+                p.req.WhichOneof("request"),
+                result.message,
+            )
+            self._schedule_resend()
             return
         kind = p.req.WhichOneof("request")
         if kind == "heartbeat":
@@ -786,12 +811,32 @@ class Worker:
         if kind == "ack" and result.code != _OK:
             self.stats.acks_refused += 1
         elif kind == "ack_batch":
-            refused = len(p.req.ack_batch.acks) if result.code != _OK else len(result.item_errors)
-            self.stats.acks_refused += refused
+            if result.code != _OK:
+                self.stats.acks_refused += len(p.req.ack_batch.acks)
+            else:
+                self.stats.acks_refused += sum(
+                    1 for item in result.item_errors if item.code != _UNAVAILABLE
+                )
         for item in result.item_errors:
             # An ack the broker did not apply; the others in the batch were. A stale or unknown
             # lease means another attempt owns the job now: nothing to do, as for a single ack.
-            if item.code in (_FAILED_PRECONDITION, _NOT_FOUND):
+            # UNAVAILABLE is not final: that ack goes out again after _ANSWER_RETRY_DELAY.
+            if (
+                item.code == _UNAVAILABLE
+                and kind == "ack_batch"
+                and 0 <= item.index < len(p.req.ack_batch.acks)
+            ):
+                ack = p.req.ack_batch.acks[item.index]
+                _log.info(
+                    "jobbroker worker: ack of job %s refused for now (%s); sending it again",
+                    ack.job_id,
+                    item.message,
+                )
+                retry = broker_pb2.AckRequest()
+                retry.CopyFrom(ack)
+                self._ack_retry.append(retry)
+                self._schedule_resend()
+            elif item.code in (_FAILED_PRECONDITION, _NOT_FOUND):
                 _log.debug("jobbroker worker: ack not applied: %s", item.message)
             else:
                 _log.warning("jobbroker worker: ack not applied: %s", item.message)
@@ -800,6 +845,32 @@ class Worker:
             self._flush_acks()  # what completed while this one was unanswered
         if not p.future.done():
             p.future.set_result(result)
+
+    def _schedule_resend(self) -> None:
+        """Arranges for _resend_refused to run after _ANSWER_RETRY_DELAY (once for all)."""
+        if self._retry_timer is None and self._loop is not None and not self._closing:
+            self._retry_timer = self._loop.call_later(_ANSWER_RETRY_DELAY, self._resend_refused)
+
+    def _resend_refused(self) -> None:
+        """Sends again what the broker answered UNAVAILABLE, on the stream there is now; without
+        one, the next stream sends it (the connection loop resends every pending request)."""
+        self._retry_timer = None
+        if self._out is None or self._closing:
+            return
+        for rid in sorted(self._pending):
+            p = self._pending[rid]
+            if p.refused:
+                p.refused = False
+                self._out.put_nowait(p.req)
+        self._requeue_refused_acks()
+
+    def _requeue_refused_acks(self) -> None:
+        """Puts the acks refused for now back in front of the line, and sends them unless an
+        ack message is unanswered (they then go out with its answer)."""
+        if self._ack_retry:
+            self._acks = self._ack_retry + self._acks
+            self._ack_retry = []
+            self._flush_acks()
 
     def _on_job(self, job: broker_pb2.LeasedJob) -> None:
         if self._stopping:  # pushed before our drain arrived: give it straight back
@@ -1088,8 +1159,11 @@ class Worker:
         while True:
             answers = [p.future for p in self._pending.values() if p.resend]
             left = end - self._loop.time()
-            if not answers or left <= 0:
+            if (not answers and not self._ack_retry and not self._acks) or left <= 0:
                 break
+            if not answers:  # acks refused for now wait for their resend (_resend_refused)
+                await asyncio.sleep(min(0.05, left))
+                continue
             await asyncio.wait(answers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
 
     async def _cancel_after_grace(self) -> None:
@@ -1116,6 +1190,9 @@ class Worker:
     async def _close(self, conn: asyncio.Task[None]) -> None:
         self._stopping = True
         self._closing = True
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
         if self._close_event is not None:
             self._close_event.set()
         for held in list(self._held.values()) + list(self._active):
