@@ -1,11 +1,16 @@
 // The C++ Worker (client/cpp/jobbroker/worker.h) against the real broker binary, for the parts of
 // docs/worker-contract.md that tests/interop/conformance.py does not reach: durable steps' format
 // and rules, the cancellation signal's reasons and what the worker answers after each, progress
-// going out at once, and the client metadata.
+// going out at once, and the client metadata. And, before a stand-in broker in this process,
+// the answers the real one gives only in a cluster handing a partition to a new leader.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -17,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "jobbroker/client.h"
+#include "jobbroker/v1/broker.grpc.pb.h"
 #include "jobbroker/v1/steps.pb.h"
 #include "jobbroker/worker.h"
 #include "tests/testing/broker_client.h"
@@ -374,6 +380,203 @@ TEST_F(WorkerContractTest, RunReturnsARefusedSubscriptionInsteadOfRetryingIt) {
   Worker worker(Options());
   worker.Handle("not a queue name!", [](JobContext&) { return absl::OkStatus(); });
   EXPECT_EQ(worker.Run().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A stand-in Broker service for answers the real broker gives only in a 3-node cluster whose
+// queue's leader was just killed (conformance.py's cluster_leader_kill), which a test cannot
+// make it give on demand: "retry" (UNAVAILABLE) to an ack or a checkpoint save while the
+// partition is between leaders, and to a subscription while a queue's partition has no leader
+// (the stream then stays open and pushes nothing). It pushes one job, job-1 with lease-1, to
+// the first stream it accepts, and records what it receives.
+class StandInBroker final : public v1::Broker::Service {
+ public:
+  struct Script {
+    int refuse_subscriptions = 0;  // the first n subscriptions are answered UNAVAILABLE
+    bool refuse_first_ack = false;
+    bool refuse_first_checkpoint = false;
+  };
+  explicit StandInBroker(Script script) : script_(script) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  ~StandInBroker() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+
+  const std::string& address() const { return address_; }
+
+  // What it received, in order: "stream <n>" when stream n (from 1) opened, "subscribe",
+  // "ack <lease>", "checkpoint <lease>", "fail <lease>", "release <lease>".
+  std::vector<std::string> Calls() const {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  // Waits up to `timeout` until `call` was received `times` times.
+  bool AwaitCall(const std::string& call, int times, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    auto received = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::count(calls_.begin(), calls_.end(), call) >= times;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&received), timeout);
+  }
+  // When `call` was received for the n-th time (from 1); InfinitePast() if it was not.
+  absl::Time TimeOf(const std::string& call, int n) const {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < calls_.size(); ++i)
+      if (calls_[i] == call && --n == 0) return times_[i];
+    return absl::InfinitePast();
+  }
+
+  grpc::Status Work(grpc::ServerContext*,
+                    grpc::ServerReaderWriter<v1::WorkResponse, v1::WorkRequest>* stream) override {
+    {
+      absl::MutexLock lock(&mu_);
+      RecordLocked(absl::StrCat("stream ", ++streams_));
+    }
+    v1::WorkRequest req;
+    while (stream->Read(&req)) {
+      std::vector<v1::WorkResponse> out;
+      v1::WorkResult& result = *out.emplace_back().mutable_result();
+      result.set_request_id(req.request_id());
+      auto refuse = [&result] {
+        result.set_code(grpc::StatusCode::UNAVAILABLE);
+        result.set_message("partition 0: node-2 leads it but does not serve it yet; retry");
+      };
+      {
+        absl::MutexLock lock(&mu_);
+        switch (req.request_case()) {
+          case v1::WorkRequest::kSubscribe:
+            RecordLocked("subscribe");
+            if (subscriptions_++ < script_.refuse_subscriptions) {
+              refuse();  // and the stream stays open, as the broker leaves it
+            } else if (!pushed_) {
+              pushed_ = true;
+              v1::LeasedJob& job = *out.emplace_back().mutable_job();
+              job.set_job_id("job-1");
+              job.set_lease_id("lease-1");
+              job.set_queue("q");
+              job.set_attempt(1);
+              job.set_max_attempts(3);
+              job.mutable_lease_deadline()->set_seconds(
+                  absl::ToUnixSeconds(absl::Now() + absl::Minutes(1)));
+            }
+            break;
+          case v1::WorkRequest::kAck:
+            RecordLocked(absl::StrCat("ack ", req.ack().lease_id()));
+            if (script_.refuse_first_ack && acks_++ == 0) refuse();
+            break;
+          case v1::WorkRequest::kAckBatch:
+            for (const v1::AckRequest& ack : req.ack_batch().acks())
+              RecordLocked(absl::StrCat("ack ", ack.lease_id()));
+            break;
+          case v1::WorkRequest::kHeartbeat:
+            if (!req.heartbeat().has_checkpoint()) break;
+            RecordLocked(absl::StrCat("checkpoint ", req.heartbeat().lease_id()));
+            if (script_.refuse_first_checkpoint && checkpoints_++ == 0) refuse();
+            break;
+          case v1::WorkRequest::kFail:
+            RecordLocked(absl::StrCat("fail ", req.fail().lease_id()));
+            break;
+          case v1::WorkRequest::kRelease:
+            RecordLocked(absl::StrCat("release ", req.release().lease_id()));
+            break;
+          default:
+            out.clear();  // flow: no answer
+            break;
+        }
+      }
+      for (const v1::WorkResponse& m : out) stream->Write(m);
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  void RecordLocked(std::string call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    calls_.push_back(std::move(call));
+    times_.push_back(absl::Now());
+  }
+
+  const Script script_;
+  std::string address_;
+  std::unique_ptr<grpc::Server> server_;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> times_ ABSL_GUARDED_BY(mu_);
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+  int subscriptions_ ABSL_GUARDED_BY(mu_) = 0;
+  int acks_ ABSL_GUARDED_BY(mu_) = 0;
+  int checkpoints_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pushed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+WorkerOptions StandInOptions(const StandInBroker& broker) {
+  WorkerOptions o;
+  o.channel = grpc::CreateChannel(broker.address(), grpc::InsecureChannelCredentials());
+  o.worker_id = "stand-in-worker";
+  return o;
+}
+
+// Contract §4: an ack answered UNAVAILABLE is not final. Without the resend the job would run
+// again when its lease ran out.
+TEST(WorkerAnswerRetryTest, AnAckAnsweredUnavailableIsSentAgainOnTheSameStream) {
+  StandInBroker broker({.refuse_first_ack = true});
+  Worker worker(StandInOptions(broker));
+  worker.Handle("q", [](JobContext&) { return absl::OkStatus(); });
+  ASSERT_TRUE(worker.Start().ok());
+  const bool resent = broker.AwaitCall("ack lease-1", 2, absl::Seconds(10));
+  worker.Stop(absl::Seconds(1));
+  ASSERT_TRUE(resent) << "the refused ack was not sent again";
+  // After the retry delay (250 ms), on the stream that refused it.
+  EXPECT_GE(broker.TimeOf("ack lease-1", 2) - broker.TimeOf("ack lease-1", 1),
+            absl::Milliseconds(200));
+  EXPECT_THAT(broker.Calls(), ElementsAre("stream 1", "subscribe", "ack lease-1", "ack lease-1"));
+}
+
+// Contract §4, for a durable step: its checkpoint save answered UNAVAILABLE goes out again, and
+// Step returns once the broker took it, instead of failing the attempt.
+TEST(WorkerAnswerRetryTest, AStepSaveAnsweredUnavailableIsSentAgain) {
+  StandInBroker broker({.refuse_first_checkpoint = true});
+  Worker worker(StandInOptions(broker));
+  absl::Mutex mu;
+  absl::Status step_status = absl::UnknownError("the handler did not run");
+  worker.Handle("q", [&](JobContext& job) -> absl::Status {
+    absl::StatusOr<std::string> a = job.Step("a", [] { return std::string("1"); });
+    absl::MutexLock lock(&mu);
+    step_status = a.status();
+    return a.status();
+  });
+  ASSERT_TRUE(worker.Start().ok());
+  const bool acked = broker.AwaitCall("ack lease-1", 1, absl::Seconds(10));
+  worker.Stop(absl::Seconds(1));
+  {
+    absl::MutexLock lock(&mu);
+    EXPECT_TRUE(step_status.ok()) << step_status;
+  }
+  ASSERT_TRUE(acked) << "the job was not acked";
+  EXPECT_GE(broker.TimeOf("checkpoint lease-1", 2) - broker.TimeOf("checkpoint lease-1", 1),
+            absl::Milliseconds(200));
+  EXPECT_THAT(broker.Calls(), ElementsAre("stream 1", "subscribe", "checkpoint lease-1",
+                                          "checkpoint lease-1", "ack lease-1"));
+}
+
+// Contract §5: a subscription answered UNAVAILABLE on a stream the broker leaves open is a
+// stream that ended UNAVAILABLE: the worker ends it and subscribes again on a new one.
+TEST(WorkerAnswerRetryTest, ASubscriptionAnsweredUnavailableReconnects) {
+  StandInBroker broker({.refuse_subscriptions = 2});
+  WorkerOptions options = StandInOptions(broker);
+  options.reconnect_initial = absl::Milliseconds(50);
+  Worker worker(options);
+  worker.Handle("q", [](JobContext&) { return absl::OkStatus(); });
+  ASSERT_TRUE(worker.Start().ok());  // UNAVAILABLE is not the caller's mistake
+  const bool acked = broker.AwaitCall("ack lease-1", 1, absl::Seconds(10));
+  worker.Stop(absl::Seconds(1));
+  ASSERT_TRUE(acked) << "the worker did not subscribe again: "
+                     << ::testing::PrintToString(broker.Calls());
+  EXPECT_THAT(broker.Calls(), ElementsAre("stream 1", "subscribe", "stream 2", "subscribe",
+                                          "stream 3", "subscribe", "ack lease-1"));
+  EXPECT_EQ(worker.stats().reconnects, 2);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
@@ -70,6 +71,15 @@ bool Reconnectable(absl::StatusCode code) {
 bool LeaseGone(int code) {
   return code == grpc::StatusCode::FAILED_PRECONDITION || code == grpc::StatusCode::NOT_FOUND;
 }
+
+// An answer to an ack, fail, release or checkpoint save that is not final (contract §4): the
+// broker could not apply it now (in a cluster, the partition is between leaders) and says
+// "retry". The lease may still be valid, so dropping the request would run the job again.
+bool RetryLater(int code) { return code == grpc::StatusCode::UNAVAILABLE; }
+
+// How long a request answered UNAVAILABLE waits before it goes out again on the same stream
+// (a stream that ends first sends it on the next one).
+constexpr absl::Duration kAnswerRetryDelay = absl::Milliseconds(250);
 
 // Whether `text` is one JSON value (durable steps keep their results as JSON so that every
 // language can read them). protobuf's parser is the JSON reader the library already links.
@@ -369,7 +379,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return running_.empty() && pending_.empty() && acks_.empty();
+        return running_.empty() && pending_.empty() && acks_.empty() && ack_retry_.empty();
       };
       // 3. Grace: running handlers finish, their answers go out as usual.
       mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
@@ -385,7 +395,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     {
       absl::MutexLock lock(&mu_);
       auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return pending_.empty() && acks_.empty();
+        return pending_.empty() && acks_.empty() && ack_retry_.empty();
       };
       mu_.AwaitWithTimeout(absl::Condition(&answered), kAnswersAfterGrace);
       closing_ = true;
@@ -470,6 +480,9 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     bool ended_by_broker = false;
     // A heartbeat carrying a checkpoint or progress is unanswered: newer ones wait for it.
     bool update_in_flight = false;
+    // That heartbeat was answered UNAVAILABLE: its checkpoint and progress go out again at
+    // resend_at_ (update_in_flight stays set until then), or on the next stream.
+    bool update_refused = false;
     // Released by a stop while its handler still ran: the handler's answer is dropped.
     bool abandoned = false;
   };
@@ -563,6 +576,10 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
 
       v1::WorkResponse message;
       bool subscribed = false;
+      // A refused subscription ends the stream here, whatever the code: the broker may leave
+      // the stream open without pushing anything (contract §5). Below, a code reconnecting can
+      // fix (UNAVAILABLE: a queue's partition has no leader yet) reconnects after the backoff;
+      // any other ends the run call.
       std::optional<absl::Status> refused;
       while (!refused.has_value() && stream->Read(&message))
         subscribed |= OnMessage(message, refused);
@@ -619,9 +636,9 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   }
 
   // What a new stream starts with: the subscription (unless stopping), then the acks, fails and
-  // releases the last stream did not answer (idempotent per lease, so sending them again is
-  // safe). Heartbeats are not replayed: every held job's heartbeat, with its unsaved checkpoint
-  // and progress, goes out again at once.
+  // releases the last stream did not answer or answered UNAVAILABLE (idempotent per lease, so
+  // sending them again is safe). Heartbeats are not replayed: every held job's heartbeat, with its
+  // unsaved checkpoint and progress, goes out again at once.
   std::vector<v1::WorkRequest> OpeningMessagesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<v1::WorkRequest> out;
     if (!stopping_) {
@@ -636,11 +653,18 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
       if (options_.lease_duration > absl::ZeroDuration())
         *s->mutable_lease_duration() = ToProtoDuration(options_.lease_duration);
     }
+    // What was answered UNAVAILABLE goes out now rather than after its delay: pending_ holds
+    // it still, and the acks of an AckBatch refused item by item go back in front of the line.
+    refused_.clear();
+    resend_at_ = absl::InfiniteFuture();
     for (const auto& [id, request] : pending_) out.push_back(request);
+    RequeueRefusedAcksLocked();
+    if (std::optional<v1::WorkRequest> acks = NextAckMessageLocked()) out.push_back(*acks);
     heartbeats_.clear();
     const absl::Time now = absl::Now();
     for (auto& [lease, h] : held_) {
       h.update_in_flight = false;
+      h.update_refused = false;
       h.next_heartbeat = now;
       absl::MutexLock lock(&h.shared->mu);
       h.shared->checkpoint_sent = h.shared->checkpoint_saved;
@@ -651,7 +675,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   }
 
   // Returns true for the answer that accepted this stream's subscription; sets `refused` to
-  // the answer that refused it with a code reconnecting cannot fix.
+  // the answer that refused it (the stream then ends; see ConnectionLoopUntilClosed).
   bool OnMessage(const v1::WorkResponse& m, std::optional<absl::Status>& refused) {
     std::vector<v1::WorkRequest> to_send;
     bool subscribed = false;
@@ -673,14 +697,35 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
             absl::Status s(static_cast<absl::StatusCode>(r.code()), r.message());
             if (!first_subscribe_.has_value()) first_subscribe_ = s;
             subscribed = s.ok();
-            if (!s.ok()) std::cerr << "jobbroker worker: subscribe refused: " << s << "\n";
-            if (!Reconnectable(s.code())) refused = s;
+            if (!s.ok()) {
+              std::cerr << "jobbroker worker: subscribe refused: " << s << "\n";
+              refused = s;
+            }
           } else if (auto p = pending_.find(r.request_id()); p != pending_.end()) {
+            if (RetryLater(r.code())) {
+              // Not final: the request stays pending (an ack message stays the one in flight,
+              // so the acks ending meanwhile wait for its answer) and goes out again after
+              // kAnswerRetryDelay, or on the next stream if this one ends first.
+              std::cerr << "jobbroker worker: refused for now, sending it again: " << r.message()
+                        << "\n";
+              refused_.insert(r.request_id());
+              ScheduleResendLocked();
+              break;
+            }
             // A stale lease's answer is final: the broker already ended that attempt.
             if (r.code() != 0 && !LeaseGone(r.code()))
               std::cerr << "jobbroker worker: " << r.message() << "\n";
             for (const v1::ItemError& e : r.item_errors()) {
-              if (!LeaseGone(e.code())) std::cerr << "jobbroker worker: " << e.message() << "\n";
+              if (RetryLater(e.code()) && p->second.has_ack_batch() && e.index() >= 0 &&
+                  e.index() < p->second.ack_batch().acks_size()) {
+                // That ack alone was not applied: it goes back in line after the delay.
+                std::cerr << "jobbroker worker: ack refused for now, sending it again: "
+                          << e.message() << "\n";
+                ack_retry_.push_back(p->second.ack_batch().acks(e.index()));
+                ScheduleResendLocked();
+              } else if (!LeaseGone(e.code())) {
+                std::cerr << "jobbroker worker: " << e.message() << "\n";
+              }
             }
             pending_.erase(p);
             if (r.request_id() == ack_request_) {
@@ -718,7 +763,19 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     auto it = held_.find(sent.lease_id);
     if (it == held_.end()) return;
     Held& h = it->second;
-    if (sent.checkpoint_version != 0 || sent.progress_version != 0) {
+    const bool update = sent.checkpoint_version != 0 || sent.progress_version != 0;
+    if (update && RetryLater(r.code()) && !h.ended_by_broker) {
+      // Not final: the checkpoint and progress go out again after kAnswerRetryDelay (a Step
+      // waits for that answer), or on the next stream. A plain heartbeat's next one is due
+      // anyway.
+      std::cerr << "jobbroker worker: checkpoint of " << h.job.job_id()
+                << " refused for now, sending it again: " << r.message() << "\n";
+      h.update_refused = true;
+      ScheduleResendLocked();
+      if (r.cancel_requested()) h.shared->Cancel(CancelReason::kOperator);
+      return;
+    }
+    if (update) {
       h.update_in_flight = false;
       heartbeat_wake_ = true;  // a newer checkpoint or progress may be waiting for this answer
     }
@@ -933,35 +990,92 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   // answer and go out together as one AckBatch. So an idle worker's ack goes out at once, and a
   // busy one sends one message per broker round trip (group commit from the worker's side).
   void FlushAcks() {
-    v1::WorkRequest r;
+    std::optional<v1::WorkRequest> r;
     {
       absl::MutexLock lock(&mu_);
-      if (ack_request_ != 0 || acks_.empty()) return;
-      r.set_request_id(NextRequestIdLocked());
-      const size_t n = std::min(acks_.size(), static_cast<size_t>(kMaxAcksPerMessage));
-      if (n == 1) {
-        *r.mutable_ack() = std::move(acks_.front());
-      } else {
-        for (size_t i = 0; i < n; ++i) *r.mutable_ack_batch()->add_acks() = std::move(acks_[i]);
-      }
-      acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
-      pending_[r.request_id()] = r;
-      ack_request_ = r.request_id();
+      r = NextAckMessageLocked();
     }
     // Without a stream the message stays in pending_ and goes out again after the reconnect,
     // where its answer clears ack_request_.
-    Write(r);
+    if (r.has_value()) Write(*r);
+  }
+
+  // Puts the waiting acks (up to kMaxAcksPerMessage) in flight as one message, unless one is
+  // in flight already; returns it to send.
+  std::optional<v1::WorkRequest> NextAckMessageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ack_request_ != 0 || acks_.empty()) return std::nullopt;
+    v1::WorkRequest r;
+    r.set_request_id(NextRequestIdLocked());
+    const size_t n = std::min(acks_.size(), static_cast<size_t>(kMaxAcksPerMessage));
+    if (n == 1) {
+      *r.mutable_ack() = std::move(acks_.front());
+    } else {
+      for (size_t i = 0; i < n; ++i) *r.mutable_ack_batch()->add_acks() = std::move(acks_[i]);
+    }
+    acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
+    pending_[r.request_id()] = r;
+    ack_request_ = r.request_id();
+    return r;
+  }
+
+  // The acks an AckBatch's item errors answered UNAVAILABLE go back in front of the line.
+  void RequeueRefusedAcksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ack_retry_.empty()) return;
+    acks_.insert(acks_.begin(), std::make_move_iterator(ack_retry_.begin()),
+                 std::make_move_iterator(ack_retry_.end()));
+    ack_retry_.clear();
+  }
+
+  // Arranges for ResendRefused to run kAnswerRetryDelay from now (once for all that is
+  // refused until then).
+  void ScheduleResendLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (resend_at_ != absl::InfiniteFuture()) return;
+    resend_at_ = absl::Now() + kAnswerRetryDelay;
+    heartbeat_wake_ = true;  // the heartbeat thread sleeps until resend_at_ from now on
+  }
+
+  // Sends again, once resend_at_ has come, what the broker answered UNAVAILABLE: the pending
+  // acks, fails and releases (with their request ids), the acks an AckBatch's item errors
+  // refused, and (by the heartbeat loop that follows) the refused checkpoints and progress.
+  // write_mu_ is held throughout, so no new stream opens in between: what was collected goes
+  // out on the stream there is, or (none) stays pending for the next stream's opening.
+  void ResendRefused() {
+    absl::MutexLock write_lock(&write_mu_);
+    std::vector<v1::WorkRequest> out;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closing_ || absl::Now() < resend_at_) return;
+      resend_at_ = absl::InfiniteFuture();
+      for (uint64_t id : refused_) {
+        if (auto p = pending_.find(id); p != pending_.end()) out.push_back(p->second);
+      }
+      refused_.clear();
+      RequeueRefusedAcksLocked();
+      if (std::optional<v1::WorkRequest> acks = NextAckMessageLocked()) out.push_back(*acks);
+      for (auto& [lease, h] : held_) {
+        if (!h.update_refused) continue;
+        h.update_refused = false;
+        h.update_in_flight = false;
+        absl::MutexLock shared_lock(&h.shared->mu);
+        h.shared->checkpoint_sent = h.shared->checkpoint_saved;
+        h.shared->progress_sent = h.shared->progress_saved;
+      }
+    }
+    if (stream_ == nullptr) return;
+    for (const v1::WorkRequest& r : out) stream_->Write(r);
   }
 
   // Sends each held job's heartbeat every third of its lease, and at once when its handler
   // saved a checkpoint or reported progress (one such update in flight per job); fires the
-  // cancellation signal of jobs that reach their time-out.
+  // cancellation signal of jobs that reach their time-out; sends again what the broker
+  // answered UNAVAILABLE once kAnswerRetryDelay has passed (ResendRefused).
   void HeartbeatLoop() {
     while (true) {
       std::vector<v1::WorkRequest> beats;
+      bool resend_due = false;
       {
         absl::MutexLock lock(&mu_);
-        absl::Time next = absl::InfiniteFuture();
+        absl::Time next = resend_at_;
         for (const auto& [lease, h] : held_) {
           if (h.ended_by_broker) continue;
           next = std::min({next, h.next_heartbeat, h.timeout_at});
@@ -971,6 +1085,13 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
         mu_.AwaitWithDeadline(absl::Condition(&wake), next);
         if (closing_) return;
         heartbeat_wake_ = false;
+        resend_due = absl::Now() >= resend_at_;
+      }
+      // What was answered UNAVAILABLE, its delay over.
+      if (resend_due) ResendRefused();
+      {
+        absl::MutexLock lock(&mu_);
+        if (closing_) return;
         const absl::Time now = absl::Now();
         for (auto& [lease, h] : held_) {
           if (h.ended_by_broker) continue;
@@ -1040,6 +1161,12 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   absl::CondVar job_cv_;  // signalled when queued_ grows or closing_ is set
   std::set<std::string> running_ ABSL_GUARDED_BY(mu_);                // lease ids started
   std::map<uint64_t, v1::WorkRequest> pending_ ABSL_GUARDED_BY(mu_);  // unanswered ack/fail/release
+  // Request ids in pending_ answered UNAVAILABLE: sent again at resend_at_.
+  std::set<uint64_t> refused_ ABSL_GUARDED_BY(mu_);
+  // Acks an AckBatch's item errors answered UNAVAILABLE: back in front of acks_ at resend_at_.
+  std::vector<v1::AckRequest> ack_retry_ ABSL_GUARDED_BY(mu_);
+  // When ResendRefused runs next; InfiniteFuture() if nothing waits for it.
+  absl::Time resend_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<uint64_t, SentHeartbeat> heartbeats_ ABSL_GUARDED_BY(mu_);  // by request id
   std::vector<v1::AckRequest> acks_ ABSL_GUARDED_BY(mu_);              // not yet sent
   uint64_t ack_request_ ABSL_GUARDED_BY(mu_) = 0;  // the unanswered ack message; 0 = none

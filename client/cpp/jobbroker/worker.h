@@ -156,7 +156,9 @@ struct WorkerOptions {
 // `concurrency` jobs at a time, heartbeats while they run (and while `prefetch` more wait), ack
 // or fail when they return (acks coalesced: one ack message in flight, those that end meanwhile
 // go out together as one AckBatch), answers not yet answered sent again after a reconnect,
-// reconnects with backoff when the broker restarts, and stops gracefully. The behaviour is
+// acks, fails, releases and checkpoints the broker answered UNAVAILABLE ("retry": a partition
+// between leaders) sent again after 250 ms (or on the next stream), reconnects with backoff
+// when the broker restarts, and stops gracefully. The behaviour is
 // docs/worker-contract.md's; tests/interop/cpp/conformance_worker.cc drives it through
 // tests/interop/conformance.py.
 //
@@ -223,7 +225,9 @@ class Worker {
   // UNAUTHENTICATED, PERMISSION_DENIED: the caller's mistake, which retrying would hide): the
   // worker then stops at once, without grace, and returns it. A stream that ends UNAVAILABLE,
   // UNKNOWN, INTERNAL, DEADLINE_EXCEEDED, CANCELLED, ABORTED, RESOURCE_EXHAUSTED or OK (the
-  // broker shut down) is reopened after the reconnect backoff instead.
+  // broker shut down) is reopened after the reconnect backoff instead. So is a stream whose
+  // subscription the broker answered with an error but left open (UNAVAILABLE: a queue's
+  // partition has no leader yet): the worker ends it itself.
   absl::Status Run();
 
   // Attempts this worker finished, by outcome (for tests and logs).
