@@ -30,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 fail() {
   echo "client/cpp/test.sh: FAIL: $*" >&2
-  for log in "$tmp"/*.log; do
+  for log in "$tmp"/*.log "$tmp"/broker/broker.log; do
     [[ -f "$log" && "$log" != */openssl.log ]] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
   done
   exit 1
@@ -85,32 +85,12 @@ cmake --build "$app/build" -j2 >"$tmp/app-build.log" 2>&1 || fail "building the 
 echo "built producer and worker in $app/build against $found"
 
 echo "== the worker over TLS with a token"
-certs="$tmp/certs"
-mkdir -p "$certs"
-openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=jobbroker test CA" \
-  -keyout "$certs/ca-key.pem" -out "$certs/ca.pem" >"$tmp/openssl.log" 2>&1
-openssl req -newkey rsa:2048 -nodes -subj "/CN=127.0.0.1" -keyout "$certs/server-key.pem" \
-  -out "$certs/server.csr" >>"$tmp/openssl.log" 2>&1
-printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >"$certs/server.ext"
-openssl x509 -req -in "$certs/server.csr" -CA "$certs/ca.pem" -CAkey "$certs/ca-key.pem" \
-  -CAcreateserial -days 2 -extfile "$certs/server.ext" -out "$certs/server.pem" >>"$tmp/openssl.log" 2>&1
-token="cpp-install-$(openssl rand -hex 8)"
+# shellcheck source=../../tests/lib/secured_broker.sh
+source "$repo/tests/lib/secured_broker.sh"
+secured_broker_start "$broker" "$tmp/broker" || fail "the secured broker did not start"
+pids+=("$secured_pid")
+address="$secured_address" token="$secured_token" certs="$tmp/broker/pki"
 printf '%s\n' "$token" >"$tmp/token"
-printf '{"tokens": [{"name": "cpp-install", "token": "%s", "roles": ["producer", "worker", "admin"], "queues": ["*"]}]}\n' \
-  "$token" >"$tmp/tokens.json"
-
-"$broker" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$tmp/data" --log-level warn \
-  --tls-cert "$certs/server.pem" --tls-key "$certs/server-key.pem" --auth-tokens "$tmp/tokens.json" \
-  >"$tmp/broker.out" 2>"$tmp/broker.log" &
-pids+=($!)
-address=""
-for _ in $(seq 300); do
-  address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\).*/\1/p' "$tmp/broker.out")"
-  [[ -n "$address" ]] && break
-  kill -0 "${pids[0]}" 2>/dev/null || fail "the broker exited"
-  sleep 0.1
-done
-[[ -n "$address" ]] || fail "the broker did not start"
 
 cli=("$prefix/bin/jobbroker-cli" --address "$address" --tls-ca "$certs/ca.pem")
 queue="cpp-install-$RANDOM"

@@ -31,7 +31,7 @@ cleanup() {
 trap cleanup EXIT
 fail() {
   echo "install test: $*" >&2
-  for f in "$tmp"/broker.log "$tmp"/worker.log; do [[ -f "$f" ]] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
+  for f in "$tmp"/broker/broker.log "$tmp"/worker.log; do [[ -f "$f" ]] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
   exit 1
 }
 
@@ -85,32 +85,11 @@ TOML
 bin="$CARGO_TARGET_DIR/debug"
 
 echo "== TLS and tokens"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-  -subj "/CN=jobbroker install test CA" -addext "basicConstraints=critical,CA:TRUE" \
-  -addext "keyUsage=critical,keyCertSign,cRLSign" -keyout "$tmp/ca.key" -out "$tmp/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=127.0.0.1" \
-  -keyout "$tmp/server.key" -out "$tmp/server.csr" 2>/dev/null
-printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$tmp/server.ext"
-openssl x509 -req -in "$tmp/server.csr" -CA "$tmp/ca.pem" -CAkey "$tmp/ca.key" -CAcreateserial -days 1 \
-  -extfile "$tmp/server.ext" -out "$tmp/server.pem" 2>/dev/null
-token="$(openssl rand -hex 24)"
-sha="$(printf '%s' "$token" | openssl dgst -sha256 -r | cut -d' ' -f1)"
-printf '{"tokens": [{"name": "install-test", "sha256": "%s", "roles": ["producer", "worker", "admin"], "queues": ["*"]}]}\n' \
-  "$sha" >"$tmp/tokens.json"
-
-: >"$tmp/broker.log"
-"$broker_bin" --data-dir "$tmp/data" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
-  --tls-cert "$tmp/server.pem" --tls-key "$tmp/server.key" --auth-tokens "$tmp/tokens.json" \
-  >"$tmp/broker.log" 2>&1 &
-broker_pid=$!
-addr=""
-for _ in $(seq 100); do
-  addr="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\) .*/\1/p' "$tmp/broker.log" | head -n1 || true)"
-  [[ -n "$addr" ]] && break
-  kill -0 "$broker_pid" 2>/dev/null || fail "the broker exited"
-  sleep 0.1
-done
-[[ -n "$addr" ]] || fail "the broker did not start"
+# shellcheck source=../../tests/lib/secured_broker.sh
+source "$repo/tests/lib/secured_broker.sh"
+secured_broker_start "$broker_bin" "$tmp/broker" || fail "the secured broker did not start"
+broker_pid="$secured_pid" addr="$secured_address" token="$secured_token"
+cp "$secured_ca" "$tmp/ca.pem"
 echo "broker at $addr (TLS, tokens)"
 
 echo "== the example worker completes a job"

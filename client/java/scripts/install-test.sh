@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 fail() {
   echo "install-test: FAIL: $*" >&2
-  for f in broker.log worker.out; do [[ -f "$work/$f" ]] && { echo "--- $f" >&2; tail -20 "$work/$f" >&2; }; done
+  for f in broker/broker.log worker.out; do [[ -f "$work/$f" ]] && { echo "--- $f" >&2; tail -20 "$work/$f" >&2; }; done
   exit 1
 }
 
@@ -68,28 +68,13 @@ mvn_tmp=(mvn -B -q -ntp -Dstyle.color=never -Dmaven.repo.local="$repo")
 install_file=(org.apache.maven.plugins:maven-install-plugin:3.1.3:install-file -Dfile="$jar" -DpomFile="$pom"
   -Dsources="${jar%.jar}-sources.jar" -Djavadoc="${jar%.jar}-javadoc.jar")
 installed="$repo/dev/jobbroker/jobbroker-client/$version"
-# A throwaway CA and a server certificate for IP 127.0.0.1; a token and its hash.
-(
-  cd "$work"
-  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days 1 -subj "/CN=jobbroker install-test CA" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
-  openssl req "${ec[@]}" -keyout server.key -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
-  openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 \
-    -extfile server.ext 2>/dev/null
-  # gRPC Java and the broker read PKCS#8 keys.
-  openssl pkcs8 -topk8 -nocrypt -in server.key -out server.pk8 && mv server.pk8 server.key
-)
-token="$(openssl rand -hex 32)"
-printf '{"tokens": [{"name": "install-test", "sha256": "%s", "roles": ["producer", "worker", "admin"], "queues": ["*"]}]}\n' \
-  "$(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$work/tokens.json"
-
-# The broker, TLS and tokens on; its port is the one it reports. It starts while Maven builds.
-"$bin" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$work/data" --log-level warn \
-  --tls-cert "$work/server.pem" --tls-key "$work/server.key" --auth-tokens "$work/tokens.json" \
-  >"$work/broker.out" 2>"$work/broker.log" &
-pids+=($!)
-broker_pid=$!
+# The broker with TLS (a throwaway CA, a certificate for IP 127.0.0.1) and a bearer token.
+# shellcheck source=../../../tests/lib/secured_broker.sh
+source "$root/tests/lib/secured_broker.sh"
+secured_broker_start "$bin" "$work/broker" || fail "the secured broker did not start"
+pids+=("$secured_pid")
+broker_pid="$secured_pid" token="$secured_token" address="$secured_address"
+cp "$secured_ca" "$work/ca.pem"
 
 # The scratch project: the examples folder alone. One Maven run installs the artifact into the
 # temporary repository, then builds the project offline from it (the install plugin's own
@@ -109,14 +94,6 @@ tr ':' '\n' <<<"$cp" | grep -q "^$installed/jobbroker-client-$version.jar$" ||
   fail "the classpath has no $installed/jobbroker-client-$version.jar"
 ! tr ':' '\n' <<<"$cp" | grep -q "^$here" || fail "the classpath has a path under $here"
 echo "install-test: jobbroker-client from $installed/jobbroker-client-$version.jar"
-
-for _ in $(seq 1 300); do
-  grep -q '^jobbroker: serving grpc=' "$work/broker.out" 2>/dev/null && break
-  kill -0 "$broker_pid" 2>/dev/null || fail "the broker exited"
-  sleep 0.1
-done
-address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\).*/\1/p' "$work/broker.out" | head -1)"
-[[ -n "$address" ]] || fail "the broker did not report its address"
 
 unset CLASSPATH
 cd "$app"

@@ -19,7 +19,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "install-test: FAIL: $*" >&2; [[ -f "$work/broker.log" ]] && tail -20 "$work/broker.log" >&2; exit 1; }
+fail() { echo "install-test: FAIL: $*" >&2; [[ -f "$work/broker/broker.log" ]] && tail -20 "$work/broker/broker.log" >&2; exit 1; }
 
 # What the tarball holds: both builds, the declarations, LICENSE, README, package.json.
 listing="$(tar -tzf "$tgz")"
@@ -33,24 +33,12 @@ done
 version="$(tr -d '[:space:]' <"$root/VERSION")"
 [[ "$(basename "$tgz")" == "jobbroker-client-$version.tgz" ]] || fail "$(basename "$tgz") is not version $version (VERSION)"
 
-# A throwaway CA and a server certificate for IP 127.0.0.1; a token and its hash.
-(
-  cd "$work"
-  ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
-  openssl req -x509 "${ec[@]}" -keyout ca.key -out ca.pem -days 1 -subj "/CN=jobbroker install-test CA" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n' >server.ext
-  openssl req "${ec[@]}" -keyout server.key -out server.csr -subj "/CN=127.0.0.1" 2>/dev/null
-  openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out server.pem -days 1 -extfile server.ext 2>/dev/null
-)
-token="$(openssl rand -hex 32)"
-printf '{"tokens": [{"name": "install-test", "sha256": "%s", "roles": ["producer", "worker", "admin"], "queues": ["*"]}]}\n' \
-  "$(printf %s "$token" | sha256sum | cut -d' ' -f1)" >"$work/tokens.json"
-
-# The broker, TLS and tokens on; its port is the one it reports.
-"$bin" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --data-dir "$work/data" --log-level warn \
-  --tls-cert "$work/server.pem" --tls-key "$work/server.key" --auth-tokens "$work/tokens.json" \
-  >"$work/broker.out" 2>"$work/broker.log" &
-broker_pid=$!
+# The broker with TLS (a throwaway CA, a certificate for IP 127.0.0.1) and a bearer token.
+# shellcheck source=../../../tests/lib/secured_broker.sh
+source "$root/tests/lib/secured_broker.sh"
+secured_broker_start "$bin" "$work/broker" || fail "the secured broker did not start"
+broker_pid="$secured_pid" token="$secured_token"
+cp "$secured_ca" "$work/ca.pem"
 
 # The scratch project: nothing but the tarball (and what it depends on, from the registry).
 app="$work/app"
@@ -90,14 +78,7 @@ TS
 "$here/node_modules/.bin/tsc" --noEmit --strict --skipLibCheck --module nodenext --moduleResolution nodenext \
   --target es2022 --typeRoots "$here/node_modules/@types" --types node check.mts check.cts || fail "type check"
 
-for _ in $(seq 1 300); do
-  grep -q '^jobbroker: serving grpc=' "$work/broker.out" 2>/dev/null && break
-  kill -0 "$broker_pid" 2>/dev/null || fail "the broker exited"
-  sleep 0.1
-done
-address="$(sed -n 's/^jobbroker: serving grpc=\([^ ]*\).*/\1/p' "$work/broker.out" | head -1)"
-[[ -n "$address" ]] || fail "the broker did not report its address"
-export JOBBROKER_ADDRESS="$address" JOBBROKER_CA="$work/ca.pem"
+export JOBBROKER_ADDRESS="$secured_address" JOBBROKER_CA="$work/ca.pem"
 
 # Without the token the broker refuses the producer: the token below is what lets it in.
 if JOBBROKER_TOKEN="" timeout 30 node producer.cjs install-test nobody@example.com >/dev/null 2>"$work/refused.err"; then
