@@ -62,8 +62,10 @@ import org.slf4j.LoggerFactory;
  * cancel, a handler that throws fails the attempt "cancelled" and one that returns normally is
  * acked: the broker completes the cancelled job); acks coalesced (one ack message in flight, the
  * acks that end meanwhile go out together as one {@code ack_batch}); acks, fails and releases not
- * answered when the stream breaks sent again on the next one; reconnects with backoff (100 ms
- * doubling to 5 s, full jitter).
+ * answered when the stream breaks sent again on the next one, and those (and step saves) answered
+ * UNAVAILABLE (a partition between leaders) sent again after 250 ms; reconnects with backoff
+ * (100 ms doubling to 5 s, full jitter), also when a subscription is answered UNAVAILABLE on a
+ * stream that stays open.
  *
  * <p>{@code concurrency} is a hard bound. A handler that ignores its cancellation keeps its thread
  * until it returns (Java cannot stop it), and it keeps its slot too: after a lost lease or a
@@ -85,6 +87,8 @@ public final class Worker {
   private static final Duration ANSWERS_PAST_GRACE = Duration.ofSeconds(1);
   /** A half-closed stream is cancelled after this long (contract §6 step 6). */
   private static final Duration CLOSE_WAIT = Duration.ofSeconds(2);
+  /** An ack, fail, release or step save answered UNAVAILABLE is sent again after this (§4). */
+  private static final Duration ANSWER_RETRY = Duration.ofMillis(250);
   /** The broker's limit on the acks of one ack_batch. */
   private static final int MAX_ACK_BATCH = 1000;
 
@@ -509,6 +513,9 @@ public final class Worker {
         } else if (r == STREAM_ENDED) {
           ended = s.closed.get(); // the status the stream ended with, e.g. UNAUTHENTICATED
         } else {
+          // Refused on a stream that stays open (contract §5): a stream that ended with that
+          // code. UNAVAILABLE (a partition without a leader yet) reconnects after the backoff,
+          // anything else ends the run; the helper ends this stream itself either way.
           ended = Status.fromCodeValue(r.getCode()).withDescription(r.getMessage());
           s.cancel("subscription refused");
         }
@@ -1042,6 +1049,27 @@ public final class Worker {
 
   private void onAnswered(Held h, WorkRequest.Builder answer, WorkResult r) {
     String what = answer.getRequestCase().name().toLowerCase();
+    if (isRetryLater(r)) {
+      // Not final (contract §4): the partition is between leaders. Sent again, same lease id,
+      // after ANSWER_RETRY, on this stream or, if it ended meanwhile, on the next one. Still
+      // outstanding for a graceful stop meanwhile.
+      log.info(
+          "job {}: {} answered UNAVAILABLE ({}); sending it again in {} ms",
+          h.job.getJobId(),
+          what,
+          r.getMessage(),
+          ANSWER_RETRY.toMillis());
+      later(
+          ANSWER_RETRY,
+          () -> {
+            synchronized (lock) {
+              answersOutstanding--; // answerLocked counts it again
+              answerLocked(h, answer);
+              pumpLocked();
+            }
+          });
+      return;
+    }
     if (r.getCode() == 0) {
       switch (answer.getRequestCase()) {
         case ACK -> acked.incrementAndGet();
@@ -1057,6 +1085,20 @@ public final class Worker {
     synchronized (lock) {
       answersOutstanding--;
       lock.notifyAll();
+    }
+  }
+
+  /** An answer saying "retry": UNAVAILABLE from the broker (not a stream that ended). */
+  private static boolean isRetryLater(WorkResult r) {
+    return r != STREAM_ENDED && r.getCode() == Status.Code.UNAVAILABLE.value();
+  }
+
+  /** Runs {@code task} on the timer thread after {@code delay}; nothing once the worker is done. */
+  private void later(Duration delay, Runnable task) {
+    try {
+      timers.schedule(task, delay.toMillis(), TimeUnit.MILLISECONDS);
+    } catch (java.util.concurrent.RejectedExecutionException e) {
+      log.debug("the worker is stopped: {}", e.toString());
     }
   }
 
@@ -1179,6 +1221,30 @@ public final class Worker {
 
   /** A step's save: a heartbeat with the checkpoint, at once, waited for (contract §7). */
   private void saveCheckpointOf(Held h, byte[] checkpoint) throws InterruptedException {
+    WorkResult r = sendCheckpoint(h, checkpoint);
+    while (isRetryLater(r)) {
+      // Not final (contract §4): the partition is between leaders; saved again after
+      // ANSWER_RETRY, on this stream or the next. The cancellation interrupts the wait.
+      log.info(
+          "job {}: checkpoint answered UNAVAILABLE ({}); saving it again in {} ms",
+          h.job.getJobId(),
+          r.getMessage(),
+          ANSWER_RETRY.toMillis());
+      Thread.sleep(ANSWER_RETRY.toMillis());
+      r = sendCheckpoint(h, checkpoint);
+    }
+    if (r.getCode() != 0) {
+      onHeartbeatAnswered(h, r);
+      throw new LeaseLostException(
+          "job " + h.job.getJobId() + ": checkpoint refused: " + r.getMessage());
+    }
+    if (r.getCancelRequested()) {
+      onCancelRequested(h.job.getJobId());
+    }
+  }
+
+  /** Sends one save of {@code checkpoint} (a heartbeat) and waits for its answer. */
+  private WorkResult sendCheckpoint(Held h, byte[] checkpoint) throws InterruptedException {
     CompletableFuture<WorkResult> answered = new CompletableFuture<>();
     Request save =
         new Request(
@@ -1194,20 +1260,11 @@ public final class Worker {
       toSend.add(save);
       pumpLocked();
     }
-    WorkResult r;
     try {
       // A lost lease drops the save from the line; the cancellation interrupts this wait.
-      r = answered.get();
+      return answered.get();
     } catch (ExecutionException e) {
       throw new IllegalStateException(e);
-    }
-    if (r.getCode() != 0) {
-      onHeartbeatAnswered(h, r);
-      throw new LeaseLostException(
-          "job " + h.job.getJobId() + ": checkpoint refused: " + r.getMessage());
-    }
-    if (r.getCancelRequested()) {
-      onCancelRequested(h.job.getJobId());
     }
   }
 
