@@ -1,13 +1,19 @@
-//! Generates the jobbroker.v1 messages and tonic clients at build time from `proto/`, the
-//! crate's own copy of the repository's proto/ (so the packaged .crate builds on its own;
-//! tests/packaging.rs fails when the copy differs from ../../proto). Uses $PROTOC when set, else
+//! Generates the jobbroker.v1 messages and tonic clients at build time. In the repository it
+//! compiles the repository's proto/ (../../proto); a packaged .crate carries its own proto/,
+//! which install_test.sh copies in just for `cargo package` (git ignores it), so the .crate
+//! builds on its own and the repository holds one copy of the API. Uses $PROTOC when set, else
 //! /usr/bin/protoc when present, else `protoc` from PATH.
 
 use std::path::{Path, PathBuf};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let manifest_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
-    let proto_root = manifest_dir.join("proto");
+    let packaged = manifest_dir.join("proto");
+    let proto_root = if packaged.is_dir() {
+        packaged
+    } else {
+        manifest_dir.join("../../proto")
+    };
     let proto_dir = proto_root.join("jobbroker/v1");
 
     println!("cargo:rerun-if-env-changed=PROTOC");

@@ -26,7 +26,7 @@ broker_pid="" worker_pid=""
 cleanup() {
   [[ -n "$worker_pid" ]] && kill "$worker_pid" 2>/dev/null && wait "$worker_pid" 2>/dev/null
   [[ -n "$broker_pid" ]] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
-  rm -rf "$tmp"
+  rm -rf "$tmp" "$here/proto"
 }
 trap cleanup EXIT
 fail() {
@@ -41,11 +41,17 @@ crate_version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$here/Cargo.toml" | head 
 cmp -s "$repo/LICENSE" "$here/LICENSE" || fail "client/rust/LICENSE is not a copy of the root LICENSE"
 
 echo "== cargo package"
+# The .crate carries the protos build.rs compiles: copied in for the packaging only (git ignores
+# client/rust/proto/; build.rs compiles ../../proto when the copy is absent).
+rm -rf "$here/proto"
+mkdir -p "$here/proto/jobbroker/v1"
+cp "$repo"/proto/jobbroker/v1/*.proto "$here/proto/jobbroker/v1/"
 # --no-verify: step 3 builds the unpacked .crate itself (cargo's own verify would compile every
 # dependency again in a target dir of its own). --allow-dirty: the work tree may hold
 # uncommitted changes (the .crate holds the files as they are).
 (cd "$here" && cargo package --locked --offline --no-verify --allow-dirty --quiet 2>&1 |
   grep -v "^warning: ignoring test" || true)
+rm -rf "$here/proto"
 crate="$CARGO_TARGET_DIR/package/jobbroker-$version.crate"
 [[ -f "$crate" ]] || fail "cargo package made no $crate"
 listing="$(tar tzf "$crate")"
