@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import os
 import pathlib
@@ -12,27 +11,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 from brokerproc import BrokerProcess
-from conftest import CONFIG, eventually, wait_state
+from conftest import CONFIG, eventually, running_worker, wait_state
 
 import jobbroker
 
 CHILD = pathlib.Path(__file__).with_name("worker_child.py")
 WAIT_ATTEMPT = pathlib.Path(__file__).with_name("wait_attempt.py")
-
-
-@contextlib.asynccontextmanager
-async def running(worker: jobbroker.Worker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield task
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 60)
 
 
 def spawn(address: str, mode: str, log: pathlib.Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -53,7 +41,7 @@ async def test_handlers_ack_with_their_results(broker: BrokerProcess,
         return {"double": job.json()["n"] * 2}
 
     ids = [(await client.enqueue("acks", {"n": n}, headers={"h": "v"})).job_id for n in range(6)]
-    async with running(worker):
+    async with running_worker(worker):
         for n, job_id in enumerate(ids):
             done = await wait_state(client, job_id, jobbroker.JOB_STATE_COMPLETED)
             assert done.result == f'{{"double":{n * 2}}}'.encode()
@@ -70,7 +58,7 @@ async def test_plain_function_handler_runs_in_a_thread(broker: BrokerProcess,
 
     worker.handle("sync", shout)
     res = await client.enqueue("sync", "hi")
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert done.result == b"HI!"
 
@@ -85,7 +73,7 @@ async def test_heartbeats_keep_a_short_lease_over_a_long_job(broker: BrokerProce
         assert not job.cancelled
 
     res = await client.enqueue("long", "x")
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert done.attempt == 1
     assert [a.outcome for a in done.attempts] == [jobbroker.ATTEMPT_OUTCOME_COMPLETED]
@@ -102,7 +90,7 @@ async def test_an_exception_fails_the_attempt_and_it_is_retried(broker: BrokerPr
         return "ok"
 
     res = await client.enqueue("flaky", "x")
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert [a.outcome for a in done.attempts] == [
         jobbroker.ATTEMPT_OUTCOME_ERROR, jobbroker.ATTEMPT_OUTCOME_COMPLETED]
@@ -118,7 +106,7 @@ async def test_permanent_error_fails_the_job_after_one_attempt(broker: BrokerPro
         raise jobbroker.PermanentError("no such mailbox")
 
     res = await client.enqueue("perm-w", "x")
-    async with running(worker):
+    async with running_worker(worker):
         dead = await wait_state(client, res.job_id, jobbroker.JOB_STATE_FAILED)
     assert dead.fail_reason == jobbroker.FAIL_REASON_PERMANENT
     assert dead.attempt == 1
@@ -135,7 +123,7 @@ async def test_retry_after_sets_the_next_attempt(broker: BrokerProcess,
         raise jobbroker.RetryAfter(3600, "rate limited")
 
     res = await client.enqueue("429", "x")
-    async with running(worker):
+    async with running_worker(worker):
         job = await wait_state(client, res.job_id, jobbroker.JOB_STATE_SCHEDULED)
     assert job.last_error == "rate limited"
     wait = job.run_at.ToDatetime() - job.attempts[0].ended_at.ToDatetime()
@@ -161,7 +149,7 @@ async def test_an_operator_cancel_cancels_the_handlers_task(broker: BrokerProces
         return "not cancelled"
 
     res = await client.enqueue("cancel", "x")
-    async with running(worker):
+    async with running_worker(worker):
         await asyncio.wait_for(started.wait(), 60)
         await client.cancel_job(res.job_id)
         job = await wait_state(client, res.job_id, jobbroker.JOB_STATE_CANCELLED)
@@ -190,7 +178,7 @@ async def test_a_backlog_is_handled_once_each_with_fewer_ack_messages_than_jobs(
     async def record(job: jobbroker.JobContext) -> None:
         handled[job.job_id] += 1
 
-    async with running(worker):
+    async with running_worker(worker):
         async def all_completed() -> bool:
             info = await client.get_queue("backlog")
             return info.counts["JOB_STATE_COMPLETED"] == n
@@ -234,7 +222,7 @@ async def test_a_stale_ack_in_a_batch_is_logged_and_the_worker_carries_on(
         wait_for_attempt(broker.address, ids, 2)
         return "first"
 
-    async with running(worker):
+    async with running_worker(worker):
         for job_id in ids:
             job = await wait_state(client, job_id, jobbroker.JOB_STATE_COMPLETED)
             assert job.result == b"second"
@@ -301,7 +289,7 @@ async def test_the_worker_reconnects_after_a_broker_restart(tmp_path: pathlib.Pa
 
     second = None
     try:
-        async with running(worker):
+        async with running_worker(worker):
             async with jobbroker.Client(address, timeout=30) as c:
                 one = await c.enqueue("restart", "before")
                 await wait_state(c, one.job_id, jobbroker.JOB_STATE_COMPLETED)

@@ -13,25 +13,14 @@ import pathlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 
 import pytest
 from brokerproc import BrokerProcess
-from conftest import CONFIG, eventually, wait_state
+from conftest import CONFIG, eventually, running_worker, wait_state
 
 import jobbroker
 
 WAIT_ATTEMPT = pathlib.Path(__file__).with_name("wait_attempt.py")
-
-
-@contextlib.asynccontextmanager
-async def running(worker: jobbroker.Worker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.run())
-    try:
-        yield task
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 60)
 
 
 async def test_snooze_puts_the_job_back_without_spending_an_attempt(
@@ -47,7 +36,7 @@ async def test_snooze_puts_the_job_back_without_spending_an_attempt(
         return "done"
 
     res = await client.enqueue("snooze", "x")
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert seen == [1, 1]  # the snooze spent no attempt
     assert done.snoozes == 1 and done.attempt == 1
@@ -69,7 +58,7 @@ async def test_progress_reaches_watchers_and_the_newest_value_wins(
 
     res = await client.enqueue("progress", "x")
     shown: list[object] = []
-    async with running(worker):
+    async with running_worker(worker):
         async for job in client.watch_job(res.job_id):
             if job.progress:
                 shown.append(json.loads(job.progress))
@@ -95,7 +84,7 @@ async def test_a_plain_handler_reports_progress_from_its_thread_and_sees_a_cance
 
     worker.handle("thread-cancel", poll)
     res = await client.enqueue("thread-cancel", "x")
-    async with running(worker):
+    async with running_worker(worker):
         async def reported() -> bool:
             return (await client.get_job(res.job_id)).progress == b"started"
 
@@ -122,7 +111,7 @@ async def test_a_time_out_fires_the_signal_and_the_attempt_sends_nothing(
         return "in time"
 
     res = await client.enqueue("timeout", "x", timeout=1)
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert cancelled == [(1, True)]
     assert [a.outcome for a in done.attempts] == [
@@ -163,7 +152,7 @@ async def test_a_lost_lease_keeps_the_slot_while_its_handler_ignores_the_signal(
         return "first"
 
     res = await client.enqueue("lost", "x", max_attempts=5)
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert first_saw == [True]
     assert order == ["start 1", "end 1", "start 2"]
@@ -188,7 +177,7 @@ async def test_an_operator_cancelled_handler_that_returns_is_acked(
         return "done anyway"
 
     res = await client.enqueue("cancel-return", "x")
-    async with running(worker):
+    async with running_worker(worker):
         await asyncio.wait_for(started.wait(), 60)
         await client.cancel_job(res.job_id)
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
@@ -249,7 +238,7 @@ async def test_an_answer_left_by_a_dead_broker_goes_out_on_the_next_stream(
     try:
         async with jobbroker.Client(address, timeout=30) as c:
             res = await c.enqueue("resend", "x")
-        async with running(worker):
+        async with running_worker(worker):
             await asyncio.wait_for(started.wait(), 60)
             first.kill()  # kill -9: the stream ends, the lease stays in the broker's log
             gate.set()
@@ -278,7 +267,7 @@ async def test_every_call_names_the_library(broker: BrokerProcess,
     worker.handle("names", lambda job: None)
     # A unary Lease of the Client: ListWorkers shows its caller for minutes afterwards.
     await client.lease("names-unary", worker_id="unary-caller", wait=0.1)
-    async with running(worker):
+    async with running_worker(worker):
         async def listed() -> bool:
             ids = {w.worker_id for w in await client.list_workers()}
             return {"names-itself", "unary-caller"} <= ids
@@ -300,7 +289,7 @@ async def test_a_token_goes_with_every_call(tmp_path: pathlib.Path) -> None:
             res = await c.enqueue("tokens", "x")
             worker = jobbroker.Worker(secured.address, token=token, handle_signals=False)
             worker.handle("tokens", lambda job: "ok")
-            async with running(worker):
+            async with running_worker(worker):
                 await wait_state(c, res.job_id, jobbroker.JOB_STATE_COMPLETED)
         without = jobbroker.Worker(secured.address, token="", handle_signals=False)
         without.handle("tokens", lambda job: None)
@@ -320,7 +309,7 @@ async def test_a_cancelled_job_waiting_for_a_slot_never_starts(
         await gate.wait()
 
     first = await client.enqueue("prefetched", "first")
-    async with running(worker):
+    async with running_worker(worker):
         async def first_started() -> bool:
             return started == ["first"]
 
