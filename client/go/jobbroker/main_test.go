@@ -71,6 +71,35 @@ var servingLine = regexp.MustCompile(`^jobbroker: serving grpc=(\S+) http=(\S+)`
 
 // startBroker starts the real broker binary. listen is usually 127.0.0.1:0; dataDir "" makes
 // a fresh one (removed by stop); extra are more flags (TLS, tokens).
+// restartableBroker starts a broker for a test that restarts it. restart(whileDown) stops the
+// broker, runs whileDown (if not nil) while it is away, and starts a new one on the same address
+// and data directory; the test's end stops the latest and removes the directory.
+func restartableBroker(t *testing.T) (*testBroker, func(whileDown func()) *testBroker) {
+	t.Helper()
+	current, err := startBroker(sharedConfig, "127.0.0.1:0", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dataDir := current.dataDir
+	current.ownDir = false // the restarted broker keeps the data directory
+	t.Cleanup(func() { current.stop() })
+	restart := func(whileDown func()) *testBroker {
+		addr := current.addr
+		current.stop()
+		if whileDown != nil {
+			whileDown()
+		}
+		next, err := startBroker(sharedConfig, addr, dataDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.ownDir = true
+		current = next
+		return next
+	}
+	return current, restart
+}
+
 func startBroker(config, listen, dataDir string, extra ...string) (*testBroker, error) {
 	b := &testBroker{dataDir: dataDir, exited: make(chan struct{})}
 	if dataDir == "" {

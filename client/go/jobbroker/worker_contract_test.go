@@ -228,13 +228,7 @@ func TestWorkerPrefetchedJobsStartInArrivalOrder(t *testing.T) {
 // Acks that end while the broker is away wait; on the new stream they go out again, together,
 // as one ack_batch, and the broker completes every job with its first attempt.
 func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
-	b, err := startBroker(sharedConfig, "127.0.0.1:0", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dataDir := b.dataDir
-	t.Cleanup(func() { b.stop() })
-	b.ownDir = false // the restarted broker keeps the data directory
+	b, restart := restartableBroker(t)
 	c := newClient(t, b)
 	ctx, q := testCtx(t), queueFor(t)
 	const jobs = 5
@@ -258,15 +252,10 @@ func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 	stop := runWorker(t, w)
 	waitFor(t, "every handler to start", func() bool { return started.Load() == jobs })
 
-	addr := b.addr
-	b.stop()
-	close(gate) // the handlers end while the broker is down: their acks wait
-	waitFor(t, "every handler to end", func() bool { return w.Stats().Acked == jobs })
-	b, err = startBroker(sharedConfig, addr, dataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.ownDir = true
+	b = restart(func() {
+		close(gate) // the handlers end while the broker is down: their acks wait
+		waitFor(t, "every handler to end", func() bool { return w.Stats().Acked == jobs })
+	})
 	c2 := newClient(t, b)
 	for i, e := range enqueued {
 		job := waitState(t, c2, e.JobID, pb.JobState_JOB_STATE_COMPLETED)

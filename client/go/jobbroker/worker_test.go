@@ -198,13 +198,7 @@ func TestWorkerRefusedSubscriptionIsReturned(t *testing.T) {
 }
 
 func TestWorkerReconnectsAfterBrokerRestart(t *testing.T) {
-	b, err := startBroker(sharedConfig, "127.0.0.1:0", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dataDir := b.dataDir
-	t.Cleanup(func() { b.stop() })
-	b.ownDir = false // the restarted broker keeps the data directory
+	b, restart := restartableBroker(t)
 	c := newClient(t, b)
 	q := queueFor(t)
 	var done sync.Map
@@ -221,13 +215,7 @@ func TestWorkerReconnectsAfterBrokerRestart(t *testing.T) {
 	waitFor(t, "the first job", func() bool { _, ok := done.Load("before"); return ok })
 
 	// Restart the broker on the same address: the worker reconnects by itself.
-	addr := b.addr
-	b.stop()
-	b, err = startBroker(sharedConfig, addr, dataDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.ownDir = true
+	b = restart(nil)
 	// A fresh client: c's connection is in its own reconnect backoff and fails fast meanwhile.
 	c2 := newClient(t, b)
 	enq, err := c2.Enqueue(ctx, q, []byte("after"))
