@@ -44,42 +44,13 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicReference;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 /**
  * The parts of docs/worker-contract.md that the conformance harness does not reach, and the Java
  * idioms of the rest (interrupts, {@link JobContext#cancellation()}), against the real broker.
  */
-class WorkerContractTest {
-  static BrokerProcess broker;
-  private Worker worker;
-
-  @BeforeAll
-  static void startBroker() throws Exception {
-    broker = BrokerProcess.start(BrokerApiTest.CONFIG);
-  }
-
-  @AfterAll
-  static void stopBroker() throws Exception {
-    broker.close();
-  }
-
-  @AfterEach
-  void stopWorker() throws Exception {
-    if (worker != null) {
-      worker.stop(Duration.ofSeconds(10));
-    }
-  }
-
-  private Worker start(Worker.Builder b) throws InterruptedException {
-    worker = b.build();
-    worker.start();
-    return worker;
-  }
-
+class WorkerContractTest extends WorkerTestBase {
   private static String enqueue(String queue, String payload) {
     return broker.client.enqueue(queue, payload).getJobId();
   }

@@ -16,39 +16,10 @@ import java.util.List;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.AfterEach;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
 
 /** The Worker helper in this JVM against the real broker. */
-class WorkerTest {
-  static BrokerProcess broker;
-  private Worker worker;
-
-  @BeforeAll
-  static void startBroker() throws Exception {
-    broker = BrokerProcess.start(BrokerApiTest.CONFIG);
-  }
-
-  @AfterAll
-  static void stopBroker() throws Exception {
-    broker.close();
-  }
-
-  @AfterEach
-  void stopWorker() throws Exception {
-    if (worker != null) {
-      worker.stop(Duration.ofSeconds(10));
-    }
-  }
-
-  private Worker start(Worker.Builder b) throws InterruptedException {
-    worker = b.build();
-    worker.start();
-    return worker;
-  }
-
+class WorkerTest extends WorkerTestBase {
   @Test
   void heartbeatsKeepAShortLeaseOverALongJob() throws Exception {
     String id = broker.client.enqueue("worker-long", "3 seconds of work").getJobId();
