@@ -9,8 +9,8 @@ import pathlib
 import signal
 
 from brokerproc import BrokerProcess
-from conftest import eventually, wait_state
-from test_worker import lines, running, spawn
+from conftest import eventually, running_worker, wait_state
+from test_worker import lines, spawn
 
 import jobbroker
 
@@ -46,7 +46,7 @@ async def test_a_failed_attempt_resumes_after_its_finished_steps(
         return {"charge": charge_result, "parcel": parcel}
 
     res = await client.enqueue("resume", "order-1")
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert runs == ["charge", "ship", "notify@1", "notify@2"]
     assert json.loads(done.result) == {"charge": {"charge_id": "ch_1"}, "parcel": "parcel-7"}
@@ -94,7 +94,7 @@ async def test_a_step_name_used_twice_fails_the_attempt(
         await job.step("same", lambda: 2)
 
     res = await client.enqueue("twice", "x", max_attempts=1)
-    async with running(worker):
+    async with running_worker(worker):
         dead = await wait_state(client, res.job_id, jobbroker.JOB_STATE_FAILED)
     assert "used twice" in dead.last_error
     assert saved_steps(dead) == {"same": 1}
@@ -109,7 +109,7 @@ async def test_a_value_json_cannot_encode_fails_the_attempt(
         await job.step("set", lambda: {1, 2})
 
     res = await client.enqueue("notjson", "x", max_attempts=1)
-    async with running(worker):
+    async with running_worker(worker):
         dead = await wait_state(client, res.job_id, jobbroker.JOB_STATE_FAILED)
     assert dead.last_error.startswith("TypeError")
     assert dead.checkpoint == b""
@@ -128,7 +128,7 @@ async def test_a_foreign_checkpoint_fails_with_a_clear_message(
     async def steps(job: jobbroker.JobContext) -> None:
         await job.step("one", lambda: calls.append("one"))
 
-    async with running(worker):
+    async with running_worker(worker):
         dead = await wait_state(client, res.job_id, jobbroker.JOB_STATE_FAILED)
     assert dead.fail_reason == jobbroker.FAIL_REASON_ATTEMPTS_EXHAUSTED
     assert "StepCheckpointError" in dead.last_error
@@ -153,7 +153,7 @@ async def test_a_checkpoint_from_another_language_is_replayed(
         total = await job.step("sum", lambda: rows["rows"] * 2)
         return total
 
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert done.result == b"6"
     assert saved_steps(done) == {"fetch": {"rows": 3}, "sum": 6}
@@ -185,7 +185,7 @@ async def test_a_step_whose_lease_is_gone_is_not_acked(
     # The stall outlasts several 1 s leases: the attempts pushed meanwhile lose theirs too (and,
     # lost, send nothing), so the job gets attempts to spare for one that runs after the stall.
     res = await client.enqueue("gone", "x", max_attempts=10)
-    async with running(worker):
+    async with running_worker(worker):
         done = await wait_state(client, res.job_id, jobbroker.JOB_STATE_COMPLETED)
     assert outcomes[0] == "refused"
     assert done.result == b"ok"
