@@ -830,7 +830,10 @@ class Harness {
         refused = Code::kFailedPrecondition;
       } else {
         // A late Fail of an attempt whose lease ran out: its error counts, `permanent` kills.
+        // The broker writes the record again with the state it has in memory, so a promotion
+        // made in memory only is saved with it.
         rec->second = outcome;
+        j.promoted_unsaved = false;
         if (permanent && !core::IsTerminal(j.state)) {
           j.state = core::JobState::kFailed;
           j.fail_reason = core::FailReason::kPermanent;
