@@ -80,28 +80,38 @@ run_suite() {
 export -f run_suite
 export root build jobs
 
-summary=()
-passed=0
-failed=0
+# Each suite's output goes to the terminal and to a log; the summary ends with the lines of each
+# failed suite that say why, because a CI page often shows only the last screen of a run.
+logs="$(mktemp -d /tmp/jobbroker-suites.XXXXXX)"
+passed_list=()
+failed_list=()
 for suite in "${suites[@]}"; do
   echo
   echo "=== $suite ==="
   start=$SECONDS
-  timeout --kill-after=60 "$suite_timeout" bash -c 'run_suite "$1"' _ "$suite"
-  rc=$?
+  timeout --kill-after=60 "$suite_timeout" bash -c 'run_suite "$1"' _ "$suite" 2>&1 |
+    tee "$logs/$suite.log"
+  rc=${PIPESTATUS[0]}
+  took=$((SECONDS - start))
   if [ "$rc" -eq 0 ]; then
-    result=passed
-    passed=$((passed + 1))
+    passed_list+=("$suite ${took}s")
   else
     result=FAILED
     [ "$rc" -eq 124 ] && result=TIMEOUT && echo "=== $suite: stopped after ${suite_timeout} s ==="
-    failed=$((failed + 1))
+    failed_list+=("$suite")
+    printf '%s %s after %ss\n' "$result" "$suite" "$took" >"$logs/$suite.why"
+    # The lines that name a failure, else the suite's last lines.
+    { grep -a -E 'FAIL|Error|ERROR|error:|mismatch|disagree|Assert|assert|Traceback|TIMEOUT|timed out|lost [1-9]' \
+        "$logs/$suite.log" | grep -a -v -E ' pass(ed)? ' | tail -n 12 ||
+        true; } | sed 's/^/    /' >>"$logs/$suite.why"
+    [ "$(wc -l <"$logs/$suite.why")" -gt 1 ] || tail -n 12 "$logs/$suite.log" | sed 's/^/    /' >>"$logs/$suite.why"
   fi
-  summary+=("$(printf '%-12s %-7s %5ss' "$suite" "$result" $((SECONDS - start)))")
 done
 
 echo
 echo "=== summary ==="
-printf '%s\n' "${summary[@]}"
-echo "suites: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+echo "passed (${#passed_list[@]}):"
+printf '%s\n' "${passed_list[@]}" | paste -sd ',' | sed 's/,/, /g' | fold -s -w 100 | sed 's/^/  /'
+for suite in "${failed_list[@]}"; do cat "$logs/$suite.why"; done
+echo "suites: ${#passed_list[@]} passed, ${#failed_list[@]} failed (logs: $logs)"
+[ "${#failed_list[@]}" -eq 0 ]
