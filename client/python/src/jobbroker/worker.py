@@ -14,6 +14,7 @@ import logging
 import random
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, cast
@@ -21,7 +22,13 @@ from typing import Any, TypeVar, cast
 import grpc
 import grpc.aio
 
-from ._convert import DurationLike, encode_payload, from_timestamp, to_duration
+from ._convert import (
+    DurationLike,
+    encode_payload,
+    from_timestamp,
+    timestamp_seconds,
+    to_duration,
+)
 from ._metadata import Metadata
 from ._typed import decode_payload, payload_type
 from .client import default_worker_id, resolve_options
@@ -183,7 +190,8 @@ class _Held:
         self.answered = False
         self.cancel_reason: str | None = None  # why the cancellation signal fired; None: it did not
         self.ctx: JobContext | None = None
-        self.heartbeats: asyncio.Task[None] | None = None
+        # A timer, not a task: arming and cancelling one is a fraction of a task's cost per job.
+        self.heartbeat_timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task[None] | None = None  # _run_job, which awaits the handler
         # An async handler is being awaited by `task`: the signal cancels `task` then (and
         # _run_job tells that cancellation from the worker's own close by signal_cancelled).
@@ -881,18 +889,19 @@ class Worker:
             self._release(job)
             return
         assert self._loop is not None
-        now = _dt.datetime.now(_dt.timezone.utc)
-        lease = max((from_timestamp(job.lease_deadline) - now).total_seconds(), 0.3)
+        # Seconds since the epoch, without datetimes: this runs once per job.
+        now = time.time()
+        lease = max(timestamp_seconds(job.lease_deadline) - now, 0.3)
         old = self._held.get(job.job_id)
         if old is not None:  # a newer attempt: the one we held is gone
             self._lose(old, _LEASE_LOST)
         held = _Held(job, lease)
         self._held[job.job_id] = held
-        held.heartbeats = asyncio.create_task(self._heartbeat_loop(held))
+        self._arm_heartbeat(held)
         if job.HasField("timeout_at"):
             # The helper fires the signal itself at the time-out; the broker's lease_lost for
             # it is sent at the same moment, and the handler need not wait for it.
-            left = (from_timestamp(job.timeout_at) - now).total_seconds()
+            left = timestamp_seconds(job.timeout_at) - now
             held.timeout_timer = self._loop.call_later(
                 max(left, 0.0), self._lose, held, _TIMED_OUT
             )
@@ -908,17 +917,22 @@ class Worker:
         self._send(req, resend=True)
         self.stats.released += 1
 
-    async def _heartbeat_loop(self, held: _Held) -> None:
-        while not held.lost:
-            await asyncio.sleep(held.lease / 3)
-            if held.lost:
-                return
-            req = broker_pb2.WorkRequest(
-                heartbeat=broker_pb2.HeartbeatRequest(
-                    job_id=held.job.job_id, lease_id=held.job.lease_id
-                )
+    def _arm_heartbeat(self, held: _Held) -> None:
+        assert self._loop is not None
+        held.heartbeat_timer = self._loop.call_later(held.lease / 3, self._heartbeat, held)
+
+    def _heartbeat(self, held: _Held) -> None:
+        """Every third of the lease while the attempt is ours (worker contract §2)."""
+        held.heartbeat_timer = None
+        if held.lost or held.ended:
+            return
+        req = broker_pb2.WorkRequest(
+            heartbeat=broker_pb2.HeartbeatRequest(
+                job_id=held.job.job_id, lease_id=held.job.lease_id
             )
-            self._send(req)
+        )
+        self._send(req)
+        self._arm_heartbeat(held)
 
     async def _save_checkpoint(self, held: _Held, data: bytes, step: str) -> None:
         req = broker_pb2.WorkRequest(
@@ -1009,8 +1023,9 @@ class Worker:
             del self._held[held.job.job_id]
 
     def _stop_timers(self, held: _Held) -> None:
-        if held.heartbeats is not None:
-            held.heartbeats.cancel()
+        if held.heartbeat_timer is not None:
+            held.heartbeat_timer.cancel()
+            held.heartbeat_timer = None
         if held.timeout_timer is not None:
             held.timeout_timer.cancel()
 
@@ -1068,7 +1083,11 @@ class Worker:
         snooze: DurationLike | None = None
         result = b""
         try:
-            value = await self._call_chain(held, self._handlers[job.queue], held.ctx)
+            fn = self._handlers[job.queue]
+            if self._middleware:
+                value = await self._call_chain(held, fn, held.ctx)
+            else:  # one coroutine frame less per job
+                value = await self._invoke(held, fn, held.ctx)
             result = b"" if value is None else encode_payload(value)
         except PermanentError as err:
             fail = broker_pb2.FailRequest(error=str(err) or "permanent error", permanent=True)
