@@ -247,6 +247,8 @@ def test_address_and_token_come_from_the_environment(monkeypatch: pytest.MonkeyP
     # Set explicitly, they win; an empty token sends none.
     explicit = ClientOptions(address="broker:7070", token="")
     assert explicit.targets() == ["broker:7070"]
+    # A comma-separated address names a cluster's nodes, as the variable does.
+    assert ClientOptions(address="n1:7070,n2:7070").targets() == ["n1:7070", "n2:7070"]
     assert [k for k, _ in explicit.metadata()] == ["jobbroker-client"]
 
 

@@ -22,7 +22,7 @@ from importlib.metadata import distribution
 from typing import Any
 
 import pytest
-from brokerproc import REPO_ROOT, BrokerProcess
+from brokerproc import REPO_ROOT, BrokerProcess, broker_binary
 from conftest import CONFIG, eventually
 from pki import TestPki
 
@@ -230,3 +230,25 @@ async def test_installed_example_worker_with_tls_and_token(
         out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
     assert "to=ada@example.com " in out and "Welcome, Ada!" in out, out
+
+
+def test_installed_example_worker_through_a_leader_kill_in_a_cluster(
+        venv: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    # The same worker.py, from the same venv, given a 3-node cluster's addresses in
+    # $JOBBROKER_ADDRESS: tests/lib/cluster_example.sh enqueues 30 sign-ups, kill -9s the leader
+    # of the queue's partition once the first is done, enqueues 20 more, and passes when all 50
+    # completed and the worker stopped cleanly on SIGTERM.
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(HERE / "examples" / "worker.py", project / "worker.py")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "VIRTUAL_ENV", "JOBBROKER_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    done = subprocess.run(
+        [str(REPO_ROOT / "tests" / "lib" / "cluster_example.sh"), broker_binary(),
+         str(tmp_path / "run"),
+         "emails", '{"email": "c{n}@example.com", "name": "C{n}"}', "--",
+         str(venv / "bin" / "python"), "worker.py"],
+        cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all 50 jobs completed" in done.stdout, done.stdout

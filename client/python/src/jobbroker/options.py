@@ -56,8 +56,8 @@ class ClientOptions:
     variant with dataclasses.replace(options, deadline=30).
     """
 
-    # The broker, host:port. None: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. The variable may
-    # list several, separated by commas.
+    # The broker, host:port. None: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. Either may list
+    # several, separated by commas (taken as `addresses`).
     address: str | None = None
     # Several brokers (a cluster's nodes), tried in order: a call that fails UNAVAILABLE moves
     # the client to the next one (a retried call goes there at once; a call that is not retried
@@ -103,11 +103,10 @@ class ClientOptions:
         """The addresses to try, in order."""
         if self.addresses:
             return list(self.addresses)
-        if self.address:
-            return [self.address]
-        env = os.environ.get("JOBBROKER_ADDRESS", "")
-        listed = [a.strip() for a in env.split(",") if a.strip()]
-        return listed or [DEFAULT_ADDRESS]
+        # A comma-separated list names several, as the variable, the other clients and the CLI do.
+        given = self.address or os.environ.get("JOBBROKER_ADDRESS", "")
+        listed = [a.strip() for a in given.split(",") if a.strip()]
+        return listed or [self.address or DEFAULT_ADDRESS]
 
     def metadata(self) -> Metadata:
         """What every call carries: `jobbroker-client: jobbroker-python/<version>` and the
