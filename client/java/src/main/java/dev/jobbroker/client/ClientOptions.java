@@ -48,10 +48,24 @@ public final class ClientOptions {
   private final int retryAttempts;
   private final Duration retryBackoff;
 
+  /** "a:1, b:2" as [a:1, b:2]: one setting names every node of a cluster. */
+  static List<String> splitAddresses(String list) {
+    List<String> out = new ArrayList<>();
+    for (String a : list.split(",")) {
+      if (!a.isBlank()) {
+        out.add(a.strip());
+      }
+    }
+    if (out.isEmpty()) {
+      out.add(list);
+    }
+    return out;
+  }
+
   private ClientOptions(Builder b) {
     List<String> addrs = new ArrayList<>(b.addresses);
     if (addrs.isEmpty()) {
-      addrs.add(envOr("JOBBROKER_ADDRESS", DEFAULT_ADDRESS));
+      addrs.addAll(splitAddresses(envOr("JOBBROKER_ADDRESS", DEFAULT_ADDRESS)));
     }
     this.addresses = List.copyOf(addrs);
     this.tls = b.tls || b.caPem != null || b.certPem != null;
@@ -137,10 +151,14 @@ public final class ClientOptions {
 
     private Builder() {}
 
-    /** The broker, "host:port". Replaces earlier addresses. Default $JOBBROKER_ADDRESS. */
+    /**
+     * The broker, "host:port"; a comma-separated list is taken as {@link #addresses(List)}, as
+     * the other clients and the CLI take it. Replaces earlier addresses. Default
+     * $JOBBROKER_ADDRESS (the same form).
+     */
     public Builder address(String address) {
       addresses.clear();
-      addresses.add(Objects.requireNonNull(address, "address"));
+      addresses.addAll(splitAddresses(Objects.requireNonNull(address, "address")));
       return this;
     }
 

@@ -192,6 +192,12 @@ class ClientTest {
   }
 
   @Test
+  void aCommaSeparatedAddressNamesSeveral() {
+    ClientOptions options = ClientOptions.builder().address("n1:7070, n2:7070").build();
+    assertEquals(List.of("n1:7070", "n2:7070"), options.addresses());
+  }
+
+  @Test
   void enqueueAndWaitReturnsTheCompletedJobWithItsResult() throws Exception {
     try (AutoCloseable w = work(broker.client, "wait.ok", job -> "hello " + job.payloadText())) {
       Job job = broker.client.enqueueAndWait("wait.ok", "world", Duration.ofSeconds(30));
