@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require_relative "test_helper"
+require "open3"
 require "rubygems/package"
 
 # The built gem as a user gets it ($JOBBROKER_GEM: test.sh builds it, this test does not):
@@ -52,14 +53,7 @@ class GemInstallTest < Minitest::Test
   end
 
   def test_the_installed_gems_example_worker_completes_a_job_over_tls_with_a_token
-    gem_home = File.join(@tmp, "gem_home")
-    app = File.join(@tmp, "app")
-    FileUtils.mkdir_p([gem_home, app])
-    assert_empty Dir.children(gem_home)
-    env = install_env(gem_home)
-    out = run!(env, "gem", "install", "--local", "--no-document", File.expand_path(@gem), chdir: app)
-    assert_match(/Successfully installed jobbroker-#{Regexp.escape(version)}/, out)
-    FileUtils.cp(File.join(SOURCE, "examples", "worker.rb"), app)
+    gem_home, app, env = install_gem_with_example
 
     # Where `require "jobbroker"` comes from in that environment: the fresh GEM_HOME only.
     probe = run!(env, RbConfig.ruby, "-e", <<~RUBY, chdir: app)
@@ -114,7 +108,37 @@ class GemInstallTest < Minitest::Test
     secure&.close
   end
 
+  # The same example from the same install, given a 3-node cluster's addresses in
+  # $JOBBROKER_ADDRESS: tests/lib/cluster_example.sh enqueues 30 emails, kill -9s the leader of
+  # the queue's partition once the first is done, enqueues 20 more, and passes when all 50
+  # completed and the worker stopped cleanly on SIGTERM.
+  def test_the_installed_gems_example_worker_through_a_leader_kill_in_a_cluster
+    _, app, env = install_gem_with_example
+    broker = ENV.fetch("JOBBROKER_BIN", File.join(REPO, "build", "server", "jobbroker"))
+    out, status = Open3.capture2e(
+      env, File.join(REPO, "tests", "lib", "cluster_example.sh"), broker, File.join(@tmp, "run"),
+      "emails", '{"to": "c{n}@example.com"}', "--", RbConfig.ruby, "worker.rb", "emails", "4",
+      chdir: app
+    )
+    assert status.success?, out
+    assert_includes out, "all 50 jobs completed"
+  end
+
   private
+
+  # `gem install --local` of the built gem into a fresh, empty GEM_HOME, and examples/worker.rb
+  # copied into an app folder: [gem_home, app, the environment that sees only that install].
+  def install_gem_with_example
+    gem_home = File.join(@tmp, "gem_home")
+    app = File.join(@tmp, "app")
+    FileUtils.mkdir_p([gem_home, app])
+    assert_empty Dir.children(gem_home)
+    env = install_env(gem_home)
+    out = run!(env, "gem", "install", "--local", "--no-document", File.expand_path(@gem), chdir: app)
+    assert_match(/Successfully installed jobbroker-#{Regexp.escape(version)}/, out)
+    FileUtils.cp(File.join(SOURCE, "examples", "worker.rb"), app)
+    [gem_home, app, env]
+  end
 
   # A fresh GEM_HOME in front of the system's packaged gems (grpc and google-protobuf from
   # Debian), without the user's and the site's gem directories; no RUBYLIB, RUBYOPT or Bundler.
