@@ -74,6 +74,15 @@ import { composeProducer, composeProducerBatch, type EnqueueResult, type Produce
 
 export type { EnqueueResult };
 
+/** "a:1, b:2" as ["a:1", "b:2"]: one variable names every node of a cluster. */
+function splitAddresses(list: string): string[] {
+  const addresses = list
+    .split(",")
+    .map((a) => a.trim())
+    .filter((a) => a !== "");
+  return addresses.length > 0 ? addresses : [list];
+}
+
 /** The broker address when none is given: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. */
 export function defaultAddress(): string {
   return process.env.JOBBROKER_ADDRESS || "127.0.0.1:7070";
@@ -115,7 +124,11 @@ export type Pem = string | Uint8Array;
  * in $JOBBROKER_TOKEN if set, and a 10 s deadline on unary calls.
  */
 export interface ClientOptions {
-  /** "host:port"; default $JOBBROKER_ADDRESS, else 127.0.0.1:7070. Ignored when `addresses` is set. */
+  /**
+   * "host:port" (a comma-separated list is taken as `addresses`, as the other clients and the CLI
+   * take it); default $JOBBROKER_ADDRESS (the same form), else 127.0.0.1:7070. Ignored when
+   * `addresses` is set.
+   */
   address?: string;
   /**
    * Several brokers (the nodes of a cluster), tried in order: a call answered UNAVAILABLE moves
@@ -384,7 +397,9 @@ export class Client {
 
   constructor(options: ClientOptions | string = {}) {
     const o: ClientOptions = typeof options === "string" ? { address: options } : options;
-    const addresses = o.addresses?.length ? [...o.addresses] : [o.address || defaultAddress()];
+    const addresses = o.addresses?.length
+      ? [...o.addresses]
+      : splitAddresses(o.address || defaultAddress());
     this.addresses = addresses;
     this.address = addresses[0];
     this.deadlineMs = o.deadlineMs ?? defaultDeadlineMs;

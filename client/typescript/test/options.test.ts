@@ -204,6 +204,26 @@ describe("safe retries and several addresses", () => {
     }
   });
 
+  test("a comma-separated address, or $JOBBROKER_ADDRESS, names several", () => {
+    const listed = new Client(`${dead}, ${broker.address}`);
+    try {
+      assert.deepEqual(listed.addresses, [dead, broker.address]);
+      assert.equal(listed.address, dead);
+    } finally {
+      listed.close();
+    }
+    const saved = process.env.JOBBROKER_ADDRESS;
+    process.env.JOBBROKER_ADDRESS = `n1:7070,n2:7070`;
+    try {
+      const fromEnv = new Client();
+      assert.deepEqual(fromEnv.addresses, ["n1:7070", "n2:7070"]);
+      fromEnv.close();
+    } finally {
+      if (saved === undefined) delete process.env.JOBBROKER_ADDRESS;
+      else process.env.JOBBROKER_ADDRESS = saved;
+    }
+  });
+
   test("with several addresses, a call answered UNAVAILABLE moves on to the next one", async () => {
     const { calls, interceptor } = callRecorder();
     const client = new Client({ addresses: [dead, broker.address], interceptors: [interceptor] });
