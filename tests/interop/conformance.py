@@ -18,6 +18,7 @@ under test), so a bug in the Python helper cannot hide one in the harness.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -64,12 +65,22 @@ def state_name(state: int) -> str:
     return STATE.Name(state).removeprefix("JOB_STATE_")
 
 
+_ports_lock = threading.Lock()
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
     # The broker must come back on the same address after a kill -9 (scenario reconnect), so
-    # the harness picks the port instead of letting the broker take port 0.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    # the harness picks the port instead of letting the broker take port 0. Languages run side
+    # by side: a port is handed out once per run, so two brokers never race for one.
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with _ports_lock:
+            if port not in _ports_given:
+                _ports_given.add(port)
+                return port
 
 
 def seconds(ms: int) -> duration_pb2.Duration:
@@ -872,6 +883,9 @@ def main() -> int:
     parser.add_argument("--all-pairs", action="store_true",
                         help="steps across every ordered pair of languages, not only the chain")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("CONFORMANCE_JOBS", "2")),
+                        help="languages run at once, each with its own broker (default 2, or "
+                             "$CONFORMANCE_JOBS)")
     args = parser.parse_args()
     langs = args.lang or LANGS
     scenarios = args.scenario or list(SCENARIOS)
@@ -883,20 +897,33 @@ def main() -> int:
     built: list[str] = []
     pairs: dict[tuple[str, str], str] = {}
     try:
-        for lang in langs:
+        # Languages run side by side (--jobs), each with its own broker and folder: the cells
+        # mostly wait (leases running out, back-offs, grace periods), so two at a time take
+        # about half the time on two cores.
+        lock = threading.Lock()
+
+        def one_language(lang: str) -> None:
             failure = build(lang)
             if failure:
-                for name in scenarios:
-                    cells[(lang, name)] = "FAIL"
-                problems.append(f"--- {lang}: every scenario\n{failure}")
-                continue
-            built.append(lang)
+                with lock:
+                    for name in scenarios:
+                        cells[(lang, name)] = "FAIL"
+                    problems.append(f"--- {lang}: every scenario\n{failure}")
+                return
+            with lock:
+                built.append(lang)
             for name, took, problem in run_language(lang, scenarios, binary, root):
-                cells[(lang, name)] = "FAIL" if problem else "pass"
-                print(f"{lang:<11} {name:<20} {'FAIL' if problem else 'pass'} {took:5.1f} s",
-                      flush=True)
-                if problem:
-                    problems.append(f"--- {lang} / {name}\n{problem}")
+                with lock:
+                    cells[(lang, name)] = "FAIL" if problem else "pass"
+                    print(f"{lang:<11} {name:<20} {'FAIL' if problem else 'pass'} {took:5.1f} s",
+                          flush=True)
+                    if problem:
+                        problems.append(f"--- {lang} / {name}\n{problem}")
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(args.jobs, 1)) as pool:
+            for done in [pool.submit(one_language, lang) for lang in langs]:
+                done.result()
+        built.sort(key=langs.index)  # the chain's order, whichever finished first
         # Durable steps across languages: the chain (each language once first, once second), or
         # every ordered pair. Only with the whole scenario list: a --scenario run is a focus.
         if not args.scenario and len(built) >= 2:
