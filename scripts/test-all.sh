@@ -101,9 +101,11 @@ for suite in "${suites[@]}"; do
     failed_list+=("$suite")
     printf '%s %s after %ss\n' "$result" "$suite" "$took" >"$logs/$suite.why"
     # The lines that name a failure, else the suite's last lines.
-    { grep -a -E 'FAIL|Error|ERROR|error:|mismatch|disagree|Assert|assert|Traceback|TIMEOUT|timed out|lost [1-9]' \
-        "$logs/$suite.log" | grep -a -v -E ' pass(ed)? ' | tail -n 12 ||
-        true; } | sed 's/^/    /' >>"$logs/$suite.why"
+    # and the first lines of each "--- " block (a conformance cell's problem, a log's tail).
+    { grep -a -E 'FAIL|Failed|Error|ERROR|error:|mismatch|disagree|Assert|assert|Traceback|TIMEOUT|timed out|lost [1-9]' \
+        "$logs/$suite.log" | grep -a -v -E ' pass(ed)? ' | tail -n 12 || true
+      grep -a -A3 '^--- ' "$logs/$suite.log" | head -n 12 || true; } | cut -c1-300 |
+      sed 's/^/    /' >>"$logs/$suite.why"
     [ "$(wc -l <"$logs/$suite.why")" -gt 1 ] || tail -n 12 "$logs/$suite.log" | sed 's/^/    /' >>"$logs/$suite.why"
   fi
 done
