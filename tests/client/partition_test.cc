@@ -3,10 +3,16 @@
 #include "jobbroker/partition.h"
 
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/random/random.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/ids.h"
@@ -102,6 +108,34 @@ TEST(PartitionTest, StringsThatAreNotJobIdsHaveNoPartitionLikeInCore) {
     const uint32_t count = absl::Uniform<uint32_t>(gen, 1, 100000);
     ASSERT_EQ(PartitionOfJobId(s, count), core::PartitionOfJobId(s, count)) << s;
   }
+}
+
+// tests/client/partition_vectors.tsv is what the clients in other languages test their routing
+// against: each of its lines must be what core answers.
+TEST(PartitionTest, TheVectorsFileOfTheOtherClientsIsWhatCoreSays) {
+  const std::filesystem::path file =
+      std::filesystem::path(__FILE__).parent_path() / "partition_vectors.tsv";
+  std::ifstream in(file);
+  ASSERT_TRUE(in) << "cannot read " << file;
+  int queues = 0, jobs = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const std::vector<std::string> f = absl::StrSplit(line, '\t');
+    ASSERT_EQ(f.size(), 4u) << line;
+    uint32_t count = 0;
+    ASSERT_TRUE(absl::SimpleAtoi(f[2], &count)) << line;
+    if (f[0] == "queue") {
+      ++queues;
+      EXPECT_EQ(f[3], absl::StrCat(core::PartitionOfQueue(f[1], count))) << line;
+    } else {
+      ASSERT_EQ(f[0], "job") << line;
+      ++jobs;
+      const std::optional<uint32_t> partition = core::PartitionOfJobId(f[1], count);
+      EXPECT_EQ(f[3], partition.has_value() ? absl::StrCat(*partition) : "none") << line;
+    }
+  }
+  EXPECT_GT(queues, 100);
+  EXPECT_GT(jobs, 100);
 }
 
 }  // namespace
