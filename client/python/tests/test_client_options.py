@@ -3,6 +3,7 @@ token, several addresses, the deadline, the environment, and which calls are ret
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import hashlib
 import json
@@ -23,7 +24,9 @@ from jobbroker import ClientOptions, NewJob
 
 
 class CallRecorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Counts the attempts of each unary method and keeps the deadline each one was sent with."""
+    """Counts the attempts of each unary method and keeps the deadline each one was sent with.
+    GetCluster is left out: the client asks it of the broker on its own to learn where the
+    partitions' leaders are, and that would blur the counts of the calls under test."""
 
     def __init__(self) -> None:
         self.attempts: collections.Counter[str] = collections.Counter()
@@ -33,6 +36,8 @@ class CallRecorder(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
                                     details: Any, request: Any) -> Any:
         method = details.method.decode() if isinstance(details.method, bytes) else details.method
         name = method.rsplit("/", 1)[-1]
+        if name == "GetCluster":
+            return await continuation(details, request)
         self.attempts[name] += 1
         self.timeouts[name].append(details.timeout)
         return await continuation(details, request)
@@ -183,31 +188,60 @@ async def test_retry_attempts_one_turns_retries_off(stopped_broker_address: str)
                             retry_attempts=1)
     async with jobbroker.Client(options=options) as c:
         with pytest.raises(jobbroker.UnavailableError):
-            await c.get_cluster()
-    assert calls.attempts == {"GetCluster": 1}
+            await c.list_queues()
+    assert calls.attempts == {"ListQueues": 1}
 
 
 # --- several addresses -----------------------------------------------------------------------
 
 
-async def test_a_retried_call_moves_on_to_the_next_address(
+async def test_calls_go_to_the_next_address_when_the_first_does_not_answer(
         stopped_broker_address: str, broker: BrokerProcess) -> None:
     calls = CallRecorder()
     options = ClientOptions(addresses=[stopped_broker_address, broker.address],
                             interceptors=[calls])
     async with jobbroker.Client(options=options) as c:
-        assert (await c.get_cluster()).partition_count >= 1
-    assert calls.attempts == {"GetCluster": 2}
+        # Even an enqueue that is never retried: the client asked where the broker is first.
+        res = await c.enqueue("failover", "first try")
+        assert (await c.get_job(res.job_id)).payload == b"first try"
+    assert calls.attempts == {"Enqueue": 1, "GetJob": 1}
 
 
-async def test_an_enqueue_that_is_not_retried_fails_and_the_next_call_uses_the_next_address(
-        stopped_broker_address: str, broker: BrokerProcess) -> None:
-    options = ClientOptions(addresses=[stopped_broker_address, broker.address])
+class GetClusterCounter(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Counts the GetCluster calls, the client's own included."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def intercept_unary_unary(self, continuation: Callable[..., Awaitable[Any]],
+                                    details: Any, request: Any) -> Any:
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        self.count += method.endswith("/GetCluster")
+        return await continuation(details, request)
+
+
+async def test_concurrent_first_calls_share_one_question_of_where_the_broker_is(
+        broker: BrokerProcess) -> None:
+    lookups = GetClusterCounter()
+    options = ClientOptions(address=broker.address, interceptors=[lookups])
     async with jobbroker.Client(options=options) as c:
-        with pytest.raises(jobbroker.UnavailableError):
-            await c.enqueue("failover", "first try")
-        res = await c.enqueue("failover", "second try")
-        assert (await c.get_job(res.job_id)).payload == b"second try"
+        await asyncio.gather(*(c.list_queues() for _ in range(10)))
+    assert lookups.count == 1
+
+
+async def test_after_its_broker_stops_a_client_moves_on_to_the_next_address(
+        broker: BrokerProcess) -> None:
+    with BrokerProcess(CONFIG) as first:
+        options = ClientOptions(addresses=[first.address, broker.address])
+        async with jobbroker.Client(options=options) as c:
+            res = await c.enqueue("failover", "on the first")
+            assert (await c.get_job(res.job_id)).payload == b"on the first"
+            first.kill()
+            # Not retried: it fails, and the next call asks again where the broker is.
+            with pytest.raises(jobbroker.UnavailableError):
+                await c.enqueue("failover", "lost")
+            res = await c.enqueue("failover", "on the next")
+            assert (await c.get_job(res.job_id)).payload == b"on the next"
 
 
 async def test_the_worker_reconnects_to_the_next_address(

@@ -17,6 +17,7 @@ import grpc.aio
 
 from ._convert import DurationLike, encode_payload, to_duration, to_timestamp
 from ._metadata import Metadata
+from ._router import Route, Router
 from .errors import JobFailedError, UnavailableError, error_from_rpc
 from .options import ClientOptions
 from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2, broker_pb2_grpc, job_pb2, policy_pb2
@@ -154,13 +155,6 @@ def _lease_ref(job: broker_pb2.LeasedJob | str, lease_id: str | None) -> tuple[s
     return job, lease_id
 
 
-class _Stubs:
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self.channel = channel
-        self.broker = broker_pb2_grpc.BrokerStub(channel)
-        self.admin = admin_pb2_grpc.AdminStub(channel)
-
-
 class Client:
     """An asyncio client of the broker: producer calls, the unary worker calls, and Admin.
 
@@ -179,11 +173,19 @@ class Client:
     call has the options' deadline (10 s by default), which its `deadline=` keyword overrides
     (seconds; None: no deadline).
 
+    In a cluster, each call goes straight to the leader of its partition: by its queue
+    (enqueue, queue admin calls, a batch by its first job's queue), by its job id (get, watch,
+    cancel, ack...), or to any node (list queues, workers, the cluster). Where the leaders are
+    comes from Admin.GetCluster, asked of the given addresses before the first call and again
+    after a call failed UNAVAILABLE or DEADLINE_EXCEEDED (a leader moved or died). A broker
+    that is not a cluster, or that will not answer GetCluster (an older broker, a token without
+    the admin role), takes every call, as does the next given address when it stops answering.
+
     Retries: a unary call that fails UNAVAILABLE is tried again (3 attempts in all, short
-    backoff, the next address of a cluster first) only when repeating it cannot do anything
-    twice: reads, ack/fail/release/heartbeat (the broker answers a repeat of the same lease's
-    ack OK), idempotent settings (pause, resume, policies, schedules), and enqueues whose jobs
-    all carry a dedup key (a repeat of one that was applied answers deduplicated). Any other
+    backoff, after asking where the partition's leader is now) only when repeating it cannot do
+    anything twice: reads, ack/fail/release/heartbeat (the broker answers a repeat of the same
+    lease's ack OK), idempotent settings (pause, resume, policies, schedules), and enqueues whose
+    jobs all carry a dedup key (a repeat of one that was applied answers deduplicated). Any other
     call, an enqueue without a dedup key above all, is tried once: the caller sees the error and
     decides. Use it from one event loop (SyncClient is the blocking facade).
     """
@@ -202,32 +204,26 @@ class Client:
             deadline = timeout  # the older name of the same setting
         self.options = resolve_options(address, options, token=token, deadline=deadline)
         self.metadata: Metadata = self.options.metadata()
-        self._owns_channels = channel is None
-        if channel is not None:
-            self.addresses = ["<given channel>"]
-            self._stubs = [_Stubs(channel)]
-        else:
-            self.addresses = self.options.targets()
-            self._stubs = [_Stubs(self.options.open_channel(t)) for t in self.addresses]
+        self._router = Router(self.options, channel=channel)
+        self.addresses = self._router.addresses
         self.address = self.addresses[0]
-        self._current = 0  # the address calls go to; moves on after UNAVAILABLE
         self._middleware: list[ProducerMiddleware] = []
 
     @property
     def channel(self) -> grpc.aio.Channel:
-        """The channel to the address calls go to now."""
-        return self._stubs[self._current].channel
+        """The channel to the node calls that any node serves go to now."""
+        return self._router.current().channel
 
     @property
     def broker(self) -> broker_pb2_grpc.BrokerStub:
-        """The generated Broker stub, for calls this class does not wrap (pass
-        metadata=client.metadata)."""
-        return self._stubs[self._current].broker
+        """The generated Broker stub of that node, for calls this class does not wrap (pass
+        metadata=client.metadata). In a cluster, a node forwards what it does not lead."""
+        return self._router.current().broker
 
     @property
     def admin(self) -> admin_pb2_grpc.AdminStub:
-        """The generated Admin stub (pass metadata=client.metadata)."""
-        return self._stubs[self._current].admin
+        """The generated Admin stub of that node (pass metadata=client.metadata)."""
+        return self._router.current().admin
 
     async def __aenter__(self) -> Client:
         return self
@@ -237,20 +233,12 @@ class Client:
 
     async def close(self) -> None:
         """Closes the channels (if this client dialed them)."""
-        if self._owns_channels:
-            for stubs in self._stubs:
-                await stubs.channel.close(None)
+        await self._router.close()
 
     # --- calls and retries -----------------------------------------------------------------
 
     def _timeout(self, deadline: DeadlineArg) -> float | None:
         return self.options.deadline if deadline is _UNSET else deadline
-
-    def _failed_over(self, index: int) -> None:
-        """The address at `index` answered UNAVAILABLE: later calls go to the next one (unless
-        a concurrent call moved on already)."""
-        if self._current == index:
-            self._current = (index + 1) % len(self._stubs)
 
     async def _unary(
         self,
@@ -258,26 +246,29 @@ class Client:
         method: str,
         request: Any,
         *,
+        route: Route,
         retry: bool,
         deadline: DeadlineArg = _UNSET,
         extra_time: float = 0.0,
     ) -> Any:
-        """One unary call, tried up to retry_attempts times on UNAVAILABLE when `retry` (the
-        caller knows a repeat cannot duplicate), else once."""
+        """One unary call to the node `route` names, tried up to retry_attempts times on
+        UNAVAILABLE when `retry` (the caller knows a repeat cannot duplicate), else once. A
+        failure that may mean the node no longer leads the partition (UNAVAILABLE,
+        DEADLINE_EXCEEDED) makes the router ask for the cluster's layout again before the next
+        call, this call's retry included."""
         attempts = self.options.retry_attempts if retry else 1
         timeout = self._timeout(deadline)
         if timeout is not None:
             timeout += extra_time
         backoff = self.options.retry_backoff
         for attempt in range(1, attempts + 1):
-            index = self._current
-            stub = getattr(self._stubs[index], service)
+            stub = getattr(await self._router.node_for(route), service)
             try:
                 return await getattr(stub, method)(request, timeout=timeout, metadata=self.metadata)
             except grpc.aio.AioRpcError as err:
+                self._router.note_failure(err)
                 if err.code() != grpc.StatusCode.UNAVAILABLE:
                     raise error_from_rpc(err) from err
-                self._failed_over(index)
                 if attempt == attempts:
                     raise error_from_rpc(err) from err
             # Full jitter: clients that lost the same broker do not all come back at once.
@@ -301,11 +292,16 @@ class Client:
         # every job has a dedup key; without one it would create a second job.
         retry = all(r.dedup_key for r in requests)
         if single and len(requests) == 1:
-            resp = await self._unary("broker", "Enqueue", requests[0], retry=retry,
-                                     deadline=deadline)
+            route = Route.of_queue(requests[0].queue)
+            resp = await self._unary(
+                "broker", "Enqueue", requests[0], route=route, retry=retry, deadline=deadline
+            )
             return [EnqueueResult(resp.job_id, resp.deduplicated)]
         batch = broker_pb2.EnqueueBatchRequest(jobs=requests)
-        resp = await self._unary("broker", "EnqueueBatch", batch, retry=retry, deadline=deadline)
+        resp = await self._unary(
+            "broker", "EnqueueBatch", batch, route=_batch_route(batch),
+            retry=retry, deadline=deadline
+        )
         return [EnqueueResult(r.job_id, r.deduplicated) for r in resp.results]
 
     async def _enqueue_jobs(
@@ -432,7 +428,8 @@ class Client:
             req.wait.CopyFrom(to_duration(wait))
             extra = req.wait.ToTimedelta().total_seconds()  # the long poll is not a slow call
         resp = await self._unary(
-            "broker", "Lease", req, retry=False, deadline=deadline, extra_time=extra
+            "broker", "Lease", req, route=Route.of_queue(queue),
+            retry=False, deadline=deadline, extra_time=extra
         )
         return list(resp.jobs)
 
@@ -458,7 +455,7 @@ class Client:
         if progress is not None:
             req.progress = encode_payload(progress)
         resp: broker_pb2.HeartbeatResponse = await self._unary(
-            "broker", "Heartbeat", req, retry=True, deadline=deadline
+            "broker", "Heartbeat", req, route=Route.of_job(job_id), retry=True, deadline=deadline
         )
         return resp
 
@@ -473,7 +470,9 @@ class Client:
         """Completes the job; `result` is kept with it (bytes, str, or JSON)."""
         job_id, lease = _lease_ref(job, lease_id)
         req = broker_pb2.AckRequest(job_id=job_id, lease_id=lease, result=encode_payload(result))
-        await self._unary("broker", "Ack", req, retry=True, deadline=deadline)
+        await self._unary(
+            "broker", "Ack", req, route=Route.of_job(job_id), retry=True, deadline=deadline
+        )
 
     async def fail(
         self,
@@ -492,7 +491,7 @@ class Client:
         if retry_after is not None:
             req.retry_after.CopyFrom(to_duration(retry_after))
         resp: broker_pb2.FailResponse = await self._unary(
-            "broker", "Fail", req, retry=True, deadline=deadline
+            "broker", "Fail", req, route=Route.of_job(job_id), retry=True, deadline=deadline
         )
         return resp
 
@@ -510,14 +509,18 @@ class Client:
         req = broker_pb2.ReleaseRequest(job_id=job_id, lease_id=lease)
         if delay is not None:
             req.delay.CopyFrom(to_duration(delay))
-        await self._unary("broker", "Release", req, retry=True, deadline=deadline)
+        await self._unary(
+            "broker", "Release", req, route=Route.of_job(job_id), retry=True, deadline=deadline
+        )
 
     # --- admin: jobs -----------------------------------------------------------------------
 
     async def get_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> job_pb2.Job:
         """The job with its state, attempts and checkpoint. NotFoundError if unknown."""
         req = admin_pb2.GetJobRequest(job_id=job_id)
-        job: job_pb2.Job = await self._unary("admin", "GetJob", req, retry=True, deadline=deadline)
+        job: job_pb2.Job = await self._unary(
+            "admin", "GetJob", req, route=Route.of_job(job_id), retry=True, deadline=deadline
+        )
         return job
 
     async def watch_job(self, job_id: str) -> AsyncGenerator[job_pb2.Job, None]:
@@ -525,15 +528,14 @@ class Client:
         cancel request); ends after the message showing a terminal state. NotFoundError if
         unknown; UnavailableError if the broker shuts down (watch again, or use wait_job).
         A stream: no deadline."""
-        index = self._current
+        node = await self._router.node_for(Route.of_job(job_id))
         req = admin_pb2.WatchJobRequest(job_id=job_id)
-        call = self._stubs[index].admin.WatchJob(req, metadata=self.metadata)
+        call = node.admin.WatchJob(req, metadata=self.metadata)
         try:
             async for job in call:
                 yield job
         except grpc.aio.AioRpcError as err:
-            if err.code() == grpc.StatusCode.UNAVAILABLE:
-                self._failed_over(index)
+            self._router.note_failure(err)
             raise error_from_rpc(err) from err
         finally:
             call.cancel()
@@ -560,7 +562,7 @@ class Client:
             dedup_key=dedup_key,
         )
         resp: admin_pb2.ListJobsResponse = await self._unary(
-            "admin", "ListJobs", req, retry=True, deadline=deadline
+            "admin", "ListJobs", req, route=Route.of_queue(queue), retry=True, deadline=deadline
         )
         return resp
 
@@ -569,14 +571,16 @@ class Client:
         CANCELLED when the attempt ends). FailedPreconditionError if it already ended."""
         req = admin_pb2.CancelJobRequest(job_id=job_id)
         job: job_pb2.Job = await self._unary(
-            "admin", "CancelJob", req, retry=False, deadline=deadline
+            "admin", "CancelJob", req, route=Route.of_job(job_id), retry=False, deadline=deadline
         )
         return job
 
     async def retry_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> job_pb2.Job:
         """A FAILED or CANCELLED job back to READY, attempts reset, history kept."""
         req = admin_pb2.RetryJobRequest(job_id=job_id)
-        resp = await self._unary("admin", "RetryJob", req, retry=False, deadline=deadline)
+        resp = await self._unary(
+            "admin", "RetryJob", req, route=Route.of_job(job_id), retry=False, deadline=deadline
+        )
         job: job_pb2.Job = resp.job
         return job
 
@@ -594,20 +598,24 @@ class Client:
         only counts."""
         req = admin_pb2.RetryJobRequest(queue=queue, state=state, dry_run=dry_run, limit=limit)
         resp: admin_pb2.RetryJobResponse = await self._unary(
-            "admin", "RetryJob", req, retry=dry_run, deadline=deadline
+            "admin", "RetryJob", req, route=Route.of_queue(queue), retry=dry_run, deadline=deadline
         )
         return resp
 
     async def delete_job(self, job_id: str, *, deadline: DeadlineArg = _UNSET) -> None:
         """Removes a job that is not ACTIVE (FailedPreconditionError: cancel it first)."""
         req = admin_pb2.DeleteJobRequest(job_id=job_id)
-        await self._unary("admin", "DeleteJob", req, retry=False, deadline=deadline)
+        await self._unary(
+            "admin", "DeleteJob", req, route=Route.of_job(job_id), retry=False, deadline=deadline
+        )
 
     # --- admin: queues ---------------------------------------------------------------------
 
     async def list_queues(self, *, deadline: DeadlineArg = _UNSET) -> list[admin_pb2.QueueInfo]:
         req = admin_pb2.ListQueuesRequest()
-        resp = await self._unary("admin", "ListQueues", req, retry=True, deadline=deadline)
+        resp = await self._unary(
+            "admin", "ListQueues", req, route=Route.any(), retry=True, deadline=deadline
+        )
         return list(resp.queues)
 
     async def get_queue(
@@ -616,7 +624,7 @@ class Client:
         """The queue's effective policy and job counts by state name."""
         req = admin_pb2.GetQueueRequest(queue=queue)
         info: admin_pb2.QueueInfo = await self._unary(
-            "admin", "GetQueue", req, retry=True, deadline=deadline
+            "admin", "GetQueue", req, route=Route.of_queue(queue), retry=True, deadline=deadline
         )
         return info
 
@@ -635,7 +643,8 @@ class Client:
             req.policy.CopyFrom(policy)
         # Setting the same fields (after the same reset) twice leaves the queue as once.
         info: admin_pb2.QueueInfo = await self._unary(
-            "admin", "UpdateQueuePolicy", req, retry=True, deadline=deadline
+            "admin", "UpdateQueuePolicy", req, route=Route.of_queue(queue),
+            retry=True, deadline=deadline
         )
         return info
 
@@ -644,7 +653,7 @@ class Client:
     ) -> admin_pb2.QueueInfo:
         req = admin_pb2.PauseQueueRequest(queue=queue)
         info: admin_pb2.QueueInfo = await self._unary(
-            "admin", "PauseQueue", req, retry=True, deadline=deadline
+            "admin", "PauseQueue", req, route=Route.of_queue(queue), retry=True, deadline=deadline
         )
         return info
 
@@ -653,7 +662,7 @@ class Client:
     ) -> admin_pb2.QueueInfo:
         req = admin_pb2.ResumeQueueRequest(queue=queue)
         info: admin_pb2.QueueInfo = await self._unary(
-            "admin", "ResumeQueue", req, retry=True, deadline=deadline
+            "admin", "ResumeQueue", req, route=Route.of_queue(queue), retry=True, deadline=deadline
         )
         return info
 
@@ -666,7 +675,9 @@ class Client:
     ) -> int:
         """Removes the queue's jobs in `states` (every terminal state if none); the count."""
         req = admin_pb2.PurgeQueueRequest(queue=queue, states=list(states))
-        resp = await self._unary("admin", "PurgeQueue", req, retry=False, deadline=deadline)
+        resp = await self._unary(
+            "admin", "PurgeQueue", req, route=Route.of_queue(queue), retry=False, deadline=deadline
+        )
         return int(resp.purged)
 
     # --- admin: cluster and workers --------------------------------------------------------
@@ -675,7 +686,7 @@ class Client:
         """The nodes and each partition's leader (a single node: a cluster of one)."""
         req = admin_pb2.GetClusterRequest()
         info: admin_pb2.ClusterInfo = await self._unary(
-            "admin", "GetCluster", req, retry=True, deadline=deadline
+            "admin", "GetCluster", req, route=Route.any(), retry=True, deadline=deadline
         )
         return info
 
@@ -684,7 +695,9 @@ class Client:
     ) -> list[admin_pb2.WorkerInfo]:
         """The connected workers (of `queue`, or all), with the library each one says it is."""
         req = admin_pb2.ListWorkersRequest(queue=queue)
-        resp = await self._unary("admin", "ListWorkers", req, retry=True, deadline=deadline)
+        resp = await self._unary(
+            "admin", "ListWorkers", req, route=Route.any(), retry=True, deadline=deadline
+        )
         return list(resp.workers)
 
     # --- admin: schedules ------------------------------------------------------------------
@@ -730,7 +743,8 @@ class Client:
         req = admin_pb2.PutScheduleRequest(schedule=schedule)
         # Putting the same schedule twice leaves it as once: safe to repeat.
         stored: admin_pb2.Schedule = await self._unary(
-            "admin", "PutSchedule", req, retry=True, deadline=deadline
+            "admin", "PutSchedule", req, route=Route.of_queue(schedule.template.queue),
+            retry=True, deadline=deadline
         )
         return stored
 
@@ -740,7 +754,7 @@ class Client:
         """NotFoundError if there is none."""
         req = admin_pb2.GetScheduleRequest(schedule_id=schedule_id)
         schedule: admin_pb2.Schedule = await self._unary(
-            "admin", "GetSchedule", req, retry=True, deadline=deadline
+            "admin", "GetSchedule", req, route=Route.any(), retry=True, deadline=deadline
         )
         return schedule
 
@@ -749,13 +763,18 @@ class Client:
     ) -> list[admin_pb2.Schedule]:
         """Every schedule (whose template enqueues into `queue`, if named), by id."""
         req = admin_pb2.ListSchedulesRequest(queue=queue)
-        resp = await self._unary("admin", "ListSchedules", req, retry=True, deadline=deadline)
+        resp = await self._unary(
+            "admin", "ListSchedules", req, route=Route.of_queue(queue) if queue else Route.any(),
+            retry=True, deadline=deadline
+        )
         return list(resp.schedules)
 
     async def delete_schedule(self, schedule_id: str, *, deadline: DeadlineArg = _UNSET) -> None:
         """Removes the schedule; the jobs it enqueued stay."""
         req = admin_pb2.DeleteScheduleRequest(schedule_id=schedule_id)
-        await self._unary("admin", "DeleteSchedule", req, retry=False, deadline=deadline)
+        await self._unary(
+            "admin", "DeleteSchedule", req, route=Route.any(), retry=False, deadline=deadline
+        )
 
     async def trigger_schedule(
         self, schedule_id: str, *, deadline: DeadlineArg = _UNSET
@@ -763,8 +782,16 @@ class Client:
         """Enqueues one run now, outside the timing (also while paused). Not retried: a repeat
         in another second would be another run."""
         req = admin_pb2.TriggerScheduleRequest(schedule_id=schedule_id)
-        resp = await self._unary("admin", "TriggerSchedule", req, retry=False, deadline=deadline)
+        resp = await self._unary(
+            "admin", "TriggerSchedule", req, route=Route.any(), retry=False, deadline=deadline
+        )
         return EnqueueResult(resp.job_id, resp.deduplicated)
+
+
+def _batch_route(batch: broker_pb2.EnqueueBatchRequest) -> Route:
+    """A batch is all or nothing within one partition: it goes to the leader of its first job's
+    queue. One whose jobs span partitions is refused there (INVALID_ARGUMENT naming them)."""
+    return Route.of_queue(batch.jobs[0].queue) if batch.jobs else Route.any()
 
 
 def _bind_producer(mw: ProducerMiddleware, nxt: EnqueueNext) -> EnqueueNext:

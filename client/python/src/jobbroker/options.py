@@ -59,9 +59,10 @@ class ClientOptions:
     # The broker, host:port. None: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. Either may list
     # several, separated by commas (taken as `addresses`).
     address: str | None = None
-    # Several brokers (a cluster's nodes), tried in order: a call that fails UNAVAILABLE moves
-    # the client to the next one (a retried call goes there at once; a call that is not retried
-    # fails, and the next call goes there). Takes precedence over `address` when not empty.
+    # Several brokers (a cluster's nodes), asked in order where each partition's leader is; a
+    # call that fails UNAVAILABLE makes the client ask again, of the others when that one is
+    # gone (a retried call goes to the answer at once; a call that is not retried fails, and the
+    # next call does). Takes precedence over `address` when not empty.
     addresses: Sequence[str] = ()
     # TLS. False: plaintext. True: TLS trusting the system's roots. A CA certificate (a file's
     # path, or PEM as bytes or text): TLS trusting that CA only.

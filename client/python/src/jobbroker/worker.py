@@ -30,11 +30,12 @@ from ._convert import (
     to_duration,
 )
 from ._metadata import Metadata
+from ._router import GIVEN_CHANNEL, Node, Route, Router
 from ._typed import decode_payload, payload_type
 from .client import default_worker_id, resolve_options
 from .errors import JobBrokerError, error_from_code, error_from_rpc
 from .options import ClientOptions
-from .v1 import broker_pb2, broker_pb2_grpc, job_pb2, steps_pb2
+from .v1 import broker_pb2, job_pb2, steps_pb2
 
 __all__ = [
     "Worker",
@@ -473,8 +474,11 @@ class Worker:
     a stop. `reconnect_initial`/`reconnect_max`: reconnect backoff in seconds, doubling, with
     full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only;
     the handlers in place before run() are put back when it returns).
-    The connection is a ClientOptions (`options=`), the one the Client takes: addresses (a
-    stream that ends UNAVAILABLE reconnects to the next one), TLS, client certificate, token.
+    The connection is a ClientOptions (`options=`), the one the Client takes: addresses, TLS,
+    client certificate, token. In a cluster the stream goes straight to the leader when every
+    handled queue's partition has the same leader (Admin.GetCluster tells which), otherwise to
+    any node, which relays it; after a stream ends the worker asks for the cluster's layout
+    again, of the other addresses when that node is gone, and reconnects to the leader it names.
     `address` and `token` are shorthands that override its fields; `channel` replaces dialing.
     The stream carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it) and
     `authorization: Bearer <token>` when a token is set (default $JOBBROKER_TOKEN). A token the
@@ -498,7 +502,7 @@ class Worker:
         token: str | None = None,
     ) -> None:
         self.options = resolve_options(address, options, token=token)
-        self.addresses = self.options.targets() if channel is None else ["<given channel>"]
+        self.addresses = self.options.targets() if channel is None else [GIVEN_CHANNEL]
         self.address = self.addresses[0]
         self.concurrency = max(1, concurrency)
         self.prefetch = max(0, prefetch)
@@ -511,7 +515,7 @@ class Worker:
         self.stats = WorkerStats()
         self._metadata: Metadata = self.options.metadata()
         self._given_channel = channel
-        self._target = 0  # the address the stream goes to; the next one after UNAVAILABLE
+        self._router: Router | None = None  # while run() runs
         self._handlers: dict[str, Handler] = {}
         self._middleware: list[WorkerMiddleware] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -607,11 +611,8 @@ class Worker:
         self._loop = loop
         self._stop_event = asyncio.Event()
         self._close_event = asyncio.Event()
-        if self._given_channel is not None:
-            channels = [self._given_channel]
-        else:
-            channels = [self.options.open_channel(t, _CHANNEL_OPTIONS) for t in self.addresses]
-        self._stubs = [broker_pb2_grpc.BrokerStub(c) for c in channels]
+        router = Router(self.options, channel=self._given_channel, channel_args=_CHANNEL_OPTIONS)
+        self._router = router
         signals = self._install_signals(loop)
         conn = asyncio.create_task(self._connection_loop(), name="jobbroker-worker-stream")
         stop = asyncio.create_task(self._stop_event.wait())
@@ -624,9 +625,8 @@ class Worker:
         finally:
             stop.cancel()
             await self._close(conn)
-            if self._given_channel is None:
-                for channel in channels:
-                    await channel.close(None)
+            await router.close()
+            self._router = None
             if self._pool is not None:
                 self._pool.shutdown(wait=False)
                 self._pool = None
@@ -675,8 +675,11 @@ class Worker:
         backoff = self.reconnect_initial
         assert self._close_event is not None
         while not self._closing:
+            node = await self._stream_node()
+            if self._closing:
+                return
             out: asyncio.Queue[broker_pb2.WorkRequest | None] = asyncio.Queue()
-            call = self._stubs[self._target].Work(self._requests(out), metadata=self._metadata)
+            call = node.broker.Work(self._requests(out), metadata=self._metadata)
             self._call = call
             self._out = out
             subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
@@ -718,13 +721,13 @@ class Worker:
                 self._call = None
                 out.put_nowait(None)
                 self._stream_ended()
+            # The node may have died or stopped leading the queues: ask where they are now.
+            assert self._router is not None
+            self._router.mark_stale()
             if self._closing:
                 return
             if end_code not in _RETRYABLE:
                 raise error_from_code(end_code, end_message)
-            if end_code == grpc.StatusCode.UNAVAILABLE:
-                # A cluster's next node; with one address, the same broker again.
-                self._target = (self._target + 1) % len(self._stubs)
             self.stats.reconnects += 1
             if subscribed:
                 backoff = self.reconnect_initial
@@ -739,6 +742,18 @@ class Worker:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._close_event.wait(), wait)
             backoff = min(backoff * 2, self.reconnect_max)
+
+    async def _stream_node(self) -> Node:
+        """The node to open the Work stream on: the leader of every handled queue's partition
+        when they share one (no relay in between), else any node (it relays the stream to the
+        leaders of the partitions)."""
+        assert self._router is not None
+        table = await self._router.table()
+        if not table.is_cluster:
+            return await self._router.node_for(Route.any())
+        leaders = {table.address_of_queue(queue) for queue in self._handlers}
+        address = leaders.pop() if len(leaders) == 1 else table.any_address()
+        return self._router.node_at(address)
 
     def _send(
         self, req: broker_pb2.WorkRequest, *, resend: bool = False
