@@ -36,7 +36,8 @@ func (c *Client) WatchJob(ctx context.Context, jobID string) iter.Seq2[*pb.Job, 
 	return func(yield func(*pb.Job, error) bool) {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		stream, err := c.admin.WatchJob(ctx, &pb.WatchJobRequest{JobId: jobID})
+		// The job's request goes out after the stream opens: its route goes with the context.
+		stream, err := c.admin.WatchJob(withStreamRoute(ctx, route{jobID: jobID}), &pb.WatchJobRequest{JobId: jobID})
 		if err != nil {
 			yield(nil, err)
 			return
@@ -47,6 +48,9 @@ func (c *Client) WatchJob(ctx context.Context, jobID string) iter.Seq2[*pb.Job, 
 				return
 			}
 			if err != nil {
+				if status.Code(err) == codes.Unavailable {
+					c.markRoutingStale() // its node may be gone: a new watch goes to the leader
+				}
 				yield(nil, err)
 				return
 			}

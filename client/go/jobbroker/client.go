@@ -67,7 +67,8 @@ type Options struct {
 	// Several brokers (a cluster's nodes), tried in order: the client connects to the first
 	// that answers and, when that one becomes unreachable, tries them again from the first.
 	// Any node serves every call (a node forwards to the partition's leader). With Address,
-	// Address comes first.
+	// Address comes first. In a cluster these are only where the client first asks for the
+	// cluster's layout: calls then go to the leader of their partition (see Client).
 	Addresses []string
 
 	// TLS turns TLS on, trusting the system's roots unless CAFile or CAPEM is set. Setting any
@@ -112,8 +113,18 @@ type Options struct {
 // apart (jittered), only when a repeat cannot do its work twice: reads, Heartbeat, Ack, Fail,
 // Release, the calls that set a state, and an Enqueue or EnqueueBatch whose every job has a
 // dedup key. An Enqueue without one is tried once and the error is the caller's to handle.
+//
+// In a cluster a client made by New sends each call straight to the leader of its partition,
+// found from the queue's name or the job id with the layout Admin.GetCluster gives; calls for
+// no partition (ListQueues, GetCluster, ListWorkers, schedules by id) go to a live node. It
+// asks for the layout before its first call and again after a call failed Unavailable or
+// DeadlineExceeded (a leader moved or died), so a retry goes to the new leader. A broker
+// outside a cluster, or one that refuses GetCluster (older than cluster mode, a token without
+// the admin role), is reached at the given addresses as described in Options.Addresses.
 type Client struct {
-	conn   *grpc.ClientConn // nil when made by NewClientFromConn
+	// Sends each call to the node that serves it; nil when made by NewClientFromConn, whose
+	// connection is used as it is.
+	router *router
 	broker pb.BrokerClient
 	admin  pb.AdminClient
 	// Constant after construction.
@@ -141,6 +152,8 @@ func New(opts Options) (*Client, error) {
 			MinConnectTimeout: 5 * time.Second,
 		}),
 	}
+	// Each cluster node's own connection (router.go) has one address: no resolver of ours.
+	nodeDial := append(slices.Clip(dial), opts.DialOptions...)
 	target := addresses[0]
 	if len(addresses) > 1 {
 		// A resolver of our own hands gRPC the whole list; its default policy, pick_first,
@@ -158,8 +171,9 @@ func New(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := newClientOnConn(conn, opts)
-	c.conn = conn
+	routing := newRouter(addresses, conn, nodeDial)
+	c := newClientOnConn(routing, opts)
+	c.router = routing
 	return c, nil
 }
 
@@ -370,12 +384,20 @@ func retrySafe(method string, args any) bool {
 	return false
 }
 
-// Close closes the connection New opened.
+// markRoutingStale makes the next call ask for the cluster's layout first: a stream ended in a
+// way that may mean its node no longer leads.
+func (c *Client) markRoutingStale() {
+	if c.router != nil {
+		c.router.markStale()
+	}
+}
+
+// Close closes the connections New opened.
 func (c *Client) Close() error {
-	if c.conn == nil {
+	if c.router == nil {
 		return nil
 	}
-	return c.conn.Close()
+	return c.router.Close()
 }
 
 // Broker is the generated stub of the Broker service, for what this package does not wrap.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
@@ -85,6 +86,11 @@ type WorkerOptions struct {
 //	err := w.Run(ctx)
 //
 // Register handlers before Run. A Worker runs once.
+//
+// In a cluster (a Client made by New) the stream goes straight to the leader of the handled
+// queues' partitions when they all have the same one, otherwise to any node, which relays it.
+// Before it reconnects after a stream ended, the worker asks for the cluster's layout again,
+// so it follows a leader that moved or died.
 //
 // Acks are coalesced: one ack message is in flight at a time, and the acks of jobs that end
 // meanwhile go out together as one ack_batch when it is answered. Acks, fails and releases the
@@ -497,8 +503,11 @@ func (w *Worker) send(r *pb.WorkRequest, gen uint64) {
 
 func (w *Worker) connectionLoop(fatal chan<- error) {
 	backoff := w.opts.ReconnectInitial
+	// In a cluster the stream goes to the leader of the handled queues' partitions when they
+	// share one, else to any node, which relays it to each queue's leader.
+	queues := route{queues: slices.Sorted(maps.Keys(w.handlers))}
 	for {
-		streamCtx, cancel := context.WithCancel(context.Background())
+		streamCtx, cancel := context.WithCancel(withStreamRoute(context.Background(), queues))
 		stream, err := w.client.broker.Work(streamCtx)
 		subscribed := false
 		if err == nil {
@@ -545,6 +554,9 @@ func (w *Worker) connectionLoop(fatal chan<- error) {
 			w.sendMu.Unlock()
 		}
 		cancel()
+		// Its node may have died or stopped leading the queues: the next stream goes where the
+		// cluster's layout says they are now.
+		w.client.markRoutingStale()
 		w.mu.Lock()
 		closing := w.closing
 		if !closing {
