@@ -71,6 +71,7 @@ import { version } from "./gen/version.js";
 import { asBuffer, durationFromMs, encodePayload, type Payload } from "./convert.js";
 import { JobBrokerError, JobEndedError, Status, fromServiceError } from "./errors.js";
 import { composeProducer, composeProducerBatch, type EnqueueResult, type ProducerMiddleware } from "./middleware.js";
+import { Router, isTransient, type Endpoint, type Route } from "./router.js";
 
 export type { EnqueueResult };
 
@@ -131,9 +132,11 @@ export interface ClientOptions {
    */
   address?: string;
   /**
-   * Several brokers (the nodes of a cluster), tried in order: a call answered UNAVAILABLE moves
-   * the client to the next one (and a retry-safe call is retried there). A worker's stream moves
-   * the same way when it ends UNAVAILABLE.
+   * Several brokers (the nodes of a cluster), asked in order for the cluster's layout before the
+   * first call. In a cluster each call then goes straight to its partition's leader (see
+   * "Cluster" in the README); outside one, to the first that answered. A call answered
+   * UNAVAILABLE makes the client ask again before the next call (and a retry-safe call is retried
+   * there). A worker's stream moves the same way when it ends.
    */
   addresses?: string[];
   /**
@@ -301,13 +304,6 @@ export type PartialMessage<T> = T extends Date | Uint8Array
       ? { [K in keyof T]?: PartialMessage<T[K]> }
       : T;
 
-/** The stubs of one broker address, on one channel. */
-interface Endpoint {
-  readonly address: string;
-  readonly broker: BrokerClient;
-  readonly admin: AdminClient;
-}
-
 type Callback<Res> = (err: ServiceError | null, response: Res) => void;
 /** Starts one unary call on `endpoint`; typed by the stub method it calls. */
 type Invoke<Res> = (endpoint: Endpoint, metadata: Metadata, options: Partial<GrpcCallOptions>, callback: Callback<Res>) => unknown;
@@ -380,26 +376,30 @@ function toEnqueueResult(r: EnqueueResponse): EnqueueResult {
  *   const client = new Client({ address: "127.0.0.1:7070" });
  *   const { jobId } = await client.enqueue("emails", { to: "ada@example.com" });
  *
+ * Routing: before its first call the client asks a broker for the cluster's layout
+ * (Admin.GetCluster) and sends each call to the leader of its queue's or job's partition; calls
+ * any node serves go to the node that answered. It asks again after a call failed UNAVAILABLE
+ * or DEADLINE_EXCEEDED (a leader moved, a node died). A broker that is not part of a cluster, or
+ * refuses GetCluster, serves every call.
+ *
  * Retries: a call answered UNAVAILABLE is tried again (3 attempts in all, 50 then 100 ms
- * apart; on the next address when there are several) only when a repeat cannot do anything
- * twice: reads, ack/fail/release/heartbeat (idempotent per lease), queue and schedule puts, and
- * enqueues whose every job has a dedup key. Any other call, an enqueue without a dedup key
- * first of all, is tried once: the caller sees the error and decides.
+ * apart; routed afresh, so to another node when the layout changed) only when a repeat cannot
+ * do anything twice: reads, ack/fail/release/heartbeat (idempotent per lease), queue and
+ * schedule puts, and enqueues whose every job has a dedup key. Any other call, an enqueue
+ * without a dedup key first of all, is tried once: the caller sees the error and decides.
  */
 export class Client {
   readonly address: string;
-  /** The brokers this client tries, in order (`address` alone when `addresses` is not set). */
+  /** The addresses this client was given, in order (`address` alone when `addresses` is not set). */
   readonly addresses: readonly string[];
-  private readonly endpoints: Endpoint[];
-  private current = 0;
+  /** Which node each call goes to; shared with a Worker built on this client. @internal */
+  readonly router: Router;
   private readonly deadlineMs: number;
   private readonly producerMiddleware: ProducerMiddleware[] = [];
 
   constructor(options: ClientOptions | string = {}) {
     const o: ClientOptions = typeof options === "string" ? { address: options } : options;
-    const addresses = o.addresses?.length
-      ? [...o.addresses]
-      : splitAddresses(o.address || defaultAddress());
+    const addresses = [...new Set(o.addresses?.length ? o.addresses : splitAddresses(o.address || defaultAddress()))];
     this.addresses = addresses;
     this.address = addresses[0];
     this.deadlineMs = o.deadlineMs ?? defaultDeadlineMs;
@@ -414,7 +414,7 @@ export class Client {
       ...(o.channelOptions ?? {}),
     };
     const interceptors = [callMetadata(token), ...(o.interceptors ?? [])];
-    this.endpoints = addresses.map((address) => {
+    const dial = (address: string): Endpoint => {
       const broker = new BrokerClient(address, creds, { ...channelOptions, interceptors });
       // The admin stub shares the broker stub's channel.
       const admin = new AdminClient(address, creds, {
@@ -423,26 +423,21 @@ export class Client {
         interceptors,
       });
       return { address, broker, admin };
-    });
-  }
-
-  /** The generated Broker stub of the current address, for calls this class does not wrap. */
-  get broker(): BrokerClient {
-    return this.endpoints[this.current].broker;
-  }
-
-  /** The generated Admin stub of the current address. */
-  get admin(): AdminClient {
-    return this.endpoints[this.current].admin;
+    };
+    this.router = new Router(addresses, dial, this.deadlineMs);
   }
 
   /**
-   * Moves to the next address after `stub`'s broker answered UNAVAILABLE (a no-op with one
-   * address, or when another call already moved on). @internal
+   * The generated Broker stub of a node that serves any call (the one that last told the
+   * cluster's layout, else the first address), for calls this class does not wrap.
    */
-  markUnavailable(stub: BrokerClient | AdminClient): void {
-    const e = this.endpoints[this.current];
-    if (e.broker === stub || e.admin === stub) this.current = (this.current + 1) % this.endpoints.length;
+  get broker(): BrokerClient {
+    return this.router.anyNode().broker;
+  }
+
+  /** The generated Admin stub of the same node as `broker`. */
+  get admin(): AdminClient {
+    return this.router.anyNode().admin;
   }
 
   /**
@@ -457,7 +452,7 @@ export class Client {
 
   /** Closes the channels; calls after this fail. */
   close(): void {
-    for (const e of this.endpoints) e.broker.close();
+    this.router.close();
   }
 
   private grpcOptions(call: CallOptions, extraMs: number): Partial<GrpcCallOptions> {
@@ -465,11 +460,14 @@ export class Client {
     return Number.isFinite(ms) ? { deadline: new Date(Date.now() + ms + extraMs) } : {};
   }
 
-  /** One unary call; `retry` says a repeat is harmless (the class comment's rule). */
-  private async call<Res>(retry: boolean, invoke: Invoke<Res>, call: CallOptions = {}, extraMs = 0): Promise<Res> {
+  /**
+   * One unary call, sent to the node `route` names; `retry` says a repeat is harmless (the class
+   * comment's rule).
+   */
+  private async call<Res>(route: Route, retry: boolean, invoke: Invoke<Res>, call: CallOptions = {}, extraMs = 0): Promise<Res> {
     const attempts = retry ? retryAttempts : 1;
     for (let attempt = 1; ; attempt++) {
-      const endpoint = this.endpoints[this.current];
+      const endpoint = await this.router.nodeFor(route);
       try {
         return await new Promise<Res>((resolve, reject) => {
           invoke(endpoint, new Metadata(), this.grpcOptions(call, extraMs), (err, response) => {
@@ -479,9 +477,11 @@ export class Client {
         });
       } catch (e) {
         const error = fromServiceError(e);
-        const unavailable = error instanceof JobBrokerError && error.code === Status.UNAVAILABLE;
-        if (unavailable) this.markUnavailable(endpoint.broker);
-        if (!unavailable || attempt >= attempts) throw error;
+        const code = error instanceof JobBrokerError ? error.code : undefined;
+        // Retried or not, the next call asks where the partitions are first: the node may be
+        // gone or no longer lead.
+        if (isTransient(code)) this.router.markStale();
+        if (code !== Status.UNAVAILABLE || attempt >= attempts) throw error;
         await sleep(retryBackoffMs * 2 ** (attempt - 1));
       }
     }
@@ -503,7 +503,7 @@ export class Client {
   private enqueueRequest(request: EnqueueRequest, call?: CallOptions): Promise<EnqueueResult> {
     const send = async (r: EnqueueRequest): Promise<EnqueueResult> =>
       toEnqueueResult(
-        await this.call<EnqueueResponse>(r.dedupKey !== "", (e, md, o, cb) => e.broker.enqueue(r, md, o, cb), call),
+        await this.call<EnqueueResponse>({ queue: r.queue }, r.dedupKey !== "", (e, md, o, cb) => e.broker.enqueue(r, md, o, cb), call),
       );
     return composeProducer(this.producerMiddleware, send)(request);
   }
@@ -520,7 +520,7 @@ export class Client {
     const send = async (rs: EnqueueRequest[]): Promise<EnqueueResult[]> => {
       const request = EnqueueBatchRequest.fromPartial({ jobs: rs });
       const retry = rs.every((r) => r.dedupKey !== "");
-      const r = await this.call<EnqueueBatchResponse>(retry, (e, md, o, cb) => e.broker.enqueueBatch(request, md, o, cb), call);
+      const r = await this.call<EnqueueBatchResponse>(rs.length > 0 ? { queue: rs[0].queue } : "any", retry, (e, md, o, cb) => e.broker.enqueueBatch(request, md, o, cb), call);
       return r.results.map(toEnqueueResult);
     };
     return composeProducerBatch(this.producerMiddleware, send)(requests);
@@ -574,7 +574,7 @@ export class Client {
    */
   async *watchJob(jobId: string, options: { signal?: AbortSignal; deadlineMs?: number } = {}): AsyncGenerator<Job> {
     options.signal?.throwIfAborted();
-    const endpoint = this.endpoints[this.current];
+    const endpoint = await this.router.nodeFor({ jobId });
     const grpcOptions = this.grpcOptions({ deadlineMs: options.deadlineMs ?? Infinity }, 0);
     const stream = endpoint.admin.watchJob(WatchJobRequest.fromPartial({ jobId }), new Metadata(), grpcOptions);
     const cancel = () => stream.cancel();
@@ -587,7 +587,9 @@ export class Client {
     } catch (e) {
       options.signal?.throwIfAborted();
       const error = fromServiceError(e);
-      if (error instanceof JobBrokerError && error.code === Status.UNAVAILABLE) this.markUnavailable(endpoint.admin);
+      // Not after DEADLINE_EXCEEDED: the watch's deadline is the caller's wait, not a sign of a
+      // node gone.
+      if (error instanceof JobBrokerError && error.code === Status.UNAVAILABLE) this.router.markStale();
       throw error;
     } finally {
       options.signal?.removeEventListener("abort", cancel);
@@ -605,7 +607,7 @@ export class Client {
       wait: durationFromMs(options.waitMs),
     });
     // Never retried: a lease whose answer was lost holds jobs nobody works until it runs out.
-    const r = await this.call<LeaseResponse>(false, (e, md, o, cb) => e.broker.lease(request, md, o, cb), call, options.waitMs ?? 0);
+    const r = await this.call<LeaseResponse>({ queue }, false, (e, md, o, cb) => e.broker.lease(request, md, o, cb), call, options.waitMs ?? 0);
     return r.jobs;
   }
 
@@ -625,13 +627,13 @@ export class Client {
       checkpoint: options.checkpoint === undefined ? undefined : asBuffer(options.checkpoint),
       progress: options.progress === undefined ? undefined : encodePayload(options.progress),
     });
-    return this.call<HeartbeatResponse>(true, (e, md, o, cb) => e.broker.heartbeat(request, md, o, cb), call);
+    return this.call<HeartbeatResponse>({ jobId: lease.jobId }, true, (e, md, o, cb) => e.broker.heartbeat(request, md, o, cb), call);
   }
 
   /** Completes the job, keeping `result` with it. FAILED_PRECONDITION for a stale lease. */
   async ack(lease: LeaseHandle, result?: Payload, call?: CallOptions): Promise<void> {
     const request = AckRequest.fromPartial({ jobId: lease.jobId, leaseId: lease.leaseId, result: encodePayload(result) });
-    await this.call<AckResponse>(true, (e, md, o, cb) => e.broker.ack(request, md, o, cb), call);
+    await this.call<AckResponse>({ jobId: lease.jobId }, true, (e, md, o, cb) => e.broker.ack(request, md, o, cb), call);
   }
 
   /** Fails the attempt: retried after a backoff, or dead (permanent, or no attempts left). */
@@ -643,7 +645,7 @@ export class Client {
       permanent: options.permanent ?? false,
       retryAfter: durationFromMs(options.retryAfterMs),
     });
-    return this.call<FailResponse>(true, (e, md, o, cb) => e.broker.fail(request, md, o, cb), call);
+    return this.call<FailResponse>({ jobId: lease.jobId }, true, (e, md, o, cb) => e.broker.fail(request, md, o, cb), call);
   }
 
   /**
@@ -652,7 +654,7 @@ export class Client {
    */
   async release(lease: LeaseHandle, options: { delayMs?: number } = {}, call?: CallOptions): Promise<void> {
     const request = ReleaseRequest.fromPartial({ jobId: lease.jobId, leaseId: lease.leaseId, delay: durationFromMs(options.delayMs) });
-    await this.call<ReleaseResponse>(true, (e, md, o, cb) => e.broker.release(request, md, o, cb), call);
+    await this.call<ReleaseResponse>({ jobId: lease.jobId }, true, (e, md, o, cb) => e.broker.release(request, md, o, cb), call);
   }
 
   // ---- Admin: jobs ----------------------------------------------------------------------------
@@ -660,7 +662,7 @@ export class Client {
   /** The job, with its state, attempts, checkpoint and result. NOT_FOUND for an unknown id. */
   getJob(jobId: string, call?: CallOptions): Promise<Job> {
     const request = GetJobRequest.fromPartial({ jobId });
-    return this.call<Job>(true, (e, md, o, cb) => e.admin.getJob(request, md, o, cb), call);
+    return this.call<Job>({ jobId }, true, (e, md, o, cb) => e.admin.getJob(request, md, o, cb), call);
   }
 
   /** One page of a queue's jobs. */
@@ -668,19 +670,19 @@ export class Client {
     // fromPartial sets every field the options leave out (and any field a newer proto adds) to
     // its default; the generated encoder would write an `undefined` string field as a value.
     const request = ListJobsRequest.fromPartial({ queue, ...options });
-    return this.call<ListJobsResponse>(true, (e, md, o, cb) => e.admin.listJobs(request, md, o, cb), call);
+    return this.call<ListJobsResponse>({ queue }, true, (e, md, o, cb) => e.admin.listJobs(request, md, o, cb), call);
   }
 
   /** READY/SCHEDULED: cancelled at once; ACTIVE: the worker is told (cancel_requested). */
   cancelJob(jobId: string, call?: CallOptions): Promise<Job> {
     const request = CancelJobRequest.fromPartial({ jobId });
-    return this.call<Job>(false, (e, md, o, cb) => e.admin.cancelJob(request, md, o, cb), call);
+    return this.call<Job>({ jobId }, false, (e, md, o, cb) => e.admin.cancelJob(request, md, o, cb), call);
   }
 
   /** A FAILED or CANCELLED job back to READY, attempts reset. */
   async retryJob(jobId: string, call?: CallOptions): Promise<Job> {
     const request = RetryJobRequest.fromPartial({ jobId });
-    const r = await this.call<RetryJobResponse>(false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
+    const r = await this.call<RetryJobResponse>({ jobId }, false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
     if (!r.job) throw new JobBrokerError(Status.INTERNAL, `RetryJob of ${jobId} answered without the job`);
     return r.job;
   }
@@ -692,13 +694,13 @@ export class Client {
     call?: CallOptions,
   ): Promise<RetryJobResponse> {
     const request = RetryJobRequest.fromPartial({ queue, ...options });
-    return this.call<RetryJobResponse>(false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
+    return this.call<RetryJobResponse>({ queue }, false, (e, md, o, cb) => e.admin.retryJob(request, md, o, cb), call);
   }
 
   /** Removes a job that is not ACTIVE. */
   async deleteJob(jobId: string, call?: CallOptions): Promise<void> {
     const request = DeleteJobRequest.fromPartial({ jobId });
-    await this.call<DeleteJobResponse>(false, (e, md, o, cb) => e.admin.deleteJob(request, md, o, cb), call);
+    await this.call<DeleteJobResponse>({ jobId }, false, (e, md, o, cb) => e.admin.deleteJob(request, md, o, cb), call);
   }
 
   // ---- Admin: queues --------------------------------------------------------------------------
@@ -706,14 +708,14 @@ export class Client {
   /** Every queue the token may see, by name. */
   async listQueues(call?: CallOptions): Promise<QueueInfo[]> {
     const request = ListQueuesRequest.fromPartial({});
-    const r = await this.call<ListQueuesResponse>(true, (e, md, o, cb) => e.admin.listQueues(request, md, o, cb), call);
+    const r = await this.call<ListQueuesResponse>("any", true, (e, md, o, cb) => e.admin.listQueues(request, md, o, cb), call);
     return r.queues;
   }
 
   /** Effective policy, counts by state (keyed "JOB_STATE_READY", ...) and oldest ready age. */
   getQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
     const request = GetQueueRequest.fromPartial({ queue });
-    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.getQueue(request, md, o, cb), call);
+    return this.call<QueueInfo>({ queue }, true, (e, md, o, cb) => e.admin.getQueue(request, md, o, cb), call);
   }
 
   /** Changes a queue's policy at run time (persisted); fields left out keep their value. */
@@ -724,25 +726,25 @@ export class Client {
     call?: CallOptions,
   ): Promise<QueueInfo> {
     const request: UpdateQueuePolicyRequest = { queue, policy: QueuePolicy.fromPartial(policy), reset: options.reset ?? false };
-    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.updateQueuePolicy(request, md, o, cb), call);
+    return this.call<QueueInfo>({ queue }, true, (e, md, o, cb) => e.admin.updateQueuePolicy(request, md, o, cb), call);
   }
 
   /** Stops leasing from the queue (enqueues are still accepted). */
   pauseQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
     const request = PauseQueueRequest.fromPartial({ queue });
-    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.pauseQueue(request, md, o, cb), call);
+    return this.call<QueueInfo>({ queue }, true, (e, md, o, cb) => e.admin.pauseQueue(request, md, o, cb), call);
   }
 
   /** Leases from the queue again. */
   resumeQueue(queue: string, call?: CallOptions): Promise<QueueInfo> {
     const request = ResumeQueueRequest.fromPartial({ queue });
-    return this.call<QueueInfo>(true, (e, md, o, cb) => e.admin.resumeQueue(request, md, o, cb), call);
+    return this.call<QueueInfo>({ queue }, true, (e, md, o, cb) => e.admin.resumeQueue(request, md, o, cb), call);
   }
 
   /** Removes the queue's jobs in `states` (default every terminal state); resolves to the count. */
   async purgeQueue(queue: string, states: JobState[] = [], call?: CallOptions): Promise<number> {
     const request = PurgeQueueRequest.fromPartial({ queue, states });
-    const r = await this.call<PurgeQueueResponse>(false, (e, md, o, cb) => e.admin.purgeQueue(request, md, o, cb), call);
+    const r = await this.call<PurgeQueueResponse>({ queue }, false, (e, md, o, cb) => e.admin.purgeQueue(request, md, o, cb), call);
     return r.purged;
   }
 
@@ -751,14 +753,14 @@ export class Client {
   /** The workers connected now (of `queue`, if given), by worker id, with what they run. */
   async listWorkers(queue = "", call?: CallOptions): Promise<WorkerInfo[]> {
     const request = ListWorkersRequest.fromPartial({ queue });
-    const r = await this.call<ListWorkersResponse>(true, (e, md, o, cb) => e.admin.listWorkers(request, md, o, cb), call);
+    const r = await this.call<ListWorkersResponse>("any", true, (e, md, o, cb) => e.admin.listWorkers(request, md, o, cb), call);
     return r.workers;
   }
 
   /** The cluster as the node asked sees it (a single node answers as a cluster of one). */
   getCluster(call?: CallOptions): Promise<ClusterInfo> {
     const request = GetClusterRequest.fromPartial({});
-    return this.call<ClusterInfo>(true, (e, md, o, cb) => e.admin.getCluster(request, md, o, cb), call);
+    return this.call<ClusterInfo>("any", true, (e, md, o, cb) => e.admin.getCluster(request, md, o, cb), call);
   }
 
   // ---- Admin: schedules -----------------------------------------------------------------------
@@ -781,26 +783,26 @@ export class Client {
         catchUp: spec.catchUp ?? ScheduleCatchUp.SCHEDULE_CATCH_UP_UNSPECIFIED,
       },
     });
-    return this.call<Schedule>(true, (e, md, o, cb) => e.admin.putSchedule(request, md, o, cb), call);
+    return this.call<Schedule>({ queue: spec.queue }, true, (e, md, o, cb) => e.admin.putSchedule(request, md, o, cb), call);
   }
 
   /** The schedule, with its next and last runs. NOT_FOUND for an unknown id. */
   getSchedule(scheduleId: string, call?: CallOptions): Promise<Schedule> {
     const request = GetScheduleRequest.fromPartial({ scheduleId });
-    return this.call<Schedule>(true, (e, md, o, cb) => e.admin.getSchedule(request, md, o, cb), call);
+    return this.call<Schedule>("any", true, (e, md, o, cb) => e.admin.getSchedule(request, md, o, cb), call);
   }
 
   /** Every schedule (whose template enqueues into `queue`, if given), by id. */
   async listSchedules(queue = "", call?: CallOptions): Promise<Schedule[]> {
     const request = ListSchedulesRequest.fromPartial({ queue });
-    const r = await this.call<ListSchedulesResponse>(true, (e, md, o, cb) => e.admin.listSchedules(request, md, o, cb), call);
+    const r = await this.call<ListSchedulesResponse>(queue ? { queue } : "any", true, (e, md, o, cb) => e.admin.listSchedules(request, md, o, cb), call);
     return r.schedules;
   }
 
   /** Removes a schedule; the jobs it already enqueued stay. */
   async deleteSchedule(scheduleId: string, call?: CallOptions): Promise<void> {
     const request = DeleteScheduleRequest.fromPartial({ scheduleId });
-    await this.call<DeleteScheduleResponse>(false, (e, md, o, cb) => e.admin.deleteSchedule(request, md, o, cb), call);
+    await this.call<DeleteScheduleResponse>("any", false, (e, md, o, cb) => e.admin.deleteSchedule(request, md, o, cb), call);
   }
 
   /**
@@ -809,7 +811,7 @@ export class Client {
    */
   async triggerSchedule(scheduleId: string, call?: CallOptions): Promise<EnqueueResult> {
     const request = TriggerScheduleRequest.fromPartial({ scheduleId });
-    const r = await this.call<TriggerScheduleResponse>(false, (e, md, o, cb) => e.admin.triggerSchedule(request, md, o, cb), call);
+    const r = await this.call<TriggerScheduleResponse>("any", false, (e, md, o, cb) => e.admin.triggerSchedule(request, md, o, cb), call);
     return { jobId: r.jobId, deduplicated: r.deduplicated };
   }
 }

@@ -180,7 +180,10 @@ function runThrough<Data, Result>(
 type Registered = (job: LeasedJob, signal: AbortSignal, hooks: AttemptHooks) => Promise<unknown>;
 
 export interface WorkerOptions extends ClientOptions {
-  /** Use this client's channel instead of dialing `address` (the worker does not close it). */
+  /**
+   * Use this client's channels and routing instead of dialing `address` (the worker does not
+   * close it).
+   */
   client?: Client;
   /** Names this worker in attempt histories; default "<hostname>-<pid>". */
   workerId?: string;
@@ -325,6 +328,11 @@ function outcomeOf(e: unknown): Outcome {
  * heartbeats every third of each lease, ack, fail or release when they end (acks coalesced: one
  * ack message in flight, the ones that end meanwhile follow as one AckBatch), answers sent again
  * after a reconnect, reconnects with backoff when the broker goes away, and a graceful stop.
+ *
+ * In a cluster the stream goes straight to the leader when every handled queue's partition has
+ * the same leader (Admin.GetCluster tells which), otherwise to any node, which serves the queues
+ * of every partition through it. After the stream ends the worker asks for the cluster's layout
+ * again and connects where it says (a leader that moved or died).
  *
  *   const worker = new Worker({ concurrency: 4 });
  *   worker.handle("emails", async (job) => { await send(job.json(), job.idempotencyKey); });
@@ -607,8 +615,11 @@ export class Worker<Data = unknown, Result = unknown> {
   private async connectionLoop(): Promise<void> {
     let backoff = this.reconnectInitialMs;
     while (!this.closing) {
-      const broker = this.client.broker;
-      const stream = broker.work();
+      // In a cluster, the leader of every handled queue if they share one; else any node, which
+      // relays to the leaders.
+      const node = await this.client.router.workStreamNode([...this.handlers.keys()]);
+      if (this.closing) return;
+      const stream = node.broker.work();
       this.stream = stream;
       let subscribed = false;
       const ended = new Promise<{ code: number; message: string }>((resolve) => {
@@ -661,8 +672,10 @@ export class Worker<Data = unknown, Result = unknown> {
         this.onFatal(new JobBrokerError(end.code, `the Work stream ended: ${end.message}`));
         return;
       }
-      // With several addresses (a cluster's nodes), an unreachable one gives way to the next.
-      if (end.code === Status.UNAVAILABLE) this.client.markUnavailable(broker);
+      // The node may have died or stopped leading the queues: the next stream goes where the
+      // cluster's layout, asked again, says (with several addresses outside a cluster: the next
+      // one that answers).
+      this.client.router.markStale();
       this.statsValue.reconnects++;
       if (subscribed) backoff = this.reconnectInitialMs;
       // Full jitter: workers cut off by the same broker restart do not come back in step.

@@ -29,13 +29,19 @@ function isCode(code: number) {
   return (e: unknown) => e instanceof JobBrokerError && e.code === code;
 }
 
-/** Records the method of every call the client starts (each retry is a call of its own). */
-function callRecorder(): { calls: string[]; interceptor: Interceptor } {
+/**
+ * Records the method of every call the client starts (each retry is a call of its own), but for
+ * the GetCluster calls the client makes to learn where to route: those land in `routing`.
+ */
+function callRecorder(): { calls: string[]; routing: string[]; interceptor: Interceptor } {
   const calls: string[] = [];
+  const routing: string[] = [];
   return {
     calls,
+    routing,
     interceptor: (options, nextCall) => {
-      calls.push(path.basename(options.method_definition.path));
+      const method = path.basename(options.method_definition.path);
+      (method === "GetCluster" ? routing : calls).push(method);
       return new InterceptingCall(nextCall(options));
     },
   };
@@ -224,26 +230,46 @@ describe("safe retries and several addresses", () => {
     }
   });
 
-  test("with several addresses, a call answered UNAVAILABLE moves on to the next one", async () => {
+  test("with several addresses, calls go to the first that answers, and move on when it stops", async () => {
     const { calls, interceptor } = callRecorder();
     const client = new Client({ addresses: [dead, broker.address], interceptors: [interceptor] });
     try {
-      // A read is retried on the next address at once.
+      // Asking for the layout finds the live address: the read goes there at once.
       await assert.rejects(client.getJob("01J00000000000000000000000"), isCode(Status.NOT_FOUND));
-      assert.deepEqual(calls, ["GetJob", "GetJob"]);
+      assert.deepEqual(calls, ["GetJob"]);
       // The client stays on the address that answered.
       const { jobId } = await client.enqueue("moved", "x");
       assert.equal((await client.getJob(jobId)).queue, "moved");
     } finally {
       client.close();
     }
-    const producer = new Client({ addresses: [dead, broker.address] });
+    const first = await Broker.start();
+    const producer = new Client({ addresses: [first.address, broker.address] });
     try {
+      assert.ok((await producer.enqueue("moved", "y")).jobId);
+      await first.dispose();
       // An enqueue without a key is not retried, but the next call goes to the next address.
       await assert.rejects(producer.enqueue("moved", "y"), isCode(Status.UNAVAILABLE));
       assert.ok((await producer.enqueue("moved", "y")).jobId);
     } finally {
       producer.close();
+      await first.dispose();
+    }
+  });
+
+  test("concurrent first calls share one look-up of the layout, asked once of a single broker", async () => {
+    const { calls, routing, interceptor } = callRecorder();
+    const client = new Client({ address: broker.address, interceptors: [interceptor] });
+    try {
+      await Promise.all([1, 2, 3].map(() => client.listQueues()));
+      assert.deepEqual(routing, ["GetCluster"]);
+      // Outside a cluster, at its one address, a failed call gives nothing new to ask.
+      await assert.rejects(client.getJob("01J00000000000000000000000", { deadlineMs: 0 }), isCode(Status.DEADLINE_EXCEEDED));
+      await client.listQueues();
+      assert.deepEqual(routing, ["GetCluster"]);
+      assert.equal(calls.length, 5);
+    } finally {
+      client.close();
     }
   });
 

@@ -1,0 +1,126 @@
+// Cluster routing against a real 3-node cluster (4 partitions): each call goes straight to its
+// partition's leader, and the client and a worker follow a leader's death.
+import assert from "node:assert/strict";
+import path from "node:path";
+import { after, before, describe, test } from "node:test";
+import { InterceptingCall, type Interceptor } from "@grpc/grpc-js";
+import { Client, JobState, Worker } from "../src";
+import { partitionOfJobId, partitionOfQueue } from "../src/partition";
+import { eventually } from "./broker";
+import { Cluster, leaderAddress, queueOfEachPartition } from "./cluster";
+
+const quiet = () => {};
+const giveUpMs = 60_000;
+
+interface Sent {
+  method: string;
+  /** The node that served the call: the peer of its connection ("127.0.0.1:PORT"). */
+  address: string;
+}
+
+/** Records the method and the serving node of every call the client made. */
+function targetRecorder(): { sent: Sent[]; interceptor: Interceptor } {
+  const sent: Sent[] = [];
+  const interceptor: Interceptor = (options, nextCall) => {
+    const method = path.basename(options.method_definition.path);
+    const call: InterceptingCall = new InterceptingCall(nextCall(options), {
+      start(metadata, listener, next) {
+        next(metadata, {
+          onReceiveStatus(status, nextStatus) {
+            sent.push({ method, address: call.getPeer() });
+            nextStatus(status);
+          },
+        });
+      },
+    });
+    return call;
+  };
+  return { sent, interceptor };
+}
+
+describe("a client of a 3-node cluster", { timeout: 5 * giveUpMs }, () => {
+  let cluster: Cluster;
+
+  before(async () => {
+    cluster = await Cluster.start();
+  });
+  after(async () => {
+    await cluster?.stop();
+  });
+
+  test("sends each call to the leader of its queue's or job's partition", async () => {
+    const { sent, interceptor } = targetRecorder();
+    const client = new Client({ addresses: cluster.addresses, interceptors: [interceptor] });
+    try {
+      const info = await client.getCluster();
+      for (const [partition, queue] of queueOfEachPartition("routed").entries()) {
+        const leader = leaderAddress(info, partition);
+        assert.ok(leader, `partition ${partition} has a leader`);
+        sent.length = 0;
+        const { jobId } = await client.enqueue(queue, "x");
+        assert.equal(partitionOfJobId(jobId, Cluster.partitions), partition);
+        await client.getJob(jobId);
+        await client.getQueue(queue);
+        await client.pauseQueue(queue);
+        assert.deepEqual(
+          sent.filter((s) => s.method !== "GetCluster"),
+          ["Enqueue", "GetJob", "GetQueue", "PauseQueue"].map((method) => ({ method, address: leader })),
+          `the calls of queue ${queue} (partition ${partition})`,
+        );
+      }
+    } finally {
+      client.close();
+    }
+  });
+
+  test("follows the move of a partition whose leader died, as does a worker", async () => {
+    const queue = queueOfEachPartition("moving")[0];
+    const { sent, interceptor } = targetRecorder();
+    const client = new Client({ addresses: cluster.addresses, interceptors: [interceptor] });
+    const worker = new Worker({ addresses: cluster.addresses, log: quiet, reconnectInitialMs: 50, reconnectMaxMs: 1000 }).handle(
+      queue,
+      (job) => `done ${job.payload.toString()}`,
+    );
+    try {
+      await worker.start();
+      const before = await Promise.all([1, 2, 3].map((i) => client.enqueue(queue, `before-${i}`, { dedupKey: `before-${i}` })));
+      for (const { jobId } of before) {
+        await eventually(async () => (await client.getJob(jobId)).state === JobState.JOB_STATE_COMPLETED, `job ${jobId} completed`, giveUpMs);
+      }
+      const oldLeader = leaderAddress(await client.getCluster(), partitionOfQueue(queue, Cluster.partitions));
+      await cluster.kill9(cluster.indexOf(oldLeader));
+
+      // Retried (with a dedup key, so never twice) until a new leader takes the partition.
+      sent.length = 0;
+      const { jobId } = await eventually(
+        () => client.enqueue(queue, "after", { dedupKey: "after" }),
+        "an enqueue after the leader's death",
+        giveUpMs,
+      );
+      const enqueuedAt = sent.filter((s) => s.method === "Enqueue").at(-1)!.address;
+      const newLeader = await eventually(async () => {
+        const info = await client.getCluster();
+        const leader = leaderAddress(info, partitionOfQueue(queue, Cluster.partitions));
+        return leader !== oldLeader && leader;
+      }, "a new leader in GetCluster", giveUpMs);
+      assert.equal(enqueuedAt, newLeader, "the enqueue that succeeded went to the new leader");
+
+      for (const done of before) {
+        const job = await eventually(() => client.getJob(done.jobId), `job ${done.jobId} after the death`, giveUpMs);
+        assert.equal(job.state, JobState.JOB_STATE_COMPLETED, `acked job ${done.jobId} stays completed`);
+      }
+      const after = await eventually(
+        async () => {
+          const job = await client.getJob(jobId);
+          return job.state === JobState.JOB_STATE_COMPLETED ? job : undefined;
+        },
+        "the worker completing the job enqueued after the death",
+        giveUpMs,
+      );
+      assert.equal(after.result.toString(), "done after");
+    } finally {
+      await worker.stop();
+      client.close();
+    }
+  });
+});
