@@ -17,7 +17,7 @@ import java.util.Objects;
  *
  * <pre>{@code
  * ClientOptions options = ClientOptions.builder()
- *     .addresses("10.0.0.1:7070", "10.0.0.2:7070")     // tried in order on UNAVAILABLE
+ *     .addresses("10.0.0.1:7070", "10.0.0.2:7070")     // a cluster's nodes
  *     .tlsCaFile(Path.of("ca.pem"))                     // TLS, trusting this CA
  *     .clientCertificate(Path.of("me.pem"), Path.of("me.key"))   // mutual TLS
  *     .token(System.getenv("JOBBROKER_TOKEN"))          // authorization: Bearer ...
@@ -163,8 +163,10 @@ public final class ClientOptions {
     }
 
     /**
-     * Several brokers (a cluster's nodes), tried in order: a call or Work stream that meets
-     * UNAVAILABLE goes to the next one, and later calls stay there. Replaces earlier addresses.
+     * Several brokers (a cluster's nodes), asked in order which node leads each partition: in a
+     * cluster each call then goes to its partition's leader ({@link JobBrokerClient}). Outside a
+     * cluster a call or Work stream that meets UNAVAILABLE goes to the next one that answers, and
+     * later calls stay there. Replaces earlier addresses.
      */
     public Builder addresses(String... addresses) {
       return addresses(List.of(addresses));

@@ -52,7 +52,6 @@ import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
 import io.grpc.Context;
 import io.grpc.ForwardingClientCall;
-import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
 import io.grpc.Metadata;
@@ -65,18 +64,26 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
+import java.util.Collection;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicInteger;
 import java.util.function.Supplier;
 
 /**
- * A connection to the broker (one node, or a cluster's nodes tried in order): every call of the
- * Broker and Admin services, plus {@link #enqueueAndWait}. Made from {@link ClientOptions}; a
- * {@link Worker} built on the client shares its connection, credentials and metadata.
+ * A connection to the broker (one node, or a cluster's nodes): every call of the Broker and Admin
+ * services, plus {@link #enqueueAndWait}. Made from {@link ClientOptions}; a {@link Worker} built
+ * on the client shares its connection, credentials and metadata.
+ *
+ * <p><b>Cluster.</b> Before its first call the client asks Admin.GetCluster which node leads each
+ * partition, and sends each call straight to the leader of its queue's partition (enqueue, lease,
+ * the queue calls) or its job's (get, watch, cancel, retry, delete, ack...); the others go to the
+ * node that answered. After a call fails UNAVAILABLE or DEADLINE_EXCEEDED it asks again before
+ * the next call, so it follows a leader that moved or died. A broker that is not a cluster, or
+ * that refuses GetCluster (older, or a token without the admin role), gets every call: a node
+ * forwards what it does not lead. The given addresses are where it asks, in order.
  *
  * <pre>{@code
  * try (JobBrokerClient client = JobBrokerClient.connect(ClientOptions.fromEnv())) {
@@ -89,9 +96,10 @@ import java.util.function.Supplier;
  * token, {@code authorization: Bearer TOKEN}; a unary call without a deadline of its own gets
  * {@link ClientOptions#defaultDeadline()} ({@link #withDeadline} for another one).
  *
- * <p><b>Retries.</b> A call that meets UNAVAILABLE moves the client to the next address (when
- * there are several). It is tried again (up to {@link ClientOptions#retryAttempts()} in all, with
- * a short doubling pause) only when repeating it cannot do anything twice: the reads (GetJob,
+ * <p><b>Retries.</b> A call that meets UNAVAILABLE moves the client to the next address that
+ * answers (when there are several), or to the partition's new leader. It is tried again (up to
+ * {@link ClientOptions#retryAttempts()} in all, with a short doubling pause, through the
+ * routing again) only when repeating it cannot do anything twice: the reads (GetJob,
  * ListJobs, GetQueue, ...), Ack, Fail, Release and Heartbeat (the broker answers a repeat of
  * the same lease's answer OK), the calls that set a value (PauseQueue, ResumeQueue,
  * UpdateQueuePolicy, PutSchedule), and Enqueue or EnqueueBatch <em>only when every job has a
@@ -129,33 +137,38 @@ public final class JobBrokerClient implements AutoCloseable {
 
   // Constant after construction; shared with the views withDeadline makes.
   private final ClientOptions options;
-  private final Endpoints endpoints;
+  private final Router router;
   private final List<ProducerMiddleware> producerMiddleware;
-  private final Channel calls; // the endpoints, with metadata and this view's deadline
+  private final Channel calls; // the router, with metadata and this view's deadline
   private final Duration deadline;
   private final boolean ownsChannels;
 
   private JobBrokerClient(
       ClientOptions options,
-      Endpoints endpoints,
+      Router router,
       List<ProducerMiddleware> producerMiddleware,
       Duration deadline,
       boolean ownsChannels) {
     this.options = options;
-    this.endpoints = endpoints;
+    this.router = router;
     this.producerMiddleware = producerMiddleware;
     this.deadline = deadline;
     this.ownsChannels = ownsChannels;
     this.calls =
         ClientInterceptors.intercept(
-            endpoints, new DefaultDeadline(deadline), new CallMetadata(options.token()));
+            router, new DefaultDeadline(deadline), new CallMetadata(options.token()));
   }
 
   /** Connects as {@code options} say. Connections are made lazily, at the first call. */
   public static JobBrokerClient connect(ClientOptions options) {
     return new JobBrokerClient(
         options,
-        new Endpoints(options.addresses(), credentials(options), null),
+        new Router(
+            options.addresses(),
+            credentials(options),
+            null,
+            new CallMetadata(options.token()),
+            clusterFetchTimeout(options)),
         new CopyOnWriteArrayList<>(),
         options.defaultDeadline(),
         true);
@@ -185,7 +198,12 @@ public final class JobBrokerClient implements AutoCloseable {
     ClientOptions options = ClientOptions.builder().address(channel.authority()).build();
     return new JobBrokerClient(
         options,
-        new Endpoints(options.addresses(), null, channel),
+        new Router(
+            options.addresses(),
+            null,
+            channel,
+            new CallMetadata(options.token()),
+            clusterFetchTimeout(options)),
         new CopyOnWriteArrayList<>(),
         options.defaultDeadline(),
         false);
@@ -202,7 +220,7 @@ public final class JobBrokerClient implements AutoCloseable {
    * deadline). It shares the connection and middleware; closing it does nothing.
    */
   public JobBrokerClient withDeadline(Duration deadline) {
-    return new JobBrokerClient(options, endpoints, producerMiddleware, deadline, false);
+    return new JobBrokerClient(options, router, producerMiddleware, deadline, false);
   }
 
   /** The options this client was made with. */
@@ -210,9 +228,12 @@ public final class JobBrokerClient implements AutoCloseable {
     return options;
   }
 
-  /** The channel of the address in use now (calls made on it directly carry no metadata). */
+  /**
+   * The channel of the first address (calls made on it directly carry no metadata and are not
+   * routed).
+   */
   public ManagedChannel channel() {
-    return endpoints.current();
+    return router.first();
   }
 
   /**
@@ -224,30 +245,56 @@ public final class JobBrokerClient implements AutoCloseable {
     return this;
   }
 
-  /** The producer and worker API, blocking (metadata and default deadline included). */
+  /**
+   * The producer and worker API, blocking (metadata and default deadline included). Its calls go
+   * to any node of a cluster, which forwards them to the partition's leader; this client's own
+   * methods send them straight to the leader.
+   */
   public BrokerGrpc.BrokerBlockingStub broker() {
     return BrokerGrpc.newBlockingStub(calls);
   }
 
-  /** The producer and worker API, asynchronous (needed for the Work stream). */
+  /** The producer and worker API, asynchronous; its calls go to any node, as {@link #broker}. */
   public BrokerGrpc.BrokerStub brokerAsync() {
     return BrokerGrpc.newStub(calls);
   }
 
-  /** The operator API, blocking. */
+  /** The operator API, blocking; its calls go to any node, as {@link #broker}. */
   public AdminGrpc.AdminBlockingStub admin() {
     return AdminGrpc.newBlockingStub(calls);
   }
 
+  private BrokerGrpc.BrokerBlockingStub broker(Router.Route route) {
+    return broker().withOption(Router.ROUTE, route);
+  }
+
+  private AdminGrpc.AdminBlockingStub admin(Router.Route route) {
+    return admin().withOption(Router.ROUTE, route);
+  }
+
   /**
-   * A stream ended with {@code status}: on UNAVAILABLE move to the next address, and let every
-   * channel reconnect now (the caller keeps its own backoff, not gRPC's, which grows to minutes).
+   * The stub for a Worker's Work stream serving {@code queues}: to their partitions' leader when
+   * they all have the same one, otherwise to any node, which serves every partition's queues
+   * through one stream. Fetches the cluster's layout first if a stream or call ended since.
    */
-  void streamEnded(Status status) {
-    if (status.getCode() == Status.Code.UNAVAILABLE) {
-      endpoints.failover(endpoints.index());
-    }
-    endpoints.resetConnectBackoff();
+  BrokerGrpc.BrokerStub workStub(Collection<String> queues) {
+    String address = router.addressForAll(queues);
+    return brokerAsync().withOption(Router.ROUTE, Router.Route.address(address));
+  }
+
+  /**
+   * A Work stream ended: the node may have died or stopped leading the queues, so the next
+   * stream asks where they are now; and every channel may reconnect at once (the worker keeps
+   * its own backoff, not gRPC's, which grows to minutes).
+   */
+  void streamEnded() {
+    router.markStale();
+    router.resetConnectBackoff();
+  }
+
+  /** Test hook: {@code methodAndAddress} is told where each call is sent as it goes. */
+  void onCallSentForTest(java.util.function.BiConsumer<String, String> methodAndAddress) {
+    router.onCallSentForTest(methodAndAddress);
   }
 
   // ---- Producer API ----
@@ -282,7 +329,8 @@ public final class JobBrokerClient implements AutoCloseable {
 
   private EnqueueResponse enqueueThrough(int index, EnqueueRequest request) {
     if (index == producerMiddleware.size()) {
-      return call(!request.getDedupKey().isEmpty(), () -> broker().enqueue(request));
+      Router.Route route = Router.Route.queue(request.getQueue());
+      return call(!request.getDedupKey().isEmpty(), () -> broker(route).enqueue(request));
     }
     return producerMiddleware.get(index).enqueue(request, r -> enqueueThrough(index + 1, r));
   }
@@ -299,7 +347,11 @@ public final class JobBrokerClient implements AutoCloseable {
     if (index == producerMiddleware.size()) {
       boolean allKeyed = requests.stream().noneMatch(r -> r.getDedupKey().isEmpty());
       EnqueueBatchRequest batch = EnqueueBatchRequest.newBuilder().addAllJobs(requests).build();
-      return call(allKeyed, () -> broker().enqueueBatch(batch).getResultsList());
+      // All or nothing within one partition: to the leader of the first job's queue. A batch
+      // whose jobs span partitions is refused there (INVALID_ARGUMENT naming them).
+      Router.Route route =
+          requests.isEmpty() ? Router.Route.ANY : Router.Route.queue(requests.get(0).getQueue());
+      return call(allKeyed, () -> broker(route).enqueueBatch(batch).getResultsList());
     }
     return producerMiddleware
         .get(index)
@@ -338,7 +390,7 @@ public final class JobBrokerClient implements AutoCloseable {
     long giveUpAt = timeout.isZero() ? Long.MAX_VALUE : System.nanoTime() + timeout.toNanos();
     int unavailableInARow = 0;
     while (true) {
-      AdminGrpc.AdminBlockingStub stub = admin();
+      AdminGrpc.AdminBlockingStub stub = admin(Router.Route.job(jobId));
       if (giveUpAt != Long.MAX_VALUE) {
         stub = stub.withDeadlineAfter(giveUpAt - System.nanoTime(), TimeUnit.NANOSECONDS);
       }
@@ -356,11 +408,13 @@ public final class JobBrokerClient implements AutoCloseable {
           }
         }
       } catch (StatusRuntimeException e) {
+        if (unreachable(e.getStatus().getCode())) {
+          router.markStale(); // the job's leader may have moved
+        }
         if (e.getStatus().getCode() != Status.Code.UNAVAILABLE
             || ++unavailableInARow >= options.retryAttempts()) {
           throw e;
         }
-        endpoints.failover(endpoints.index());
         pause(options.retryBackoff().multipliedBy(1L << (unavailableInARow - 1)), e);
       } finally {
         watch.detach(previous);
@@ -393,34 +447,35 @@ public final class JobBrokerClient implements AutoCloseable {
    * by a call whose answer was lost would sit unworked until their leases ran out.
    */
   public LeaseResponse lease(LeaseRequest request) {
-    return call(false, () -> broker().lease(request));
+    return call(false, () -> broker(Router.Route.queue(request.getQueue())).lease(request));
   }
 
   /** Extends a lease (and saves a checkpoint or progress). FAILED_PRECONDITION if stale. */
   public HeartbeatResponse heartbeat(HeartbeatRequest request) {
-    return call(true, () -> broker().heartbeat(request));
+    return call(true, () -> broker(Router.Route.job(request.getJobId())).heartbeat(request));
   }
 
   /** Completes a leased job. FAILED_PRECONDITION if the lease is stale. */
   public AckResponse ack(AckRequest request) {
-    return call(true, () -> broker().ack(request));
+    return call(true, () -> broker(Router.Route.job(request.getJobId())).ack(request));
   }
 
   /** Fails the attempt. FAILED_PRECONDITION if the lease is stale. */
   public FailResponse fail(FailRequest request) {
-    return call(true, () -> broker().fail(request));
+    return call(true, () -> broker(Router.Route.job(request.getJobId())).fail(request));
   }
 
   /** Gives a leased job back unstarted (with a delay: snooze). */
   public ReleaseResponse release(ReleaseRequest request) {
-    return call(true, () -> broker().release(request));
+    return call(true, () -> broker(Router.Route.job(request.getJobId())).release(request));
   }
 
   // ---- Admin API ----
 
   /** The job as the Admin service shows it. NOT_FOUND for an unknown id. */
   public Job getJob(String jobId) {
-    return call(true, () -> admin().getJob(GetJobRequest.newBuilder().setJobId(jobId).build()));
+    GetJobRequest request = GetJobRequest.newBuilder().setJobId(jobId).build();
+    return call(true, () -> admin(Router.Route.job(jobId)).getJob(request));
   }
 
   /**
@@ -428,12 +483,13 @@ public final class JobBrokerClient implements AutoCloseable {
    * throws {@link StatusRuntimeException} (NOT_FOUND, UNAVAILABLE: watch again). Not retried.
    */
   public Iterator<Job> watchJob(String jobId) {
-    return admin().watchJob(WatchJobRequest.newBuilder().setJobId(jobId).build());
+    WatchJobRequest request = WatchJobRequest.newBuilder().setJobId(jobId).build();
+    return admin(Router.Route.job(jobId)).watchJob(request);
   }
 
   /** One page of a queue's jobs (state, page size, token, order, dedup key in the request). */
   public ListJobsResponse listJobs(ListJobsRequest request) {
-    return call(true, () -> admin().listJobs(request));
+    return call(true, () -> admin(Router.Route.queue(request.getQueue())).listJobs(request));
   }
 
   /** The first page (up to 100) of {@code queue}'s jobs in {@code state} (UNSPECIFIED: all). */
@@ -446,25 +502,33 @@ public final class JobBrokerClient implements AutoCloseable {
    * after the call. Sent once.
    */
   public Job cancelJob(String jobId) {
-    return call(
-        false, () -> admin().cancelJob(CancelJobRequest.newBuilder().setJobId(jobId).build()));
+    CancelJobRequest request = CancelJobRequest.newBuilder().setJobId(jobId).build();
+    return call(false, () -> admin(Router.Route.job(jobId)).cancelJob(request));
   }
 
   /** A FAILED or CANCELLED job back to READY. Sent once. */
   public Job retryJob(String jobId) {
     return call(
-            false, () -> admin().retryJob(RetryJobRequest.newBuilder().setJobId(jobId).build()))
+            false,
+            () ->
+                admin(Router.Route.job(jobId))
+                    .retryJob(RetryJobRequest.newBuilder().setJobId(jobId).build()))
         .getJob();
   }
 
   /** Any form of RetryJob, e.g. the bulk redrive of a queue's dead jobs. Sent once. */
   public RetryJobResponse retryJobs(RetryJobRequest request) {
-    return call(false, () -> admin().retryJob(request));
+    Router.Route route =
+        request.getQueue().isEmpty()
+            ? Router.Route.job(request.getJobId())
+            : Router.Route.queue(request.getQueue());
+    return call(false, () -> admin(route).retryJob(request));
   }
 
   /** Removes a job that is not ACTIVE. Sent once. */
   public void deleteJob(String jobId) {
-    call(false, () -> admin().deleteJob(DeleteJobRequest.newBuilder().setJobId(jobId).build()));
+    DeleteJobRequest request = DeleteJobRequest.newBuilder().setJobId(jobId).build();
+    call(false, () -> admin(Router.Route.job(jobId)).deleteJob(request));
   }
 
   /** Every known queue. */
@@ -475,7 +539,8 @@ public final class JobBrokerClient implements AutoCloseable {
 
   /** A queue's effective policy and counts. NOT_FOUND for an unknown queue. */
   public QueueInfo getQueue(String queue) {
-    return call(true, () -> admin().getQueue(GetQueueRequest.newBuilder().setQueue(queue).build()));
+    GetQueueRequest request = GetQueueRequest.newBuilder().setQueue(queue).build();
+    return call(true, () -> admin(Router.Route.queue(queue)).getQueue(request));
   }
 
   /** Sets the fields of {@code policy} that are set; creates the queue if new. */
@@ -486,26 +551,27 @@ public final class JobBrokerClient implements AutoCloseable {
 
   /** Any form of UpdateQueuePolicy (with {@code reset}, say). */
   public QueueInfo updateQueuePolicy(UpdateQueuePolicyRequest request) {
-    return call(true, () -> admin().updateQueuePolicy(request));
+    Router.Route route = Router.Route.queue(request.getQueue());
+    return call(true, () -> admin(route).updateQueuePolicy(request));
   }
 
   /** Stops leasing from {@code queue}; enqueues are still accepted. */
   public QueueInfo pauseQueue(String queue) {
-    return call(
-        true, () -> admin().pauseQueue(PauseQueueRequest.newBuilder().setQueue(queue).build()));
+    PauseQueueRequest request = PauseQueueRequest.newBuilder().setQueue(queue).build();
+    return call(true, () -> admin(Router.Route.queue(queue)).pauseQueue(request));
   }
 
   /** Leases from {@code queue} again. */
   public QueueInfo resumeQueue(String queue) {
-    return call(
-        true, () -> admin().resumeQueue(ResumeQueueRequest.newBuilder().setQueue(queue).build()));
+    ResumeQueueRequest request = ResumeQueueRequest.newBuilder().setQueue(queue).build();
+    return call(true, () -> admin(Router.Route.queue(queue)).resumeQueue(request));
   }
 
   /** Removes the queue's jobs in {@code states} (none: every terminal state); how many. */
   public long purgeQueue(String queue, JobState... states) {
     PurgeQueueRequest request =
         PurgeQueueRequest.newBuilder().setQueue(queue).addAllStates(List.of(states)).build();
-    return call(false, () -> admin().purgeQueue(request)).getPurged();
+    return call(false, () -> admin(Router.Route.queue(queue)).purgeQueue(request)).getPurged();
   }
 
   /** The cluster's nodes and partition leaders (a single node: a cluster of one). */
@@ -531,7 +597,7 @@ public final class JobBrokerClient implements AutoCloseable {
     return call(
         true,
         () ->
-            admin()
+            admin(Router.Route.queue(schedule.getTemplate().getQueue()))
                 .putSchedule(
                     dev.jobbroker.v1.PutScheduleRequest.newBuilder()
                         .setSchedule(schedule)
@@ -556,7 +622,9 @@ public final class JobBrokerClient implements AutoCloseable {
   public List<Schedule> listSchedules(String queue) {
     return call(
             true,
-            () -> admin().listSchedules(ListSchedulesRequest.newBuilder().setQueue(queue).build()))
+            () ->
+                admin(queue.isEmpty() ? Router.Route.ANY : Router.Route.queue(queue))
+                    .listSchedules(ListSchedulesRequest.newBuilder().setQueue(queue).build()))
         .getSchedulesList();
   }
 
@@ -583,21 +651,24 @@ public final class JobBrokerClient implements AutoCloseable {
   // ---- Helpers ----
 
   /**
-   * Runs a unary call; on UNAVAILABLE moves to the next address and, when {@code safeToRepeat},
-   * tries again up to the options' attempts.
+   * Runs a unary call; on UNAVAILABLE, when {@code safeToRepeat}, tries again up to the options'
+   * attempts. UNAVAILABLE or DEADLINE_EXCEEDED also makes the router ask for the cluster's layout
+   * before the next call, retried or not: the node may have died or no longer lead the call's
+   * partition.
    */
   private <T> T call(boolean safeToRepeat, Supplier<T> rpc) {
     int attempts = safeToRepeat ? options.retryAttempts() : 1;
     Duration pause = options.retryBackoff();
     for (int attempt = 1; ; attempt++) {
-      int at = endpoints.index();
       try {
         return rpc.get();
       } catch (StatusRuntimeException e) {
+        if (unreachable(e.getStatus().getCode())) {
+          router.markStale();
+        }
         if (e.getStatus().getCode() != Status.Code.UNAVAILABLE) {
           throw e;
         }
-        endpoints.failover(at);
         if (attempt >= attempts) {
           throw e;
         }
@@ -605,6 +676,11 @@ public final class JobBrokerClient implements AutoCloseable {
         pause = pause.multipliedBy(2);
       }
     }
+  }
+
+  /** Codes that may mean the call went to a node that is gone or no longer leads. */
+  private static boolean unreachable(Status.Code code) {
+    return code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED;
   }
 
   private static void pause(Duration d, StatusRuntimeException cause) {
@@ -633,8 +709,13 @@ public final class JobBrokerClient implements AutoCloseable {
   @Override
   public void close() {
     if (ownsChannels) {
-      endpoints.shutdown();
+      router.shutdown();
     }
+  }
+
+  /** How long the router waits for each node's GetCluster answer. */
+  private static Duration clusterFetchTimeout(ClientOptions o) {
+    return o.defaultDeadline().isZero() ? Duration.ofSeconds(10) : o.defaultDeadline();
   }
 
   private static ChannelCredentials credentials(ClientOptions o) {
@@ -653,86 +734,6 @@ public final class JobBrokerClient implements AutoCloseable {
       throw new UncheckedIOException("bad TLS certificate or key", e);
     }
     return b.build();
-  }
-
-  /**
-   * The addresses of the options, one channel each (made at first use), and which one calls go
-   * to now. A Channel itself, so stubs and the Work stream follow a failover without knowing it.
-   */
-  private static final class Endpoints extends Channel {
-    private final List<String> addresses;
-    private final ChannelCredentials credentials;
-    private final ManagedChannel[] channels; // guarded by this
-    private final AtomicInteger index = new AtomicInteger();
-
-    Endpoints(List<String> addresses, ChannelCredentials credentials, ManagedChannel given) {
-      this.addresses = addresses;
-      this.credentials = credentials;
-      this.channels = new ManagedChannel[addresses.size()];
-      if (given != null) {
-        channels[0] = given;
-      }
-    }
-
-    int index() {
-      return index.get();
-    }
-
-    synchronized ManagedChannel current() {
-      int i = index.get();
-      if (channels[i] == null) {
-        channels[i] = Grpc.newChannelBuilder(addresses.get(i), credentials).build();
-      }
-      return channels[i];
-    }
-
-    /** Calls that used address {@code from} met UNAVAILABLE: the next one, once per failure. */
-    void failover(int from) {
-      if (addresses.size() > 1) {
-        index.compareAndSet(from, (from + 1) % addresses.size());
-      }
-    }
-
-    synchronized void resetConnectBackoff() {
-      for (ManagedChannel c : channels) {
-        if (c != null) {
-          c.resetConnectBackoff();
-        }
-      }
-    }
-
-    @Override
-    public <ReqT, RespT> ClientCall<ReqT, RespT> newCall(
-        MethodDescriptor<ReqT, RespT> method, CallOptions options) {
-      return current().newCall(method, options);
-    }
-
-    @Override
-    public String authority() {
-      return current().authority();
-    }
-
-    synchronized void shutdown() {
-      for (ManagedChannel c : channels) {
-        if (c != null) {
-          c.shutdown();
-        }
-      }
-      try {
-        for (ManagedChannel c : channels) {
-          if (c != null && !c.awaitTermination(5, TimeUnit.SECONDS)) {
-            c.shutdownNow();
-          }
-        }
-      } catch (InterruptedException e) {
-        for (ManagedChannel c : channels) {
-          if (c != null) {
-            c.shutdownNow();
-          }
-        }
-        Thread.currentThread().interrupt();
-      }
-    }
   }
 
   /** Adds CLIENT_HEADER, and the bearer token when there is one, to every call. */

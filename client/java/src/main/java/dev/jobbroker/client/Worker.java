@@ -75,6 +75,11 @@ import org.slf4j.LoggerFactory;
  * prefetched job. A worker whose slots are all held by stuck handlers takes no new work (visible
  * in {@code Admin.ListWorkers} and the dashboard).
  *
+ * <p>In a cluster the Work stream goes straight to the leader when every handled queue's
+ * partition has the same leader (as Admin.GetCluster names it); otherwise to any node, which
+ * serves the queues of every partition through it. After a stream ends the worker asks for the
+ * cluster's layout again before it reconnects, so it follows a leader that moved or died.
+ *
  * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
  */
 public final class Worker {
@@ -94,7 +99,6 @@ public final class Worker {
 
   // Constant after construction.
   private final JobBrokerClient client;
-  private final BrokerGrpc.BrokerStub stub;
   private final int concurrency;
   private final int prefetch;
   private final Duration leaseDuration;
@@ -138,7 +142,6 @@ public final class Worker {
 
   private Worker(Builder b) {
     this.client = b.client;
-    this.stub = b.client.brokerAsync();
     this.handlers.putAll(b.handlers);
     this.middleware.addAll(b.middleware);
     this.concurrency = b.concurrency;
@@ -488,6 +491,9 @@ public final class Worker {
     while (true) {
       Session s;
       CompletableFuture<WorkResult> subscribed = new CompletableFuture<>();
+      // Chosen outside the lock (the handlers are fixed since start()): it may ask the cluster
+      // where the queues' leader is.
+      BrokerGrpc.BrokerStub stub = client.workStub(handlers.keySet());
       synchronized (lock) {
         if (closing) {
           return;
@@ -552,9 +558,9 @@ public final class Worker {
       } catch (InterruptedException e) {
         return;
       }
-      // Our backoff, not the channel's (which grows to minutes): try the broker again now, the
-      // next address of the options if this one was unavailable.
-      client.streamEnded(ended);
+      // Our backoff, not the channel's (which grows to minutes): try the broker again now, at
+      // the queues' leader as the cluster names it now.
+      client.streamEnded();
       backoff = backoff.multipliedBy(2);
       if (backoff.compareTo(reconnectMax) > 0) {
         backoff = reconnectMax;

@@ -1,0 +1,171 @@
+package dev.jobbroker.client;
+
+import dev.jobbroker.v1.ClusterInfo;
+import dev.jobbroker.v1.PartitionInfo;
+import io.grpc.StatusRuntimeException;
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+
+/**
+ * A real cluster on loopback, as tests/lib/cluster.sh runs one: Debian's etcd and three nodes of
+ * the broker binary ({@link BrokerProcess#brokerBinary()}), every partition replicated on all
+ * three. Started once per test class; {@link #close()} kills the nodes, then etcd, by their
+ * process, and removes the data.
+ */
+final class ClusterProcess implements AutoCloseable {
+  static final int NODES = 3;
+
+  private final Path dir;
+  private final Process etcd;
+  private final List<Process> nodes;
+  /** The nodes' gRPC addresses ("127.0.0.1:PORT"), node-0 first: what a client is given. */
+  final List<String> addresses;
+
+  private ClusterProcess(Path dir, Process etcd, List<Process> nodes, List<String> addresses) {
+    this.dir = dir;
+    this.etcd = etcd;
+    this.nodes = nodes;
+    this.addresses = addresses;
+  }
+
+  /**
+   * Starts etcd and the three nodes with {@code partitions} partitions, and returns once every
+   * partition has a leader and all three nodes in sync (60 s at most).
+   */
+  static ClusterProcess start(int partitions) throws Exception {
+    Path dir = Files.createTempDirectory("jobbroker-java-cluster");
+    String etcdUrl = "http://127.0.0.1:" + freePort();
+    Process etcd =
+        new ProcessBuilder(
+                "etcd",
+                "--data-dir", dir.resolve("etcd").toString(),
+                "--listen-client-urls", etcdUrl,
+                "--advertise-client-urls", etcdUrl,
+                "--listen-peer-urls", "http://127.0.0.1:" + freePort())
+            .redirectErrorStream(true)
+            .redirectOutput(dir.resolve("etcd.log").toFile())
+            .start();
+    List<Process> nodes = new ArrayList<>();
+    List<String> addresses = new ArrayList<>();
+    ClusterProcess cluster = new ClusterProcess(dir, etcd, nodes, addresses);
+    // Never leave a process behind, even when the test JVM is stopped early.
+    Runtime.getRuntime().addShutdownHook(new Thread(cluster::killAll));
+    try {
+      for (int n = 0; n < NODES; n++) {
+        addresses.add("127.0.0.1:" + freePort());
+      }
+      for (int n = 0; n < NODES; n++) {
+        nodes.add(
+            new ProcessBuilder(
+                    BrokerProcess.brokerBinary().toString(),
+                    "--listen", addresses.get(n),
+                    "--http-listen", "127.0.0.1:0",
+                    "--data-dir", dir.resolve("node-" + n).toString(),
+                    "--partitions", Integer.toString(partitions),
+                    "--cluster-etcd", etcdUrl,
+                    "--node-id", "node-" + n,
+                    "--cluster-initial-nodes", Integer.toString(NODES),
+                    "--log-level", "warn")
+                .redirectErrorStream(true)
+                .redirectOutput(dir.resolve("node-" + n + ".log").toFile())
+                .start());
+      }
+      cluster.awaitReady(partitions);
+      return cluster;
+    } catch (Exception | AssertionError e) {
+      cluster.close();
+      throw e;
+    }
+  }
+
+  private void awaitReady(int partitions) throws Exception {
+    ClientOptions options =
+        ClientOptions.builder().addresses(addresses).defaultDeadline(Duration.ofSeconds(5)).build();
+    long giveUp = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
+    String last = "no answer";
+    try (JobBrokerClient client = JobBrokerClient.connect(options)) {
+      while (System.nanoTime() < giveUp) {
+        try {
+          ClusterInfo info = client.getCluster();
+          last = info.toString();
+          if (info.getPartitionsCount() == partitions
+              && info.getPartitionsList().stream()
+                  .allMatch(p -> !p.getLeaderNodeId().isEmpty() && p.getInSyncCount() == NODES)) {
+            return;
+          }
+        } catch (StatusRuntimeException e) {
+          last = e.toString();
+        }
+        Thread.sleep(200);
+      }
+    }
+    throw new AssertionError(
+        "the cluster did not get a leader and 3 nodes in sync for every partition within 60 s;"
+            + " last answer:\n" + last + logTails());
+  }
+
+  /** The end of every process's log, for a failure's message (close() removes them). */
+  private String logTails() throws IOException {
+    StringBuilder out = new StringBuilder();
+    try (Stream<Path> logs = Files.list(dir)) {
+      for (Path log : logs.filter(f -> f.toString().endsWith(".log")).sorted().toList()) {
+        List<String> lines = Files.readAllLines(log);
+        out.append("\n--- ").append(log.getFileName()).append(":\n");
+        lines.subList(Math.max(0, lines.size() - 10), lines.size())
+            .forEach(l -> out.append(l).append('\n'));
+      }
+    }
+    return out.toString();
+  }
+
+  /** The address of {@code partition}'s leader in {@code info}, "" if it has none. */
+  static String leaderAddress(ClusterInfo info, int partition) {
+    for (PartitionInfo p : info.getPartitionsList()) {
+      if (p.getPartition() == partition) {
+        return p.getLeaderAddress();
+      }
+    }
+    return "";
+  }
+
+  /** kill -9 of the node at {@code address}: a dead machine. */
+  void kill9(String address) throws InterruptedException {
+    Process node = nodes.get(addresses.indexOf(address));
+    node.destroyForcibly();
+    node.waitFor(30, TimeUnit.SECONDS);
+  }
+
+  private void killAll() {
+    for (Process p : nodes) {
+      p.destroyForcibly();
+    }
+    etcd.destroyForcibly();
+  }
+
+  @Override
+  public void close() throws Exception {
+    for (Process p : nodes) {
+      p.destroyForcibly();
+      p.waitFor(30, TimeUnit.SECONDS);
+    }
+    etcd.destroyForcibly();
+    etcd.waitFor(30, TimeUnit.SECONDS);
+    try (Stream<Path> files = Files.walk(dir)) {
+      files.sorted(Comparator.reverseOrder()).forEach(f -> f.toFile().delete());
+    }
+  }
+
+  private static int freePort() throws IOException {
+    try (ServerSocket s = new ServerSocket(0)) {
+      return s.getLocalPort();
+    }
+  }
+}
