@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,6 +14,7 @@ use tonic::transport::Channel;
 
 use crate::middleware::{EnqueueNext, ProducerMiddleware};
 use crate::options::{ClientOptions, ConnectError, bearer};
+use crate::router::{Route, Router, Target, unreachable};
 use crate::v1::work_request::Request;
 use crate::{AdminClient, BrokerClient, CLIENT_NAME, Code, Shared, Status, WorkEvent, WorkStream};
 use crate::{duration, read_responses, v1};
@@ -62,29 +63,13 @@ enum Repeat {
     Never,
 }
 
-/// The broker's nodes as a client sees them.
-struct Nodes {
-    /// Each address as given, with its channel (it connects on first use and again after a
-    /// failure).
-    channels: Vec<(String, Channel)>,
-    /// Where calls go now: the next one after a call was answered `UNAVAILABLE`.
-    current: AtomicUsize,
-}
+/// How long one `Admin.GetCluster` of the router may take at most (less when the client's
+/// deadline is shorter).
+const MAX_FETCH_DEADLINE: Duration = Duration::from_secs(10);
 
-impl Nodes {
-    fn current(&self) -> usize {
-        self.current.load(Ordering::Relaxed) % self.channels.len()
-    }
-
-    /// `index` answered `UNAVAILABLE`: move on to the next node, unless another call already
-    /// did (two calls failing together skip one node, not two).
-    fn unavailable(&self, index: usize) {
-        let next = (index + 1) % self.channels.len();
-        let _ = self
-            .current
-            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
-    }
-}
+/// Told the address of the node each call (and each `Work` stream) is sent to; see
+/// [`Client::with_target_observer`].
+type TargetObserver = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// The generated clients of one node, tagged.
 struct Stubs {
@@ -93,34 +78,37 @@ struct Stubs {
 }
 
 /// Both services of the broker, over one HTTP/2 channel per address. Cheap to clone: clones
-/// share the channels and the current node. Safe to use from many tasks.
+/// share the channels and the routing. Safe to use from many tasks.
+///
+/// In a cluster each call goes straight to the leader of its partition: of its queue
+/// (enqueue, lease, the queue's admin calls, a batch by its first job's queue) or of its job
+/// (get, watch, cancel, retry, delete, answers about a lease); the other calls go to any node.
+/// The client learns the leaders from `Admin.GetCluster` before its first call, and again
+/// before the next call after one failed `UNAVAILABLE` or `DEADLINE_EXCEEDED`. A broker
+/// outside a cluster, or one that refuses `GetCluster` (an older broker, a token without the
+/// admin role), gets every call, the addresses given serving in turn as below.
 ///
 /// Made from [`ClientOptions`] (addresses, TLS, token, deadline) by [`Client::new`] or
 /// [`Client::connect`]. Unary calls get the options' deadline (10 s by default; change it for
 /// some calls with [`Client::with_deadline`]) and are sent again after `UNAVAILABLE` (3
-/// attempts in all, 100 ms then 200 ms apart, each on the next address) only when a repeat
+/// attempts in all, 100 ms then 200 ms apart, each routed afresh) only when a repeat
 /// cannot do the work twice: reads, `ack`/`fail`/`release`/`heartbeat`, setting a queue's
 /// policy or a schedule, and enqueues whose every job has a dedup key. Anything else, an
 /// enqueue without a dedup key first, is sent once and its error returned.
 #[derive(Clone)]
 pub struct Client {
-    nodes: Arc<Nodes>,
+    router: Arc<Router>,
     tag: ClientTag,
     deadline: Duration,
     producer: Arc<[ProducerMiddleware]>,
+    observer: Option<TargetObserver>,
 }
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let addresses: Vec<&str> = self
-            .nodes
-            .channels
-            .iter()
-            .map(|(a, _)| a.as_str())
-            .collect();
         f.debug_struct("Client")
-            .field("addresses", &addresses)
-            .field("current", &self.nodes.current())
+            .field("addresses", &self.router.given())
+            .field("current", &self.router.current().address)
             .field("deadline", &self.deadline)
             .field("token", &self.tag.authorization.as_ref().map(|_| "<set>"))
             .field("producer_middleware", &self.producer.len())
@@ -186,6 +174,20 @@ fn is_terminal(state: i32) -> bool {
     )
 }
 
+/// Whether tonic failed the call on its connection (e.g. a broken pipe to a node just
+/// killed): `UNKNOWN` carrying a transport error, where gRPC itself would say `UNAVAILABLE`,
+/// which is what the caller and the retry rules get.
+fn lost_connection(status: &Status) -> bool {
+    status.code() == Code::Unknown
+        && std::error::Error::source(status)
+            .is_some_and(|source| source.is::<tonic::transport::Error>())
+}
+
+/// How long the router's `GetCluster` may take for a client whose calls have `deadline`.
+fn fetch_deadline(deadline: Duration) -> Duration {
+    deadline.min(MAX_FETCH_DEADLINE)
+}
+
 fn deadline_exceeded(deadline: Duration) -> Status {
     Status::deadline_exceeded(format!(
         "the call did not end within its deadline of {deadline:?}"
@@ -203,8 +205,9 @@ impl Client {
             .into_iter()
             .map(|(address, endpoint)| (address, endpoint.connect_lazy()))
             .collect();
+        let router = Router::new(channels, resolved.tls, fetch_deadline(resolved.deadline));
         Ok(Self::over(
-            channels,
+            router,
             resolved.authorization,
             resolved.deadline,
         ))
@@ -238,33 +241,39 @@ impl Client {
             let (address, source) = last_error.expect("at least one address");
             return Err(ConnectError::Unreachable { address, source });
         };
-        let client = Self::over(channels, resolved.authorization, resolved.deadline);
-        client.nodes.current.store(first_reached, Ordering::Relaxed);
-        Ok(client)
+        let router = Router::new(channels, resolved.tls, fetch_deadline(resolved.deadline));
+        router.start_at(first_reached);
+        Ok(Self::over(
+            router,
+            resolved.authorization,
+            resolved.deadline,
+        ))
     }
 
-    /// Wraps a channel the caller configured, with no token and the default deadline.
+    /// Wraps a channel the caller configured, with no token and the default deadline. Every
+    /// call goes over it: no routing in a cluster (its node forwards calls to their leaders).
     pub fn from_channel(channel: Channel) -> Self {
-        Self::over(
-            vec![("<channel>".into(), channel)],
-            None,
-            crate::DEFAULT_DEADLINE,
-        )
+        Self::over(Router::fixed(channel), None, crate::DEFAULT_DEADLINE)
     }
 
-    fn over(
-        channels: Vec<(String, Channel)>,
-        authorization: Option<AsciiMetadataValue>,
-        deadline: Duration,
-    ) -> Self {
+    fn over(router: Router, authorization: Option<AsciiMetadataValue>, deadline: Duration) -> Self {
         Self {
-            nodes: Arc::new(Nodes {
-                channels,
-                current: AtomicUsize::new(0),
-            }),
+            router: Arc::new(router),
             tag: ClientTag { authorization },
             deadline,
             producer: Arc::from(Vec::new()),
+            observer: None,
+        }
+    }
+
+    /// This client, telling `observer` the address of the node each attempt of a call (and
+    /// each `Work` stream) is sent to, before it is sent; for tests that check where calls
+    /// go. The client's own `GetCluster` calls are not told. Shares the channels.
+    #[doc(hidden)]
+    pub fn with_target_observer(&self, observer: impl Fn(&str) + Send + Sync + 'static) -> Self {
+        Self {
+            observer: Some(Arc::new(observer)),
+            ..self.clone()
         }
     }
 
@@ -324,8 +333,7 @@ impl Client {
         }
     }
 
-    fn stubs(&self, index: usize) -> Stubs {
-        let channel = self.nodes.channels[index].1.clone();
+    fn stubs(&self, channel: Channel) -> Stubs {
         Stubs {
             broker: v1::broker_client::BrokerClient::with_interceptor(
                 channel.clone(),
@@ -338,28 +346,40 @@ impl Client {
     }
 
     /// The generated Broker client of the current node (sharing this client's channel, token
-    /// and metadata; no deadline, no retries).
+    /// and metadata; no deadline, no retries, no routing: in a cluster the node forwards a
+    /// call to its partition's leader).
     pub fn broker(&self) -> BrokerClient {
-        self.stubs(self.nodes.current()).broker
+        self.stubs(self.router.current().channel).broker
     }
 
     /// The generated Admin client of the current node (sharing this client's channel, token
-    /// and metadata; no deadline, no retries).
+    /// and metadata; no deadline, no retries, no routing).
     pub fn admin(&self) -> AdminClient {
-        self.stubs(self.nodes.current()).admin
+        self.stubs(self.router.current().channel).admin
     }
 
-    /// The address calls go to now.
-    pub fn current_address(&self) -> &str {
-        &self.nodes.channels[self.nodes.current()].0
+    /// The address calls that any node serves go to now: the node that last answered
+    /// `GetCluster`, or before any did, the given address in use.
+    pub fn current_address(&self) -> String {
+        self.router.current().address
     }
 
-    /// Sends one call: to the current node, within `deadline` (`None`: a stream, which has
-    /// none), again on the next node after `UNAVAILABLE` when `repeat` allows.
+    /// The node for `route`, told to the observer.
+    async fn target(&self, route: Route<'_>) -> Target {
+        let target = self.router.target(route, &self.tag).await;
+        if let Some(observer) = &self.observer {
+            observer(&target.address);
+        }
+        target
+    }
+
+    /// Sends one call: to the node of `route`, within `deadline` (`None`: a stream, which has
+    /// none), again after `UNAVAILABLE` when `repeat` allows, routed anew.
     async fn call<M, R, F, Fut>(
         &self,
         repeat: Repeat,
         deadline: Option<Duration>,
+        route: Route<'_>,
         message: M,
         call: F,
     ) -> Result<R, Status>
@@ -377,34 +397,49 @@ impl Client {
         let mut pause = RETRY_BACKOFF;
         let mut attempt = 1;
         loop {
-            let index = self.nodes.current();
-            let mut request = tonic::Request::new(message.clone());
-            if let Some(end) = end {
-                // grpc-timeout, so that the broker gives up when the caller does.
-                request.set_timeout(end.saturating_duration_since(Instant::now()));
-            }
-            let sent = call(self.stubs(index), request);
-            let answer = match (end, deadline) {
-                (Some(end), Some(deadline)) => match tokio::time::timeout_at(end, sent).await {
-                    Ok(answer) => answer,
-                    Err(_) => return Err(deadline_exceeded(deadline)),
-                },
-                _ => sent.await,
+            let mut sent_to = None;
+            // Routing may have to ask for the cluster's layout first: within the deadline too.
+            let sending = async {
+                let target = self.target(route).await;
+                sent_to = Some(target.address);
+                let mut request = tonic::Request::new(message.clone());
+                if let Some(end) = end {
+                    // grpc-timeout, so that the broker gives up when the caller does.
+                    request.set_timeout(end.saturating_duration_since(Instant::now()));
+                }
+                call(self.stubs(target.channel), request).await
             };
+            let answer = match end {
+                Some(end) => tokio::time::timeout_at(end, sending).await.ok(),
+                None => Some(sending.await),
+            };
+            let past_deadline = end.is_some_and(|end| Instant::now() >= end);
             let status = match answer {
-                Ok(response) => return Ok(response.into_inner()),
-                Err(status) => status,
+                Some(Ok(response)) => {
+                    if let Some(address) = &sent_to {
+                        self.router.reached(address);
+                    }
+                    return Ok(response.into_inner());
+                }
+                Some(Err(status)) if lost_connection(&status) => {
+                    Status::unavailable(format!("the connection was lost: {status}"))
+                }
+                Some(Err(status)) => status,
+                None => Status::deadline_exceeded("no answer within the deadline"),
             };
-            if let (Some(end), Some(deadline)) = (end, deadline)
-                && Instant::now() >= end
+            if (past_deadline || unreachable(status.code()))
+                && let Some(address) = &sent_to
             {
-                // tonic's own timer for grpc-timeout ends the call CANCELLED: it is the deadline.
+                // The node may be gone or no longer lead: route the next call afresh.
+                self.router.unreachable(address);
+            }
+            if let (true, Some(deadline)) = (past_deadline, deadline) {
+                // Also when tonic's own timer for grpc-timeout ended the call CANCELLED.
                 return Err(deadline_exceeded(deadline));
             }
             if status.code() != Code::Unavailable {
                 return Err(status);
             }
-            self.nodes.unavailable(index);
             if attempt >= attempts {
                 return Err(status);
             }
@@ -419,13 +454,20 @@ impl Client {
     }
 
     /// A unary call with this client's deadline.
-    async fn unary<M, R, F, Fut>(&self, repeat: Repeat, message: M, call: F) -> Result<R, Status>
+    async fn unary<M, R, F, Fut>(
+        &self,
+        repeat: Repeat,
+        route: Route<'_>,
+        message: M,
+        call: F,
+    ) -> Result<R, Status>
     where
         M: Clone,
         F: Fn(Stubs, tonic::Request<M>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<R>, Status>>,
     {
-        self.call(repeat, Some(self.deadline), message, call).await
+        self.call(repeat, Some(self.deadline), route, message, call)
+            .await
     }
 
     // ---- Broker: producers ----
@@ -455,9 +497,13 @@ impl Client {
         } else {
             Repeat::Safe
         };
-        self.unary(repeat, request, |mut s, r| async move {
-            s.broker.enqueue(r).await
-        })
+        let queue = request.queue.clone();
+        self.unary(
+            repeat,
+            Route::Queue(&queue),
+            request,
+            |mut s, r| async move { s.broker.enqueue(r).await },
+        )
         .await
     }
 
@@ -477,9 +523,13 @@ impl Client {
         } else {
             Repeat::Never
         };
+        // A batch is all or nothing within one partition: it goes to the leader of its first
+        // job's queue. One whose jobs span partitions is refused there (INVALID_ARGUMENT).
+        let first_queue = prepared.first().map(|j| j.queue.clone());
+        let route = first_queue.as_deref().map_or(Route::Any, Route::Queue);
         let request = v1::EnqueueBatchRequest { jobs: prepared };
         let response = self
-            .unary(repeat, request, |mut s, r| async move {
+            .unary(repeat, route, request, |mut s, r| async move {
                 s.broker.enqueue_batch(r).await
             })
             .await?;
@@ -535,6 +585,8 @@ impl Client {
                         Err(status) => return Err(status.into()),
                     }
                 }
+                // Its node may have died or stopped leading the job's partition.
+                self.router.mark_stale();
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
             }
@@ -580,6 +632,7 @@ impl Client {
             .call(
                 Repeat::Never,
                 Some(deadline),
+                Route::Queue(queue),
                 request,
                 |mut s, r| async move { s.broker.lease(r).await },
             )
@@ -593,9 +646,13 @@ impl Client {
         &self,
         request: v1::HeartbeatRequest,
     ) -> Result<v1::HeartbeatResponse, Status> {
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.broker.heartbeat(r).await
-        })
+        let job_id = request.job_id.clone();
+        self.unary(
+            Repeat::Safe,
+            Route::Job(&job_id),
+            request,
+            |mut s, r| async move { s.broker.heartbeat(r).await },
+        )
         .await
     }
 
@@ -606,9 +663,12 @@ impl Client {
             lease_id: job.lease_id.clone(),
             result,
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.broker.ack(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Job(&job.job_id),
+            request,
+            |mut s, r| async move { s.broker.ack(r).await },
+        )
         .await
         .map(|_| ())
     }
@@ -629,9 +689,12 @@ impl Client {
             permanent,
             retry_after: retry_after.map(duration),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.broker.fail(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Job(&job.job_id),
+            request,
+            |mut s, r| async move { s.broker.fail(r).await },
+        )
         .await
     }
 
@@ -647,9 +710,12 @@ impl Client {
             lease_id: job.lease_id.clone(),
             delay: delay.map(duration),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.broker.release(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Job(&job.job_id),
+            request,
+            |mut s, r| async move { s.broker.release(r).await },
+        )
         .await
         .map(|_| ())
     }
@@ -659,23 +725,31 @@ impl Client {
     /// partition has no leader) ends the stream and is returned as its status.
     /// Pushed jobs and notices arrive on the returned receiver, which ends with
     /// [`WorkEvent::Closed`]. Must be called inside a Tokio runtime (it spawns the reader).
+    ///
+    /// In a cluster the stream goes to the leader of the subscribed queues when their
+    /// partitions share one, otherwise to any node (which relays the others' jobs).
     pub async fn work(
         &self,
         subscribe: v1::SubscribeRequest,
     ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
-        let node = self.nodes.current();
-        let opened = self.work_on(node, subscribe).await;
-        if let Err(status) = &opened
-            && status.code() == Code::Unavailable
-        {
-            self.nodes.unavailable(node);
+        let target = self
+            .router
+            .stream_target(&subscribe.queues, &self.tag)
+            .await;
+        if let Some(observer) = &self.observer {
+            observer(&target.address);
+        }
+        let address = target.address.clone();
+        let opened = self.work_on(target, subscribe).await;
+        if let Err(status) = &opened {
+            self.stream_ended(&address, Some(status));
         }
         opened
     }
 
     async fn work_on(
         &self,
-        node: usize,
+        target: Target,
         subscribe: v1::SubscribeRequest,
     ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -686,12 +760,12 @@ impl Client {
                 pending: Mutex::new(HashMap::new()),
                 end: Mutex::new(None),
                 reader: Mutex::new(None),
-                node,
+                node: target.address,
             }),
         };
         let subscribed = stream.start(Request::Subscribe(subscribe))?;
         let responses = self
-            .stubs(node)
+            .stubs(target.channel)
             .broker
             .work(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
             .await?
@@ -709,10 +783,19 @@ impl Client {
         Ok((stream, events_rx))
     }
 
-    /// A `Work` stream of this client ended with `UNAVAILABLE`: the next one goes to the next
-    /// address.
-    pub(crate) fn work_stream_unavailable(&self, stream: &WorkStream) {
-        self.nodes.unavailable(stream.shared.node);
+    /// A `Work` stream of this client ended (`end`: with this status): the next one is routed
+    /// afresh, as its node may have died or stopped leading the queues.
+    pub(crate) fn work_stream_ended(&self, stream: &WorkStream, end: Option<&Status>) {
+        self.stream_ended(&stream.shared.node, end);
+    }
+
+    fn stream_ended(&self, address: &str, end: Option<&Status>) {
+        match end {
+            Some(status) if unreachable(status.code()) || lost_connection(status) => {
+                self.router.unreachable(address)
+            }
+            _ => self.router.mark_stale(),
+        }
     }
 
     // ---- Admin: jobs ----
@@ -723,9 +806,12 @@ impl Client {
         let request = v1::GetJobRequest {
             job_id: job_id.into(),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.get_job(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Job(job_id),
+            request,
+            |mut s, r| async move { s.admin.get_job(r).await },
+        )
         .await
     }
 
@@ -736,9 +822,13 @@ impl Client {
         let request = v1::WatchJobRequest {
             job_id: job_id.into(),
         };
-        self.call(Repeat::Safe, None, request, |mut s, r| async move {
-            s.admin.watch_job(r).await
-        })
+        self.call(
+            Repeat::Safe,
+            None,
+            Route::Job(job_id),
+            request,
+            |mut s, r| async move { s.admin.watch_job(r).await },
+        )
         .await
     }
 
@@ -748,9 +838,13 @@ impl Client {
         &self,
         request: v1::ListJobsRequest,
     ) -> Result<v1::ListJobsResponse, Status> {
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.list_jobs(r).await
-        })
+        let queue = request.queue.clone();
+        self.unary(
+            Repeat::Safe,
+            Route::Queue(&queue),
+            request,
+            |mut s, r| async move { s.admin.list_jobs(r).await },
+        )
         .await
     }
 
@@ -760,9 +854,12 @@ impl Client {
         let request = v1::CancelJobRequest {
             job_id: job_id.into(),
         };
-        self.unary(Repeat::Never, request, |mut s, r| async move {
-            s.admin.cancel_job(r).await
-        })
+        self.unary(
+            Repeat::Never,
+            Route::Job(job_id),
+            request,
+            |mut s, r| async move { s.admin.cancel_job(r).await },
+        )
         .await
     }
 
@@ -784,7 +881,14 @@ impl Client {
         &self,
         request: v1::RetryJobRequest,
     ) -> Result<v1::RetryJobResponse, Status> {
-        self.unary(Repeat::Never, request, |mut s, r| async move {
+        let (queue, job_id) = (request.queue.clone(), request.job_id.clone());
+        // A bulk redrive goes to its queue's leader, one job to its own.
+        let route = if queue.is_empty() {
+            Route::Job(&job_id)
+        } else {
+            Route::Queue(&queue)
+        };
+        self.unary(Repeat::Never, route, request, |mut s, r| async move {
             s.admin.retry_job(r).await
         })
         .await
@@ -795,9 +899,12 @@ impl Client {
         let request = v1::DeleteJobRequest {
             job_id: job_id.into(),
         };
-        self.unary(Repeat::Never, request, |mut s, r| async move {
-            s.admin.delete_job(r).await
-        })
+        self.unary(
+            Repeat::Never,
+            Route::Job(job_id),
+            request,
+            |mut s, r| async move { s.admin.delete_job(r).await },
+        )
         .await
         .map(|_| ())
     }
@@ -809,6 +916,7 @@ impl Client {
         let response = self
             .unary(
                 Repeat::Safe,
+                Route::Any,
                 v1::ListQueuesRequest {},
                 |mut s, r| async move { s.admin.list_queues(r).await },
             )
@@ -821,9 +929,12 @@ impl Client {
         let request = v1::GetQueueRequest {
             queue: queue.into(),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.get_queue(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Queue(queue),
+            request,
+            |mut s, r| async move { s.admin.get_queue(r).await },
+        )
         .await
     }
 
@@ -833,9 +944,13 @@ impl Client {
         &self,
         request: v1::UpdateQueuePolicyRequest,
     ) -> Result<v1::QueueInfo, Status> {
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.update_queue_policy(r).await
-        })
+        let queue = request.queue.clone();
+        self.unary(
+            Repeat::Safe,
+            Route::Queue(&queue),
+            request,
+            |mut s, r| async move { s.admin.update_queue_policy(r).await },
+        )
         .await
     }
 
@@ -844,9 +959,12 @@ impl Client {
         let request = v1::PauseQueueRequest {
             queue: queue.into(),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.pause_queue(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Queue(queue),
+            request,
+            |mut s, r| async move { s.admin.pause_queue(r).await },
+        )
         .await
     }
 
@@ -855,9 +973,12 @@ impl Client {
         let request = v1::ResumeQueueRequest {
             queue: queue.into(),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
-            s.admin.resume_queue(r).await
-        })
+        self.unary(
+            Repeat::Safe,
+            Route::Queue(queue),
+            request,
+            |mut s, r| async move { s.admin.resume_queue(r).await },
+        )
         .await
     }
 
@@ -868,9 +989,12 @@ impl Client {
             states: states.iter().map(|s| *s as i32).collect(),
         };
         let response = self
-            .unary(Repeat::Never, request, |mut s, r| async move {
-                s.admin.purge_queue(r).await
-            })
+            .unary(
+                Repeat::Never,
+                Route::Queue(queue),
+                request,
+                |mut s, r| async move { s.admin.purge_queue(r).await },
+            )
             .await?;
         Ok(response.purged)
     }
@@ -881,6 +1005,7 @@ impl Client {
     pub async fn get_cluster(&self) -> Result<v1::ClusterInfo, Status> {
         self.unary(
             Repeat::Safe,
+            Route::Any,
             v1::GetClusterRequest {},
             |mut s, r| async move { s.admin.get_cluster(r).await },
         )
@@ -894,7 +1019,7 @@ impl Client {
             queue: queue.unwrap_or_default().into(),
         };
         let response = self
-            .unary(Repeat::Safe, request, |mut s, r| async move {
+            .unary(Repeat::Safe, Route::Any, request, |mut s, r| async move {
                 s.admin.list_workers(r).await
             })
             .await?;
@@ -908,7 +1033,14 @@ impl Client {
         let request = v1::PutScheduleRequest {
             schedule: Some(schedule),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
+        let queue = request
+            .schedule
+            .as_ref()
+            .and_then(|s| s.template.as_ref())
+            .map(|t| t.queue.clone());
+        // A schedule lives in the partition of its template's queue.
+        let route = queue.as_deref().map_or(Route::Any, Route::Queue);
+        self.unary(Repeat::Safe, route, request, |mut s, r| async move {
             s.admin.put_schedule(r).await
         })
         .await
@@ -919,7 +1051,7 @@ impl Client {
         let request = v1::GetScheduleRequest {
             schedule_id: schedule_id.into(),
         };
-        self.unary(Repeat::Safe, request, |mut s, r| async move {
+        self.unary(Repeat::Safe, Route::Any, request, |mut s, r| async move {
             s.admin.get_schedule(r).await
         })
         .await
@@ -930,8 +1062,11 @@ impl Client {
         let request = v1::ListSchedulesRequest {
             queue: queue.unwrap_or_default().into(),
         };
+        let route = queue
+            .filter(|q| !q.is_empty())
+            .map_or(Route::Any, Route::Queue);
         let response = self
-            .unary(Repeat::Safe, request, |mut s, r| async move {
+            .unary(Repeat::Safe, route, request, |mut s, r| async move {
                 s.admin.list_schedules(r).await
             })
             .await?;
@@ -943,7 +1078,7 @@ impl Client {
         let request = v1::DeleteScheduleRequest {
             schedule_id: schedule_id.into(),
         };
-        self.unary(Repeat::Never, request, |mut s, r| async move {
+        self.unary(Repeat::Never, Route::Any, request, |mut s, r| async move {
             s.admin.delete_schedule(r).await
         })
         .await
@@ -959,7 +1094,7 @@ impl Client {
         let request = v1::TriggerScheduleRequest {
             schedule_id: schedule_id.into(),
         };
-        self.unary(Repeat::Never, request, |mut s, r| async move {
+        self.unary(Repeat::Never, Route::Any, request, |mut s, r| async move {
             s.admin.trigger_schedule(r).await
         })
         .await

@@ -39,10 +39,14 @@ pub mod middleware;
 pub mod options;
 #[cfg(feature = "tracing-otel")]
 pub mod otel;
+mod partition;
+mod router;
+mod routing_table;
 pub mod worker;
 pub use client::{Client, ClientTag, WaitError};
 pub use middleware::{EnqueueNext, HandlerNext};
 pub use options::{ClientOptions, ConnectError, DEFAULT_ADDRESS, DEFAULT_DEADLINE};
+pub use partition::{partition_of_job_id, partition_of_queue};
 pub use worker::{
     CancelReason, Job, Output, RunError, ShutdownHandle, Worker, WorkerBuilder, WorkerError,
 };
@@ -127,8 +131,8 @@ struct Shared {
     end: Mutex<Option<Status>>,
     /// The task reading responses: aborting it drops the response stream, cancelling the call.
     reader: Mutex<Option<AbortHandle>>,
-    /// Which of the client's addresses the stream is open to.
-    node: usize,
+    /// The address of the node the stream is open to.
+    node: String,
 }
 
 /// The sending half of a `Work` stream. Cheap to clone; safe to use from many tasks. Each call

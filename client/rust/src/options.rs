@@ -6,7 +6,7 @@
 //! use jobbroker::ClientOptions;
 //!
 //! let options = ClientOptions::new()
-//!     .addresses(["10.0.0.1:7070", "10.0.0.2:7070"]) // tried in order; UNAVAILABLE: the next
+//!     .addresses(["10.0.0.1:7070", "10.0.0.2:7070"]) // a cluster's nodes, or brokers in turn
 //!     .tls_ca_file("/etc/jobbroker/ca.pem")          // TLS, trusting this CA
 //!     .client_cert_files("/etc/jobbroker/client.pem", "/etc/jobbroker/client.key") // mutual TLS
 //!     .token("s3cret")                               // authorization: Bearer s3cret
@@ -150,9 +150,11 @@ impl ClientOptions {
         self
     }
 
-    /// Several brokers (the nodes of a cluster), tried in order: a call answered
-    /// `UNAVAILABLE` moves the client to the next one, for its retry (if the call is safe to
-    /// repeat) and for later calls. Replaces any address set before.
+    /// Several brokers (the nodes of a cluster). In a cluster they are where the client asks
+    /// which node leads each partition, and each call goes to its leader. Outside one they
+    /// are tried in order: a call answered `UNAVAILABLE` moves the client to the next one,
+    /// for its retry (if the call is safe to repeat) and for later calls. Replaces any
+    /// address set before.
     pub fn addresses<I, S>(mut self, addresses: I) -> Self
     where
         I: IntoIterator<Item = S>,
@@ -252,6 +254,7 @@ impl ClientOptions {
             .transpose()?;
         Ok(Resolved {
             endpoints,
+            tls,
             authorization,
             deadline: self.deadline,
         })
@@ -285,6 +288,8 @@ impl ClientOptions {
 pub(crate) struct Resolved {
     /// Each address as given, and its endpoint.
     pub endpoints: Vec<(String, Endpoint)>,
+    /// For the endpoints of the nodes a cluster names.
+    pub tls: Option<ClientTlsConfig>,
     pub authorization: Option<AsciiMetadataValue>,
     pub deadline: Duration,
 }
@@ -308,7 +313,7 @@ pub(crate) fn bearer(token: &str) -> Option<AsciiMetadataValue> {
 
 /// The endpoint of `address`: `host:port` becomes `http://host:port`, or `https://` with TLS;
 /// an address with a scheme keeps it.
-fn endpoint(
+pub(crate) fn endpoint(
     address: &str,
     tls: Option<&ClientTlsConfig>,
 ) -> Result<Endpoint, tonic::transport::Error> {

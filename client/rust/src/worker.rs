@@ -1131,11 +1131,10 @@ async fn keep_connected(
                     }
                 };
                 current.send_replace(None);
-                if let (Some(stream), Some(status)) = (&open, &end)
-                    && status.code() == Code::Unavailable
-                {
-                    // Its node is gone: the next stream goes to the next address.
-                    client.work_stream_unavailable(stream);
+                if let Some(stream) = &open {
+                    // Its node may be gone or no longer lead the queues: the next stream is
+                    // routed afresh, after the cluster's layout is asked for again.
+                    client.work_stream_ended(stream, end.as_ref());
                 }
                 end
             }

@@ -78,15 +78,22 @@ async fn only_calls_that_cannot_duplicate_are_sent_again_after_unavailable() {
 
 #[tokio::test]
 async fn an_enqueue_without_a_key_against_a_stopped_broker_is_attempted_once() {
-    let broker = Broker::start();
-    let stopped = stopped_address();
-    let observer = broker.client().await;
-    let options = || ClientOptions::new().addresses([stopped.as_str(), broker.addr.as_str()]);
+    // Two brokers outside a cluster: the client uses the first until it fails.
+    let first = Broker::start();
+    let second = Broker::start();
+    let observer = second.client().await;
+    let options = || ClientOptions::new().addresses([first.addr.as_str(), second.addr.as_str()]);
+    let unkeyed = Client::new(options()).unwrap();
+    let keyed = Client::new(options()).unwrap();
+    for client in [&unkeyed, &keyed] {
+        client.list_queues().await.unwrap();
+        assert_eq!(client.current_address(), first.addr);
+    }
+    drop(first); // SIGKILL
 
     // The stopped node refuses the connection; the live one next in line is not tried for
     // this call, so the job exists nowhere.
-    let client = Client::new(options()).unwrap();
-    let refused = client.enqueue(job("once", "x")).await.unwrap_err();
+    let refused = unkeyed.enqueue(job("once", "x")).await.unwrap_err();
     assert_eq!(refused.code(), Code::Unavailable, "{refused}");
     assert_eq!(
         observer.get_queue("once").await.err().map(|s| s.code()),
@@ -94,13 +101,12 @@ async fn an_enqueue_without_a_key_against_a_stopped_broker_is_attempted_once() {
         "the enqueue must not have reached the live node"
     );
     // The failure moved the client on: the next call goes to the live node.
-    assert_eq!(client.current_address(), broker.addr);
-    let sent = client.enqueue(job("once", "y")).await.unwrap();
+    assert_eq!(unkeyed.current_address(), second.addr);
+    let sent = unkeyed.enqueue(job("once", "y")).await.unwrap();
     assert!(!sent.job_id.is_empty());
 
     // With a dedup key the same enqueue is repeated on the next node, and lands.
-    let client = Client::new(options()).unwrap();
-    let sent = client
+    let sent = keyed
         .enqueue(job("once", "z").with_dedup_key("z"))
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use jobbroker::v1::JobState;
-use jobbroker::{Client, RunError, ShutdownHandle, Worker};
+use jobbroker::{Client, ClientOptions, RunError, ShutdownHandle, Worker};
 use tokio::task::JoinHandle;
 
 /// The retries queue: 3 attempts, 50 ms backoff without jitter, 1 s lease.
@@ -117,6 +117,129 @@ impl Drop for Broker {
     }
 }
 
+/// A real cluster: etcd and three broker nodes (every partition replicated on all three) on
+/// loopback, as `tests/lib/cluster.sh` runs them. Started once per test file; on drop the
+/// nodes still running are killed, then etcd, each by its own PID.
+pub struct Cluster {
+    /// The nodes' addresses, node-0 first: what a client of the cluster is given.
+    pub addresses: Vec<String>,
+    /// `None` once [`Cluster::kill9`] killed it.
+    nodes: Vec<Option<Child>>,
+    etcd: Child,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts the cluster with `partitions` partitions and returns once every partition has
+    /// a leader and all three nodes in sync (panics after 60 s).
+    pub async fn start(partitions: u32) -> Self {
+        let dir = TempDir::new("cluster");
+        let etcd_url = format!("http://{}", stopped_address());
+        let etcd_log = std::fs::File::create(dir.0.join("etcd.log")).unwrap();
+        let etcd = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(dir.0.join("etcd"))
+            .args(["--listen-client-urls", &etcd_url])
+            .args(["--advertise-client-urls", &etcd_url])
+            .arg("--listen-peer-urls")
+            .arg(format!("http://{}", stopped_address()))
+            .stdin(Stdio::null())
+            .stdout(etcd_log.try_clone().unwrap())
+            .stderr(etcd_log)
+            .spawn()
+            .expect("start etcd (Debian's etcd-server, on PATH)");
+        let addresses: Vec<String> = (0..3).map(|_| stopped_address()).collect();
+        let mut cluster = Cluster {
+            addresses: addresses.clone(),
+            nodes: Vec::new(),
+            etcd,
+            _dir: dir,
+        };
+        // All three at once: a node may wait for the others before it serves.
+        let mut serving = Vec::new();
+        for (n, address) in addresses.iter().enumerate() {
+            let node_dir = cluster._dir.0.join(format!("node-{n}"));
+            std::fs::create_dir_all(&node_dir).unwrap();
+            let args: Vec<String> = [
+                "--partitions",
+                &partitions.to_string(),
+                "--cluster-etcd",
+                &etcd_url,
+                "--node-id",
+                &format!("node-{n}"),
+                "--cluster-initial-nodes",
+                "3",
+            ]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+            let (child, printed) = spawn_broker(&node_dir, address, None, &args);
+            cluster.nodes.push(Some(child));
+            serving.push(printed);
+        }
+        for (n, printed) in serving.into_iter().enumerate() {
+            let child = cluster.nodes[n].as_mut().unwrap();
+            assert_eq!(
+                await_serving(child, printed),
+                addresses[n],
+                "node-{n} serves elsewhere"
+            );
+        }
+        cluster.wait_until_settled().await;
+        cluster
+    }
+
+    /// Until every partition has a leader and all three nodes in sync.
+    async fn wait_until_settled(&self) {
+        let client = Client::new(ClientOptions::new().addresses(self.addresses.clone())).unwrap();
+        let give_up = tokio::time::Instant::now() + CLUSTER_GIVE_UP;
+        loop {
+            let answer = client.get_cluster().await;
+            if let Ok(info) = &answer
+                && !info.partitions.is_empty()
+                && info
+                    .partitions
+                    .iter()
+                    .all(|p| !p.leader_node_id.is_empty() && p.in_sync.len() == 3)
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "the cluster did not settle within {CLUSTER_GIVE_UP:?}: {answer:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// kill -9 of the node at `address`: a dead machine.
+    pub fn kill9(&mut self, address: &str) {
+        let at = self
+            .addresses
+            .iter()
+            .position(|a| a == address)
+            .unwrap_or_else(|| panic!("no node at {address}"));
+        if let Some(mut child) = self.nodes[at].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.nodes.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = self.etcd.kill();
+        let _ = self.etcd.wait();
+    }
+}
+
+/// How long a cluster may take to settle, or to elect a new leader after a kill.
+pub const CLUSTER_GIVE_UP: Duration = Duration::from_secs(60);
+
 /// Polls Admin.GetJob until the job is in `state`; panics after GIVE_UP.
 pub async fn wait_for_state(client: &Client, job_id: &str, state: JobState) -> jobbroker::v1::Job {
     let give_up = tokio::time::Instant::now() + GIVE_UP;
@@ -142,6 +265,18 @@ fn launch(
     config: Option<&str>,
     extra_args: &[String],
 ) -> (Child, String) {
+    let (mut child, serving) = spawn_broker(dir, listen, config, extra_args);
+    let addr = await_serving(&mut child, serving);
+    (child, addr)
+}
+
+/// Starts the broker binary; the receiver gets the address it prints once it serves.
+fn spawn_broker(
+    dir: &Path,
+    listen: &str,
+    config: Option<&str>,
+    extra_args: &[String],
+) -> (Child, mpsc::Receiver<String>) {
     let bin = std::env::var_os("JOBBROKER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("build/server/jobbroker"));
@@ -201,15 +336,20 @@ fn launch(
             eprint!("[broker] {}", String::from_utf8_lossy(&sink));
         }
     });
-    let addr = match ready_rx.recv_timeout(GIVE_UP) {
+    (child, ready_rx)
+}
+
+/// The address the broker printed once it served; kills it and panics if it printed none in
+/// time.
+fn await_serving(child: &mut Child, ready_rx: mpsc::Receiver<String>) -> String {
+    match ready_rx.recv_timeout(GIVE_UP) {
         Ok(addr) => addr,
         Err(_) => {
             let _ = child.kill();
             let _ = child.wait();
             panic!("broker did not print its serving line");
         }
-    };
-    (child, addr)
+    }
 }
 
 /// An address nothing listens on: a broker that is stopped.

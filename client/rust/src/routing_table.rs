@@ -1,0 +1,247 @@
+//! Which broker address a call goes to, from one answer of `Admin.GetCluster`.
+
+use std::collections::HashMap;
+
+use crate::partition::{partition_of_job_id, partition_of_queue};
+use crate::v1;
+
+/// The leader of each partition, as one `Admin.GetCluster` answer names them. A value: the
+/// router builds a new one when leadership moves.
+///
+/// Every lookup answers an address: a partition without a leader, a leader listed as not
+/// alive, or a job id of no known form go to [`RoutingTable::any_address`], a live node that
+/// forwards the call (or answers `UNAVAILABLE` naming the partition). A broker outside a
+/// cluster (empty `cluster_name`) is reached only at the address it answered on: its own
+/// idea of its address may be a listen address such as `0.0.0.0:7070`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RoutingTable {
+    is_cluster: bool,
+    partition_count: u32,
+    answered_by: String,
+    /// By partition number; empty where the partition has no live leader with an address.
+    leaders: Vec<String>,
+    alive_nodes: Vec<String>,
+    other_nodes: Vec<String>,
+}
+
+impl RoutingTable {
+    /// From `info`, answered by the broker the client reached at `answered_by`.
+    pub fn from_cluster_info(info: &v1::ClusterInfo, answered_by: &str) -> Self {
+        let mut table = Self::single_broker(answered_by);
+        if info.cluster_name.is_empty() {
+            return table;
+        }
+        table.is_cluster = true;
+        table.partition_count = info.partition_count.max(1);
+        let nodes: HashMap<&str, &v1::NodeInfo> = info
+            .nodes
+            .iter()
+            .map(|node| (node.node_id.as_str(), node))
+            .collect();
+        for node in info.nodes.iter().filter(|n| !n.address.is_empty()) {
+            let list = if node.alive {
+                &mut table.alive_nodes
+            } else {
+                &mut table.other_nodes
+            };
+            list.push(node.address.clone());
+        }
+        table.leaders = vec![String::new(); table.partition_count as usize];
+        for partition in &info.partitions {
+            if partition.partition >= table.partition_count || partition.leader_node_id.is_empty() {
+                continue;
+            }
+            let leader = nodes.get(partition.leader_node_id.as_str());
+            // A leader listed as not alive is about to lose its partition: any node knows
+            // better where the calls go.
+            if leader.is_some_and(|node| !node.alive) {
+                continue;
+            }
+            let mut address = partition.leader_address.clone();
+            if address.is_empty() {
+                address = leader.map(|node| node.address.clone()).unwrap_or_default();
+            }
+            table.leaders[partition.partition as usize] = address;
+        }
+        table
+    }
+
+    /// For a broker that answered but does not say what the cluster is (an error from
+    /// `GetCluster`): every call goes to `address`, which forwards what it does not lead.
+    pub fn single_broker(address: &str) -> Self {
+        Self {
+            partition_count: 1,
+            answered_by: address.to_string(),
+            ..Self::default()
+        }
+    }
+
+    /// False for a broker outside a cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.is_cluster
+    }
+
+    /// True before any broker answered.
+    pub fn is_empty(&self) -> bool {
+        self.answered_by.is_empty()
+    }
+
+    /// A live node, for calls any node serves: the one that answered, which was reachable.
+    pub fn any_address(&self) -> &str {
+        &self.answered_by
+    }
+
+    /// The leader of `partition`; [`Self::any_address`] if it has none.
+    pub fn address_of_partition(&self, partition: u32) -> &str {
+        match self.leaders.get(partition as usize) {
+            Some(leader) if self.is_cluster && !leader.is_empty() => leader,
+            _ => self.any_address(),
+        }
+    }
+
+    /// The leader of the partition `queue` lives in.
+    pub fn address_of_queue(&self, queue: &str) -> &str {
+        if !self.is_cluster {
+            return self.any_address();
+        }
+        self.address_of_partition(partition_of_queue(queue, self.partition_count))
+    }
+
+    /// The leader of the partition job `job_id` lives in; [`Self::any_address`] for an id of
+    /// another form (the broker answers `NOT_FOUND` or `INVALID_ARGUMENT` for it).
+    pub fn address_of_job(&self, job_id: &str) -> &str {
+        if !self.is_cluster {
+            return self.any_address();
+        }
+        match partition_of_job_id(job_id, self.partition_count) {
+            Some(partition) => self.address_of_partition(partition),
+            None => self.any_address(),
+        }
+    }
+
+    /// Where to ask `GetCluster` again: every node listed alive, in the order listed, then
+    /// those not alive; only [`Self::any_address`] outside a cluster.
+    pub fn node_addresses(&self) -> Vec<String> {
+        if !self.is_cluster {
+            return if self.is_empty() {
+                Vec::new()
+            } else {
+                vec![self.answered_by.clone()]
+            };
+        }
+        self.alive_nodes
+            .iter()
+            .chain(&self.other_nodes)
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, address: &str, alive: bool) -> v1::NodeInfo {
+        v1::NodeInfo {
+            node_id: id.into(),
+            address: address.into(),
+            alive,
+        }
+    }
+
+    fn led_by(partition: u32, leader: &str, address: &str) -> v1::PartitionInfo {
+        v1::PartitionInfo {
+            partition,
+            leader_node_id: leader.into(),
+            leader_address: address.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Three nodes (n2 not alive), four partitions: 0 led by n0, 1 by n1 (its address only in
+    /// the node list), 2 by n2, 3 by nobody.
+    fn three_nodes() -> v1::ClusterInfo {
+        v1::ClusterInfo {
+            cluster_name: "jobbroker".into(),
+            partition_count: 4,
+            nodes: vec![
+                node("n0", "10.0.0.1:7070", true),
+                node("n1", "10.0.0.2:7070", true),
+                node("n2", "10.0.0.3:7070", false),
+            ],
+            partitions: vec![
+                led_by(0, "n0", "10.0.0.1:7070"),
+                led_by(1, "n1", ""),
+                led_by(2, "n2", "10.0.0.3:7070"),
+                led_by(3, "", ""),
+            ],
+            node_id: "n1".into(),
+            ..Default::default()
+        }
+    }
+
+    /// A queue whose partition among `count` is `partition`.
+    fn queue_in(partition: u32, count: u32) -> String {
+        (0..)
+            .map(|i| format!("q{i}"))
+            .find(|q| partition_of_queue(q, count) == partition)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_live_leader_gets_its_partitions_calls() {
+        let table = RoutingTable::from_cluster_info(&three_nodes(), "10.0.0.2:7070");
+        assert!(table.is_cluster());
+        assert_eq!(table.address_of_partition(0), "10.0.0.1:7070");
+        assert_eq!(table.address_of_queue(&queue_in(0, 4)), "10.0.0.1:7070");
+        // No leader_address: the node list tells it.
+        assert_eq!(table.address_of_queue(&queue_in(1, 4)), "10.0.0.2:7070");
+        // A job id's partition field is characters 10..13: "001" is 1.
+        let job_in_partition_1 = "01ARZ3NDEK001XYZ0123456789";
+        assert_eq!(table.address_of_job(job_in_partition_1), "10.0.0.2:7070");
+    }
+
+    #[test]
+    fn a_leader_not_alive_or_no_leader_sends_the_call_to_the_node_that_answered() {
+        let table = RoutingTable::from_cluster_info(&three_nodes(), "10.0.0.2:7070");
+        assert_eq!(table.address_of_partition(2), "10.0.0.2:7070");
+        assert_eq!(table.address_of_queue(&queue_in(3, 4)), "10.0.0.2:7070");
+        assert_eq!(table.address_of_partition(9), "10.0.0.2:7070");
+        assert_eq!(table.address_of_job("not-a-job-id"), "10.0.0.2:7070");
+        // The dead node is asked last when the table is fetched again.
+        assert_eq!(
+            table.node_addresses(),
+            ["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"]
+        );
+    }
+
+    #[test]
+    fn a_broker_outside_a_cluster_gets_every_call_at_the_address_it_answered_on() {
+        let single = v1::ClusterInfo {
+            cluster_name: String::new(),
+            partition_count: 1,
+            nodes: vec![node("solo", "0.0.0.0:7070", true)],
+            partitions: vec![led_by(0, "solo", "0.0.0.0:7070")],
+            ..Default::default()
+        };
+        let table = RoutingTable::from_cluster_info(&single, "broker.example:7070");
+        assert!(!table.is_cluster());
+        assert_eq!(table.address_of_queue("emails"), "broker.example:7070");
+        assert_eq!(
+            table.address_of_job("01ARZ3NDEK001XYZ0123456789"),
+            "broker.example:7070"
+        );
+        assert_eq!(table.node_addresses(), ["broker.example:7070"]);
+        assert_eq!(
+            RoutingTable::single_broker("b:1"),
+            RoutingTable::from_cluster_info(&v1::ClusterInfo::default(), "b:1")
+        );
+    }
+
+    #[test]
+    fn an_empty_table_knows_no_address() {
+        let table = RoutingTable::default();
+        assert!(table.is_empty());
+        assert!(table.node_addresses().is_empty());
+    }
+}
