@@ -13,6 +13,8 @@ cd "$here"
 missing=()
 command -v ruby >/dev/null || missing+=(ruby)
 command -v grpc_tools_ruby_protoc >/dev/null || missing+=(ruby-grpc-tools)
+# The cluster tests' etcd (test/cluster_routing_test.rb).
+command -v etcd >/dev/null || missing+=(etcd-server)
 if command -v ruby >/dev/null; then
   ruby -e 'require "grpc"' 2>/dev/null || missing+=(ruby-grpc)
   ruby -e 'require "minitest"' 2>/dev/null || missing+=(ruby-minitest)

@@ -204,3 +204,130 @@ def dead_address
   server.close
   "127.0.0.1:#{port}"
 end
+
+# A real cluster on loopback, as tests/lib/cluster.sh starts one: Debian's etcd and three
+# jobbroker nodes (`partitions` partitions, each replicated on all three), their data and logs
+# in a fresh directory. #initialize returns once every partition has a leader and all three
+# nodes in sync. Stopped by PID: the nodes, then etcd.
+class ClusterProcess
+  NODES = 3
+  # A job failed by a node's death runs again at once.
+  CONFIG = {
+    "defaultPolicy" => {
+      "retry" => { "maxAttempts" => 5, "initialBackoff" => "0.1s", "maxBackoff" => "0.1s" }
+    }
+  }.freeze
+
+  attr_reader :addresses, :dir
+
+  def initialize(partitions: 4)
+    @dir = Dir.mktmpdir("jobbroker-ruby-cluster-")
+    etcd_url = "http://#{dead_address}"
+    @etcd_pid = Process.spawn("etcd", "--data-dir", path("etcd"),
+                              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+                              "--listen-peer-urls", "http://#{dead_address}",
+                              out: path("etcd.log"), err: %i[child out])
+    File.write(path("config.json"), JSON.generate(CONFIG))
+    @addresses = Array.new(NODES) { dead_address }
+    @node_pids = @addresses.each_with_index.map do |address, n|
+      Process.spawn(BrokerProcess.binary, "--listen", address, "--http-listen", "127.0.0.1:0",
+                    "--data-dir", path("node-#{n}"), "--partitions", partitions.to_s,
+                    "--cluster-etcd", etcd_url, "--node-id", "node-#{n}",
+                    "--cluster-initial-nodes", NODES.to_s, "--config", path("config.json"),
+                    "--log-level", "warn", out: path("node-#{n}.log"), err: %i[child out])
+    end
+    wait_until_settled(partitions)
+  rescue StandardError
+    stop
+    raise
+  end
+
+  def path(name)
+    File.join(@dir, name)
+  end
+
+  # The ClusterInfo, asked of every node in turn.
+  def info
+    @admin ||= Jobbroker::Client.new(addresses: @addresses, deadline: 5)
+    @admin.get_cluster
+  end
+
+  # The address of partition `partition`'s leader in `cluster_info`; nil while it has none.
+  def self.leader_address(cluster_info, partition)
+    part = cluster_info.partitions.find { |p| p.partition == partition }
+    return nil if part.nil? || part.leader_node_id.empty?
+    return part.leader_address unless part.leader_address.empty?
+
+    cluster_info.nodes.find { |node| node.node_id == part.leader_node_id }&.address
+  end
+
+  # Until every partition has a leader among the nodes still running, for up to `timeout`
+  # seconds; returns that ClusterInfo.
+  def wait_for_live_leaders(timeout: 60)
+    give_up_at = Time.now + timeout
+    loop do
+      current = live_leaders_info
+      return current if current
+      raise "not every partition had a live leader within #{timeout}s; logs in #{@dir}" if
+        Time.now > give_up_at
+
+      sleep 0.2
+    end
+  end
+
+  # kill -9 of the node at `address`: a dead machine.
+  def kill9(address)
+    n = @addresses.index(address) or raise "no node at #{address}"
+    Process.kill("KILL", @node_pids[n])
+    Process.wait(@node_pids[n])
+    @node_pids[n] = nil
+  end
+
+  def stop
+    @admin&.close
+    @node_pids&.compact&.each { |pid| Process.kill("TERM", pid) }
+    @node_pids&.compact&.each do |pid|
+      Timeout.timeout(30) { Process.wait(pid) }
+    rescue Timeout::Error
+      Process.kill("KILL", pid)
+      Process.wait(pid)
+    end
+    @node_pids = nil
+    if @etcd_pid
+      Process.kill("KILL", @etcd_pid)
+      Process.wait(@etcd_pid)
+      @etcd_pid = nil
+    end
+    FileUtils.remove_entry(@dir) if @dir && !ENV["KEEP_CLUSTER_LOGS"]
+  end
+
+  private
+
+  def wait_until_settled(partitions)
+    give_up_at = Time.now + 60
+    until settled?(partitions)
+      if Time.now > give_up_at
+        logs = Dir[path("node-*.log")].map { |f| "#{f}:\n#{File.read(f).lines.last(5).join}" }
+        raise "the cluster did not settle within 60 s:\n#{logs.join}"
+      end
+      sleep 0.2
+    end
+  end
+
+  def live_leaders_info
+    current = info
+    live = @addresses.each_index.select { |n| @node_pids[n] }.map { |n| @addresses[n] }
+    leaders = (0...current.partition_count).map { |p| self.class.leader_address(current, p) }
+    current if leaders.all? { |address| live.include?(address) }
+  rescue GRPC::BadStatus
+    nil
+  end
+
+  def settled?(partitions)
+    current = info
+    current.partitions.size == partitions &&
+      current.partitions.all? { |p| !p.leader_node_id.empty? && p.in_sync.size == NODES }
+  rescue GRPC::BadStatus
+    false
+  end
+end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "jobbroker/options"
+require "jobbroker/router"
 
 module Jobbroker
   # The job ended FAILED or CANCELLED while #enqueue_and_wait waited for it. #job is the final
@@ -37,12 +38,19 @@ module Jobbroker
   #
   # Every unary call has the options' deadline (10 s) unless it names its own (`deadline:`
   # seconds, or a Time). A call is retried after UNAVAILABLE (3 attempts in all, 0.1 s then
-  # 0.2 s apart, each on the next address) only when repeating it cannot do the work twice:
+  # 0.2 s apart, each routed again: see below) only when repeating it cannot do the work twice:
   # reads, Heartbeat/Ack/Fail/Release (a repeated answer for the same lease is answered as the
   # first), idempotent settings (UpdateQueuePolicy, Pause/ResumeQueue, PutSchedule), and
   # Enqueue/EnqueueBatch when every job has a dedup_key. An enqueue without one is tried once:
   # the broker may have stored the job before the connection broke, and only the caller can
   # tell whether a second copy is harmless.
+  #
+  # In a cluster each call goes straight to the leader of its partition (the queue's, or the
+  # job's for calls that name a job id), as the latest Admin.GetCluster answer says; calls any
+  # node serves go to the node that answered. A retry, and the first call after one failed
+  # UNAVAILABLE or DEADLINE_EXCEEDED, asks GetCluster again first: the leader may have moved.
+  # A broker that is not a cluster, or that will not answer GetCluster, is used as before:
+  # the given addresses in turn (Router).
   #
   # Producer middleware (#use) wraps every enqueue, outermost first.
   #
@@ -62,27 +70,32 @@ module Jobbroker
       option_fields[:deadline] = timeout if timeout
       option_fields[:address] = address if address
       @options = options ? options.with(**option_fields) : Options.new(**option_fields)
-      @connection = Connection.new(@options)
+      @router = Router.new(Connection.new(@options))
       @middleware = []
     end
 
-    # The address calls go to now (the first one, until one was UNAVAILABLE).
+    # Where calls go (Router): its #observer sees the address of every call.
+    attr_reader :router
+
+    # The address of calls any node serves: in a cluster the node that answered GetCluster,
+    # else the given address calls go to now (the first one, until one was UNAVAILABLE).
     def address
-      @connection.address
+      @router.any_address
     end
 
-    # The generated stubs for the current address, for what the methods here do not wrap.
+    # The generated stubs for the address of calls any node serves, for what the methods here
+    # do not wrap.
     def broker
-      @connection.stub(V1::Broker)
+      @router.stub(V1::Broker, @router.target(Router::Route::ANY))
     end
 
     def admin
-      @connection.stub(V1::Admin)
+      @router.stub(V1::Admin, @router.target(Router::Route::ANY))
     end
 
     # Closes the channels; a later call connects again.
     def close
-      @connection.close
+      @router.close
     end
 
     # Adds a producer middleware: `call(jobs, next_call)` (a lambda, an object, or a block with
@@ -110,8 +123,9 @@ module Jobbroker
     def enqueue(queue, payload = nil, deadline: nil, **options)
       request = self.class.enqueue_request(queue, payload, **options)
       through_middleware([request]) do |jobs|
-        [unary(V1::Broker, :enqueue, jobs.first, retry_safe: !jobs.first.dedup_key.empty?,
-                                                 deadline: deadline)]
+        job = jobs.first
+        [unary(V1::Broker, :enqueue, job, route: Router::Route.queue(job.queue),
+                                          retry_safe: !job.dedup_key.empty?, deadline: deadline)]
       end.first
     end
 
@@ -125,8 +139,11 @@ module Jobbroker
       end
       through_middleware(requests) do |jobs|
         safe = jobs.all? { |job| !job.dedup_key.empty? }
+        # All or nothing within one partition: the leader of the first job's queue, which
+        # refuses a batch that spans partitions (INVALID_ARGUMENT naming them).
+        route = jobs.empty? ? Router::Route::ANY : Router::Route.queue(jobs.first.queue)
         unary(V1::Broker, :enqueue_batch, V1::EnqueueBatchRequest.new(jobs: jobs),
-              retry_safe: safe, deadline: deadline).results.to_a
+              route: route, retry_safe: safe, deadline: deadline).results.to_a
       end
     end
 
@@ -148,9 +165,9 @@ module Jobbroker
       loop do
         raise WaitTimeout.new(job_id, wait_timeout) if give_up_at && Time.now >= give_up_at
 
-        index = @connection.current_index
+        target = @router.target(Router::Route.job(job_id))
         begin
-          watch_job(job_id, deadline: give_up_at).each do |job|
+          watch(target, job_id, give_up_at).each do |job|
             next unless TERMINAL_STATES.include?(job.state)
             raise JobFailed, job unless job.state == :JOB_STATE_COMPLETED
 
@@ -162,7 +179,7 @@ module Jobbroker
         rescue GRPC::DeadlineExceeded
           raise WaitTimeout.new(job_id, wait_timeout)
         rescue GRPC::Unavailable
-          @connection.advance(index)
+          @router.call_failed(target, unavailable: true)
           attempt += 1
           sleep(retry_pause(attempt))
         end
@@ -178,7 +195,8 @@ module Jobbroker
                                      lease_duration: Jobbroker.duration(lease_duration),
                                      wait: Jobbroker.duration(wait))
       deadline ||= @options.deadline && @options.deadline + wait.to_f
-      unary(V1::Broker, :lease, request, retry_safe: false, deadline: deadline).jobs.to_a
+      unary(V1::Broker, :lease, request, route: Router::Route.queue(queue), retry_safe: false,
+                                         deadline: deadline).jobs.to_a
     end
 
     # Extends a lease (by `extend_by` seconds, else its own length), saving `checkpoint` and
@@ -188,14 +206,16 @@ module Jobbroker
                                          extend_by: Jobbroker.duration(extend_by))
       request.checkpoint = checkpoint.b if checkpoint
       request.progress = Jobbroker.payload_bytes(progress) if progress
-      unary(V1::Broker, :heartbeat, request, retry_safe: true, deadline: deadline)
+      unary(V1::Broker, :heartbeat, request, route: Router::Route.job(job_id), retry_safe: true,
+                                         deadline: deadline)
     end
 
     # Completes the job with `result` (a String as it is, anything else as JSON).
     def ack(job_id, lease_id, result = nil, deadline: nil)
       request = V1::AckRequest.new(job_id: job_id, lease_id: lease_id,
                                    result: Jobbroker.payload_bytes(result))
-      unary(V1::Broker, :ack, request, retry_safe: true, deadline: deadline)
+      unary(V1::Broker, :ack, request, route: Router::Route.job(job_id), retry_safe: true,
+                                         deadline: deadline)
       nil
     end
 
@@ -205,14 +225,16 @@ module Jobbroker
       request = V1::FailRequest.new(job_id: job_id, lease_id: lease_id, error: error.to_s,
                                     permanent: permanent,
                                     retry_after: Jobbroker.duration(retry_after))
-      unary(V1::Broker, :fail, request, retry_safe: true, deadline: deadline)
+      unary(V1::Broker, :fail, request, route: Router::Route.job(job_id), retry_safe: true,
+                                         deadline: deadline)
     end
 
     # Gives the job back unstarted; with `delay` (seconds) it is snoozed that long.
     def release(job_id, lease_id, delay: nil, deadline: nil)
       request = V1::ReleaseRequest.new(job_id: job_id, lease_id: lease_id,
                                        delay: Jobbroker.duration(delay))
-      unary(V1::Broker, :release, request, retry_safe: true, deadline: deadline)
+      unary(V1::Broker, :release, request, route: Router::Route.job(job_id), retry_safe: true,
+                                         deadline: deadline)
       nil
     end
 
@@ -220,14 +242,14 @@ module Jobbroker
 
     # The job (Jobbroker::V1::Job). GRPC::NotFound if unknown.
     def get_job(job_id, deadline: nil)
-      admin_call(:get_job, V1::GetJobRequest.new(job_id: job_id), deadline: deadline)
+      admin_call(:get_job, V1::GetJobRequest.new(job_id: job_id),
+                 route: Router::Route.job(job_id), deadline: deadline)
     end
 
     # The job now, then once per change until it ends: an Enumerator of Jobs (or, with a
     # block, yields each and returns nil). No deadline unless given (seconds or a Time).
     def watch_job(job_id, deadline: nil, &block)
-      stream = @connection.stub(V1::Admin).watch_job(V1::WatchJobRequest.new(job_id: job_id),
-                                                     deadline: absolute(deadline))
+      stream = watch(@router.target(Router::Route.job(job_id)), job_id, absolute(deadline))
       return stream unless block
 
       stream.each(&block)
@@ -241,7 +263,7 @@ module Jobbroker
       request = V1::ListJobsRequest.new(queue: queue.to_s, state: Jobbroker.job_state(state),
                                         page_size: page_size, page_token: page_token,
                                         newest_first: newest_first, dedup_key: dedup_key)
-      admin_call(:list_jobs, request, deadline: deadline)
+      admin_call(:list_jobs, request, route: Router::Route.queue(queue), deadline: deadline)
     end
 
     # Every job of the queue (in `state`), page after page: an Enumerator of Jobs.
@@ -262,7 +284,7 @@ module Jobbroker
     # Job. Not retried: a repeat of a cancel that went through is FAILED_PRECONDITION.
     def cancel_job(job_id, deadline: nil)
       unary(V1::Admin, :cancel_job, V1::CancelJobRequest.new(job_id: job_id),
-            retry_safe: false, deadline: deadline)
+            route: Router::Route.job(job_id), retry_safe: false, deadline: deadline)
     end
 
     # A FAILED or CANCELLED job back to READY (`job_id`), or with `queue:` every such job of
@@ -272,13 +294,14 @@ module Jobbroker
       request = V1::RetryJobRequest.new(job_id: job_id.to_s, queue: queue.to_s,
                                         state: Jobbroker.job_state(state), dry_run: dry_run,
                                         limit: limit)
-      unary(V1::Admin, :retry_job, request, retry_safe: dry_run, deadline: deadline)
+      route = queue.to_s.empty? ? Router::Route.job(job_id) : Router::Route.queue(queue)
+      unary(V1::Admin, :retry_job, request, route: route, retry_safe: dry_run, deadline: deadline)
     end
 
     # Removes a job that is not ACTIVE.
     def delete_job(job_id, deadline: nil)
       unary(V1::Admin, :delete_job, V1::DeleteJobRequest.new(job_id: job_id),
-            retry_safe: false, deadline: deadline)
+            route: Router::Route.job(job_id), retry_safe: false, deadline: deadline)
       nil
     end
 
@@ -286,12 +309,14 @@ module Jobbroker
 
     # Every queue the token may see: an Array of QueueInfo.
     def list_queues(deadline: nil)
-      admin_call(:list_queues, V1::ListQueuesRequest.new, deadline: deadline).queues.to_a
+      admin_call(:list_queues, V1::ListQueuesRequest.new, route: Router::Route::ANY,
+                                                          deadline: deadline).queues.to_a
     end
 
     # The queue's QueueInfo (effective policy, counts by state). GRPC::NotFound if unknown.
     def get_queue(queue, deadline: nil)
-      admin_call(:get_queue, V1::GetQueueRequest.new(queue: queue.to_s), deadline: deadline)
+      admin_call(:get_queue, V1::GetQueueRequest.new(queue: queue.to_s),
+                 route: Router::Route.queue(queue), deadline: deadline)
     end
 
     # Changes the queue's policy at run time: a V1::QueuePolicy, or its fields as a Hash or
@@ -300,24 +325,27 @@ module Jobbroker
     def update_queue_policy(queue, policy = nil, reset: false, deadline: nil, **fields)
       policy = Jobbroker.message(V1::QueuePolicy, policy || fields)
       request = V1::UpdateQueuePolicyRequest.new(queue: queue.to_s, policy: policy, reset: reset)
-      admin_call(:update_queue_policy, request, deadline: deadline)
+      admin_call(:update_queue_policy, request, route: Router::Route.queue(queue),
+                                                deadline: deadline)
     end
 
     # Stops leasing from the queue (enqueues go on). Returns the QueueInfo.
     def pause_queue(queue, deadline: nil)
-      admin_call(:pause_queue, V1::PauseQueueRequest.new(queue: queue.to_s), deadline: deadline)
+      admin_call(:pause_queue, V1::PauseQueueRequest.new(queue: queue.to_s),
+                 route: Router::Route.queue(queue), deadline: deadline)
     end
 
     def resume_queue(queue, deadline: nil)
       admin_call(:resume_queue, V1::ResumeQueueRequest.new(queue: queue.to_s),
-                 deadline: deadline)
+                 route: Router::Route.queue(queue), deadline: deadline)
     end
 
     # Removes the queue's jobs in `states` (default: every terminal state). Returns how many.
     def purge_queue(queue, states: [], deadline: nil)
       request = V1::PurgeQueueRequest.new(queue: queue.to_s,
                                           states: states.map { |s| Jobbroker.job_state(s) })
-      unary(V1::Admin, :purge_queue, request, retry_safe: false, deadline: deadline).purged
+      unary(V1::Admin, :purge_queue, request, route: Router::Route.queue(queue), retry_safe: false,
+                                              deadline: deadline).purged
     end
 
     # --- Admin: cluster and workers ---
@@ -325,13 +353,14 @@ module Jobbroker
     # The ClusterInfo (nodes, partitions and their leaders); a single node answers as a
     # cluster of one.
     def get_cluster(deadline: nil)
-      admin_call(:get_cluster, V1::GetClusterRequest.new, deadline: deadline)
+      admin_call(:get_cluster, V1::GetClusterRequest.new, route: Router::Route::ANY,
+                                                          deadline: deadline)
     end
 
     # The workers connected now (of `queue`, if given): an Array of WorkerInfo.
     def list_workers(queue: "", deadline: nil)
       admin_call(:list_workers, V1::ListWorkersRequest.new(queue: queue.to_s),
-                 deadline: deadline).workers.to_a
+                 route: Router::Route::ANY, deadline: deadline).workers.to_a
     end
 
     # --- Admin: schedules ---
@@ -356,25 +385,27 @@ module Jobbroker
                      catch_up: catch_up ? Jobbroker.enum_value("SCHEDULE_CATCH_UP", catch_up) : 0
                    )
                  end
-      admin_call(:put_schedule, V1::PutScheduleRequest.new(schedule: schedule), deadline: deadline)
+      admin_call(:put_schedule, V1::PutScheduleRequest.new(schedule: schedule),
+                 route: Router::Route.queue(schedule.template&.queue), deadline: deadline)
     end
 
     # The Schedule. GRPC::NotFound if unknown.
     def get_schedule(schedule_id, deadline: nil)
       admin_call(:get_schedule, V1::GetScheduleRequest.new(schedule_id: schedule_id),
-                 deadline: deadline)
+                 route: Router::Route::ANY, deadline: deadline)
     end
 
     # Every schedule (of `queue`, if given): an Array of Schedule, by id.
     def list_schedules(queue: "", deadline: nil)
+      route = queue.to_s.empty? ? Router::Route::ANY : Router::Route.queue(queue)
       admin_call(:list_schedules, V1::ListSchedulesRequest.new(queue: queue.to_s),
-                 deadline: deadline).schedules.to_a
+                 route: route, deadline: deadline).schedules.to_a
     end
 
     # Removes the schedule; the jobs it enqueued stay.
     def delete_schedule(schedule_id, deadline: nil)
       unary(V1::Admin, :delete_schedule, V1::DeleteScheduleRequest.new(schedule_id: schedule_id),
-            retry_safe: false, deadline: deadline)
+            route: Router::Route::ANY, retry_safe: false, deadline: deadline)
       nil
     end
 
@@ -382,7 +413,7 @@ module Jobbroker
     def trigger_schedule(schedule_id, deadline: nil)
       unary(V1::Admin, :trigger_schedule,
             V1::TriggerScheduleRequest.new(schedule_id: schedule_id),
-            retry_safe: false, deadline: deadline)
+            route: Router::Route::ANY, retry_safe: false, deadline: deadline)
     end
 
     # Builds an EnqueueRequest from keyword options (see #enqueue).
@@ -405,22 +436,26 @@ module Jobbroker
     private
 
     # Reads and idempotent settings: always safe to repeat.
-    def admin_call(method, request, deadline:)
-      unary(V1::Admin, method, request, retry_safe: true, deadline: deadline)
+    def admin_call(method, request, route:, deadline:)
+      unary(V1::Admin, method, request, route: route, retry_safe: true, deadline: deadline)
     end
 
-    # One unary call with the retry rule of the class comment. Every attempt shares one
-    # deadline, so a retried call still ends within it.
-    def unary(service, method, request, retry_safe:, deadline:)
+    # One unary call, to the node `route` (a Router::Route) names, with the retry rule of the
+    # class comment. Every attempt shares one deadline, so a retried call still ends within it;
+    # each is routed anew, after the refresh its predecessor's failure asked for.
+    def unary(service, method, request, route:, retry_safe:, deadline:)
       deadline_at = absolute(deadline.nil? ? @options.deadline : deadline)
       attempts = retry_safe ? RETRY_ATTEMPTS : 1
       attempt = 0
       begin
         attempt += 1
-        index = @connection.current_index
-        @connection.stub(service).public_send(method, request, deadline: deadline_at)
+        target = @router.target(route)
+        @router.stub(service, target, method).public_send(method, request, deadline: deadline_at)
+      rescue GRPC::DeadlineExceeded
+        @router.call_failed(target, unavailable: false)
+        raise
       rescue GRPC::Unavailable
-        @connection.advance(index)
+        @router.call_failed(target, unavailable: true)
         raise if attempt >= attempts
 
         pause = retry_pause(attempt)
@@ -429,6 +464,12 @@ module Jobbroker
         sleep(pause)
         retry
       end
+    end
+
+    # The WatchJob stream of `job_id` at `target` (an Enumerator of Jobs).
+    def watch(target, job_id, deadline_at)
+      @router.stub(V1::Admin, target, :watch_job)
+             .watch_job(V1::WatchJobRequest.new(job_id: job_id), deadline: deadline_at)
     end
 
     def retry_pause(attempt)

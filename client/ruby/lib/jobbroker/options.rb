@@ -17,8 +17,8 @@ module Jobbroker
     # WatchJob) have none: they live as long as their reader wants.
     DEFAULT_DEADLINE = 10
 
-    # addresses:    "host:port" strings tried in order: after UNAVAILABLE the next one (a
-    #               cluster's nodes; a node that does not lead a queue forwards the call).
+    # addresses:    "host:port" strings: a cluster's nodes, asked for its leaders (Router);
+    #               outside a cluster tried in order, after UNAVAILABLE the next one.
     # tls:          nil/false = plaintext; true = TLS trusting the system roots; a String = TLS
     #               trusting that CA (a file path, or the PEM itself).
     # cert, key:    the client certificate chain and its key for mutual TLS (paths or PEM);
@@ -123,8 +123,9 @@ module Jobbroker
   # do about it instead of gRPC's one-line message.
   class ForkError < StandardError; end
 
-  # The channels and stubs of one Options, one per address, made on first use. Shared by the
-  # Client and the Worker. Thread-safe.
+  # The channels and stubs of one Options, one per address, made on first use and kept; and
+  # which of the given addresses calls go to when no cluster routes them (Router). Shared by
+  # the Client and the Worker. Thread-safe.
   #
   # Fork safety: nothing is connected until the first call, and a process that finds the
   # channels were made by another process (its parent, before a fork: Puma's preload_app)
@@ -139,18 +140,29 @@ module Jobbroker
       @options = options
       @mu = Mutex.new
       @pid = nil
+      @channels = {}
       @stubs = {}
       @current = 0
     end
 
-    # The address calls go to now.
+    # The given addresses.
+    def addresses
+      @options.addresses
+    end
+
+    # The given address calls go to now.
     def address
-      @options.addresses[@current % @options.addresses.size]
+      address_at(@current)
     end
 
     # The index of the current address, for #advance.
     def current_index
       @current
+    end
+
+    # The given address at `index`, counted round.
+    def address_at(index)
+      addresses[index % addresses.size]
     end
 
     # After UNAVAILABLE from the address at `from`: calls go to the next one. A no-op when
@@ -159,25 +171,41 @@ module Jobbroker
       @mu.synchronize { @current = from + 1 if @current == from }
     end
 
-    # The generated stub `service` (V1::Broker or V1::Admin) for the current address.
-    def stub(service)
+    # Calls go to the given address at `index` (the one that answered the Router).
+    def move_to(index)
+      @mu.synchronize { @current = index }
+    end
+
+    # The generated stub `service` (V1::Broker or V1::Admin) for `address`, with the options'
+    # interceptors.
+    def stub_at(service, address)
       @mu.synchronize do
         reset_after_fork_locked
-        address = self.address
-        @stubs[[service, address]] ||= begin
-          channel = (@stubs[[:channel, address]] ||= new_channel(address))
-          # The channel carries the credentials; the stub's own argument is then unused.
-          service::Stub.new(address, :this_channel_is_insecure, channel_override: channel,
-                                                                interceptors: interceptors)
-        end
+        @stubs[[service, address]] ||= new_stub(service, address, interceptors)
       end
+    end
+
+    # An Admin stub for `address` that adds only the metadata (token, client name): the
+    # Router's own GetCluster is not a call of the program, so the options' interceptors
+    # (tracing, counting the program's calls) do not see it.
+    def routing_stub(address)
+      @mu.synchronize do
+        reset_after_fork_locked
+        @stubs[[:routing, address]] ||= new_stub(V1::Admin, address, [call_metadata])
+      end
+    end
+
+    # The connectivity state of `address`'s channel (GRPC::Core::ConnectivityStates), without
+    # making it connect.
+    def channel_state(address)
+      @mu.synchronize { channel_locked(address) }.connectivity_state(false)
     end
 
     # Closes every channel; calls made afterwards connect again.
     def close
       @mu.synchronize do
-        @stubs.each { |(kind, _), channel| channel.close if kind == :channel } if
-          @pid == Process.pid
+        @channels.each_value(&:close) if @pid == Process.pid
+        @channels = {}
         @stubs = {}
       end
     end
@@ -194,17 +222,33 @@ module Jobbroker
                        "in on_worker_boot or lazily in the workers, never in the master)"
     end
 
+    def new_stub(service, address, interceptors)
+      # The channel carries the credentials; the stub's own argument is then unused.
+      service::Stub.new(address, :this_channel_is_insecure,
+                        channel_override: channel_locked(address), interceptors: interceptors)
+    end
+
+    def channel_locked(address)
+      reset_after_fork_locked
+      @channels[address] ||= new_channel(address)
+    end
+
     # Channels made by another process belong to it: forget them without closing them (that
     # would touch state the parent still uses).
     def reset_after_fork_locked
       return if @pid == Process.pid
 
+      @channels = {}
       @stubs = {}
       @pid = Process.pid
     end
 
+    def call_metadata
+      CallMetadata.new(token: @options.token)
+    end
+
     def interceptors
-      [CallMetadata.new(token: @options.token), *@options.interceptors]
+      [call_metadata, *@options.interceptors]
     end
   end
 end

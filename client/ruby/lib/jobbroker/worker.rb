@@ -4,6 +4,7 @@ require "json"
 require "logger"
 require "socket"
 require "jobbroker/job_context"
+require "jobbroker/router"
 require "jobbroker/work_session"
 
 module Jobbroker
@@ -36,6 +37,12 @@ module Jobbroker
   # graceful stop's grace) turns JobContext#cancelled? true and makes the handler's next
   # #sleep, #step or #check_cancelled! raise Cancelled; the worker cannot stop code that
   # ignores it, and such a handler keeps its slot until it returns.
+  #
+  # In a cluster the stream goes straight to the leader when every handled queue's partition
+  # has the same leader (Admin.GetCluster tells which); otherwise to any node, which relays it
+  # to each queue's leader. After a stream ends the worker asks for the cluster's layout again
+  # before it reconnects, so it follows a leader that moved or died. Outside a cluster it
+  # connects to the given addresses in turn (Router).
   #
   # Threads: `concurrency` handler threads, one timer thread (heartbeats every third of each
   # lease, time-outs, resends of answers refused UNAVAILABLE), one connection thread
@@ -77,6 +84,8 @@ module Jobbroker
     }.freeze
 
     attr_reader :worker_id, :stats, :options
+    # Where streams go (Router): its #observer sees the address of every stream opened.
+    attr_reader :router
 
     def self.monotonic
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
@@ -84,7 +93,8 @@ module Jobbroker
 
     # options:         a Jobbroker::Options (addresses, TLS, token, ...), the one a Client
     #                  takes too; default Options.new ($JOBBROKER_ADDRESS, $JOBBROKER_TOKEN).
-    #                  A stream that ends UNAVAILABLE reconnects to the next of its addresses.
+    #                  Outside a cluster, a stream that ends UNAVAILABLE reconnects to the
+    #                  next of its addresses.
     # address:, token:, credentials: shorthands that override those fields of `options`.
     # concurrency:     handlers run at once.
     # prefetch:        jobs held beyond `concurrency` (max_in_flight = concurrency + prefetch).
@@ -118,7 +128,7 @@ module Jobbroker
       @reconnect_max = reconnect_max
       @random = random
       @log = logger
-      @connection = Connection.new(@options)
+      @router = Router.new(Connection.new(@options))
       @stats = Stats.new(0, 0, 0, 0, 0)
       @mu = Mutex.new
       @cv = ConditionVariable.new
@@ -608,8 +618,9 @@ module Jobbroker
     def connection_loop
       backoff = @reconnect_initial
       until closing?
-        address_index = @connection.current_index
-        session = WorkSession.new(@connection.stub(V1::Broker), @options.metadata, self)
+        target = @router.target_for_queues(@mu.synchronize { @handlers.keys })
+        session = WorkSession.new(@router.stub(V1::Broker, target, :work), @options.metadata,
+                                  self)
         if open_session(session)
           backoff = @reconnect_initial
           @mu.synchronize { @cv.wait(@mu) until session.ended? || @closing }
@@ -623,8 +634,10 @@ module Jobbroker
           fatal!(SubscriptionRefused.new(code, session.end_message))
           break
         end
-        # A node that is down or draining: the next address (a cluster's other nodes).
-        @connection.advance(address_index) if code == GRPC::Core::StatusCodes::UNAVAILABLE
+        # The node may have died or stopped leading the queues: the next stream asks where they
+        # are now; without a cluster, one that is down or draining (UNAVAILABLE) is left for
+        # the next given address.
+        @router.call_failed(target, unavailable: code == UNAVAILABLE)
         @log.warn("stream ended (code #{code}: #{short(session.end_message)}); reconnecting")
         pause = @random.rand * backoff
         @mu.synchronize do
