@@ -25,13 +25,12 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  [[ -n "${cluster_etcd_pid:-}" ]] && cluster_stop
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 fail() {
   echo "client/cpp/test.sh: FAIL: $*" >&2
-  for log in "$tmp"/*.log "$tmp"/broker/broker.log "$tmp"/cluster/node-*.log; do
+  for log in "$tmp"/*.log "$tmp"/broker/broker.log; do
     [[ -f "$log" && "$log" != */openssl.log ]] && { echo "--- $log" >&2; tail -20 "$log" >&2; }
   done
   exit 1
@@ -124,18 +123,7 @@ echo "jobs $id (jobbroker-cli) and $id2 (examples/producer.cc) completed by the 
 kill "$secured_pid" && wait "$secured_pid" 2>/dev/null
 
 echo "== a 3-node cluster: the installed worker through a kill -9 of its queue's leader"
-# shellcheck source=../../tests/lib/cluster.sh
-source "$repo/tests/lib/cluster.sh"
-cluster_start "$broker" "$tmp/cluster" || fail "the cluster did not start"
-recipient() { printf 'c%s@example.com' "$1"; }
-start_worker() {
-  JOBBROKER_ADDRESS="$cluster_addresses" "$app/build/worker" "$queue" >"$tmp/worker.log" 2>&1 &
-  worker_pid=$!
-  pids+=("$worker_pid")
-}
 queue="cpp-cluster-$RANDOM"
-cluster_leader_kill_check "$queue" recipient start_worker || fail "the installed worker lost jobs in the cluster"
-kill -TERM "$worker_pid"
-wait "$worker_pid" || fail "the worker exited $?"
-cluster_stop
+"$repo/tests/lib/cluster_example.sh" "$broker" "$tmp/cluster" "$queue" 'c{n}@example.com' -- \
+  "$app/build/worker" "$queue" || fail "the installed worker lost jobs in the cluster"
 echo "client/cpp/test.sh: OK"

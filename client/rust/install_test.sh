@@ -26,13 +26,12 @@ broker_pid="" worker_pid=""
 cleanup() {
   [[ -n "$worker_pid" ]] && kill "$worker_pid" 2>/dev/null && wait "$worker_pid" 2>/dev/null
   [[ -n "$broker_pid" ]] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
-  [[ -n "${cluster_etcd_pid:-}" ]] && cluster_stop
   rm -rf "$tmp" "$here/proto"
 }
 trap cleanup EXIT
 fail() {
   echo "install test: $*" >&2
-  for f in "$tmp"/broker/broker.log "$tmp"/cluster/node-*.log "$tmp"/worker.log; do [[ -f "$f" ]] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
+  for f in "$tmp"/broker/broker.log "$tmp"/worker.log; do [[ -f "$f" ]] && { echo "--- $f" >&2; tail -n 30 "$f" >&2; }; done
   exit 1
 }
 
@@ -121,18 +120,6 @@ secured_broker_stop
 broker_pid=""
 
 echo "== a 3-node cluster: the example worker through a kill -9 of its queue's leader"
-# shellcheck source=../../tests/lib/cluster.sh
-source "$repo/tests/lib/cluster.sh"
-cluster_start "$broker_bin" "$tmp/cluster" || fail "the cluster did not start"
-text() { printf 'hello %s' "$1"; }
-start_worker() {
-  (cd "$tmp" && exec "$bin/worker" --address "$cluster_addresses" --queue "$queue" >"$tmp/worker.log" 2>&1) &
-  worker_pid=$!
-}
-queue="cluster-$$"
-cluster_leader_kill_check "$queue" text start_worker || fail "the example worker lost jobs in the cluster"
-kill -TERM "$worker_pid"
-wait "$worker_pid" || fail "the example worker did not stop cleanly on SIGTERM"
-worker_pid=""
-cluster_stop
+(cd "$tmp" && "$repo/tests/lib/cluster_example.sh" "$broker_bin" "$tmp/cluster" "cluster-$$" \
+  'hello {n}' -- "$bin/worker" --queue "cluster-$$") || fail "the example worker lost jobs in the cluster"
 echo "install test: passed (jobbroker $version from its .crate, example worker over TLS with a token and through a leader's kill -9 in a 3-node cluster)"

@@ -1,6 +1,6 @@
-# Sourced by the clients' install tests (next to secured_broker.sh): a real etcd and three jobbroker
-# nodes on loopback, as a cluster deployment runs them, so that each client's installed example
-# worker shows it rides out the death of its queue's leader without losing a job.
+# Sourced by cluster_example.sh, which every client's install test runs: a real etcd and three
+# jobbroker nodes on loopback, as a cluster deployment runs them, so that each client's installed
+# example worker shows it rides out the death of its queue's leader without losing a job.
 #
 # cluster_start BROKER DIR
 #   Starts etcd (Debian etcd-server) and three nodes of BROKER (2 partitions, each replicated on

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# For install tests driven from another language (Python's pytest, Ruby's minitest): the leader-kill
-# check of cluster.sh, run on a fresh 3-node cluster with COMMAND as the example worker.
+# What every client's install test runs with its installed example worker (from bash, pytest or
+# minitest): the leader-kill check of cluster.sh, on a fresh 3-node cluster, with COMMAND as the
+# example worker.
 #
 #   tests/lib/cluster_example.sh BROKER DIR QUEUE PAYLOAD -- COMMAND [ARG...]
 #

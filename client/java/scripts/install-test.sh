@@ -19,13 +19,12 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/jobbroker-java-install-XXXXXX")"
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  [[ -n "${cluster_etcd_pid:-}" ]] && cluster_stop
   rm -rf "$work"
 }
 trap cleanup EXIT
 fail() {
   echo "install-test: FAIL: $*" >&2
-  for f in broker/broker.log cluster/node-{0,1,2}.log worker.out; do [[ -f "$work/$f" ]] && { echo "--- $f" >&2; tail -20 "$work/$f" >&2; }; done
+  for f in broker/broker.log worker.out; do [[ -f "$work/$f" ]] && { echo "--- $f" >&2; tail -20 "$work/$f" >&2; }; done
   exit 1
 }
 
@@ -131,20 +130,8 @@ grep -q "^email-worker: stopped Stats\[acked=1," "$work/worker.out" || fail "the
 kill "$broker_pid" && wait "$broker_pid" 2>/dev/null
 
 echo "install-test: a 3-node cluster: the example worker through a kill -9 of its queue's leader"
-# shellcheck source=../../../tests/lib/cluster.sh
-source "$root/tests/lib/cluster.sh"
-cluster_start "$bin" "$work/cluster" || fail "the cluster did not start"
 unset JOBBROKER_TOKEN JOBBROKER_CA
-recipient() { printf 'c%s@example.com' "$1"; }
-start_worker() {
-  JOBBROKER_ADDRESS="$cluster_addresses" EMAIL_QUEUE="$queue" EMAIL_CONCURRENCY=4 \
-    java -cp "$cp" dev.jobbroker.examples.EmailWorker >"$work/worker.out" 2>&1 &
-  worker_pid=$!
-  pids+=("$worker_pid")
-}
-queue="cluster-$$"
-cluster_leader_kill_check "$queue" recipient start_worker || fail "the example worker lost jobs in the cluster"
-kill -TERM "$worker_pid"
-wait "$worker_pid" || fail "the worker exited non-zero on SIGTERM"
-cluster_stop
+EMAIL_QUEUE="cluster-$$" EMAIL_CONCURRENCY=4 "$root/tests/lib/cluster_example.sh" "$bin" "$work/cluster" \
+  "cluster-$$" 'c{n}@example.com' -- java -cp "$cp" dev.jobbroker.examples.EmailWorker ||
+  fail "the example worker lost jobs in the cluster"
 echo "install-test: OK: jobbroker-client-$version.jar installed into a temporary repository; the examples built from it ran over TLS with a token and through a leader's kill -9 in a 3-node cluster"

@@ -17,13 +17,12 @@ broker_pid=""
 cleanup() {
   if [[ -n "$broker_pid" ]]; then kill "$broker_pid" 2>/dev/null || true; wait "$broker_pid" 2>/dev/null || true; fi
   if [[ -n "${worker_pid:-}" ]]; then kill "$worker_pid" 2>/dev/null || true; wait "$worker_pid" 2>/dev/null || true; fi
-  if [[ -n "${cluster_etcd_pid:-}" ]]; then cluster_stop; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 fail() {
   echo "install-test: FAIL: $*" >&2
-  for f in "$work"/broker/broker.log "$work"/cluster/node-*.log "$work"/worker.out; do
+  for f in "$work"/broker/broker.log "$work"/worker.out; do
     [[ -f "$f" ]] && { echo "--- $f" >&2; tail -20 "$f" >&2; }
   done
   exit 1
@@ -106,19 +105,7 @@ kill "$broker_pid" && wait "$broker_pid" 2>/dev/null
 broker_pid=""
 
 echo "install-test: a 3-node cluster: the example worker through a kill -9 of its queue's leader"
-# shellcheck source=../../../tests/lib/cluster.sh
-source "$root/tests/lib/cluster.sh"
-cluster_start "$bin" "$work/cluster" || fail "the cluster did not start"
 unset JOBBROKER_TOKEN JOBBROKER_CA
-recipient() { printf '{"to": "c%s@example.com"}' "$1"; }
-start_worker() {
-  JOBBROKER_ADDRESS="$cluster_addresses" node worker.mjs "$queue" >"$work/worker.out" 2>&1 &
-  worker_pid=$!
-}
-queue="cluster-$$"
-cluster_leader_kill_check "$queue" recipient start_worker || fail "the example worker lost jobs in the cluster"
-kill -TERM "$worker_pid"
-wait "$worker_pid" || fail "the worker exited non-zero on SIGTERM"
-worker_pid=""
-cluster_stop
+"$root/tests/lib/cluster_example.sh" "$bin" "$work/cluster" "cluster-$$" '{"to": "c{n}@example.com"}' -- \
+  node worker.mjs "cluster-$$" || fail "the example worker lost jobs in the cluster"
 echo "install-test: OK: $(basename "$tgz") installed in a scratch project; ESM worker and CommonJS producer over TLS with a token; the worker through a leader's kill -9 in a 3-node cluster"
