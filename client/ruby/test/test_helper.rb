@@ -326,8 +326,23 @@ class ClusterProcess
   def settled?(partitions)
     current = info
     current.partitions.size == partitions &&
-      current.partitions.all? { |p| !p.leader_node_id.empty? && p.in_sync.size == NODES }
+      current.partitions.all? { |p| !p.leader_node_id.empty? && p.in_sync.size == NODES } &&
+      (0...partitions).all? { |p| serves?(p, partitions) }
   rescue GRPC::BadStatus
     false
+  end
+
+  # Whether a call for `partition` gets past "its leader does not serve it at this moment": a
+  # leader named in etcd may still be starting its partition (UNAVAILABLE until it serves).
+  # GetQueue of a queue there answers NOT_FOUND or the queue once it does.
+  def serves?(partition, partitions)
+    queue = (0..).lazy.map { |i| "ready.#{i}" }
+                 .find { |q| Jobbroker::Partition.of_queue(q, partitions) == partition }
+    @admin.get_queue(queue)
+    true
+  rescue GRPC::Unavailable, GRPC::DeadlineExceeded
+    false
+  rescue GRPC::BadStatus
+    true
   end
 end

@@ -189,7 +189,8 @@ impl Cluster {
         cluster
     }
 
-    /// Until every partition has a leader and all three nodes in sync.
+    /// Until every partition has a leader, all three nodes in sync, and a call for each is
+    /// served.
     async fn wait_until_settled(&self) {
         let client = Client::new(ClientOptions::new().addresses(self.addresses.clone())).unwrap();
         let give_up = tokio::time::Instant::now() + CLUSTER_GIVE_UP;
@@ -201,6 +202,7 @@ impl Cluster {
                     .partitions
                     .iter()
                     .all(|p| !p.leader_node_id.is_empty() && p.in_sync.len() == 3)
+                && every_partition_serves(&client, info.partitions.len() as u32).await
             {
                 return;
             }
@@ -718,4 +720,25 @@ impl FakeWorkNode {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Whether a call for each of `partitions` gets past "its leader does not serve it at this
+/// moment": a leader named in etcd may still be starting its partition (UNAVAILABLE until it
+/// serves). GetQueue of a queue there answers NOT_FOUND or the queue once it does.
+async fn every_partition_serves(client: &Client, partitions: u32) -> bool {
+    for partition in 0..partitions {
+        let queue = (0..)
+            .map(|i| format!("ready.{i}"))
+            .find(|q| jobbroker::partition_of_queue(q, partitions) == partition)
+            .expect("some name lands in every partition");
+        if let Err(status) = client.get_queue(&queue).await
+            && matches!(
+                status.code(),
+                jobbroker::Code::Unavailable | jobbroker::Code::DeadlineExceeded
+            )
+        {
+            return false;
+        }
+    }
+    true
 }

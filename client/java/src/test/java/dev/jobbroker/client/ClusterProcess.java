@@ -2,6 +2,7 @@ package dev.jobbroker.client;
 
 import dev.jobbroker.v1.ClusterInfo;
 import dev.jobbroker.v1.PartitionInfo;
+import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
 import java.net.ServerSocket;
@@ -98,7 +99,8 @@ final class ClusterProcess implements AutoCloseable {
           last = info.toString();
           if (info.getPartitionsCount() == partitions
               && info.getPartitionsList().stream()
-                  .allMatch(p -> !p.getLeaderNodeId().isEmpty() && p.getInSyncCount() == NODES)) {
+                  .allMatch(p -> !p.getLeaderNodeId().isEmpty() && p.getInSyncCount() == NODES)
+              && everyPartitionServes(client, partitions)) {
             return;
           }
         } catch (StatusRuntimeException e) {
@@ -110,6 +112,31 @@ final class ClusterProcess implements AutoCloseable {
     throw new AssertionError(
         "the cluster did not get a leader and 3 nodes in sync for every partition within 60 s;"
             + " last answer:\n" + last + logTails());
+  }
+
+  /**
+   * Whether a call for each partition gets past "its leader does not serve it at this moment":
+   * a leader named in etcd may still be starting its partition (UNAVAILABLE until it serves).
+   * GetQueue of a queue there answers NOT_FOUND or the queue once it does.
+   */
+  private static boolean everyPartitionServes(JobBrokerClient client, int partitions) {
+    for (int p = 0; p < partitions; p++) {
+      String queue = null;
+      for (int i = 0; queue == null; i++) {
+        if (Partitions.ofQueue("ready." + i, partitions) == p) {
+          queue = "ready." + i;
+        }
+      }
+      try {
+        client.getQueue(queue);
+      } catch (StatusRuntimeException e) {
+        Status.Code code = e.getStatus().getCode();
+        if (code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED) {
+          return false;
+        }
+      }
+    }
+    return true;
   }
 
   /** The end of every process's log, for a failure's message (close() removes them). */
