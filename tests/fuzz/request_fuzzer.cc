@@ -427,15 +427,19 @@ class Harness {
           return r.status();
         });
     if (!valid.ok()) return SameRefusal(valid, s, "Enqueue");
+    const bool has_dependencies = !spec->depends_on.empty() || !spec->depends_on_index.empty();
     if (NeverStarts(*spec)) {
-      // The one refusal that depends on the clock, so the broker makes it, not validation.
+      // The one refusal that depends on the clock, so the broker makes it, not validation. A job
+      // with dependencies too may be refused for those first: they are the broker's to check as
+      // well, and either refusal names a field that is wrong.
       REQUEST_EXPECT(
-          s.code() == Code::kInvalidArgument && absl::StartsWith(s.message(), "expire_at"),
+          s.code() == Code::kInvalidArgument &&
+              (absl::StartsWith(s.message(), "expire_at") ||
+               (has_dependencies && absl::StartsWith(s.message(), "depends_on"))),
           absl::StrCat("Enqueue: a job that expires before it can start got ", s.ToString()));
       return;
     }
-    if ((!spec->depends_on.empty() || !spec->depends_on_index.empty()) &&
-        s.code() == Code::kInvalidArgument) {
+    if (has_dependencies && s.code() == Code::kInvalidArgument) {
       // Whether a dependency is a job here is the broker's to know (an index outside a batch is
       // EnqueueBatch's validation, which a single Enqueue goes through in the broker).
       REQUEST_EXPECT(absl::StartsWith(s.message(), "depends_on"),
