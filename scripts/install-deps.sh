@@ -16,7 +16,7 @@ packages=(
   libssl-dev  # the HTTP endpoint's TLS (server/http/tls_front.cc)
   libjemalloc-dev  # the broker's allocator (CMakeLists.txt: JOBBROKER_JEMALLOC)
   golang-etcd-server-dev  # etcd's .proto files, compiled into cluster/etcd's client at build time
-  etcd-server  # /usr/bin/etcd, for tests/cluster/real_etcd (the etcd conformance suite)
+  etcd-server  # /usr/bin/etcd: tests/cluster/real_etcd, the clients' cluster tests, tests/lib/cluster.sh
 )
 if [ "${1:-}" = "--tests" ]; then
   # The Ruby client is generated with Debian's grpc tools and runs on Debian's grpc gem; its

@@ -93,16 +93,29 @@ cluster_enqueue() {
   done
 }
 
-cluster_leader() {
+# QUEUE as the cluster reports it, on one line: the index of the node that leads its partition
+# ("-" while none does), then its non-zero counts by state: "1 COMPLETED=12 READY=3". Fails if the
+# cluster does not answer or does not know the queue.
+_cluster_queue() {
   local info
-  info="$(_cluster_cli --json queues)" || return 1
+  info="$(_cluster_cli --json queues 2>/dev/null)" || return 1
   python3 -c '
 import json, sys
 for q in json.loads(sys.argv[1]):
     if q.get("name") == sys.argv[2]:
-        print(int(q["leaderNodeId"].removeprefix("node-")))
+        leader = q.get("leaderNodeId", "").replace("node-", "") or "-"
+        counts = q.get("counts", {})
+        shown = [k.replace("JOB_STATE_", "") + "=" + v for k, v in sorted(counts.items()) if int(v)]
+        print(" ".join([leader] + shown))
         sys.exit(0)
 sys.exit("no queue " + sys.argv[2])' "$info" "$1"
+}
+
+cluster_leader() {
+  local line
+  line="$(_cluster_queue "$1")" || return 1
+  [[ "${line%% *}" != "-" ]] || return 1
+  echo "${line%% *}"
 }
 
 cluster_kill9() {
@@ -112,15 +125,9 @@ cluster_kill9() {
 
 # QUEUE's non-zero counts by state, "COMPLETED=12 READY=3"; fails if the cluster does not answer.
 cluster_counts() {
-  local info
-  info="$(_cluster_cli --json queues 2>/dev/null)" || return 1
-  python3 -c '
-import json, sys
-for q in json.loads(sys.argv[1]):
-    if q.get("name") == sys.argv[2]:
-        counts = q.get("counts", {})
-        shown = [k.replace("JOB_STATE_", "") + "=" + v for k, v in sorted(counts.items()) if int(v)]
-        print(" ".join(shown))' "$info" "$1"
+  local line
+  line="$(_cluster_queue "$1")" || return 1
+  [[ "$line" == *" "* ]] && echo "${line#* }" || echo ""
 }
 
 cluster_wait_completed() {
