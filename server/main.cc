@@ -236,8 +236,18 @@ int Run(int argc, char** argv) {
        "Bytes RocksDB estimates compaction still has to rewrite; growing = compaction lags.",
        [&rocks] { return static_cast<double>(rocks.PendingCompactionBytes()); }},
   });
+  FunctionGauges streams({
+      {"jobbroker_work_streams_open",
+       "Work streams open on this node (a relayed stream's upstream from another node counts).",
+       [&work_streams] { return static_cast<double>(work_streams.open()); }},
+      {"jobbroker_work_streams_relaying",
+       "Work streams this node relays to other leaders: their workers are not connected to "
+       "their queues' leaders, and every message takes one more hop.",
+       [&work_streams] { return static_cast<double>(work_streams.relaying()); }},
+  });
   (*http)->AddCollectable(&collector);
   (*http)->AddCollectable(&storage);
+  (*http)->AddCollectable(&streams);
   if (cluster != nullptr) {
     // Per partition: leader, epoch, in-sync set, followers' lag; and the commit-wait histogram.
     if (prometheus::Collectable* gauges = cluster->AttachMetrics(registry, *router))

@@ -386,6 +386,11 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
   }
   // Answered before any upstream starts, so the worker sees the answer before any push.
   Answer(request_id, absl::OkStatus());
+  {
+    absl::MutexLock lock(&mu_);
+    relaying_ = true;
+  }
+  limit_->AddRelaying();
   if (sink != nullptr) sink->Open();
   for (const auto& [address, queues] : remote) {
     v1::WorkRequest first;
@@ -879,11 +884,14 @@ void WorkStream::OnCancel() {
 void WorkStream::OnDone() {
   uint64_t stream;
   uint64_t listener;
+  bool relaying;
   {
     absl::MutexLock lock(&mu_);
     stream = stream_id_;
     listener = listener_;
+    relaying = relaying_;
   }
+  if (relaying) limit_->RemoveRelaying();
   if (stream != 0) broker_.Unsubscribe(stream);
   for (const auto& upstream : Upstreams()) upstream->Cancel();
   if (listener != 0) router_.Unlisten(listener);

@@ -183,6 +183,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // Cluster mode.
   bool subscribed_ ABSL_GUARDED_BY(mu_) = false;  // across nodes (stream_id_ may stay 0)
   bool has_local_ ABSL_GUARDED_BY(mu_) = false;   // some queues are subscribed here
+  bool relaying_ ABSL_GUARDED_BY(mu_) = false;    // counted in limit_'s relaying streams
   std::map<std::string, std::shared_ptr<WorkUpstream>> upstreams_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Relayed> relayed_ ABSL_GUARDED_BY(mu_);
   uint64_t next_relay_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -6,7 +6,10 @@ namespace jobbroker::server {
 
 // Counts the open Work streams against --max-work-streams. Each stream holds memory (its
 // outbox, its subscription) and a gRPC thread's attention, so their number is bounded like
-// everything else a caller can make the broker hold. Thread-safe.
+// everything else a caller can make the broker hold. In cluster mode it also counts the streams
+// this node relays to other leaders: a worker that is not connected to its queues' leaders pays
+// a hop per message, and the gauge of them tells an operator which deployments to fix.
+// Thread-safe.
 class WorkStreamLimit {
  public:
   explicit WorkStreamLimit(int max_streams) : max_(max_streams) {}
@@ -19,11 +22,18 @@ class WorkStreamLimit {
   }
   void Release() { open_.fetch_sub(1); }
 
+  // A stream that took a slot starts or stops relaying to another node.
+  void AddRelaying() { relaying_.fetch_add(1); }
+  void RemoveRelaying() { relaying_.fetch_sub(1); }
+
   int max() const { return max_; }
+  int open() const { return open_.load(); }
+  int relaying() const { return relaying_.load(); }
 
  private:
   const int max_;
   std::atomic<int> open_{0};
+  std::atomic<int> relaying_{0};
 };
 
 }  // namespace jobbroker::server
