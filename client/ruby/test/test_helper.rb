@@ -2,6 +2,7 @@
 
 require "minitest/autorun"
 require "json"
+require "net/http"
 require "securerandom"
 require "tmpdir"
 require "timeout"
@@ -218,7 +219,8 @@ class ClusterProcess
     }
   }.freeze
 
-  attr_reader :addresses, :dir
+  # http_addresses[n]: node n's --http-listen, where its /metrics is read.
+  attr_reader :addresses, :http_addresses, :dir
 
   def initialize(partitions: 4)
     @dir = Dir.mktmpdir("jobbroker-ruby-cluster-")
@@ -229,8 +231,9 @@ class ClusterProcess
                               out: path("etcd.log"), err: %i[child out])
     File.write(path("config.json"), JSON.generate(CONFIG))
     @addresses = Array.new(NODES) { dead_address }
+    @http_addresses = Array.new(NODES) { dead_address }
     @node_pids = @addresses.each_with_index.map do |address, n|
-      Process.spawn(BrokerProcess.binary, "--listen", address, "--http-listen", "127.0.0.1:0",
+      Process.spawn(BrokerProcess.binary, "--listen", address, "--http-listen", @http_addresses[n],
                     "--data-dir", path("node-#{n}"), "--partitions", partitions.to_s,
                     "--cluster-etcd", etcd_url, "--node-id", "node-#{n}",
                     "--cluster-initial-nodes", NODES.to_s, "--config", path("config.json"),
@@ -273,6 +276,13 @@ class ClusterProcess
 
       sleep 0.2
     end
+  end
+
+  # The value of the gauge `name` in node n's /metrics (lines like `name 1`); nil if absent.
+  def metric(n, name)
+    body = Net::HTTP.get(URI("http://#{@http_addresses[n]}/metrics"))
+    line = body.lines.find { |l| l.start_with?("#{name} ") }
+    line && Float(line.split.last)
   end
 
   # kill -9 of the node at `address`: a dead machine.

@@ -331,4 +331,103 @@ class WorkerContractTest < Minitest::Test
     own_client&.close
     own&.stop
   end
+
+  # The worker as the broker at `address` lists it: its streams and their max_in_flight once it
+  # is subscribed (nil while it is not, or while the broker is down).
+  def listed(own_client, queue, worker_id)
+    own_client.list_workers(queue: queue).find { |w| w.worker_id == worker_id && w.streams >= 1 }
+  rescue GRPC::Unavailable, GRPC::DeadlineExceeded
+    nil
+  end
+
+  # §6: a stream that ends during a graceful stop's grace is reopened (flow 0 at once), so the
+  # ack of the handler that finishes after it reaches the broker; the stop then returns at
+  # once, well before the grace is over. The broker is killed with kill -9 and started again
+  # on the same port and data directory while the handler runs.
+  def test_a_stream_ended_during_the_grace_is_reopened_for_the_answers
+    listen = "127.0.0.1:#{free_port}"
+    own = BrokerProcess.new(config: TEST_CONFIG, listen: listen)
+    queue = unique_queue
+    own_client = Jobbroker.connect(own.address)
+    id = own_client.enqueue(queue, "slow", lease_duration: 30).job_id
+    started = Queue.new
+    go = Queue.new
+    grace = 30
+    worker = new_worker(own.address, worker_id: "ruby-reopen-in-grace", grace: grace,
+                                     lease_duration: 30, reconnect_max: 0.5)
+    worker.handle(queue) do |job|
+      started << job.job_id
+      go.pop
+      "done #{job.text}"
+    end
+    thread = Thread.new { worker.run }
+    assert_equal id, started.pop
+    stop_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    worker.stop
+    # Step 1 reached the broker: the worker's stream takes nothing more.
+    eventually(message: "flow 0 before the kill") do
+      listed(own_client, queue, "ruby-reopen-in-grace")&.max_in_flight&.zero?
+    end
+    own.kill!
+    eventually(message: "the worker noticed the broker died") { worker.stats.reconnects >= 1 }
+    own = BrokerProcess.new(config: TEST_CONFIG, listen: listen, dir: own.dir)
+    # Reopened while stopping: subscribed again, and flow 0 at once.
+    eventually(message: "the stream reopened during the grace, with flow 0") do
+      listed(own_client, queue, "ruby-reopen-in-grace")&.max_in_flight&.zero?
+    end
+    # A job enqueued now is not started: the reopened stream takes nothing (or releases it).
+    other = own_client.enqueue(queue, "not during a stop").job_id
+    go << true
+    thread.join(15) or flunk("the stop did not return once the handler was done")
+    stopped_in = Process.clock_gettime(Process::CLOCK_MONOTONIC) - stop_at
+    assert_operator stopped_in, :<, grace, "the stop returned once the ack was answered"
+    job = own_client.get_job(id)
+    assert_equal :JOB_STATE_COMPLETED, job.state, "the ack reached the broker on the new stream"
+    assert_equal 1, job.attempt
+    assert_equal "done slow", job.result
+    assert_equal 1, worker.stats.acked
+    assert_equal 0, worker.stats.failed
+    assert_operator worker.stats.reconnects, :>=, 1
+    assert started.empty?, "no job started during the stop"
+    assert_equal :JOB_STATE_READY, own_client.get_job(other).state
+  ensure
+    go&.close
+    own_client&.close
+    own&.stop
+  end
+
+  # The same with no broker to reopen a stream on: the stop still ends within its bounds (the
+  # grace, 1 s for the answers, the close), dropping the answer it could not send.
+  def test_a_stop_ends_within_its_bounds_when_no_stream_can_be_reopened
+    own = BrokerProcess.new(config: TEST_CONFIG)
+    queue = unique_queue
+    own_client = Jobbroker.connect(own.address)
+    own_client.enqueue(queue, "slow", lease_duration: 30)
+    started = Queue.new
+    go = Queue.new
+    grace = 1
+    worker = new_worker(own.address, grace: grace, lease_duration: 30, reconnect_max: 0.2)
+    worker.handle(queue) do |job|
+      started << job.job_id
+      go.pop
+      "done"
+    end
+    thread = Thread.new { worker.run }
+    started.pop
+    own.kill!
+    eventually(message: "the worker noticed the broker died") { worker.stats.reconnects >= 1 }
+    stop_at = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    worker.stop
+    go << true
+    thread.join(grace + 10) or flunk("the stop did not end without a broker")
+    stopped_in = Process.clock_gettime(Process::CLOCK_MONOTONIC) - stop_at
+    # Grace, step 5's second, the close (half-close, cancel after 2 s) and slack for CI.
+    assert_operator stopped_in, :<, grace + 1 + 4
+    assert_equal 0, worker.stats.acked
+  ensure
+    go&.close
+    own_client&.close
+    own&.stop # a no-op once killed: then only its directory is left
+    FileUtils.remove_entry(own.dir) if own&.dir && File.exist?(own.dir)
+  end
 end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "jobbroker/routing_table"
+require "jobbroker/stream_groups"
 
 module Jobbroker
   # What the Client and the Worker share to reach a cluster's nodes: the Connection (the given
@@ -68,15 +69,23 @@ module Jobbroker
       end
     end
 
-    # Where to open a Work stream for `queues`: their leader when every one's partition has the
-    # same leader, else any node, which relays the stream to each queue's leader.
-    def target_for_queues(queues)
+    # The Work streams of a worker over `queues` (docs/worker-contract.md §5): in a cluster one
+    # per StreamGroups group, each on its leader (the ANY group on the node that answered, which
+    # relays it or answers UNAVAILABLE), as [group, Target] pairs. Without a cluster's table
+    # one stream of every queue with the whole `max_in_flight`, at the given address calls go
+    # to now (the next one after an UNAVAILABLE end: #call_failed).
+    def work_streams(queues, max_in_flight)
       refresh_if_needed
       table = @mu.synchronize { @table }
-      return given_target unless table&.cluster?
+      unless table&.cluster?
+        target = given_target
+        return [[StreamGroups::Group.new(target.address, queues, max_in_flight), target]]
+      end
 
-      leaders = queues.map { |queue| table.address_of_queue(queue) }.uniq
-      Target.new(leaders.size == 1 ? leaders.first : table.any_address, nil)
+      StreamGroups.of(table, queues, max_in_flight).map do |group|
+        address = group.address == StreamGroups::ANY ? table.any_address : group.address
+        [group, Target.new(address, nil)]
+      end
     end
 
     # The generated stub of `service` at the target's address; `method` (a Symbol) names the
@@ -92,6 +101,12 @@ module Jobbroker
     # for the next given one.
     def call_failed(target, unavailable:)
       @connection.advance(target.given_index) if unavailable && target.given_index
+      @mu.synchronize { @state = :stale if @state == :fresh }
+    end
+
+    # The next call (or the worker's next grouping) fetches the table first: a worker whose
+    # table left some of its queues without a leader asks again after each backoff delay.
+    def mark_stale
       @mu.synchronize { @state = :stale if @state == :fresh }
     end
 

@@ -77,6 +77,14 @@ module Jobbroker
       address_of_partition(Partition.of_queue(queue, @partition_count))
     end
 
+    # The address of the leader of `queue`'s partition; nil when the table names none (no
+    # leader, or one listed as not alive) and outside a cluster.
+    def leader_of_queue(queue)
+      return nil unless @cluster
+
+      @leaders[Partition.of_queue(queue, @partition_count)]
+    end
+
     # The leader of the partition job `job_id` lives in; #any_address for an id of another form
     # (the broker answers NOT_FOUND or INVALID_ARGUMENT for it).
     def address_of_job(job_id)

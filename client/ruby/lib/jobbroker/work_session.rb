@@ -12,7 +12,7 @@ module Jobbroker
     attr_reader :end_code, :end_message
 
     # `metadata`: sent with the call (the jobbroker-client name, the token).
-    # `owner` gets on_job(leased), on_result(result), on_lease_lost(job_id, outcome),
+    # `owner` gets on_job(leased, session), on_result(result), on_lease_lost(job_id, outcome),
     # on_cancel(job_id) on the reader thread and on_session_end(session, code, message) once.
     def initialize(stub, metadata, owner)
       @stub = stub
@@ -91,8 +91,8 @@ module Jobbroker
 
     def dispatch(resp)
       case resp.response
-      when :job then @owner.on_job(resp.job)
-      when :job_batch then resp.job_batch.jobs.each { |job| @owner.on_job(job) }
+      when :job then @owner.on_job(resp.job, self)
+      when :job_batch then resp.job_batch.jobs.each { |job| @owner.on_job(job, self) }
       when :result then @owner.on_result(resp.result)
       when :lease_lost then @owner.on_lease_lost(resp.lease_lost.job_id, resp.lease_lost.outcome)
       when :cancel_requested then @owner.on_cancel(resp.cancel_requested.job_id)

@@ -38,18 +38,25 @@ module Jobbroker
   # #sleep, #step or #check_cancelled! raise Cancelled; the worker cannot stop code that
   # ignores it, and such a handler keeps its slot until it returns.
   #
-  # In a cluster the stream goes straight to the leader when every handled queue's partition
-  # has the same leader (Admin.GetCluster tells which); otherwise to any node, which relays it
-  # to each queue's leader. After a stream ends the worker asks for the cluster's layout again
-  # before it reconnects, so it follows a leader that moved or died. Outside a cluster it
-  # connects to the given addresses in turn (Router).
+  # In a cluster (Admin.GetCluster tells where each partition's leader is) the worker opens one
+  # stream per leading node, each subscribing to the handled queues that node leads with a
+  # share of max_in_flight (StreamGroups), so that no node relays its stream to another;
+  # queues without a leader share one more stream to any node. A job's answers go on the
+  # stream that pushed it while that one is open, else on any open stream (a node routes an
+  # answer to its leader by job id). When a stream ends the worker waits its backoff, asks for
+  # the cluster's layout again and regroups: streams whose group is unchanged keep running,
+  # the others are ended and the missing ones opened, so it follows a leader that moved or
+  # died. While some queues go to any node it also asks again after each backoff delay (up to
+  # reconnect_max) and regroups, so that they move to their leader's own stream once the table
+  # names it instead of staying relayed. Outside a cluster it holds one stream, on the given
+  # addresses in turn (Router).
   #
-  # Threads: `concurrency` handler threads, one timer thread (heartbeats every third of each
-  # lease, time-outs, resends of answers refused UNAVAILABLE), one connection thread
-  # (reconnects with backoff) and one reader thread per stream. All state shared by them is
-  # guarded by @mu; callbacks that take @mu are never called with it held. #stop may be called
-  # from any thread but not from a trap handler (use #trap_signals, which calls it from a
-  # thread).
+  # Threads: `concurrency` handler threads (one pool across the streams), one timer thread
+  # (heartbeats every third of each lease, time-outs, resends of answers refused UNAVAILABLE),
+  # one connection thread (regroups with backoff) and one reader thread per stream. All state
+  # shared by them is guarded by @mu; callbacks that take @mu are never called with it held.
+  # #stop may be called from any thread but not from a trap handler (use #trap_signals, which
+  # calls it from a thread).
   class Worker
     # acked/failed/released: answers the broker accepted; ack_messages: ack and ack_batch
     # messages sent (fewer than acks when acks were coalesced); reconnects: streams reopened.
@@ -76,6 +83,9 @@ module Jobbroker
     # after these seconds, or on the next stream if this one ends first. Dropping it would have
     # the job run again once its lease runs out.
     ANSWER_RETRY_DELAY = 0.25
+    # Seconds step 6 of a stop waits for the connection thread after closing the streams (it
+    # may be waiting for a GetCluster answer, which opens nothing once the stop closes).
+    CONNECTION_JOIN = 1.0
     # Which WorkRequest field carries each kind of request.
     REQUEST_FIELD = {
       subscribe: :subscribe, heartbeat: :heartbeat, progress: :heartbeat,
@@ -223,7 +233,7 @@ module Jobbroker
         held = held_of_locked(ctx)
         next unless held
 
-        if held.progress_in_flight || @session.nil?
+        if held.progress_in_flight || !any_open_locked?
           held.progress_waiting = bytes
         else
           send_progress_locked(held, bytes)
@@ -267,14 +277,14 @@ module Jobbroker
 
     # --- called by WorkSession on its reader thread ---
 
-    def on_job(leased)
+    def on_job(leased, session)
       @mu.synchronize do
         if @stop_taking
           # Pushed after the stop began: back at once, unstarted.
-          send_answer_locked(:release, release_request(leased))
+          send_answer_locked(:release, release_request(leased), session)
           next
         end
-        held = new_held(leased)
+        held = new_held(leased, session)
         @held[leased.job_id] = held
         @waiting << held
         @cv.broadcast
@@ -299,16 +309,21 @@ module Jobbroker
     def on_session_end(session, code, message)
       subscribe_answers = []
       @mu.synchronize do
-        @session = nil if @session.equal?(session)
+        stream = stream_of_locked(session)
+        if stream
+          stream.open = false
+          # A stream ended by a regrouping is no stream end to react to: it just goes.
+          @streams.delete(stream) if stream.retired
+          # Back to the front: they go out first on another stream, same lease ids.
+          @ack_queue.unshift(*stream.acks_in_flight) if stream.acks_in_flight
+          stream.acks_in_flight = nil
+        end
         ended = @in_flight.select { |_, r| r.session.equal?(session) }
         ended.each_key { |id| @in_flight.delete(id) }
         ended.sort_by(&:first).each do |_, request|
           case request.kind
           when :subscribe then subscribe_answers << request
-          when :ack, :ack_batch
-            # Back to the front: they go out first on the next stream, same lease ids.
-            @ack_queue.unshift(*@acks_in_flight)
-            @acks_in_flight = nil
+          when :ack, :ack_batch then nil # back in @ack_queue above
           when :progress
             request.held.progress_in_flight = false
             request.held.progress_waiting ||= request.message.progress
@@ -317,6 +332,8 @@ module Jobbroker
             @resend << request if request.resend
           end
         end
+        # Another stream of the worker may still be open: what this one left goes out there.
+        flush_locked
         @cv.broadcast
       end
       result = V1::WorkResult.new(code: code, message: message.to_s)
@@ -326,8 +343,18 @@ module Jobbroker
     private
 
     # One request waiting for its WorkResult. `resend`: sent again on the next stream if this
-    # one ends unanswered. `held`: the job a progress heartbeat is about.
-    Request = Struct.new(:kind, :message, :held, :on_result, :resend, :session)
+    # one ends unanswered. `held`: the job a heartbeat, progress or checkpoint is about.
+    # `session`: the stream it went on. `via`: the stream that pushed its job (it goes there
+    # while that one is open, else on any open stream); nil: held's.
+    Request = Struct.new(:kind, :message, :held, :on_result, :resend, :session, :via)
+
+    # An ack waiting to go out, and the stream that pushed its job.
+    PendingAck = Struct.new(:ack, :via)
+
+    # One Work stream of the worker: its StreamGroups::Group and Router::Target, its
+    # WorkSession, whether it is subscribed and not ended (`open`), whether a regrouping ended
+    # it (`retired`), and the PendingAcks of its one ack message in flight.
+    Stream = Struct.new(:group, :target, :session, :open, :retired, :acks_in_flight)
 
     # A WorkResult some thread waits for (Ruby 3.1's Queue#pop has no timeout).
     class Answer
@@ -360,8 +387,9 @@ module Jobbroker
     end
 
     # A job this worker holds a lease on: waiting for a handler, or running.
+    # `session`: the stream that pushed it, where its answers go while it is open.
     Held = Struct.new(:leased, :context, :heartbeat_interval, :next_heartbeat, :timeout_at,
-                      :progress_in_flight, :progress_waiting) do
+                      :progress_in_flight, :progress_waiting, :session) do
       def job_id
         leased.job_id
       end
@@ -372,37 +400,41 @@ module Jobbroker
       @stop_taking = false
       @closing = false
       @fatal = nil
-      @session = nil
+      @streams = []         # Stream, in the order opened
+      @any_node_group = false # the latest grouping has a group for any node
       @next_request_id = 0
-      @in_flight = {}       # request_id => Request sent on the current stream
+      @in_flight = {}       # request_id => Request sent on an open stream
       @resend = []          # Requests to send again on the next stream
       @held = {}            # job_id => Held
       @waiting = []         # Held not yet started, oldest first
       @handlers_running = 0
-      @ack_queue = []       # AckRequests waiting for the ack in flight to be answered
-      @acks_in_flight = nil # the AckRequests of the one ack message in flight
+      @ack_queue = []       # PendingAcks waiting for their stream's ack in flight (or a stream)
       @answers_unanswered = 0
       # Answered UNAVAILABLE, to send again at @retry_at (or on the next stream, if sooner).
-      @ack_retry = []       # AckRequests
+      @ack_retry = []       # PendingAcks
       @refused = []         # fail, release and checkpoint Requests
       @retry_at = nil
     end
 
-    def subscribe_request
-      V1::SubscribeRequest.new(queues: @handlers.keys, worker_id: @worker_id,
-                               max_in_flight: @concurrency + @prefetch,
+    def max_in_flight
+      @concurrency + @prefetch
+    end
+
+    def subscribe_request(group)
+      V1::SubscribeRequest.new(queues: group.queues, worker_id: @worker_id,
+                               max_in_flight: group.share,
                                lease_duration: Jobbroker.duration(@lease_duration),
                                batch_pushes: true)
     end
 
-    def new_held(leased)
+    def new_held(leased, session)
       ctx = JobContext.new(leased, self)
       now = Worker.monotonic
       # The interval comes from the deadline the broker gave, so a 30 s lease beats every 10 s.
       lease_left = Jobbroker.to_time(leased.lease_deadline) - Time.now
       interval = [lease_left / 3.0, 0.05].max
       timeout_at = ctx.timeout_at && now + (ctx.timeout_at - Time.now)
-      Held.new(leased, ctx, interval, now + interval, timeout_at, false, nil)
+      Held.new(leased, ctx, interval, now + interval, timeout_at, false, nil, session)
     end
 
     def release_request(leased, delay = nil)
@@ -412,23 +444,41 @@ module Jobbroker
 
     # --- sending ---
 
-    # Sends `request` on the current stream; the caller holds @mu and has checked @session.
-    def dispatch_locked(request)
+    def stream_of_locked(session)
+      @streams.find { |stream| stream.session.equal?(session) }
+    end
+
+    def any_open_locked?
+      @streams.any?(&:open)
+    end
+
+    # Where an answer about a job pushed by `via` goes: that stream while it is open, else any
+    # open stream (a node routes an answer to its job's leader by job id); nil when none is.
+    def session_for_locked(via)
+      open = @streams.select(&:open)
+      (open.find { |stream| stream.session.equal?(via) } || open.first)&.session
+    end
+
+    # Sends `request` on `session`, else on the stream its job came on (session_for_locked);
+    # the caller holds @mu and has checked that there is one.
+    def dispatch_locked(request, session = nil)
+      session ||= session_for_locked(request.via || request.held&.session)
       @next_request_id += 1
-      request.session = @session
+      request.session = session
       @in_flight[@next_request_id] = request
       field = REQUEST_FIELD.fetch(request.kind)
-      @session.push(V1::WorkRequest.new(request_id: @next_request_id, field => request.message))
+      session.push(V1::WorkRequest.new(request_id: @next_request_id, field => request.message))
     end
 
     def send_or_keep_locked(request)
-      @session ? dispatch_locked(request) : @resend << request
+      any_open_locked? ? dispatch_locked(request) : @resend << request
     end
 
-    # A fail or release: counted until answered, resent after a reconnect.
-    def send_answer_locked(kind, message)
+    # A fail or release of a job `via` pushed: counted until answered, resent after a
+    # reconnect.
+    def send_answer_locked(kind, message, via)
       @answers_unanswered += 1
-      request = Request.new(kind, message, nil, nil, true)
+      request = Request.new(kind, message, nil, nil, true, nil, via)
       request.on_result = ->(result) { on_answer_result(request, result) }
       send_or_keep_locked(request)
     end
@@ -482,39 +532,54 @@ module Jobbroker
       send_acks_locked
     end
 
-    def queue_ack_locked(ack)
+    def queue_ack_locked(ack, via)
       @answers_unanswered += 1
-      @ack_queue << ack
+      @ack_queue << PendingAck.new(ack, via)
       send_acks_locked
     end
 
-    # One ack message in flight at a time: acks that end meanwhile wait and go out together
-    # when it is answered, so a busy worker sends one ack message per round trip.
+    # Per stream, one ack message in flight at a time: acks that end meanwhile wait and go out
+    # together when it is answered, so a busy worker sends one ack message per round trip on
+    # each stream. An ack goes on the stream that pushed its job, else on any open one.
     def send_acks_locked
-      return if @acks_in_flight || @session.nil? || @ack_queue.empty?
+      @streams.each do |stream|
+        break if @ack_queue.empty?
+        next unless stream.open && stream.acks_in_flight.nil?
 
-      acks = @ack_queue.shift(ACK_BATCH_MAX)
-      @acks_in_flight = acks
+        mine, others = @ack_queue.partition do |pending|
+          session_for_locked(pending.via).equal?(stream.session)
+        end
+        next if mine.empty?
+
+        @ack_queue = mine.drop(ACK_BATCH_MAX) + others
+        send_ack_message_locked(stream, mine.first(ACK_BATCH_MAX))
+      end
+    end
+
+    def send_ack_message_locked(stream, pending)
+      stream.acks_in_flight = pending
       @stats.ack_messages += 1
-      on_result = ->(result) { on_ack_result(acks, result) }
+      on_result = ->(result) { on_ack_result(stream, pending, result) }
+      acks = pending.map(&:ack)
       request = if acks.size == 1
                   Request.new(:ack, acks.first, nil, on_result, true)
                 else
                   Request.new(:ack_batch, V1::AckBatchRequest.new(acks: acks), nil, on_result, true)
                 end
-      dispatch_locked(request)
+      dispatch_locked(request, stream.session)
     end
 
-    def on_ack_result(acks, result)
+    def on_ack_result(stream, pending, result)
       @mu.synchronize do
-        @acks_in_flight = nil if @acks_in_flight.equal?(acks)
+        stream.acks_in_flight = nil if stream.acks_in_flight.equal?(pending)
         item_errors = result.item_errors.to_h { |e| [e.index, e] }
-        acks.each_with_index do |ack, i|
+        pending.each_with_index do |entry, i|
+          ack = entry.ack
           error = result.code.zero? ? item_errors[i] : result
           if error&.code == UNAVAILABLE
             # Not final: sent again after ANSWER_RETRY_DELAY, still unanswered.
             @log.info("ack of #{ack.job_id} refused for now, sending it again: #{error.message}")
-            @ack_retry << ack
+            @ack_retry << entry
             next
           end
           @answers_unanswered -= 1
@@ -552,7 +617,7 @@ module Jobbroker
       @mu.synchronize do
         held.progress_in_flight = false
         waiting = held.progress_waiting
-        if waiting && @session && @held[held.job_id].equal?(held)
+        if waiting && any_open_locked? && @held[held.job_id].equal?(held)
           held.progress_waiting = nil
           send_progress_locked(held, waiting)
         end
@@ -615,30 +680,49 @@ module Jobbroker
 
     # --- the stream ---
 
+    # Opens the streams of the current grouping, then, each time one ends, waits the backoff
+    # (one for the worker, back to its start once a stream subscribes) and regroups. While the
+    # grouping has a group for any node (queues whose partition had no leader in the table), it
+    # also fetches the table again after each backoff delay and regroups (§5): a node that knows
+    # the new leader relays that stream, and no leader change would ever end the relay; the
+    # next table shows the leader and the queues move to its own stream. Also while
+    # a graceful stop runs (§6): a stream that ends before step 6 is reopened, so that the
+    # answers of the handlers finishing in the grace reach the broker (a reopened stream gets
+    # flow 0 at once, and what it is pushed is released). Nothing is opened once step 6 began
+    # or the run failed; the streams are closed by #graceful_stop or #abort_run.
     def connection_loop
       backoff = @reconnect_initial
-      until closing?
-        target = @router.target_for_queues(@mu.synchronize { @handlers.keys })
-        session = WorkSession.new(@router.stub(V1::Broker, target, :work), @options.metadata,
-                                  self)
-        if open_session(session)
-          backoff = @reconnect_initial
-          @mu.synchronize { @cv.wait(@mu) until session.ended? || @closing }
+      until stopping?
+        backoff = @reconnect_initial if regroup
+        refresh_in = @any_node_group ? @random.rand * backoff : nil
+        ended = wait_for_ended_streams(refresh_in)
+        break unless ended
+
+        if ended.empty?
+          # The delay passed with a group for any node and no stream ended: where its queues
+          # are led may be known now.
+          @log.debug("a group of queues goes to any node: asking the cluster's layout again")
+          @router.mark_stale
+          backoff = [backoff * 2, @reconnect_max].min
+          next
         end
-        if closing?
-          session.close
+        refused = ended.find do |stream|
+          code = stream.session.end_code
+          !code.nil? && !RETRYABLE_CODES.include?(code)
+        end
+        if refused
+          fatal!(SubscriptionRefused.new(refused.session.end_code, refused.session.end_message))
           break
         end
-        code = session.end_code
-        unless code.nil? || RETRYABLE_CODES.include?(code)
-          fatal!(SubscriptionRefused.new(code, session.end_message))
-          break
+        ended.each do |stream|
+          code = stream.session.end_code
+          # The node may have died or stopped leading the queues: the next grouping asks where
+          # they are now; without a cluster, one that is down or draining (UNAVAILABLE) is
+          # left for the next given address.
+          @router.call_failed(stream.target, unavailable: code == UNAVAILABLE)
+          @log.warn("stream to #{stream.target.address} ended (code #{code}: " \
+                    "#{short(stream.session.end_message)}); reconnecting")
         end
-        # The node may have died or stopped leading the queues: the next stream asks where they
-        # are now; without a cluster, one that is down or draining (UNAVAILABLE) is left for
-        # the next given address.
-        @router.call_failed(target, unavailable: code == UNAVAILABLE)
-        @log.warn("stream ended (code #{code}: #{short(session.end_message)}); reconnecting")
         pause = @random.rand * backoff
         @mu.synchronize do
           wake_at = Worker.monotonic + pause
@@ -647,67 +731,176 @@ module Jobbroker
         end
         backoff = [backoff * 2, @reconnect_max].min
       end
-    rescue SubscriptionRefused => e
-      fatal!(e)
     rescue StandardError => e
       fatal!(e)
     end
 
-    # Subscribes on `session`; true once the broker answered OK. False if it did not (the
-    # session is then closed, with the refusal's code as its end code).
-    def open_session(session)
+    # No new stream once step 6 of the stop began or the run failed (a stop in its steps 1-5
+    # still reopens: §6).
+    def stopping?
+      @mu.synchronize { @closing || @fatal }
+    end
+
+    # Groups the handled queues by the table (fetched again if a stream ended since), ends the
+    # streams whose group is gone and opens the missing ones. True if one subscribed.
+    def regroup
+      wanted = @router.work_streams(@handlers.keys, max_in_flight)
+      # Read by connection_loop only (its thread runs this).
+      @any_node_group = StreamGroups.any_node?(wanted.map(&:first))
+      retired = @mu.synchronize do
+        gone = @streams.reject do |stream|
+          stream.retired || wanted.any? { |group, _| group == stream.group }
+        end
+        gone.each do |stream|
+          stream.retired = true
+          stream.open = false
+        end
+        @streams.delete_if { |stream| stream.retired && stream.session.ended? }
+        gone
+      end
+      retired.each do |stream|
+        @log.info("regrouping: ending the stream to #{stream.target.address} " \
+                  "(#{stream.group.queues.join(',')})")
+        # Its held jobs keep running; their answers go on another stream (the leases stay).
+        Thread.new { stream.session.close }
+      end
+      missing = @mu.synchronize do
+        wanted.reject { |group, _| @streams.any? { |s| !s.retired && s.group == group } }
+      end
+      return false if missing.empty? || stopping?
+
+      # Together: a node that does not answer its subscribe must not hold up the others.
+      missing.map { |group, target| Thread.new { open_stream(group, target) } }
+             .map(&:value).any?
+    end
+
+    # Until a stream (not one a regrouping ended) has ended: those, taken out of @streams; nil
+    # once step 6 of the stop began or the run failed; [] once `refresh_in` seconds passed
+    # (nil: no limit) with none ended.
+    def wait_for_ended_streams(refresh_in = nil)
+      refresh_at = refresh_in && Worker.monotonic + refresh_in
+      @mu.synchronize do
+        loop do
+          return nil if @closing || @fatal
+
+          ended = @streams.select { |stream| !stream.retired && stream.session.ended? }
+          unless ended.empty?
+            @streams -= ended
+            return ended
+          end
+          if refresh_at.nil?
+            @cv.wait(@mu)
+          else
+            left = refresh_at - Worker.monotonic
+            return [] if left <= 0
+
+            @cv.wait(@mu, left)
+          end
+        end
+      end
+    end
+
+    # Step 6 of the stop, and the end of a failed run: every stream half-closed (cancelled
+    # after 2 s), together. The caller has set @closing, so open_stream adds no stream after
+    # this took them.
+    def close_streams
+      streams = @mu.synchronize do
+        @streams.each { |stream| stream.open = false }
+        @streams.dup
+      end
+      streams.map { |stream| Thread.new { stream.session.close } }.each(&:join)
+    end
+
+    # Opens the stream of `group` at `target` and subscribes on it; true once the broker
+    # answered OK. False if it did not (the session is then closed, with the refusal's code as
+    # its end code, and the connection loop sees it ended).
+    def open_stream(group, target)
+      session = WorkSession.new(@router.stub(V1::Broker, target, :work), @options.metadata, self)
+      stream = Stream.new(group, target, session, false, false, nil)
       answer = Answer.new
       first = @mu.synchronize do
+        # Step 6 began (or the run failed) while the table was fetched: close_streams has
+        # taken the streams to close, this one would stay open.
+        next nil if @closing || @fatal
+
+        @streams << stream
         @next_request_id += 1
-        request = Request.new(:subscribe, subscribe_request, nil, ->(r) { answer << r }, false,
-                              session)
+        request = Request.new(:subscribe, subscribe_request(group), nil, ->(r) { answer << r },
+                              false, session)
         @in_flight[@next_request_id] = request
         V1::WorkRequest.new(request_id: @next_request_id, subscribe: request.message)
       end
+      return false unless first
+
       session.start(first)
-      result = answer.wait(SUBSCRIBE_TIMEOUT)
+      result = wait_for_subscribed(answer)
       if result.nil?
         session.close(0.5)
-        @log.warn("no answer to subscribe in #{SUBSCRIBE_TIMEOUT}s")
+        @log.warn("no answer to subscribe in #{SUBSCRIBE_TIMEOUT}s") unless closing?
         return false
       end
-      return subscribed(session) if result.code.zero?
+      return subscribed(stream) if result.code.zero?
 
       # Refused (UNAVAILABLE: a queue's partition has no leader yet), perhaps with the stream
       # left open: it would never push, so it is ended here, and counts as a stream that ended
-      # with the refusal's code (connection_loop then moves to the next address and tries
-      # again after its backoff, or raises for a code that is the caller's mistake).
+      # with the refusal's code (connection_loop then regroups, or moves to the next address,
+      # after its backoff, or raises for a code that is the caller's mistake).
       session.close(0.5, code: result.code, message: result.message)
       false
     end
 
+    # The subscribe's answer; nil after SUBSCRIBE_TIMEOUT, or as soon as step 6 of the stop
+    # began (the stop must not wait for a node that does not answer).
+    def wait_for_subscribed(answer)
+      deadline = Worker.monotonic + SUBSCRIBE_TIMEOUT
+      loop do
+        result = answer.wait([[deadline - Worker.monotonic, 0].max, 0.05].min)
+        return result if result
+        return nil if closing? || Worker.monotonic >= deadline
+      end
+    end
+
     # The stream is up: unanswered answers (and those answered UNAVAILABLE) go out again with
-    # their lease ids, then waiting acks and progress; held jobs heartbeat at once.
-    def subscribed(session)
+    # their lease ids, then waiting acks and progress; held jobs heartbeat at once. A stream
+    # reopened while the worker stops gets flow 0 first (what it is pushed meanwhile is
+    # released by on_job).
+    def subscribed(stream)
       @mu.synchronize do
-        return false if session.ended?
+        return false if stream.session.ended? || @closing
 
-        @session = session
-        @log.info("subscribed to #{@handlers.keys.join(',')} as #{@worker_id}")
-        dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0))) if @stop_taking
-        resend = @resend
-        @resend = []
-        resend.each { |request| dispatch_locked(request) }
-        # What was answered UNAVAILABLE on the last stream goes out now, not at @retry_at.
-        resend_refused_locked
-        send_acks_locked
-        now = Worker.monotonic
-        @held.each_value do |held|
-          held.next_heartbeat = now
-          waiting = held.progress_waiting
-          next unless waiting && !held.progress_in_flight
-
-          held.progress_waiting = nil
-          send_progress_locked(held, waiting)
+        stream.open = true
+        @log.info("subscribed to #{stream.group.queues.join(',')} at #{stream.target.address} " \
+                  "as #{@worker_id}")
+        if @stop_taking
+          dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0)),
+                          stream.session)
         end
+        flush_locked(refused: true)
+        now = Worker.monotonic
+        @held.each_value { |held| held.next_heartbeat = now }
         @cv.broadcast
       end
       true
+    end
+
+    # Sends on the open streams what waits for one: the answers left unanswered by an ended
+    # stream, with `refused` those answered UNAVAILABLE (now, not at @retry_at), the acks, the
+    # newest progress of each held job.
+    def flush_locked(refused: false)
+      return unless any_open_locked?
+
+      resend = @resend
+      @resend = []
+      resend.each { |request| dispatch_locked(request) }
+      resend_refused_locked if refused
+      send_acks_locked
+      @held.each_value do |held|
+        waiting = held.progress_waiting
+        next unless waiting && !held.progress_in_flight
+
+        held.progress_waiting = nil
+        send_progress_locked(held, waiting)
+      end
     end
 
     # gRPC's messages carry a long debug string: the first sentence is what a reader needs.
@@ -790,29 +983,31 @@ module Jobbroker
           next
         end
         @held.delete(ctx.job_id)
-        answer_locked(ctx, value, error)
+        answer_locked(held, value, error)
       end
     end
 
-    def answer_locked(ctx, value, error)
+    def answer_locked(held, value, error)
+      ctx = held.context
+      via = held.session
       reason = ctx.cancel_reason
       if reason == :shutdown
         # The stop was not the job's fault: back unstarted, no attempt spent.
-        send_answer_locked(:release, release_request(ctx))
+        send_answer_locked(:release, release_request(ctx), via)
       elsif error.is_a?(Snooze)
-        send_answer_locked(:release, release_request(ctx, error.delay))
+        send_answer_locked(:release, release_request(ctx, error.delay), via)
       elsif error && reason == :cancel_requested
-        send_answer_locked(:fail, fail_request(ctx, "cancelled"))
+        send_answer_locked(:fail, fail_request(ctx, "cancelled"), via)
       elsif error.is_a?(PermanentError)
-        send_answer_locked(:fail, fail_request(ctx, error_text(error), permanent: true))
+        send_answer_locked(:fail, fail_request(ctx, error_text(error), permanent: true), via)
       elsif error.is_a?(RetryAfter)
         send_answer_locked(:fail, fail_request(ctx, error_text(error),
-                                               retry_after: Jobbroker.duration(error.delay)))
+                                               retry_after: Jobbroker.duration(error.delay)), via)
       elsif error
-        send_answer_locked(:fail, fail_request(ctx, error_text(error)))
+        send_answer_locked(:fail, fail_request(ctx, error_text(error)), via)
       else
         queue_ack_locked(V1::AckRequest.new(job_id: ctx.job_id, lease_id: ctx.lease_id,
-                                            result: value))
+                                            result: value), via)
       end
     end
 
@@ -860,7 +1055,7 @@ module Jobbroker
     def heartbeat(held)
       @mu.synchronize do
         # No stream: not replayed; the held jobs heartbeat as soon as the next one subscribes.
-        next unless @session && @held[held.job_id].equal?(held)
+        next unless any_open_locked? && @held[held.job_id].equal?(held)
 
         request = V1::HeartbeatRequest.new(job_id: held.job_id, lease_id: held.leased.lease_id)
         on_result = ->(result) { on_heartbeat_result(held, result) }
@@ -876,10 +1071,15 @@ module Jobbroker
       @mu.synchronize do
         # 1. Stop taking; 2. release what has not started (on_job releases later pushes).
         @stop_taking = true
-        dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0))) if @session
+        @streams.each do |stream|
+          next unless stream.open
+
+          dispatch_locked(Request.new(:flow, V1::FlowRequest.new(max_in_flight: 0)),
+                          stream.session)
+        end
         @waiting.each do |held|
           @held.delete(held.job_id)
-          send_answer_locked(:release, release_request(held.leased))
+          send_answer_locked(:release, release_request(held.leased), held.session)
         end
         @waiting.clear
         @cv.broadcast
@@ -900,8 +1100,12 @@ module Jobbroker
         @closing = true
         @cv.broadcast
       end
-      # 6. The connection thread half-closes the stream and cancels it after 2 s.
-      @connection_thread.join
+      # 6. Every stream half-closed, cancelled after 2 s; none is opened from now on. The
+      # connection thread ends at once, unless it waits for a GetCluster answer: that one is
+      # not waited for past a short bound (it opens nothing after its answer).
+      close_streams
+      @log.warn("the connection thread is still waiting for the cluster's layout") unless
+        @connection_thread.join(CONNECTION_JOIN)
       @timer_thread.join
       @handler_threads.each { |t| t.join(0.1) }
     end
@@ -924,6 +1128,7 @@ module Jobbroker
         @cv.broadcast
       end
       @connection_thread.join(5)
+      close_streams
       @timer_thread.join(5)
       @handler_threads.each { |t| t.join(0.1) }
       raise error
