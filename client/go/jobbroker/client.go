@@ -125,6 +125,8 @@ type Client struct {
 	// Sends each call to the node that serves it; nil when made by NewClientFromConn, whose
 	// connection is used as it is.
 	router *router
+	// The connection every call goes through (it adds the metadata).
+	calls  *callConn
 	broker pb.BrokerClient
 	admin  pb.AdminClient
 	// Constant after construction.
@@ -201,6 +203,7 @@ func newClientOnConn(conn grpc.ClientConnInterface, opts Options) *Client {
 	}
 	cc := &callConn{ClientConnInterface: conn, token: opts.Token, deadline: deadline}
 	return &Client{
+		calls:             cc,
 		broker:            pb.NewBrokerClient(cc),
 		admin:             pb.NewAdminClient(cc),
 		enqueueMiddleware: slices.Clone(opts.EnqueueMiddleware),
@@ -390,6 +393,17 @@ func (c *Client) markRoutingStale() {
 	if c.router != nil {
 		c.router.markStale()
 	}
+}
+
+// workGroups groups a worker's queues by the cluster's layout as it is now (routing_table.go's
+// groupQueues): one group for every queue without a router (NewClientFromConn) or a table.
+// recheck: the layout is to be fetched again after each backoff delay while these groups run,
+// because one of them is for any node (recheckTableFor).
+func (c *Client) workGroups(ctx context.Context, queues []string, maxInFlight int) (groups []streamGroup, recheck bool) {
+	if c.router == nil {
+		return groupQueues(nil, queues, maxInFlight), false
+	}
+	return c.router.workGroups(c.calls.withMetadata(ctx), queues, maxInFlight)
 }
 
 // Close closes the connections New opened.

@@ -1,12 +1,15 @@
 package jobbroker_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,6 +29,7 @@ import (
 // the test's end stops it: the nodes by their PID, then etcd.
 type testCluster struct {
 	addresses []string // node-0, node-1, node-2
+	http      []string // each node's --http-listen, where its /metrics is
 	nodes     []*exec.Cmd
 	dir       string
 }
@@ -53,7 +57,8 @@ func startCluster(t *testing.T) *testCluster {
 	}
 	for n := range 3 {
 		cl.addresses = append(cl.addresses, freeAddress(t))
-		node := exec.Command(brokerBinary(), "--listen", cl.addresses[n], "--http-listen", "127.0.0.1:0",
+		cl.http = append(cl.http, freeAddress(t))
+		node := exec.Command(brokerBinary(), "--listen", cl.addresses[n], "--http-listen", cl.http[n],
 			"--data-dir", filepath.Join(cl.dir, fmt.Sprintf("node-%d", n)),
 			"--partitions", fmt.Sprint(clusterPartitions), "--cluster-etcd", etcdURL,
 			"--node-id", fmt.Sprintf("node-%d", n), "--cluster-initial-nodes", "3",
@@ -349,4 +354,147 @@ func indexOf(t *testing.T, addresses []string, address string) int {
 	}
 	t.Fatalf("%q is none of the nodes %v", address, addresses)
 	return -1
+}
+
+// metric is the value of an unlabelled gauge or counter on node n's /metrics; -1 if the node
+// does not answer or does not show it.
+func (cl *testCluster) metric(t *testing.T, n int, name string) float64 {
+	t.Helper()
+	client := http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + cl.http[n] + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	for lines.Scan() {
+		if value, ok := strings.CutPrefix(lines.Text(), name+" "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(value), 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// enqueueUntilAccepted enqueues with a dedup key, again while the queue's partition has no
+// leader (a leader just died), for up to 60 s.
+func enqueueUntilAccepted(t *testing.T, c *jobbroker.Client, queue, dedupKey string) string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		enq, err := c.Enqueue(ctx, queue, []byte(dedupKey), jobbroker.WithDedupKey(dedupKey))
+		cancel()
+		if err == nil {
+			return enq.JobID
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Enqueue to %s: still %v after 60 s", queue, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitCompleted waits for each job to be completed, asking again when its partition has no
+// leader for a moment (a leader just died), for up to 60 s in all.
+func waitCompleted(t *testing.T, c *jobbroker.Client, jobIDs []string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for _, id := range jobIDs {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			job, err := c.GetJob(ctx, id)
+			cancel()
+			if err == nil && job.GetState() == pb.JobState_JOB_STATE_COMPLETED {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("gave up waiting for job %s to complete: %v, %v", id, job.GetState(), err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// A worker over two queues whose partitions two different nodes lead holds a stream on each
+// leader (docs/worker-contract.md §5), even when given the node that leads neither first: no
+// node relays its streams. When one leader dies it regroups onto the new leader.
+func TestAWorkerHoldsOneStreamPerLeadingNodeAndFollowsALeadersDeath(t *testing.T) {
+	cl := startCluster(t)
+	c := cl.client(t)
+	info := waitForCluster(t, c, "two partitions with different leaders", func(info *pb.ClusterInfo) bool {
+		leaders := map[string]bool{}
+		for p := range uint32(clusterPartitions) {
+			leaders[leaderOf(info, p)] = true
+		}
+		return len(leaders) >= 2 && !leaders[""]
+	})
+	pa, pb0 := uint32(0), uint32(0)
+	for p := range uint32(clusterPartitions) {
+		if leaderOf(info, p) != leaderOf(info, pa) {
+			pb0 = p
+			break
+		}
+	}
+	la, lb := indexOf(t, cl.addresses, leaderOf(info, pa)), indexOf(t, cl.addresses, leaderOf(info, pb0))
+	neither := 3 - la - lb
+	qa, qb := queueInPartition(t, pa), queueInPartition(t, pb0)
+
+	wc, err := jobbroker.New(jobbroker.Options{Addresses: []string{
+		cl.addresses[neither], cl.addresses[la], cl.addresses[lb]}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { wc.Close() })
+	w := jobbroker.NewWorker(wc, jobbroker.WorkerOptions{Concurrency: 4})
+	for _, q := range []string{qa, qb} {
+		w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error { return nil })
+	}
+	stop := runWorker(t, w)
+
+	enqueueBoth := func(round string) []string {
+		var ids []string
+		for _, q := range []string{qa, qb} {
+			for i := range 10 {
+				ids = append(ids, enqueueUntilAccepted(t, c, q, fmt.Sprintf("%s-%s-%d", round, q, i)))
+			}
+		}
+		return ids
+	}
+	waitCompleted(t, c, enqueueBoth("first"))
+	for n := range 3 {
+		relaying, open := cl.metric(t, n, "jobbroker_work_streams_relaying"), cl.metric(t, n, "jobbroker_work_streams_open")
+		if relaying != 0 {
+			t.Errorf("node-%d relays %v streams, want 0: the worker did not open one stream per leader", n, relaying)
+		}
+		if n == neither && open != 0 {
+			t.Errorf("node-%d, which leads neither queue, has %v open streams, want 0", n, open)
+		}
+		if n != neither && open < 1 {
+			t.Errorf("node-%d, a leader of the worker's queues, has %v open streams, want 1 or more", n, open)
+		}
+	}
+
+	cl.kill9(la)
+	waitCompleted(t, c, enqueueBoth("after-the-kill"))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		relaying := 0.0
+		for n := range 3 {
+			if n != la {
+				relaying += cl.metric(t, n, "jobbroker_work_streams_relaying")
+			}
+		}
+		if relaying == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the live nodes still relay %v streams 30 s after a leader's death", relaying)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
 }

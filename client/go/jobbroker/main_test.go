@@ -72,8 +72,9 @@ var servingLine = regexp.MustCompile(`^jobbroker: serving grpc=(\S+) http=(\S+)`
 // startBroker starts the real broker binary. listen is usually 127.0.0.1:0; dataDir "" makes
 // a fresh one (removed by stop); extra are more flags (TLS, tokens).
 // restartableBroker starts a broker for a test that restarts it. restart(whileDown) stops the
-// broker, runs whileDown (if not nil) while it is away, and starts a new one on the same address
-// and data directory; the test's end stops the latest and removes the directory.
+// broker (SIGTERM; or does nothing to one the test already killed, kill9), runs whileDown (if
+// not nil) while it is away, and starts a new one on the same address and data directory; the
+// test's end stops the latest and removes the directory.
 func restartableBroker(t *testing.T) (*testBroker, func(whileDown func()) *testBroker) {
 	t.Helper()
 	current, err := startBroker(sharedConfig, "127.0.0.1:0", "")
@@ -174,6 +175,13 @@ func (b *testBroker) stop() {
 	if b.ownDir {
 		os.RemoveAll(b.dataDir)
 	}
+}
+
+// kill9 ends the broker at once (SIGKILL, which also ends a broker stopped by SIGSTOP): a
+// crash. A restart (restartableBroker) then starts a new one on its address and data directory.
+func (b *testBroker) kill9() {
+	b.cmd.Process.Kill()
+	<-b.exited
 }
 
 func (b *testBroker) dumpLog(w io.Writer) {

@@ -63,6 +63,9 @@ const clusterLookupTimeout = DefaultDeadline
 type route struct {
 	queues []string // the leader of these queues' partitions, if they share one
 	jobID  string   // the leader of this job's partition
+	// A node named by the caller: a Worker's stream goes to the leader its group was made
+	// for, as the table was when it grouped (workGroups), not as a later table says.
+	address string
 }
 
 func queueRoute(queue string) route { return route{queues: []string{queue}} }
@@ -306,6 +309,18 @@ func (r *router) nodeLocked(address string) *grpc.ClientConn {
 	}
 	r.nodes[address] = conn
 	return conn
+}
+
+// workGroups fetches the table if it is stale and groups a worker's queues by it (groupQueues);
+// recheck is whether the worker fetches it again after each backoff delay while these groups
+// run (recheckTableFor). ctx carries the metadata of a call (the client name and token) for
+// GetCluster.
+func (r *router) workGroups(ctx context.Context, queues []string, maxInFlight int) (groups []streamGroup, recheck bool) {
+	r.refreshIfNeeded(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	groups = groupQueues(r.table, queues, maxInFlight)
+	return groups, recheckTableFor(r.table, groups)
 }
 
 // Close closes every connection the router made.

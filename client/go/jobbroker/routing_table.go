@@ -1,6 +1,11 @@
 package jobbroker
 
-import pb "jobbroker.dev/client/go/jobbrokerv1"
+import (
+	"maps"
+	"slices"
+
+	pb "jobbroker.dev/client/go/jobbrokerv1"
+)
 
 // routingTable says which broker address a call goes to, from one Admin.GetCluster answer: the
 // leader of the call's partition, found from the queue's name or the job id (partition.go). It
@@ -96,6 +101,8 @@ func (t *routingTable) addressOfJob(jobID string) string {
 // partitions when it is the same node, else to any node, which serves them all.
 func (t *routingTable) addressOf(r route) string {
 	switch {
+	case r.address != "":
+		return r.address
 	case r.jobID != "":
 		return t.addressOfJob(r.jobID)
 	case len(r.queues) == 0:
@@ -118,4 +125,76 @@ func (t *routingTable) nodeAddresses() []string {
 		return []string{t.answeredBy}
 	}
 	return append(append([]string{}, t.aliveNodes...), t.otherNodes...)
+}
+
+// streamGroup is what one Work stream of a Worker serves (docs/worker-contract.md §5, "One
+// stream per leading node"): the queues whose partitions one node leads, subscribed on that
+// node, with a share of the worker's max_in_flight. Two groups are the same when all three
+// fields are: a regrouping keeps the stream of a group it finds again.
+type streamGroup struct {
+	address     string   // the leader's; "" = any node (no table, or partitions without a leader)
+	queues      []string // sorted
+	maxInFlight int
+}
+
+func (g streamGroup) equal(o streamGroup) bool {
+	return g.address == o.address && g.maxInFlight == o.maxInFlight && slices.Equal(g.queues, o.queues)
+}
+
+// groupQueues puts queues in one group per leader address of table, sorted by address; queues
+// whose partition has no leader in the table form one more group, last, for any node (which
+// relays it, or answers Unavailable until the partition has a leader). Without a table, or
+// outside a cluster, every queue is in one group for any node: the one stream of a broker that
+// does not say where partitions are.
+//
+// maxInFlight is shared out as the broker shares a relayed stream's: the i-th of k groups gets
+// maxInFlight/k, plus 1 when i < maxInFlight%k, and at least 1 (so a worker over k leaders may
+// hold max(maxInFlight, k) jobs); 0 stays 0 everywhere.
+func groupQueues(table *routingTable, queues []string, maxInFlight int) []streamGroup {
+	sorted := slices.Sorted(slices.Values(queues))
+	sorted = slices.Compact(sorted)
+	if table == nil || !table.isCluster {
+		return []streamGroup{{queues: sorted, maxInFlight: maxInFlight}}
+	}
+	byLeader := map[string][]string{}
+	var leaderless []string
+	for _, queue := range sorted {
+		partition := partitionOfQueue(queue, table.partitionCount)
+		if int(partition) >= len(table.leaders) || table.leaders[partition] == "" {
+			leaderless = append(leaderless, queue)
+			continue
+		}
+		byLeader[table.leaders[partition]] = append(byLeader[table.leaders[partition]], queue)
+	}
+	var groups []streamGroup
+	for _, address := range slices.Sorted(maps.Keys(byLeader)) {
+		groups = append(groups, streamGroup{address: address, queues: byLeader[address]})
+	}
+	if len(leaderless) > 0 {
+		groups = append(groups, streamGroup{queues: leaderless})
+	}
+	k := len(groups)
+	for i := range groups {
+		if maxInFlight <= 0 {
+			continue
+		}
+		share := maxInFlight / k
+		if i < maxInFlight%k {
+			share++
+		}
+		groups[i].maxInFlight = max(share, 1)
+	}
+	return groups
+}
+
+// recheckTableFor reports whether a worker grouped by table into groups fetches the table again
+// after each backoff delay even though none of its streams ended (docs/worker-contract.md §5):
+// while a cluster's table leaves it a group for any node. That node may already know the new
+// leader of those queues' partitions and relay the stream instead of refusing it, and no leader
+// change would end that relay; the next table shows the leader, and the queues move to its own
+// stream. Without a cluster's table (none yet, a single broker, one that refuses GetCluster)
+// the one group for any node is all there is: asking again could not move it.
+func recheckTableFor(table *routingTable, groups []streamGroup) bool {
+	return table != nil && table.isCluster &&
+		slices.ContainsFunc(groups, func(g streamGroup) bool { return g.address == "" })
 }

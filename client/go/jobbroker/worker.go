@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -63,7 +62,7 @@ type WorkerOptions struct {
 	// How long Run lets running handlers finish after its context is cancelled; then their
 	// contexts are cancelled (cause ErrShutdown) and their jobs given back. Default 30 s.
 	ShutdownGrace time.Duration
-	// Reconnect backoff when the stream breaks or the broker is down: a random wait below a
+	// Reconnect backoff when a stream breaks or the broker is down: a random wait below a
 	// bound that doubles from ReconnectInitial (default 100 ms) up to ReconnectMax (default
 	// 5 s), back to ReconnectInitial once a stream was subscribed.
 	ReconnectInitial time.Duration
@@ -72,7 +71,7 @@ type WorkerOptions struct {
 	Logger *slog.Logger
 }
 
-// Worker runs handlers for jobs pushed over one Broker.Work stream: Concurrency at a time,
+// Worker runs handlers for jobs pushed over Broker.Work streams: Concurrency at a time,
 // heartbeats while they run, ack or fail when they return, reconnects with backoff when the
 // broker goes away, and stops gracefully when Run's context is cancelled. It implements the
 // worker contract of docs/worker-contract.md.
@@ -87,14 +86,24 @@ type WorkerOptions struct {
 //
 // Register handlers before Run. A Worker runs once.
 //
-// In a cluster (a Client made by New) the stream goes straight to the leader of the handled
-// queues' partitions when they all have the same one, otherwise to any node, which relays it.
-// Before it reconnects after a stream ended, the worker asks for the cluster's layout again,
-// so it follows a leader that moved or died.
+// In a cluster (a Client made by New) the worker holds one stream per leading node
+// (docs/worker-contract.md §5): the handled queues are grouped by their partition's leader,
+// and each group's stream goes straight to that leader, subscribing to the group's queues with
+// a share of Concurrency+Prefetch as its max_in_flight, so that no node relays a stream.
+// Queues whose partition has no leader go on one more stream, to any node; while it has that
+// stream the worker asks for the layout again after each backoff delay and regroups, so those
+// queues move to their leader's own stream once it is known. Handlers are one pool across the
+// streams. When any stream ends, the worker waits its backoff, asks for the
+// cluster's layout again and groups anew: the streams of groups that are still the same keep
+// running, the others are ended and the new ones opened, so it follows a leader that moved or
+// died. Without the layout (a single broker, or one that refuses GetCluster) it holds one
+// stream over every queue, on the first address that answers.
 //
-// Acks are coalesced: one ack message is in flight at a time, and the acks of jobs that end
-// meanwhile go out together as one ack_batch when it is answered. Acks, fails and releases the
-// broker has not answered when the stream breaks are sent again on the next stream.
+// A job's heartbeats and answers go on the stream that pushed it while that stream is open,
+// else on any open stream (a node routes them to the job's leader), else with the next stream.
+// Acks are coalesced per stream: one ack message is in flight at a time, and the acks of jobs
+// that end meanwhile go out together as one ack_batch when it is answered. Acks, fails and
+// releases the broker has not answered when a stream breaks are sent again on another stream.
 type Worker struct {
 	// Constant after construction (handlers: after Run starts).
 	client     *Client
@@ -103,39 +112,86 @@ type Worker struct {
 	handlers   map[string]Handler
 	middleware []MiddlewareFunc
 	wake       chan struct{} // wakes the heartbeat loop for a new job
-	closed     chan struct{} // closed when Run is done with the stream
+	closed     chan struct{} // closed when Run is done with the streams
 	running    sync.WaitGroup
 
 	// State below is protected by mu.
-	mu           sync.Mutex
-	started      bool
-	stopping     bool // no new jobs: what arrives is given back
-	closing      bool // the stream goes away
-	nextID       uint64
-	subscribeID  uint64
-	streamCancel context.CancelFunc
-	baseCtx      context.Context
-	// The stream generation a request was made for; written with both mu and sendMu held. A
-	// request made for an older generation is not sent by its maker: the new stream's first
-	// messages carry it (see resumeLocked).
-	gen      uint64
+	mu      sync.Mutex
+	started bool
+	// No new jobs: what arrives is given back. Streams that end are still reopened (without a
+	// subscription) so that the answers still to come reach the broker, until closing.
+	stopping bool
+	closing  bool // the streams go away
+	nextID   uint64
+	baseCtx  context.Context
+	streams  []*workStream          // open, in the order they opened: where answers may go
 	held     map[string]*heldJob    // by job id: the current attempt, waiting or running
 	waiting  []*heldJob             // held and not started, in arrival order
 	active   map[*heldJob]struct{}  // handlers running (lost ones included)
 	pending  map[uint64]*pendingReq // fails, releases and checkpoint saves not yet answered
-	beats    map[uint64]*heldJob    // heartbeats (periodic and progress) not yet answered
-	ackQueue []*pb.AckRequest       // acks waiting for the one in flight to be answered
-	ackID    uint64                 // the request id of the ack message in flight; 0 if none
-	ackSent  []*pb.AckRequest       // what that message carries
-	// Answers the broker refused with Unavailable (a partition handing over to a new leader,
-	// a broker draining): not final, unlike a stale lease, so they go out again after
-	// answerRetryDelay, or with the next stream if it comes first.
-	ackRetry   []*pb.AckRequest
-	retryTimer *time.Timer // nil unless a resend is due
+	beats    map[uint64]beat        // heartbeats (periodic and progress) not yet answered
+	// Acks that found no open stream: they go out on the next one.
+	orphanAcks []*pb.AckRequest
+	retryTimer *time.Timer   // nil unless a resend is due
+	backoff    time.Duration // the bound of the next reconnect wait
 	stats      WorkerStats
+}
 
+// workStream is one Broker.Work stream of a Worker, for one streamGroup.
+type workStream struct {
+	group  streamGroup
+	cancel context.CancelFunc // ends the stream at once
+
+	// Under Worker.mu.
+	open        bool // takes requests: attached, and not yet ended or retired
+	retired     bool // ended by a regrouping, not by the broker
+	subscribeID uint64
+	ackQueue    []*pb.AckRequest // acks waiting for the one in flight to be answered
+	ackID       uint64           // the request id of the ack message in flight; 0 if none
+	ackSent     []*pb.AckRequest // what that message carries
+	// Acks the broker refused with Unavailable (a partition handing over to a new leader, a
+	// broker draining): not final, unlike a stale lease, so they go out again after
+	// answerRetryDelay, or on another stream if this one ends first.
+	ackRetry []*pb.AckRequest
+
+	// Lock order: sendMu, then Worker.mu.
 	sendMu sync.Mutex
-	stream grpc.BidiStreamingClient[pb.WorkRequest, pb.WorkResponse] // nil while disconnected
+	stream grpc.BidiStreamingClient[pb.WorkRequest, pb.WorkResponse] // nil unless open
+
+	// Written by the stream's goroutine before it reports the end.
+	err        error
+	subscribed bool
+}
+
+// send writes r on s if s is still open. A request not sent is not lost: the worker made it
+// pending, and a stream that ends hands what it had not answered to another (detachLocked).
+func (s *workStream) send(r *pb.WorkRequest) {
+	if r == nil || s == nil {
+		return
+	}
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	if s.stream != nil {
+		_ = s.stream.Send(r) // a broken stream shows up in Recv, which ends it
+	}
+}
+
+// outgoing is a request and the stream it was given to (nil: none open, it waits).
+type outgoing struct {
+	r *pb.WorkRequest
+	s *workStream
+}
+
+func sendAll(out []outgoing) {
+	for _, o := range out {
+		o.s.send(o.r)
+	}
+}
+
+// beat is a heartbeat in flight: the job it is for, and the stream it went on.
+type beat struct {
+	h   *heldJob
+	via *workStream
 }
 
 // The most acks one ack_batch carries (the broker's limit).
@@ -163,6 +219,7 @@ func (w *Worker) Stats() WorkerStats {
 // heldJob is one attempt the worker holds. Its fields are guarded by Worker.mu.
 type heldJob struct {
 	leased  *pb.LeasedJob
+	via     *workStream // the stream that pushed it: its answers go there while it is open
 	job     *Job
 	handler Handler
 	ctx     context.Context
@@ -193,6 +250,8 @@ type pendingReq struct {
 	held *heldJob
 	// Refused with Unavailable; sent again by resendRefused (or the next stream).
 	refused bool
+	origin  *workStream // the stream that pushed the job
+	via     *workStream // the stream it went on; nil while none was open
 }
 
 // How long an answer refused with Unavailable waits before it is sent again.
@@ -239,7 +298,8 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 		held:     map[string]*heldJob{},
 		active:   map[*heldJob]struct{}{},
 		pending:  map[uint64]*pendingReq{},
-		beats:    map[uint64]*heldJob{},
+		beats:    map[uint64]beat{},
+		backoff:  opts.ReconnectInitial,
 	}
 }
 
@@ -292,10 +352,10 @@ func (w *Worker) wrapHandlersLocked() {
 // shuts down gracefully: it takes no new jobs, gives back the jobs it holds but has not
 // started, lets running handlers finish (up to ShutdownGrace; then it cancels their contexts,
 // waits for them to return and gives their jobs back), waits up to 1 s more for the broker to
-// answer its acks, fails and releases, closes the stream and returns nil.
+// answer its acks, fails and releases, closes the streams and returns nil.
 //
 // A broker that cannot be reached is not an error: Run keeps reconnecting with backoff. A
-// stream the broker ends with a code that retrying cannot fix (InvalidArgument for a malformed
+// stream (any of them) the broker ends with a code that retrying cannot fix (InvalidArgument for a malformed
 // queue name, Unauthenticated, PermissionDenied, ...) is: Run shuts down and returns that
 // status error.
 func (w *Worker) Run(ctx context.Context) error {
@@ -325,7 +385,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	case err = <-fatal:
 	}
 	w.shutdown()
-	w.closeStream(connDone)
+	w.closeStreams(connDone)
 	<-heartbeatsDone
 	return err
 }
@@ -335,20 +395,20 @@ func (w *Worker) shutdown() {
 	graceEnd := time.Now().Add(w.opts.ShutdownGrace)
 	w.mu.Lock()
 	w.stopping = true
-	out := []*pb.WorkRequest{{
-		RequestId: w.newIDLocked(),
-		Request:   &pb.WorkRequest_Flow{Flow: &pb.FlowRequest{MaxInFlight: 0}},
-	}}
+	var out []outgoing
+	for _, s := range w.streams {
+		out = append(out, outgoing{&pb.WorkRequest{
+			RequestId: w.newIDLocked(),
+			Request:   &pb.WorkRequest_Flow{Flow: &pb.FlowRequest{MaxInFlight: 0}},
+		}, s})
+	}
 	waiting := w.waiting
 	w.waiting = nil
 	for _, h := range waiting {
 		out = append(out, w.giveBackUnstartedLocked(h))
 	}
-	gen := w.gen
 	w.mu.Unlock()
-	for _, r := range out {
-		w.send(r, gen)
-	}
+	sendAll(out)
 
 	handlersDone := make(chan struct{})
 	go func() { w.running.Wait(); close(handlersDone) }()
@@ -386,29 +446,29 @@ func (w *Worker) shutdown() {
 func (w *Worker) unanswered() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.pending) + len(w.ackSent) + len(w.ackQueue) + len(w.ackRetry)
+	n := len(w.pending) + len(w.orphanAcks)
+	for _, s := range w.streams {
+		n += len(s.ackSent) + len(s.ackQueue) + len(s.ackRetry)
+	}
+	return n
 }
 
-// closeStream half-closes the stream, gives the broker 2 s to end it, then cancels it.
-func (w *Worker) closeStream(connDone <-chan struct{}) {
-	w.sendMu.Lock()
+// closeStreams half-closes every stream; the connection loop gives the broker 2 s to end
+// them, then cancels them.
+func (w *Worker) closeStreams(connDone <-chan struct{}) {
 	w.mu.Lock()
 	w.closing = true
-	cancel := w.streamCancel
+	streams := slices.Clone(w.streams)
 	w.mu.Unlock()
-	if w.stream != nil {
-		_ = w.stream.CloseSend()
-		w.stream = nil
+	for _, s := range streams {
+		s.sendMu.Lock()
+		if s.stream != nil {
+			_ = s.stream.CloseSend()
+			s.stream = nil
+		}
+		s.sendMu.Unlock()
 	}
-	w.sendMu.Unlock()
 	close(w.closed)
-	select {
-	case <-connDone:
-	case <-time.After(2 * time.Second):
-	}
-	if cancel != nil {
-		cancel()
-	}
 	<-connDone
 }
 
@@ -434,22 +494,42 @@ func (w *Worker) forgetLocked(h *heldJob) {
 }
 
 // giveBackUnstartedLocked releases a held job that has not started (graceful stop).
-func (w *Worker) giveBackUnstartedLocked(h *heldJob) *pb.WorkRequest {
+func (w *Worker) giveBackUnstartedLocked(h *heldJob) outgoing {
 	w.forgetLocked(h)
 	h.cancel(ErrShutdown)
 	w.stats.Released++
-	return w.releaseRequestLocked(h.leased, 0)
+	return w.releaseRequestLocked(h.leased, 0, h.via)
 }
 
-// releaseRequestLocked makes a release (a snooze when delay > 0), pending until answered.
-func (w *Worker) releaseRequestLocked(l *pb.LeasedJob, delay time.Duration) *pb.WorkRequest {
+// releaseRequestLocked makes a release (a snooze when delay > 0) of a job origin pushed,
+// pending until answered.
+func (w *Worker) releaseRequestLocked(l *pb.LeasedJob, delay time.Duration, origin *workStream) outgoing {
 	rel := &pb.ReleaseRequest{JobId: l.GetJobId(), LeaseId: l.GetLeaseId()}
 	if delay > 0 {
 		rel.Delay = durationpb.New(delay)
 	}
 	r := &pb.WorkRequest{RequestId: w.newIDLocked(), Request: &pb.WorkRequest_Release{Release: rel}}
-	w.pending[r.RequestId] = &pendingReq{req: r}
-	return r
+	return w.pendLocked(&pendingReq{req: r, origin: origin})
+}
+
+// pendLocked keeps p until it is answered and gives it to a stream (streamForLocked).
+func (w *Worker) pendLocked(p *pendingReq) outgoing {
+	w.pending[p.req.GetRequestId()] = p
+	p.via = w.streamForLocked(p.origin)
+	return outgoing{p.req, p.via}
+}
+
+// streamForLocked is where a request about a job origin pushed goes: origin while it is open,
+// else any open stream (a node routes a job's answer to its leader by job id), else nil: it
+// waits for the next stream.
+func (w *Worker) streamForLocked(origin *workStream) *workStream {
+	if origin != nil && origin.open {
+		return origin
+	}
+	if len(w.streams) > 0 {
+		return w.streams[0]
+	}
+	return nil
 }
 
 // loseLocked: the broker ended h's attempt (lease lost, timed out). The handler's context is
@@ -486,77 +566,30 @@ func leaseGoneResult(h *heldJob) *pb.WorkResult {
 		Message: "checkpoint not saved: " + why.Error() + " before the broker could apply it"}
 }
 
-// send writes r on the current stream if r was made for it (gen). A request that is not sent
-// stays pending and goes out on the next stream; a request of an older stream was already
-// resent by the new one.
-func (w *Worker) send(r *pb.WorkRequest, gen uint64) {
-	if r == nil {
-		return
-	}
-	w.sendMu.Lock()
-	defer w.sendMu.Unlock()
-	if w.stream == nil || w.gen != gen {
-		return
-	}
-	_ = w.stream.Send(r) // a broken stream shows up in Recv, which reconnects
-}
-
+// connectionLoop keeps one stream per group of the handled queues (streamGroup): it opens the
+// groups' streams and, each time one ends, waits the backoff, asks for the cluster's layout
+// again and regroups. While a cluster's layout leaves a group for any node, it also asks again
+// and regroups after each backoff delay when no stream ended (docs/worker-contract.md §5): the
+// node that stream went to may relay it to a leader elected meanwhile, and nothing would end
+// that relay. It returns once every stream it opened has ended, after Run closed w.closed.
 func (w *Worker) connectionLoop(fatal chan<- error) {
-	backoff := w.opts.ReconnectInitial
-	// In a cluster the stream goes to the leader of the handled queues' partitions when they
-	// share one, else to any node, which relays it to each queue's leader.
-	queues := route{queues: slices.Sorted(maps.Keys(w.handlers))}
-	for {
-		streamCtx, cancel := context.WithCancel(withStreamRoute(context.Background(), queues))
-		stream, err := w.client.broker.Work(streamCtx)
-		subscribed := false
-		if err == nil {
-			w.sendMu.Lock()
-			w.mu.Lock()
-			if w.closing {
-				w.mu.Unlock()
-				w.sendMu.Unlock()
-				cancel()
-				return
-			}
-			w.streamCancel = cancel
-			first := w.resumeLocked()
-			w.mu.Unlock()
-			w.stream = stream
-			for _, r := range first {
-				if stream.Send(r) != nil {
-					break
-				}
-			}
-			w.sendMu.Unlock()
-			for {
-				var msg *pb.WorkResponse
-				msg, err = stream.Recv()
-				if err != nil {
-					break
-				}
-				ok, refusal := w.onMessage(msg)
-				if ok {
-					subscribed = true
-					backoff = w.opts.ReconnectInitial
-				}
-				if refusal != nil {
-					select {
-					case fatal <- refusal:
-					default:
-					}
-				}
-			}
-			w.sendMu.Lock()
-			if w.stream == stream {
-				w.stream = nil
-			}
-			w.sendMu.Unlock()
+	queues := slices.Sorted(maps.Keys(w.handlers))
+	maxInFlight := w.opts.Concurrency + w.opts.Prefetch
+	lookupCtx, cancelLookups := context.WithCancel(context.Background())
+	defer cancelLookups()
+	go func() { <-w.closed; cancelLookups() }()
+
+	ended := make(chan *workStream)
+	live := map[*workStream]struct{}{} // started and not yet reported ended
+	var current []*workStream          // the streams of the latest grouping that have not ended
+	// onEnd takes a stream's end; it reports whether the stream was one of the grouping's
+	// (not one a regrouping retired).
+	onEnd := func(s *workStream) bool {
+		delete(live, s)
+		if s.retired {
+			return false
 		}
-		cancel()
-		// Its node may have died or stopped leading the queues: the next stream goes where the
-		// cluster's layout says they are now.
-		w.client.markRoutingStale()
+		current = slices.DeleteFunc(current, func(c *workStream) bool { return c == s })
 		w.mu.Lock()
 		closing := w.closing
 		if !closing {
@@ -564,82 +597,287 @@ func (w *Worker) connectionLoop(fatal chan<- error) {
 		}
 		w.mu.Unlock()
 		if closing {
-			return
+			return true
 		}
-		if code := status.Code(err); reconnectable(code) {
-			w.log.Warn("jobbroker: stream to the broker ended; reconnecting", "err", err, "subscribed", subscribed)
+		if code := status.Code(s.err); reconnectable(code) {
+			w.log.Warn("jobbroker: stream to the broker ended; reconnecting", "err", s.err,
+				"address", s.group.address, "queues", s.group.queues, "subscribed", s.subscribed)
 		} else {
-			w.log.Error("jobbroker: the broker refused the stream", "err", err)
+			w.log.Error("jobbroker: the broker refused the stream", "err", s.err)
 			select {
-			case fatal <- err:
+			case fatal <- s.err:
 			default:
 			}
 		}
-		// Full jitter, so that workers a broker restart disconnected together come back spread.
-		select {
-		case <-w.closed:
-			return
-		case <-time.After(rand.N(backoff) + time.Millisecond):
+		return true
+	}
+
+	for {
+		// Each stream's node may have died or stopped leading its queues: the groups are made
+		// from the cluster's layout as it is now.
+		groups, recheck := w.client.workGroups(lookupCtx, queues, maxInFlight)
+		var retire, open []*workStream
+		// While stopping too (docs/worker-contract.md §6): a stream that ends before the streams
+		// are closed is reopened, regrouped, so that the acks, fails and releases still to come
+		// reach the broker. attachLocked does not subscribe a stream opened while stopping, so
+		// it is pushed nothing. Once closing, nothing is opened.
+		w.mu.Lock()
+		if !w.closing {
+			var next []*workStream
+			for _, s := range current {
+				if slices.ContainsFunc(groups, s.group.equal) {
+					next = append(next, s)
+				} else {
+					retire = append(retire, s)
+				}
+			}
+			for _, g := range groups {
+				if !slices.ContainsFunc(next, func(s *workStream) bool { return s.group.equal(g) }) {
+					s := &workStream{group: g}
+					next = append(next, s)
+					open = append(open, s)
+				}
+			}
+			current = next
 		}
-		backoff = min(backoff*2, w.opts.ReconnectMax)
+		w.mu.Unlock()
+		for _, s := range retire {
+			w.retire(s)
+		}
+		for _, s := range open {
+			ctx, cancel := context.WithCancel(withStreamRoute(context.Background(), route{address: s.group.address}))
+			s.cancel = cancel
+			live[s] = struct{}{}
+			go func() { w.runStream(ctx, s, fatal); ended <- s }()
+		}
+
+		// Until one of the grouping's streams ends, or (with a group for any node) the backoff
+		// delay is over: then the layout is fetched again without a further wait. Run's close
+		// (step 6 of the graceful stop) ends both.
+		var recheckTimer *time.Timer
+		var recheckDue <-chan time.Time
+		if recheck {
+			recheckTimer = time.NewTimer(w.nextBackoffWait())
+			recheckDue = recheckTimer.C
+		}
+		streamEnded, rechecking := false, false
+		for !streamEnded && !rechecking {
+			select {
+			case s := <-ended:
+				streamEnded = onEnd(s)
+			case <-recheckDue:
+				rechecking = true
+			case <-w.closed:
+				if recheckTimer != nil {
+					recheckTimer.Stop()
+				}
+				w.endAll(live, ended)
+				return
+			}
+		}
+		if recheckTimer != nil {
+			recheckTimer.Stop()
+		}
+		w.client.markRoutingStale()
+		if rechecking {
+			continue // its delay was the backoff: regroup now
+		}
+		timer := time.NewTimer(w.nextBackoffWait())
+		for waiting := true; waiting; {
+			select {
+			case s := <-ended:
+				onEnd(s)
+			case <-timer.C:
+				waiting = false
+			case <-w.closed:
+				timer.Stop()
+				w.endAll(live, ended)
+				return
+			}
+		}
 	}
 }
 
-// resumeLocked starts a new stream generation and returns its first messages: the subscribe
-// (unless stopping), then every ack, fail, release and checkpoint save the last stream left
-// unanswered (idempotent per lease, so sending them again is safe), then the newest progress
-// of each job. Periodic heartbeats are not replayed: the loop sends the next ones.
-func (w *Worker) resumeLocked() []*pb.WorkRequest {
-	w.gen++
-	var first []*pb.WorkRequest
-	if !w.stopping {
-		queues := make([]string, 0, len(w.handlers))
-		for q := range w.handlers {
-			queues = append(queues, q)
+// nextBackoffWait draws the next wait of the worker's one backoff, with full jitter (so that
+// workers a broker restart disconnected together come back spread), and doubles the bound up
+// to ReconnectMax; a stream that subscribes sets it back to ReconnectInitial.
+func (w *Worker) nextBackoffWait() time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	wait := rand.N(w.backoff) + time.Millisecond
+	w.backoff = min(w.backoff*2, w.opts.ReconnectMax)
+	return wait
+}
+
+// endAll waits for the streams still live after closeStreams half-closed them: the broker gets
+// 2 s to end them, then they are cancelled.
+func (w *Worker) endAll(live map[*workStream]struct{}, ended <-chan *workStream) {
+	giveUp := time.NewTimer(2 * time.Second)
+	defer giveUp.Stop()
+	for len(live) > 0 {
+		select {
+		case s := <-ended:
+			delete(live, s)
+		case <-giveUp.C:
+			for s := range live {
+				s.cancel()
+			}
 		}
-		sort.Strings(queues)
+	}
+}
+
+// retire ends s because its group is not in the new grouping: what it had not answered goes
+// on the other streams (or waits for the new ones), it is half-closed, and cancelled 2 s later
+// if the broker has not ended it. Its jobs keep running: their leases stay valid, and their
+// answers go on another stream.
+func (w *Worker) retire(s *workStream) {
+	s.sendMu.Lock()
+	w.mu.Lock()
+	s.retired = true
+	out := w.detachLocked(s)
+	w.mu.Unlock()
+	if s.stream != nil {
+		_ = s.stream.CloseSend()
+		s.stream = nil
+	}
+	s.sendMu.Unlock()
+	sendAll(out)
+	time.AfterFunc(2*time.Second, s.cancel)
+}
+
+// runStream opens s's stream, subscribes and takes what the broker sends until the stream
+// ends; s.err is why it ended.
+func (w *Worker) runStream(ctx context.Context, s *workStream, fatal chan<- error) {
+	defer s.cancel()
+	stream, err := w.client.broker.Work(ctx)
+	if err != nil {
+		s.err = err
+		return
+	}
+	s.sendMu.Lock()
+	w.mu.Lock()
+	if w.closing || s.retired {
+		w.mu.Unlock()
+		s.sendMu.Unlock()
+		s.err = status.Error(codes.Canceled, "the stream's group was ended before it opened")
+		return
+	}
+	first, more := w.attachLocked(s)
+	w.mu.Unlock()
+	s.stream = stream
+	for _, r := range first {
+		if stream.Send(r) != nil {
+			break
+		}
+	}
+	s.sendMu.Unlock()
+	sendAll(more)
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			s.err = err
+			break
+		}
+		if refusal := w.onMessage(s, msg); refusal != nil {
+			select {
+			case fatal <- refusal:
+			default:
+			}
+		}
+	}
+	s.sendMu.Lock()
+	s.stream = nil
+	w.mu.Lock()
+	out := w.detachLocked(s)
+	w.mu.Unlock()
+	s.sendMu.Unlock()
+	sendAll(out)
+}
+
+// attachLocked makes s open and returns its first messages: the subscribe, then the fails, releases and checkpoint saves that found no open stream, then the acks that
+// did not (idempotent per lease, so a resend is safe). more is the progress of jobs that could
+// not send theirs, for whichever stream each goes on. Periodic heartbeats are not replayed:
+// the loop sends the next ones. A stream opened during a graceful stop does not subscribe: it
+// only carries the answers still to come, and is pushed nothing (the contract's flow 0 and
+// release of what such a stream is pushed, without a push to release).
+func (w *Worker) attachLocked(s *workStream) (first []*pb.WorkRequest, more []outgoing) {
+	s.open = true
+	w.streams = append(w.streams, s)
+	if !w.stopping {
 		sub := &pb.SubscribeRequest{
-			Queues:      queues,
+			Queues:      s.group.queues,
 			WorkerId:    w.opts.WorkerID,
-			MaxInFlight: int32(w.opts.Concurrency + w.opts.Prefetch),
+			MaxInFlight: int32(s.group.maxInFlight),
 			BatchPushes: true,
 		}
 		if w.opts.LeaseDuration > 0 {
 			sub.LeaseDuration = durationpb.New(w.opts.LeaseDuration)
 		}
-		w.subscribeID = w.newIDLocked()
-		first = append(first, &pb.WorkRequest{RequestId: w.subscribeID, Request: &pb.WorkRequest_Subscribe{Subscribe: sub}})
+		s.subscribeID = w.newIDLocked()
+		first = append(first, &pb.WorkRequest{RequestId: s.subscribeID, Request: &pb.WorkRequest_Subscribe{Subscribe: sub}})
 	}
-	ids := make([]uint64, 0, len(w.pending))
-	for id := range w.pending {
-		ids = append(ids, id)
+	for _, id := range slices.Sorted(maps.Keys(w.pending)) {
+		if p := w.pending[id]; p.via == nil {
+			p.via, p.refused = s, false
+			first = append(first, p.req)
+		}
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		w.pending[id].refused = false
-		first = append(first, w.pending[id].req)
+	if len(w.orphanAcks) > 0 {
+		s.ackQueue = append(s.ackQueue, w.orphanAcks...)
+		w.orphanAcks = nil
 	}
-	w.requeueRefusedLocked()
-	if w.ackID != 0 {
-		w.ackQueue = append(w.ackSent, w.ackQueue...)
-		w.ackID, w.ackSent = 0, nil
+	if o := w.nextAckLocked(s); o.r != nil {
+		first = append(first, o.r)
 	}
-	if r := w.nextAckLocked(); r != nil {
-		first = append(first, r)
-	}
-	clear(w.beats) // their answers will not come
 	for _, h := range w.held {
-		if h.progressID != 0 {
+		if o := w.nextProgressLocked(h); o.r != nil {
+			more = append(more, o)
+		}
+	}
+	return first, more
+}
+
+// detachLocked ends s as a way out for requests (it ended, or a regrouping ended it): what it
+// had not answered goes on another open stream, or waits for the next one. Its answers that
+// still arrive are taken as usual; an answered resend is ignored.
+func (w *Worker) detachLocked(s *workStream) []outgoing {
+	if !s.open {
+		return nil
+	}
+	s.open = false
+	w.streams = slices.DeleteFunc(w.streams, func(o *workStream) bool { return o == s })
+	var out []outgoing
+	acks := slices.Concat(s.ackRetry, s.ackSent, s.ackQueue)
+	s.ackRetry, s.ackSent, s.ackQueue, s.ackID = nil, nil, nil, 0
+	if len(acks) > 0 {
+		if t := w.streamForLocked(nil); t != nil {
+			t.ackQueue = append(t.ackQueue, acks...)
+			out = append(out, w.nextAckLocked(t))
+		} else {
+			w.orphanAcks = append(w.orphanAcks, acks...)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(w.pending)) {
+		if p := w.pending[id]; p.via == s {
+			p.refused = false
+			p.via = w.streamForLocked(p.origin)
+			out = append(out, outgoing{p.req, p.via})
+		}
+	}
+	for id, b := range w.beats {
+		if b.via != s {
+			continue
+		}
+		delete(w.beats, id) // its answer will not come
+		if h := b.h; h.progressID == id {
 			h.progressID = 0
 			if !h.hasNext {
 				h.progressNext, h.hasNext = h.progressSent, true
 			}
-		}
-		if r := w.nextProgressLocked(h); r != nil {
-			first = append(first, r)
+			out = append(out, w.nextProgressLocked(h))
 		}
 	}
-	return first
+	return out
 }
 
 // reconnectable: the stream ended for a reason a new stream may not have (the contract's list;
@@ -657,16 +895,16 @@ func leaseGone(code int32) bool {
 	return codes.Code(code) == codes.FailedPrecondition || codes.Code(code) == codes.NotFound
 }
 
-// onMessage handles one message from the broker. It reports whether the message accepted
-// this stream's subscription, and the refusal if it refused it.
-func (w *Worker) onMessage(m *pb.WorkResponse) (subscribed bool, refusal error) {
+// onMessage handles one message from the broker on s. It returns the refusal of s's
+// subscription, if the message is one that ends the run call.
+func (w *Worker) onMessage(s *workStream, m *pb.WorkResponse) (refusal error) {
 	switch r := m.GetResponse().(type) {
 	case *pb.WorkResponse_Job:
-		w.onJobs([]*pb.LeasedJob{r.Job})
+		w.onJobs(s, []*pb.LeasedJob{r.Job})
 	case *pb.WorkResponse_JobBatch:
-		w.onJobs(r.JobBatch.GetJobs())
+		w.onJobs(s, r.JobBatch.GetJobs())
 	case *pb.WorkResponse_Result:
-		return w.onResult(r.Result)
+		return w.onResult(s, r.Result)
 	case *pb.WorkResponse_LeaseLost:
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -680,62 +918,61 @@ func (w *Worker) onMessage(m *pb.WorkResponse) (subscribed bool, refusal error) 
 	case *pb.WorkResponse_CancelRequested:
 		w.mu.Lock()
 		if h, ok := w.held[r.CancelRequested.GetJobId()]; ok {
-			r, gen := w.cancelRequestedLocked(h), w.gen
+			o := w.cancelRequestedLocked(h)
 			w.mu.Unlock()
-			w.send(r, gen)
-			return false, nil
+			o.s.send(o.r)
+			return nil
 		}
 		w.mu.Unlock()
 	}
-	return false, nil
+	return nil
 }
 
 // cancelRequestedLocked: an operator cancelled h. A running handler's context is cancelled;
 // a job still waiting for a slot is released at once (the broker then cancels it).
-func (w *Worker) cancelRequestedLocked(h *heldJob) *pb.WorkRequest {
+func (w *Worker) cancelRequestedLocked(h *heldJob) outgoing {
 	if h.cancelRequested || h.lost {
-		return nil
+		return outgoing{}
 	}
 	h.cancelRequested = true
 	h.cancel(ErrCancelRequested)
 	if h.started {
-		return nil
+		return outgoing{}
 	}
 	w.forgetLocked(h)
-	return w.releaseRequestLocked(h.leased, 0)
+	return w.releaseRequestLocked(h.leased, 0, h.via)
 }
 
-func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
+// onResult takes the broker's answer to a request, on s.
+func (w *Worker) onResult(s *workStream, res *pb.WorkResult) (refusal error) {
 	id := res.GetRequestId()
-	var out []*pb.WorkRequest
+	var out []outgoing
 	w.mu.Lock()
-	gen := w.gen
 	switch {
-	case id == w.subscribeID:
-		w.mu.Unlock()
+	case id != 0 && id == s.subscribeID:
 		switch codes.Code(res.GetCode()) {
 		case codes.OK:
-			return true, nil
+			s.subscribed = true
+			w.backoff = w.opts.ReconnectInitial
+			w.mu.Unlock()
+			return nil
 		case codes.Unavailable:
+			w.mu.Unlock()
 			// The broker is stopping, or (cluster mode) a queue's partition has no leader
 			// right now. The broker may leave such a stream open without a subscription, so
-			// end it here: the connection loop reconnects after its backoff.
+			// end it here: the connection loop regroups after its backoff.
 			w.log.Warn("jobbroker: subscription refused for now; reconnecting", "message", res.GetMessage())
-			w.mu.Lock()
-			cancel := w.streamCancel
-			w.mu.Unlock()
-			if cancel != nil {
-				cancel()
-			}
-			return false, nil
+			s.cancel()
+			return nil
 		default:
+			w.mu.Unlock()
 			err := status.Error(codes.Code(res.GetCode()), res.GetMessage())
 			w.log.Error("jobbroker: subscription refused", "err", err)
-			return false, err
+			return err
 		}
-	case id != 0 && id == w.ackID:
-		w.onAckResultLocked(res)
-		out = append(out, w.nextAckLocked())
+	case id != 0 && id == s.ackID:
+		w.onAckResultLocked(s, res)
+		out = append(out, w.nextAckLocked(s))
 	case w.pending[id] != nil:
 		p := w.pending[id]
 		if retryable(res.GetCode()) && (p.held == nil || !p.held.lost) {
@@ -763,8 +1000,8 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 		if p.done != nil {
 			p.done <- res
 		}
-	case w.beats[id] != nil:
-		h := w.beats[id]
+	case w.beats[id].h != nil:
+		h := w.beats[id].h
 		delete(w.beats, id)
 		if h.progressID == id {
 			h.progressID = 0
@@ -775,20 +1012,18 @@ func (w *Worker) onResult(res *pb.WorkResult) (subscribed bool, refusal error) {
 		}
 	}
 	w.mu.Unlock()
-	for _, r := range out {
-		w.send(r, gen)
-	}
-	return false, nil
+	sendAll(out)
+	return nil
 }
 
-// onAckResultLocked takes the answer to the ack message in flight: each item's error is that
+// onAckResultLocked takes the answer to s's ack message in flight: each item's error is that
 // job's answer.
-func (w *Worker) onAckResultLocked(res *pb.WorkResult) {
-	sent := w.ackSent
-	w.ackID, w.ackSent = 0, nil
+func (w *Worker) onAckResultLocked(s *workStream, res *pb.WorkResult) {
+	sent := s.ackSent
+	s.ackID, s.ackSent = 0, nil
 	if retryable(res.GetCode()) {
 		w.log.Info("jobbroker: acks refused for now; sending them again", "count", len(sent), "message", res.GetMessage())
-		w.ackRetry = append(w.ackRetry, sent...)
+		s.ackRetry = append(s.ackRetry, sent...)
 		w.scheduleResendLocked()
 		return
 	}
@@ -803,7 +1038,7 @@ func (w *Worker) onAckResultLocked(res *pb.WorkResult) {
 	for _, e := range res.GetItemErrors() {
 		if i := int(e.GetIndex()); i >= 0 && i < len(sent) && retryable(e.GetCode()) {
 			w.log.Info("jobbroker: ack refused for now; sending it again", "job_id", sent[i].GetJobId(), "message", e.GetMessage())
-			w.ackRetry = append(w.ackRetry, sent[i])
+			s.ackRetry = append(s.ackRetry, sent[i])
 			w.scheduleResendLocked()
 		} else if i >= 0 && i < len(sent) {
 			w.logRefusalLocked(&pb.WorkRequest{Request: &pb.WorkRequest_Ack{Ack: sent[i]}}, e.GetCode(), e.GetMessage())
@@ -821,37 +1056,27 @@ func (w *Worker) scheduleResendLocked() {
 // resendRefused sends again the acks, fails, releases and checkpoint saves the broker refused
 // with Unavailable.
 func (w *Worker) resendRefused() {
-	var out []*pb.WorkRequest
+	var out []outgoing
 	w.mu.Lock()
 	w.retryTimer = nil
-	w.requeueRefusedLocked()
-	if r := w.nextAckLocked(); r != nil {
-		out = append(out, r)
+	for _, s := range w.streams {
+		// The refused acks go back first in line.
+		if len(s.ackRetry) > 0 {
+			s.ackQueue = append(s.ackRetry, s.ackQueue...)
+			s.ackRetry = nil
+		}
+		out = append(out, w.nextAckLocked(s))
 	}
-	ids := make([]uint64, 0)
-	for id, p := range w.pending {
-		if p.refused {
+	for _, id := range slices.Sorted(maps.Keys(w.pending)) {
+		if p := w.pending[id]; p.refused {
 			p.refused = false
-			ids = append(ids, id)
+			if p.via = w.streamForLocked(p.origin); p.via != nil {
+				out = append(out, outgoing{p.req, p.via})
+			}
 		}
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		out = append(out, w.pending[id].req)
-	}
-	gen := w.gen
 	w.mu.Unlock()
-	for _, r := range out {
-		w.send(r, gen)
-	}
-}
-
-// requeueRefusedLocked puts the refused acks back first in line.
-func (w *Worker) requeueRefusedLocked() {
-	if len(w.ackRetry) > 0 {
-		w.ackQueue = append(w.ackRetry, w.ackQueue...)
-		w.ackRetry = nil
-	}
+	sendAll(out)
 }
 
 // logRefusalLocked logs a request the broker did not apply. A stale lease is routine (the
@@ -880,77 +1105,80 @@ func (w *Worker) logRefusalLocked(r *pb.WorkRequest, code int32, message string)
 }
 
 // onHeartbeatResultLocked applies a heartbeat's answer to the job it was for.
-func (w *Worker) onHeartbeatResultLocked(h *heldJob, res *pb.WorkResult) *pb.WorkRequest {
+func (w *Worker) onHeartbeatResultLocked(h *heldJob, res *pb.WorkResult) outgoing {
 	if leaseGone(res.GetCode()) {
 		w.loseLocked(h, ErrLeaseLost)
-		return nil
+		return outgoing{}
 	}
 	if res.GetCancelRequested() {
 		return w.cancelRequestedLocked(h)
 	}
-	return nil
+	return outgoing{}
 }
 
-// queueAckLocked adds an ack; it returns the ack message to send now, if none is in flight.
-func (w *Worker) queueAckLocked(a *pb.AckRequest) *pb.WorkRequest {
-	w.ackQueue = append(w.ackQueue, a)
-	return w.nextAckLocked()
+// queueAckLocked adds the ack of a job origin pushed to the queue of the stream it goes on; it
+// returns the ack message to send now, if none is in flight there. With no stream open it
+// waits for the next one.
+func (w *Worker) queueAckLocked(a *pb.AckRequest, origin *workStream) outgoing {
+	s := w.streamForLocked(origin)
+	if s == nil {
+		w.orphanAcks = append(w.orphanAcks, a)
+		return outgoing{}
+	}
+	s.ackQueue = append(s.ackQueue, a)
+	return w.nextAckLocked(s)
 }
 
-// nextAckLocked puts the waiting acks (up to maxAckBatch) in flight as one message, unless one
+// nextAckLocked puts s's waiting acks (up to maxAckBatch) in flight as one message, unless one
 // is in flight already.
-func (w *Worker) nextAckLocked() *pb.WorkRequest {
-	if w.ackID != 0 || len(w.ackQueue) == 0 {
-		return nil
+func (w *Worker) nextAckLocked(s *workStream) outgoing {
+	if s.ackID != 0 || len(s.ackQueue) == 0 {
+		return outgoing{}
 	}
-	n := min(len(w.ackQueue), maxAckBatch)
-	w.ackSent = slices.Clone(w.ackQueue[:n])
-	w.ackQueue = slices.Delete(w.ackQueue, 0, n)
-	w.ackID = w.newIDLocked()
+	n := min(len(s.ackQueue), maxAckBatch)
+	s.ackSent = slices.Clone(s.ackQueue[:n])
+	s.ackQueue = slices.Delete(s.ackQueue, 0, n)
+	s.ackID = w.newIDLocked()
 	w.stats.AckMessages++
-	r := &pb.WorkRequest{RequestId: w.ackID}
+	r := &pb.WorkRequest{RequestId: s.ackID}
 	if n == 1 {
-		r.Request = &pb.WorkRequest_Ack{Ack: w.ackSent[0]}
+		r.Request = &pb.WorkRequest_Ack{Ack: s.ackSent[0]}
 	} else {
-		r.Request = &pb.WorkRequest_AckBatch{AckBatch: &pb.AckBatchRequest{Acks: w.ackSent}}
+		r.Request = &pb.WorkRequest_AckBatch{AckBatch: &pb.AckBatchRequest{Acks: s.ackSent}}
 	}
-	return r
+	return outgoing{r, s}
 }
 
-// onJobs takes pushed jobs, in order.
-func (w *Worker) onJobs(jobs []*pb.LeasedJob) {
+// onJobs takes jobs pushed on s, in order.
+func (w *Worker) onJobs(s *workStream, jobs []*pb.LeasedJob) {
 	now := time.Now()
-	var out []*pb.WorkRequest
+	var out []outgoing
 	w.mu.Lock()
 	for _, l := range jobs {
-		if r := w.onJobLocked(l, now); r != nil {
-			out = append(out, r)
-		}
+		out = append(out, w.onJobLocked(s, l, now))
 	}
 	w.startWaitingLocked()
-	gen := w.gen
 	w.mu.Unlock()
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
-	for _, r := range out {
-		w.send(r, gen)
-	}
+	sendAll(out)
 }
 
-// onJobLocked holds a pushed job, or returns the release that gives it back.
-func (w *Worker) onJobLocked(l *pb.LeasedJob, now time.Time) *pb.WorkRequest {
+// onJobLocked holds a job s pushed, or returns the release that gives it back.
+func (w *Worker) onJobLocked(s *workStream, l *pb.LeasedJob, now time.Time) outgoing {
 	handler := w.handlers[l.GetQueue()]
 	if w.stopping || handler == nil { // pushed before our flow 0 arrived (or not ours): give it back
 		if w.stopping {
 			w.stats.Released++
 		}
-		return w.releaseRequestLocked(l, 0)
+		return w.releaseRequestLocked(l, 0, s)
 	}
 	// Heartbeats follow the lease as granted; the floor guards against clock skew.
 	lease := max(l.GetLeaseDeadline().AsTime().Sub(now), 300*time.Millisecond)
 	h := &heldJob{
+		via:      s,
 		leased:   l,
 		job:      newJob(l),
 		handler:  handler,
@@ -974,7 +1202,7 @@ func (w *Worker) onJobLocked(l *pb.LeasedJob, now time.Time) *pb.WorkRequest {
 	}
 	w.held[l.GetJobId()] = h
 	w.waiting = append(w.waiting, h)
-	return nil
+	return outgoing{}
 }
 
 // startWaitingLocked hands waiting jobs, oldest first, to handlers while there are free slots.
@@ -997,36 +1225,34 @@ func (w *Worker) runJob(h *heldJob) {
 	w.mu.Lock()
 	delete(w.active, h)
 	w.forgetLocked(h)
-	r := w.answerLocked(h, err)
+	o := w.answerLocked(h, err)
 	w.startWaitingLocked()
-	gen := w.gen
 	w.mu.Unlock()
-	w.send(r, gen)
+	o.s.send(o.r)
 }
 
 // answerLocked decides what the end of h's handler (with err) sends: the contract's table.
-func (w *Worker) answerLocked(h *heldJob, err error) *pb.WorkRequest {
+func (w *Worker) answerLocked(h *heldJob, err error) outgoing {
 	jobID, leaseID := h.leased.GetJobId(), h.leased.GetLeaseId()
 	if h.lost {
 		// The broker ended the attempt (lease lost, time-out) and would refuse any answer.
 		w.log.Info("jobbroker: handler ended after its attempt was ended by the broker", "job_id", jobID, "err", err)
-		return nil
+		return outgoing{}
 	}
 	if h.graceOver {
 		// The stop was not the job's fault: it runs again, no attempt spent.
 		w.stats.Released++
-		return w.releaseRequestLocked(h.leased, 0)
+		return w.releaseRequestLocked(h.leased, 0, h.via)
 	}
-	fail := func(f *pb.FailRequest) *pb.WorkRequest {
+	fail := func(f *pb.FailRequest) outgoing {
 		w.stats.Failed++
 		f.JobId, f.LeaseId = jobID, leaseID
 		r := &pb.WorkRequest{RequestId: w.newIDLocked(), Request: &pb.WorkRequest_Fail{Fail: f}}
-		w.pending[r.RequestId] = &pendingReq{req: r}
-		return r
+		return w.pendLocked(&pendingReq{req: r, origin: h.via})
 	}
 	if err == nil {
 		w.stats.Acked++
-		return w.queueAckLocked(&pb.AckRequest{JobId: jobID, LeaseId: leaseID, Result: h.job.getResult()})
+		return w.queueAckLocked(&pb.AckRequest{JobId: jobID, LeaseId: leaseID, Result: h.job.getResult()}, h.via)
 	}
 	if h.cancelRequested {
 		return fail(&pb.FailRequest{Error: "cancelled"}) // the broker keeps the job CANCELLED
@@ -1034,7 +1260,7 @@ func (w *Worker) answerLocked(h *heldJob, err error) *pb.WorkRequest {
 	var snooze *SnoozeError
 	if errors.As(err, &snooze) {
 		w.stats.Snoozed++
-		return w.releaseRequestLocked(h.leased, snooze.Delay)
+		return w.releaseRequestLocked(h.leased, snooze.Delay, h.via)
 	}
 	f := &pb.FailRequest{Error: err.Error()}
 	var perm *PermanentError
@@ -1076,11 +1302,10 @@ func (w *Worker) saveCheckpoint(ctx context.Context, h *heldJob, cp []byte) erro
 			JobId: h.leased.GetJobId(), LeaseId: h.leased.GetLeaseId(), Checkpoint: cp,
 		}},
 	}
-	w.pending[r.RequestId] = &pendingReq{req: r, done: done, held: h}
+	o := w.pendLocked(&pendingReq{req: r, done: done, held: h, origin: h.via})
 	h.nextBeat = time.Now().Add(h.lease / 3)
-	gen := w.gen
 	w.mu.Unlock()
-	w.send(r, gen)
+	o.s.send(o.r)
 	select {
 	case res := <-done:
 		if res.GetCode() != 0 {
@@ -1104,15 +1329,17 @@ func (w *Worker) reportProgress(h *heldJob, p []byte) {
 		return
 	}
 	h.progressNext, h.hasNext = p, true
-	r, gen := w.nextProgressLocked(h), w.gen
+	o := w.nextProgressLocked(h)
 	w.mu.Unlock()
-	w.send(r, gen)
+	o.s.send(o.r)
 }
 
-// nextProgressLocked puts h's waiting progress in flight, unless one is in flight already.
-func (w *Worker) nextProgressLocked(h *heldJob) *pb.WorkRequest {
-	if h.progressID != 0 || !h.hasNext || h.lost {
-		return nil
+// nextProgressLocked puts h's waiting progress in flight, unless one is in flight already or
+// no stream is open (the next stream sends it: attachLocked).
+func (w *Worker) nextProgressLocked(h *heldJob) outgoing {
+	s := w.streamForLocked(h.via)
+	if h.progressID != 0 || !h.hasNext || h.lost || s == nil {
+		return outgoing{}
 	}
 	p := h.progressNext
 	h.progressNext, h.hasNext = nil, false
@@ -1125,39 +1352,39 @@ func (w *Worker) nextProgressLocked(h *heldJob) *pb.WorkRequest {
 			JobId: h.leased.GetJobId(), LeaseId: h.leased.GetLeaseId(), Progress: p,
 		}},
 	}
-	w.beats[r.RequestId] = h
+	w.beats[r.RequestId] = beat{h, s}
 	h.progressID, h.progressSent = r.RequestId, p
 	h.nextBeat = time.Now().Add(h.lease / 3)
-	return r
+	return outgoing{r, s}
 }
 
 func (w *Worker) heartbeatLoop() {
 	for {
 		now := time.Now()
 		next := now.Add(time.Second)
-		var out []*pb.WorkRequest
+		var out []outgoing
 		w.mu.Lock()
 		for id, h := range w.held {
 			if !h.nextBeat.After(now) {
-				r := &pb.WorkRequest{
-					RequestId: w.newIDLocked(),
-					Request: &pb.WorkRequest_Heartbeat{Heartbeat: &pb.HeartbeatRequest{
-						JobId: id, LeaseId: h.leased.GetLeaseId(),
-					}},
+				// With no stream open the beat is skipped: the lease outlasts the next two.
+				if s := w.streamForLocked(h.via); s != nil {
+					r := &pb.WorkRequest{
+						RequestId: w.newIDLocked(),
+						Request: &pb.WorkRequest_Heartbeat{Heartbeat: &pb.HeartbeatRequest{
+							JobId: id, LeaseId: h.leased.GetLeaseId(),
+						}},
+					}
+					w.beats[r.RequestId] = beat{h, s}
+					out = append(out, outgoing{r, s})
 				}
-				w.beats[r.RequestId] = h
 				h.nextBeat = now.Add(h.lease / 3)
-				out = append(out, r)
 			}
 			if h.nextBeat.Before(next) {
 				next = h.nextBeat
 			}
 		}
-		gen := w.gen
 		w.mu.Unlock()
-		for _, r := range out {
-			w.send(r, gen)
-		}
+		sendAll(out)
 		timer := time.NewTimer(time.Until(next))
 		select {
 		case <-w.closed:

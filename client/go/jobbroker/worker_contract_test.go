@@ -2,7 +2,8 @@ package jobbroker_test
 
 // Tests of the worker contract (docs/worker-contract.md) against the real broker: what a
 // handler's end sends, time-outs, snoozes, progress, prefetch order, ack coalescing across a
-// reconnect, the end of a graceful stop's grace, and the client metadata.
+// reconnect, the end of a graceful stop's grace, a stream reopened during a graceful stop, and the
+// client metadata.
 
 import (
 	"context"
@@ -149,6 +150,100 @@ func TestWorkerReleasesWhatRunsPastTheGrace(t *testing.T) {
 	}
 }
 
+// A stream that ends during a graceful stop's grace is reopened (docs/worker-contract.md §6), so
+// that the answers still to come reach the broker: the broker crashes (SIGKILL) while a handler
+// runs past the start of the stop and is restarted on the same data and port; the handler then
+// returns, and its ack goes out on the reopened stream. The reopened stream subscribes to
+// nothing: the job the stop released is not pushed again.
+func TestWorkerReopensItsStreamDuringAGracefulStop(t *testing.T) {
+	b, restart := restartableBroker(t)
+	c := newClient(t, b)
+	ctx, q := testCtx(t), queueFor(t)
+	var ids []string
+	for i := range 2 {
+		enq, err := c.Enqueue(ctx, q, []byte(fmt.Sprint(i)), jobbroker.WithLeaseDuration(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, enq.JobID)
+	}
+	gate := make(chan struct{})
+	running := make(chan string, 2)
+	const grace = 30 * time.Second
+	// Concurrency 1 and prefetch 1: one job runs, the other waits and is released by the stop.
+	w := jobbroker.NewWorker(c, jobbroker.WorkerOptions{
+		Concurrency: 1, Prefetch: 1, ShutdownGrace: grace, ReconnectMax: 200 * time.Millisecond})
+	w.HandleFunc(q, func(ctx context.Context, job *jobbroker.Job) error {
+		running <- job.ID
+		select {
+		case <-gate:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	})
+	runCtx, cancel := context.WithCancel(context.Background())
+	done, returned := make(chan error, 1), make(chan struct{})
+	go func() { done <- w.Run(runCtx); close(returned) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-returned:
+		case <-time.After(60 * time.Second):
+		}
+	})
+	runningID := <-running
+	waitingID := ids[0]
+	if waitingID == runningID {
+		waitingID = ids[1]
+	}
+	waitFor(t, "the worker to hold both jobs", func() bool {
+		info, err := c.GetQueue(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.GetActive() == 2
+	})
+
+	stopAt := time.Now()
+	cancel()
+	// Steps 1 and 2 of the stop done: the job that had not started is READY again.
+	waitState(t, c, waitingID, pb.JobState_JOB_STATE_READY)
+
+	b.kill9()
+	b = restart(nil)
+	close(gate) // the handler returns within the grace; its ack needs a new stream
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run = %v", err)
+		}
+	case <-time.After(grace):
+		t.Fatalf("Run did not return within the grace (%v) of the stop", grace)
+	}
+	if took := time.Since(stopAt); took >= grace {
+		t.Fatalf("Run returned %v after the stop began: it waited out the grace, the ack unanswered", took)
+	}
+	c2 := newClient(t, b)
+	job, err := c2.GetJob(ctx, runningID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.GetState() != pb.JobState_JOB_STATE_COMPLETED || job.GetAttempt() != 1 {
+		t.Fatalf("job = %v, want completed by attempt 1: its ack reached the broker on the reopened stream", job)
+	}
+	job, err = c2.GetJob(ctx, waitingID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if job.GetState() != pb.JobState_JOB_STATE_READY || job.GetAttempt() != 0 {
+		t.Fatalf("job = %v, want READY with no attempt spent (released by the stop, not pushed again)", job)
+	}
+	if st := w.Stats(); st.Acked != 1 || st.Released != 1 || st.Reconnects < 1 {
+		t.Fatalf("stats = %+v, want 1 ack, 1 release and a reconnect", st)
+	}
+}
+
 // Progress goes out at once; reported faster than the broker answers, the newest value still
 // arrives.
 func TestWorkerProgressReachesTheBroker(t *testing.T) {
@@ -225,8 +320,12 @@ func TestWorkerPrefetchedJobsStartInArrivalOrder(t *testing.T) {
 	}
 }
 
-// Acks that end while the broker is away wait; on the new stream they go out again, together,
-// as one ack_batch, and the broker completes every job with its first attempt.
+// Acks whose answer the broker never gave go out again, together, as one ack_batch on the new
+// stream, and the broker completes every job with its first attempt. The test fixes the timing:
+// the broker is frozen (SIGSTOP) before the handlers end, so the first ack goes out on the first
+// stream and gets no answer, and the other four coalesce behind it; only then is the stream
+// broken (the broker killed, which also throws away the ack it never read) and the broker
+// restarted on the same data.
 func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 	b, restart := restartableBroker(t)
 	c := newClient(t, b)
@@ -252,10 +351,19 @@ func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 	stop := runWorker(t, w)
 	waitFor(t, "every handler to start", func() bool { return started.Load() == jobs })
 
-	b = restart(func() {
-		close(gate) // the handlers end while the broker is down: their acks wait
-		waitFor(t, "every handler to end", func() bool { return w.Stats().Acked == jobs })
-	})
+	// Frozen, the broker keeps the stream open but answers nothing.
+	if err := b.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	waitFor(t, "every handler to end", func() bool { return w.Stats().Acked == jobs })
+	// The first ack that ended went out at once on the open stream; no answer can come, so the
+	// other four wait behind it: exactly one ack message so far.
+	if st := w.Stats(); st.AckMessages != 1 || st.Reconnects != 0 {
+		t.Fatalf("stats = %+v before the stream broke, want 1 ack message and no reconnect", st)
+	}
+	b.kill9()
+	b = restart(nil)
 	c2 := newClient(t, b)
 	for i, e := range enqueued {
 		job := waitState(t, c2, e.JobID, pb.JobState_JOB_STATE_COMPLETED)
@@ -266,10 +374,12 @@ func TestWorkerResendsCoalescedAcksAfterReconnect(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
-	// One ack message went out before the stream was found broken; all the acks went out
-	// again together as one message on the new stream.
-	if st := w.Stats(); st.AckMessages != 2 {
-		t.Fatalf("stats = %+v, want 2 ack messages for %d acks", st, jobs)
+	// Exactly 2: the one that went out on the first stream unanswered, then the five acks (that
+	// one again and the four coalesced behind it) as one ack_batch on the new stream. A third
+	// would mean the acks were not coalesced on the new stream; one would mean the unanswered
+	// ack was not sent again.
+	if st := w.Stats(); st.AckMessages != 2 || st.Reconnects < 1 {
+		t.Fatalf("stats = %+v, want 2 ack messages for %d acks, after a reconnect", st, jobs)
 	}
 }
 
