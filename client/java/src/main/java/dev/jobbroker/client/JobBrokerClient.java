@@ -64,7 +64,6 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
-import java.util.Collection;
 import java.util.Iterator;
 import java.util.List;
 import java.util.Objects;
@@ -273,13 +272,24 @@ public final class JobBrokerClient implements AutoCloseable {
   }
 
   /**
-   * The stub for a Worker's Work stream serving {@code queues}: to their partitions' leader when
-   * they all have the same one, otherwise to any node, which serves every partition's queues
-   * through one stream. Fetches the cluster's layout first if a stream or call ended since.
+   * The routing table as it is now (fetched first if a stream or call ended since): what a Worker
+   * groups its queues by, one Work stream per leading node. NONE without an answer.
    */
-  BrokerGrpc.BrokerStub workStub(Collection<String> queues) {
-    String address = router.addressForAll(queues);
-    return brokerAsync().withOption(Router.ROUTE, Router.Route.address(address));
+  RoutingTable routingTable() {
+    return router.table();
+  }
+
+  /**
+   * The stub for a Worker's Work stream to the node at {@code address}; {@link
+   * WorkGroup#ANY_NODE} goes where a call any node serves goes (the first given address until a
+   * broker answered, the node that answered since), which relays the queues it does not lead.
+   * The node is chosen now (the table fetched first if stale), not when the stream is opened,
+   * which the worker does under its lock.
+   */
+  BrokerGrpc.BrokerStub workStub(String address) {
+    String node =
+        address.equals(WorkGroup.ANY_NODE) ? router.addressFor(Router.Route.ANY) : address;
+    return brokerAsync().withOption(Router.ROUTE, Router.Route.address(node));
   }
 
   /**
@@ -290,6 +300,14 @@ public final class JobBrokerClient implements AutoCloseable {
   void streamEnded() {
     router.markStale();
     router.resetConnectBackoff();
+  }
+
+  /**
+   * A Worker with queues whose partition had no leader asks for the table again (contract §5):
+   * the next {@link #routingTable()} fetches it.
+   */
+  void routingTableStale() {
+    router.markStale();
   }
 
   /** Test hook: {@code methodAndAddress} is told where each call is sent as it goes. */

@@ -17,8 +17,6 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.util.ArrayList;
-import java.util.Collection;
-import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -146,21 +144,6 @@ final class Router extends Channel {
     };
   }
 
-  /**
-   * The address for a call that serves every queue of {@code queues} (a Work stream): their
-   * partitions' leader when they all have the same one, otherwise any node, which serves every
-   * partition's queues.
-   */
-  String addressForAll(Collection<String> queues) {
-    RoutingTable current = table();
-    if (current.isEmpty()) {
-      return addresses.get(0);
-    }
-    Set<String> leaders = new HashSet<>();
-    queues.forEach(queue -> leaders.add(current.addressOfQueue(queue)));
-    return leaders.size() == 1 ? leaders.iterator().next() : current.anyAddress();
-  }
-
   /** The table as it is now, after fetching it if it is stale; NONE with a fixed channel. */
   RoutingTable table() {
     refreshIfNeeded();
@@ -248,6 +231,10 @@ final class Router extends Channel {
         ClusterInfo info = admin.getCluster(GetClusterRequest.getDefaultInstance());
         return RoutingTable.fromClusterInfo(info, address);
       } catch (StatusRuntimeException e) {
+        if (Thread.currentThread().isInterrupted()) {
+          // Our own thread was interrupted (a Worker's stop), not the broker's answer: no table.
+          return null;
+        }
         Status.Code code = e.getStatus().getCode();
         if (code == Status.Code.UNAVAILABLE || code == Status.Code.DEADLINE_EXCEEDED) {
           continue;

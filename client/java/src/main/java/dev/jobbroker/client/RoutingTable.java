@@ -110,8 +110,17 @@ final class RoutingTable {
 
   /** The address of partition {@code partition}'s leader; {@link #anyAddress()} if none. */
   String addressOfPartition(int partition) {
-    if (!cluster || partition < 0 || partition >= leaders.length || leaders[partition] == null) {
-      return anyAddress();
+    String leader = leaderOfPartition(partition);
+    return leader == null ? anyAddress() : leader;
+  }
+
+  /**
+   * The address of partition {@code partition}'s live leader; null if the table names none (or is
+   * not a cluster's): a Worker's stream for its queues then goes to any node.
+   */
+  String leaderOfPartition(int partition) {
+    if (!cluster || partition < 0 || partition >= leaders.length) {
+      return null;
     }
     return leaders[partition];
   }

@@ -25,10 +25,12 @@ import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.HashMap;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Objects;
+import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
@@ -37,6 +39,7 @@ import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.function.Consumer;
@@ -60,12 +63,12 @@ import org.slf4j.LoggerFactory;
  * the handler's thread interrupted and {@link JobContext#isCancelled()} true on an operator
  * cancel, a lost lease, the job's time-out or the end of a graceful stop's grace (after an operator
  * cancel, a handler that throws fails the attempt "cancelled" and one that returns normally is
- * acked: the broker completes the cancelled job); acks coalesced (one ack message in flight, the
- * acks that end meanwhile go out together as one {@code ack_batch}); acks, fails and releases not
- * answered when the stream breaks sent again on the next one, and those (and step saves) answered
- * UNAVAILABLE (a partition between leaders) sent again after 250 ms; reconnects with backoff
- * (100 ms doubling to 5 s, full jitter), also when a subscription is answered UNAVAILABLE on a
- * stream that stays open.
+ * acked: the broker completes the cancelled job); acks coalesced (one ack message in flight per
+ * stream, the acks that end meanwhile go out together as one {@code ack_batch}); acks, fails and
+ * releases not answered when the stream breaks sent again on the next one (or another open one),
+ * and those (and step saves) answered UNAVAILABLE (a partition between leaders) sent again after
+ * 250 ms; reconnects with backoff (100 ms doubling to 5 s, full jitter), also when a subscription
+ * is answered UNAVAILABLE on a stream that stays open.
  *
  * <p>{@code concurrency} is a hard bound. A handler that ignores its cancellation keeps its thread
  * until it returns (Java cannot stop it), and it keeps its slot too: after a lost lease or a
@@ -75,10 +78,17 @@ import org.slf4j.LoggerFactory;
  * prefetched job. A worker whose slots are all held by stuck handlers takes no new work (visible
  * in {@code Admin.ListWorkers} and the dashboard).
  *
- * <p>In a cluster the Work stream goes straight to the leader when every handled queue's
- * partition has the same leader (as Admin.GetCluster names it); otherwise to any node, which
- * serves the queues of every partition through it. After a stream ends the worker asks for the
- * cluster's layout again before it reconnects, so it follows a leader that moved or died.
+ * <p>In a cluster the worker holds one Work stream per leading node (contract §5): the handled
+ * queues are grouped by their partition's leader as Admin.GetCluster names it, each group
+ * subscribed on its leader's node with the same worker id and a share of {@code concurrency +
+ * prefetch} ({@link WorkGroup}); queues whose partition has no leader go to any node, which
+ * relays them. A job is answered on the stream that pushed it while that one is open, else on
+ * any open one. When a stream ends the worker waits its backoff, asks for the cluster's layout
+ * again and groups anew: streams whose group is unchanged keep running, the others are ended and
+ * the missing ones opened, so it follows a leader that moved or died. While some queues go to any
+ * node, it also asks again after each backoff delay (no stream need end), so that a relayed
+ * stream moves to its leader once the layout names one. Without a layout (a broker
+ * older than cluster mode, a token without the admin role) it holds one stream, as on one node.
  *
  * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
  */
@@ -112,6 +122,8 @@ public final class Worker {
   private final CompletableFuture<Void> firstSubscribe = new CompletableFuture<>();
   private final CompletableFuture<Void> terminated = new CompletableFuture<>();
   private final AtomicLong nextRequestId = new AtomicLong(1);
+  /** Streams that ended on their own (not by a regrouping or the stop), for the supervisor. */
+  private final LinkedBlockingQueue<Session> streamEnds = new LinkedBlockingQueue<>();
 
   // State below is guarded by lock; stop() waits on it.
   private final Object lock = new Object();
@@ -119,15 +131,15 @@ public final class Worker {
   private final List<WorkerMiddleware> middleware = new ArrayList<>();
   private boolean started;
   private boolean stopping; // a stop began: no job starts, every new push is released
-  private boolean closing; // the stop is closing the stream: no reconnect
-  private Session session; // the current stream, null between streams
+  private boolean closing; // the stop is closing the streams
+  private final List<Session> sessions = new ArrayList<>(); // open streams, one per group
+  private Duration backoff; // the wait before the next regrouping; one for all streams
   private final Map<String, Held> held = new LinkedHashMap<>(); // by lease id
   private final ArrayDeque<Held> waiting = new ArrayDeque<>(); // held, not started, in order
   private int slotsInUse; // handlers holding a slot: a lost attempt's too, until it returns
   private int handlersRunning; // threads inside a handler (a lost attempt's too)
   private final ArrayDeque<Request> toSend = new ArrayDeque<>(); // fails, releases, checkpoints
   private final ArrayDeque<Request> acksWaiting = new ArrayDeque<>();
-  private boolean ackMessageInFlight;
   private int answersOutstanding; // acks, fails and releases not yet answered
   private Status fatal; // the non-retryable status that ended the run
 
@@ -151,6 +163,7 @@ public final class Worker {
     this.workerId = b.workerId;
     this.reconnectInitial = b.reconnectInitial;
     this.reconnectMax = b.reconnectMax;
+    this.backoff = b.reconnectInitial;
     this.handlerThreads = Executors.newCachedThreadPool(daemonThreads("jobbroker-handler"));
     this.timers = new ScheduledThreadPoolExecutor(1, daemonThreads("jobbroker-timer"));
     this.timers.setRemoveOnCancelPolicy(true);
@@ -369,8 +382,12 @@ public final class Worker {
    * Graceful stop (contract §6): Flow{0} (no new jobs); releases the held jobs not started (and
    * any pushed later); gives running handlers {@code grace} to finish (their acks and fails go out
    * as usual); then cancels the rest, whose jobs are released whatever they end with; waits for
-   * every answer up to 1 s past the grace; closes the stream. Idempotent: a later call waits for
-   * the first. Not from a handler's thread.
+   * every answer up to 1 s past the grace; closes the streams. Steps 1, 2, 5 and 6 are done on
+   * every stream of the worker. A stream that ends before they are closed is reopened (regrouped)
+   * after the usual backoff, so that the answers still to come reach the broker; what a reopened
+   * stream is pushed is released at once. If none can be reopened, the stop still ends within its
+   * bounds and the answers not sent are dropped (their leases run out). Idempotent: a later call
+   * waits for the first. Not from a handler's thread.
    */
   public void stop(Duration grace) throws InterruptedException {
     boolean owner;
@@ -391,17 +408,20 @@ public final class Worker {
     long graceEnd = System.nanoTime() + grace.toNanos();
     long answersEnd = graceEnd + ANSWERS_PAST_GRACE.toNanos();
 
-    // 1. Stop taking.
-    CompletableFuture<WorkResult> flow = new CompletableFuture<>();
+    // 1. Stop taking, on every stream (a stream subscribed later sends Flow{0} first).
+    List<CompletableFuture<WorkResult>> flows = new ArrayList<>();
     synchronized (lock) {
-      if (session != null && session.usableLocked()) {
-        session.sendLocked(new Request(flowRequest(0), Kind.CONTROL, null, flow::complete));
-      } else {
-        flow.complete(null); // a stream subscribed later sends Flow{0} first
+      for (Session s : sessions) {
+        if (s.usableLocked()) {
+          CompletableFuture<WorkResult> flow = new CompletableFuture<>();
+          s.sendLocked(new Request(flowRequest(0), Kind.CONTROL, null, flow::complete));
+          flows.add(flow);
+        }
       }
     }
     try {
-      flow.get(FLOW_WAIT.toMillis(), TimeUnit.MILLISECONDS);
+      CompletableFuture.allOf(flows.toArray(CompletableFuture[]::new))
+          .get(FLOW_WAIT.toMillis(), TimeUnit.MILLISECONDS);
     } catch (ExecutionException | TimeoutException e) {
       log.debug("Flow{0} not answered: {}", e.toString());
     }
@@ -427,22 +447,21 @@ public final class Worker {
             handlersRunning,
             answersOutstanding);
       }
-      closing = true;
+      closing = true; // from now on no stream is opened again
     }
-    // 6. Close the stream: half-close, then cancel.
-    Session last;
+    // 6. Close every stream: half-close, then cancel.
+    List<Session> last;
     synchronized (lock) {
-      last = session;
-      if (last != null) {
-        last.halfCloseLocked();
-      }
+      last = List.copyOf(sessions);
+      last.forEach(Session::halfCloseLocked);
     }
     supervisor.interrupt();
-    if (last != null) {
+    long closeEnd = System.nanoTime() + CLOSE_WAIT.toNanos();
+    for (Session s : last) {
       try {
-        last.closed.get(CLOSE_WAIT.toMillis(), TimeUnit.MILLISECONDS);
+        s.closed.get(Math.max(0, closeEnd - System.nanoTime()), TimeUnit.NANOSECONDS);
       } catch (ExecutionException | TimeoutException e) {
-        last.cancel("the worker stopped");
+        s.cancel("the worker stopped");
       }
     }
     supervisor.join(CLOSE_WAIT.toMillis());
@@ -484,97 +503,166 @@ public final class Worker {
 
   // ---- streams ----
 
-  /** Opens a stream, subscribes, and reopens it with backoff until the stop closes it. */
+  /**
+   * Opens one stream per group of queues (contract §5), and regroups after a backoff each time
+   * one ends, until the stop closes the streams (its step 6). A stream that ends during the stop's
+   * earlier steps is reopened as usual, so that the answers of the handlers finishing in the grace
+   * reach the broker (contract §6); the reopened stream sends Flow{0} once subscribed and releases
+   * what it is pushed. While a group goes to any node in a cluster ({@link
+   * WorkGroup#refreshesTable}), the table is also fetched again after each backoff delay though
+   * no stream ended, and the worker regroups: a relayed stream moves to its queues' leader once
+   * the table names it.
+   */
   private void superviseStreams() {
-    Duration backoff = reconnectInitial;
-    boolean first = true;
+    List<String> queues = List.copyOf(handlers.keySet()); // fixed since start()
     while (true) {
-      Session s;
-      CompletableFuture<WorkResult> subscribed = new CompletableFuture<>();
-      // Chosen outside the lock (the handlers are fixed since start()): it may ask the cluster
-      // where the queues' leader is.
-      BrokerGrpc.BrokerStub stub = client.workStub(handlers.keySet());
+      // Outside the lock: it may ask the cluster where the queues' leaders are.
+      RoutingTable table = client.routingTable();
+      List<WorkGroup> groups = WorkGroup.of(table, queues, concurrency + prefetch);
+      Map<WorkGroup, BrokerGrpc.BrokerStub> stubs = new HashMap<>();
+      groups.forEach(g -> stubs.put(g, client.workStub(g.address())));
       synchronized (lock) {
         if (closing) {
           return;
         }
-        s = new Session();
-        session = s;
-        stub.work(s);
-        s.sendLocked(new Request(subscribeRequest(), Kind.CONTROL, null, subscribed::complete));
+        regroupLocked(stubs, groups);
       }
-      Status ended;
+      List<Session> ended = new ArrayList<>();
       try {
-        WorkResult r = subscribed.get();
-        if (r.getCode() == 0) {
-          backoff = reconnectInitial;
-          synchronized (lock) {
-            onSubscribedLocked(s);
+        if (WorkGroup.refreshesTable(table, groups)) {
+          Session s = streamEnds.poll(jittered(nextBackoff()), TimeUnit.MILLISECONDS);
+          if (s == null) {
+            // No stream ended: ask where the leaderless queues' leaders are now, and regroup.
+            log.debug("work streams to any node: fetching the cluster's layout again");
+            client.routingTableStale();
+            continue;
           }
-          if (first) {
-            first = false;
-            firstSubscribe.complete(null);
-          }
-          ended = s.closed.get();
-        } else if (r == STREAM_ENDED) {
-          ended = s.closed.get(); // the status the stream ended with, e.g. UNAUTHENTICATED
+          ended.add(s); // a stream ended meanwhile: as below
         } else {
-          // Refused on a stream that stays open (contract §5): a stream that ended with that
-          // code. UNAVAILABLE (a partition without a leader yet) reconnects after the backoff,
-          // anything else ends the run; the helper ends this stream itself either way.
-          ended = Status.fromCodeValue(r.getCode()).withDescription(r.getMessage());
-          s.cancel("subscription refused");
+          ended.add(streamEnds.take());
         }
-      } catch (InterruptedException e) {
-        return; // the stop is closing the stream
-      } catch (ExecutionException e) {
-        ended = Status.fromThrowable(e.getCause()); // never: both futures only complete
-      }
-      synchronized (lock) {
-        if (closing) {
+        if (endRefused(ended)) {
           return;
         }
-      }
-      if (!retriable(ended.getCode())) {
-        log.error("work stream refused: {}", ended);
-        synchronized (lock) {
-          fatal = ended;
-        }
-        if (first) {
-          firstSubscribe.completeExceptionally(ended.asRuntimeException());
-        }
-        new Thread(() -> stopQuietly(Duration.ZERO), "jobbroker-stop").start();
-        return;
-      }
-      if (first) {
-        // Not reachable now: start() returns and the worker keeps trying.
-        first = false;
-        firstSubscribe.complete(null);
-      }
-      log.info("work stream ended: {}; reconnecting", ended);
-      try {
         // Full jitter: workers cut off together do not come back together.
-        Thread.sleep(ThreadLocalRandom.current().nextLong(backoff.toMillis() + 1));
+        Thread.sleep(jittered(nextBackoff()));
       } catch (InterruptedException e) {
+        return; // the stop is closing the streams (step 6)
+      }
+      // Those that ended during the wait are regrouped by the same fetch of the table.
+      ended.clear();
+      streamEnds.drainTo(ended);
+      if (endRefused(ended)) {
         return;
       }
-      // Our backoff, not the channel's (which grows to minutes): try the broker again now, at
-      // the queues' leader as the cluster names it now.
+      // Our backoff, not the channel's (which grows to minutes): try the brokers again now, at
+      // the queues' leaders as the cluster names them now.
       client.streamEnded();
-      backoff = backoff.multipliedBy(2);
-      if (backoff.compareTo(reconnectMax) > 0) {
-        backoff = reconnectMax;
-      }
       reconnects.incrementAndGet();
     }
   }
 
-  private WorkRequest.Builder subscribeRequest() {
+  /** The backoff to wait now; the next one is twice as long, up to the maximum. */
+  private Duration nextBackoff() {
+    synchronized (lock) {
+      Duration wait = backoff;
+      backoff = backoff.multipliedBy(2);
+      if (backoff.compareTo(reconnectMax) > 0) {
+        backoff = reconnectMax;
+      }
+      return wait;
+    }
+  }
+
+  /** Full jitter: a random wait in [0, {@code wait}], in milliseconds. */
+  private static long jittered(Duration wait) {
+    return ThreadLocalRandom.current().nextLong(wait.toMillis() + 1);
+  }
+
+  /**
+   * The streams that keep their group keep running; the others are ended (their jobs stay held,
+   * answered on another stream: the leases stay valid); the missing groups are opened.
+   */
+  private void regroupLocked(Map<WorkGroup, BrokerGrpc.BrokerStub> stubs, List<WorkGroup> groups) {
+    Set<WorkGroup> kept = new HashSet<>();
+    for (Session s : new ArrayList<>(sessions)) {
+      if (groups.contains(s.group) && kept.add(s.group)) {
+        continue;
+      }
+      log.info("work stream to {} ends: its group changed", describe(s.group));
+      sessions.remove(s);
+      s.retired = true;
+      s.halfCloseLocked();
+      later(CLOSE_WAIT, () -> s.cancel("regrouped"));
+    }
+    for (WorkGroup g : groups) {
+      if (kept.contains(g)) {
+        continue;
+      }
+      Session s = new Session(g);
+      sessions.add(s);
+      if (groups.size() > 1 || !g.address().equals(WorkGroup.ANY_NODE)) {
+        log.info("opening a work stream to {}", describe(g));
+      }
+      stubs.get(g).work(s);
+      s.sendLocked(
+          new Request(subscribeRequest(g), Kind.CONTROL, null, r -> onSubscribeAnswered(s, r)));
+    }
+  }
+
+  private static String describe(WorkGroup g) {
+    String where = g.address().equals(WorkGroup.ANY_NODE) ? "any node" : g.address();
+    return where + " for " + g.queues() + " (max_in_flight " + g.maxInFlight() + ")";
+  }
+
+  private void onSubscribeAnswered(Session s, WorkResult r) {
+    if (r.getCode() == 0) {
+      synchronized (lock) {
+        backoff = reconnectInitial;
+        onSubscribedLocked(s);
+      }
+      firstSubscribe.complete(null);
+    } else if (r != STREAM_ENDED) {
+      // Refused on a stream that stays open (contract §5): a stream that ended with that code.
+      // UNAVAILABLE (a partition without a leader yet) regroups after the backoff, anything else
+      // ends the run; the helper ends this stream itself either way.
+      synchronized (lock) {
+        s.refusal = Status.fromCodeValue(r.getCode()).withDescription(r.getMessage());
+      }
+      s.cancel("subscription refused");
+    }
+    // STREAM_ENDED: the stream's own end tells the supervisor.
+  }
+
+  /**
+   * Whether one of {@code ended} ended with a code a reconnect does not cure (contract §5): the
+   * run ends with it, whichever stream it came from.
+   */
+  private boolean endRefused(List<Session> ended) {
+    for (Session s : ended) {
+      Status status = s.endStatus;
+      if (!retriable(status.getCode())) {
+        log.error("work stream refused: {}", status);
+        synchronized (lock) {
+          fatal = status;
+        }
+        firstSubscribe.completeExceptionally(status.asRuntimeException());
+        new Thread(() -> stopQuietly(Duration.ZERO), "jobbroker-stop").start();
+        return true;
+      }
+      log.info("work stream to {} ended: {}; regrouping", describe(s.group), status);
+    }
+    // Not reachable now: start() returns and the worker keeps trying.
+    firstSubscribe.complete(null);
+    return false;
+  }
+
+  private WorkRequest.Builder subscribeRequest(WorkGroup group) {
     SubscribeRequest.Builder sub =
         SubscribeRequest.newBuilder()
-            .addAllQueues(handlers.keySet())
+            .addAllQueues(group.queues())
             .setWorkerId(workerId)
-            .setMaxInFlight(concurrency + prefetch)
+            .setMaxInFlight(group.maxInFlight())
             .setBatchPushes(true);
     if (!leaseDuration.isZero()) {
       sub.setLeaseDuration(JobBrokerClient.toProto(leaseDuration));
@@ -652,16 +740,26 @@ public final class Worker {
           .setMessage("the work stream ended")
           .build();
 
-  /** One Work stream: its requests waiting for answers, by request id. */
+  /** One Work stream, of one group: its requests waiting for answers, by request id. */
   private final class Session implements ClientResponseObserver<WorkRequest, WorkResponse> {
+    final WorkGroup group;
     private ClientCallStreamObserver<WorkRequest> requests;
     // Guarded by lock.
     private final Map<Long, Request> pending = new HashMap<>();
     boolean subscribed;
     boolean ended;
     private boolean halfClosed;
+    boolean retired; // ended by a regrouping: its end is no news for the supervisor
+    boolean ackMessageInFlight; // acks are coalesced per stream
+    Status refusal; // the subscription's error, if it was refused on the open stream
+    /** The status the stream ended with (its subscription's refusal first); set by its end. */
+    volatile Status endStatus;
     /** Completes with the status the stream ended with. */
     final CompletableFuture<Status> closed = new CompletableFuture<>();
+
+    Session(WorkGroup group) {
+      this.group = group;
+    }
 
     @Override
     public void beforeStart(ClientCallStreamObserver<WorkRequest> requestStream) {
@@ -711,8 +809,8 @@ public final class Worker {
     @Override
     public void onNext(WorkResponse response) {
       switch (response.getResponseCase()) {
-        case JOB -> onJobs(List.of(response.getJob()));
-        case JOB_BATCH -> onJobs(response.getJobBatch().getJobsList());
+        case JOB -> onJobs(this, List.of(response.getJob()));
+        case JOB_BATCH -> onJobs(this, response.getJobBatch().getJobsList());
         case RESULT -> {
           Request r;
           synchronized (lock) {
@@ -752,9 +850,7 @@ public final class Worker {
           return;
         }
         ended = true;
-        if (session == this) {
-          session = null;
-        }
+        sessions.remove(this);
         // In the order they were sent, so that replayed answers keep it.
         left = new ArrayList<>();
         pending.entrySet().stream()
@@ -767,6 +863,11 @@ public final class Worker {
             onStreamEndLocked(r);
           }
         }
+        endStatus = refusal != null ? refusal : status;
+        if (!retired && !closing) {
+          streamEnds.add(this);
+        }
+        pumpLocked(); // what it left goes out on another open stream, if there is one
       }
       for (Request r : left) {
         if (r.kind == Kind.CONTROL) {
@@ -790,7 +891,6 @@ public final class Worker {
         }
       }
       case ACKS -> {
-        ackMessageInFlight = false;
         for (int i = r.acks.size() - 1; i >= 0; i--) {
           acksWaiting.addFirst(r.acks.get(i));
         }
@@ -799,22 +899,56 @@ public final class Worker {
     }
   }
 
-  /** Sends what waits, if a subscribed stream is there: one ack message at a time. */
+  /**
+   * The stream {@code h}'s answers go on: the one that pushed it while it is open, else any open
+   * one (a node routes a job's answer to its leader by job id); null if none is subscribed.
+   */
+  private Session streamForLocked(Held h) {
+    if (h != null && h.pushedBy != null && h.pushedBy.usableLocked()) {
+      return h.pushedBy;
+    }
+    for (Session s : sessions) {
+      if (s.usableLocked()) {
+        return s;
+      }
+    }
+    return null;
+  }
+
+  /**
+   * Sends what waits, each on its stream if one is subscribed: one ack message at a time per
+   * stream.
+   */
   private void pumpLocked() {
-    Session s = session;
-    if (s == null || !s.usableLocked()) {
-      return;
+    if (streamForLocked(null) == null) {
+      return; // it waits for the next stream
     }
     while (!toSend.isEmpty()) {
-      s.sendLocked(toSend.poll());
+      Request r = toSend.poll();
+      streamForLocked(r.held).sendLocked(r);
     }
-    if (ackMessageInFlight || acksWaiting.isEmpty()) {
+    if (acksWaiting.isEmpty()) {
       return;
     }
-    List<Request> batch = new ArrayList<>();
-    while (!acksWaiting.isEmpty() && batch.size() < MAX_ACK_BATCH) {
-      batch.add(acksWaiting.poll());
+    // In arrival order; those of a stream with an ack message in flight wait for its answer.
+    Map<Session, List<Request>> batches = new LinkedHashMap<>();
+    for (var it = acksWaiting.iterator(); it.hasNext(); ) {
+      Request a = it.next();
+      Session s = streamForLocked(a.held);
+      if (s.ackMessageInFlight) {
+        continue;
+      }
+      List<Request> batch = batches.computeIfAbsent(s, k -> new ArrayList<>());
+      if (batch.size() < MAX_ACK_BATCH) {
+        batch.add(a);
+        it.remove();
+      }
     }
+    batches.forEach(this::sendAcksLocked);
+  }
+
+  /** One ack message (an ack, or an ack_batch) of {@code batch} on {@code s}. */
+  private void sendAcksLocked(Session s, List<Request> batch) {
     WorkRequest.Builder body;
     if (batch.size() == 1) {
       body = batch.get(0).body;
@@ -825,14 +959,14 @@ public final class Worker {
       }
       body = WorkRequest.newBuilder().setAckBatch(acks);
     }
-    Request message = new Request(body, Kind.ACKS, null, r -> onAckMessageAnswered(batch, r));
+    Request message = new Request(body, Kind.ACKS, null, r -> onAckMessageAnswered(s, batch, r));
     message.acks = batch;
-    ackMessageInFlight = true;
+    s.ackMessageInFlight = true;
     s.sendLocked(message);
   }
 
-  /** Each item's error is that ack's answer; the next ack message may go. */
-  private void onAckMessageAnswered(List<Request> batch, WorkResult result) {
+  /** Each item's error is that ack's answer; the stream's next ack message may go. */
+  private void onAckMessageAnswered(Session s, List<Request> batch, WorkResult result) {
     Map<Integer, ItemError> itemErrors = new HashMap<>();
     for (ItemError e : result.getItemErrorsList()) {
       itemErrors.put(e.getIndex(), e);
@@ -846,7 +980,7 @@ public final class Worker {
       batch.get(i).onResult.accept(item);
     }
     synchronized (lock) {
-      ackMessageInFlight = false;
+      s.ackMessageInFlight = false;
       pumpLocked();
     }
   }
@@ -858,6 +992,7 @@ public final class Worker {
     final LeasedJob job;
     final JobContext ctx;
     final JobHandler handler;
+    final Session pushedBy; // its answers go on this stream while it is open
     ScheduledFuture<?> heartbeats;
     ScheduledFuture<?> timeout;
     // Guarded by lock.
@@ -865,9 +1000,10 @@ public final class Worker {
     boolean progressInFlight;
     byte[] progressWaiting;
 
-    Held(LeasedJob job, JobHandler handler) {
+    Held(LeasedJob job, JobHandler handler, Session pushedBy) {
       this.job = job;
       this.handler = handler;
+      this.pushedBy = pushedBy;
       this.ctx = new JobContext(job, this);
     }
 
@@ -890,11 +1026,11 @@ public final class Worker {
     }
   }
 
-  private void onJobs(List<LeasedJob> jobs) {
+  private void onJobs(Session from, List<LeasedJob> jobs) {
     long arrived = System.currentTimeMillis();
     synchronized (lock) {
       for (LeasedJob job : jobs) {
-        Held h = new Held(job, handlers.get(job.getQueue()));
+        Held h = new Held(job, handlers.get(job.getQueue()), from);
         if (stopping) {
           // Pushed after the stop began: back at once, unstarted.
           answersOutstanding++;
@@ -1175,8 +1311,8 @@ public final class Worker {
   /** The periodic heartbeat of a held job; skipped while no stream is subscribed. */
   private void heartbeat(Held h) {
     synchronized (lock) {
-      Session s = session;
-      if (held.get(h.job.getLeaseId()) != h || s == null || !s.usableLocked()) {
+      Session s = streamForLocked(h);
+      if (held.get(h.job.getLeaseId()) != h || s == null) {
         return;
       }
       s.sendLocked(
@@ -1198,8 +1334,8 @@ public final class Worker {
   }
 
   private void sendProgressLocked(Held h) {
-    Session s = session;
-    if (s == null || !s.usableLocked()) {
+    Session s = streamForLocked(h);
+    if (s == null) {
       return; // progressWaiting goes out once a stream is subscribed
     }
     byte[] value = h.progressWaiting;

@@ -75,6 +75,12 @@ final class BrokerProcess implements AutoCloseable {
     process = launch(dataDir, grpcTarget, extraArgs).process;
   }
 
+  /** kill -9 of the broker, not started again: a dead machine. {@link #close()} still cleans up. */
+  void kill9() throws InterruptedException {
+    process.destroyForcibly();
+    process.waitFor(15, TimeUnit.SECONDS);
+  }
+
   private record Launched(Process process, String target) {}
 
   private static Launched launch(Path dataDir, String listen, List<String> extraArgs)

@@ -6,6 +6,10 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
 import java.net.ServerSocket;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
@@ -29,6 +33,8 @@ final class ClusterProcess implements AutoCloseable {
   private final List<Process> nodes;
   /** The nodes' gRPC addresses ("127.0.0.1:PORT"), node-0 first: what a client is given. */
   final List<String> addresses;
+  /** The nodes' HTTP addresses (their /metrics), in the same order. */
+  final List<String> httpAddresses = new ArrayList<>();
 
   private ClusterProcess(Path dir, Process etcd, List<Process> nodes, List<String> addresses) {
     this.dir = dir;
@@ -62,13 +68,14 @@ final class ClusterProcess implements AutoCloseable {
     try {
       for (int n = 0; n < NODES; n++) {
         addresses.add("127.0.0.1:" + freePort());
+        cluster.httpAddresses.add("127.0.0.1:" + freePort());
       }
       for (int n = 0; n < NODES; n++) {
         nodes.add(
             new ProcessBuilder(
                     BrokerProcess.brokerBinary().toString(),
                     "--listen", addresses.get(n),
-                    "--http-listen", "127.0.0.1:0",
+                    "--http-listen", cluster.httpAddresses.get(n),
                     "--data-dir", dir.resolve("node-" + n).toString(),
                     "--partitions", Integer.toString(partitions),
                     "--cluster-etcd", etcdUrl,
@@ -161,6 +168,28 @@ final class ClusterProcess implements AutoCloseable {
       }
     }
     return "";
+  }
+
+  /**
+   * The value of gauge {@code name} in the /metrics of the node at gRPC address {@code address}
+   * (a line "name value").
+   */
+  double metric(String address, String name) throws IOException, InterruptedException {
+    HttpResponse<String> answer =
+        HttpClient.newHttpClient()
+            .send(
+                HttpRequest.newBuilder(
+                        URI.create(
+                            "http://" + httpAddresses.get(addresses.indexOf(address)) + "/metrics"))
+                    .timeout(Duration.ofSeconds(5))
+                    .build(),
+                HttpResponse.BodyHandlers.ofString());
+    for (String line : answer.body().split("\n")) {
+      if (line.startsWith(name + " ")) {
+        return Double.parseDouble(line.substring(name.length() + 1).trim());
+      }
+    }
+    throw new AssertionError("the node at " + address + " has no " + name + " in its /metrics");
   }
 
   /** kill -9 of the node at {@code address}: a dead machine. */

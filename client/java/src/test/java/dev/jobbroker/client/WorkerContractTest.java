@@ -39,6 +39,7 @@ import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
@@ -539,6 +540,125 @@ class WorkerContractTest extends WorkerTestBase {
       worker.stop(Duration.ofSeconds(10));
       worker = null;
     }
+  }
+
+  /**
+   * Contract §6, last paragraph: a stream that ends during a graceful stop (here the broker
+   * restarts in the grace) is reopened after the backoff, and the ack of a handler that returns
+   * in the grace goes out on it: the job ends COMPLETED and the stop returns as soon as that ack
+   * is answered, not at the end of its grace.
+   */
+  @Test
+  void aStreamThatEndsDuringAGracefulStopIsReopenedForTheAnswersStillToCome() throws Exception {
+    try (BrokerProcess own = BrokerProcess.start(null)) {
+      String id =
+          own.client
+              .enqueue(
+                  EnqueueRequest.newBuilder()
+                      .setQueue("contract-stop-restart")
+                      .setLeaseDuration(JobBrokerClient.toProto(Duration.ofSeconds(60)))
+                      .build())
+              .getJobId();
+      CountDownLatch running = new CountDownLatch(1);
+      CountDownLatch finish = new CountDownLatch(1);
+      Worker w =
+          Worker.builder(own.client)
+              .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
+              .handle(
+                  "contract-stop-restart",
+                  job -> {
+                    running.countDown();
+                    finish.await();
+                    return "acked during the stop";
+                  })
+              .build();
+      worker = w;
+      w.start();
+      assertTrue(running.await(30, TimeUnit.SECONDS));
+
+      Duration grace = Duration.ofSeconds(30);
+      long began = System.nanoTime();
+      CompletableFuture<Void> stopped = stopInBackground(w, grace);
+      TimeUnit.MILLISECONDS.sleep(500); // steps 1 and 2 done: the handler is in its grace
+      assertFalse(stopped.isDone(), "the stop did not wait for the running handler");
+      own.restart(); // the stream ends during the grace
+      finish.countDown(); // its ack waits for the reopened stream
+      stopped.get(grace.toSeconds() + 10, TimeUnit.SECONDS);
+      Duration took = Duration.ofNanos(System.nanoTime() - began);
+
+      assertTrue(
+          took.compareTo(grace) < 0,
+          "the stop took " + took + ", its whole grace: the ack was never answered");
+      Job done = awaitCompletedAcrossRestart(own, id);
+      assertEquals(1, done.getAttemptsCount());
+      assertEquals("acked during the stop", done.getResult().toStringUtf8());
+      assertEquals(1, w.stats().acked(), w.stats().toString());
+      assertTrue(w.stats().reconnects() >= 1, w.stats().toString());
+      assertTrue(w.isTerminated());
+      worker = null;
+    }
+  }
+
+  /**
+   * Contract §6 step 5's bounds: when the stream ends during a graceful stop and no broker comes
+   * back, the stop still returns within grace + 1 s + the close's 2 s (and some slack); the ack
+   * it could not send is dropped, and the job comes back when its lease runs out.
+   */
+  @Test
+  void aGracefulStopWhoseStreamCannotBeReopenedStillEndsWithinItsBounds() throws Exception {
+    try (BrokerProcess own = BrokerProcess.start(null)) {
+      own.client.enqueue("contract-stop-dead", "x");
+      CountDownLatch running = new CountDownLatch(1);
+      CountDownLatch finish = new CountDownLatch(1);
+      Worker w =
+          Worker.builder(own.client)
+              .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
+              .handle(
+                  "contract-stop-dead",
+                  job -> {
+                    running.countDown();
+                    finish.await();
+                    return "never confirmed";
+                  })
+              .build();
+      worker = w;
+      w.start();
+      assertTrue(running.await(30, TimeUnit.SECONDS));
+
+      Duration grace = Duration.ofSeconds(3);
+      long began = System.nanoTime();
+      CompletableFuture<Void> stopped = stopInBackground(w, grace);
+      TimeUnit.MILLISECONDS.sleep(500);
+      own.kill9(); // the stream ends during the grace, and nothing answers again
+      finish.countDown();
+      stopped.get(30, TimeUnit.SECONDS);
+      Duration took = Duration.ofNanos(System.nanoTime() - began);
+
+      // grace, then 1 s for the answers, then up to 2 s for the close; 2 s of slack.
+      assertTrue(took.compareTo(grace.plusSeconds(5)) < 0, "the stop took " + took);
+      assertTrue(took.compareTo(grace) >= 0, "the stop did not wait for the ack: " + took);
+      assertEquals(0, w.stats().acked(), w.stats().toString());
+      assertTrue(w.isTerminated());
+      worker = null;
+    }
+  }
+
+  private static CompletableFuture<Void> stopInBackground(Worker w, Duration grace) {
+    CompletableFuture<Void> stopped = new CompletableFuture<>();
+    Thread t =
+        new Thread(
+            () -> {
+              try {
+                w.stop(grace);
+                stopped.complete(null);
+              } catch (Throwable e) {
+                stopped.completeExceptionally(e);
+              }
+            },
+            "test-stop");
+    t.setDaemon(true);
+    t.start();
+    return stopped;
   }
 
   /** Polls GetJob, waiting for the restarted broker to be reachable again. */
