@@ -60,16 +60,6 @@ export class Router {
     return this.current;
   }
 
-  /**
-   * The node to open a Work stream for `queues` on: the leader of every one of them if they share
-   * one, else any node (it serves the queues of every partition through one stream).
-   */
-  async workStreamNode(queues: readonly string[]): Promise<Endpoint> {
-    const table = await this.table();
-    const leaders = new Set(queues.map((q) => table.addressOfQueue(q)));
-    return this.nodeAt(leaders.size === 1 ? [...leaders][0] : table.anyAddress);
-  }
-
   /** A node any call may go to, without asking: the one that answered last, else the first. */
   anyNode(): Endpoint {
     return this.nodeAt(this.current.anyAddress);

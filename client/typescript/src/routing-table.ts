@@ -77,6 +77,12 @@ export class RoutingTable {
     return this.addressOfPartition(partitionOfQueue(queue, this.partitionCount));
   }
 
+  /** The live leader of `queue`'s partition in a cluster's table; "" when it has none. */
+  leaderOfQueue(queue: string): string {
+    if (!this.isCluster) return "";
+    return this.leaders[partitionOfQueue(queue, this.partitionCount)] ?? "";
+  }
+
   /**
    * The leader of the partition job `jobId` lives in; `anyAddress` for an id of another form (the
    * broker answers NOT_FOUND or INVALID_ARGUMENT for it).
@@ -95,4 +101,53 @@ export class RoutingTable {
     if (!this.isCluster) return this.empty ? [] : [this.anyAddress];
     return [...this.aliveNodes, ...this.otherNodes];
   }
+}
+
+/**
+ * One Work stream of a worker (docs/worker-contract.md §5 "One stream per leading node"): the
+ * node it goes to ("" for any node), the handled queues it subscribes to (sorted) and its share
+ * of the worker's max_in_flight. Two groups are the same stream when all three are equal.
+ */
+export interface WorkGroup {
+  readonly address: string;
+  readonly queues: readonly string[];
+  readonly share: number;
+}
+
+/**
+ * Splits a worker's `queues` into the groups it opens one Work stream each for: one per leader
+ * address in `table`, sorted by address, then one more for the queues whose partition has no
+ * leader in the table (address "": any node, which relays them or answers UNAVAILABLE). The i-th
+ * of the k groups gets `maxInFlight / k`, plus 1 when `i < maxInFlight % k`, at least 1: as the
+ * broker shares a relayed stream's. Without a cluster table (a single broker, a broker that
+ * refused GetCluster, or none answered yet) it is one group of every queue on any node: the
+ * stream then moves through the addresses as the router does.
+ */
+export function workGroups(table: RoutingTable, queues: readonly string[], maxInFlight: number): WorkGroup[] {
+  const sorted = [...new Set(queues)].sort();
+  const byAddress = new Map<string, string[]>();
+  const leaderless: string[] = [];
+  for (const queue of sorted) {
+    const leader = table.isCluster ? table.leaderOfQueue(queue) : "";
+    if (leader === "") {
+      leaderless.push(queue);
+      continue;
+    }
+    let group = byAddress.get(leader);
+    if (!group) byAddress.set(leader, (group = []));
+    group.push(queue);
+  }
+  const layout: [string, string[]][] = [...byAddress.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  if (leaderless.length > 0) layout.push(["", leaderless]);
+  const k = layout.length;
+  return layout.map(([address, grouped], i) => ({
+    address,
+    queues: grouped,
+    share: Math.max(1, Math.floor(maxInFlight / k) + (i < maxInFlight % k ? 1 : 0)),
+  }));
+}
+
+/** True when `a` and `b` are the same stream: same node, same queues, same share. */
+export function sameWorkGroup(a: WorkGroup, b: WorkGroup): boolean {
+  return a.address === b.address && a.share === b.share && a.queues.length === b.queues.length && a.queues.every((q, i) => q === b.queues[i]);
 }

@@ -12,6 +12,7 @@ import {
 } from "./errors.js";
 import type { AckRequest, LeasedJob, WorkRequest, WorkResponse, WorkResult } from "./gen/jobbroker/v1/broker.js";
 import { AttemptOutcome } from "./gen/jobbroker/v1/job.js";
+import { sameWorkGroup, workGroups, type RoutingTable, type WorkGroup } from "./routing-table.js";
 import { StepLog } from "./steps.js";
 
 /** What a JobContext asks of the worker that runs it. @internal */
@@ -240,6 +241,8 @@ export interface WorkerStats {
 /** One attempt the worker holds: waiting for a slot, or running. */
 interface Held {
   job: LeasedJob;
+  /** The stream that pushed it: its answers go there while it is open, else on any open one. */
+  stream?: WorkStream;
   abort: AbortController;
   started: boolean;
   /** Why the signal fired, when the worker fired it for an operator cancel or a stop. */
@@ -266,8 +269,48 @@ interface HeartbeatSent {
 interface Pending {
   request: WorkRequest;
   onResult?: (r: WorkResult) => void;
+  /** The stream that pushed the job it answers for: where it goes while that one is open. */
+  origin?: WorkStream;
+  /** The stream it went out on, unanswered; unset while it waits for one. */
+  sentOn?: WorkStream;
   /** Answered UNAVAILABLE: goes out again after answerRetryMs, or on the next stream. */
   refused?: boolean;
+}
+
+/**
+ * One Broker.Work stream of the worker, for one group of its queues (routing-table.ts
+ * WorkGroup): in a cluster one per node leading a handled queue's partition.
+ */
+interface WorkStream {
+  readonly group: WorkGroup;
+  readonly call: ClientDuplexStream<WorkRequest, WorkResponse>;
+  /** Requests may go out on it: the call is open and the worker has not ended it. */
+  writable: boolean;
+  /** The call has ended (its status or error arrived). */
+  ended: boolean;
+  /**
+   * Ended by the worker because its group is no longer in the layout: its end is not a reason
+   * to regroup again.
+   */
+  retired: boolean;
+  /**
+   * The request id of its subscription; 0 for a stream opened during a graceful stop, which does
+   * not subscribe (the broker pushes nothing on it): it only carries the answers still to come.
+   */
+  subscribeRequestId: number;
+  /** Its subscription was accepted. */
+  subscribed: boolean;
+  /** Opened on any node for queues a cluster's layout gave no leader: that node relays them. */
+  relayed: boolean;
+  /** Its subscription was refused with a code that is retried: why, for the regroup. */
+  refusal?: { code: number; message: string };
+  /** Its unanswered heartbeats, by request id. */
+  readonly heartbeats: Map<number, HeartbeatSent>;
+  // Acks not yet sent: they wait while this stream's ack message (ackRequestId) is unanswered,
+  // then go out together. One ack message in flight per stream is the worker's group commit: a
+  // busy worker sends one per broker round trip instead of one per job.
+  acks: AckRequest[];
+  ackRequestId: number; // 0 = none
 }
 
 type Outcome =
@@ -329,10 +372,13 @@ function outcomeOf(e: unknown): Outcome {
  * ack message in flight, the ones that end meanwhile follow as one AckBatch), answers sent again
  * after a reconnect, reconnects with backoff when the broker goes away, and a graceful stop.
  *
- * In a cluster the stream goes straight to the leader when every handled queue's partition has
- * the same leader (Admin.GetCluster tells which), otherwise to any node, which serves the queues
- * of every partition through it. After the stream ends the worker asks for the cluster's layout
- * again and connects where it says (a leader that moved or died).
+ * In a cluster (Admin.GetCluster tells where each partition's leader is) the worker opens one
+ * stream per node that leads a handled queue's partition, subscribing there to those queues with
+ * a share of max_in_flight, so no node relays its jobs; the queues of a partition without a leader
+ * go on one more stream to any node. `concurrency` is one pool across the streams. When a stream
+ * ends the worker waits its backoff, asks for the layout again and regroups: the streams whose
+ * group is unchanged keep running, the others are ended and the missing ones opened (a leader
+ * that moved or died). Without a layout (one broker) it is one stream, as before.
  *
  *   const worker = new Worker({ concurrency: 4 });
  *   worker.handle("emails", async (job) => { await send(job.json(), job.idempotencyKey); });
@@ -358,8 +404,12 @@ export class Worker<Data = unknown, Result = unknown> {
   private state: "new" | "running" | "stopping" | "closed" = "new";
   private closing = false; // the connection loop ends
   private nextRequestId = 1;
-  private subscribeRequestId = 0;
-  private stream: ClientDuplexStream<WorkRequest, WorkResponse> | null = null;
+  // The streams not ended yet (those being ended by a regroup or a stop too), in opening order.
+  private streams: WorkStream[] = [];
+  // Streams that ended since the connection loop last looked (not those it ended itself).
+  private readonly ends: { stream: WorkStream; code: number; message: string }[] = [];
+  // The reconnect backoff's bound: one for the worker, back to the initial one when a stream subscribes.
+  private backoffMs: number;
   // Held attempts by job id. A job leased again (its old lease ran out) replaces its old entry.
   private readonly held = new Map<string, Held>();
   private readonly queued: Held[] = []; // held, not started, in arrival order
@@ -370,25 +420,21 @@ export class Worker<Data = unknown, Result = unknown> {
   // started beside it. Jobs pushed meanwhile wait in `queued`, leased and heartbeated.
   private readonly stuck = new Set<Held>();
   private readonly pending = new Map<number, Pending>(); // unanswered ack/fail/release/step save
-  private readonly heartbeats = new Map<number, HeartbeatSent>(); // by request id, this stream's
-  // Acks not yet sent: they wait while an ack message is unanswered (ackRequestId), then go out
-  // together. One ack message in flight is the worker's group commit: a busy worker sends one per
-  // broker round trip instead of one per job.
-  private acks: AckRequest[] = [];
-  private ackRequestId = 0; // the unanswered ack message; 0 = none
-  // Acks answered UNAVAILABLE: first in line again when the resend timer fires (or a new stream opens).
-  private ackRetry: AckRequest[] = [];
+  // Acks of jobs that ended while no stream was open: they go out on the next one.
+  private ackWaiting: AckRequest[] = [];
+  // Acks answered UNAVAILABLE, with the stream they went on: first in line again when the resend
+  // timer fires (or a new stream opens).
+  private ackRetry: { ack: AckRequest; origin?: WorkStream }[] = [];
   private retryTimer?: NodeJS.Timeout; // set while a resend of refused answers is due
   private readonly listeners = new Set<() => void>();
   private readonly statsValue: WorkerStats = {
     acked: 0, failed: 0, released: 0, snoozed: 0, attemptsLost: 0, reconnects: 0, ackMessages: 0, acksRefused: 0,
   };
   private firstSubscribe?: (r: { code: number; message: string }) => void;
-  // This stream's subscription was refused with a code that is retried: why, for the reconnect.
-  private subscribeRefusal?: { code: number; message: string };
+  // The streams of the first grouping whose subscription start() still waits for.
+  private starting?: Set<WorkStream>;
   private fatal?: JobBrokerError; // a refused subscription, or a stream ended with a caller's error
   private loopDone?: Promise<void>;
-  private wakeLoop?: () => void;
   private stopped?: Promise<void>;
 
   constructor(options: WorkerOptions = {}) {
@@ -400,6 +446,7 @@ export class Worker<Data = unknown, Result = unknown> {
     this.leaseDurationMs = options.leaseDurationMs;
     this.reconnectInitialMs = options.reconnectInitialMs ?? 100;
     this.reconnectMaxMs = options.reconnectMaxMs ?? 5000;
+    this.backoffMs = this.reconnectInitialMs;
     this.shutdownGraceMs = options.shutdownGraceMs ?? 30_000;
     this.log = options.log ?? ((m) => console.error(`jobbroker worker: ${m}`));
   }
@@ -493,7 +540,9 @@ export class Worker<Data = unknown, Result = unknown> {
    * signals and releases their jobs whatever they end with (no attempt spent), waits up to 1 s
    * for those to return (a handler that ignores its signal has its job released anyway, and
    * whatever it ends with is dropped), then up to 1 s for the broker's answers to the last acks,
-   * fails and releases, and closes.
+   * fails and releases, and closes every stream. Until that close a stream that ends is reopened
+   * as usual (without subscribing: it only carries the answers still to come); nothing is reopened
+   * after it.
    */
   stop(graceMs = this.shutdownGraceMs): Promise<void> {
     if (this.stopped) return this.stopped;
@@ -508,9 +557,21 @@ export class Worker<Data = unknown, Result = unknown> {
   }
 
   private async doStop(graceMs: number): Promise<void> {
+    // Steps 1 to 5 (docs/worker-contract.md §6) on every stream. The connection loop goes on until
+    // step 6: a stream that ends meanwhile is regrouped and reopened after the usual backoff, so
+    // that the answers still to come (handlers finishing in the grace, releases) reach the
+    // broker. A stream opened while stopping does not subscribe: nothing is pushed on it (and
+    // whatever a stream is pushed while stopping is released at once, onJob).
     this.state = "stopping";
+    if (this.firstSubscribe) {
+      // start() still waits for the first subscriptions: they no longer matter.
+      this.firstSubscribe({ code: Status.UNAVAILABLE, message: "the worker is stopping" });
+      this.firstSubscribe = undefined;
+    }
     const graceEnds = Date.now() + graceMs;
-    this.write({ requestId: this.newRequestId(), flow: { maxInFlight: 0 } });
+    for (const s of this.streams) {
+      if (s.subscribeRequestId !== 0) this.write(s, { requestId: this.newRequestId(), flow: { maxInFlight: 0 } });
+    }
     this.releaseQueued();
     await this.until(() => this.running.size === 0, graceEnds - Date.now());
     for (const h of this.running) this.stopAttempt(h, "shutdown", "the worker is shutting down: its grace ran out");
@@ -521,26 +582,24 @@ export class Worker<Data = unknown, Result = unknown> {
     }
     // Then up to 1 s for the answers. Buffered acks count: they go out when the ack message ahead
     // of them is answered; refused ones go out again after answerRetryMs.
-    const answered = () => this.pending.size === 0 && this.acks.length === 0 && this.ackRetry.length === 0;
+    const answered = () =>
+      this.pending.size === 0 && this.ackWaiting.length === 0 && this.ackRetry.length === 0 && this.streams.every((s) => s.acks.length === 0);
     await this.until(answered, answersWaitMs);
+    // Step 6: nothing is reopened from here on (the loop, waiting on a backoff or a table, ends
+    // at once); what is still unanswered is dropped.
     this.closing = true;
+    this.notify();
     clearTimeout(this.retryTimer);
     this.retryTimer = undefined;
     for (const h of this.held.values()) this.forget(h);
     for (const [, p] of this.pending) {
       p.onResult?.({ requestId: 0, code: Status.UNAVAILABLE, message: "the worker stopped", leaseDeadline: undefined, cancelRequested: false, itemErrors: [] });
     }
-    const stream = this.stream;
-    if (stream) {
-      // Half-close: the broker ends the call once it has answered what it read; do not wait
-      // forever for that.
-      stream.end();
-      const t = setTimeout(() => stream.cancel(), 2000);
-      await this.until(() => this.stream === null, 2500);
-      clearTimeout(t);
-      this.stream?.cancel();
-    }
-    this.wakeLoop?.();
+    // Half-close every stream: the broker ends each call once it has answered what it read; do
+    // not wait forever for that.
+    for (const s of this.streams) this.endStream(s);
+    await this.until(() => this.streams.length === 0, 2500);
+    for (const s of this.streams) s.call.cancel();
     await this.loopDone;
     if (this.ownsClient) this.client.close();
     this.state = "closed";
@@ -558,7 +617,7 @@ export class Worker<Data = unknown, Result = unknown> {
     this.forget(h);
     h.lost = true; // nothing more is sent for the attempt but this release
     this.stuck.add(h);
-    this.sendRelease(h.job);
+    this.sendRelease(h.job, h.stream);
     this.notify();
   }
 
@@ -594,146 +653,284 @@ export class Worker<Data = unknown, Result = unknown> {
     return this.nextRequestId++;
   }
 
-  /** Writes on the current stream; false if there is none. */
-  private write(request: WorkRequest): boolean {
-    const s = this.stream;
-    if (!s) return false;
+  /** Writes on `s`; false if it takes no more writes. */
+  private write(s: WorkStream, request: WorkRequest): boolean {
+    if (!s.writable) return false;
     try {
-      s.write(request);
+      s.call.write(request);
       return true;
     } catch {
       return false;
     }
   }
 
-  /** Sends a request whose answer matters; it is sent again on a new stream if unanswered. */
-  private sendTracked(request: WorkRequest, onResult?: (r: WorkResult) => void): void {
-    this.pending.set(request.requestId, { request, onResult });
-    this.write(request);
+  /**
+   * Where an answer for a job pushed on `origin` goes now: that stream while it is open, else any
+   * open one (a node sends a job's answer on to its leader by job id); undefined while none is.
+   */
+  private streamFor(origin?: WorkStream): WorkStream | undefined {
+    if (origin?.writable) return origin;
+    return this.streams.find((s) => s.writable);
   }
 
-  private async connectionLoop(): Promise<void> {
-    let backoff = this.reconnectInitialMs;
-    while (!this.closing) {
-      // In a cluster, the leader of every handled queue if they share one; else any node, which
-      // relays to the leaders.
-      const node = await this.client.router.workStreamNode([...this.handlers.keys()]);
-      if (this.closing) return;
-      const stream = node.broker.work();
-      this.stream = stream;
-      let subscribed = false;
-      const ended = new Promise<{ code: number; message: string }>((resolve) => {
-        stream.on("data", (m: WorkResponse) => {
-          if (this.onMessage(m)) subscribed = true;
-        });
-        stream.on("error", (e: { code?: number; details?: string; message?: string }) =>
-          resolve({ code: e.code ?? Status.UNKNOWN, message: e.details ?? e.message ?? "" }),
-        );
-        stream.on("status", (s: { code: number; details: string }) => resolve({ code: s.code, message: s.details }));
-      });
-      if (this.state === "running") {
-        this.subscribeRequestId = this.newRequestId();
-        this.write({
-          requestId: this.subscribeRequestId,
-          subscribe: {
-            queues: [...this.handlers.keys()],
-            workerId: this.workerId,
-            maxInFlight: this.concurrency + this.prefetch,
-            leaseDuration: durationFromMs(this.leaseDurationMs),
-            batchPushes: true,
-          },
-        });
-      }
-      // Acks, fails, releases and step saves the last stream did not answer: idempotent per
-      // lease (the broker answers a repeated ack of the same attempt OK), so sending them again
-      // with the same lease ids is safe. Heartbeats are not replayed: each held job's next tick
-      // goes out on this stream; only the newest unanswered progress is sent again.
-      for (const p of this.pending.values()) {
-        p.refused = false; // sent now: the resend timer need not send it again
-        this.write(p.request);
-      }
-      this.requeueRefusedAcks();
-      this.flushAcks();
-      for (const h of this.held.values()) this.sendProgress(h);
+  /**
+   * Sends a request whose answer matters, for a job pushed on `origin`; it is sent again on
+   * another stream if the one it went on ends unanswered.
+   */
+  private sendTracked(request: WorkRequest, origin?: WorkStream, onResult?: (r: WorkResult) => void): void {
+    const p: Pending = { request, origin, onResult };
+    this.pending.set(request.requestId, p);
+    this.sendPending(p);
+  }
 
-      const streamEnd = await ended;
-      const end = this.subscribeRefusal ?? streamEnd;
-      this.subscribeRefusal = undefined;
-      if (this.stream === stream) this.stream = null;
-      this.forgetHeartbeats();
-      this.notify();
-      if (this.firstSubscribe) {
-        this.firstSubscribe(end.code === Status.OK ? { code: Status.UNAVAILABLE, message: "the stream ended" } : end);
-        this.firstSubscribe = undefined;
-      }
-      if (this.closing) return;
-      if (!reconnectCodes.has(end.code)) {
-        // Retrying would hide the caller's mistake (a bad token, a refused queue): run() ends.
-        this.onFatal(new JobBrokerError(end.code, `the Work stream ended: ${end.message}`));
-        return;
-      }
-      // The node may have died or stopped leading the queues: the next stream goes where the
-      // cluster's layout, asked again, says (with several addresses outside a cluster: the next
-      // one that answers).
-      this.client.router.markStale();
-      this.statsValue.reconnects++;
-      if (subscribed) backoff = this.reconnectInitialMs;
-      // Full jitter: workers cut off by the same broker restart do not come back in step.
-      const delay = Math.round(Math.random() * backoff);
-      this.log(`stream ended (${statusName(end.code)}: ${end.message}); reconnecting in ${delay} ms`);
-      await new Promise<void>((resolve) => {
-        const t = setTimeout(resolve, delay);
-        this.wakeLoop = () => {
-          clearTimeout(t);
-          resolve();
-        };
-      });
-      this.wakeLoop = undefined;
-      backoff = Math.min(backoff * 2, this.reconnectMaxMs);
+  /** Sends `p` where its job's answers go now, or leaves it for the next stream. */
+  private sendPending(p: Pending): void {
+    p.refused = false; // sent now (or on the next stream): the resend timer need not send it again
+    const s = this.streamFor(p.origin);
+    p.sentOn = s && this.write(s, p.request) ? s : undefined;
+  }
+
+  /**
+   * Sends what waits for a stream: acks, fails, releases and step saves unanswered when their
+   * stream ended (idempotent per lease: the broker answers a repeated ack of the same attempt
+   * OK, so sending them again with the same lease ids is safe), the acks of jobs that ended while
+   * no stream was open, and the newest unanswered progress. Heartbeats are not replayed: each
+   * held job's next tick goes out on an open stream.
+   */
+  private sendWaiting(): void {
+    if (this.closing || !this.streamFor()) return;
+    for (const p of this.pending.values()) {
+      if (p.sentOn === undefined) this.sendPending(p);
     }
+    this.requeueRefusedAcks();
+    const waiting = this.ackWaiting;
+    this.ackWaiting = [];
+    for (const ack of waiting) this.queueAck(ack);
+    for (const h of this.held.values()) this.sendProgress(h);
   }
 
-  /** The stream is gone with its unanswered heartbeats; their progress goes out on the next. */
-  private forgetHeartbeats(): void {
-    for (const sent of this.heartbeats.values()) {
+  /**
+   * Opens the stream of `group` and subscribes, unless the worker is stopping: a stream reopened
+   * then only carries the answers still to come (docs/worker-contract.md §6), so it takes no jobs.
+   * Answers waiting for a stream go out on it at once.
+   */
+  private openStream(group: WorkGroup, table: RoutingTable): WorkStream {
+    const node = this.client.router.nodeAt(group.address || table.anyAddress);
+    const subscribes = this.state === "running";
+    const s: WorkStream = {
+      group,
+      call: node.broker.work(),
+      writable: true,
+      ended: false,
+      retired: false,
+      subscribeRequestId: subscribes ? this.newRequestId() : 0,
+      subscribed: false,
+      relayed: group.address === "" && table.isCluster,
+      heartbeats: new Map(),
+      acks: [],
+      ackRequestId: 0,
+    };
+    this.streams.push(s);
+    s.call.on("data", (m: WorkResponse) => this.onMessage(s, m));
+    s.call.on("error", (e: { code?: number; details?: string; message?: string }) =>
+      this.onStreamEnd(s, { code: e.code ?? Status.UNKNOWN, message: e.details ?? e.message ?? "" }),
+    );
+    s.call.on("status", (st: { code: number; details: string }) => this.onStreamEnd(s, { code: st.code, message: st.details }));
+    if (subscribes) {
+      this.write(s, {
+        requestId: s.subscribeRequestId,
+        subscribe: {
+          queues: [...group.queues],
+          workerId: this.workerId,
+          maxInFlight: group.share,
+          leaseDuration: durationFromMs(this.leaseDurationMs),
+          batchPushes: true,
+        },
+      });
+    }
+    this.sendWaiting();
+    return s;
+  }
+
+  /**
+   * Ends `s` from the worker's side (a regroup that dropped its group, a stop): nothing more goes
+   * out on it, its buffered acks move to another stream, and it is half-closed, so the broker
+   * answers what it read and ends the call (cancelled after 2 s if it does not).
+   */
+  private endStream(s: WorkStream): void {
+    if (!s.writable) return;
+    s.writable = false;
+    try {
+      s.call.end();
+    } catch {
+      // already closed
+    }
+    const t = setTimeout(() => s.call.cancel(), 2000);
+    s.call.once("status", () => clearTimeout(t));
+    s.call.once("error", () => clearTimeout(t));
+    this.moveAcks(s);
+  }
+
+  /** The acks buffered for `s`, which takes no more writes, go out on another stream. */
+  private moveAcks(s: WorkStream): void {
+    const acks = s.acks;
+    s.acks = [];
+    if (this.closing) return;
+    for (const ack of acks) this.queueAck(ack);
+  }
+
+  /**
+   * `s` ended (its status or error arrived): its unanswered heartbeats are forgotten (their
+   * progress goes out again), its unanswered requests and acks go out on another open stream or
+   * wait for the next, and the connection loop hears of it unless it ended the stream itself.
+   */
+  private onStreamEnd(s: WorkStream, status: { code: number; message: string }): void {
+    if (s.ended) return;
+    s.ended = true;
+    s.writable = false;
+    this.streams = this.streams.filter((other) => other !== s);
+    const end = s.refusal ?? status;
+    for (const sent of s.heartbeats.values()) {
       const h = sent.held;
       if (sent.progress !== undefined && h.progressInFlight !== 0) {
         h.progressNext ??= sent.progress;
         h.progressInFlight = 0;
       }
     }
-    this.heartbeats.clear();
+    s.heartbeats.clear();
+    for (const p of this.pending.values()) {
+      if (p.sentOn === s) p.sentOn = undefined;
+    }
+    this.moveAcks(s);
+    this.sendWaiting();
+    if (!s.retired) this.ends.push({ stream: s, ...end });
+    this.startAnswered(s, end.code === Status.OK ? { code: Status.UNAVAILABLE, message: "the stream ended" } : end);
+    this.notify();
   }
 
-  /** Handles one message; true for the answer that accepted this stream's subscription. */
-  private onMessage(m: WorkResponse): boolean {
-    let subscribed = false;
+  /** start() waits for the subscriptions of the first streams: the first refusal, or all accepted. */
+  private startAnswered(s: WorkStream, r: { code: number; message: string }): void {
+    if (!this.firstSubscribe || !this.starting?.delete(s)) return;
+    if (r.code !== Status.OK || this.starting.size === 0) {
+      this.firstSubscribe(r);
+      this.firstSubscribe = undefined;
+    }
+  }
+
+  /**
+   * Keeps one stream per group of the cluster's layout (routing-table.ts workGroups): opens the
+   * missing ones, ends those whose group is gone, and when a stream ends waits the backoff, asks
+   * for the layout again and regroups. Ends with the run: at step 6 of a graceful stop (until
+   * then it reopens streams while stopping too, without subscribing), or at a caller's error.
+   */
+  private async connectionLoop(): Promise<void> {
+    const queues = [...this.handlers.keys()];
+    const maxInFlight = this.concurrency + this.prefetch;
+    const over = () => this.closing;
+    while (!over()) {
+      // A node that died or stopped leading some queues: the layout, asked again, says where
+      // they are now (with several addresses outside a cluster: the next one that answers).
+      // Step 6 of a stop does not wait for an answer that is slow to come.
+      const table = await this.untilClosing(this.client.router.table());
+      if (table === undefined || over()) return;
+      const groups = workGroups(table, queues, maxInFlight);
+      for (const s of this.streams) {
+        if (s.writable && !groups.some((g) => sameWorkGroup(g, s.group))) {
+          // Its jobs stay held and keep their leases (replicated): their answers go on the others.
+          s.retired = true;
+          this.endStream(s);
+        }
+      }
+      const opened: WorkStream[] = [];
+      for (const g of groups) {
+        if (!this.streams.some((s) => s.writable && sameWorkGroup(s.group, g))) opened.push(this.openStream(g, table));
+      }
+      if (this.firstSubscribe && !this.starting) this.starting = new Set(opened);
+      if (opened.length > 0 && this.state !== "running") this.log(`stopping: reopened ${opened.length} stream(s) for the answers still to come`);
+
+      // A node that accepted queues the layout gave no leader found one the layout lacks (it was
+      // asked between an election and the table's refresh) and relays them; no leader change
+      // will end that stream. So while one is open the layout is asked again after each backoff,
+      // until the regroup puts those queues on their leader's own stream.
+      const relayed = () => this.streams.some((s) => s.writable && s.relayed && s.subscribed);
+      await this.until(() => this.ends.length > 0 || over() || relayed());
+      if (over()) return;
+      const first = this.ends.at(0);
+      // Full jitter: workers cut off by the same broker restart do not come back in step.
+      const delay = Math.round(Math.random() * this.backoffMs);
+      if (first === undefined || reconnectCodes.has(first.code)) {
+        if (first) {
+          this.log(`stream to ${first.stream.group.address || "any node"} ended (${statusName(first.code)}: ${first.message}); regrouping in ${delay} ms`);
+        }
+        // Streams that end meanwhile are regrouped by the same pass.
+        await this.until(() => over() || this.ends.some((e) => !reconnectCodes.has(e.code)), delay);
+      }
+      if (over()) return;
+      const ended = this.ends.splice(0);
+      const fatal = ended.find((e) => !reconnectCodes.has(e.code));
+      if (fatal) {
+        // Retrying would hide the caller's mistake (a bad token, a refused queue): run() ends.
+        this.onFatal(new JobBrokerError(fatal.code, `the Work stream ended: ${fatal.message}`));
+        return;
+      }
+      this.client.router.markStale();
+      this.statsValue.reconnects += ended.length;
+      this.backoffMs = Math.min(this.backoffMs * 2, this.reconnectMaxMs);
+    }
+  }
+
+  /** `p`'s value, or undefined once step 6 of a graceful stop has begun (whichever comes first). */
+  private untilClosing<T>(p: Promise<T>): Promise<T | undefined> {
+    if (this.closing) return Promise.resolve(undefined);
+    return new Promise<T | undefined>((resolve, reject) => {
+      const listener = () => {
+        if (!this.closing) return;
+        this.listeners.delete(listener);
+        resolve(undefined);
+      };
+      this.listeners.add(listener);
+      p.then(
+        (v) => {
+          this.listeners.delete(listener);
+          resolve(v);
+        },
+        (e: unknown) => {
+          this.listeners.delete(listener);
+          reject(e);
+        },
+      );
+    });
+  }
+
+  /** Handles one message of stream `s`. */
+  private onMessage(s: WorkStream, m: WorkResponse): void {
     if (m.job) {
-      this.onJob(m.job);
+      this.onJob(m.job, s);
     } else if (m.jobBatch) {
-      for (const job of m.jobBatch.jobs) this.onJob(job); // each exactly as if pushed alone
+      for (const job of m.jobBatch.jobs) this.onJob(job, s); // each exactly as if pushed alone
     } else if (m.result) {
       const r = m.result;
       const p = this.pending.get(r.requestId);
-      const beat = this.heartbeats.get(r.requestId);
-      if (r.requestId === this.subscribeRequestId) {
-        subscribed = r.code === Status.OK;
-        if (this.firstSubscribe) {
-          this.firstSubscribe({ code: r.code, message: r.message });
-          this.firstSubscribe = undefined;
-        }
-        if (!subscribed && reconnectCodes.has(r.code)) {
+      const beat = s.heartbeats.get(r.requestId);
+      if (s.subscribeRequestId !== 0 && r.requestId === s.subscribeRequestId) {
+        this.startAnswered(s, { code: r.code, message: r.message });
+        if (r.code === Status.OK) {
+          s.subscribed = true;
+          this.backoffMs = this.reconnectInitialMs;
+        } else if (reconnectCodes.has(r.code)) {
           // Refused for now (a partition without a leader in a cluster, a broker draining): a
           // stream that ends so is reopened, so this one is ended and reopened the same way.
-          this.subscribeRefusal = { code: r.code, message: `subscribe refused: ${r.message}` };
-          this.stream?.cancel();
-        } else if (!subscribed) {
+          s.refusal = { code: r.code, message: `subscribe refused: ${r.message}` };
+          s.writable = false;
+          s.call.cancel();
+        } else {
           this.onFatal(new JobBrokerError(r.code, `subscribe refused: ${r.message}`));
         }
       } else if (p && r.code === Status.UNAVAILABLE && p.request.ack === undefined && p.request.ackBatch === undefined) {
         // A fail, release or step save the broker could not apply now: not final (acks are
         // handled the same way in onAckResult).
         p.refused = true;
+        p.sentOn = undefined;
         this.log(`request ${r.requestId} refused for now (${r.message}); sending it again in ${answerRetryMs} ms`);
         this.scheduleResend();
       } else if (p) {
@@ -741,7 +938,7 @@ export class Worker<Data = unknown, Result = unknown> {
         if (p.onResult) p.onResult(r);
         else if (r.code !== Status.OK && !leaseGone(r.code)) this.log(`${statusName(r.code)}: ${r.message}`);
       } else if (beat) {
-        this.heartbeats.delete(r.requestId);
+        s.heartbeats.delete(r.requestId);
         this.onHeartbeatResult(beat, r);
       }
     } else if (m.leaseLost) {
@@ -759,7 +956,6 @@ export class Worker<Data = unknown, Result = unknown> {
       if (h) this.cancelByOperator(h);
     }
     this.notify();
-    return subscribed;
   }
 
   private onHeartbeatResult(beat: HeartbeatSent, r: WorkResult): void {
@@ -786,10 +982,10 @@ export class Worker<Data = unknown, Result = unknown> {
     }
   }
 
-  private onJob(job: LeasedJob): void {
+  private onJob(job: LeasedJob, stream: WorkStream): void {
     if (this.state !== "running") {
       // Pushed before our flow 0 arrived: give it straight back.
-      this.sendRelease(job);
+      this.sendRelease(job, stream);
       return;
     }
     // The same job again means the broker ended the attempt we hold (its lease ran out) and
@@ -801,7 +997,7 @@ export class Worker<Data = unknown, Result = unknown> {
     const deadline = job.leaseDeadline ? job.leaseDeadline.getTime() : arrived;
     // Heartbeats follow the lease as granted; the floor guards against clock skew.
     const leaseMs = Math.max(deadline - arrived, 300);
-    const h: Held = { job, abort: new AbortController(), started: false, lost: false, progressInFlight: 0 };
+    const h: Held = { job, stream, abort: new AbortController(), started: false, lost: false, progressInFlight: 0 };
     h.heartbeatTimer = setInterval(() => this.heartbeat(h), leaseMs / 3);
     if (job.timeoutAt) {
       // The broker ends the attempt TIMED_OUT at this moment; the handler hears it at once
@@ -817,21 +1013,24 @@ export class Worker<Data = unknown, Result = unknown> {
   }
 
   private heartbeat(h: Held): void {
-    if (h.lost || !this.stream) return;
+    const s = this.streamFor(h.stream);
+    if (h.lost || !s) return;
     const requestId = this.newRequestId();
-    this.heartbeats.set(requestId, { held: h });
-    this.write({ requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined } });
+    s.heartbeats.set(requestId, { held: h });
+    this.write(s, { requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined } });
   }
 
   /** Sends `h`'s newest progress unless one is unanswered (then it waits for that answer). */
   private sendProgress(h: Held): void {
-    if (h.lost || h.progressInFlight !== 0 || h.progressNext === undefined || !this.stream) return;
+    if (h.lost || h.progressInFlight !== 0 || h.progressNext === undefined) return;
+    const s = this.streamFor(h.stream);
+    if (!s) return;
     const progress = h.progressNext;
     h.progressNext = undefined;
     const requestId = this.newRequestId();
     h.progressInFlight = requestId;
-    this.heartbeats.set(requestId, { held: h, progress });
-    this.write({ requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined, progress } });
+    s.heartbeats.set(requestId, { held: h, progress });
+    this.write(s, { requestId, heartbeat: { jobId: h.job.jobId, leaseId: h.job.leaseId, extendBy: undefined, progress } });
   }
 
   /** Stops heartbeating `h` and frees its place (slot or queue position). */
@@ -877,16 +1076,16 @@ export class Worker<Data = unknown, Result = unknown> {
     }
   }
 
-  private sendRelease(job: LeasedJob, delayMs?: number): void {
+  private sendRelease(job: LeasedJob, origin?: WorkStream, delayMs?: number): void {
     if (delayMs === undefined) this.statsValue.released++;
     else this.statsValue.snoozed++;
-    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId, delay: durationFromMs(delayMs) } });
+    this.sendTracked({ requestId: this.newRequestId(), release: { jobId: job.jobId, leaseId: job.leaseId, delay: durationFromMs(delayMs) } }, origin);
   }
 
   private releaseQueued(): void {
     for (const h of [...this.queued]) {
       this.forget(h);
-      this.sendRelease(h.job);
+      this.sendRelease(h.job, h.stream);
     }
     this.notify();
   }
@@ -930,6 +1129,7 @@ export class Worker<Data = unknown, Result = unknown> {
     return new Promise<WorkResult>((resolve) => {
       this.sendTracked(
         { requestId: this.newRequestId(), heartbeat: { jobId, leaseId, extendBy: undefined, checkpoint: asBuffer(checkpoint) } },
+        h.stream,
         (r) => {
           if (leaseGone(r.code)) this.loseAttempt(h, new JobCancelledError("lease-lost", `the broker ended the attempt: ${r.message}`));
           resolve(r);
@@ -964,37 +1164,54 @@ export class Worker<Data = unknown, Result = unknown> {
     switch (outcome.kind) {
       case "ack":
         this.statsValue.acked++;
-        this.acks.push({ jobId, leaseId, result: outcome.result });
-        this.flushAcks();
+        this.queueAck({ jobId, leaseId, result: outcome.result }, h.stream);
         break;
       case "fail":
         this.statsValue.failed++;
-        this.sendTracked({
-          requestId: this.newRequestId(),
-          fail: { jobId, leaseId, error: outcome.error, permanent: outcome.permanent, retryAfter: durationFromMs(outcome.retryAfterMs) },
-        });
+        this.sendTracked(
+          {
+            requestId: this.newRequestId(),
+            fail: { jobId, leaseId, error: outcome.error, permanent: outcome.permanent, retryAfter: durationFromMs(outcome.retryAfterMs) },
+          },
+          h.stream,
+        );
         break;
       case "release":
-        this.sendRelease(h.job, outcome.delayMs);
+        this.sendRelease(h.job, h.stream, outcome.delayMs);
         break;
     }
   }
 
   /**
-   * Sends the buffered acks, unless an ack message is unanswered: they then wait for its answer
-   * and go out together (one AckBatch, or a plain ack when there is one). An idle worker's ack
-   * thus leaves at once. Without a stream the message waits in `pending` and goes out on the next
-   * one, whose answer clears ackRequestId.
+   * Buffers an ack of a job pushed on `origin` on the stream its answers go to now (or, with no
+   * stream open, until the next one) and sends that stream's buffer if it can.
    */
-  private flushAcks(): void {
-    if (this.ackRequestId !== 0 || this.acks.length === 0 || this.closing) return;
-    const batch = this.acks.splice(0, maxAcksPerMessage);
+  private queueAck(ack: AckRequest, origin?: WorkStream): void {
+    const s = this.streamFor(origin);
+    if (!s) {
+      this.ackWaiting.push(ack);
+      return;
+    }
+    s.acks.push(ack);
+    this.flushAcks(s);
+  }
+
+  /**
+   * Sends the acks buffered for `s`, unless an ack message of `s` is unanswered: they then wait
+   * for its answer and go out together (one AckBatch, or a plain ack when there is one). An idle
+   * worker's ack thus leaves at once. Coalescing is per stream: each stream has its own message in
+   * flight. If `s` ends first, its buffered acks move to another stream, and the unanswered
+   * message is sent again like any request.
+   */
+  private flushAcks(s: WorkStream): void {
+    if (s.ackRequestId !== 0 || s.acks.length === 0 || this.closing || !s.writable) return;
+    const batch = s.acks.splice(0, maxAcksPerMessage);
     const requestId = this.newRequestId();
     const request: WorkRequest =
       batch.length === 1 ? { requestId, ack: batch[0] } : { requestId, ackBatch: { acks: batch } };
-    this.ackRequestId = requestId;
+    s.ackRequestId = requestId;
     this.statsValue.ackMessages++;
-    this.sendTracked(request, (r) => this.onAckResult(requestId, batch, r));
+    this.sendTracked(request, s, (r) => this.onAckResult(s, requestId, batch, r));
   }
 
   /** Arranges for the answers refused with UNAVAILABLE to go out again after answerRetryMs. */
@@ -1010,28 +1227,40 @@ export class Worker<Data = unknown, Result = unknown> {
   private resendRefused(): void {
     if (this.closing) return;
     this.requeueRefusedAcks();
-    this.flushAcks();
-    // Without a stream they wait: the next stream sends every unanswered request.
-    if (!this.stream) return;
+    // Without a stream they wait: the next stream sends every unsent request.
     for (const p of [...this.pending.values()].filter((p) => p.refused).sort((a, b) => a.request.requestId - b.request.requestId)) {
-      p.refused = false;
-      this.write(p.request);
+      this.sendPending(p);
     }
   }
 
-  /** Puts the acks refused with UNAVAILABLE back first in line. */
+  /** Puts the acks refused with UNAVAILABLE back first in line, each on its stream (or any open one). */
   private requeueRefusedAcks(): void {
     if (this.ackRetry.length === 0) return;
-    this.acks = [...this.ackRetry, ...this.acks];
+    const retry = this.ackRetry;
     this.ackRetry = [];
+    const byStream = new Map<WorkStream | undefined, AckRequest[]>();
+    for (const { ack, origin } of retry) {
+      const s = this.streamFor(origin);
+      let acks = byStream.get(s);
+      if (!acks) byStream.set(s, (acks = []));
+      acks.push(ack);
+    }
+    for (const [s, acks] of byStream) {
+      if (!s) {
+        this.ackWaiting = [...acks, ...this.ackWaiting];
+        continue;
+      }
+      s.acks = [...acks, ...s.acks];
+      this.flushAcks(s);
+    }
   }
 
-  private onAckResult(requestId: number, batch: AckRequest[], r: WorkResult): void {
+  private onAckResult(s: WorkStream, requestId: number, batch: AckRequest[], r: WorkResult): void {
     // requestId 0 is no answer: the worker closed with this message unanswered.
     if (r.requestId !== 0 && r.code === Status.UNAVAILABLE) {
       // Not applied for now (a partition between leaders): every ack in it goes out again.
       this.log(`${batch.length} ack(s) refused for now (${r.message}); sending again in ${answerRetryMs} ms`);
-      this.ackRetry.push(...batch);
+      this.ackRetry.push(...batch.map((ack) => ({ ack, origin: s })));
       this.scheduleResend();
     } else if (r.requestId !== 0) {
       if (r.code !== Status.OK && !leaseGone(r.code)) this.log(`ack: ${statusName(r.code)}: ${r.message}`);
@@ -1042,7 +1271,7 @@ export class Worker<Data = unknown, Result = unknown> {
       for (const e of r.itemErrors) {
         if (e.code === Status.UNAVAILABLE && e.index >= 0 && e.index < batch.length) {
           this.log(`ack of job ${batch[e.index].jobId} refused for now (${e.message}); sending again in ${answerRetryMs} ms`);
-          this.ackRetry.push(batch[e.index]);
+          this.ackRetry.push({ ack: batch[e.index], origin: s });
           this.scheduleResend();
           continue;
         }
@@ -1051,9 +1280,9 @@ export class Worker<Data = unknown, Result = unknown> {
       }
       this.statsValue.acksRefused += r.code !== Status.OK ? batch.length : refused;
     }
-    if (this.ackRequestId === requestId) {
-      this.ackRequestId = 0;
-      this.flushAcks(); // what completed while this one was unanswered
+    if (s.ackRequestId === requestId) {
+      s.ackRequestId = 0;
+      this.flushAcks(s); // what completed while this one was unanswered
     }
   }
 }

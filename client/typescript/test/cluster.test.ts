@@ -1,5 +1,6 @@
 // Cluster routing against a real 3-node cluster (4 partitions): each call goes straight to its
-// partition's leader, and the client and a worker follow a leader's death.
+// partition's leader, the client and a worker follow a leader's death, and a worker over queues
+// led by different nodes opens a stream on each leader (no node relays one), also after a death.
 import assert from "node:assert/strict";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -118,6 +119,86 @@ describe("a client of a 3-node cluster", { timeout: 5 * giveUpMs }, () => {
         giveUpMs,
       );
       assert.equal(after.result.toString(), "done after");
+    } finally {
+      await worker.stop();
+      client.close();
+    }
+  });
+});
+
+describe("a worker of a 3-node cluster", { timeout: 5 * giveUpMs }, () => {
+  let cluster: Cluster;
+
+  before(async () => {
+    cluster = await Cluster.start();
+  });
+  after(async () => {
+    await cluster?.stop();
+  });
+
+  /** The gauge on each node of `nodes`, by node index. */
+  const gauges = (name: string, nodes: number[]) => Promise.all(nodes.map((n) => cluster.metric(n, name)));
+
+  test("opens one stream per leading node, none relayed, and regroups after a leader's death", async () => {
+    const client = new Client({ addresses: cluster.addresses });
+    const nodeOf = (address: string) => cluster.indexOf(address);
+    // Once the controller has balanced the leaders, every node leads a partition: two of them
+    // with different leaders, and a third node that leads neither.
+    const info = await eventually(async () => {
+      const info = await client.getCluster();
+      const leaders = new Set(info.partitions.map((p) => p.leaderAddress).filter(Boolean));
+      return info.partitions.length === Cluster.partitions && leaders.size === cluster.addresses.length ? info : undefined;
+    }, "every node leading a partition", giveUpMs);
+    const queues = queueOfEachPartition("per-leader");
+    const la = leaderAddress(info, 0);
+    const pb = [...queues.keys()].find((p) => leaderAddress(info, p) !== la)!;
+    const lb = leaderAddress(info, pb);
+    const [qa, qb] = [queues[0], queues[pb]];
+    const neither = [0, 1, 2].find((n) => n !== nodeOf(la) && n !== nodeOf(lb))!;
+
+    const worker = new Worker({
+      // The node that leads neither queue first: a worker that opened one stream there would be relayed.
+      addresses: [cluster.addresses[neither], la, lb],
+      concurrency: 4,
+      log: quiet,
+      reconnectInitialMs: 50,
+      reconnectMaxMs: 1000,
+    });
+    for (const queue of [qa, qb]) worker.handle(queue, (job) => `done ${job.payload.toString()}`);
+    const completed = async (jobIds: string[]) => {
+      for (const jobId of jobIds) {
+        await eventually(async () => (await client.getJob(jobId)).state === JobState.JOB_STATE_COMPLETED, `job ${jobId} completed`, giveUpMs);
+      }
+    };
+    // Retried (with a dedup key, so never twice) while a partition is between leaders.
+    const enqueue = (round: string) =>
+      Promise.all(
+        [qa, qb].flatMap((queue) =>
+          Array.from({ length: 10 }, async (_, i) => {
+            const key = `${round}-${queue}-${i}`;
+            return (await eventually(() => client.enqueue(queue, key, { dedupKey: key }), `enqueue ${key}`, giveUpMs)).jobId;
+          }),
+        ),
+      );
+    try {
+      await worker.start();
+      await completed(await enqueue("first"));
+      assert.deepEqual(await gauges("jobbroker_work_streams_relaying", [0, 1, 2]), [0, 0, 0], "no node relays a stream");
+      const open = await gauges("jobbroker_work_streams_open", [0, 1, 2]);
+      assert.ok(
+        open[nodeOf(la)] >= 1 && open[nodeOf(lb)] >= 1 && open[neither] === 0,
+        `open streams per node ${JSON.stringify(open)}: want one or more on node-${nodeOf(la)} and node-${nodeOf(lb)} (the leaders), none on node-${neither}`,
+      );
+
+      await cluster.kill9(nodeOf(la));
+      await completed(await enqueue("after"));
+      // Regrouped: the dead leader's queue is on its new leader's stream, relayed by none.
+      const alive = [0, 1, 2].filter((n) => n !== nodeOf(la));
+      await eventually(
+        async () => (await gauges("jobbroker_work_streams_relaying", alive)).every((v) => v === 0),
+        "no live node relaying a stream after the leader's death",
+        30_000,
+      );
     } finally {
       await worker.stop();
       client.close();

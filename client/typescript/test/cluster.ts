@@ -1,5 +1,7 @@
 // A real cluster for a test file: etcd (Debian's `etcd` on PATH) and three jobbroker nodes on
 // loopback, as tests/lib/cluster.sh starts them, with 4 partitions each replicated on all three.
+// Each node serves its /metrics on a port of its own (`metric()`).
+import http from "node:http";
 import { spawn, type ChildProcess } from "node:child_process";
 import { createWriteStream, mkdtempSync, rmSync } from "node:fs";
 import net from "node:net";
@@ -41,6 +43,8 @@ export class Cluster {
     private readonly nodes: ChildProcess[],
     /** The nodes' "127.0.0.1:PORT", by index. */
     readonly addresses: string[],
+    /** Where each node serves /metrics ("127.0.0.1:PORT"), by index. */
+    readonly httpAddresses: string[],
     readonly dir: string,
   ) {}
 
@@ -55,17 +59,21 @@ export class Cluster {
       path.join(dir, "etcd.log"),
     );
     const addresses: string[] = [];
-    for (let n = 0; n < 3; n++) addresses.push(`127.0.0.1:${await freePort()}`);
+    const httpAddresses: string[] = [];
+    for (let n = 0; n < 3; n++) {
+      addresses.push(`127.0.0.1:${await freePort()}`);
+      httpAddresses.push(`127.0.0.1:${await freePort()}`);
+    }
     const nodes = addresses.map((address, n) =>
       startProcess(
         brokerBinary(),
-        ["--listen", address, "--http-listen", "127.0.0.1:0", "--data-dir", path.join(dir, `node-${n}`),
+        ["--listen", address, "--http-listen", httpAddresses[n], "--data-dir", path.join(dir, `node-${n}`),
           "--partitions", String(Cluster.partitions), "--cluster-etcd", etcdUrl, "--node-id", `node-${n}`,
           "--cluster-initial-nodes", "3", "--log-level", "warn"],
         path.join(dir, `node-${n}.log`),
       ),
     );
-    const cluster = new Cluster(etcd, nodes, addresses, dir);
+    const cluster = new Cluster(etcd, nodes, addresses, httpAddresses, dir);
     const client = new Client({ addresses, deadlineMs: 5000 });
     try {
       await eventually(async () => {
@@ -93,6 +101,24 @@ export class Cluster {
   /** kill -9 of node `n`: a dead machine. */
   async kill9(n: number): Promise<void> {
     await killAndWait(this.nodes[n], "SIGKILL");
+  }
+
+  /** A gauge of node `n`, from its /metrics (a line "NAME VALUE"). */
+  metric(n: number, name: string): Promise<number> {
+    return new Promise((resolve, reject) => {
+      const request = http.get(`http://${this.httpAddresses[n]}/metrics`, { timeout: 5000 }, (answer) => {
+        let text = "";
+        answer.setEncoding("utf8");
+        answer.on("data", (chunk: string) => (text += chunk));
+        answer.on("end", () => {
+          const line = text.split("\n").find((l) => l.startsWith(`${name} `));
+          if (line === undefined) reject(new Error(`node-${n} has no ${name} in its /metrics`));
+          else resolve(Number(line.split(" ")[1]));
+        });
+      });
+      request.on("timeout", () => request.destroy(new Error(`node-${n}'s /metrics did not answer`)));
+      request.on("error", reject);
+    });
   }
 
   /** The index of the node at `address`. */

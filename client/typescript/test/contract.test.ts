@@ -300,6 +300,88 @@ describe("the worker contract", () => {
     assert.equal(worker.stats.ackMessages, 1, "a resend is not a new ack message");
   });
 
+  test("a stream that ends during a graceful stop is reopened: the ack of a handler ending in the grace reaches the broker", async () => {
+    // docs/worker-contract.md §6: a stream that ends before step 6 is reopened as usual, so that
+    // the answers still to come reach the broker.
+    const b = await Broker.start({ config });
+    const c = new Client(b.address);
+    const { opened, open } = gate();
+    let started = false;
+    const worker = new Worker({ address: b.address, leaseDurationMs: 30_000, reconnectMaxMs: 500, log: quiet });
+    worker.handle("stop-reopen", async () => {
+      started = true;
+      await opened; // ignores its signal: the grace below is long enough anyway
+      return "acked after a restart in the grace";
+    });
+    await worker.start();
+    let restarted: Broker | undefined;
+    let stopping: Promise<void> | undefined;
+    try {
+      const { jobId } = await c.enqueue("stop-reopen", "x");
+      await waitState(c, jobId, JobState.JOB_STATE_ACTIVE);
+      await eventually(() => started, "the handler to start");
+      stopping = worker.stop(60_000);
+      await b.kill(); // kill -9 during the grace: the worker's stream ends
+      restarted = await Broker.start({ dataDir: b.dataDir, listen: b.address, config }, b.tempDir);
+      open(); // the handler returns in the grace; its ack goes out on the reopened stream
+      let bound: NodeJS.Timeout | undefined;
+      await Promise.race([
+        stopping,
+        new Promise((_, reject) => {
+          bound = setTimeout(() => reject(new Error("stop() did not return within 30 s of the handler's return")), 30_000);
+        }),
+      ]).finally(() => clearTimeout(bound));
+      const job = await c.getJob(jobId);
+      assert.equal(job.state, JobState.JOB_STATE_COMPLETED, "the ack reached the restarted broker before the stop returned");
+      assert.equal(job.attempts.length, 1);
+      assert.equal(job.result.toString(), "acked after a restart in the grace");
+      assert.equal(worker.stats.acked, 1);
+      assert.ok(worker.stats.reconnects >= 1, "the stream was reopened");
+    } finally {
+      open();
+      await (stopping ?? worker.stop(0));
+      c.close();
+      await restarted?.stop();
+      await b.dispose();
+    }
+  });
+
+  test("a graceful stop ends within its bounds when no stream can be reopened", async () => {
+    const b = await Broker.start({ config });
+    const { opened, open } = gate();
+    let started = false;
+    const worker = new Worker({ address: b.address, leaseDurationMs: 30_000, reconnectMaxMs: 200, log: quiet });
+    worker.handle("stop-no-broker", async () => {
+      started = true;
+      await opened;
+      return "dropped";
+    });
+    await worker.start();
+    try {
+      const c = new Client(b.address);
+      await c.enqueue("stop-no-broker", "x");
+      c.close();
+      await eventually(() => started, "the handler to start");
+      const stopping = worker.stop(60_000);
+      await b.kill(); // and never restarted
+      open(); // its ack has no stream to go on
+      let bound: NodeJS.Timeout | undefined;
+      // Step 5 waits up to 1 s for the answers, step 6 up to 2.5 s for the streams to close:
+      // 15 s is a bound for "it never returns" on a shared machine, not a timing check.
+      await Promise.race([
+        stopping,
+        new Promise((_, reject) => {
+          bound = setTimeout(() => reject(new Error("stop() did not return without a broker")), 15_000);
+        }),
+      ]).finally(() => clearTimeout(bound));
+      assert.equal(worker.stats.acked, 1);
+    } finally {
+      open();
+      await worker.stop(0);
+      await b.dispose();
+    }
+  });
+
   test("every call names the library: ListWorkers shows jobbroker-typescript/<version>", async () => {
     const version = JSON.parse(readFileSync(path.join(repoRoot(), "client/typescript/package.json"), "utf8")).version;
     assert.equal(clientName, `jobbroker-typescript/${version}`);

@@ -7,7 +7,7 @@ import path from "node:path";
 import { describe, test } from "node:test";
 import { ClusterInfo } from "../src/gen/jobbroker/v1/admin";
 import { partitionOfJobId, partitionOfQueue } from "../src/partition";
-import { RoutingTable } from "../src/routing-table";
+import { RoutingTable, workGroups } from "../src/routing-table";
 import { repoRoot } from "./broker";
 
 describe("partitions", () => {
@@ -108,5 +108,67 @@ describe("the routing table", () => {
     assert.equal(refused.addressOfQueue("q"), "older:7070");
     assert.ok(RoutingTable.unknown.empty);
     assert.deepEqual(RoutingTable.unknown.nodeAddresses(), []);
+  });
+});
+
+describe("a worker's stream groups", () => {
+  const nodes = [
+    { nodeId: "n0", address: "10.0.0.1:7070", alive: true },
+    { nodeId: "n1", address: "10.0.0.2:7070", alive: true },
+    { nodeId: "n2", address: "10.0.0.3:7070", alive: true },
+  ];
+  // Queue names by partition of 4, two of each, found by the broker's placement.
+  const byPartition: string[][] = [[], [], [], []];
+  for (let i = 0; byPartition.some((qs) => qs.length < 2); i++) {
+    const qs = byPartition[partitionOfQueue(`w${i}`, 4)];
+    if (qs.length < 2) qs.push(`w${i}`);
+  }
+  // Partition 0 and 2 on n1, 1 on n0, 3 without a leader; listed out of address order.
+  const table = RoutingTable.fromClusterInfo(
+    ClusterInfo.fromPartial({
+      clusterName: "c",
+      partitionCount: 4,
+      nodes,
+      partitions: [
+        { partition: 0, leaderNodeId: "n1", leaderAddress: "10.0.0.2:7070" },
+        { partition: 1, leaderNodeId: "n0", leaderAddress: "10.0.0.1:7070" },
+        { partition: 2, leaderNodeId: "n1", leaderAddress: "10.0.0.2:7070" },
+        { partition: 3, leaderNodeId: "" },
+      ],
+    }),
+    "10.0.0.3:7070",
+  );
+  const every = byPartition.flat().reverse(); // handled in no particular order
+  const sorted = (...qs: string[]) => [...qs].sort();
+
+  test("one group per leader, sorted by address, its queues sorted; the leaderless ones on any node", () => {
+    const groups = workGroups(table, every, 9);
+    assert.deepEqual(
+      groups.map((g) => ({ address: g.address, queues: g.queues })),
+      [
+        { address: "10.0.0.1:7070", queues: sorted(...byPartition[1]) },
+        { address: "10.0.0.2:7070", queues: sorted(...byPartition[0], ...byPartition[2]) },
+        { address: "", queues: sorted(...byPartition[3]) },
+      ],
+    );
+  });
+
+  test("max_in_flight is shared out as the broker shares a relayed stream's, at least 1 each", () => {
+    const shares = (max: number) => workGroups(table, every, max).map((g) => g.share);
+    assert.deepEqual(shares(2), [1, 1, 1], "smaller than the 3 groups: 1 each");
+    assert.deepEqual(shares(3), [1, 1, 1], "equal");
+    assert.deepEqual(shares(8), [3, 3, 2], "larger: the first max % k get one more");
+    assert.deepEqual(shares(256), [86, 85, 85]);
+  });
+
+  test("queues of one leader are one group with the whole max_in_flight", () => {
+    const groups = workGroups(table, sorted(...byPartition[2], ...byPartition[0]).reverse(), 5);
+    assert.deepEqual(groups, [{ address: "10.0.0.2:7070", queues: sorted(...byPartition[0], ...byPartition[2]), share: 5 }]);
+  });
+
+  test("without a cluster's table: one group of every queue on any node", () => {
+    for (const t of [RoutingTable.unknown, RoutingTable.singleBroker("older:7070")]) {
+      assert.deepEqual(workGroups(t, ["b", "a", "c"], 4), [{ address: "", queues: ["a", "b", "c"], share: 4 }]);
+    }
   });
 });
