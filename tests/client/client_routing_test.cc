@@ -9,11 +9,13 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/ids.h"
@@ -283,16 +285,46 @@ TEST(WorkerRoutingTest, TheStreamGoesToTheLeaderOfTheQueuesAndAcksThere) {
   EXPECT_THAT(ran, ElementsAre(id));
 }
 
-TEST(WorkerRoutingTest, QueuesOfSeveralLeadersShareOneStreamToANode) {
+TEST(WorkerRoutingTest, QueuesOfSeveralLeadersGetOneStreamOnEachLeader) {
+  FakeCluster cluster(3, kPartitions);
+  const std::string first = QueueOf(1), second = QueueOf(2);  // led by nodes 1 and 2
+  Worker worker(WorkerOptions{.addresses = cluster.addresses()});
+  worker.Handle(first, [](JobContext&) { return absl::OkStatus(); });
+  worker.Handle(second, [](JobContext&) { return absl::OkStatus(); });
+  cluster.node(1).PushJob(first, "job-1");
+  cluster.node(2).PushJob(second, "job-2");
+  ASSERT_TRUE(worker.Start().ok());
+  EXPECT_TRUE(Eventually([&] {
+    return NodesThatGot(cluster, "Work " + first) == std::vector{1} &&
+           NodesThatGot(cluster, "Work " + second) == std::vector{2};
+  })) << "no stream on each leader";
+  EXPECT_EQ(cluster.node(0).Count("Work"), 0) << "a node that leads neither got a stream";
+  // Each job's ack goes on the stream that pushed it.
+  EXPECT_TRUE(Eventually([&] {
+    return NodesThatGot(cluster, "Ack job-1") == std::vector{1} &&
+           NodesThatGot(cluster, "Ack job-2") == std::vector{2};
+  }));
+  worker.Stop(absl::Seconds(1));
+}
+
+TEST(WorkerRoutingTest, AfterOneOfTwoLeadersDiedTheWorkerRegroups) {
   FakeCluster cluster(3, kPartitions);
   const std::string first = QueueOf(1), second = QueueOf(2);  // led by nodes 1 and 2
   Worker worker(WorkerOptions{.addresses = cluster.addresses()});
   worker.Handle(first, [](JobContext&) { return absl::OkStatus(); });
   worker.Handle(second, [](JobContext&) { return absl::OkStatus(); });
   ASSERT_TRUE(worker.Start().ok());
-  const std::string subscribe =
+  EXPECT_TRUE(Eventually([&] { return cluster.node(2).Count("Work") == 1; }));
+
+  cluster.SetLeader(1, 2);
+  cluster.SetAlive(1, false);
+  cluster.node(1).Stop();
+  // Node 2 now leads both queues: one stream there, subscribed to both.
+  const std::string both =
       absl::StrCat("Work ", std::min(first, second), ",", std::max(first, second));
-  EXPECT_EQ(NodesThatGot(cluster, subscribe), std::vector{0});
+  EXPECT_TRUE(Eventually([&] { return NodesThatGot(cluster, both) == std::vector{2}; }))
+      << "the worker did not regroup on the new leader";
+  EXPECT_EQ(cluster.node(0).Count("Work"), 0);
   worker.Stop(absl::Seconds(1));
 }
 
@@ -312,6 +344,96 @@ TEST(WorkerRoutingTest, AfterTheLeaderDiedTheStreamGoesToTheNewOne) {
       << "the worker did not reconnect to the new leader";
   EXPECT_EQ(cluster.node(0).Count("Work"), 0);
   worker.Stop(absl::Seconds(1));
+}
+
+// docs/worker-contract.md §6: a stream that ends during a graceful stop is reopened as usual
+// (§5, regrouped), so that the answers still to come reach the broker; a stream opened then
+// subscribes to nothing. Both leaders die while the stop waits for a running handler; their
+// partitions move to node 0, where the worker opens one stream, on which the handler's ack goes.
+TEST(WorkerRoutingTest, StreamsThatEndDuringAStopAreRegroupedForTheAnswersStillToCome) {
+  FakeCluster cluster(3, kPartitions);
+  const std::string first = QueueOf(1), second = QueueOf(2);  // led by nodes 1 and 2
+  Worker worker(WorkerOptions{.addresses = cluster.addresses(),
+                              .concurrency = 1,
+                              .prefetch = 1,
+                              .reconnect_max = absl::Seconds(1)});
+  absl::Notification started, finish;
+  auto handler = [&](JobContext& job) {
+    if (job.job_id() != "running") return absl::OkStatus();
+    started.Notify();
+    while (!finish.WaitForNotificationWithTimeout(absl::Milliseconds(10))) {
+      if (job.cancelled()) return absl::CancelledError("stopping");
+    }
+    return absl::OkStatus();
+  };
+  worker.Handle(first, handler);
+  worker.Handle(second, handler);
+  cluster.node(1).PushJob(first, "running");
+  cluster.node(1).PushJob(first, "held");  // waits beside it (prefetch)
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  ASSERT_TRUE(Eventually([&] { return cluster.node(2).Count("Work") == 1; }));
+
+  constexpr absl::Duration kGrace = absl::Seconds(30);
+  absl::Duration stop_took;
+  absl::Notification stopped;
+  std::thread stopper([&] {
+    const absl::Time start = absl::Now();
+    worker.Stop(kGrace);
+    stop_took = absl::Now() - start;
+    stopped.Notify();
+  });
+  // The stop has begun: the job not started went back.
+  EXPECT_TRUE(Eventually([&] { return cluster.node(1).Count("Release held") == 1; }));
+
+  cluster.SetLeader(1, 0);
+  cluster.SetLeader(2, 0);
+  for (int n : {1, 2}) {
+    cluster.SetAlive(n, false);
+    cluster.node(n).Stop();
+  }
+  EXPECT_FALSE(stopped.HasBeenNotified()) << "the stop did not wait for the running handler";
+  finish.Notify();
+  EXPECT_TRUE(Eventually([&] { return cluster.node(0).Count("Ack running") == 1; }))
+      << "the ack did not go out on a stream reopened on the new leader; node 0 got "
+      << ::testing::PrintToString(cluster.node(0).Calls());
+  EXPECT_EQ(cluster.node(0).Count("Work"), 0) << "a stream opened during the stop subscribed";
+  stopper.join();
+  EXPECT_LT(stop_took, kGrace) << "the stop did not end once the answers were in";
+  EXPECT_EQ(worker.stats().acked, 1);
+  EXPECT_EQ(worker.stats().released, 1);
+}
+
+// docs/worker-contract.md §5: while the worker has a group for any node it fetches the table
+// again after each backoff delay and regroups. The table first shows a partition without a
+// leader, so its queue goes to any node, which (as a node that already knows the new leader
+// would) takes the stream instead of refusing it; nothing ends that stream. Once the table
+// shows the leader, the queue moves to the leader's own stream, and the stream on the other
+// leader, whose group did not change, stays.
+TEST(WorkerRoutingTest, AQueueSentToAnyNodeMovesToItsLeaderOnceTheTableShowsOne) {
+  FakeCluster cluster(3, kPartitions);
+  const std::string leaderless = QueueOf(1), led = QueueOf(2);  // partition 2 led by node 2
+  cluster.SetLeader(1, -1);
+  Worker worker(WorkerOptions{.addresses = cluster.addresses(), .reconnect_max = absl::Seconds(1)});
+  worker.Handle(leaderless, [](JobContext&) { return absl::OkStatus(); });
+  worker.Handle(led, [](JobContext&) { return absl::OkStatus(); });
+  ASSERT_TRUE(worker.Start().ok());
+  // The first address answered GetCluster: it is the node for any node.
+  ASSERT_TRUE(Eventually([&] {
+    return NodesThatGot(cluster, "Work " + leaderless) == std::vector{0} &&
+           NodesThatGot(cluster, "Work " + led) == std::vector{2};
+  })) << "no stream to any node and one on the leader";
+
+  cluster.SetLeader(1, 1);
+  cluster.node(1).PushJob(leaderless, "moved");
+  EXPECT_TRUE(Eventually([&] { return cluster.node(1).Count("Ack moved") == 1; }))
+      << "the queue did not move to its leader's stream; node 1 got "
+      << ::testing::PrintToString(cluster.node(1).Calls());
+  EXPECT_EQ(cluster.node(1).Count("Work"), 1);
+  EXPECT_EQ(cluster.node(2).Count("Work"), 1) << "the stream on the unchanged leader was reopened";
+  EXPECT_EQ(cluster.node(0).Count("Work"), 1);
+  worker.Stop(absl::Seconds(1));
+  EXPECT_EQ(worker.stats().reconnects, 0) << "a stream ended by itself";
 }
 
 }  // namespace

@@ -434,6 +434,125 @@ class RunningWorker {
   Worker worker_;
 };
 
+// A worker stopping gracefully with a handler still running, whose stream ends during the grace
+// (docs/worker-contract.md §6): the stop goes on reopening it (§5), without taking jobs, so that
+// the handler's answer still reaches the broker. The broker is killed (-9) and started again on
+// the same data dir and port while the handler runs; the handler returns after that.
+class WorkerStopRestartTest : public ::testing::Test {
+ protected:
+  static constexpr char kQueue[] = "stop-restart";
+
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<BrokerProcess>> broker = BrokerProcess::Start();
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    broker_ = *std::move(broker);
+    address_ = broker_->address();
+    client_ = std::make_unique<Client>(ClientOptions{.address = address_});
+    // One handler thread and one job held beside it: the stop gives that one back at once (its
+    // step 2), which is how the test sees that the stop has begun.
+    worker_ = std::make_unique<Worker>(ClientOptions{.address = address_},
+                                       WorkerOptions{.worker_id = "stop-restart-worker",
+                                                     .concurrency = 1,
+                                                     .prefetch = 1,
+                                                     .lease_duration = absl::Seconds(30),
+                                                     .reconnect_max = absl::Seconds(1)});
+    worker_->Handle(kQueue, [this](JobContext& job) {
+      started_.Notify();
+      // Until the test lets it return; a cancellation (the grace is over) ends it too.
+      while (!finish_.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+        if (job.cancelled()) return absl::CancelledError("stopping");
+      }
+      return absl::OkStatus();
+    });
+    ASSERT_TRUE(worker_->Start().ok());
+    absl::StatusOr<Enqueued> running = client_->Enqueue(kQueue, "runs");
+    ASSERT_TRUE(running.ok()) << running.status();
+    running_ = running->job_id;
+    ASSERT_TRUE(started_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    absl::StatusOr<Enqueued> held = client_->Enqueue(kQueue, "held");
+    ASSERT_TRUE(held.ok()) << held.status();
+    held_ = held->job_id;
+    // Pushed to the worker (prefetch) while the first one runs.
+    ASSERT_TRUE(Eventually([&] { return State(held_) == v1::JOB_STATE_ACTIVE; }));
+  }
+
+  void TearDown() override {
+    if (!finish_.HasBeenNotified()) finish_.Notify();
+    if (stopper_.joinable()) stopper_.join();
+  }
+
+  v1::JobState State(const std::string& id) {
+    absl::StatusOr<v1::Job> job = client_->GetJob(id);
+    return job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+
+  // Stop(grace) on another thread; returns once the stop has begun (the held job is READY
+  // again).
+  void StopInTheBackground(absl::Duration grace) {
+    stopper_ = std::thread([this, grace] {
+      const absl::Time start = absl::Now();
+      worker_->Stop(grace);
+      stop_took_ = absl::Now() - start;
+      stopped_.Notify();
+    });
+    ASSERT_TRUE(Eventually([&] { return State(held_) == v1::JOB_STATE_READY; }))
+        << "the stop did not give the held job back";
+  }
+
+  std::unique_ptr<BrokerProcess> broker_;
+  std::string address_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Worker> worker_;
+  absl::Notification started_, finish_, stopped_;
+  std::string running_, held_;
+  std::thread stopper_;
+  absl::Duration stop_took_;  // written by stopper_ before stopped_
+};
+
+TEST_F(WorkerStopRestartTest, AStreamEndedDuringTheStopIsReopenedForTheAckOfTheRunningHandler) {
+  constexpr absl::Duration kGrace = absl::Seconds(60);
+  StopInTheBackground(kGrace);
+  const int64_t reconnects = worker_->stats().reconnects;
+
+  broker_->Kill9();
+  BrokerProcessOptions again{.data_dir = broker_->data_dir(), .extra_args = {"--listen", address_}};
+  absl::StatusOr<std::unique_ptr<BrokerProcess>> second = BrokerProcess::Start(again);
+  if (!second.ok()) {
+    // Another process took the freed port in between: nothing about the worker to learn.
+    if (absl::StrContains(second.status().message(), "cannot listen")) {
+      GTEST_SKIP() << "port " << address_ << " was taken: " << second.status();
+    }
+    FAIL() << second.status();
+  }
+  // The handler returns in the grace, after the stream ended: its ack waits for the stream the
+  // stop reopens.
+  ASSERT_FALSE(stopped_.HasBeenNotified()) << "the stop did not wait for the running handler";
+  finish_.Notify();
+  EXPECT_TRUE(Eventually([&] { return State(running_) == v1::JOB_STATE_COMPLETED; }))
+      << "the ack did not reach the restarted broker; its job is " << State(running_);
+  // The stop ends once that ack is answered, long before its grace.
+  ASSERT_TRUE(stopped_.WaitForNotificationWithTimeout(absl::Seconds(30))) << "the stop hangs";
+  stopper_.join();
+  EXPECT_LT(stop_took_, kGrace);
+  EXPECT_GT(worker_->stats().reconnects, reconnects);
+  EXPECT_EQ(worker_->stats().acked, 1);
+  // The reopened stream took no job: the one given back at the stop stays READY.
+  EXPECT_EQ(State(held_), v1::JOB_STATE_READY);
+}
+
+TEST_F(WorkerStopRestartTest, AStopWhoseStreamCannotBeReopenedStillEndsWithinItsBounds) {
+  constexpr absl::Duration kGrace = absl::Seconds(2);
+  StopInTheBackground(kGrace);
+  broker_->Kill9();  // and not started again
+  finish_.Notify();  // its ack has no stream to go on
+  // The grace, 1 s for the cancelled handlers, 1 s for the answers, 2 s for the half-close; the
+  // rest is slack for a slow machine.
+  ASSERT_TRUE(stopped_.WaitForNotificationWithTimeout(kGrace + absl::Seconds(10)))
+      << "the stop hangs without a broker";
+  stopper_.join();
+  EXPECT_LT(stop_took_, kGrace + absl::Seconds(10));
+}
+
 TEST_F(ClientTest, UnsafeCallsAgainstAStoppedBrokerAreAttemptedOnceAndSafeOnesThreeTimes) {
   RetryLog log;
   ClientOptions options{.address = broker_->address()};

@@ -1,5 +1,6 @@
 #include "jobbroker/routing_table.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <utility>
@@ -61,6 +62,42 @@ std::vector<std::string> RoutingTable::NodeAddresses() const {
   std::vector<std::string> all = alive_nodes_;
   all.insert(all.end(), other_nodes_.begin(), other_nodes_.end());
   return all;
+}
+
+std::string RoutingTable::LeaderOfQueue(std::string_view queue) const {
+  if (!is_cluster_) return "";
+  const uint32_t partition = PartitionOfQueue(queue, partition_count_);
+  return partition < leaders_.size() ? leaders_[partition] : "";
+}
+
+std::vector<StreamGroup> GroupQueuesByLeader(const RoutingTable& table,
+                                             const std::vector<std::string>& queues,
+                                             int max_in_flight) {
+  // By address; "" (no leader) is put last below.
+  std::map<std::string, std::vector<std::string>> by_address;
+  for (const std::string& queue : queues) by_address[table.LeaderOfQueue(queue)].push_back(queue);
+  std::vector<StreamGroup> groups;
+  for (auto& [address, group_queues] : by_address) {
+    if (address.empty()) continue;
+    groups.push_back({address, std::move(group_queues), 0});
+  }
+  if (auto leaderless = by_address.find(""); leaderless != by_address.end()) {
+    groups.push_back({"", std::move(leaderless->second), 0});
+  }
+  const int k = static_cast<int>(groups.size());
+  for (int i = 0; i < k; ++i) {
+    StreamGroup& group = groups[i];
+    std::sort(group.queues.begin(), group.queues.end());
+    if (max_in_flight <= 0) continue;  // the broker reads 0 as 1 anyway
+    group.max_in_flight = std::max(1, max_in_flight / k + (i < max_in_flight % k ? 1 : 0));
+  }
+  return groups;
+}
+
+bool RefreshesTableWhileGrouped(const RoutingTable& table, const std::vector<StreamGroup>& groups) {
+  if (!table.is_cluster() && !table.empty()) return false;
+  return std::any_of(groups.begin(), groups.end(),
+                     [](const StreamGroup& group) { return group.address.empty(); });
 }
 
 }  // namespace jobbroker::client

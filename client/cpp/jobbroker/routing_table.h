@@ -49,6 +49,9 @@ class RoutingTable {
   // not alive; for refreshing the table when the one that answered is gone. Only answered_by()
   // outside a cluster.
   std::vector<std::string> NodeAddresses() const;
+  // The address of the live leader of `queue`'s partition; "" if the table names none (outside
+  // a cluster too), where AddressOfQueue answers AnyAddress().
+  std::string LeaderOfQueue(std::string_view queue) const;
 
  private:
   bool is_cluster_ = false;
@@ -59,5 +62,37 @@ class RoutingTable {
   std::vector<std::string> alive_nodes_;
   std::vector<std::string> other_nodes_;
 };
+
+// The Work streams of a worker over a cluster (docs/worker-contract.md §5, "One stream per
+// leading node"): one group per leader address, then one more for the queues whose partition
+// has no leader (address "", sent to any node). A group is equal to another when its address,
+// its queues and its share are.
+struct StreamGroup {
+  std::string address;              // "": any node
+  std::vector<std::string> queues;  // sorted
+  int max_in_flight = 0;            // the group's share of the worker's
+
+  friend bool operator==(const StreamGroup&, const StreamGroup&) = default;
+};
+
+// `queues` (any order; each once) grouped by the leader `table` names for them, sorted by
+// address, the leaderless group last, and `max_in_flight` shared out as the broker shares a
+// relayed stream's: the i-th of k groups gets max_in_flight / k, plus 1 when
+// i < max_in_flight % k, and at least 1 (a worker over k leaders may hold more than
+// max_in_flight jobs); 0 stays 0 for every group. Outside a cluster (or with no table): one
+// group of every queue, address "" and the whole max_in_flight. A pure function.
+std::vector<StreamGroup> GroupQueuesByLeader(const RoutingTable& table,
+                                             const std::vector<std::string>& queues,
+                                             int max_in_flight);
+
+// Whether a worker holding `groups` (GroupQueuesByLeader's over `table`) fetches the table again
+// after each backoff delay and regroups although none of its streams ended
+// (docs/worker-contract.md §5): while it has a group for any node. A node that already knows a
+// partition's new leader relays that group's stream instead of refusing it, and no leader change
+// would end that relay; the next table shows the leader, and the queues move to its own stream.
+// False for a table of a broker outside a cluster (or one that does not answer GetCluster),
+// whose answer cannot change; true without a table (no node answered GetCluster yet). A pure
+// function.
+bool RefreshesTableWhileGrouped(const RoutingTable& table, const std::vector<StreamGroup>& groups);
 
 }  // namespace jobbroker::client

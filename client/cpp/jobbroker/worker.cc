@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include <set>
 #include <stop_token>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/random/random.h"
@@ -25,6 +27,7 @@
 #include "jobbroker/client.h"
 #include "jobbroker/proto_time.h"
 #include "jobbroker/router.h"
+#include "jobbroker/routing_table.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "jobbroker/v1/steps.pb.h"
 
@@ -372,14 +375,17 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     }
     const absl::Time deadline = absl::Now() + grace;
     // 1. No new jobs. 2. Those received but not started go back at once.
-    v1::WorkRequest flow;
-    flow.mutable_flow()->set_max_in_flight(0);
-    Write(flow);
+    {
+      v1::WorkRequest flow;
+      flow.mutable_flow()->set_max_in_flight(0);
+      absl::MutexLock lock(&write_mu_);
+      for (const auto& [id, writer] : writers_) writer->Write(flow);
+    }
     ReleaseQueued();
     {
       absl::MutexLock lock(&mu_);
       auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return running_.empty() && pending_.empty() && acks_.empty() && ack_retry_.empty();
+        return running_.empty() && pending_.empty() && NoAcksLocked() && ack_retry_.empty();
       };
       // 3. Grace: running handlers finish, their answers go out as usual.
       mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
@@ -395,7 +401,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     {
       absl::MutexLock lock(&mu_);
       auto answered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return pending_.empty() && acks_.empty() && ack_retry_.empty();
+        return pending_.empty() && NoAcksLocked() && ack_retry_.empty();
       };
       mu_.AwaitWithTimeout(absl::Condition(&answered), kAnswersAfterGrace);
       closing_ = true;
@@ -407,18 +413,18 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
       mu_.Await(absl::Condition(&idle_threads_gone));
     }
     heartbeat_thread_.join();
-    // 6. Half-close, so the broker ends the stream cleanly; cancel it if it does not in time.
+    // 6. Half-close every stream, so the broker ends them cleanly; cancel those that do not end
+    // in time. (No stream opens any more: the connection thread saw closing_. Until then a
+    // stream that ended was reopened, unsubscribed, for the answers still to come.)
     {
       absl::MutexLock lock(&write_mu_);
-      if (stream_ != nullptr) stream_->WritesDone();
+      half_closed_ = true;
+      for (const auto& [id, writer] : writers_) writer->WritesDone();
     }
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&connection_done_), kHalfCloseTimeout);
-    }
-    {
-      absl::MutexLock lock(&write_mu_);
-      if (context_ != nullptr) context_->TryCancel();
+      for (const auto& [id, stream] : streams_) stream->context.TryCancel();
     }
     connection_thread_.join();
     absl::MutexLock lock(&mu_);
@@ -485,20 +491,82 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     bool update_refused = false;
     // Released by a stop while its handler still ran: the handler's answer is dropped.
     bool abandoned = false;
+    // The stream that pushed it: its answers go there while it is open.
+    uint64_t stream = 0;
   };
   // An unanswered heartbeat: whose, and which checkpoint and progress versions it carries.
   struct SentHeartbeat {
     std::string lease_id;
     uint64_t checkpoint_version = 0;  // 0: none
     uint64_t progress_version = 0;    // 0: none
+    uint64_t stream = 0;              // the stream it went out on
+  };
+  // An unanswered ack, fail or release (or ack message): sent again on another stream when the
+  // one it went out on ends (idempotent per lease).
+  struct Pending {
+    v1::WorkRequest request;
+    uint64_t stream = 0;   // the job's stream (for an ack message, the one it was made for)
+    std::string queue;     // the job's queue; "" for an ack message
+    uint64_t sent_on = 0;  // 0: on no stream yet (the next stream to open sends it)
+  };
+  // A request to write, and the stream to write it on (0: none is open; it waits).
+  struct Out {
+    v1::WorkRequest request;
+    uint64_t stream = 0;
+  };
+  // One Work stream, for one group (docs/worker-contract.md §5): made by the connection thread,
+  // run by its own thread (StreamLoop), which the connection thread joins once it ended.
+  struct Stream {
+    uint64_t id = 0;
+    StreamGroup group;
+    // Thread-safe by itself: cancelled by the regrouping and by Stop, also before the call
+    // started (gRPC then cancels it as it starts).
+    grpc::ClientContext context;
+    std::thread thread;
+    // Below: guarded by the worker's mu_.
+    uint64_t subscribe_request = 0;
+    uint64_t ack_request = 0;  // the unanswered ack message made for it; 0 = none
+    bool retired = false;      // ended by the regrouping: its end calls for none
+    bool ended = false;        // its thread is done: join it
   };
 
-  // Writes on the current stream; false if there is none (the request stays pending, if it
-  // is one, and goes out again after the reconnect).
-  bool Write(const v1::WorkRequest& request) {
+  // Writes on `out.stream` if it is still open; else nothing (a pending request then goes out
+  // again from the stream's end, or from the next stream to open: see CloseStreamLocked).
+  void Write(const Out& out) {
     absl::MutexLock lock(&write_mu_);
-    if (stream_ == nullptr) return false;
-    return stream_->Write(request);
+    WriteLocked(out);
+  }
+  void WriteLocked(const Out& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_) {
+    if (half_closed_) return;
+    if (auto w = writers_.find(out.stream); w != writers_.end()) w->second->Write(out.request);
+  }
+
+  // Where an answer for a job pushed by `stream` of `queue` goes (contract §5): that stream
+  // while it is open, else an open one serving the queue, else any open one (a node routes a
+  // job's answer to its leader by job id); 0 if none is open.
+  uint64_t TargetLocked(uint64_t stream, const std::string& queue) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (open_.empty()) return 0;
+    if (open_.contains(stream)) return stream;
+    for (uint64_t id : open_) {
+      const std::vector<std::string>& queues = streams_.at(id)->group.queues;
+      if (std::binary_search(queues.begin(), queues.end(), queue)) return id;
+    }
+    return *open_.begin();
+  }
+
+  // Makes `r` pending (answered by its request id) and aims it at its target stream.
+  Out PendingLocked(v1::WorkRequest r, uint64_t stream, const std::string& queue)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t target = TargetLocked(stream, queue);
+    pending_[r.request_id()] = Pending{r, stream, queue, target};
+    return Out{std::move(r), target};
+  }
+
+  bool NoAcksLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [stream, acks] : acks_)
+      if (!acks.empty()) return false;
+    return true;
   }
 
   uint64_t NextRequestIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_request_id_++; }
@@ -520,113 +588,220 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
       h.shared->checkpoint_error = absl::FailedPreconditionError("the job's lease is gone");
   }
 
-  // The node to open the Work stream on: the leader of every handled queue if they share one,
-  // else any node (it serves all partitions through one stream).
-  std::shared_ptr<const Router::Node> StreamNode() {
-    std::vector<std::string> queues;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const auto& [queue, handler] : handlers_) queues.push_back(queue);
-    }
-    const RoutingTable table = router_->Table();
-    if (!table.is_cluster()) return router_->NodeFor(Router::Route::Any());
-    std::set<std::string> leaders;
-    for (const std::string& queue : queues) leaders.insert(table.AddressOfQueue(queue));
-    if (leaders.size() == 1) return router_->NodeAt(*leaders.begin());
-    return router_->NodeAt(table.AnyAddress());
-  }
-
   void ConnectionLoop() {
     ConnectionLoopUntilClosed();
     absl::MutexLock lock(&mu_);
     connection_done_ = true;
   }
 
+  // No stream opens any more: the stop reached its step 6, or a stream ended in a way
+  // reconnecting cannot fix. (A stop before that still reopens streams, contract §6: the
+  // answers of the handlers finishing in its grace need one.)
+  bool ClosedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closing_ || fatal_.has_value();
+  }
+
+  // Runs the streams (contract §5, "One stream per leading node"): groups the handled queues
+  // by the table's leaders and opens one stream per group; when one ends, waits the backoff,
+  // fetches the table again and groups anew (a leader change is this regrouping): the streams
+  // whose group is still wanted keep running, the others are ended, the missing ones opened.
+  // While a group goes to any node (a partition without a leader in the table), the table is
+  // fetched again after each backoff delay too, and the worker regroups, until no such group is
+  // left or the stop's step 6 begins. Without a table (no answer to GetCluster) the single group is
+  // every queue, to any node: one stream, as the router moves through the addresses. A graceful
+  // stop goes on regrouping until its step 6 (contract §6): the streams it opens do not subscribe
+  // (nothing is pushed on them), they carry the acks, fails, releases and heartbeats of the jobs
+  // still held.
   void ConnectionLoopUntilClosed() {
+    std::vector<std::string> queues;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [queue, handler] : handlers_) queues.push_back(queue);
+    }
+    const int max_in_flight = options_.concurrency + options_.prefetch;
     absl::Duration backoff = options_.reconnect_initial;
     while (true) {
-      const std::shared_ptr<const Router::Node> node = StreamNode();
-      auto context = std::make_unique<grpc::ClientContext>();
-      if (absl::Status s = AddCallMetadata(options_.token, context.get()); !s.ok()) {
-        absl::MutexLock lock(&mu_);
-        if (!first_subscribe_.has_value()) first_subscribe_ = s;
-        return;  // a token that cannot be sent never will be: Start() reports it
-      }
-      if (!AwaitConnected(*node)) return;
-      std::unique_ptr<grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>> stream =
-          node->broker->Work(context.get());
+      const RoutingTable table = router_->Table();
+      const std::vector<StreamGroup> groups = GroupQueuesByLeader(table, queues, max_in_flight);
+      // While a group goes to any node, the table is fetched again after each backoff delay
+      // even if no stream ends (contract §5): a node that knows the partition's new leader
+      // relays that stream, and nothing would end the relay. (Not with a fixed channel: there
+      // is no table to fetch.)
+      const bool refresh = options_.channel == nullptr && RefreshesTableWhileGrouped(table, groups);
+      bool stream_ended = true;
       {
-        // Held across the subscription and the resends, so that every other Write goes after
-        // them, and none of the requests made meanwhile is missed by both.
-        absl::MutexLock write_lock(&write_mu_);
-        std::vector<v1::WorkRequest> first_messages;
-        {
-          absl::MutexLock lock(&mu_);
-          if (closing_) {
-            context->TryCancel();
-            stream->Finish().ok();
-            return;
+        absl::MutexLock lock(&mu_);
+        if (ClosedLocked()) break;
+        std::vector<StreamGroup> missing = groups;
+        for (auto& [id, stream] : streams_) {
+          if (stream->retired || stream->ended) continue;
+          auto kept = std::find(missing.begin(), missing.end(), stream->group);
+          if (kept != missing.end()) {
+            missing.erase(kept);
+          } else {
+            // Its queues are led elsewhere now. The jobs it pushed keep their leases (they
+            // are replicated): their answers go on the other streams.
+            stream->retired = true;
+            stream->context.TryCancel();
           }
-          first_messages = OpeningMessagesLocked();
         }
-        stream_ = stream.get();
-        context_ = context.get();
-        for (const v1::WorkRequest& r : first_messages) stream->Write(r);
+        for (StreamGroup& group : missing) {
+          auto stream = std::make_shared<Stream>();
+          stream->id = next_stream_id_++;
+          stream->group = std::move(group);
+          streams_[stream->id] = stream;
+          stream->thread = std::thread([this, stream] { StreamLoop(*stream); });
+        }
+        // Until a stream ends by itself (not one the regrouping ended), or the stop's step 6.
+        auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          if (ClosedLocked()) return true;
+          for (const auto& [id, stream] : streams_)
+            if (stream->ended && !stream->retired) return true;
+          return false;
+        };
+        if (refresh) {
+          // Full jitter, as the reconnect's sleep below; the stop's step 6 wakes it at once.
+          stream_ended = mu_.AwaitWithTimeout(absl::Condition(&woken),
+                                              backoff * absl::Uniform(bitgen_, 0.0, 1.0));
+        } else {
+          mu_.Await(absl::Condition(&woken));
+        }
+        if (ClosedLocked()) break;
       }
-
-      v1::WorkResponse message;
-      bool subscribed = false;
-      // A refused subscription ends the stream here, whatever the code: the broker may leave
-      // the stream open without pushing anything (contract §5). Below, a code reconnecting can
-      // fix (UNAVAILABLE: a queue's partition has no leader yet) reconnects after the backoff;
-      // any other ends the run call.
-      std::optional<absl::Status> refused;
-      while (!refused.has_value() && stream->Read(&message))
-        subscribed |= OnMessage(message, refused);
-      if (refused.has_value()) context->TryCancel();
-      {
-        absl::MutexLock lock(&write_mu_);  // no Write is under way once this is held
-        stream_ = nullptr;
-        context_ = nullptr;
-      }
-      grpc::Status end = stream->Finish();
-      // The node may have died or stopped leading the queues: ask where they are now.
+      JoinEndedStreams();
+      // A node may have died or stopped leading the queues: ask where they are now.
       router_->MarkStale();
+      if (!stream_ended) {
+        // The backoff delay of a group for any node passed: regroup over the new table (the
+        // streams whose group stays keep running). The delay grows as a reconnect's does, and
+        // a subscription does not bring it back to the start: a relayed stream subscribes.
+        backoff = std::min(backoff * 2, options_.reconnect_max);
+        continue;
+      }
       {
         absl::MutexLock lock(&mu_);
-        const absl::Status ended = refused.value_or(
-            absl::Status(static_cast<absl::StatusCode>(end.error_code()), end.error_message()));
-        if (!first_subscribe_.has_value()) first_subscribe_ = ended;
-        if (closing_) return;
-        if (!Reconnectable(ended.code())) {
-          fatal_ = ended;
-          return;
-        }
         ++stats_.reconnects;
-        if (subscribed) backoff = options_.reconnect_initial;
-        // Sleep the backoff (full jitter), but wake at once for Stop.
-        auto closing = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_; };
-        if (mu_.AwaitWithTimeout(absl::Condition(&closing),
+        if (subscribed_since_backoff_) backoff = options_.reconnect_initial;
+        subscribed_since_backoff_ = false;
+        // Sleep the backoff (full jitter), but wake at once for the stop's step 6.
+        auto closed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ClosedLocked(); };
+        if (mu_.AwaitWithTimeout(absl::Condition(&closed),
                                  backoff * absl::Uniform(bitgen_, 0.0, 1.0)))
-          return;
+          break;
       }
       backoff = std::min(backoff * 2, options_.reconnect_max);
     }
+    // Closing: Stop half-closes the streams (and cancels them after kHalfCloseTimeout). A
+    // stream that ended in a way reconnecting cannot fix: the others end now (during a stop
+    // they stay for its answers, until its step 6).
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closing_ && !stopping_) {
+        for (const auto& [id, stream] : streams_) stream->context.TryCancel();
+      }
+      auto all_ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (const auto& [id, stream] : streams_)
+          if (!stream->ended) return false;
+        return true;
+      };
+      mu_.Await(absl::Condition(&all_ended));
+    }
+    JoinEndedStreams();
+  }
+
+  void JoinEndedStreams() {
+    std::vector<std::shared_ptr<Stream>> ended;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto it = streams_.begin(); it != streams_.end();) {
+        if (it->second->ended) {
+          ended.push_back(it->second);
+          it = streams_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const std::shared_ptr<Stream>& stream : ended) stream->thread.join();
+  }
+
+  // The thread of one stream: runs it, then tells the connection thread it ended.
+  void StreamLoop(Stream& stream) {
+    const absl::Status ended = RunStream(stream);
+    absl::MutexLock lock(&mu_);
+    if (!first_subscribe_.has_value()) first_subscribe_ = ended;
+    // A code reconnecting cannot fix ends the run call, from any stream.
+    if (!closing_ && !stream.retired && !Reconnectable(ended.code()) && !fatal_.has_value())
+      fatal_ = ended;
+    stream.ended = true;
+  }
+
+  // Opens `stream` on its group's node, reads it until it ends, and returns how it ended.
+  absl::Status RunStream(Stream& stream) {
+    const std::shared_ptr<const Router::Node> node = stream.group.address.empty()
+                                                         ? router_->NodeFor(Router::Route::Any())
+                                                         : router_->NodeAt(stream.group.address);
+    // A token that cannot be sent never will be: Start() reports it.
+    if (absl::Status s = AddCallMetadata(options_.token, &stream.context); !s.ok()) return s;
+    if (!AwaitConnected(*node, stream)) return absl::CancelledError("the worker is closing");
+    std::unique_ptr<grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>> rw =
+        node->broker->Work(&stream.context);
+    {
+      // Held across the subscription and the resends, so that every other Write goes after
+      // them, and none of the requests made meanwhile is missed by both.
+      absl::MutexLock write_lock(&write_mu_);
+      std::vector<v1::WorkRequest> first_messages;
+      {
+        absl::MutexLock lock(&mu_);
+        if (ClosedLocked() || stream.retired) {
+          stream.context.TryCancel();
+          rw->Finish().ok();
+          return absl::CancelledError("the worker is closing or regrouping");
+        }
+        first_messages = OpeningMessagesLocked(stream);
+      }
+      writers_[stream.id] = rw.get();
+      for (const v1::WorkRequest& r : first_messages) rw->Write(r);
+    }
+
+    v1::WorkResponse message;
+    // A refused subscription ends the stream here, whatever the code: the broker may leave
+    // the stream open without pushing anything (contract §5). A code reconnecting can fix
+    // (UNAVAILABLE: a queue's partition has no leader yet) regroups after the backoff; any
+    // other ends the run call.
+    std::optional<absl::Status> refused;
+    while (!refused.has_value() && rw->Read(&message)) OnMessage(stream, message, refused);
+    if (refused.has_value()) stream.context.TryCancel();
+    {
+      // No Write is under way on it once this is held. What it left unanswered goes out on
+      // the other streams now.
+      absl::MutexLock write_lock(&write_mu_);
+      writers_.erase(stream.id);
+      std::vector<Out> moved;
+      {
+        absl::MutexLock lock(&mu_);
+        moved = CloseStreamLocked(stream);
+      }
+      for (const Out& out : moved) WriteLocked(out);
+    }
+    grpc::Status end = rw->Finish();
+    return refused.value_or(
+        absl::Status(static_cast<absl::StatusCode>(end.error_code()), end.error_message()));
   }
 
   // Waits until the node's channel is connected, for at most the longest reconnect backoff
   // (then the stream is opened anyway: its failure is the next backoff's cause). gRPC fails a
   // stream opened while the channel backs off from a failed connect at once, and its backoff
   // runs beside the worker's: without this wait, a broker back after a restart could wait for
-  // the sum of both. False if the worker is closing.
-  bool AwaitConnected(const Router::Node& node) {
+  // the sum of both. False if the worker is closing or the regrouping ended the stream.
+  bool AwaitConnected(const Router::Node& node, const Stream& stream) {
     if (node.channel == nullptr) return true;
     grpc::experimental::ChannelResetConnectionBackoff(node.channel.get());
     const absl::Time give_up = absl::Now() + options_.reconnect_max;
     while (true) {
       {
         absl::MutexLock lock(&mu_);
-        if (closing_) return false;
+        if (ClosedLocked() || stream.retired) return false;
       }
       // Short slices, so that Stop is not kept waiting.
       const absl::Time slice = std::min(give_up, absl::Now() + absl::Milliseconds(100));
@@ -635,68 +810,113 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     }
   }
 
-  // What a new stream starts with: the subscription (unless stopping), then the acks, fails and
-  // releases the last stream did not answer or answered UNAVAILABLE (idempotent per lease, so
-  // sending them again is safe). Heartbeats are not replayed: every held job's heartbeat, with its
-  // unsaved checkpoint and progress, goes out again at once.
-  std::vector<v1::WorkRequest> OpeningMessagesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // What a new stream starts with: the subscription to its group's queues with its share of
+  // max_in_flight (none while stopping: a stream reopened then is for the answers still to
+  // come, and takes no job, contract §6), then the acks, fails and releases no open stream
+  // carries (sent on none yet,
+  // or on a stream that ended; idempotent per lease, so sending them again is safe), and the
+  // acks that waited for a stream. Heartbeats are not replayed: those of jobs whose stream
+  // ended were reset then, and go out now that a stream is open.
+  std::vector<v1::WorkRequest> OpeningMessagesLocked(Stream& stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<v1::WorkRequest> out;
+    open_.insert(stream.id);
     if (!stopping_) {
       v1::WorkRequest& subscribe = out.emplace_back();
       subscribe.set_request_id(NextRequestIdLocked());
-      subscribe_request_ = subscribe.request_id();
+      stream.subscribe_request = subscribe.request_id();
       v1::SubscribeRequest* s = subscribe.mutable_subscribe();
-      for (const auto& [queue, handler] : handlers_) s->add_queues(queue);
+      for (const std::string& queue : stream.group.queues) s->add_queues(queue);
       s->set_worker_id(options_.worker_id);
-      s->set_max_in_flight(options_.concurrency + options_.prefetch);
+      s->set_max_in_flight(stream.group.max_in_flight);
       s->set_batch_pushes(true);
       if (options_.lease_duration > absl::ZeroDuration())
         *s->mutable_lease_duration() = ToProtoDuration(options_.lease_duration);
     }
-    // What was answered UNAVAILABLE goes out now rather than after its delay: pending_ holds
-    // it still, and the acks of an AckBatch refused item by item go back in front of the line.
-    refused_.clear();
-    resend_at_ = absl::InfiniteFuture();
-    for (const auto& [id, request] : pending_) out.push_back(request);
-    RequeueRefusedAcksLocked();
-    if (std::optional<v1::WorkRequest> acks = NextAckMessageLocked()) out.push_back(*acks);
-    heartbeats_.clear();
+    for (auto& [id, p] : pending_) {
+      if (p.sent_on != 0 && open_.contains(p.sent_on)) continue;
+      p.sent_on = stream.id;
+      refused_.erase(id);  // goes out now rather than after its delay
+      out.push_back(p.request);
+    }
+    if (auto waiting = acks_.find(0); waiting != acks_.end()) {
+      std::vector<v1::AckRequest>& mine = acks_[stream.id];
+      mine.insert(mine.end(), std::make_move_iterator(waiting->second.begin()),
+                  std::make_move_iterator(waiting->second.end()));
+      acks_.erase(0);
+    }
+    if (std::optional<Out> acks = NextAckMessageLocked(stream.id)) out.push_back(acks->request);
+    heartbeat_wake_ = true;  // heartbeats that waited for a stream
+    return out;
+  }
+
+  // `stream` ended: what went out on it unanswered is aimed at another open stream (returned,
+  // to write), or waits for the next one; its unsent acks follow; its unanswered heartbeats are
+  // forgotten, their jobs' checkpoints and progress to go out again with the next heartbeat,
+  // which is due at once.
+  std::vector<Out> CloseStreamLocked(Stream& stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    open_.erase(stream.id);
+    std::vector<Out> out;
+    if (closing_) return out;
+    for (auto& [id, p] : pending_) {
+      if (p.sent_on != stream.id) continue;
+      p.sent_on = TargetLocked(p.stream, p.queue);
+      refused_.erase(id);
+      if (p.sent_on != 0) out.push_back(Out{p.request, p.sent_on});
+    }
+    stream.ack_request = 0;
+    if (auto left = acks_.find(stream.id); left != acks_.end()) {
+      std::vector<v1::AckRequest> acks = std::move(left->second);
+      acks_.erase(left);
+      const uint64_t target = TargetLocked(stream.id, "");
+      std::vector<v1::AckRequest>& there = acks_[target];
+      there.insert(there.end(), std::make_move_iterator(acks.begin()),
+                   std::make_move_iterator(acks.end()));
+      if (std::optional<Out> r = NextAckMessageLocked(target)) out.push_back(*std::move(r));
+    }
     const absl::Time now = absl::Now();
-    for (auto& [lease, h] : held_) {
-      h.update_in_flight = false;
-      h.update_refused = false;
-      h.next_heartbeat = now;
-      absl::MutexLock lock(&h.shared->mu);
-      h.shared->checkpoint_sent = h.shared->checkpoint_saved;
-      h.shared->progress_sent = h.shared->progress_saved;
+    for (auto it = heartbeats_.begin(); it != heartbeats_.end();) {
+      if (it->second.stream != stream.id) {
+        ++it;
+        continue;
+      }
+      if (auto h = held_.find(it->second.lease_id); h != held_.end()) {
+        h->second.update_in_flight = false;
+        h->second.update_refused = false;
+        h->second.next_heartbeat = now;
+        absl::MutexLock lock(&h->second.shared->mu);
+        h->second.shared->checkpoint_sent = h->second.shared->checkpoint_saved;
+        h->second.shared->progress_sent = h->second.shared->progress_saved;
+      }
+      it = heartbeats_.erase(it);
     }
     heartbeat_wake_ = true;
     return out;
   }
 
-  // Returns true for the answer that accepted this stream's subscription; sets `refused` to
-  // the answer that refused it (the stream then ends; see ConnectionLoopUntilClosed).
-  bool OnMessage(const v1::WorkResponse& m, std::optional<absl::Status>& refused) {
-    std::vector<v1::WorkRequest> to_send;
-    bool subscribed = false;
-    bool flush_acks = false;  // the ack message in flight was answered: send what waited
+  // One message of `stream`; sets `refused` to the answer that refused its subscription (the
+  // stream then ends; see RunStream).
+  void OnMessage(Stream& stream, const v1::WorkResponse& m, std::optional<absl::Status>& refused) {
+    std::vector<Out> to_send;
+    bool flush_acks = false;  // its ack message in flight was answered: send what waited
     {
       absl::MutexLock lock(&mu_);
       switch (m.response_case()) {
         case v1::WorkResponse::kJob:
-          AcceptLocked(m.job(), absl::Now(), to_send);
+          AcceptLocked(m.job(), absl::Now(), stream.id, to_send);
           break;
         case v1::WorkResponse::kJobBatch: {
           const absl::Time now = absl::Now();
-          for (const v1::LeasedJob& job : m.job_batch().jobs()) AcceptLocked(job, now, to_send);
+          for (const v1::LeasedJob& job : m.job_batch().jobs())
+            AcceptLocked(job, now, stream.id, to_send);
           break;
         }
         case v1::WorkResponse::kResult: {
           const v1::WorkResult& r = m.result();
-          if (r.request_id() == subscribe_request_) {
+          if (stream.subscribe_request != 0 && r.request_id() == stream.subscribe_request) {
             absl::Status s(static_cast<absl::StatusCode>(r.code()), r.message());
             if (!first_subscribe_.has_value()) first_subscribe_ = s;
-            subscribed = s.ok();
+            if (s.ok()) subscribed_since_backoff_ = true;
             if (!s.ok()) {
               std::cerr << "jobbroker worker: subscribe refused: " << s << "\n";
               refused = s;
@@ -716,20 +936,21 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
             if (r.code() != 0 && !LeaseGone(r.code()))
               std::cerr << "jobbroker worker: " << r.message() << "\n";
             for (const v1::ItemError& e : r.item_errors()) {
-              if (RetryLater(e.code()) && p->second.has_ack_batch() && e.index() >= 0 &&
-                  e.index() < p->second.ack_batch().acks_size()) {
+              const v1::WorkRequest& sent = p->second.request;
+              if (RetryLater(e.code()) && sent.has_ack_batch() && e.index() >= 0 &&
+                  e.index() < sent.ack_batch().acks_size()) {
                 // That ack alone was not applied: it goes back in line after the delay.
                 std::cerr << "jobbroker worker: ack refused for now, sending it again: "
                           << e.message() << "\n";
-                ack_retry_.push_back(p->second.ack_batch().acks(e.index()));
+                ack_retry_.emplace_back(stream.id, sent.ack_batch().acks(e.index()));
                 ScheduleResendLocked();
               } else if (!LeaseGone(e.code())) {
                 std::cerr << "jobbroker worker: " << e.message() << "\n";
               }
             }
             pending_.erase(p);
-            if (r.request_id() == ack_request_) {
-              ack_request_ = 0;
+            if (r.request_id() == stream.ack_request) {
+              stream.ack_request = 0;
               flush_acks = true;
             }
           } else if (auto hb = heartbeats_.find(r.request_id()); hb != heartbeats_.end()) {
@@ -753,9 +974,8 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
           break;
       }
     }
-    for (const v1::WorkRequest& r : to_send) Write(r);
-    if (flush_acks) FlushAcks();
-    return subscribed;
+    for (const Out& r : to_send) Write(r);
+    if (flush_acks) FlushAcks(stream.id);
   }
 
   void OnHeartbeatAnswerLocked(const SentHeartbeat& sent, const v1::WorkResult& r)
@@ -800,17 +1020,18 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   }
 
   // A pushed job: queued for a handler thread, or straight back if the worker is stopping.
-  void AcceptLocked(const v1::LeasedJob& job, absl::Time now, std::vector<v1::WorkRequest>& to_send)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  void AcceptLocked(const v1::LeasedJob& job, absl::Time now, uint64_t stream,
+                    std::vector<Out>& to_send) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // Heartbeats follow the lease as granted; the floor guards against clock skew.
     absl::Duration lease =
         std::max(FromProtoTimestamp(job.lease_deadline()) - now, absl::Milliseconds(300));
     if (stopping_) {  // pushed before our flow 0 arrived: give it straight back
-      to_send.push_back(ReleaseRequestLocked(job));
+      to_send.push_back(ReleaseRequestLocked(job, stream));
       return;
     }
     Held& h = held_[job.lease_id()];
     h.job = job;
+    h.stream = stream;
     h.shared = std::make_shared<JobContext::Shared>();
     h.shared->wake_heartbeats = [this] {
       absl::MutexLock lock(&mu_);
@@ -824,43 +1045,43 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     heartbeat_wake_ = true;
   }
 
-  v1::WorkRequest ReleaseRequestLocked(const v1::LeasedJob& job)
+  Out ReleaseRequestLocked(const v1::LeasedJob& job, uint64_t stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::WorkRequest r;
     r.set_request_id(NextRequestIdLocked());
     r.mutable_release()->set_job_id(job.job_id());
     r.mutable_release()->set_lease_id(job.lease_id());
-    pending_[r.request_id()] = r;
     ++stats_.released;
-    return r;
+    return PendingLocked(std::move(r), stream, job.queue());
   }
 
   void AbandonRunning() {
-    std::vector<v1::WorkRequest> releases;
+    std::vector<Out> releases;
     {
       absl::MutexLock lock(&mu_);
       for (const std::string& lease : running_) {
         Held& h = held_.at(lease);
         if (h.abandoned) continue;
         h.abandoned = true;
-        if (!h.ended_by_broker) releases.push_back(ReleaseRequestLocked(h.job));
+        if (!h.ended_by_broker) releases.push_back(ReleaseRequestLocked(h.job, h.stream));
       }
     }
-    for (const v1::WorkRequest& r : releases) Write(r);
+    for (const Out& r : releases) Write(r);
   }
 
   void ReleaseQueued() {
-    std::vector<v1::WorkRequest> releases;
+    std::vector<Out> releases;
     {
       absl::MutexLock lock(&mu_);
       for (const std::string& lease : queued_) {
         auto h = held_.find(lease);
-        if (!h->second.ended_by_broker) releases.push_back(ReleaseRequestLocked(h->second.job));
+        if (!h->second.ended_by_broker)
+          releases.push_back(ReleaseRequestLocked(h->second.job, h->second.stream));
         held_.erase(h);
       }
       queued_.clear();
     }
-    for (const v1::WorkRequest& r : releases) Write(r);
+    for (const Out& r : releases) Write(r);
   }
 
   void HandlerLoop() {
@@ -906,13 +1127,15 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   }
 
   void Complete(const v1::LeasedJob& job, JobContext::Shared& shared, const absl::Status& outcome) {
-    std::vector<v1::WorkRequest> out;
+    std::vector<Out> out;
+    uint64_t acked_on = 0;  // the stream whose acks to flush
     bool acked = false;
     {
       absl::MutexLock lock(&mu_);
       auto it = held_.find(job.lease_id());
       const bool ended_by_broker = it->second.ended_by_broker ||
                                    absl::Now() >= it->second.timeout_at || it->second.abandoned;
+      const uint64_t stream = it->second.stream;
       held_.erase(it);
       running_.erase(job.lease_id());
       const CancelReason reason = shared.reason();
@@ -920,7 +1143,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
         // Lost lease or time-out: the broker already ended the attempt and refuses any answer.
         // Abandoned by a stop: released already.
       } else if (reason == CancelReason::kStopping) {
-        out.push_back(ReleaseRequestLocked(job));  // the stop's fault, not the job's
+        out.push_back(ReleaseRequestLocked(job, stream));  // the stop's fault, not the job's
       } else {
         // A checkpoint saved since the last heartbeat still reaches the broker before a fail,
         // so the next attempt starts from it (requests on a stream are applied in order).
@@ -932,14 +1155,14 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
             hb.mutable_heartbeat()->set_job_id(job.job_id());
             hb.mutable_heartbeat()->set_lease_id(job.lease_id());
             hb.mutable_heartbeat()->set_checkpoint(shared.checkpoint);
-            out.push_back(std::move(hb));
+            out.push_back(Out{std::move(hb), TargetLocked(stream, job.queue())});
           }
         }
         absl::Duration snooze;
         if (reason == CancelReason::kOperator && !outcome.ok()) {
           // The broker has the job CANCELLED already; this ends the lease. (A handler that
           // returned OK did the work: its ack still completes the job.)
-          out.push_back(FailRequestLocked(job, absl::CancelledError("cancelled")));
+          out.push_back(FailRequestLocked(job, stream, absl::CancelledError("cancelled")));
         } else if (absl::optional<absl::Cord> delay = outcome.GetPayload(kSnoozeUrl);
                    delay.has_value() && absl::ParseDuration(std::string(*delay), &snooze)) {
           v1::WorkRequest r;
@@ -948,10 +1171,10 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
           r.mutable_release()->set_lease_id(job.lease_id());
           *r.mutable_release()->mutable_delay() = ToProtoDuration(snooze);
           ++stats_.snoozed;
-          pending_[r.request_id()] = r;
-          out.push_back(std::move(r));
+          out.push_back(PendingLocked(std::move(r), stream, job.queue()));
         } else if (outcome.ok()) {
-          v1::AckRequest& ack = acks_.emplace_back();
+          acked_on = TargetLocked(stream, job.queue());
+          v1::AckRequest& ack = acks_[acked_on].emplace_back();
           ack.set_job_id(job.job_id());
           ack.set_lease_id(job.lease_id());
           absl::MutexLock shared_lock(&shared.mu);
@@ -959,15 +1182,15 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
           ++stats_.acked;
           acked = true;
         } else {
-          out.push_back(FailRequestLocked(job, outcome));
+          out.push_back(FailRequestLocked(job, stream, outcome));
         }
       }
     }
-    for (const v1::WorkRequest& r : out) Write(r);
-    if (acked) FlushAcks();
+    for (const Out& r : out) Write(r);
+    if (acked) FlushAcks(acked_on);
   }
 
-  v1::WorkRequest FailRequestLocked(const v1::LeasedJob& job, const absl::Status& outcome)
+  Out FailRequestLocked(const v1::LeasedJob& job, uint64_t stream, const absl::Status& outcome)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::WorkRequest r;
     r.set_request_id(NextRequestIdLocked());
@@ -982,47 +1205,53 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
         *f->mutable_retry_after() = ToProtoDuration(d);
     }
     ++stats_.failed;
-    pending_[r.request_id()] = r;
-    return r;
+    return PendingLocked(std::move(r), stream, job.queue());
   }
 
-  // Sends the buffered acks, unless an ack message is still unanswered: then they wait for its
-  // answer and go out together as one AckBatch. So an idle worker's ack goes out at once, and a
-  // busy one sends one message per broker round trip (group commit from the worker's side).
-  void FlushAcks() {
-    std::optional<v1::WorkRequest> r;
+  // Sends `stream`'s buffered acks, unless an ack message of its is still unanswered: then
+  // they wait for its answer and go out together as one AckBatch. So an idle worker's ack goes
+  // out at once, and a busy one sends one message per broker round trip and stream (group
+  // commit from the worker's side).
+  void FlushAcks(uint64_t stream) {
+    std::optional<Out> r;
     {
       absl::MutexLock lock(&mu_);
-      r = NextAckMessageLocked();
+      r = NextAckMessageLocked(stream);
     }
-    // Without a stream the message stays in pending_ and goes out again after the reconnect,
-    // where its answer clears ack_request_.
+    // If the stream ends first, the message stays in pending_ and goes out on another.
     if (r.has_value()) Write(*r);
   }
 
-  // Puts the waiting acks (up to kMaxAcksPerMessage) in flight as one message, unless one is
-  // in flight already; returns it to send.
-  std::optional<v1::WorkRequest> NextAckMessageLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ack_request_ != 0 || acks_.empty()) return std::nullopt;
+  // Puts `stream`'s waiting acks (up to kMaxAcksPerMessage) in flight as one message, unless
+  // one is in flight already or the stream is not open (0: the acks wait for a stream);
+  // returns it to send.
+  std::optional<Out> NextAckMessageLocked(uint64_t stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!open_.contains(stream)) return std::nullopt;
+    Stream& s = *streams_.at(stream);
+    auto waiting = acks_.find(stream);
+    if (s.ack_request != 0 || waiting == acks_.end() || waiting->second.empty())
+      return std::nullopt;
+    std::vector<v1::AckRequest>& acks = waiting->second;
     v1::WorkRequest r;
     r.set_request_id(NextRequestIdLocked());
-    const size_t n = std::min(acks_.size(), static_cast<size_t>(kMaxAcksPerMessage));
+    const size_t n = std::min(acks.size(), static_cast<size_t>(kMaxAcksPerMessage));
     if (n == 1) {
-      *r.mutable_ack() = std::move(acks_.front());
+      *r.mutable_ack() = std::move(acks.front());
     } else {
-      for (size_t i = 0; i < n; ++i) *r.mutable_ack_batch()->add_acks() = std::move(acks_[i]);
+      for (size_t i = 0; i < n; ++i) *r.mutable_ack_batch()->add_acks() = std::move(acks[i]);
     }
-    acks_.erase(acks_.begin(), acks_.begin() + static_cast<std::ptrdiff_t>(n));
-    pending_[r.request_id()] = r;
-    ack_request_ = r.request_id();
-    return r;
+    acks.erase(acks.begin(), acks.begin() + static_cast<std::ptrdiff_t>(n));
+    s.ack_request = r.request_id();
+    return PendingLocked(std::move(r), stream, "");
   }
 
-  // The acks an AckBatch's item errors answered UNAVAILABLE go back in front of the line.
+  // The acks an AckBatch's item errors answered UNAVAILABLE go back in front of the line of
+  // the stream that refused them, or of another open one.
   void RequeueRefusedAcksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (ack_retry_.empty()) return;
-    acks_.insert(acks_.begin(), std::make_move_iterator(ack_retry_.begin()),
-                 std::make_move_iterator(ack_retry_.end()));
+    for (auto it = ack_retry_.rbegin(); it != ack_retry_.rend(); ++it) {
+      std::vector<v1::AckRequest>& acks = acks_[TargetLocked(it->first, "")];
+      acks.insert(acks.begin(), std::move(it->second));
+    }
     ack_retry_.clear();
   }
 
@@ -1038,20 +1267,25 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   // acks, fails and releases (with their request ids), the acks an AckBatch's item errors
   // refused, and (by the heartbeat loop that follows) the refused checkpoints and progress.
   // write_mu_ is held throughout, so no new stream opens in between: what was collected goes
-  // out on the stream there is, or (none) stays pending for the next stream's opening.
+  // out on the streams there are, or (none) stays pending for the next stream's opening.
   void ResendRefused() {
     absl::MutexLock write_lock(&write_mu_);
-    std::vector<v1::WorkRequest> out;
+    std::vector<Out> out;
     {
       absl::MutexLock lock(&mu_);
       if (closing_ || absl::Now() < resend_at_) return;
       resend_at_ = absl::InfiniteFuture();
       for (uint64_t id : refused_) {
-        if (auto p = pending_.find(id); p != pending_.end()) out.push_back(p->second);
+        auto p = pending_.find(id);
+        if (p == pending_.end()) continue;
+        p->second.sent_on = TargetLocked(p->second.stream, p->second.queue);
+        out.push_back(Out{p->second.request, p->second.sent_on});
       }
       refused_.clear();
       RequeueRefusedAcksLocked();
-      if (std::optional<v1::WorkRequest> acks = NextAckMessageLocked()) out.push_back(*acks);
+      for (uint64_t stream : open_) {
+        if (std::optional<Out> acks = NextAckMessageLocked(stream)) out.push_back(*acks);
+      }
       for (auto& [lease, h] : held_) {
         if (!h.update_refused) continue;
         h.update_refused = false;
@@ -1061,8 +1295,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
         h.shared->progress_sent = h.shared->progress_saved;
       }
     }
-    if (stream_ == nullptr) return;
-    for (const v1::WorkRequest& r : out) stream_->Write(r);
+    for (const Out& r : out) WriteLocked(r);
   }
 
   // Sends each held job's heartbeat every third of its lease, and at once when its handler
@@ -1071,14 +1304,15 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   // answered UNAVAILABLE once kAnswerRetryDelay has passed (ResendRefused).
   void HeartbeatLoop() {
     while (true) {
-      std::vector<v1::WorkRequest> beats;
+      std::vector<Out> beats;
       bool resend_due = false;
       {
         absl::MutexLock lock(&mu_);
         absl::Time next = resend_at_;
         for (const auto& [lease, h] : held_) {
           if (h.ended_by_broker) continue;
-          next = std::min({next, h.next_heartbeat, h.timeout_at});
+          // Without an open stream, heartbeats wait for the next (which wakes this thread).
+          next = std::min({next, open_.empty() ? h.timeout_at : h.next_heartbeat, h.timeout_at});
         }
         auto wake = [this]()
                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closing_ || heartbeat_wake_; };
@@ -1101,18 +1335,19 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
             EndedByBrokerLocked(h, CancelReason::kTimeout);
             continue;
           }
-          if (std::optional<v1::WorkRequest> beat = HeartbeatLocked(h, now))
-            beats.push_back(*std::move(beat));
+          if (std::optional<Out> beat = HeartbeatLocked(h, now)) beats.push_back(*std::move(beat));
         }
       }
-      for (const v1::WorkRequest& r : beats) Write(r);
+      for (const Out& r : beats) Write(r);
     }
   }
 
-  // The heartbeat `h` needs now, if any.
-  std::optional<v1::WorkRequest> HeartbeatLocked(Held& h, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    SentHeartbeat sent{.lease_id = h.job.lease_id()};
+  // The heartbeat `h` needs now, if any, and the stream to send it on (none while no stream is
+  // open: it stays due).
+  std::optional<Out> HeartbeatLocked(Held& h, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const uint64_t target = TargetLocked(h.stream, h.job.queue());
+    if (target == 0) return std::nullopt;
+    SentHeartbeat sent{.lease_id = h.job.lease_id(), .stream = target};
     v1::WorkRequest r;
     {
       absl::MutexLock lock(&h.shared->mu);
@@ -1135,7 +1370,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     r.mutable_heartbeat()->set_lease_id(h.job.lease_id());
     heartbeats_[r.request_id()] = std::move(sent);
     h.next_heartbeat = now + h.lease / 3;
-    return r;
+    return Out{std::move(r), target};
   }
 
   WorkerOptions options_;
@@ -1152,30 +1387,38 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   bool heartbeat_wake_ ABSL_GUARDED_BY(mu_) = false;
   absl::BitGen bitgen_ ABSL_GUARDED_BY(mu_);  // reconnect jitter
   uint64_t next_request_id_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t subscribe_request_ ABSL_GUARDED_BY(mu_) = 0;
+  // A stream's subscription was accepted since the backoff last grew: back to its start.
+  bool subscribed_since_backoff_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_stream_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // The streams whose thread has not been joined, by id (in the order they were made).
+  std::map<uint64_t, std::shared_ptr<Stream>> streams_ ABSL_GUARDED_BY(mu_);
+  // Those open for writing (writers_ has them too).
+  std::set<uint64_t> open_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> first_subscribe_ ABSL_GUARDED_BY(mu_);
   // Why the stream ended for good (a code reconnecting cannot fix); the run call returns it.
   std::optional<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Held> held_ ABSL_GUARDED_BY(mu_);  // by lease id
   std::deque<std::string> queued_ ABSL_GUARDED_BY(mu_);    // lease ids held, not started
   absl::CondVar job_cv_;  // signalled when queued_ grows or closing_ is set
-  std::set<std::string> running_ ABSL_GUARDED_BY(mu_);                // lease ids started
-  std::map<uint64_t, v1::WorkRequest> pending_ ABSL_GUARDED_BY(mu_);  // unanswered ack/fail/release
+  std::set<std::string> running_ ABSL_GUARDED_BY(mu_);        // lease ids started
+  std::map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // unanswered ack/fail/release
   // Request ids in pending_ answered UNAVAILABLE: sent again at resend_at_.
   std::set<uint64_t> refused_ ABSL_GUARDED_BY(mu_);
-  // Acks an AckBatch's item errors answered UNAVAILABLE: back in front of acks_ at resend_at_.
-  std::vector<v1::AckRequest> ack_retry_ ABSL_GUARDED_BY(mu_);
+  // Acks an AckBatch's item errors answered UNAVAILABLE, with the stream that answered: back in
+  // front of acks_ at resend_at_.
+  std::vector<std::pair<uint64_t, v1::AckRequest>> ack_retry_ ABSL_GUARDED_BY(mu_);
   // When ResendRefused runs next; InfiniteFuture() if nothing waits for it.
   absl::Time resend_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   std::map<uint64_t, SentHeartbeat> heartbeats_ ABSL_GUARDED_BY(mu_);  // by request id
-  std::vector<v1::AckRequest> acks_ ABSL_GUARDED_BY(mu_);              // not yet sent
-  uint64_t ack_request_ ABSL_GUARDED_BY(mu_) = 0;  // the unanswered ack message; 0 = none
+  // Acks not yet sent, by the stream they are to go on (0: none was open).
+  std::map<uint64_t, std::vector<v1::AckRequest>> acks_ ABSL_GUARDED_BY(mu_);
   Stats stats_ ABSL_GUARDED_BY(mu_);
 
-  absl::Mutex write_mu_;  // one Write at a time; guards the current stream
-  grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>* stream_ ABSL_GUARDED_BY(write_mu_) =
-      nullptr;
-  grpc::ClientContext* context_ ABSL_GUARDED_BY(write_mu_) = nullptr;
+  absl::Mutex write_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one Write at a time; guards writers_
+  // The open streams, by id.
+  std::map<uint64_t, grpc::ClientReaderWriter<v1::WorkRequest, v1::WorkResponse>*> writers_
+      ABSL_GUARDED_BY(write_mu_);
+  bool half_closed_ ABSL_GUARDED_BY(write_mu_) = false;  // by Stop: nothing more is written
 
   int live_handler_threads_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread heartbeat_thread_;

@@ -152,7 +152,8 @@ struct WorkerOptions {
   absl::Duration reconnect_max = absl::Seconds(5);
 };
 
-// Runs handlers for jobs pushed over one Broker.Work stream: one handler per queue,
+// Runs handlers for jobs pushed over Broker.Work streams (one per leading node in a cluster,
+// see below): one handler per queue,
 // `concurrency` jobs at a time, heartbeats while they run (and while `prefetch` more wait), ack
 // or fail when they return (acks coalesced: one ack message in flight, those that end meanwhile
 // go out together as one AckBatch), answers not yet answered sent again after a reconnect,
@@ -175,10 +176,18 @@ struct WorkerOptions {
 //   ...
 //   worker.Stop();  // or Run(), with Stop called from another thread
 //
-// In a cluster the stream goes straight to the leader when every handled queue's partition has
-// the same leader (Admin.GetCluster tells which); otherwise to any node, which serves the
-// queues of every partition through it. After the stream ends the worker asks for the cluster's
-// layout again and connects to the leader it names (a leader that moved or died).
+// In a cluster (docs/worker-contract.md §5, "One stream per leading node") the worker holds one
+// Work stream per node that leads a handled queue's partition (Admin.GetCluster tells which),
+// each subscribed to that node's queues with its share of concurrency + prefetch (the i-th of
+// k streams gets max / k, plus 1 when i < max % k, at least 1), and one more to any node for
+// queues whose partition has no leader; `concurrency` stays one pool. A job's answers go on the
+// stream that pushed it while it is open, else on another. When a stream ends, the worker waits
+// the backoff, asks for the layout again and regroups: streams still wanted keep running, the
+// others end, the missing ones open (a leader that moved or died). While it holds a stream to
+// any node, it asks for the layout again after each backoff delay (growing to reconnect_max) and
+// regroups: a node that knows the new leader relays that stream rather than end it, and the
+// next layout moves its queues to the leader's own stream. Without an answer to GetCluster it
+// holds one stream, on the first address that answers.
 //
 // Thread-safe. Handlers run on the worker's threads.
 class Worker {
@@ -209,7 +218,11 @@ class Worker {
   // attempt spent: the stop was not the job's fault). A straggler gets 1 s to return; one that
   // has not by then has its job released anyway and is left running on its thread (its answer
   // is dropped; what it uses must outlive it). Then waits up to 1 s for the answers of what was
-  // sent, half-closes the stream (cancelled after 2 s) and returns. The library takes no
+  // sent, half-closes the streams (cancelled after 2 s) and returns. A stream that ends before
+  // that half-close (the broker restarted, a leader moved) is reopened after the reconnect
+  // backoff, as while running but without a subscription, so that the acks, fails and releases
+  // still to come reach the broker; if none can be reopened in time, they are dropped when the
+  // waits above are over (the stop takes no longer for it). The library takes no
   // signals: a main() that wants SIGTERM to stop the worker calls Stop from its own signal
   // handling thread (client/cpp/examples/email_worker.cc).
   // Called before Start, it makes Start and Run return OK at once without connecting.
