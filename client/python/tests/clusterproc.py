@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import grpc
 from brokerproc import broker_binary
@@ -36,6 +37,8 @@ class ClusterProcess:
         self.config_json = config_json
         self.dir = tempfile.mkdtemp(prefix="jobbroker-py-cluster-")
         self.addresses = [f"127.0.0.1:{_free_port()}" for _ in range(NODES)]
+        # Each node's HTTP listener, for its /metrics.
+        self.http_addresses = [f"127.0.0.1:{_free_port()}" for _ in range(NODES)]
         self.nodes: list[subprocess.Popen[bytes]] = []
         self.etcd: subprocess.Popen[bytes] | None = None
 
@@ -57,7 +60,7 @@ class ClusterProcess:
         for n, address in enumerate(self.addresses):
             log = self._log(f"node-{n}")
             self.nodes.append(subprocess.Popen(
-                [broker_binary(), "--listen", address, "--http-listen", "127.0.0.1:0",
+                [broker_binary(), "--listen", address, "--http-listen", self.http_addresses[n],
                  "--data-dir", os.path.join(self.dir, f"node-{n}"),
                  "--partitions", str(self.partitions), "--cluster-etcd", etcd_url,
                  "--node-id", f"node-{n}", "--cluster-initial-nodes", str(NODES),
@@ -109,6 +112,17 @@ class ClusterProcess:
                 return bool(err.code() not in (grpc.StatusCode.UNAVAILABLE,
                                                grpc.StatusCode.DEADLINE_EXCEEDED))
         return True
+
+    def metric(self, node: int, name: str) -> float:
+        """The value of the unlabelled metric `name` in node `node`'s /metrics."""
+        url = f"http://{self.http_addresses[node]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            text = answer.read().decode("utf-8")
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == name:
+                return float(value)
+        raise KeyError(f"{name} not in the /metrics of node-{node}")
 
     def kill9(self, address: str) -> None:
         """kill -9 of the node at `address`: a dead machine."""

@@ -1,6 +1,6 @@
 """Routing, without a broker: the partition functions against the repository's vectors (which a
-C++ test checks against the broker's own code), and the routing table from hand-made
-ClusterInfo answers."""
+C++ test checks against the broker's own code), the routing table from hand-made ClusterInfo
+answers, and the worker's stream groups (one per leading node) from such tables."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 from brokerproc import REPO_ROOT
 
 from jobbroker._partition import partition_of_job_id, partition_of_queue
+from jobbroker._router import StreamGroup, stream_groups
 from jobbroker._routing_table import RoutingTable
 from jobbroker.v1 import admin_pb2
 
@@ -122,3 +123,74 @@ def test_an_empty_table_knows_no_broker() -> None:
     table = RoutingTable()
     assert table.empty and not table.is_cluster
     assert table.node_addresses() == []
+
+
+def queues_in(partition: int, n: int, count: int = 4) -> list[str]:
+    return [q for q in (f"q{i}" for i in range(1000))
+            if partition_of_queue(q, count) == partition][:n]
+
+
+def test_the_worker_streams_to_each_leader_its_queues_and_the_leaderless_ones_to_any_node(
+) -> None:
+    # Partition 0 led by a, 1 by b (at its leader_address), 2 by c (not alive), 3 by none.
+    table = RoutingTable.from_cluster_info(three_nodes(), "10.0.0.2:7070")
+    q0, q1, q2, q3 = (queues_in(p, 2) for p in range(4))
+    handled = [q3[1], q1[1], q0[1], q2[0], q1[0], q0[0], q3[0]]
+    groups = stream_groups(table, handled, 10)
+    assert groups == [
+        StreamGroup("10.0.0.1:7070", tuple(sorted(q0)), 4),
+        StreamGroup("10.0.0.20:7070", tuple(sorted(q1)), 3),
+        # c's partition and the leaderless one: one more group, to any node.
+        StreamGroup("", tuple(sorted(q2[:1] + q3)), 3),
+    ]
+
+
+@pytest.mark.parametrize(("max_in_flight", "shares"), [
+    (2, [1, 1, 1]),  # fewer than the k groups: each at least 1
+    (3, [1, 1, 1]),
+    (7, [3, 2, 2]),  # the first max % k groups get one more
+    (0, [0, 0, 0]),  # stop taking
+])
+def test_max_in_flight_is_shared_out_over_the_groups_sorted_by_address(
+        max_in_flight: int, shares: list[int]) -> None:
+    info = admin_pb2.ClusterInfo(
+        cluster_name="jobbroker", partition_count=3,
+        nodes=[node("a", "10.0.0.3:7070"), node("b", "10.0.0.1:7070"),
+               node("c", "10.0.0.2:7070")],
+        partitions=[admin_pb2.PartitionInfo(partition=p, leader_node_id=n)
+                    for p, n in enumerate("abc")])
+    table = RoutingTable.from_cluster_info(info, "10.0.0.3:7070")
+    handled = [queues_in(p, 1, 3)[0] for p in range(3)]
+    groups = stream_groups(table, handled, max_in_flight)
+    assert [g.address for g in groups] == ["10.0.0.1:7070", "10.0.0.2:7070", "10.0.0.3:7070"]
+    assert [g.queues for g in groups] == [(handled[1],), (handled[2],), (handled[0],)]
+    assert [g.share for g in groups] == shares
+
+
+def test_one_leader_of_every_queue_is_one_stream_with_all_of_max_in_flight() -> None:
+    info = admin_pb2.ClusterInfo(
+        cluster_name="jobbroker", partition_count=2,
+        nodes=[node("a", "10.0.0.1:7070"), node("b", "10.0.0.2:7070")],
+        partitions=[admin_pb2.PartitionInfo(partition=p, leader_node_id="a") for p in (0, 1)])
+    table = RoutingTable.from_cluster_info(info, "10.0.0.2:7070")
+    handled = ["zeta", "alpha", *queues_in(1, 2, 2)]
+    assert stream_groups(table, handled, 5) == [
+        StreamGroup("10.0.0.1:7070", tuple(sorted(handled)), 5)]
+
+
+@pytest.mark.parametrize(("max_in_flight", "shares"), [(3, [2, 1]), (1, [1, 1]), (4, [2, 2])])
+def test_the_group_for_any_node_sorts_last_though_its_address_sorts_first(
+        max_in_flight: int, shares: list[int]) -> None:
+    # "" (any node) sorts before every address, yet the contract puts its group last: it gets
+    # the smaller share when max_in_flight does not divide evenly.
+    info = admin_pb2.ClusterInfo(
+        cluster_name="jobbroker", partition_count=2,
+        nodes=[node("a", "10.0.0.1:7070")],
+        partitions=[admin_pb2.PartitionInfo(partition=0, leader_node_id="a"),
+                    admin_pb2.PartitionInfo(partition=1)])
+    table = RoutingTable.from_cluster_info(info, "10.0.0.1:7070")
+    led, leaderless = queues_in(0, 1, 2)[0], queues_in(1, 1, 2)[0]
+    assert stream_groups(table, [leaderless, led], max_in_flight) == [
+        StreamGroup("10.0.0.1:7070", (led,), shares[0]),
+        StreamGroup("", (leaderless,), shares[1]),
+    ]

@@ -1,7 +1,8 @@
 """The Worker against the contract (docs/worker-contract.md), real broker: Snooze, progress,
 the cancellation signal (time-out, lost lease holding its slot, operator cancel, end of a
-stop's grace), answers resent after a reconnect, and the call metadata (library name,
-token)."""
+stop's grace), answers resent after a reconnect, a stream reopened during a stop for the
+answers still to come (and the stop's bounds when none can be), and the call metadata (library
+name, token)."""
 
 from __future__ import annotations
 
@@ -258,6 +259,99 @@ async def test_an_answer_left_by_a_dead_broker_goes_out_on_the_next_stream(
         if second is not None:
             second.stop()
         first.cleanup()
+
+
+async def test_a_stream_that_ends_during_a_stop_is_reopened_for_the_answers(
+        tmp_path: pathlib.Path) -> None:
+    """Worker contract §6: the broker dies (kill -9) during a stop's grace, while a handler
+    still runs, and comes back on the same data and port; the handler then returns. Its ack can
+    only reach the broker on a stream reopened during the stop: the job ends COMPLETED, and the
+    stop returns without waiting out the grace."""
+    first = BrokerProcess(CONFIG, data_dir=str(tmp_path)).start()
+    address = first.address
+    worker = jobbroker.Worker(address, lease_duration=60, grace=30, reconnect_initial=0.05,
+                              reconnect_max=0.5, handle_signals=False)
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    @worker.handler("stop-reopen")
+    async def held(job: jobbroker.JobContext) -> str:
+        started.set()
+        await gate.wait()
+        return "done after the broker came back"
+
+    second = None
+    try:
+        async with jobbroker.Client(address, timeout=30) as c:
+            res = await c.enqueue("stop-reopen", "x")
+        task = asyncio.create_task(worker.run())
+        try:
+            await asyncio.wait_for(started.wait(), 60)
+            worker.stop()
+            await asyncio.sleep(0.2)  # the stop has begun: Flow{0} sent, the grace runs
+            assert not task.done()
+            first.kill()  # kill -9: the stream ends during the grace
+            await asyncio.sleep(1.0)  # the worker sees it end, and fails to reopen it for now
+            assert not task.done()
+            second = BrokerProcess(CONFIG, data_dir=str(tmp_path), listen=address).start()
+            gate.set()
+            # The ack comes back on the reopened stream: no need to wait out the grace.
+            await asyncio.wait({task}, timeout=15)
+            assert task.done(), "the stop did not return: the ack found no stream"
+            task.result()
+        finally:
+            gate.set()
+            if not task.done():
+                await asyncio.wait_for(task, 60)
+        async with jobbroker.Client(address, timeout=30) as c:
+            done = await c.get_job(res.job_id)
+        assert done.state == jobbroker.JOB_STATE_COMPLETED, done
+        assert done.result == b"done after the broker came back"
+        assert [a.outcome for a in done.attempts] == [jobbroker.ATTEMPT_OUTCOME_COMPLETED]
+        assert worker.stats.acked == 1 and worker.stats.released == 0
+        assert worker.stats.reconnects >= 1
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+        first.cleanup()
+
+
+async def test_a_stop_ends_within_its_bounds_when_no_stream_comes_back(
+        tmp_path: pathlib.Path) -> None:
+    """The broker dies during a stop's grace and stays dead: the worker keeps trying to reopen
+    its stream for the handler's ack, but the stop still returns within the grace and the waits
+    after it (1 s for the answers, 2 s to close), dropping the ack."""
+    broker = BrokerProcess(CONFIG, data_dir=str(tmp_path)).start()
+    grace = 1.0
+    worker = jobbroker.Worker(broker.address, lease_duration=60, grace=grace,
+                              reconnect_initial=0.05, reconnect_max=0.2, handle_signals=False)
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    @worker.handler("stop-dead")
+    async def held(job: jobbroker.JobContext) -> str:
+        started.set()
+        await gate.wait()
+        return "never acked"
+
+    try:
+        async with jobbroker.Client(broker.address, timeout=30) as c:
+            await c.enqueue("stop-dead", "x")
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(started.wait(), 60)
+        began = time.monotonic()
+        worker.stop()
+        await asyncio.sleep(0.1)
+        broker.kill()
+        gate.set()  # returns within the grace; its ack has no stream to go on
+        await asyncio.wait_for(task, 30)
+        took = time.monotonic() - began
+        assert took < grace + 1.0 + 2.0 + 1.0, f"the stop took {took:.2f}s"
+        assert worker.stats.acked == 1 and worker.stats.reconnects >= 1
+    finally:
+        broker.kill()
+        broker.cleanup()
 
 
 async def test_every_call_names_the_library(broker: BrokerProcess,

@@ -16,7 +16,7 @@ from ._routing_table import RoutingTable
 from .options import ClientOptions
 from .v1 import admin_pb2, admin_pb2_grpc, broker_pb2_grpc
 
-__all__ = ["Node", "Route", "Router", "GIVEN_CHANNEL"]
+__all__ = ["Node", "Route", "Router", "StreamGroup", "stream_groups", "GIVEN_CHANNEL"]
 
 # The name of the one node there is when the caller gives its own channel.
 GIVEN_CHANNEL = "<given channel>"
@@ -54,6 +54,44 @@ class Route:
     @classmethod
     def of_job(cls, job_id: str) -> Route:
         return cls(job_id=job_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamGroup:
+    """One Work stream of a worker (worker contract §5): the node it goes to ("" for any node),
+    the queues it subscribes to, sorted, and its share of max_in_flight. Two streams with equal
+    groups are the same stream: regrouping keeps it running."""
+
+    address: str
+    queues: tuple[str, ...]
+    share: int
+
+
+def stream_groups(
+    table: RoutingTable, queues: Sequence[str], max_in_flight: int
+) -> list[StreamGroup]:
+    """The worker's streams for `queues` by `table` (a cluster's): one group per leader address,
+    sorted by address, then one more for the queues whose partition has no leader in the table,
+    addressed "" (any node: it relays them, or answers UNAVAILABLE). The i-th of k groups gets
+    max_in_flight // k, plus 1 when i < max_in_flight % k, and at least 1, as the broker shares
+    a relayed stream's; a max_in_flight of 0 (stop taking) is 0 for every group."""
+    by_leader: dict[str, list[str]] = {}
+    for queue in sorted(set(queues)):
+        by_leader.setdefault(table.leader_of_queue(queue), []).append(queue)
+    leaderless = by_leader.pop("", None)
+    addresses = sorted(by_leader)
+    if leaderless is not None:
+        addresses.append("")
+        by_leader[""] = leaderless
+    k = len(addresses)
+    groups = []
+    for i, address in enumerate(addresses):
+        if max_in_flight <= 0:
+            share = 0
+        else:
+            share = max(1, max_in_flight // k + (1 if i < max_in_flight % k else 0))
+        groups.append(StreamGroup(address, tuple(by_leader[address]), share))
+    return groups
 
 
 class _State(enum.Enum):

@@ -103,6 +103,14 @@ class RoutingTable:
             return self.any_address()
         return self.address_of_partition(partition_of_queue(queue, self._partition_count))
 
+    def leader_of_queue(self, queue: str) -> str:
+        """The address of the leader of `queue`'s partition; "" when the table names none (or
+        is not a cluster's)."""
+        if self._leaders is None:
+            return ""
+        partition = partition_of_queue(queue, self._partition_count)
+        return self._leaders[partition] if partition < len(self._leaders) else ""
+
     def address_of_job(self, job_id: str) -> str:
         """The leader of the partition the job lives in; any_address() for an id of another
         form (the broker answers NOT_FOUND or INVALID_ARGUMENT for it)."""

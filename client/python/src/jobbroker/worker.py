@@ -1,4 +1,5 @@
-"""The worker helper: runs handlers for jobs pushed over one Broker.Work stream."""
+"""The worker helper: runs handlers for jobs pushed over Broker.Work streams, one per leading
+node of a cluster."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from ._convert import (
     to_duration,
 )
 from ._metadata import Metadata
-from ._router import GIVEN_CHANNEL, Node, Route, Router
+from ._router import GIVEN_CHANNEL, Node, Route, Router, StreamGroup, stream_groups
 from ._typed import decode_payload, payload_type
 from .client import default_worker_id, resolve_options
 from .errors import JobBrokerError, error_from_code, error_from_rpc
@@ -177,9 +178,11 @@ class WorkerStats:
 class _Held:
     """A job this worker holds: waiting for a handler slot, or running."""
 
-    def __init__(self, job: broker_pb2.LeasedJob, lease: float) -> None:
+    def __init__(self, job: broker_pb2.LeasedJob, lease: float, stream: _Stream) -> None:
         self.job = job
         self.lease = lease  # seconds, as granted: deadline - arrival
+        # The stream that pushed it: its answers go there while it is open (else on another).
+        self.stream = stream
         # The broker ended the attempt (lease lost, timed out): heartbeats stop and nothing more
         # is sent for it, but a handler still running keeps its slot until it returns
         # (concurrency is a hard bound, worker contract §3).
@@ -209,15 +212,50 @@ class _Held:
 class _Pending:
     """A request waiting for its WorkResult."""
 
-    def __init__(self, req: broker_pb2.WorkRequest, fut: asyncio.Future[Any], resend: bool):
+    def __init__(
+        self,
+        req: broker_pb2.WorkRequest,
+        fut: asyncio.Future[Any],
+        resend: bool,
+        stream: _Stream | None,
+    ):
         self.req = req
         self.future: asyncio.Future[broker_pb2.WorkResult] = fut
-        # Acks, fails, releases and checkpoints go out again on the next stream if this one
-        # ends unanswered: they are idempotent per lease.
+        # Acks, fails, releases and checkpoints go out again on another stream if this one
+        # ends unanswered: they are idempotent per lease, and any node routes them by job id.
         self.resend = resend
+        # The stream it went out on; None: it waits for the next stream opened.
+        self.stream = stream
         # Answered UNAVAILABLE ("retry"): sent again after _ANSWER_RETRY_DELAY, or on the next
         # stream if it comes first.
         self.refused = False
+
+
+class _Stream:
+    """One Work stream of the worker: its group (node, queues, share of max_in_flight), and
+    the acks it coalesces."""
+
+    def __init__(self, group: StreamGroup, node: Node) -> None:
+        self.group = group
+        self.node = node
+        # What the request iterator sends; None puts an end to it. Set to None when the stream
+        # ended or is being ended: nothing more goes out on it then.
+        self.out: asyncio.Queue[broker_pb2.WorkRequest | None] | None = asyncio.Queue()
+        self.call: Any = None
+        self.task: asyncio.Task[None] | None = None
+        # Acks not yet sent: they wait while an ack message of this stream is unanswered
+        # (ack_request), then go out together. One ack message in flight per stream is the
+        # worker's group commit: a busy worker sends one per broker round trip instead of one
+        # per job.
+        self.acks: list[broker_pb2.AckRequest] = []
+        self.ack_request = 0  # request id of the unanswered ack message; 0 = none
+        # Acks an AckBatch's item errors answered UNAVAILABLE: they go back in front of `acks`
+        # after _ANSWER_RETRY_DELAY (or to another stream when this one ends).
+        self.ack_retry: list[broker_pb2.AckRequest] = []
+        self.subscribed = False
+        self.retired = False  # ended by a regrouping, not by the broker
+        self.end_code = grpc.StatusCode.OK
+        self.end_message = "the broker ended the stream"
 
 
 class JobContext:
@@ -445,7 +483,7 @@ def _load_step_checkpoint(
 
 
 class Worker:
-    """Runs handlers for jobs pushed over one Broker.Work stream.
+    """Runs handlers for jobs pushed over Broker.Work streams: one, or one per leading node.
 
         worker = Worker("127.0.0.1:7070", concurrency=4)
 
@@ -475,10 +513,18 @@ class Worker:
     full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only;
     the handlers in place before run() are put back when it returns).
     The connection is a ClientOptions (`options=`), the one the Client takes: addresses, TLS,
-    client certificate, token. In a cluster the stream goes straight to the leader when every
-    handled queue's partition has the same leader (Admin.GetCluster tells which), otherwise to
-    any node, which relays it; after a stream ends the worker asks for the cluster's layout
-    again, of the other addresses when that node is gone, and reconnects to the leader it names.
+    client certificate, token. In a cluster (Admin.GetCluster tells where each partition's
+    leader is) the worker holds one stream per leader of its queues' partitions, each
+    subscribed to that leader's queues with the same worker id and a share of
+    `concurrency + prefetch` (at least 1 each), so no node relays them; queues whose partition
+    has no leader share one more stream, to any node. `concurrency` stays one pool across the
+    streams, and a job's answers go on the stream that pushed it while it is open, else on
+    another. When a stream ends, the worker waits the backoff, asks for the layout again (of
+    the other addresses when that node is gone) and regroups: streams still wanted keep
+    running, the others end, the missing ones open. While it has a stream to any node, it also
+    asks again after each backoff delay (growing to `reconnect_max`) and regroups, so queues a
+    node relays move to their leader's own stream once the layout names it. Without an answer
+    to GetCluster it holds one stream, on the first address that answers.
     `address` and `token` are shorthands that override its fields; `channel` replaces dialing.
     The stream carries `jobbroker-client: jobbroker-python/<version>` (ListWorkers shows it) and
     `authorization: Bearer <token>` when a token is set (default $JOBBROKER_TOKEN). A token the
@@ -528,19 +574,19 @@ class Worker:
         self._queued: deque[_Held] = deque()  # leased, waiting for a slot, in arrival order
         # Handlers not yet returned, lost ones included: each holds a slot until it returns.
         self._active: set[_Held] = set()
+        # Requests waiting for their answer, of every stream (request ids are the worker's).
         self._pending: dict[int, _Pending] = {}
-        # Acks not yet sent: they wait while an ack message is unanswered (_ack_request), then
-        # go out together. One ack message in flight is the worker's group commit: a busy
-        # worker sends one per broker round trip instead of one per job.
-        self._acks: list[broker_pb2.AckRequest] = []
-        self._ack_request = 0  # request id of the unanswered ack message; 0 = none
-        # Acks an AckBatch's item errors answered UNAVAILABLE: they go back in front of _acks
-        # after _ANSWER_RETRY_DELAY (or when the next stream opens).
-        self._ack_retry: list[broker_pb2.AckRequest] = []
+        # The open streams (one per group, worker contract §5), in the order they opened;
+        # the first takes what another stream's end leaves.
+        self._streams: list[_Stream] = []
+        self._retiring: set[_Stream] = set()  # ended by a regrouping, not closed yet
+        self._ended: list[_Stream] = []  # ended by the broker, not yet seen by _connection_loop
+        self._streams_changed: asyncio.Event | None = None
+        # Acks left by a stream that ended while no other was open: the next stream sends them.
+        self._acks_waiting: list[broker_pb2.AckRequest] = []
+        self._backoff = self.reconnect_initial  # one backoff for the worker, not per stream
         self._retry_timer: asyncio.TimerHandle | None = None
         self._next_request_id = 1
-        self._out: asyncio.Queue[broker_pb2.WorkRequest | None] | None = None
-        self._call: Any = None
         self._stopping = False
         self._closing = False
         self._stop_event: asyncio.Event | None = None
@@ -611,6 +657,7 @@ class Worker:
         self._loop = loop
         self._stop_event = asyncio.Event()
         self._close_event = asyncio.Event()
+        self._streams_changed = asyncio.Event()
         router = Router(self.options, channel=self._given_channel, channel_args=_CHANNEL_OPTIONS)
         self._router = router
         signals = self._install_signals(loop)
@@ -672,108 +719,178 @@ class Worker:
             yield req
 
     async def _connection_loop(self) -> None:
-        backoff = self.reconnect_initial
-        assert self._close_event is not None
+        """Opens the worker's streams, and groups them anew each time one ends (worker contract
+        §5): after the backoff, the table is fetched again; streams whose group is still wanted
+        keep running, the others are ended, the missing ones opened. Raises the end of a stream
+        that is the caller's mistake (INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED).
+
+        This goes on during a graceful stop (worker contract §6): a stream that ends before the
+        close (step 6) is reopened the same way, so that the answers still to come (acks, fails
+        and releases of handlers finishing in the grace) reach the broker; a stream opened while
+        stopping does not subscribe, so nothing is pushed on it (_open). The close ends this
+        loop: nothing is reopened after it.
+
+        While the plan has a group for any node (a partition without a leader in the table),
+        the table is also fetched again after each backoff delay, without a stream's end; this
+        stops when no such group is left, and at the close."""
+        assert self._close_event is not None and self._streams_changed is not None
+        assert self._router is not None
+        self._backoff = self.reconnect_initial
         while not self._closing:
-            node = await self._stream_node()
+            plan = await self._plan()
             if self._closing:
                 return
-            out: asyncio.Queue[broker_pb2.WorkRequest | None] = asyncio.Queue()
-            call = node.broker.Work(self._requests(out), metadata=self._metadata)
-            self._call = call
-            self._out = out
-            subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
-            if not self._stopping:
-                sub = broker_pb2.SubscribeRequest(
-                    queues=sorted(self._handlers),
-                    worker_id=self.worker_id,
-                    max_in_flight=self.concurrency + self.prefetch,
-                    batch_pushes=True,
-                )
-                if self.lease_duration is not None:
-                    sub.lease_duration.CopyFrom(to_duration(self.lease_duration))
-                subscribe = self._send(broker_pb2.WorkRequest(subscribe=sub))
-            # The acks, fails, releases and checkpoints the last stream left unanswered, with
-            # their lease ids: the broker answers a repeat of an applied one OK.
-            for p in list(self._pending.values()):
-                if p.resend:
-                    p.refused = False
-                    out.put_nowait(p.req)
-            self._requeue_refused_acks()
-            subscribed = False
-            end_code, end_message = grpc.StatusCode.OK, "the broker ended the stream"
-            try:
-                async for resp in call:
-                    self._on_message(resp)
-                    if subscribe is not None and subscribe.done() and not subscribed:
-                        result = subscribe.result()
-                        if result.code != _OK:
-                            end_code = error_from_code(result.code, "").code
-                            end_message = f"subscribe refused: {result.message}"
-                            call.cancel()
-                            break
-                        subscribed = True
-            except grpc.aio.AioRpcError as err:
-                mapped = error_from_rpc(err)
-                end_code, end_message = mapped.code, mapped.message
-            finally:
-                self._out = None
-                self._call = None
-                out.put_nowait(None)
-                self._stream_ended()
-            # The node may have died or stopped leading the queues: ask where they are now.
-            assert self._router is not None
-            self._router.mark_stale()
+            self._regroup(plan)
+            if any(not group.address for group, _ in plan):
+                # A group for any node (worker contract §5): a node that already knows its
+                # partition's new leader relays that stream, and no leader change will end the
+                # relay. So ask again after each backoff delay (the same backoff, growing to
+                # reconnect_max) and regroup; streams whose group stays keep running, and the
+                # queues move to their leader's own stream once the table names it.
+                wait = random.uniform(0, self._backoff)
+                try:
+                    await asyncio.wait_for(self._streams_changed.wait(), wait)
+                except asyncio.TimeoutError:
+                    self._backoff = min(self._backoff * 2, self.reconnect_max)
+                    self._router.mark_stale()
+                    continue
+            else:
+                await self._streams_changed.wait()
+            self._streams_changed.clear()
+            ended, self._ended = self._ended, []
             if self._closing:
                 return
-            if end_code not in _RETRYABLE:
-                raise error_from_code(end_code, end_message)
-            self.stats.reconnects += 1
-            if subscribed:
-                backoff = self.reconnect_initial
+            for stream in ended:
+                if stream.end_code not in _RETRYABLE:
+                    raise error_from_code(stream.end_code, stream.end_message)
+            self.stats.reconnects += len(ended)
             # Full jitter: workers that lost the same broker do not all come back at once.
-            wait = random.uniform(0, backoff)
-            _log.warning(
-                "jobbroker worker: stream ended (%s: %s); reconnecting in %.2fs",
-                end_code.name,
-                end_message,
-                wait,
-            )
+            wait = random.uniform(0, self._backoff)
+            for stream in ended:
+                _log.warning(
+                    "jobbroker worker: stream to %s ended (%s: %s); regrouping in %.2fs",
+                    stream.node.address,
+                    stream.end_code.name,
+                    stream.end_message,
+                    wait,
+                )
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._close_event.wait(), wait)
-            backoff = min(backoff * 2, self.reconnect_max)
+            self._backoff = min(self._backoff * 2, self.reconnect_max)
 
-    async def _stream_node(self) -> Node:
-        """The node to open the Work stream on: the leader of every handled queue's partition
-        when they share one (no relay in between), else any node (it relays the stream to the
-        leaders of the partitions)."""
+    async def _plan(self) -> list[tuple[StreamGroup, Node]]:
+        """The streams the worker should hold now, each with the node to open it on. With a
+        cluster's table: one per leader of the handled queues' partitions (stream_groups), so no
+        node relays them. Without one (a single broker, or no answer to GetCluster): one stream
+        for every queue, on the node calls for any node go to."""
         assert self._router is not None
         table = await self._router.table()
+        queues = sorted(self._handlers)
+        max_in_flight = self.concurrency + self.prefetch
         if not table.is_cluster:
-            return await self._router.node_for(Route.any())
-        leaders = {table.address_of_queue(queue) for queue in self._handlers}
-        address = leaders.pop() if len(leaders) == 1 else table.any_address()
-        return self._router.node_at(address)
+            node = await self._router.node_for(Route.any())
+            return [(StreamGroup(node.address, tuple(queues), max_in_flight), node)]
+        any_address = table.any_address()
+        return [
+            (group, self._router.node_at(group.address or any_address))
+            for group in stream_groups(table, queues, max_in_flight)
+        ]
 
-    def _send(
-        self, req: broker_pb2.WorkRequest, *, resend: bool = False
-    ) -> asyncio.Future[broker_pb2.WorkResult]:
-        """Sends `req` with a fresh request id; the future gets its WorkResult. Without a
-        stream, a resendable request waits for the next one; any other is answered UNAVAILABLE."""
+    def _regroup(self, plan: list[tuple[StreamGroup, Node]]) -> None:
+        wanted = {group for group, _ in plan}
+        for stream in list(self._streams):
+            if stream.group not in wanted:
+                self._retire(stream)
+        have = {stream.group for stream in self._streams}
+        for group, node in plan:
+            if group not in have:
+                self._open(group, node)
+
+    def _open(self, group: StreamGroup, node: Node) -> None:
+        """Opens a stream for `group` on `node` and subscribes it; what waits for a stream (the
+        answers of jobs whose stream ended while no other was open) goes out on it. While the
+        worker stops, the stream is not subscribed: it only carries the answers still to come
+        (the broker takes them without a subscription and routes them by job id), and the
+        broker pushes nothing on it (what a stream is pushed while stopping is released at
+        once anyway, _on_job)."""
         assert self._loop is not None
-        req.request_id = self._next_request_id
-        self._next_request_id += 1
-        fut: asyncio.Future[broker_pb2.WorkResult] = self._loop.create_future()
-        if self._out is None and not resend:
-            fut.set_result(broker_pb2.WorkResult(code=_UNAVAILABLE, message="not connected"))
-            return fut
-        self._pending[req.request_id] = _Pending(req, fut, resend)
-        if self._out is not None:
-            self._out.put_nowait(req)
-        return fut
+        stream = _Stream(group, node)
+        assert stream.out is not None
+        stream.call = node.broker.Work(self._requests(stream.out), metadata=self._metadata)
+        self._streams.append(stream)
+        subscribe: asyncio.Future[broker_pb2.WorkResult] | None = None
+        if not self._stopping:
+            sub = broker_pb2.SubscribeRequest(
+                queues=list(group.queues),
+                worker_id=self.worker_id,
+                max_in_flight=group.share,
+                batch_pushes=True,
+            )
+            if self.lease_duration is not None:
+                sub.lease_duration.CopyFrom(to_duration(self.lease_duration))
+            subscribe = self._send(broker_pb2.WorkRequest(subscribe=sub), stream=stream)
+        # The acks, fails, releases and checkpoints left unanswered by a stream that ended, with
+        # their lease ids: the broker answers a repeat of an applied one OK, and any node routes
+        # an answer to its job's leader.
+        for p in self._pending.values():
+            if p.resend and p.stream is None:
+                p.refused = False
+                p.stream = stream
+                stream.out.put_nowait(p.req)
+        if self._acks_waiting:
+            stream.acks, self._acks_waiting = self._acks_waiting, []
+            self._flush_acks(stream)
+        stream.task = self._loop.create_task(
+            self._read(stream, subscribe), name=f"jobbroker-worker-stream {node.address}"
+        )
 
-    def _stream_ended(self) -> None:
+    async def _read(
+        self, stream: _Stream, subscribe: asyncio.Future[broker_pb2.WorkResult] | None
+    ) -> None:
+        call = stream.call
+        try:
+            async for resp in call:
+                self._on_message(resp, stream)
+                if not stream.subscribed and subscribe is not None and subscribe.done():
+                    result = subscribe.result()
+                    if result.code != _OK:
+                        stream.end_code = error_from_code(result.code, "").code
+                        stream.end_message = f"subscribe refused: {result.message}"
+                        call.cancel()
+                        break
+                    stream.subscribed = True
+                    self._backoff = self.reconnect_initial
+        except grpc.aio.AioRpcError as err:
+            mapped = error_from_rpc(err)
+            stream.end_code, stream.end_message = mapped.code, mapped.message
+        finally:
+            self._stream_ended(stream)
+
+    def _retire(self, stream: _Stream) -> None:
+        """Ends a stream whose group is no longer wanted: half-closed now (nothing more goes out
+        on it; the broker still answers what it carried), cancelled after 2 s. Its jobs keep
+        running and answer on the other streams: their leases stay valid."""
+        assert self._loop is not None and stream.out is not None
+        stream.retired = True
+        self._streams.remove(stream)
+        self._retiring.add(stream)
+        stream.out.put_nowait(None)
+        stream.out = None
+        self._loop.call_later(2.0, stream.call.cancel)
+
+    def _stream_ended(self, stream: _Stream) -> None:
+        """What a stream carried moves to another open stream, or waits for the next one; a
+        request that is not resent is answered UNAVAILABLE."""
+        if stream.out is not None:
+            stream.out.put_nowait(None)
+            stream.out = None
+        with contextlib.suppress(ValueError):
+            self._streams.remove(stream)
+        self._retiring.discard(stream)
+        target = self._streams[0] if self._streams else None
         for rid, p in list(self._pending.items()):
+            if p.stream is not stream:
+                continue
             if not p.resend:
                 del self._pending[rid]
                 if not p.future.done():
@@ -782,16 +899,58 @@ class Worker:
                             request_id=rid, code=_UNAVAILABLE, message="the stream ended"
                         )
                     )
+                continue
+            p.refused = False
+            p.stream = target
+            if target is not None:
+                assert target.out is not None
+                target.out.put_nowait(p.req)
+        stream.acks = stream.ack_retry + stream.acks
+        stream.ack_retry = []
+        stream.ack_request = 0
+        self._flush_acks(stream)
+        # The node may have died or stopped leading the queues: ask where they are now.
+        if self._router is not None:
+            self._router.mark_stale()
+        if not stream.retired and self._streams_changed is not None:
+            self._ended.append(stream)
+            self._streams_changed.set()
 
-    def _on_message(self, resp: broker_pb2.WorkResponse) -> None:
+    def _send(
+        self,
+        req: broker_pb2.WorkRequest,
+        *,
+        resend: bool = False,
+        stream: _Stream | None = None,
+    ) -> asyncio.Future[broker_pb2.WorkResult]:
+        """Sends `req` with a fresh request id on `stream` while it is open, else on any open
+        stream; the future gets its WorkResult. Without an open stream, a resendable request
+        waits for the next one; any other is answered UNAVAILABLE."""
+        assert self._loop is not None
+        req.request_id = self._next_request_id
+        self._next_request_id += 1
+        fut: asyncio.Future[broker_pb2.WorkResult] = self._loop.create_future()
+        out = None if stream is None else stream.out
+        if out is None:
+            stream = self._streams[0] if self._streams else None
+            out = None if stream is None else stream.out
+            if out is None and not resend:
+                fut.set_result(broker_pb2.WorkResult(code=_UNAVAILABLE, message="not connected"))
+                return fut
+        self._pending[req.request_id] = _Pending(req, fut, resend, stream)
+        if out is not None:
+            out.put_nowait(req)
+        return fut
+
+    def _on_message(self, resp: broker_pb2.WorkResponse, stream: _Stream) -> None:
         kind = resp.WhichOneof("response")
         if kind == "job":
-            self._on_job(resp.job)
+            self._on_job(resp.job, stream)
         elif kind == "job_batch":
             for job in resp.job_batch.jobs:  # each exactly as if pushed alone
-                self._on_job(job)
+                self._on_job(job, stream)
         elif kind == "result":
-            self._on_result(resp.result)
+            self._on_result(resp.result, stream)
         elif kind == "lease_lost":
             held = self._held.get(resp.lease_lost.job_id)
             if held is not None:
@@ -802,14 +961,14 @@ class Worker:
             if held is not None:
                 self._signal_cancel(held, _OPERATOR_CANCEL)
 
-    def _on_result(self, result: broker_pb2.WorkResult) -> None:
+    def _on_result(self, result: broker_pb2.WorkResult, stream: _Stream) -> None:
         p = self._pending.pop(result.request_id, None)
         if p is None:
             return
         if p.resend and result.code == _UNAVAILABLE:
             # Not final (worker contract §4): the broker is shutting down, or (cluster) the
             # partition is between leaders and says "retry". The request goes out again after
-            # _ANSWER_RETRY_DELAY, or on the next stream if this one ends first; dropping it
+            # _ANSWER_RETRY_DELAY, or on another stream if this one ends first; dropping it
             # would have the job run again when its lease runs out. An unanswered ack message
             # stays the one in flight: acks completing meanwhile wait for its answer.
             self._pending[result.request_id] = p
@@ -861,15 +1020,15 @@ class Worker:
                 )
                 retry = broker_pb2.AckRequest()
                 retry.CopyFrom(ack)
-                self._ack_retry.append(retry)
+                stream.ack_retry.append(retry)
                 self._schedule_resend()
             elif item.code in (_FAILED_PRECONDITION, _NOT_FOUND):
                 _log.debug("jobbroker worker: ack not applied: %s", item.message)
             else:
                 _log.warning("jobbroker worker: ack not applied: %s", item.message)
-        if result.request_id == self._ack_request:
-            self._ack_request = 0
-            self._flush_acks()  # what completed while this one was unanswered
+        if result.request_id == stream.ack_request:
+            stream.ack_request = 0
+            self._flush_acks(stream)  # what completed while this one was unanswered
         if not p.future.done():
             p.future.set_result(result)
 
@@ -879,29 +1038,37 @@ class Worker:
             self._retry_timer = self._loop.call_later(_ANSWER_RETRY_DELAY, self._resend_refused)
 
     def _resend_refused(self) -> None:
-        """Sends again what the broker answered UNAVAILABLE, on the stream there is now; without
-        one, the next stream sends it (the connection loop resends every pending request)."""
+        """Sends again what the broker answered UNAVAILABLE, on the stream it went out on while
+        that is open, else on another; without any, what a stream that ends leaves waits for the
+        next stream (_stream_ended, _open)."""
         self._retry_timer = None
-        if self._out is None or self._closing:
+        if self._closing:
             return
+        other = self._streams[0] if self._streams else None
         for rid in sorted(self._pending):
             p = self._pending[rid]
-            if p.refused:
-                p.refused = False
-                self._out.put_nowait(p.req)
-        self._requeue_refused_acks()
+            if not p.refused:
+                continue
+            stream = p.stream if p.stream is not None and p.stream.out is not None else other
+            if stream is None or stream.out is None:
+                continue
+            p.refused = False
+            p.stream = stream
+            stream.out.put_nowait(p.req)
+        for stream in list(self._streams):
+            self._requeue_refused_acks(stream)
 
-    def _requeue_refused_acks(self) -> None:
-        """Puts the acks refused for now back in front of the line, and sends them unless an
-        ack message is unanswered (they then go out with its answer)."""
-        if self._ack_retry:
-            self._acks = self._ack_retry + self._acks
-            self._ack_retry = []
-            self._flush_acks()
+    def _requeue_refused_acks(self, stream: _Stream) -> None:
+        """Puts the stream's acks refused for now back in front of its line, and sends them
+        unless an ack message is unanswered (they then go out with its answer)."""
+        if stream.ack_retry:
+            stream.acks = stream.ack_retry + stream.acks
+            stream.ack_retry = []
+            self._flush_acks(stream)
 
-    def _on_job(self, job: broker_pb2.LeasedJob) -> None:
+    def _on_job(self, job: broker_pb2.LeasedJob, stream: _Stream) -> None:
         if self._stopping:  # pushed before our drain arrived: give it straight back
-            self._release(job)
+            self._release(job, stream)
             return
         assert self._loop is not None
         # Seconds since the epoch, without datetimes: this runs once per job.
@@ -910,7 +1077,7 @@ class Worker:
         old = self._held.get(job.job_id)
         if old is not None:  # a newer attempt: the one we held is gone
             self._lose(old, _LEASE_LOST)
-        held = _Held(job, lease)
+        held = _Held(job, lease, stream)
         self._held[job.job_id] = held
         self._arm_heartbeat(held)
         if job.HasField("timeout_at"):
@@ -923,13 +1090,18 @@ class Worker:
         self._queued.append(held)  # jobs start in arrival order
         self._fill_slots()
 
-    def _release(self, job: broker_pb2.LeasedJob, delay: DurationLike | None = None) -> None:
+    def _release(
+        self,
+        job: broker_pb2.LeasedJob,
+        stream: _Stream | None,
+        delay: DurationLike | None = None,
+    ) -> None:
         req = broker_pb2.WorkRequest(
             release=broker_pb2.ReleaseRequest(job_id=job.job_id, lease_id=job.lease_id)
         )
         if delay is not None:
             req.release.delay.CopyFrom(to_duration(delay))
-        self._send(req, resend=True)
+        self._send(req, resend=True, stream=stream)
         self.stats.released += 1
 
     def _arm_heartbeat(self, held: _Held) -> None:
@@ -946,7 +1118,7 @@ class Worker:
                 job_id=held.job.job_id, lease_id=held.job.lease_id
             )
         )
-        self._send(req)
+        self._send(req, stream=held.stream)
         self._arm_heartbeat(held)
 
     async def _save_checkpoint(self, held: _Held, data: bytes, step: str) -> None:
@@ -955,7 +1127,7 @@ class Worker:
                 job_id=held.job.job_id, lease_id=held.job.lease_id, checkpoint=data
             )
         )
-        result = await self._send(req, resend=True)
+        result = await self._send(req, resend=True, stream=held.stream)
         if result.code != _OK:
             held.no_ack = True
             raise error_from_code(
@@ -982,7 +1154,7 @@ class Worker:
         )
         held.progress_in_flight = True
         # Resent after a reconnect like a checkpoint, so the newest value always arrives.
-        answer = self._send(req, resend=True)
+        answer = self._send(req, resend=True, stream=held.stream)
         answer.add_done_callback(lambda _: self._progress_answered(held))
 
     def _progress_answered(self, held: _Held) -> None:
@@ -1001,7 +1173,7 @@ class Worker:
             fail = broker_pb2.FailRequest(
                 job_id=held.job.job_id, lease_id=held.job.lease_id, error="cancelled"
             )
-            self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
+            self._send(broker_pb2.WorkRequest(fail=fail), resend=True, stream=held.stream)
             self.stats.failed += 1
             return
         first = held.cancel_reason is None
@@ -1147,38 +1319,51 @@ class Worker:
             # The broker ended the attempt (and refuses a stale answer): send nothing.
             _log.debug("jobbroker worker: job %s ended after %s", job.job_id, held.cancel_reason)
         elif held.cancel_reason == _STOPPING:
-            self._release(job)  # the stop was not the job's fault: no attempt spent
+            self._release(job, held.stream)  # the stop was not the job's fault: no attempt spent
         elif snooze is not None:
-            self._release(job, snooze)
+            self._release(job, held.stream, snooze)
         elif fail is None and held.no_ack:
             _log.warning("jobbroker worker: job %s not acked: its lease is gone", job.job_id)
         elif fail is None:
-            self._acks.append(
+            # Coalesced on the stream that pushed the job (_flush_acks moves them to another
+            # when that one ended).
+            stream = held.stream
+            stream.acks.append(
                 broker_pb2.AckRequest(job_id=job.job_id, lease_id=job.lease_id, result=result)
             )
             self.stats.acked += 1
-            self._flush_acks()
+            self._flush_acks(stream)
         else:
             fail.job_id, fail.lease_id = job.job_id, job.lease_id
-            self._send(broker_pb2.WorkRequest(fail=fail), resend=True)
+            self._send(broker_pb2.WorkRequest(fail=fail), resend=True, stream=held.stream)
             self.stats.failed += 1
         self._fill_slots()
 
-    def _flush_acks(self) -> None:
-        """Sends the buffered acks, unless an ack message is unanswered: they then wait for its
-        answer and go out together (one AckBatch, or a plain ack when there is one). An idle
-        worker's ack thus leaves at once. Without a stream the message waits in _pending and
-        goes out on the next one, whose answer clears _ack_request."""
-        if self._ack_request or not self._acks:
+    def _flush_acks(self, stream: _Stream) -> None:
+        """Sends the stream's buffered acks, unless an ack message of it is unanswered: they
+        then wait for its answer and go out together (one AckBatch, or a plain ack when there is
+        one). An idle worker's ack thus leaves at once. A stream that ended hands its acks to
+        another open stream, or, without one, to the next stream opened (_open)."""
+        if stream.ack_request or not stream.acks:
             return
-        n = min(len(self._acks), _MAX_ACKS_PER_MESSAGE)
-        batch, self._acks = self._acks[:n], self._acks[n:]
+        if stream.out is None:
+            acks, stream.acks = stream.acks, []
+            other = self._streams[0] if self._streams else None
+            if other is None:
+                self._acks_waiting.extend(acks)
+                return
+            other.acks.extend(acks)
+            stream = other
+            if stream.ack_request:
+                return
+        n = min(len(stream.acks), _MAX_ACKS_PER_MESSAGE)
+        batch, stream.acks = stream.acks[:n], stream.acks[n:]
         if n == 1:
             req = broker_pb2.WorkRequest(ack=batch[0])
         else:
             req = broker_pb2.WorkRequest(ack_batch=broker_pb2.AckBatchRequest(acks=batch))
-        self._send(req, resend=True)
-        self._ack_request = req.request_id
+        self._send(req, resend=True, stream=stream)
+        stream.ack_request = req.request_id
         self.stats.ack_messages += 1
 
     # --- stopping --------------------------------------------------------------------------
@@ -1186,15 +1371,20 @@ class Worker:
     async def _drain(self) -> None:
         """The graceful stop (worker contract §6): stop taking, release what has not started,
         give running handlers the grace, then fire their signal and release their jobs, and
-        wait for the answers."""
+        wait for the answers. Steps 1 and 2 go to every open stream; a stream that ends
+        meanwhile is reopened, not subscribed (_connection_loop, _open), and what it left (and
+        what waits for a stream) goes out on the next one. The wait is bounded even when no
+        stream comes back: _close then drops what is still unanswered."""
         assert self._loop is not None
         self._stopping = True
         deadline = self._loop.time() + max(self.grace, 0.0)
-        self._send(broker_pb2.WorkRequest(flow=broker_pb2.FlowRequest(max_in_flight=0)))
+        for stream in list(self._streams):
+            flow = broker_pb2.FlowRequest(max_in_flight=0)
+            self._send(broker_pb2.WorkRequest(flow=flow), stream=stream)
         while self._queued:
             held = self._queued[0]
             self._drop_unstarted(held)
-            self._release(held.job)
+            self._release(held.job, held.stream)
         tasks = {h.task for h in self._active if h.task is not None}
         if tasks:
             _, late = await asyncio.wait(tasks, timeout=max(self.grace, 0.0))
@@ -1207,7 +1397,10 @@ class Worker:
         while True:
             answers = [p.future for p in self._pending.values() if p.resend]
             left = end - self._loop.time()
-            if (not answers and not self._ack_retry and not self._acks) or left <= 0:
+            unsent = self._acks_waiting or any(
+                s.acks or s.ack_retry for s in self._streams + list(self._retiring)
+            )
+            if (not answers and not unsent) or left <= 0:
                 break
             if not answers:  # acks refused for now wait for their resend (_resend_refused)
                 await asyncio.sleep(min(0.05, left))
@@ -1233,7 +1426,7 @@ class Worker:
                 )
                 held.answered = True
                 self._stop_timers(held)
-                self._release(held.job)
+                self._release(held.job, held.stream)
 
     async def _close(self, conn: asyncio.Task[None]) -> None:
         self._stopping = True
@@ -1243,21 +1436,28 @@ class Worker:
             self._retry_timer = None
         if self._close_event is not None:
             self._close_event.set()
+        if self._streams_changed is not None:
+            self._streams_changed.set()  # _connection_loop may be waiting for a stream's end
         for held in list(self._held.values()) + list(self._active):
             self._stop_timers(held)
             if held.task is not None:
                 held.task.cancel()
-        if self._out is not None:
-            self._out.put_nowait(None)  # half-close: the broker ends the stream
-        if not conn.done():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait({conn}, timeout=2.0)
-        if not conn.done():
-            if self._call is not None:
-                self._call.cancel()
-            conn.cancel()
-        with contextlib.suppress(asyncio.CancelledError, JobBrokerError):
-            await conn
+        streams = self._streams + list(self._retiring)
+        for stream in self._streams:
+            if stream.out is not None:
+                stream.out.put_nowait(None)  # half-close: the broker ends the stream
+                stream.out = None
+        self._streams = []
+        tasks = {conn} | {s.task for s in streams if s.task is not None}
+        _, late = await asyncio.wait(tasks, timeout=2.0)
+        for stream in streams:
+            if stream.task in late:
+                stream.call.cancel()
+        for task in late:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, JobBrokerError):
+                await task
 
 
 def _bind_worker(mw: WorkerMiddleware, nxt: HandlerNext) -> HandlerNext:
