@@ -1,10 +1,8 @@
 //! [`Client`]: both services of the broker, with the options of [`ClientOptions`], safe
 //! retries, a short-hand for every call and [`Client::enqueue_and_wait`].
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -15,8 +13,12 @@ use tonic::transport::Channel;
 use crate::middleware::{EnqueueNext, ProducerMiddleware};
 use crate::options::{ClientOptions, ConnectError, bearer};
 use crate::router::{Route, Router, Target, unreachable};
+use crate::routing_table::StreamGroup;
 use crate::v1::work_request::Request;
-use crate::{AdminClient, BrokerClient, CLIENT_NAME, Code, Shared, Status, WorkEvent, WorkStream};
+use crate::{
+    AdminClient, BrokerClient, CLIENT_NAME, CancelOnDrop, Code, Shared, Status, WorkEvent,
+    WorkStream,
+};
 use crate::{duration, read_responses, v1};
 
 /// A call answered `UNAVAILABLE` is sent at most this often in all, when repeating it is safe.
@@ -747,6 +749,46 @@ impl Client {
         opened
     }
 
+    /// The `Work` streams a worker over `queues` holds now (the table fetched again if stale).
+    pub(crate) async fn stream_groups(
+        &self,
+        queues: &[String],
+        max_in_flight: i32,
+    ) -> Vec<StreamGroup> {
+        self.router
+            .stream_groups(queues, max_in_flight, &self.tag)
+            .await
+    }
+
+    /// True when the latest table is a cluster's.
+    pub(crate) fn routes_cluster(&self) -> bool {
+        self.router.is_cluster()
+    }
+
+    /// The next routed call asks for the table first (leaders may have changed).
+    pub(crate) fn routes_changed(&self) {
+        self.router.mark_stale();
+    }
+
+    /// Opens the `Work` stream of one group (see [`Client::stream_groups`]): on the node at
+    /// `address`, or for `None` on any node; otherwise as [`Client::work`].
+    pub(crate) async fn work_at(
+        &self,
+        address: Option<&str>,
+        subscribe: v1::SubscribeRequest,
+    ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
+        let target = self.router.group_target(address);
+        if let Some(observer) = &self.observer {
+            observer(&target.address);
+        }
+        let address = target.address.clone();
+        let opened = self.work_on(target, subscribe).await;
+        if let Err(status) = &opened {
+            self.stream_ended(&address, Some(status));
+        }
+        opened
+    }
+
     async fn work_on(
         &self,
         target: Target,
@@ -754,14 +796,7 @@ impl Client {
     ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
         let (tx, rx) = mpsc::unbounded_channel();
         let stream = WorkStream {
-            shared: Arc::new(Shared {
-                tx: Mutex::new(Some(tx)),
-                next_id: AtomicU64::new(1),
-                pending: Mutex::new(HashMap::new()),
-                end: Mutex::new(None),
-                reader: Mutex::new(None),
-                node: target.address,
-            }),
+            shared: Arc::new(Shared::new(tx, target.address)),
         };
         let subscribed = stream.start(Request::Subscribe(subscribe))?;
         let responses = self
@@ -773,13 +808,14 @@ impl Client {
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let reader = tokio::spawn(read_responses(responses, stream.shared.clone(), events_tx));
         *stream.shared.reader.lock().unwrap() = Some(reader.abort_handle());
-        if let Err(status) = stream.finish(subscribed).await {
-            // Refused while the stream stays open (UNAVAILABLE: a queue's partition has no
-            // leader yet; or a code retrying would not change): it will never push, so end it
-            // here. The caller takes it as a stream that ended with this code.
-            stream.cancel();
-            return Err(status);
-        }
+        // A caller that gives up before the answer (a worker ending a stream still opening)
+        // drops this future: the reader must not keep the call open then.
+        let cancel_unless_subscribed = CancelOnDrop::new(&stream);
+        // Refused while the stream stays open (UNAVAILABLE: a queue's partition has no leader
+        // yet; or a code retrying would not change): it will never push, so it ends here, as the
+        // guard drops. The caller takes it as a stream that ended with this code.
+        stream.finish(subscribed).await?;
+        cancel_unless_subscribed.disarm();
         Ok((stream, events_rx))
     }
 

@@ -133,6 +133,23 @@ struct Shared {
     reader: Mutex<Option<AbortHandle>>,
     /// The address of the node the stream is open to.
     node: String,
+    /// Tells the streams of a process apart (a worker holds one per leading node).
+    serial: u64,
+}
+
+impl Shared {
+    fn new(tx: mpsc::UnboundedSender<v1::WorkRequest>, node: String) -> Self {
+        static SERIALS: AtomicU64 = AtomicU64::new(1);
+        Self {
+            tx: Mutex::new(Some(tx)),
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            end: Mutex::new(None),
+            reader: Mutex::new(None),
+            node,
+            serial: SERIALS.fetch_add(1, Ordering::Relaxed),
+        }
+    }
 }
 
 /// The sending half of a `Work` stream. Cheap to clone; safe to use from many tasks. Each call
@@ -237,6 +254,16 @@ impl WorkStream {
         self.shared.end.lock().unwrap().is_some()
     }
 
+    /// Which stream of the process this is.
+    pub(crate) fn serial(&self) -> u64 {
+        self.shared.serial
+    }
+
+    /// True while requests can still be sent: neither ended nor half-closed.
+    pub(crate) fn takes_requests(&self) -> bool {
+        !self.is_closed() && self.shared.tx.lock().unwrap().is_some()
+    }
+
     /// Cancels the call at once: the broker sees the stream end, unanswered requests fail and
     /// the receiver gets [`WorkEvent::Closed`] no more (it just ends). For a clean end, use
     /// [`WorkStream::close`] and wait for `Closed` first.
@@ -297,6 +324,29 @@ impl WorkStream {
             .unwrap()
             .clone()
             .unwrap_or_else(|| Status::unavailable("work stream closed"))
+    }
+}
+
+/// Cancels a stream when dropped (a no-op once it ended), so that a task given up on does not
+/// leave its call open.
+pub(crate) struct CancelOnDrop(Option<WorkStream>);
+
+impl CancelOnDrop {
+    pub(crate) fn new(stream: &WorkStream) -> Self {
+        Self(Some(stream.clone()))
+    }
+
+    /// Leaves the stream open after all.
+    pub(crate) fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(stream) = &self.0 {
+            stream.cancel();
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::client::ClientTag;
 use crate::options::endpoint;
-use crate::routing_table::RoutingTable;
+use crate::routing_table::{RoutingTable, StreamGroup};
 use crate::{Code, v1};
 
 /// Which node a call is for.
@@ -184,6 +184,37 @@ impl Router {
                 [only] => only.to_string(),
                 _ => table.any_address().to_string(),
             })
+        };
+        self.target_locked(&mut state, address)
+    }
+
+    /// The `Work` streams of a worker over `queues` (see [`RoutingTable::stream_groups`]),
+    /// after fetching the table (with `tag`'s token) if it is stale.
+    pub async fn stream_groups(
+        &self,
+        queues: &[String],
+        max_in_flight: i32,
+        tag: &ClientTag,
+    ) -> Vec<StreamGroup> {
+        self.refresh_if_needed(tag).await;
+        let state = self.state.lock().unwrap();
+        state.table.stream_groups(queues, max_in_flight)
+    }
+
+    /// True when the latest table is a cluster's.
+    pub fn is_cluster(&self) -> bool {
+        self.state.lock().unwrap().table.is_cluster()
+    }
+
+    /// Where the stream of a group goes: its leader at `address`; for `None`, any node (the
+    /// one that answered the table, or while none did, the given address in use), without
+    /// asking for the table.
+    pub fn group_target(&self, address: Option<&str>) -> Target {
+        let mut state = self.state.lock().unwrap();
+        let address = match address {
+            Some(address) => Some(address.to_string()),
+            None if state.table.is_empty() => None,
+            None => Some(state.table.any_address().to_string()),
         };
         self.target_locked(&mut state, address)
     }

@@ -1,6 +1,6 @@
 //! Which broker address a call goes to, from one answer of `Admin.GetCluster`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::partition::{partition_of_job_id, partition_of_queue};
 use crate::v1;
@@ -107,6 +107,65 @@ impl RoutingTable {
         self.address_of_partition(partition_of_queue(queue, self.partition_count))
     }
 
+    /// The live leader of the partition `queue` lives in, as the table names it; `None` when it
+    /// has none (or outside a cluster, where any node serves).
+    fn leader_of_queue(&self, queue: &str) -> Option<&str> {
+        if !self.is_cluster {
+            return None;
+        }
+        let partition = partition_of_queue(queue, self.partition_count);
+        self.leaders
+            .get(partition as usize)
+            .map(String::as_str)
+            .filter(|leader| !leader.is_empty())
+    }
+
+    /// How a worker over `queues` with `max_in_flight` splits into `Work` streams
+    /// (`docs/worker-contract.md` §5, "One stream per leading node"): one group per leader
+    /// address, sorted by address, then one group sent to any node for the queues whose
+    /// partition has no leader here. The i-th of k groups gets `max_in_flight / k`, plus 1 when
+    /// `i < max_in_flight % k`, and at least 1 (0 for all when `max_in_flight` is 0), as the
+    /// broker shares out a relayed stream's. Outside a cluster, or before any broker answered,
+    /// it is one group to any node with every queue: one stream, as a single broker wants.
+    pub fn stream_groups(&self, queues: &[String], max_in_flight: i32) -> Vec<StreamGroup> {
+        let mut led: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut leaderless = Vec::new();
+        for queue in queues {
+            match self.leader_of_queue(queue) {
+                Some(leader) => led.entry(leader).or_default().push(queue.clone()),
+                None => leaderless.push(queue.clone()),
+            }
+        }
+        let mut groups: Vec<StreamGroup> = led
+            .into_iter()
+            .map(|(address, queues)| StreamGroup {
+                address: Some(address.to_string()),
+                queues,
+                max_in_flight: 0,
+            })
+            .collect();
+        if !leaderless.is_empty() || groups.is_empty() {
+            groups.push(StreamGroup {
+                address: None,
+                queues: leaderless,
+                max_in_flight: 0,
+            });
+        }
+        // k is at most the number of queues, far below i32::MAX.
+        let k = groups.len() as i32;
+        for (i, group) in groups.iter_mut().enumerate() {
+            group.queues.sort();
+            group.queues.dedup();
+            let extra = i32::from((i as i32) < max_in_flight.max(0) % k);
+            group.max_in_flight = if max_in_flight <= 0 {
+                0
+            } else {
+                (max_in_flight / k + extra).max(1)
+            };
+        }
+        groups
+    }
+
     /// The leader of the partition job `job_id` lives in; [`Self::any_address`] for an id of
     /// another form (the broker answers `NOT_FOUND` or `INVALID_ARGUMENT` for it).
     pub fn address_of_job(&self, job_id: &str) -> &str {
@@ -135,6 +194,19 @@ impl RoutingTable {
             .cloned()
             .collect()
     }
+}
+
+/// One `Work` stream of a worker: where it goes, what it subscribes to and how many jobs it
+/// may hold. Two equal groups are the same stream: a regrouping keeps it open.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct StreamGroup {
+    /// The node that leads these queues' partitions; `None`: any node (a partition without a
+    /// leader, a broker outside a cluster, or no table at all), which relays or serves them.
+    pub address: Option<String>,
+    /// Sorted.
+    pub queues: Vec<String>,
+    /// This stream's share of the worker's `max_in_flight`.
+    pub max_in_flight: i32,
 }
 
 #[cfg(test)]
@@ -236,6 +308,82 @@ mod tests {
             RoutingTable::single_broker("b:1"),
             RoutingTable::from_cluster_info(&v1::ClusterInfo::default(), "b:1")
         );
+    }
+
+    fn group(address: Option<&str>, queues: &[&str], max_in_flight: i32) -> StreamGroup {
+        StreamGroup {
+            address: address.map(str::to_string),
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            max_in_flight,
+        }
+    }
+
+    /// Four partitions: 0 led by 10.0.0.2, 1 and 2 by 10.0.0.1, 3 by nobody.
+    fn two_leaders_and_a_leaderless_partition() -> RoutingTable {
+        let info = v1::ClusterInfo {
+            cluster_name: "jobbroker".into(),
+            partition_count: 4,
+            nodes: vec![
+                node("n0", "10.0.0.1:7070", true),
+                node("n1", "10.0.0.2:7070", true),
+            ],
+            partitions: vec![
+                led_by(0, "n1", "10.0.0.2:7070"),
+                led_by(1, "n0", "10.0.0.1:7070"),
+                led_by(2, "n0", ""),
+                led_by(3, "", ""),
+            ],
+            ..Default::default()
+        };
+        RoutingTable::from_cluster_info(&info, "10.0.0.2:7070")
+    }
+
+    #[test]
+    fn a_workers_queues_are_grouped_by_leader_sorted_with_the_leaderless_ones_last() {
+        let table = two_leaders_and_a_leaderless_partition();
+        let (p0, p1, p2, p3) = (
+            queue_in(0, 4),
+            queue_in(1, 4),
+            queue_in(2, 4),
+            queue_in(3, 4),
+        );
+        // Handed over in no particular order: each group's queues come out sorted.
+        let mut in_two = [p2.clone(), p1.clone()];
+        in_two.sort();
+        let queues = [p3.clone(), p2.clone(), p0.clone(), p1.clone()];
+        let at = |max| table.stream_groups(&queues, max);
+        let want = |shares: [i32; 3]| {
+            vec![
+                group(Some("10.0.0.1:7070"), &[&in_two[0], &in_two[1]], shares[0]),
+                group(Some("10.0.0.2:7070"), &[&p0], shares[1]),
+                group(None, &[&p3], shares[2]),
+            ]
+        };
+        // k = 3 groups: fewer, as many and more jobs than groups.
+        assert_eq!(at(2), want([1, 1, 1]), "max 2 < k: at least 1 each");
+        assert_eq!(at(3), want([1, 1, 1]));
+        assert_eq!(at(8), want([3, 3, 2]), "the first max % k get one more");
+        assert_eq!(at(10), want([4, 3, 3]));
+        assert_eq!(at(0), want([0, 0, 0]), "draining: nothing for anyone");
+    }
+
+    #[test]
+    fn one_leader_or_none_is_one_stream_with_every_queue() {
+        let table = two_leaders_and_a_leaderless_partition();
+        let (a, b) = (queue_in(1, 4), queue_in(2, 4));
+        let mut both = [a.clone(), b.clone()];
+        both.sort();
+        assert_eq!(
+            table.stream_groups(&[b.clone(), a.clone()], 5),
+            [group(Some("10.0.0.1:7070"), &[&both[0], &both[1]], 5)]
+        );
+        // Outside a cluster, or without any table: one stream to any node.
+        for table in [RoutingTable::single_broker("b:1"), RoutingTable::default()] {
+            assert_eq!(
+                table.stream_groups(&[b.clone(), a.clone()], 5),
+                [group(None, &[&both[0], &both[1]], 5)]
+            );
+        }
     }
 
     #[test]

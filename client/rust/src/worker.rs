@@ -27,16 +27,23 @@
 //! * the **run loop** ([`Worker::run`]) owns the held jobs: it routes pushed jobs, lease-lost and
 //!   cancel notices, starts handlers in arrival order when a slot is free, and drives the
 //!   graceful stop;
-//! * the **connection task** opens the `Work` stream, reopens it with backoff when it breaks, and
-//!   publishes the open stream in a `watch` channel that every sender reads;
+//! * the **connection task** holds one `Work` stream per group of the handled queues: in a
+//!   cluster, one per node that leads some of their partitions (`docs/worker-contract.md` §5,
+//!   "One stream per leading node"), else one. A **stream task** per group opens its stream and
+//!   forwards what it pushes; when one ends (also during a graceful stop, until the streams are
+//!   closed), the connection task waits the backoff, asks for the cluster's layout again and
+//!   regroups; while a group goes to any node (a partition without a leader), it does so after
+//!   each backoff delay as well. The open streams are published in a `watch` channel that every
+//!   sender reads;
 //! * one **job task** per held job: it heartbeats the lease (also while the job waits for a
 //!   slot), fires the job's [`CancellationToken`] at its time-out, runs the handler in a task of
-//!   its own (so a panic is only that attempt's failure) and sends the answer. Acks go through
-//!   the **ack coalescer**, which keeps one ack message in flight and batches those that end
+//!   its own (so a panic is only that attempt's failure) and sends the answer, on the stream that
+//!   pushed the job while it is open, else on any open one. Acks go through the **ack
+//!   coalescer**, which keeps one ack message in flight per stream and batches those that end
 //!   meanwhile.
 //!
 //! Every answer is sent "until answered": when its stream breaks before the result arrives it is
-//! sent again, with the same lease id, on the next stream (the broker answers a repeated ack of
+//! sent again, with the same lease id, on another stream (the broker answers a repeated ack of
 //! the same attempt OK, and a stale one `FAILED_PRECONDITION`, which is logged and final).
 //!
 //! # Cancellation
@@ -66,8 +73,12 @@ use tokio::time::Instant;
 pub use tokio_util::sync::CancellationToken;
 
 use crate::middleware::{self, HandlerNext, WorkerMiddleware};
+use crate::routing_table::StreamGroup;
 use crate::v1::{self, work_request::Request};
-use crate::{Client, ClientOptions, Code, ConnectError, Status, WorkEvent, WorkStream, duration};
+use crate::{
+    CancelOnDrop, Client, ClientOptions, Code, ConnectError, Status, WorkEvent, WorkStream,
+    duration,
+};
 
 /// Reconnect backoff: from this, doubling per failed try (full jitter) ...
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -346,62 +357,76 @@ impl Held {
     }
 }
 
-/// The stream every sender uses: replaced on each reconnect, `None` while there is none.
-type CurrentStream = watch::Receiver<Option<WorkStream>>;
+/// The worker's open streams, as the connection task publishes them; every sender reads it.
+type OpenStreams = watch::Receiver<Vec<WorkStream>>;
 
-/// The stream to send on now, if one is open (without waiting).
-fn open_stream_now(current: &CurrentStream) -> Option<WorkStream> {
-    current
-        .borrow()
-        .as_ref()
-        .filter(|s| !s.is_closed())
-        .cloned()
+/// Where a job's requests go (`docs/worker-contract.md` §5): on the stream that pushed it while
+/// that stream is open, else on any open stream of the worker (a node routes a job's answer to
+/// its leader by job id), else on the next stream that opens.
+#[derive(Clone)]
+struct AnswerRoute {
+    /// The stream that pushed the job.
+    home: Option<WorkStream>,
+    open: OpenStreams,
 }
 
-/// Waits for an open stream; `None` once the worker has stopped for good.
-async fn open_stream(current: &mut CurrentStream) -> Option<WorkStream> {
-    loop {
-        if let Some(stream) = current.borrow_and_update().as_ref()
-            && !stream.is_closed()
+impl AnswerRoute {
+    /// The stream to send on now, if one is open (without waiting).
+    fn now(&self) -> Option<WorkStream> {
+        if let Some(home) = &self.home
+            && home.takes_requests()
         {
-            return Some(stream.clone());
+            return Some(home.clone());
         }
-        current.changed().await.ok()?;
+        self.open
+            .borrow()
+            .iter()
+            .find(|s| s.takes_requests())
+            .cloned()
+    }
+
+    /// Waits for an open stream; `None` once the worker has stopped for good.
+    async fn wait(&mut self) -> Option<WorkStream> {
+        loop {
+            self.open.borrow_and_update();
+            if let Some(stream) = self.now() {
+                return Some(stream);
+            }
+            self.open.changed().await.ok()?;
+        }
+    }
+
+    /// After an answer refused with `UNAVAILABLE`: waits [`ANSWER_RETRY_DELAY`], or less if the
+    /// worker's streams change first (the answer then goes out on the stream it finds).
+    async fn wait_to_resend(&mut self) {
+        tokio::select! {
+            () = tokio::time::sleep(ANSWER_RETRY_DELAY) => {}
+            _ = self.open.changed() => {}
+        }
     }
 }
 
-/// Sends `request` until the broker answers it: on the next stream when this one ends first,
+/// Sends `request` until the broker answers it: on another stream when this one ends first,
 /// again after [`ANSWER_RETRY_DELAY`] when the broker answers `UNAVAILABLE` (not final: the
 /// partition is between leaders). Any other answer is returned.
 async fn send_until_answered(
-    mut current: CurrentStream,
+    mut route: AnswerRoute,
     request: Request,
 ) -> Result<v1::WorkResult, Status> {
     loop {
-        let Some(stream) = open_stream(&mut current).await else {
+        let Some(stream) = route.wait().await else {
             return Err(Status::unavailable(
                 "the worker stopped before the broker answered",
             ));
         };
         match stream.request(request.clone()).await {
             Ok(result) => return Ok(result),
-            // The stream ended first: the broker may or may not have applied it, and a repeat
-            // with the same lease id is safe either way.
-            Err(_) if stream.is_closed() => {}
-            Err(status) if status.code() == Code::Unavailable => {
-                wait_to_resend(&mut current).await;
-            }
+            // The stream ended (or a regrouping half-closed it) first: the broker may or may
+            // not have applied it, and a repeat with the same lease id is safe either way.
+            Err(_) if !stream.takes_requests() => {}
+            Err(status) if status.code() == Code::Unavailable => route.wait_to_resend().await,
             Err(status) => return Err(status),
         }
-    }
-}
-
-/// After an answer refused with `UNAVAILABLE`: waits [`ANSWER_RETRY_DELAY`], or less if the
-/// stream ends first (the answer then goes out on the next stream).
-async fn wait_to_resend(current: &mut CurrentStream) {
-    tokio::select! {
-        () = tokio::time::sleep(ANSWER_RETRY_DELAY) => {}
-        _ = current.changed() => {}
     }
 }
 
@@ -475,7 +500,7 @@ pub struct Job {
 struct JobInner {
     leased: v1::LeasedJob,
     held: Arc<Held>,
-    current: CurrentStream,
+    route: AnswerRoute,
     /// The durable steps' state, read from the checkpoint on first use; `Err` says why the
     /// checkpoint is not one of durable steps.
     steps: Mutex<Option<Result<Steps, String>>>,
@@ -500,12 +525,12 @@ impl std::fmt::Debug for Job {
 }
 
 impl Job {
-    fn new(leased: v1::LeasedJob, held: Arc<Held>, current: CurrentStream) -> Self {
+    fn new(leased: v1::LeasedJob, held: Arc<Held>, route: AnswerRoute) -> Self {
         Self {
             inner: Arc::new(JobInner {
                 leased,
                 held,
-                current,
+                route,
                 steps: Mutex::new(None),
                 saving: tokio::sync::Mutex::new(()),
             }),
@@ -624,12 +649,12 @@ impl Job {
             }
             state.sending = true;
         }
-        let current = self.inner.current.clone();
+        let route = self.inner.route.clone();
         tokio::spawn(async move {
             let mut value = value;
             loop {
                 let answer =
-                    send_until_answered(current.clone(), held.heartbeat(None, Some(value))).await;
+                    send_until_answered(route.clone(), held.heartbeat(None, Some(value))).await;
                 held.heard(&answer);
                 let mut state = held.progress.lock().unwrap();
                 match state.newest.take() {
@@ -719,7 +744,7 @@ impl Job {
         };
         let held = &self.inner.held;
         let answer =
-            send_until_answered(self.inner.current.clone(), held.heartbeat(Some(data), None)).await;
+            send_until_answered(self.inner.route.clone(), held.heartbeat(Some(data), None)).await;
         held.heard(&answer);
         answer.map(|_| ()).map_err(|status| {
             WorkerError::other(format!(
@@ -864,7 +889,8 @@ impl ShutdownHandle {
     }
 }
 
-/// The worker helper of `docs/worker-contract.md`: handlers per queue over one `Work` stream.
+/// The worker helper of `docs/worker-contract.md`: handlers per queue over `Work` streams (one
+/// per leading node in a cluster, else one).
 /// See the module documentation for an example and how it works.
 pub struct Worker {
     client: Client,
@@ -987,8 +1013,11 @@ impl Worker {
     /// released; running handlers get the grace to finish; then their tokens fire and their
     /// jobs are released whatever they end with; a handler that has not returned 1 s later has
     /// its job released anyway (its own answer is dropped, its task aborted at its next
-    /// `.await`); the answers sent are awaited (at most 1 s more); the stream is half-closed (and
-    /// cancelled after 2 s).
+    /// `.await`); the answers sent are awaited (at most 1 s more); every stream is half-closed
+    /// (and cancelled after 2 s). A stream that ends before that is reopened as usual (after
+    /// the backoff, regrouped) so that the answers still to come reach the broker; it gets
+    /// `flow` 0 at once, and what it is pushed meanwhile is released. Nothing is reopened once
+    /// the streams are being closed, and the stop keeps its bounds when no stream can be.
     pub async fn run(self) -> Result<(), RunError> {
         if self.handlers.is_empty() {
             return Err(RunError::NoHandlers);
@@ -1002,21 +1031,19 @@ impl Worker {
             lease_duration: self.lease.map(duration),
             batch_pushes: true,
         };
-        let (current_tx, current) = watch::channel(None);
-        let (events_tx, events) = mpsc::unbounded_channel();
+        let (streams, open) = Streams::new();
+        let (events_tx, mut events) = mpsc::unbounded_channel();
         let (acks_tx, acks) = mpsc::unbounded_channel();
         let (freed_tx, freed) = mpsc::unbounded_channel();
-        let drain = Arc::new(Drain::default());
         let closing = CancellationToken::new();
-        let connection = AbortOnDrop(tokio::spawn(keep_connected(
-            self.client.clone(),
+        let mut connection = AbortOnDrop(tokio::spawn(keep_connected(Connection {
+            client: self.client.clone(),
             subscribe,
-            current_tx,
-            events_tx,
-            drain.clone(),
-            closing.clone(),
-        )));
-        let _coalescer = AbortOnDrop(tokio::spawn(coalesce_acks(acks, current.clone())));
+            streams: streams.clone(),
+            events: events_tx,
+            closing: closing.clone(),
+        })));
+        let _coalescer = AbortOnDrop(tokio::spawn(coalesce_acks(acks, open.clone())));
         let chain: Arc<[WorkerMiddleware]> = Arc::from(self.middleware);
         let handlers = self
             .handlers
@@ -1026,7 +1053,7 @@ impl Worker {
         let mut run = RunLoop {
             jobs: Arc::new(JobContext {
                 handlers,
-                current,
+                open,
                 acks: acks_tx,
                 freed: freed_tx,
                 abandon: CancellationToken::new(),
@@ -1038,128 +1065,358 @@ impl Worker {
             waiting: VecDeque::new(),
             running: 0,
             stopping: None,
-            drain,
-            drained: false,
+            streams,
+            undrained: HashSet::new(),
         };
-        let ended = run.work(events, freed, &self.shutdown).await;
+        let ended = run.work(&mut events, freed, &self.shutdown).await;
+        // Step 6 (or a refusal): the connection task half-closes every stream and cancels those
+        // that have not ended within CLOSE_TIMEOUT.
+        closing.cancel();
         let result = match ended {
-            Ended::Stopped(mut events) => {
-                run.close_stream(&mut events, &closing).await;
+            Ended::Stopped => {
+                let _ = tokio::time::timeout(CLOSE_TIMEOUT * 2, &mut connection).await;
                 Ok(())
             }
             Ended::Refused(status) => Err(RunError::Refused(status)),
         };
-        closing.cancel();
         drop(connection);
+        drop(events);
         // Handlers still running past the grace are abandoned: their leases run out.
         run.tasks.shutdown().await;
         result
     }
 }
 
-/// What the connection task tells the run loop.
+/// What the connection task and its stream tasks tell the run loop.
 // Jobs are by far the most common event; boxing them would only add an allocation.
 #[allow(clippy::large_enum_variant)]
 enum Event {
-    Job(v1::LeasedJob),
+    /// A job, and the stream that pushed it (its answers go there first).
+    Job(v1::LeasedJob, WorkStream),
     LeaseLost(String),
     CancelRequested(String),
-    /// A `flow` 0 was answered, and every job pushed before it was forwarded.
-    Drained,
-    /// The stream ended after [`Worker::run`] began closing it.
-    Closed,
-    /// The broker refused the stream with a code retrying would not change.
+    /// A stream that opened during the graceful stop got its `flow` 0 (by serial): the stop
+    /// waits for it to drain too.
+    Undrained(u64),
+    /// The stream (by serial) pushes nothing more: its `flow` 0 was answered and every job it
+    /// pushed before that was forwarded, or it ended.
+    Drained(u64),
+    /// The broker refused a stream with a code retrying would not change.
     Refused(Status),
 }
 
-/// Opens the `Work` stream, forwards what it delivers, and reopens it with backoff when it
-/// ends, until `closing` fires or the broker refuses it for good.
-async fn keep_connected(
+/// What the connection task needs.
+struct Connection {
     client: Client,
+    /// The worker's subscription: every handled queue and the whole `max_in_flight`; each
+    /// stream subscribes to its group's queues with its group's share.
     subscribe: v1::SubscribeRequest,
-    current: watch::Sender<Option<WorkStream>>,
+    streams: Arc<Streams>,
     events: mpsc::UnboundedSender<Event>,
-    drain: Arc<Drain>,
+    /// Fired at the end of [`Worker::run`]: every stream is closed.
     closing: CancellationToken,
-) {
+}
+
+/// What a stream task tells the connection task.
+enum StreamNews {
+    /// Its subscription was accepted: the backoff starts over.
+    Subscribed,
+    /// The stream of task `task` ended, or failed to open: on its own with `end` (`None`: the
+    /// broker closed it), or because the connection task `asked` it to.
+    Ended {
+        task: u64,
+        end: Option<Status>,
+        asked: bool,
+    },
+}
+
+/// Holds one `Work` stream per group of the handled queues (`docs/worker-contract.md` §5,
+/// "One stream per leading node"). When a stream ends it waits the backoff, fetches the table
+/// again and groups anew: streams whose group is still in the set keep running, the others are
+/// ended, the missing ones opened. While a group goes to any node (in a cluster), it also
+/// fetches the table again and regroups after each backoff delay. During a graceful stop too
+/// (§6): a stream that ends before step 6 is reopened, so that the answers still to come reach
+/// the broker (a stream published during the stop gets `flow` 0 at once, see [`Streams::add`]).
+/// Returns once `closing` fires (step 6: after closing every stream; nothing is opened after
+/// it) or a stream is refused for good.
+async fn keep_connected(connection: Connection) {
+    let Connection {
+        client,
+        subscribe,
+        streams,
+        events,
+        closing,
+    } = connection;
+    let (news_tx, mut news) = mpsc::unbounded_channel();
+    // Dropped (the run call gave up on the worker), it aborts every stream task; each cancels
+    // its stream.
+    let mut tasks = JoinSet::new();
+    // The streams held (opening or open) by group: their task's number and what ends them.
+    let mut held: HashMap<StreamGroup, (u64, CancellationToken)> = HashMap::new();
+    let mut next_task = 0u64;
     let mut backoff = BACKOFF_MIN;
+    let mut regroup = true;
+    // When the table is fetched again while a group goes to any node (§5): after a backoff
+    // delay counted from the latest grouping.
+    let mut refresh_at: Option<Instant> = None;
     loop {
-        let opened = tokio::select! {
-            opened = client.work(subscribe.clone()) => opened,
-            _ = closing.cancelled() => return,
-        };
-        let end = match opened {
-            Ok((stream, mut delivered)) => {
-                backoff = BACKOFF_MIN;
-                {
-                    // Under the lock the run loop holds when a stop begins, so a stream opened
-                    // during a stop is drained too (flow 0 goes out before anything else).
-                    let draining = drain.draining.lock().unwrap();
-                    if *draining {
-                        send_flow_zero(&stream, &drain);
-                    }
-                    current.send_replace(Some(stream));
+        if regroup {
+            regroup = false;
+            let groups = tokio::select! {
+                groups = client.stream_groups(&subscribe.queues, subscribe.max_in_flight) => groups,
+                _ = closing.cancelled() => break,
+            };
+            held.retain(|group, (_, end)| {
+                let keep = groups.contains(group);
+                if !keep {
+                    end.cancel();
                 }
-                let open = current.borrow().clone();
-                let end = loop {
-                    tokio::select! {
-                        delivered_event = delivered.recv() => match forward(delivered_event, &events) {
-                            Forwarded::Sent => {}
-                            Forwarded::Ended(end) => break end,
-                            Forwarded::RunGone => return,
-                        },
-                        () = drain.flow_answered.notified() => {
-                            // The reader queues a push before it hands out the result of a
-                            // later request, so every job pushed before the flow took effect
-                            // is in `delivered` now: forward them before saying so.
-                            let mut ended = None;
-                            while let Ok(delivered_event) = delivered.try_recv() {
-                                match forward(Some(delivered_event), &events) {
-                                    Forwarded::Sent => {}
-                                    Forwarded::Ended(end) => {
-                                        ended = Some(end);
-                                        break;
-                                    }
-                                    Forwarded::RunGone => return,
-                                }
-                            }
-                            let _ = events.send(Event::Drained);
-                            if let Some(end) = ended {
-                                break end;
-                            }
-                        }
-                    }
-                };
-                current.send_replace(None);
-                if let Some(stream) = &open {
-                    // Its node may be gone or no longer lead the queues: the next stream is
-                    // routed afresh, after the cluster's layout is asked for again.
-                    client.work_stream_ended(stream, end.as_ref());
+                keep
+            });
+            for group in groups {
+                if held.contains_key(&group) {
+                    continue;
                 }
-                end
+                next_task += 1;
+                let end = CancellationToken::new();
+                tasks.spawn(run_stream(StreamTask {
+                    client: client.clone(),
+                    address: group.address.clone(),
+                    subscribe: v1::SubscribeRequest {
+                        queues: group.queues.clone(),
+                        max_in_flight: group.max_in_flight,
+                        ..subscribe.clone()
+                    },
+                    task: next_task,
+                    streams: streams.clone(),
+                    events: events.clone(),
+                    news: news_tx.clone(),
+                    end: end.clone(),
+                }));
+                held.insert(group, (next_task, end));
             }
-            Err(status) => Some(status),
-        };
-        if closing.is_cancelled() {
-            let _ = events.send(Event::Closed);
-            return;
+            refresh_at = refreshes_table(held.keys(), client.routes_cluster())
+                .then(|| Instant::now() + full_jitter(backoff));
         }
+        let ended = tokio::select! {
+            Some(first) = news.recv() => {
+                let mut ended = take_news(first, &mut held, &mut backoff);
+                while let Ok(next) = news.try_recv() {
+                    ended = merge_ends(ended, take_news(next, &mut held, &mut backoff));
+                }
+                ended
+            }
+            Some(_) = tasks.join_next() => continue,
+            () = sleep_until_some(refresh_at), if refresh_at.is_some() => {
+                // A node relays the any-node group's stream once it knows the new leader, and
+                // no leader change ends that relay: the next table shows the leader, and the
+                // regrouping moves those queues to its own stream. The backoff grows as after a
+                // failed try (and starts over when a stream subscribes).
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+                client.routes_changed();
+                regroup = true;
+                continue;
+            }
+            _ = closing.cancelled() => break,
+        };
+        let Some(end) = ended else { continue };
         if let Some(status) = &end
             && !reconnectable(status.code())
         {
             let _ = events.send(Event::Refused(status.clone()));
             return;
         }
+        // Reopened during a graceful stop too (until step 6 fires `closing`): the answers still
+        // to come need a stream.
         let pause = full_jitter(backoff);
         eprintln!(
-            "jobbroker worker: work stream ended ({}); reconnecting in {pause:?}",
+            "jobbroker worker: work stream ended ({}); regrouping in {pause:?}",
             end.map_or_else(|| "closed by the broker".to_string(), |s| s.to_string())
         );
         tokio::select! {
             _ = tokio::time::sleep(pause) => {}
-            _ = closing.cancelled() => return,
+            _ = closing.cancelled() => break,
         }
         backoff = (backoff * 2).min(BACKOFF_MAX);
+        // Streams that ended during the pause are in this regrouping too.
+        while let Ok(next) = news.try_recv() {
+            if let Some(Some(status)) = take_news(next, &mut held, &mut backoff)
+                && !reconnectable(status.code())
+            {
+                let _ = events.send(Event::Refused(status));
+                return;
+            }
+        }
+        regroup = true;
+    }
+    // Closing: every stream is half-closed, and cancelled if it has not ended in CLOSE_TIMEOUT.
+    for (_, end) in held.values() {
+        end.cancel();
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// Whether the worker fetches the table again after a backoff delay although no stream ended
+/// (`docs/worker-contract.md` §5): while it holds a group sent to any node, in a cluster (a
+/// partition had no leader in the table; outside a cluster the one group is for any node and
+/// there is nothing to learn).
+fn refreshes_table<'a>(
+    groups: impl IntoIterator<Item = &'a StreamGroup>,
+    is_cluster: bool,
+) -> bool {
+    is_cluster && groups.into_iter().any(|group| group.address.is_none())
+}
+
+/// Sleeps until `at`; never returns for `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Applies one piece of news to `held`; `Some(end)` when a stream ended on its own.
+fn take_news(
+    news: StreamNews,
+    held: &mut HashMap<StreamGroup, (u64, CancellationToken)>,
+    backoff: &mut Duration,
+) -> Option<Option<Status>> {
+    match news {
+        StreamNews::Subscribed => {
+            *backoff = BACKOFF_MIN;
+            None
+        }
+        StreamNews::Ended { asked: true, .. } => None,
+        StreamNews::Ended { task, end, .. } => {
+            held.retain(|_, (t, _)| *t != task);
+            Some(end)
+        }
+    }
+}
+
+/// Of two stream ends, the one that decides: a refusal for good outranks the others.
+fn merge_ends(a: Option<Option<Status>>, b: Option<Option<Status>>) -> Option<Option<Status>> {
+    let refused = |end: &Option<Option<Status>>| matches!(end, Some(Some(status)) if !reconnectable(status.code()));
+    match (a, b) {
+        (a, b) if refused(&b) || a.is_none() => b,
+        (a, _) => a,
+    }
+}
+
+/// What one stream task needs.
+struct StreamTask {
+    client: Client,
+    /// Its group's node; `None`: any node.
+    address: Option<String>,
+    subscribe: v1::SubscribeRequest,
+    /// Its number, in its news.
+    task: u64,
+    streams: Arc<Streams>,
+    events: mpsc::UnboundedSender<Event>,
+    news: mpsc::UnboundedSender<StreamNews>,
+    /// Fired when a regrouping drops its group, or the worker closes: it half-closes the stream.
+    end: CancellationToken,
+}
+
+/// Opens one group's stream and forwards what it delivers until it ends, or until it is told
+/// to end; then tells the connection task.
+async fn run_stream(task: StreamTask) {
+    let StreamTask {
+        client,
+        address,
+        subscribe,
+        task,
+        streams,
+        events,
+        news,
+        end,
+    } = task;
+    let ended = |status: Option<Status>, asked: bool| {
+        let _ = news.send(StreamNews::Ended {
+            task,
+            end: status,
+            asked,
+        });
+    };
+    // During a graceful stop too: the stream gets `flow` 0 as it is published, and what it is
+    // pushed before that is released.
+    let opened = tokio::select! {
+        opened = client.work_at(address.as_deref(), subscribe) => opened,
+        _ = end.cancelled() => return ended(None, true),
+    };
+    let (stream, mut delivered) = match opened {
+        Ok(opened) => opened,
+        Err(status) => return ended(Some(status), false),
+    };
+    // An aborted task (the run call gave up) takes its stream with it.
+    let _cancel = CancelOnDrop::new(&stream);
+    let _ = news.send(StreamNews::Subscribed);
+    let flow_answered = Arc::new(tokio::sync::Notify::new());
+    streams.add(&stream, &flow_answered, &events);
+    let end_status = loop {
+        tokio::select! {
+            delivered_event = delivered.recv() => match forward(delivered_event, &events, &stream) {
+                Forwarded::Sent => {}
+                Forwarded::Ended(end) => break end,
+                Forwarded::RunGone => return streams.remove(&stream),
+            },
+            () = flow_answered.notified() => {
+                // The reader queues a push before it hands out the result of a later request,
+                // so every job pushed before the flow took effect is in `delivered` now: forward
+                // them before saying so.
+                let mut ended = None;
+                while let Ok(delivered_event) = delivered.try_recv() {
+                    match forward(Some(delivered_event), &events, &stream) {
+                        Forwarded::Sent => {}
+                        Forwarded::Ended(end) => {
+                            ended = Some(end);
+                            break;
+                        }
+                        Forwarded::RunGone => return streams.remove(&stream),
+                    }
+                }
+                let _ = events.send(Event::Drained(stream.serial()));
+                if let Some(end) = ended {
+                    break end;
+                }
+            }
+            _ = end.cancelled() => {
+                // No answer goes to it any more; those under way still get their results.
+                streams.remove(&stream);
+                close_stream(&stream, &mut delivered, &events).await;
+                let _ = events.send(Event::Drained(stream.serial()));
+                return ended(None, true);
+            }
+        }
+    };
+    streams.remove(&stream);
+    let _ = events.send(Event::Drained(stream.serial()));
+    // Its node may be gone or no longer lead the queues: the regrouping asks for the cluster's
+    // layout again.
+    client.work_stream_ended(&stream, end_status.as_ref());
+    ended(end_status, false);
+}
+
+/// Half-closes `stream` and waits for its end, forwarding what it still pushes; cancels it if
+/// it has not ended within [`CLOSE_TIMEOUT`].
+async fn close_stream(
+    stream: &WorkStream,
+    delivered: &mut mpsc::UnboundedReceiver<WorkEvent>,
+    events: &mpsc::UnboundedSender<Event>,
+) {
+    stream.close();
+    let ended = tokio::time::timeout(CLOSE_TIMEOUT, async {
+        loop {
+            match forward(delivered.recv().await, events, stream) {
+                Forwarded::Ended(_) => return,
+                // After the run loop returned, jobs pushed meanwhile are left to their leases.
+                Forwarded::Sent | Forwarded::RunGone => {}
+            }
+        }
+    })
+    .await;
+    if ended.is_err() {
+        stream.cancel();
     }
 }
 
@@ -1170,10 +1427,14 @@ enum Forwarded {
     RunGone,
 }
 
-/// Passes one event of the stream on to the run loop.
-fn forward(event: Option<WorkEvent>, events: &mpsc::UnboundedSender<Event>) -> Forwarded {
+/// Passes one event of `stream` on to the run loop.
+fn forward(
+    event: Option<WorkEvent>,
+    events: &mpsc::UnboundedSender<Event>,
+    stream: &WorkStream,
+) -> Forwarded {
     let event = match event {
-        Some(WorkEvent::Job(job)) => Event::Job(job),
+        Some(WorkEvent::Job(job)) => Event::Job(job, stream.clone()),
         Some(WorkEvent::LeaseLost(id)) => Event::LeaseLost(id),
         Some(WorkEvent::CancelRequested(id)) => Event::CancelRequested(id),
         Some(WorkEvent::Closed(end)) => return Forwarded::Ended(end),
@@ -1185,110 +1446,235 @@ fn forward(event: Option<WorkEvent>, events: &mpsc::UnboundedSender<Event>) -> F
     }
 }
 
-/// The graceful stop's "stop taking", shared by the run loop and the connection task.
+/// The worker's open streams and the graceful stop's "stop taking": what the run loop, the
+/// connection task and the stream tasks share.
+struct Streams {
+    state: Mutex<StreamsState>,
+    /// What every sender reads: the streams open now, oldest first.
+    published: watch::Sender<Vec<WorkStream>>,
+}
+
 #[derive(Default)]
-struct Drain {
-    /// Set when the stop begins; a stream opened after that is drained at once. Held while a
-    /// stream is published, so no stream escapes the flow 0.
-    draining: Mutex<bool>,
-    /// A flow 0 was answered (or its stream ended first).
-    flow_answered: tokio::sync::Notify,
+struct StreamsState {
+    /// Set when the stop begins: a stream published after that (one reopened during the stop)
+    /// gets `flow` 0 at once. The lock is held while a stream is published, so none escapes
+    /// the flow 0.
+    draining: bool,
+    /// The open streams, each with how it hears that its `flow` 0 was answered.
+    open: Vec<(WorkStream, Arc<tokio::sync::Notify>)>,
+}
+
+impl Streams {
+    fn new() -> (Arc<Self>, OpenStreams) {
+        let (published, open) = watch::channel(Vec::new());
+        let streams = Self {
+            state: Mutex::new(StreamsState::default()),
+            published,
+        };
+        (Arc::new(streams), open)
+    }
+
+    /// Publishes a stream that opened; during the stop, after queueing its `flow` 0 (first,
+    /// before anything the run loop sends on it).
+    fn add(
+        &self,
+        stream: &WorkStream,
+        flow_answered: &Arc<tokio::sync::Notify>,
+        events: &mpsc::UnboundedSender<Event>,
+    ) {
+        let mut state = self.state.lock().unwrap();
+        if state.draining && send_flow_zero(stream, flow_answered) {
+            let _ = events.send(Event::Undrained(stream.serial()));
+        }
+        state.open.push((stream.clone(), flow_answered.clone()));
+        self.publish(&state);
+    }
+
+    /// Takes a stream out of what senders use (it ended, or is being ended).
+    fn remove(&self, stream: &WorkStream) {
+        let mut state = self.state.lock().unwrap();
+        state.open.retain(|(s, _)| s.serial() != stream.serial());
+        self.publish(&state);
+    }
+
+    /// Step 1 of the graceful stop: `flow` 0 on every open stream. Returns the serials of the
+    /// streams it went out on.
+    fn stop_taking(&self) -> HashSet<u64> {
+        let mut state = self.state.lock().unwrap();
+        state.draining = true;
+        state
+            .open
+            .iter()
+            .filter(|(stream, flow_answered)| send_flow_zero(stream, flow_answered))
+            .map(|(stream, _)| stream.serial())
+            .collect()
+    }
+
+    fn publish(&self, state: &StreamsState) {
+        self.published
+            .send_replace(state.open.iter().map(|(s, _)| s.clone()).collect());
+    }
 }
 
 /// Queues `flow { max_in_flight: 0 }` on `stream` at once (so it precedes any release sent
-/// after it); its answer is told to the connection task through `drain`.
-fn send_flow_zero(stream: &WorkStream, drain: &Arc<Drain>) {
-    if let Ok(waiter) = stream.start(Request::Flow(v1::FlowRequest { max_in_flight: 0 })) {
-        let (stream, drain) = (stream.clone(), drain.clone());
-        tokio::spawn(async move {
-            if let Err(status) = stream.finish(waiter).await {
-                eprintln!("jobbroker worker: flow 0: {status}");
-            }
-            drain.flow_answered.notify_one();
-        });
-    }
+/// after it); `flow_answered` hears its answer (or the stream's end). False when the stream
+/// takes no more requests.
+fn send_flow_zero(stream: &WorkStream, flow_answered: &Arc<tokio::sync::Notify>) -> bool {
+    let Ok(waiter) = stream.start(Request::Flow(v1::FlowRequest { max_in_flight: 0 })) else {
+        return false;
+    };
+    let (stream, flow_answered) = (stream.clone(), flow_answered.clone());
+    tokio::spawn(async move {
+        if let Err(status) = stream.finish(waiter).await {
+            eprintln!("jobbroker worker: flow 0: {status}");
+        }
+        flow_answered.notify_one();
+    });
+    true
 }
 
-/// An ack waiting to go out, and who waits for its answer.
+/// An ack waiting to go out, where it goes, and who waits for its answer.
 struct PendingAck {
     ack: v1::AckRequest,
+    route: AnswerRoute,
     answered: oneshot::Sender<Result<(), Status>>,
 }
 
-/// Keeps one ack message in flight: acks that end while it waits for its answer go out
-/// together as one `ack_batch` when it comes, so a busy worker sends one ack message per round
-/// trip and a quiet one each ack at once. An ack the broker answers `UNAVAILABLE` (the whole
+/// Keeps one ack message in flight per stream: acks that end while their stream's message waits
+/// for its answer go out together as one `ack_batch` when it comes, so a busy worker sends one
+/// ack message per round trip and stream, and a quiet one each ack at once. Each ack goes to
+/// its job's stream (see [`AnswerRoute`]). An ack the broker answers `UNAVAILABLE` (the whole
 /// message, or its item of a batch) is not final: it goes out again after
 /// [`ANSWER_RETRY_DELAY`], with the acks queued meanwhile.
-async fn coalesce_acks(
-    mut queued: mpsc::UnboundedReceiver<PendingAck>,
-    mut current: CurrentStream,
-) {
-    let mut refused: Vec<PendingAck> = Vec::new();
+async fn coalesce_acks(mut queued: mpsc::UnboundedReceiver<PendingAck>, mut open: OpenStreams) {
+    // In arrival order: those whose stream has a message in flight, or that have no stream.
+    let mut waiting: Vec<PendingAck> = Vec::new();
+    // Streams (by serial) with an ack message in flight.
+    let mut busy: HashSet<u64> = HashSet::new();
+    // Each returns its stream's serial and the acks refused for now.
+    let mut sending: JoinSet<(u64, Vec<PendingAck>)> = JoinSet::new();
+    let mut queue_open = true;
     loop {
-        let mut batch = std::mem::take(&mut refused);
-        if batch.is_empty() {
-            match queued.recv().await {
-                Some(first) => batch.push(first),
-                None => return,
-            }
-        }
-        while batch.len() < MAX_ACK_BATCH {
-            match queued.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let request = if batch.len() == 1 {
-            Request::Ack(batch[0].ack.clone())
-        } else {
-            Request::AckBatch(v1::AckBatchRequest {
-                acks: batch.iter().map(|p| p.ack.clone()).collect(),
-            })
-        };
-        match send_until_answered(current.clone(), request).await {
-            Ok(result) => {
-                let mut item_errors: HashMap<usize, Status> = result
-                    .item_errors
-                    .into_iter()
-                    .map(|e| {
-                        let status = Status::new(Code::from_i32(e.code), e.message);
-                        (usize::try_from(e.index).unwrap_or(usize::MAX), status)
-                    })
-                    .collect();
-                for (index, pending) in batch.into_iter().enumerate() {
-                    match item_errors.remove(&index) {
-                        Some(status) if status.code() == Code::Unavailable => {
-                            eprintln!(
-                                "jobbroker worker: job {}: ack refused for now ({}); sending it again",
-                                pending.ack.job_id,
-                                status.message()
-                            );
-                            refused.push(pending);
-                        }
-                        answer => {
-                            let _ = pending.answered.send(answer.map_or(Ok(()), Err));
-                        }
+        let mut batches: HashMap<u64, (WorkStream, Vec<PendingAck>)> = HashMap::new();
+        let mut left = Vec::new();
+        for pending in waiting.drain(..) {
+            match pending.route.now() {
+                Some(stream) if !busy.contains(&stream.serial()) => {
+                    let (_, batch) = batches
+                        .entry(stream.serial())
+                        .or_insert_with(|| (stream, Vec::new()));
+                    if batch.len() < MAX_ACK_BATCH {
+                        batch.push(pending);
+                    } else {
+                        left.push(pending);
                     }
                 }
-                if !refused.is_empty() {
-                    current.mark_unchanged();
-                    wait_to_resend(&mut current).await;
+                _ => left.push(pending),
+            }
+        }
+        waiting = left;
+        for (serial, (stream, batch)) in batches {
+            busy.insert(serial);
+            sending.spawn(send_acks(stream, batch, open.clone()));
+        }
+        if !queue_open && waiting.is_empty() && sending.is_empty() {
+            return;
+        }
+        tokio::select! {
+            next = queued.recv(), if queue_open => match next {
+                Some(pending) => {
+                    waiting.push(pending);
+                    while let Ok(pending) = queued.try_recv() {
+                        waiting.push(pending);
+                    }
+                }
+                None => queue_open = false,
+            },
+            Some(done) = sending.join_next() => {
+                if let Ok((serial, refused)) = done {
+                    busy.remove(&serial);
+                    // Older than those queued meanwhile: they go first.
+                    waiting.splice(0..0, refused);
                 }
             }
-            Err(status) => {
-                for pending in batch {
-                    let _ = pending.answered.send(Err(status.clone()));
+            changed = open.changed(), if !waiting.is_empty() => {
+                if changed.is_err() {
+                    // The worker stopped: nothing will carry them.
+                    for pending in waiting.drain(..) {
+                        let _ = pending.answered.send(Err(Status::unavailable(
+                            "the worker stopped before the broker answered",
+                        )));
+                    }
+                    return;
                 }
             }
         }
     }
+}
+
+/// Sends one ack message (one ack, or a batch) on `stream`, until answered; returns the
+/// stream's serial and the acks the broker refused for now, after [`ANSWER_RETRY_DELAY`].
+async fn send_acks(
+    stream: WorkStream,
+    batch: Vec<PendingAck>,
+    open: OpenStreams,
+) -> (u64, Vec<PendingAck>) {
+    let serial = stream.serial();
+    let request = if batch.len() == 1 {
+        Request::Ack(batch[0].ack.clone())
+    } else {
+        Request::AckBatch(v1::AckBatchRequest {
+            acks: batch.iter().map(|p| p.ack.clone()).collect(),
+        })
+    };
+    let mut route = AnswerRoute {
+        home: Some(stream),
+        open,
+    };
+    let mut refused = Vec::new();
+    match send_until_answered(route.clone(), request).await {
+        Ok(result) => {
+            let mut item_errors: HashMap<usize, Status> = result
+                .item_errors
+                .into_iter()
+                .map(|e| {
+                    let status = Status::new(Code::from_i32(e.code), e.message);
+                    (usize::try_from(e.index).unwrap_or(usize::MAX), status)
+                })
+                .collect();
+            for (index, pending) in batch.into_iter().enumerate() {
+                match item_errors.remove(&index) {
+                    Some(status) if status.code() == Code::Unavailable => {
+                        eprintln!(
+                            "jobbroker worker: job {}: ack refused for now ({}); sending it again",
+                            pending.ack.job_id,
+                            status.message()
+                        );
+                        refused.push(pending);
+                    }
+                    answer => {
+                        let _ = pending.answered.send(answer.map_or(Ok(()), Err));
+                    }
+                }
+            }
+            if !refused.is_empty() {
+                route.open.mark_unchanged();
+                route.wait_to_resend().await;
+            }
+        }
+        Err(status) => {
+            for pending in batch {
+                let _ = pending.answered.send(Err(status.clone()));
+            }
+        }
+    }
+    (serial, refused)
 }
 
 /// What every job task needs.
 struct JobContext {
     handlers: HashMap<String, Handler>,
-    current: CurrentStream,
+    open: OpenStreams,
     acks: mpsc::UnboundedSender<PendingAck>,
     /// One message per handler that returned: its concurrency slot is free.
     freed: mpsc::UnboundedSender<()>,
@@ -1351,14 +1737,14 @@ fn answer_for(
 
 /// Heartbeats `held` every third of its lease until the lease is gone (the task is aborted
 /// when the job's answer is in).
-async fn keep_lease(current: CurrentStream, held: Arc<Held>, mut interval: Duration) {
+async fn keep_lease(route: AnswerRoute, held: Arc<Held>, mut interval: Duration) {
     loop {
         tokio::time::sleep(interval).await;
         if held.lease_gone() {
             return;
         }
         // Disconnected: the next stream carries the next beat (beats are not replayed).
-        let Some(stream) = open_stream_now(&current) else {
+        let Some(stream) = route.now() else {
             continue;
         };
         let answer = stream.request(held.heartbeat(None, None)).await;
@@ -1373,11 +1759,16 @@ async fn keep_lease(current: CurrentStream, held: Arc<Held>, mut interval: Durat
 async fn work_job(
     jobs: Arc<JobContext>,
     leased: v1::LeasedJob,
+    home: WorkStream,
     held: Arc<Held>,
     mut start: oneshot::Receiver<()>,
 ) {
+    let route = AnswerRoute {
+        home: Some(home),
+        open: jobs.open.clone(),
+    };
     let _heartbeats = AbortOnDrop(tokio::spawn(keep_lease(
-        jobs.current.clone(),
+        route.clone(),
         held.clone(),
         third_of_lease(leased.lease_deadline.as_ref()),
     )));
@@ -1405,7 +1796,7 @@ async fn work_job(
     };
     let outcome = if started {
         let handler = jobs.handlers.get(&leased.queue).cloned();
-        let job = Job::new(leased.clone(), held.clone(), jobs.current.clone());
+        let job = Job::new(leased.clone(), held.clone(), route.clone());
         let outcome = match handler {
             Some(handler) => tokio::select! {
                 outcome = run_handler(handler, job) => outcome,
@@ -1436,7 +1827,11 @@ async fn work_job(
                 lease_id,
                 result,
             };
-            let _ = jobs.acks.send(PendingAck { ack, answered });
+            let _ = jobs.acks.send(PendingAck {
+                ack,
+                route: route.clone(),
+                answered,
+            });
             answer
                 .await
                 .unwrap_or_else(|_| Err(Status::unavailable("the worker stopped")))
@@ -1453,9 +1848,7 @@ async fn work_job(
                 permanent,
                 retry_after: retry_after.map(duration),
             });
-            send_until_answered(jobs.current.clone(), fail)
-                .await
-                .map(|_| ())
+            send_until_answered(route.clone(), fail).await.map(|_| ())
         }
         Answer::Release(delay) => {
             let release = Request::Release(v1::ReleaseRequest {
@@ -1463,9 +1856,7 @@ async fn work_job(
                 lease_id,
                 delay: delay.map(duration),
             });
-            send_until_answered(jobs.current.clone(), release)
-                .await
-                .map(|_| ())
+            send_until_answered(route, release).await.map(|_| ())
         }
     };
     match answered {
@@ -1531,8 +1922,8 @@ struct Stopping {
 
 /// How [`RunLoop::work`] ended.
 enum Ended {
-    /// The graceful stop is done (or gave up waiting); the stream still has to be closed.
-    Stopped(mpsc::UnboundedReceiver<Event>),
+    /// The graceful stop is done (or gave up waiting); the streams still have to be closed.
+    Stopped,
     Refused(Status),
 }
 
@@ -1550,23 +1941,24 @@ struct RunLoop {
     /// Handlers running now.
     running: usize,
     stopping: Option<Stopping>,
-    /// Shared with the connection task: set (with flow 0 sent) when the stop begins.
-    drain: Arc<Drain>,
-    /// A flow 0 was answered: every job pushed before it has been accepted (and released).
-    drained: bool,
+    /// Shared with the connection task: the open streams, told when the stop begins.
+    streams: Arc<Streams>,
+    /// During the stop, the streams (by serial) whose `flow` 0 is not answered yet: jobs they
+    /// pushed before it may still arrive (and are released).
+    undrained: HashSet<u64>,
 }
 
 impl RunLoop {
     async fn work(
         &mut self,
-        mut events: mpsc::UnboundedReceiver<Event>,
+        events: &mut mpsc::UnboundedReceiver<Event>,
         mut freed: mpsc::UnboundedReceiver<()>,
         shutdown: &CancellationToken,
     ) -> Ended {
         let far = Instant::now() + Duration::from_secs(86_400 * 365);
         loop {
-            if self.stopping.is_some() && self.drained && self.tasks.is_empty() {
-                return Ended::Stopped(events);
+            if self.stopping.is_some() && self.undrained.is_empty() && self.tasks.is_empty() {
+                return Ended::Stopped;
             }
             let grace_end = self.stopping.as_ref().map_or(far, |s| s.grace_end);
             let grace_running = self.stopping.as_ref().is_some_and(|s| !s.grace_over);
@@ -1575,7 +1967,7 @@ impl RunLoop {
             let answers_end = self.stopping.as_ref().map_or(far, |s| s.answers_end);
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(Event::Job(job)) => self.accept(job),
+                    Some(Event::Job(job, home)) => self.accept(job, home),
                     Some(Event::LeaseLost(id)) => {
                         if let Some(held) = self.held.get(&id) {
                             held.lease_lost();
@@ -1583,8 +1975,13 @@ impl RunLoop {
                     }
                     Some(Event::CancelRequested(id)) => self.fire(&id, CancelReason::Operator),
                     Some(Event::Refused(status)) => return Ended::Refused(status),
-                    Some(Event::Drained) => self.drained = true,
-                    Some(Event::Closed) | None => return Ended::Stopped(events),
+                    Some(Event::Undrained(serial)) => {
+                        self.undrained.insert(serial);
+                    }
+                    Some(Event::Drained(serial)) => {
+                        self.undrained.remove(&serial);
+                    }
+                    None => return Ended::Stopped,
                 },
                 Some(()) = freed.recv() => {
                     self.running -= 1;
@@ -1614,14 +2011,14 @@ impl RunLoop {
                 }
                 _ = tokio::time::sleep_until(answers_end), if self.stopping.is_some() => {
                     eprintln!("jobbroker worker: stopping without the answers still missing");
-                    return Ended::Stopped(events);
+                    return Ended::Stopped;
                 }
             }
         }
     }
 
     /// Holds a pushed job: it waits for a slot, or is released at once during a stop.
-    fn accept(&mut self, job: v1::LeasedJob) {
+    fn accept(&mut self, job: v1::LeasedJob, home: WorkStream) {
         let held = Arc::new(Held::new(&job));
         // A new attempt of a job still held means the old lease is gone.
         if let Some(old) = self.held.insert(job.job_id.clone(), held.clone()) {
@@ -1634,7 +2031,7 @@ impl RunLoop {
         let ids = (job.job_id.clone(), job.lease_id.clone());
         let jobs = self.jobs.clone();
         self.tasks.spawn(async move {
-            work_job(jobs, job, held, started).await;
+            work_job(jobs, job, home, held, started).await;
             ids
         });
         self.start_waiting();
@@ -1658,16 +2055,10 @@ impl RunLoop {
         }
     }
 
-    /// Steps 1 and 2 of the graceful stop: flow 0, then the jobs not started are released
-    /// (their tasks see their start dropped).
+    /// Steps 1 and 2 of the graceful stop: flow 0 on every stream, then the jobs not started
+    /// are released (their tasks see their start dropped).
     fn begin_stop(&mut self) {
-        {
-            let mut draining = self.drain.draining.lock().unwrap();
-            *draining = true;
-            if let Some(stream) = open_stream_now(&self.jobs.current) {
-                send_flow_zero(&stream, &self.drain);
-            }
-        }
+        self.undrained = self.streams.stop_taking();
         self.waiting.clear();
         let grace_end = Instant::now() + self.grace;
         self.stopping = Some(Stopping {
@@ -1677,30 +2068,6 @@ impl RunLoop {
             returns_over: false,
             answers_end: grace_end + RETURN_AFTER_GRACE + ANSWERS_AFTER_RETURNS,
         });
-    }
-
-    /// Step 6: half-closes the stream, and cancels it if it has not ended in 2 s.
-    async fn close_stream(
-        &self,
-        events: &mut mpsc::UnboundedReceiver<Event>,
-        closing: &CancellationToken,
-    ) {
-        closing.cancel();
-        let Some(stream) = open_stream_now(&self.jobs.current) else {
-            return;
-        };
-        stream.close();
-        let ended = tokio::time::timeout(CLOSE_TIMEOUT, async {
-            while let Some(event) = events.recv().await {
-                if matches!(event, Event::Closed) {
-                    return;
-                }
-            }
-        })
-        .await;
-        if ended.is_err() {
-            stream.cancel();
-        }
     }
 }
 
@@ -1854,6 +2221,26 @@ mod tests {
             let error = read_step_checkpoint(&data).err().expect("refused");
             assert!(error.contains(why), "{error:?} should say {why:?}");
         }
+    }
+
+    #[test]
+    fn a_group_for_any_node_in_a_cluster_schedules_a_table_refresh() {
+        let group = |address: Option<&str>| StreamGroup {
+            address: address.map(str::to_string),
+            queues: vec!["q".into()],
+            max_in_flight: 1,
+        };
+        let leaders = [group(Some("a:1")), group(Some("b:1"))];
+        let with_any_node = [group(Some("a:1")), group(None)];
+        assert!(refreshes_table(&with_any_node, true));
+        assert!(refreshes_table(&[group(None)], true));
+        // Every group on its leader: only a stream's end makes it look again.
+        assert!(!refreshes_table(&leaders, true));
+        assert!(!refreshes_table(&[], true));
+        // Outside a cluster (or without a table) the one group is for any node: nothing to
+        // learn from the table.
+        assert!(!refreshes_table(&[group(None)], false));
+        assert!(!refreshes_table(&with_any_node, false));
     }
 
     #[test]

@@ -4,12 +4,16 @@
 //! * an ack answered `UNAVAILABLE` (the whole message, or its item of an `ack_batch`) is not
 //!   final: it is sent again after 250 ms;
 //! * a subscription answered `UNAVAILABLE` on a stream that stays open is a stream that ended:
-//!   the worker ends it itself and reconnects; a code retrying would not change ends `run`.
+//!   the worker ends it itself and reconnects; a code retrying would not change ends `run`;
+//! * while a group of queues goes to any node (their partition had no leader in the table), the
+//!   worker fetches the table again after each backoff delay, and moves those queues to the
+//!   leader's own stream once the table names one (the relaying stream would never end by
+//!   itself).
 
 mod common;
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::{FakeWorkNode, Running, Seen, work_result};
@@ -227,5 +231,84 @@ async fn a_subscription_refused_for_good_ends_run_and_its_stream() {
             .count(),
         1,
         "not retried"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_sent_to_any_node_moves_to_the_leader_a_later_table_names() {
+    let subscribe_ok: common::Script =
+        Arc::new(|_, request: &v1::WorkRequest| vec![now(work_result(request.request_id, 0, ""))]);
+    // Node b leads the queue's partition once `elected` is set; before, it has no leader.
+    let leader = FakeWorkNode::start(subscribe_ok.clone()).await;
+    let elected = Arc::new(AtomicBool::new(false));
+    let relay_address = Arc::new(OnceLock::<String>::new());
+    let cluster: common::ClusterScript = {
+        let (elected, relay_address, leader_address) =
+            (elected.clone(), relay_address.clone(), leader.addr.clone());
+        Arc::new(move || {
+            let elected = elected.load(Ordering::SeqCst);
+            let node = |id: &str, address: &str| v1::NodeInfo {
+                node_id: id.into(),
+                address: address.into(),
+                alive: true,
+            };
+            v1::ClusterInfo {
+                cluster_name: "fake".into(),
+                partition_count: 1,
+                nodes: vec![
+                    node("a", relay_address.get().unwrap()),
+                    node("b", &leader_address),
+                ],
+                partitions: vec![v1::PartitionInfo {
+                    partition: 0,
+                    leader_node_id: if elected { "b".into() } else { String::new() },
+                    leader_address: if elected {
+                        leader_address.clone()
+                    } else {
+                        String::new()
+                    },
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+        })
+    };
+    // Node a answers GetCluster, and would relay a stream sent to it, for as long as it lasts.
+    let relay = FakeWorkNode::start_in_cluster(subscribe_ok, cluster).await;
+    relay_address.set(relay.addr.clone()).unwrap();
+
+    let running = Running::start(worker(&relay.addr, &[]));
+    relay
+        .wait_until("the stream for any node subscribed", |seen| {
+            seen.iter().any(|s| {
+                matches!(s, Seen::Request(0, r, _) if matches!(&r.request, Some(Request::Subscribe(_))))
+            })
+        })
+        .await;
+    // No stream of the worker ends from now on; only a fresh table can move the queue.
+    elected.store(true, Ordering::SeqCst);
+    leader
+        .wait_until("the queue subscribed on its leader", |seen| {
+            seen.iter().any(|s| {
+                matches!(s, Seen::Request(0, r, _)
+                if matches!(&r.request, Some(Request::Subscribe(sub))
+                    if sub.queues == ["q"] && sub.max_in_flight == 4))
+            })
+        })
+        .await;
+    relay
+        .wait_until("the relayed stream ended by the worker", |seen| {
+            seen.iter().any(|s| matches!(s, Seen::Ended(0, _)))
+        })
+        .await;
+    running.stop().await.unwrap();
+    assert_eq!(
+        relay
+            .seen()
+            .iter()
+            .filter(|s| matches!(s, Seen::Opened(_)))
+            .count(),
+        1,
+        "the node for any node got one stream"
     );
 }

@@ -1,8 +1,10 @@
-//! The `Client` and the `Worker` against a real 3-node cluster of 4 partitions: each call goes
-//! straight to its partition's leader, and both follow a leader that was killed.
+//! The `Client` and the `Worker` against a real 3-node cluster: each call goes straight to its
+//! partition's leader, a worker holds one stream per leading node, and both follow a leader
+//! that was killed.
 
 mod common;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,11 +31,20 @@ impl Targets {
     }
 }
 
-/// The first queue named `<prefix>-<n>` that lives in `partition`.
+/// The clusters of this file run one at a time: each is etcd and three nodes, on a small
+/// machine shared with other tests.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The first queue named `<prefix>-<n>` that lives in `partition` (of [`PARTITIONS`]).
 fn queue_in(prefix: &str, partition: u32) -> String {
+    queue_in_of(prefix, partition, PARTITIONS)
+}
+
+/// The first queue named `<prefix>-<n>` that lives in `partition` of `count`.
+fn queue_in_of(prefix: &str, partition: u32, count: u32) -> String {
     (0..)
         .map(|n| format!("{prefix}-{n}"))
-        .find(|q| partition_of_queue(q, PARTITIONS) == partition)
+        .find(|q| partition_of_queue(q, count) == partition)
         .unwrap()
 }
 
@@ -48,6 +59,7 @@ fn leader_of(info: &ClusterInfo, partition: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_go_to_their_partitions_leader_and_follow_a_leader_that_was_killed() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().await;
     let mut cluster = Cluster::start(PARTITIONS).await;
     let options = || ClientOptions::new().addresses(cluster.addresses.clone());
     let targets = Targets::default();
@@ -149,5 +161,146 @@ async fn calls_go_to_their_partitions_leader_and_follow_a_leader_that_was_killed
         .await
         .unwrap();
     assert_eq!(done.result, b"done after");
+    running.stop().await.unwrap();
+}
+
+/// GetCluster once every partition has a leader and no node leads two (the controller moves
+/// leaders to their preferred nodes after a start).
+async fn balanced_leaders(client: &Client) -> ClusterInfo {
+    let give_up = tokio::time::Instant::now() + CLUSTER_GIVE_UP;
+    loop {
+        let answer = client.get_cluster().await;
+        if let Ok(info) = &answer {
+            let leaders: HashSet<&str> = info
+                .partitions
+                .iter()
+                .map(|p| p.leader_address.as_str())
+                .filter(|a| !a.is_empty())
+                .collect();
+            if info.partitions.len() == info.partition_count as usize
+                && leaders.len() == info.partitions.len()
+            {
+                return info.clone();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the partitions never had leaders on different nodes: {answer:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Enqueues `count` jobs on each of `queues` (retrying, with dedup keys, while a partition is
+/// between leaders) and waits until every one is COMPLETED.
+async fn all_complete(client: &Client, queues: &[&str], tag: &str, count: usize) {
+    let mut sent = Vec::new();
+    let give_up = tokio::time::Instant::now() + CLUSTER_GIVE_UP;
+    for queue in queues {
+        for n in 0..count {
+            let request = job(queue, format!("{n}")).with_dedup_key(format!("{tag}-{n}"));
+            loop {
+                match client.enqueue(request.clone()).await {
+                    Ok(job) => break sent.push(job.job_id),
+                    Err(status) => {
+                        assert!(
+                            tokio::time::Instant::now() < give_up,
+                            "no enqueue to {queue} landed: {status}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+    }
+    for id in &sent {
+        let done = client
+            .wait_for_job(id, Some(CLUSTER_GIVE_UP))
+            .await
+            .unwrap_or_else(|e| panic!("job {id} did not complete: {e}"));
+        assert_eq!(done.state, JobState::Completed as i32, "{done:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_holds_one_stream_per_leading_node_and_regroups_when_a_leader_dies() {
+    let _one_cluster_at_a_time = ONE_CLUSTER.lock().await;
+    let mut cluster = Cluster::start(2).await;
+    let client = Client::new(ClientOptions::new().addresses(cluster.addresses.clone())).unwrap();
+    let info = balanced_leaders(&client).await;
+    let (leader_a, leader_b) = (leader_of(&info, 0), leader_of(&info, 1));
+    let neither = cluster
+        .addresses
+        .iter()
+        .find(|a| **a != leader_a && **a != leader_b)
+        .unwrap()
+        .clone();
+    let (queue_a, queue_b) = (
+        queue_in_of("per-leader", 0, 2),
+        queue_in_of("per-leader", 1, 2),
+    );
+
+    // The node that leads neither queue comes first: a worker that connected to the first
+    // address that answers would have it relay both.
+    let order = vec![neither.clone(), leader_a.clone(), leader_b.clone()];
+    let mut worker = Worker::builder(ClientOptions::new().addresses(order))
+        .concurrency(4)
+        .build()
+        .unwrap();
+    for queue in [&queue_a, &queue_b] {
+        worker.handle(queue, |job: Job| async move {
+            Ok(format!("done {}", job.text()?))
+        });
+    }
+    let running = Running::start(worker);
+    all_complete(&client, &[&queue_a, &queue_b], "before", 10).await;
+    for node in &cluster.addresses {
+        assert_eq!(
+            cluster.metric(node, "jobbroker_work_streams_relaying"),
+            0.0,
+            "node {node} relays a stream of the worker"
+        );
+    }
+    let open = |node: &str| cluster.metric(node, "jobbroker_work_streams_open");
+    assert!(
+        open(&leader_a) >= 1.0,
+        "no stream on {leader_a}, leader of {queue_a}"
+    );
+    assert!(
+        open(&leader_b) >= 1.0,
+        "no stream on {leader_b}, leader of {queue_b}"
+    );
+    assert_eq!(
+        open(&neither),
+        0.0,
+        "a stream on {neither}, which leads nothing of the worker's"
+    );
+
+    // The leader of one queue dies: its stream ends, the worker regroups onto the new leader
+    // (the other stream stays), and the jobs of both queues still complete.
+    cluster.kill9(&leader_a);
+    all_complete(&client, &[&queue_a, &queue_b], "after", 10).await;
+    let live: Vec<String> = cluster
+        .addresses
+        .iter()
+        .filter(|a| **a != leader_a)
+        .cloned()
+        .collect();
+    let give_up = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let relaying: Vec<f64> = live
+            .iter()
+            .map(|node| cluster.metric(node, "jobbroker_work_streams_relaying"))
+            .collect();
+        if relaying.iter().all(|r| *r == 0.0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the live nodes {live:?} still relay the worker's streams ({relaying:?}) 30 s after \
+             the leader's death"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     running.stop().await.unwrap();
 }

@@ -578,6 +578,67 @@ async fn an_answer_waits_for_the_broker_to_come_back() {
 }
 
 #[tokio::test]
+async fn a_stream_that_ends_during_a_graceful_stop_is_reopened_for_the_answers() {
+    // docs/worker-contract.md §6: a stream that ends before step 6 is reopened as usual, so
+    // that the answers still to come reach the broker.
+    let mut broker = Broker::start_with_config(Some(CONFIG));
+    let client = broker.client().await;
+    let gate = Arc::new(Notify::new());
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    // A grace far beyond the give-up time below: a stop that waited for it would fail the test.
+    let grace = GIVE_UP * 10;
+    let mut worker = worker_for(&broker)
+        .lease(Duration::from_secs(60))
+        .grace(grace)
+        .build()
+        .unwrap();
+    {
+        let gate = gate.clone();
+        worker.handle("w", move |job: Job| {
+            let (gate, started) = (gate.clone(), started_tx.clone());
+            async move {
+                let _ = started.send(job.id().to_string());
+                gate.notified().await;
+                Ok("finished after the restart")
+            }
+        });
+    }
+    let running = Running::start(worker);
+    let id = enqueue(&client, job("w", "x")).await;
+    let name = tokio::time::timeout(GIVE_UP, started.recv()).await.unwrap();
+    assert_eq!(name.as_deref(), Some(id.as_str()));
+
+    running.stop.shutdown();
+    // The only stream dies during the grace; the broker comes back on the same data and port.
+    broker.kill_and_restart();
+    let client = broker.client().await;
+    // A job the reopened stream may be pushed (before its flow 0 took effect) is released.
+    let later = enqueue(&client, job("w", "later")).await;
+    // The handler returns after that: its ack can only go out on a reopened stream.
+    gate.notify_one();
+    let stopped = tokio::time::timeout(GIVE_UP, running.task)
+        .await
+        .expect("the stop did not end before its grace: its stream was not reopened");
+    stopped.expect("the worker task panicked").unwrap();
+
+    assert!(
+        started.try_recv().is_err(),
+        "no handler starts during a stop"
+    );
+    let released = client.get_job(&later).await.unwrap();
+    assert_eq!(released.state, JobState::Ready as i32, "{released:?}");
+    assert!(released.last_error.is_empty(), "{}", released.last_error);
+    let done = client.get_job(&id).await.unwrap();
+    assert_eq!(
+        done.state,
+        JobState::Completed as i32,
+        "the ack did not reach the broker: {done:?}"
+    );
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.result, b"finished after the restart");
+}
+
+#[tokio::test]
 async fn run_refuses_to_start_without_handlers_or_with_a_bad_queue() {
     let broker = Broker::start();
     let worker = worker_for(&broker).build().unwrap();

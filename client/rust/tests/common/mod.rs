@@ -123,6 +123,8 @@ impl Drop for Broker {
 pub struct Cluster {
     /// The nodes' addresses, node-0 first: what a client of the cluster is given.
     pub addresses: Vec<String>,
+    /// Where each node serves `/metrics`, in the same order.
+    pub http_addresses: Vec<String>,
     /// `None` once [`Cluster::kill9`] killed it.
     nodes: Vec<Option<Child>>,
     etcd: Child,
@@ -149,8 +151,10 @@ impl Cluster {
             .spawn()
             .expect("start etcd (Debian's etcd-server, on PATH)");
         let addresses: Vec<String> = (0..3).map(|_| stopped_address()).collect();
+        let http_addresses: Vec<String> = (0..3).map(|_| stopped_address()).collect();
         let mut cluster = Cluster {
             addresses: addresses.clone(),
+            http_addresses: http_addresses.clone(),
             nodes: Vec::new(),
             etcd,
             _dir: dir,
@@ -173,7 +177,8 @@ impl Cluster {
             .iter()
             .map(|a| a.to_string())
             .collect();
-            let (child, printed) = spawn_broker(&node_dir, address, None, &args);
+            let (child, printed) =
+                spawn_broker(&node_dir, address, &http_addresses[n], None, &args);
             cluster.nodes.push(Some(child));
             serving.push(printed);
         }
@@ -212,6 +217,21 @@ impl Cluster {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// The value of gauge `name` in the `/metrics` of the node at `address` (lines look like
+    /// `jobbroker_work_streams_open 1`); panics if the node does not answer or has no such line.
+    pub fn metric(&self, address: &str, name: &str) -> f64 {
+        let at = self
+            .addresses
+            .iter()
+            .position(|a| a == address)
+            .unwrap_or_else(|| panic!("no node at {address}"));
+        let text = http_get(&self.http_addresses[at], "/metrics");
+        text.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or_else(|| panic!("node {address} has no {name} in its /metrics"))
     }
 
     /// kill -9 of the node at `address`: a dead machine.
@@ -267,7 +287,7 @@ fn launch(
     config: Option<&str>,
     extra_args: &[String],
 ) -> (Child, String) {
-    let (mut child, serving) = spawn_broker(dir, listen, config, extra_args);
+    let (mut child, serving) = spawn_broker(dir, listen, "127.0.0.1:0", config, extra_args);
     let addr = await_serving(&mut child, serving);
     (child, addr)
 }
@@ -276,6 +296,7 @@ fn launch(
 fn spawn_broker(
     dir: &Path,
     listen: &str,
+    http_listen: &str,
     config: Option<&str>,
     extra_args: &[String],
 ) -> (Child, mpsc::Receiver<String>) {
@@ -293,7 +314,7 @@ fn spawn_broker(
         .arg("--listen")
         .arg(listen)
         .arg("--http-listen")
-        .arg("127.0.0.1:0")
+        .arg(http_listen)
         .arg("--data-dir")
         .arg(&data)
         .arg("--log-level")
@@ -352,6 +373,45 @@ fn await_serving(child: &mut Child, ready_rx: mpsc::Receiver<String>) -> String 
             panic!("broker did not print its serving line");
         }
     }
+}
+
+/// The body of a plain HTTP/1.1 GET of `path` on `address`.
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::Write;
+    let mut socket = std::net::TcpStream::connect(address)
+        .unwrap_or_else(|e| panic!("cannot reach {address}: {e}"));
+    socket.set_read_timeout(Some(GIVE_UP)).unwrap();
+    write!(
+        socket,
+        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reader = BufReader::new(socket);
+    let mut length = None;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse::<usize>().ok();
+        }
+    }
+    let mut body = Vec::new();
+    match length {
+        Some(length) => {
+            body.resize(length, 0);
+            reader.read_exact(&mut body).unwrap();
+        }
+        None => {
+            reader.read_to_end(&mut body).unwrap();
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 /// An address nothing listens on: a broker that is stopped.
@@ -562,11 +622,15 @@ pub type Answers = Vec<(Duration, jobbroker::v1::work_response::Response)>;
 pub type Script =
     std::sync::Arc<dyn Fn(usize, &jobbroker::v1::WorkRequest) -> Answers + Send + Sync>;
 
+/// What a [`FakeWorkNode`] answers to `Admin.GetCluster`, asked each time it is called.
+pub type ClusterScript = std::sync::Arc<dyn Fn() -> jobbroker::v1::ClusterInfo + Send + Sync>;
+
 /// A stand-in broker that serves `Broker/Work` streams from a script, over plaintext HTTP/2
 /// (h2 and hand-made gRPC frames): it can answer what the real broker answers only in a
 /// cluster between leaders (`UNAVAILABLE` results on an open stream). It ends a stream
-/// (status OK) when the worker half-closes it, and records everything in `seen`. Any other
-/// method is answered `UNIMPLEMENTED`.
+/// (status OK) when the worker half-closes it, and records everything in `seen`. Made with
+/// [`FakeWorkNode::start_in_cluster`], it answers `Admin.GetCluster` from a script too. Any
+/// other method is answered `UNIMPLEMENTED`.
 pub struct FakeWorkNode {
     pub addr: String,
     pub seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
@@ -597,6 +661,16 @@ fn grpc_frame(message: &impl prost::Message) -> prost::bytes::Bytes {
 
 impl FakeWorkNode {
     pub async fn start(script: Script) -> Self {
+        Self::serve(script, None).await
+    }
+
+    /// Like [`FakeWorkNode::start`], answering `Admin.GetCluster` with what `cluster` says at
+    /// the time of each call.
+    pub async fn start_in_cluster(script: Script, cluster: ClusterScript) -> Self {
+        Self::serve(script, Some(cluster)).await
+    }
+
+    async fn serve(script: Script, cluster: Option<ClusterScript>) -> Self {
         use prost::Message;
         use std::sync::{Arc, Mutex};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -607,11 +681,29 @@ impl FakeWorkNode {
         tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 let (seen, script, streams) = (recorded.clone(), script.clone(), streams.clone());
+                let cluster = cluster.clone();
                 tokio::spawn(async move {
                     let Ok(mut connection) = h2::server::handshake(socket).await else {
                         return;
                     };
                     while let Some(Ok((request, mut respond))) = connection.accept().await {
+                        if let Some(cluster) = &cluster
+                            && request.uri().path() == "/jobbroker.v1.Admin/GetCluster"
+                        {
+                            let response = http::Response::builder()
+                                .status(200)
+                                .header("content-type", "application/grpc")
+                                .body(())
+                                .unwrap();
+                            let Ok(mut send) = respond.send_response(response, false) else {
+                                continue;
+                            };
+                            let _ = send.send_data(grpc_frame(&cluster()), false);
+                            let mut trailers = http::HeaderMap::new();
+                            trailers.insert("grpc-status", "0".parse().unwrap());
+                            let _ = send.send_trailers(trailers);
+                            continue;
+                        }
                         if request.uri().path() != "/jobbroker.v1.Broker/Work" {
                             let response = http::Response::builder()
                                 .status(200)
