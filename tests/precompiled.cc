@@ -1,0 +1,1 @@
+// Compiled only for tests/precompiled.h, which every test binary reuses.
