@@ -33,8 +33,6 @@ import java.util.Objects;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
-import java.util.concurrent.ExecutorService;
-import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.ThreadLocalRandom;
@@ -42,6 +40,7 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeoutException;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.locks.LockSupport;
 import java.util.function.Consumer;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -90,7 +89,9 @@ import org.slf4j.LoggerFactory;
  * stream moves to its leader once the layout names one. Without a layout (a broker
  * older than cluster mode, a token without the admin role) it holds one stream, as on one node.
  *
- * <p>Thread-safe. Handlers run on the worker's own threads. The client must outlive the worker.
+ * <p>Thread-safe. Handlers run on the worker's own threads, reused across jobs (at most {@code
+ * concurrency} of them; one idle for a minute ends): a thread whose handler returned starts the
+ * next waiting job itself. The client must outlive the worker.
  */
 public final class Worker {
   private static final Logger log = LoggerFactory.getLogger(Worker.class);
@@ -106,6 +107,8 @@ public final class Worker {
   private static final Duration ANSWER_RETRY = Duration.ofMillis(250);
   /** The broker's limit on the acks of one ack_batch. */
   private static final int MAX_ACK_BATCH = 1000;
+  /** An idle handler thread ends after this long without a job. */
+  private static final Duration RUNNER_KEEP_ALIVE = Duration.ofSeconds(60);
 
   // Constant after construction.
   private final JobBrokerClient client;
@@ -116,7 +119,7 @@ public final class Worker {
   private final String workerId;
   private final Duration reconnectInitial;
   private final Duration reconnectMax;
-  private final ExecutorService handlerThreads;
+  private final AtomicLong runnerNames = new AtomicLong();
   private final ScheduledThreadPoolExecutor timers;
   private final Thread supervisor;
   private final CompletableFuture<Void> firstSubscribe = new CompletableFuture<>();
@@ -138,6 +141,14 @@ public final class Worker {
   private final ArrayDeque<Held> waiting = new ArrayDeque<>(); // held, not started, in order
   private int slotsInUse; // handlers holding a slot: a lost attempt's too, until it returns
   private int handlersRunning; // threads inside a handler (a lost attempt's too)
+  // Handler threads (runners), reused across jobs: a runner whose handler returned starts the
+  // next waiting job itself, and parks among the idle ones when there is none. One runner at a
+  // time is woken (or made) for the jobs that wait, and it wakes the next if jobs still wait
+  // once it took its own: a push of many jobs does not wake a thread for each, yet a job that
+  // waits while a slot is free always has a runner on the way to it.
+  private final ArrayDeque<Runner> idleRunners = new ArrayDeque<>(); // most recently idle first
+  private boolean runnerOnTheWay; // a runner woken (or made) for a job has not taken it yet
+  private boolean runnersClosed; // the worker is done: runners end instead of parking
   private final ArrayDeque<Request> toSend = new ArrayDeque<>(); // fails, releases, checkpoints
   private final ArrayDeque<Request> acksWaiting = new ArrayDeque<>();
   private int answersOutstanding; // acks, fails and releases not yet answered
@@ -164,7 +175,6 @@ public final class Worker {
     this.reconnectInitial = b.reconnectInitial;
     this.reconnectMax = b.reconnectMax;
     this.backoff = b.reconnectInitial;
-    this.handlerThreads = Executors.newCachedThreadPool(daemonThreads("jobbroker-handler"));
     this.timers = new ScheduledThreadPoolExecutor(1, daemonThreads("jobbroker-timer"));
     this.timers.setRemoveOnCancelPolicy(true);
     this.supervisor = new Thread(this::superviseStreams, "jobbroker-stream");
@@ -469,7 +479,13 @@ public final class Worker {
   }
 
   private void shutDownThreads() {
-    handlerThreads.shutdownNow();
+    synchronized (lock) {
+      runnersClosed = true;
+      for (Runner r : idleRunners) {
+        LockSupport.unpark(r.thread);
+      }
+      idleRunners.clear();
+    }
     timers.shutdownNow();
     firstSubscribe.complete(null); // a start() still waiting returns
     terminated.complete(null);
@@ -927,7 +943,7 @@ public final class Worker {
       Request r = toSend.poll();
       streamForLocked(r.held).sendLocked(r);
     }
-    if (acksWaiting.isEmpty()) {
+    if (acksWaiting.isEmpty() || !ackMessageMayGoLocked()) {
       return;
     }
     // In arrival order; those of a stream with an ack message in flight wait for its answer.
@@ -945,6 +961,19 @@ public final class Worker {
       }
     }
     batches.forEach(this::sendAcksLocked);
+  }
+
+  /**
+   * Whether some subscribed stream has no ack message in flight: else no waiting ack can go now,
+   * and pumpLocked need not look at each (it runs at every job's end).
+   */
+  private boolean ackMessageMayGoLocked() {
+    for (Session s : sessions) {
+      if (s.usableLocked() && !s.ackMessageInFlight) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /** One ack message (an ack, or an ack_batch) of {@code batch} on {@code s}. */
@@ -971,17 +1000,23 @@ public final class Worker {
     for (ItemError e : result.getItemErrorsList()) {
       itemErrors.put(e.getIndex(), e);
     }
+    int settled = 0;
     for (int i = 0; i < batch.size(); i++) {
       ItemError e = itemErrors.get(i);
       WorkResult item =
           e == null
               ? result
               : WorkResult.newBuilder().setCode(e.getCode()).setMessage(e.getMessage()).build();
-      batch.get(i).onResult.accept(item);
+      Request a = batch.get(i);
+      if (settle(a.held, a.body, item)) {
+        settled++;
+      }
     }
     synchronized (lock) {
+      answersOutstanding -= settled; // one lock for the whole message, not one per ack
       s.ackMessageInFlight = false;
       pumpLocked();
+      lock.notifyAll();
     }
   }
 
@@ -997,6 +1032,7 @@ public final class Worker {
     ScheduledFuture<?> timeout;
     // Guarded by lock.
     boolean holdsSlot;
+    boolean started; // taken from waiting by a runner
     boolean progressInFlight;
     byte[] progressWaiting;
 
@@ -1058,18 +1094,105 @@ public final class Worker {
     }
   }
 
-  /** Starts waiting jobs, in arrival order, while a slot is free. */
+  /** Whether a waiting job may start now: a slot is free (concurrency is a hard bound). */
+  private boolean canStartLocked() {
+    return !stopping && slotsInUse < concurrency && !waiting.isEmpty();
+  }
+
+  /** Takes the next waiting job (canStartLocked() held): it holds a slot from now on. */
+  private Held takeLocked() {
+    Held h = waiting.poll();
+    h.started = true;
+    h.holdsSlot = true;
+    slotsInUse++;
+    handlersRunning++;
+    return h;
+  }
+
+  /**
+   * Sends a runner to the first waiting job, if one may start and no runner is on the way
+   * already: an idle one, the most recently parked (else a new thread). The runners busy with
+   * handlers take the other waiting jobs as they return, and the runner on the way sends the
+   * next one if jobs still wait once it started.
+   */
   private void dispatchLocked() {
-    while (!stopping && slotsInUse < concurrency && !waiting.isEmpty()) {
-      Held h = waiting.poll();
-      h.holdsSlot = true;
-      slotsInUse++;
-      handlersRunning++;
-      handlerThreads.execute(() -> runHandler(h));
+    if (runnerOnTheWay || !canStartLocked()) {
+      return;
+    }
+    Held h = takeLocked();
+    runnerOnTheWay = true;
+    Runner r = idleRunners.pollFirst();
+    if (r != null) {
+      r.next = h;
+      LockSupport.unpark(r.thread);
+      return;
+    }
+    r = new Runner(h);
+    r.thread.start();
+  }
+
+  /** A handler thread: runs the job it was given, then the waiting ones, then parks. */
+  private final class Runner implements Runnable {
+    final Thread thread;
+    Held next; // guarded by lock: the job it was sent to, set before it is unparked
+
+    Runner(Held first) {
+      next = first;
+      thread = new Thread(this, "jobbroker-handler-" + runnerNames.incrementAndGet());
+      thread.setDaemon(true);
+    }
+
+    @Override
+    public void run() {
+      Held h;
+      synchronized (lock) {
+        h = next;
+        next = null;
+        runnerOnTheWay = false;
+        dispatchLocked(); // jobs still wait: the next runner is on its way
+      }
+      while (h != null) {
+        h = runHandler(h); // the next job this runner takes, or null
+        if (h == null) {
+          h = idle();
+        }
+      }
+    }
+
+    /** Parks until sent to a job (which it returns), or returns null to end the thread. */
+    private Held idle() {
+      long deadline = System.nanoTime() + RUNNER_KEEP_ALIVE.toNanos();
+      synchronized (lock) {
+        if (runnersClosed) {
+          return null;
+        }
+        idleRunners.addFirst(this);
+      }
+      while (true) {
+        long left = deadline - System.nanoTime();
+        if (left > 0) {
+          LockSupport.parkNanos(Worker.this, left);
+        }
+        Thread.interrupted(); // an interrupt meant for a handler that returned
+        synchronized (lock) {
+          if (next != null) {
+            Held h = next;
+            next = null;
+            runnerOnTheWay = false;
+            dispatchLocked();
+            return h;
+          }
+          if (runnersClosed || System.nanoTime() - deadline >= 0) {
+            idleRunners.remove(this);
+            return null;
+          }
+        }
+      }
     }
   }
 
-  private void runHandler(Held h) {
+  /** Runs the attempt of {@code h}; returns the waiting job this thread starts next, or null. */
+  private Held runHandler(Held h) {
     Object value = null;
     Throwable error = null;
     h.ctx.enterHandler();
@@ -1083,7 +1206,7 @@ public final class Worker {
     } finally {
       h.ctx.leaveHandler();
     }
-    finishAttempt(h, value, error);
+    return finishAttempt(h, value, error);
   }
 
   /**
@@ -1097,8 +1220,11 @@ public final class Worker {
     return middleware.get(i).handle(job, j -> callThrough(i + 1, handler, j));
   }
 
-  /** The handler returned or threw: the answer its end means (contract §1). */
-  private void finishAttempt(Held h, Object value, Throwable error) {
+  /**
+   * The handler returned or threw: the answer its end means (contract §1). Returns the waiting
+   * job the calling thread starts next, if one may start, else null.
+   */
+  private Held finishAttempt(Held h, Object value, Throwable error) {
     WorkRequest.Builder answer = null;
     JobContext.Cancellation why = h.ctx.cancellation();
     if (why == JobContext.Cancellation.SHUTDOWN) {
@@ -1134,8 +1260,10 @@ public final class Worker {
         answerLocked(h, answer);
         pumpLocked();
       }
+      Held next = canStartLocked() && !runnersClosed ? takeLocked() : null;
       dispatchLocked();
       lock.notifyAll();
+      return next;
     }
   }
 
@@ -1166,7 +1294,9 @@ public final class Worker {
   /** Stops heartbeating {@code h} and drops it from what the worker holds. */
   private void forgetLocked(Held h) {
     held.remove(h.job.getLeaseId(), h);
-    waiting.remove(h);
+    if (!h.started) {
+      waiting.remove(h);
+    }
     if (h.heartbeats != null) {
       h.heartbeats.cancel(false);
     }
@@ -1190,8 +1320,21 @@ public final class Worker {
   }
 
   private void onAnswered(Held h, WorkRequest.Builder answer, WorkResult r) {
-    String what = answer.getRequestCase().name().toLowerCase();
+    if (settle(h, answer, r)) {
+      synchronized (lock) {
+        answersOutstanding--;
+        lock.notifyAll();
+      }
+    }
+  }
+
+  /**
+   * What the answer {@code r} to an ack, fail or release of {@code h} means; true if it is final
+   * (the caller then counts it no longer outstanding, under the lock), false if it goes out again.
+   */
+  private boolean settle(Held h, WorkRequest.Builder answer, WorkResult r) {
     if (isRetryLater(r)) {
+      String what = answer.getRequestCase().name().toLowerCase();
       // Not final (contract §4): the partition is between leaders. Sent again, same lease id,
       // after ANSWER_RETRY, on this stream or, if it ended meanwhile, on the next one. Still
       // outstanding for a graceful stop meanwhile.
@@ -1210,7 +1353,7 @@ public final class Worker {
               pumpLocked();
             }
           });
-      return;
+      return false;
     }
     if (r.getCode() == 0) {
       switch (answer.getRequestCase()) {
@@ -1220,14 +1363,19 @@ public final class Worker {
       }
     } else if (isStale(r.getCode())) {
       // Final: the broker ended the attempt already (a lost lease, a cancel, a time-out).
-      log.info("job {}: {} refused as stale: {}", h.job.getJobId(), what, r.getMessage());
+      log.info(
+          "job {}: {} refused as stale: {}",
+          h.job.getJobId(),
+          answer.getRequestCase().name().toLowerCase(),
+          r.getMessage());
     } else {
-      log.warn("job {}: {} refused: {}", h.job.getJobId(), what, r.getMessage());
+      log.warn(
+          "job {}: {} refused: {}",
+          h.job.getJobId(),
+          answer.getRequestCase().name().toLowerCase(),
+          r.getMessage());
     }
-    synchronized (lock) {
-      answersOutstanding--;
-      lock.notifyAll();
-    }
+    return true;
   }
 
   /** An answer saying "retry": UNAVAILABLE from the broker (not a stream that ended). */
@@ -1276,7 +1424,7 @@ public final class Worker {
   private void onCancelRequested(String jobId) {
     for (Held h : heldWithJobId(jobId)) {
       synchronized (lock) {
-        if (waiting.contains(h)) {
+        if (!h.started && held.get(h.job.getLeaseId()) == h) {
           // Not started: nothing to interrupt, the answer is the cancelled attempt's.
           forgetLocked(h);
           answerLocked(h, failOf(h.job, "cancelled"));
