@@ -738,15 +738,7 @@ impl Client {
             .router
             .stream_target(&subscribe.queues, &self.tag)
             .await;
-        if let Some(observer) = &self.observer {
-            observer(&target.address);
-        }
-        let address = target.address.clone();
-        let opened = self.work_on(target, subscribe).await;
-        if let Err(status) = &opened {
-            self.stream_ended(&address, Some(status));
-        }
-        opened
+        self.work_on(target, subscribe).await
     }
 
     /// The `Work` streams a worker over `queues` holds now (the table fetched again if stale).
@@ -778,18 +770,28 @@ impl Client {
         subscribe: v1::SubscribeRequest,
     ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
         let target = self.router.group_target(address);
+        self.work_on(target, subscribe).await
+    }
+
+    /// Opens a `Work` stream on `target`, first telling the observer where it goes; a stream
+    /// that cannot open tells the router that node failed it (the table is fetched again).
+    async fn work_on(
+        &self,
+        target: Target,
+        subscribe: v1::SubscribeRequest,
+    ) -> Result<(WorkStream, mpsc::UnboundedReceiver<WorkEvent>), Status> {
         if let Some(observer) = &self.observer {
             observer(&target.address);
         }
         let address = target.address.clone();
-        let opened = self.work_on(target, subscribe).await;
+        let opened = self.open_work(target, subscribe).await;
         if let Err(status) = &opened {
             self.stream_ended(&address, Some(status));
         }
         opened
     }
 
-    async fn work_on(
+    async fn open_work(
         &self,
         target: Target,
         subscribe: v1::SubscribeRequest,
