@@ -559,22 +559,8 @@ class WorkerContractTest extends WorkerTestBase {
                       .setLeaseDuration(JobBrokerClient.toProto(Duration.ofSeconds(60)))
                       .build())
               .getJobId();
-      CountDownLatch running = new CountDownLatch(1);
       CountDownLatch finish = new CountDownLatch(1);
-      Worker w =
-          Worker.builder(own.client)
-              .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
-              .handle(
-                  "contract-stop-restart",
-                  job -> {
-                    running.countDown();
-                    finish.await();
-                    return "acked during the stop";
-                  })
-              .build();
-      worker = w;
-      w.start();
-      assertTrue(running.await(30, TimeUnit.SECONDS));
+      Worker w = startWithItsHandlerHeld(own, "contract-stop-restart", finish, "acked during the stop");
 
       Duration grace = Duration.ofSeconds(30);
       long began = System.nanoTime();
@@ -608,22 +594,8 @@ class WorkerContractTest extends WorkerTestBase {
   void aGracefulStopWhoseStreamCannotBeReopenedStillEndsWithinItsBounds() throws Exception {
     try (BrokerProcess own = BrokerProcess.start(null)) {
       own.client.enqueue("contract-stop-dead", "x");
-      CountDownLatch running = new CountDownLatch(1);
       CountDownLatch finish = new CountDownLatch(1);
-      Worker w =
-          Worker.builder(own.client)
-              .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
-              .handle(
-                  "contract-stop-dead",
-                  job -> {
-                    running.countDown();
-                    finish.await();
-                    return "never confirmed";
-                  })
-              .build();
-      worker = w;
-      w.start();
-      assertTrue(running.await(30, TimeUnit.SECONDS));
+      Worker w = startWithItsHandlerHeld(own, "contract-stop-dead", finish, "never confirmed");
 
       Duration grace = Duration.ofSeconds(3);
       long began = System.nanoTime();
@@ -641,6 +613,30 @@ class WorkerContractTest extends WorkerTestBase {
       assertTrue(w.isTerminated());
       worker = null;
     }
+  }
+
+  /**
+   * Starts a worker on {@code own} whose handler of {@code queue} runs until {@code finish} is
+   * counted down and then returns {@code result}; returns once that handler is running.
+   */
+  private Worker startWithItsHandlerHeld(
+      BrokerProcess own, String queue, CountDownLatch finish, String result) throws Exception {
+    CountDownLatch running = new CountDownLatch(1);
+    Worker w =
+        Worker.builder(own.client)
+            .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
+            .handle(
+                queue,
+                job -> {
+                  running.countDown();
+                  finish.await();
+                  return result;
+                })
+            .build();
+    worker = w;
+    w.start();
+    assertTrue(running.await(30, TimeUnit.SECONDS));
+    return w;
   }
 
   private static CompletableFuture<Void> stopInBackground(Worker w, Duration grace) {
