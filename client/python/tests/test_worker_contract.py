@@ -221,19 +221,28 @@ async def test_the_end_of_the_grace_cancels_handlers_and_releases_their_jobs(
     assert worker.stats.released == 2 and worker.stats.failed == 0
 
 
+def hold_the_handler(worker: jobbroker.Worker, queue: str,
+                     result: str) -> tuple[asyncio.Event, asyncio.Event]:
+    """Registers on `worker` a handler of `queue` that sets the first event once it runs, waits
+    for the second, then returns `result`."""
+    started = asyncio.Event()
+    gate = asyncio.Event()
+
+    @worker.handler(queue)
+    async def held(job: jobbroker.JobContext) -> str:
+        started.set()
+        await gate.wait()
+        return result
+
+    return started, gate
+
+
 async def test_an_answer_left_by_a_dead_broker_goes_out_on_the_next_stream(
         tmp_path: pathlib.Path) -> None:
     first = BrokerProcess(CONFIG, data_dir=str(tmp_path)).start()
     address = first.address
     worker = jobbroker.Worker(address, lease_duration=30, handle_signals=False)
-    started = asyncio.Event()
-    gate = asyncio.Event()
-
-    @worker.handler("resend")
-    async def held(job: jobbroker.JobContext) -> str:
-        started.set()
-        await gate.wait()
-        return "done while the broker was down"
+    started, gate = hold_the_handler(worker, "resend", "done while the broker was down")
 
     second = None
     try:
@@ -271,14 +280,7 @@ async def test_a_stream_that_ends_during_a_stop_is_reopened_for_the_answers(
     address = first.address
     worker = jobbroker.Worker(address, lease_duration=60, grace=30, reconnect_initial=0.05,
                               reconnect_max=0.5, handle_signals=False)
-    started = asyncio.Event()
-    gate = asyncio.Event()
-
-    @worker.handler("stop-reopen")
-    async def held(job: jobbroker.JobContext) -> str:
-        started.set()
-        await gate.wait()
-        return "done after the broker came back"
+    started, gate = hold_the_handler(worker, "stop-reopen", "done after the broker came back")
 
     second = None
     try:
@@ -326,14 +328,7 @@ async def test_a_stop_ends_within_its_bounds_when_no_stream_comes_back(
     grace = 1.0
     worker = jobbroker.Worker(broker.address, lease_duration=60, grace=grace,
                               reconnect_initial=0.05, reconnect_max=0.2, handle_signals=False)
-    started = asyncio.Event()
-    gate = asyncio.Event()
-
-    @worker.handler("stop-dead")
-    async def held(job: jobbroker.JobContext) -> str:
-        started.set()
-        await gate.wait()
-        return "never acked"
+    started, gate = hold_the_handler(worker, "stop-dead", "never acked")
 
     try:
         async with jobbroker.Client(broker.address, timeout=30) as c:
