@@ -3,10 +3,26 @@
 require_relative "test_helper"
 
 # What the cluster tests share: a routed client that records where each call goes, queue
-# names by partition, and waiting through a failover. The including class defines PARTITIONS,
-# RECOVERY and .cluster.
+# names by partition, and waiting through a failover. The including class defines PARTITIONS
+# and gets a cluster of that many partitions of its own, started once for the class and stopped
+# after the run.
 module ClusterTestHelpers
   include BrokerTestHelpers
+
+  # A give-up bound for the cluster's recovery, not a speed assertion.
+  RECOVERY = 60
+
+  def self.included(test_class)
+    test_class.extend(ClassMethods)
+  end
+
+  module ClassMethods
+    def cluster
+      @cluster ||= ClusterProcess.new(partitions: self::PARTITIONS).tap do |c|
+        Minitest.after_run { c.stop }
+      end
+    end
+  end
 
   def cluster
     self.class.cluster
@@ -90,14 +106,6 @@ class ClusterRoutingTest < Minitest::Test
   include ClusterTestHelpers
 
   PARTITIONS = 4
-  # A give-up bound for the cluster's recovery, not a speed assertion.
-  RECOVERY = 60
-
-  def self.cluster
-    @cluster ||= ClusterProcess.new(partitions: PARTITIONS).tap do |c|
-      Minitest.after_run { c.stop }
-    end
-  end
 
   def test_each_call_goes_to_the_leader_of_its_partition
     info = cluster.wait_for_live_leaders
@@ -167,16 +175,8 @@ class ClusterStreamPerLeaderTest < Minitest::Test
   include ClusterTestHelpers
 
   PARTITIONS = 2
-  # A give-up bound for the cluster's recovery, not a speed assertion.
-  RECOVERY = 60
   RELAYING = "jobbroker_work_streams_relaying"
   OPEN = "jobbroker_work_streams_open"
-
-  def self.cluster
-    @cluster ||= ClusterProcess.new(partitions: PARTITIONS).tap do |c|
-      Minitest.after_run { c.stop }
-    end
-  end
 
   def metrics(name, nodes)
     nodes.map { |address| cluster.metric(cluster.addresses.index(address), name) }
@@ -232,14 +232,6 @@ class ClusterStopTest < Minitest::Test
   include ClusterTestHelpers
 
   PARTITIONS = 2
-  # A give-up bound for the cluster's recovery, not a speed assertion.
-  RECOVERY = 60
-
-  def self.cluster
-    @cluster ||= ClusterProcess.new(partitions: PARTITIONS).tap do |c|
-      Minitest.after_run { c.stop }
-    end
-  end
 
   # The worker as the cluster lists it (every partition's leader asked), nil while unreachable.
   def listed(worker_id)
