@@ -82,7 +82,7 @@ run_suite() {
 
 # run_suite runs in a child bash under timeout(1), which needs the function and what it reads.
 export -f run_suite
-export root build jobs
+export root build jobs test_jobs
 
 # Each suite's output goes to the terminal and to a log; the summary ends with the lines of each
 # failed suite that say why, because a CI page often shows only the last screen of a run.
