@@ -132,6 +132,7 @@ TEST_F(ScheduleTest, EveryRunIsEnqueuedOnceAcrossRepeatedKill9s) {
   ASSERT_GE(runs.size(), 5u);
   EXPECT_GT(runs.back(), down.back().second - absl::Seconds(1))
       << "runs go on after the last restart";
+  EXPECT_LT(runs.front(), down.front().first) << "and ran before the first kill";
   // Keys sort as times. Between consecutive runs a second apart nothing was missed; a longer gap
   // must hold a downtime (the runs missed then are caught up as one).
   int gaps = 0;
