@@ -623,18 +623,16 @@ class WorkerContractTest extends WorkerTestBase {
       BrokerProcess own, String queue, CountDownLatch finish, String result) throws Exception {
     CountDownLatch running = new CountDownLatch(1);
     Worker w =
-        Worker.builder(own.client)
-            .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
-            .handle(
-                queue,
-                job -> {
-                  running.countDown();
-                  finish.await();
-                  return result;
-                })
-            .build();
-    worker = w;
-    w.start();
+        start(
+            Worker.builder(own.client)
+                .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(400))
+                .handle(
+                    queue,
+                    job -> {
+                      running.countDown();
+                      finish.await();
+                      return result;
+                    }));
     assertTrue(running.await(30, TimeUnit.SECONDS));
     return w;
   }
