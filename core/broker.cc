@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/broker_mutation.h"
@@ -51,8 +52,29 @@ absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& 
 
 absl::Status Broker::Recover() {
   const absl::Time started = clock_.Now();
-  RecoveredState found(options_.max_hot_jobs);
-  BROKER_RETURN_IF_ERROR(store_.Recover(options_.partition, found));
+  // The store's scan (on this thread) and the building of the indexes (on `loader`) run side by
+  // side, a chunk of jobs at a time: at millions of jobs each is about half of a restart, and
+  // together they use two cores. At most kChunksAhead chunks wait, so memory stays bounded.
+  constexpr size_t kChunksAhead = 4;
+  ChunkQueue queue(kChunksAhead);
+  Loading loading;
+  {
+    absl::MutexLock lock(&mu_);
+    BeginLoadLocked(started);
+  }
+  std::thread loader([this, &queue, &loading] {
+    while (std::optional<RecoveredState::Chunk> chunk = queue.Pop()) {
+      absl::MutexLock lock(&mu_);
+      LoadChunkLocked(*std::move(chunk), loading);
+    }
+  });
+  RecoveredState found(options_.max_hot_jobs, RecoveredState::kDefaultChunkJobs,
+                       [&queue](RecoveredState::Chunk chunk) { queue.Push(std::move(chunk)); });
+  const absl::Status scanned = store_.Recover(options_.partition, found);
+  found.Finish();
+  queue.Close();
+  loader.join();
+  BROKER_RETURN_IF_ERROR(scanned);
   uint64_t commit;
   size_t expired;
   {
@@ -60,7 +82,7 @@ absl::Status Broker::Recover() {
     Transition t;
     Effects fx;                     // nobody is subscribed yet: nothing to deliver
     fx.Require(Durability::kSync);  // waited for below
-    expired = LoadLocked(found, clock_.Now(), t, fx);
+    expired = FinishLoadLocked(found, loading, clock_.Now(), t, fx);
     commit = CommitChangeLocked(std::move(t), fx);
   }
   // A failed write does not stop the start: the broker serves reads and refuses changes until
@@ -76,12 +98,20 @@ void Broker::QuarantineLocked(CorruptRecord record) {
 }
 
 size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, Effects& fx) {
-  for (CorruptRecord& record : found.corrupt) QuarantineLocked(std::move(record));
-  applied_seq_ = found.applied_seq;
+  BeginLoadLocked(now);
+  Loading loading;
+  for (RecoveredState::Chunk& chunk : found.chunks) LoadChunkLocked(std::move(chunk), loading);
+  found.chunks.clear();
+  return FinishLoadLocked(found, loading, now, t, fx);
+}
+
+void Broker::BeginLoadLocked(absl::Time now) {
+  change_now_ = now;
   queues_.CreateConfigured();
-  for (auto& [name, policy] : found.policies) queues_.SetRuntime(queues_.Get(name), policy);
-  // Runs that came due while nobody ran them are enqueued at the next Tick (catch-up rules).
-  for (Schedule& s : found.schedules) schedules_.Put(std::move(s));
+}
+
+void Broker::LoadChunkLocked(RecoveredState::Chunk chunk, Loading& loading) {
+  for (auto& [name, policy] : chunk.policies) queues_.SetRuntime(queues_.Get(name), policy);
   // Both are keys of the store or fixed at enqueue; a repeat means a damaged record.
   auto clash = [&](const std::string& id, uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (jobs_.HasId(id)) return absl::DataLossError(absl::StrCat("job ", id, " is stored twice"));
@@ -89,14 +119,12 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
     if (other.empty()) return absl::OkStatus();
     return absl::DataLossError(absl::StrCat("sequence number ", seq, " is also job ", other, "'s"));
   };
-  change_now_ = now;
-  std::vector<std::string> waiting;  // WAITING jobs, to wait again once every job is loaded
-  for (Job& job : found.jobs) {
+  for (Job& job : chunk.jobs) {
     if (absl::Status s = clash(job.id, job.seq); !s.ok()) {
       QuarantineLocked(CorruptRecord{RecordKind::kJob, job.id, std::move(s)});
       continue;
     }
-    if (job.state == JobState::kWaiting) waiting.push_back(job.id);
+    if (job.state == JobState::kWaiting) loading.waiting.push_back(job.id);
     if (!job.depends_on.empty()) NoteNeededByLocked(job);
     jobs_.SeenSeq(job.seq);
     auto owned = std::make_unique<Job>(std::move(job));
@@ -104,34 +132,51 @@ size_t Broker::LoadLocked(RecoveredState& found, absl::Time now, Transition& t, 
     IndexLocked(*owned);
     jobs_.Adopt(std::move(owned), 0);
   }
-  for (RecoveredState::ColdJob& c : found.cold) {
-    if (absl::Status s = clash(UnpackJobId(c.id), c.seq); !s.ok()) {
-      QuarantineLocked(CorruptRecord{RecordKind::kJob, UnpackJobId(c.id), std::move(s)});
+  // A restart may hold millions of cold jobs, so this loop does no more than their index entries
+  // need: one Job is reused, each queue is looked up once, and the id is unpacked only for a
+  // clash.
+  for (std::string& name : chunk.new_queue_names) {
+    loading.queues.push_back(&queues_.Get(name));
+    loading.queue_names.push_back(std::move(name));
+  }
+  Job& fields = loading.fields;
+  for (RecoveredState::ColdJob& c : chunk.cold) {
+    // An id is a key of the store, so only the seq can repeat (in a damaged record).
+    if (jobs_.HasSeq(c.seq)) {
+      const std::string id = UnpackJobId(c.id);
+      QuarantineLocked(CorruptRecord{RecordKind::kJob, id, clash(id, c.seq)});
       continue;
     }
     jobs_.SeenSeq(c.seq);
-    // IndexLocked reads only these fields of a READY or SCHEDULED job.
-    Job fields;
-    fields.queue = found.queue_names[c.queue];
+    QueueState& q = *loading.queues[c.queue];
+    fields.queue = loading.queue_names[c.queue];
     fields.state = c.state;
     fields.seq = c.seq;
     fields.priority = c.priority;
     fields.run_at = c.run_at;
     fields.concurrency_key = std::move(c.concurrency_key);
     fields.expire_at = c.expire_at;
-    queues_.Get(fields.queue).all.insert(c.seq);
-    IndexLocked(fields);
+    q.all.insert(c.seq);
+    IndexLocked(q, fields);
     jobs_.AddCold(c.seq, c.id);
   }
-  found.cold = {};  // can be large: give it back before the rest of the start
-  for (auto& [id, depends_on] : found.cold_depends_on) {
+  for (auto& [id, depends_on] : chunk.cold_depends_on) {
     Job edges;
     edges.id = std::move(id);
     edges.depends_on = std::move(depends_on);
     NoteNeededByLocked(edges);
   }
+}
+
+size_t Broker::FinishLoadLocked(RecoveredState& found, Loading& loading, absl::Time now,
+                                Transition& t, Effects& fx) {
+  for (CorruptRecord& record : found.corrupt) QuarantineLocked(std::move(record));
+  applied_seq_ = found.applied_seq;
+  // Runs that came due while nobody ran them are enqueued at the next Tick (catch-up rules).
+  for (Schedule& s : found.schedules) schedules_.Put(std::move(s));
   for (DedupEntry& e : found.dedup) dedup_.Put(std::move(e));
-  RewaitLocked(waiting, now, t, fx);
+  change_now_ = now;
+  RewaitLocked(loading.waiting, now, t, fx);
   // Leases that ran out while the broker was down become failed attempts now.
   size_t expired = 0;
   while (std::optional<uint64_t> seq = deadlines_.DueLease(now)) {
@@ -261,8 +306,9 @@ bool Broker::WritableLocked() const {
 
 // ---------------------------------------------------------------------------------------------
 // Indexes
-void Broker::IndexLocked(const Job& job) {
-  QueueState& q = queues_.Get(job.queue);
+void Broker::IndexLocked(const Job& job) { IndexLocked(queues_.Get(job.queue), job); }
+
+void Broker::IndexLocked(QueueState& q, const Job& job) {
   q.Index(job);
   switch (job.state) {
     case JobState::kScheduled:

@@ -329,10 +329,26 @@ class Broker {
   bool WritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- Recovery and storage failures (broker.cc, broker_storage.cc) ----------------------------
-  // Builds memory from what the store held (`found`; memory must be empty) and turns leases that
-  // ran out into failed attempts, into `t`. Returns how many leases expired.
+  // What building memory from the store's chunks carries from one chunk to the next.
+  struct Loading {
+    std::vector<std::string> queue_names;  // of cold jobs, over the chunks so far
+    std::vector<QueueState*> queues;       // the same queues, each looked up once
+    std::vector<std::string> waiting;      // WAITING jobs, to wait again once all are loaded
+    Job fields;  // one cold job's index fields: all IndexLocked reads of a READY/SCHEDULED job
+  };
+  // Builds memory from what the store held (`found`, finished; memory must be empty) and turns
+  // leases that ran out into failed attempts, into `t`. Returns how many leases expired.
   size_t LoadLocked(RecoveredState& found, absl::Time now, Transition& t, Effects& fx)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LoadLocked in three steps, so that Recover can build one chunk's indexes while the store
+  // reads the next: the configured queues first, then each chunk in the store's order, then
+  // the rest of `found` (dedup keys, schedules, records that did not decode) and the jobs whose
+  // wait or lease is over by `now`.
+  void BeginLoadLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoadChunkLocked(RecoveredState::Chunk chunk, Loading& loading)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t FinishLoadLocked(RecoveredState& found, Loading& loading, absl::Time now, Transition& t,
+                          Effects& fx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets every job, queue, dedup key and consumer, handing waiting Leases and streams out to
   // be answered without the lock.
   void ClearLocked(std::vector<LeaseDone>& waiting,
@@ -366,6 +382,8 @@ class Broker {
 
   // --- Indexes (broker.cc): every change of a job's state, run_at or lease goes through these --
   void IndexLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same, in `q`: job's queue (recovery looks each queue up once, not once per job).
+  void IndexLocked(QueueState& q, const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UnindexLocked(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes `job` (not ACTIVE) from memory and deletes its record in `t`; destroys `job`.
   void RemoveJobLocked(Job& job, Transition& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

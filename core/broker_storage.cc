@@ -58,6 +58,7 @@ absl::Status Broker::ResumeWrites() {
   // A broker rebuilding after another one resumed the store (cause OK) only reads it.
   absl::Status s = cause.ok() ? absl::OkStatus() : store_.Resume();
   if (s.ok()) s = store_.Recover(options_.partition, found);
+  found.Finish();
 
   std::vector<LeaseDone> waiting;
   std::vector<std::shared_ptr<StreamSink>> streams;

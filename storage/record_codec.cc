@@ -2,13 +2,17 @@
 
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 #include "storage/record.pb.h"
 
 namespace jobbroker::storage {
@@ -227,6 +231,82 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
   job.depends_on.assign(r.depends_on().begin(), r.depends_on().end());
   for (const storage::HeaderRecord& d : r.dependency_results())
     job.dependency_results[d.key()] = d.value();
+  return job;
+}
+
+absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes) {
+  using google::protobuf::internal::WireFormatLite;
+  if (bytes.size() > static_cast<size_t>(INT_MAX))
+    return absl::DataLossError(absl::StrCat("JobRecord does not parse (", bytes.size(), " bytes)"));
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  core::ColdJobFields job;
+  uint64_t version = 0;
+  uint64_t state = 0;
+  uint64_t run_at_us = 0;
+  std::optional<uint64_t> expire_at_us;
+  // The field numbers and wire types of JobRecord (storage/record.proto); a field read twice
+  // keeps its last value, as protobuf's own parser does.
+  auto varint = [&](uint32_t tag, uint64_t& out) {
+    return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT &&
+           in.ReadVarint64(&out);
+  };
+  auto string = [&](uint32_t tag, std::string& out) {
+    uint32_t size = 0;
+    return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED &&
+           in.ReadVarint32(&size) && in.ReadString(&out, static_cast<int>(size));
+  };
+  bool ok = true;
+  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+    uint64_t value = 0;
+    switch (WireFormatLite::GetTagFieldNumber(tag)) {
+      case storage::JobRecord::kFormatVersionFieldNumber:
+        ok = varint(tag, version);
+        break;
+      case storage::JobRecord::kIdFieldNumber:
+        ok = string(tag, job.id);
+        break;
+      case storage::JobRecord::kQueueFieldNumber:
+        ok = string(tag, job.queue);
+        break;
+      case storage::JobRecord::kStateFieldNumber:
+        ok = varint(tag, state);
+        break;
+      case storage::JobRecord::kPriorityFieldNumber:
+        ok = varint(tag, value);
+        job.priority = static_cast<int32_t>(value);  // int32 on the wire: its low 32 bits
+        break;
+      case storage::JobRecord::kSeqFieldNumber:
+        ok = varint(tag, job.seq);
+        break;
+      case storage::JobRecord::kConcurrencyKeyFieldNumber:
+        ok = string(tag, job.concurrency_key);
+        break;
+      case storage::JobRecord::kRunAtUsFieldNumber:
+        ok = varint(tag, run_at_us);
+        break;
+      case storage::JobRecord::kExpireAtUsFieldNumber:
+        ok = varint(tag, value);
+        expire_at_us = value;
+        break;
+      case storage::JobRecord::kDependsOnFieldNumber:
+        ok = string(tag, job.depends_on.emplace_back());
+        break;
+      default:
+        ok = WireFormatLite::SkipField(&in, tag);
+        break;
+    }
+    if (!ok) break;
+  }
+  if (!ok || !in.ConsumedEntireMessage() || in.CurrentPosition() != static_cast<int>(bytes.size()))
+    return absl::DataLossError(absl::StrCat("JobRecord does not parse (", bytes.size(), " bytes)"));
+  BROKER_RETURN_IF_ERROR(
+      CheckVersion("JobRecord", static_cast<uint32_t>(version), kJobRecordFormatVersion));
+  absl::StatusOr<core::JobState> known = ToJobState(static_cast<int32_t>(state));
+  if (!known.ok()) return known.status();
+  job.state = *known;
+  job.run_at = MicrosToTime(static_cast<int64_t>(run_at_us));
+  if (expire_at_us.has_value()) job.expire_at = MicrosToTime(static_cast<int64_t>(*expire_at_us));
   return job;
 }
 

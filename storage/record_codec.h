@@ -29,6 +29,10 @@ std::string EncodeJob(const core::Job& job);
 // kDataLoss if `bytes` do not parse, carry no or a newer format_version, or hold an enum value
 // this build does not know; the message says which.
 absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes);
+// Only the fields a cold job's index entries need, from the same bytes, without copying the
+// payload, headers, attempts or results (recovery's cost at millions of jobs). kDataLoss as for
+// DecodeJob for what it reads; the fields it skips are checked when the job is read back whole.
+absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes);
 
 // The queue and key are not encoded: they are the store's key.
 std::string EncodeDedup(const core::DedupEntry& entry);

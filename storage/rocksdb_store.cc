@@ -732,6 +732,19 @@ absl::Status RocksDbStore::Recover(uint32_t partition, core::RecoveryVisitor& vi
                               }));
   BROKER_RETURN_IF_ERROR(scan(jobs_, kRocksDbJobsColumnFamily, core::RecordKind::kJob,
                               [&](absl::string_view key, absl::string_view value) {
+                                if (visitor.NextJobMayBeCold()) {
+                                  absl::StatusOr<core::ColdJobFields> cold =
+                                      DecodeColdJobFields(value);
+                                  if (!cold.ok()) return cold.status();
+                                  if (cold->id != key) {
+                                    return absl::DataLossError(absl::StrCat(
+                                        "record holds job \"", absl::CHexEscape(cold->id), "\""));
+                                  }
+                                  if ((cold->state == core::JobState::kReady ||
+                                       cold->state == core::JobState::kScheduled) &&
+                                      visitor.OnColdJob(*cold))
+                                    return absl::OkStatus();
+                                }
                                 absl::StatusOr<core::Job> job = DecodeJob(value);
                                 if (!job.ok()) return job.status();
                                 if (job->id != key) {

@@ -47,10 +47,15 @@ class StorageEvents : public BrokerObserver {
     absl::MutexLock lock(&mu_);
     corrupt.push_back(absl::StrCat(RecordKindName(r.kind), ":", r.key));
   }
+  void Recovered(size_t jobs, size_t /*expired_leases*/, absl::Duration /*took*/) override {
+    absl::MutexLock lock(&mu_);
+    recovered.push_back(jobs);
+  }
   absl::Mutex mu_;
   std::vector<absl::Status> failed, resumed;
   std::vector<absl::Duration> outages;
   std::vector<std::string> corrupt;
+  std::vector<size_t> recovered;  // the job count of each recovery (the "recovered" log line)
 };
 
 class BrokerStorageTest : public BrokerFixture {
@@ -65,6 +70,30 @@ class BrokerStorageTest : public BrokerFixture {
   }
   StorageEvents events_;
 };
+
+// The count a recovery reports (the "recovered" log line) is every job it found, cold ones too:
+// before issue 23 it counted only the jobs kept whole, at a restart and at a rebuild alike.
+TEST_F(BrokerStorageTest, ARecoveryCountsEveryJobItFoundHotOrCold) {
+  for (int i = 0; i < 5; ++i) Enqueue("q", absl::StrCat("p", i));
+  broker_.reset();
+  BrokerOptions o = Options();
+  o.observer = &events_;
+  o.max_hot_jobs = 2;  // 2 whole, 3 as index entries
+  auto opened = BlockingBroker::Open(store_, clock_, o);
+  ASSERT_THAT(opened, IsOk());
+  broker_ = std::move(*opened);
+  EXPECT_EQ(broker_->memory_counts().cold_jobs, 3);
+  ASSERT_EQ(events_.recovered.size(), 2u) << "the first open, then the restart";
+  EXPECT_EQ(events_.recovered.back(), 5u);
+
+  // A rebuild after a failed write counts the same way.
+  store_.FailWritesAfter(0);
+  EXPECT_FALSE(broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "lost"}).ok());
+  store_.FailWritesAfter(-1);
+  ASSERT_THAT(broker_->ResumeWrites(), IsOk());
+  ASSERT_EQ(events_.recovered.size(), 3u);
+  EXPECT_EQ(events_.recovered.back(), 5u) << "the refused job was never stored";
+}
 
 TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) {
   const std::string a = Enqueue("q", "a");

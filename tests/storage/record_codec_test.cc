@@ -148,6 +148,75 @@ TEST(RecordCodecTest, UnknownFieldOfSameVersionIsIgnored) {
   EXPECT_EQ(*decoded, job);
 }
 
+// Recovery's light decode of a cold job reads the same fields as the whole decode, from the
+// same bytes.
+void ExpectColdFieldsOf(const core::Job& job) {
+  const std::string bytes = EncodeJob(job);
+  absl::StatusOr<core::Job> whole = DecodeJob(bytes);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  absl::StatusOr<core::ColdJobFields> cold = DecodeColdJobFields(bytes);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  EXPECT_EQ(cold->id, whole->id);
+  EXPECT_EQ(cold->queue, whole->queue);
+  EXPECT_EQ(cold->state, whole->state);
+  EXPECT_EQ(cold->seq, whole->seq);
+  EXPECT_EQ(cold->priority, whole->priority);
+  EXPECT_EQ(cold->run_at, whole->run_at);
+  EXPECT_EQ(cold->concurrency_key, whole->concurrency_key);
+  EXPECT_EQ(cold->expire_at, whole->expire_at);
+  EXPECT_EQ(cold->depends_on, whole->depends_on);
+}
+
+TEST(RecordCodecTest, ColdFieldsAreTheWholeDecodesFields) {
+  core::Job full = FullJob();
+  full.depends_on = {"01A", "01B"};
+  full.expire_at = absl::FromUnixMicros(1700000000123456);
+  ExpectColdFieldsOf(full);
+  full.priority = -7;  // a negative int32 is ten bytes on the wire
+  full.state = core::JobState::kScheduled;
+  full.run_at = absl::InfiniteFuture();
+  ExpectColdFieldsOf(full);
+  ExpectColdFieldsOf(core::Job());  // every field at its default: nothing on the wire
+  ExpectColdFieldsOf(SimpleJob("j"));
+}
+
+TEST(RecordCodecTest, ColdFieldsRefuseWhatTheWholeDecodeRefuses) {
+  EXPECT_THAT(DecodeColdJobFields("\xff\xff\xff\xff not a record"),
+              StatusIs(absl::StatusCode::kDataLoss));
+  const std::string bytes = EncodeJob(FullJob());
+  EXPECT_THAT(DecodeColdJobFields(absl::string_view(bytes).substr(0, bytes.size() - 3)),
+              StatusIs(absl::StatusCode::kDataLoss));
+  absl::StatusOr<core::ColdJobFields> empty = DecodeColdJobFields("");
+  EXPECT_THAT(empty, StatusIs(absl::StatusCode::kDataLoss));
+  EXPECT_THAT(empty.status().message(), HasSubstr("no format_version"));
+
+  storage::JobRecord record;
+  ASSERT_TRUE(record.ParseFromString(EncodeJob(SimpleJob("j"))));
+  record.set_format_version(99);
+  absl::StatusOr<core::ColdJobFields> newer = DecodeColdJobFields(record.SerializeAsString());
+  EXPECT_THAT(newer.status().message(), HasSubstr("format_version 99"));
+  record.set_format_version(kJobRecordFormatVersion);
+  record.set_state(42);
+  absl::StatusOr<core::ColdJobFields> state = DecodeColdJobFields(record.SerializeAsString());
+  EXPECT_THAT(state.status().message(), HasSubstr("state 42"));
+}
+
+TEST(RecordCodecTest, ColdFieldsRefuseAKnownFieldOfAnotherWireType) {
+  std::string bytes = EncodeJob(SimpleJob("j"));
+  bytes += std::string("\x42\x01\x01", 3);  // field 8 (seq, a varint) as 1 length-delimited byte
+  EXPECT_THAT(DecodeColdJobFields(bytes), StatusIs(absl::StatusCode::kDataLoss));
+}
+
+TEST(RecordCodecTest, ColdFieldsSkipUnknownFields) {
+  core::Job job = SimpleJob("j");
+  std::string bytes = EncodeJob(job);
+  bytes += std::string("\xa0\x06\x01", 3);  // field 100, varint 1
+  absl::StatusOr<core::ColdJobFields> cold = DecodeColdJobFields(bytes);
+  ASSERT_TRUE(cold.ok()) << cold.status();
+  EXPECT_EQ(cold->id, job.id);
+  EXPECT_EQ(cold->seq, job.seq);
+}
+
 TEST(RecordCodecTest, DedupRoundTripsWithQueueAndKeyFromArguments) {
   core::DedupEntry entry = Dedup("emails", std::string("k\0ey", 4), "job-1");
   entry.payload_hash = 0xfedcba9876543210ULL;

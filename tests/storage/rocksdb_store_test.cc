@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/ids.h"
 #include "gmock/gmock.h"
@@ -30,6 +31,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 using ::testing::Not;
 using ::testing::Pair;
 
@@ -168,6 +170,97 @@ TEST_F(RocksDbStoreTest, WriteReopenRecover) {
   EXPECT_EQ(r.jobs, want_jobs);
   EXPECT_EQ(r.dedup, want_dedup);
   EXPECT_THAT(r.policies, ElementsAre(Pair("q", FullPolicy())));
+}
+
+// A visitor that keeps jobs cold past `hot_limit` (as the broker's RecoveredState does), taking
+// only their index fields; ids that start with "whole" it wants whole after all.
+class ColdRecordingVisitor final : public core::RecoveryVisitor {
+ public:
+  explicit ColdRecordingVisitor(size_t hot_limit) : hot_limit_(hot_limit) {}
+  void OnJob(core::Job job) override { whole.push_back(std::move(job)); }
+  bool NextJobMayBeCold() const override { return whole.size() >= hot_limit_; }
+  bool OnColdJob(core::ColdJobFields& job) override {
+    if (absl::StartsWith(job.id, "whole")) return false;
+    cold.push_back(std::move(job));
+    return true;
+  }
+  void OnDedup(core::DedupEntry) override {}
+  void OnPolicy(std::string, core::PolicyOverride) override {}
+  void OnSchedule(core::Schedule) override {}
+  void OnCorrupt(core::CorruptRecord record) override { corrupt.push_back(std::move(record)); }
+
+  std::vector<core::Job> whole;
+  std::vector<core::ColdJobFields> cold;
+  std::vector<core::CorruptRecord> corrupt;
+
+ private:
+  const size_t hot_limit_;
+};
+
+TEST_F(RocksDbStoreTest, RecoveryHandsJobsPastTheHotLimitOverAsTheirIndexFields) {
+  core::Transition t;
+  const core::JobState states[] = {core::JobState::kReady, core::JobState::kScheduled,
+                                   core::JobState::kActive, core::JobState::kCompleted};
+  for (int i = 0; i < 8; ++i) {
+    core::Job job = FullJob(absl::StrCat("job-", i));
+    job.seq = i + 1;
+    job.state = states[i % 4];
+    job.priority = -i;
+    job.depends_on = {absl::StrCat("dep-", i)};
+    t.put_jobs.push_back(job);
+  }
+  core::Job wanted_whole = SimpleJob("whole-1");
+  wanted_whole.seq = 100;
+  t.put_jobs.push_back(wanted_whole);
+  WriteAndClose(t);
+
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  ColdRecordingVisitor r(/*hot_limit=*/2);
+  ASSERT_THAT(store->Recover(0, r), IsOk());
+  EXPECT_THAT(r.corrupt, IsEmpty());
+  // In key order: job-0 and job-1 fill the hot limit; after them, READY and SCHEDULED jobs come
+  // as fields, ACTIVE and ended ones whole, and "whole-1" whole because the visitor asked.
+  std::vector<std::string> whole_ids, cold_ids;
+  for (const core::Job& job : r.whole) whole_ids.push_back(job.id);
+  for (const core::ColdJobFields& job : r.cold) cold_ids.push_back(job.id);
+  EXPECT_THAT(whole_ids,
+              ElementsAre("job-0", "job-1", "job-2", "job-3", "job-6", "job-7", "whole-1"));
+  EXPECT_THAT(cold_ids, ElementsAre("job-4", "job-5"));
+  EXPECT_EQ(r.whole.back(), wanted_whole);
+  for (const core::ColdJobFields& cold : r.cold) {
+    const core::Job& put = t.put_jobs[cold.seq - 1];
+    EXPECT_EQ(cold.queue, put.queue);
+    EXPECT_EQ(cold.state, put.state);
+    EXPECT_EQ(cold.priority, put.priority);
+    EXPECT_EQ(cold.run_at, put.run_at);
+    EXPECT_EQ(cold.concurrency_key, put.concurrency_key);
+    EXPECT_EQ(cold.expire_at, put.expire_at);
+    EXPECT_EQ(cold.depends_on, put.depends_on);
+  }
+}
+
+TEST_F(RocksDbStoreTest, AColdCandidateThatDoesNotDecodeIsReportedAndSkipped) {
+  core::Transition t;
+  for (int i = 0; i < 3; ++i) {
+    core::Job job = SimpleJob(absl::StrCat("job-", i));
+    job.seq = i + 1;
+    t.put_jobs.push_back(job);
+  }
+  WriteAndClose(t);
+  {
+    RawDb raw(path_);
+    raw.Put(kRocksDbJobsColumnFamily, P0 + "job-2", "garbage");
+  }
+  std::unique_ptr<RocksDbStore> store = OpenOk();
+  ASSERT_NE(store, nullptr);
+  ColdRecordingVisitor r(/*hot_limit=*/1);
+  ASSERT_THAT(store->Recover(0, r), IsOk());
+  ASSERT_EQ(r.corrupt.size(), 1u);
+  EXPECT_EQ(r.corrupt[0].key, "job-2");
+  EXPECT_EQ(r.whole.size(), 1u);
+  ASSERT_EQ(r.cold.size(), 1u);
+  EXPECT_EQ(r.cold[0].id, "job-1");
 }
 
 TEST_F(RocksDbStoreTest, CreationWritesFormatMarker) {
