@@ -115,60 +115,168 @@ absl::StatusOr<core::Jitter> ToJitter(int32_t v) {
 
 }  // namespace
 
+namespace {
+
+// JobRecord's wire format written straight from a Job, as protobuf's SerializeAsString would
+// write the message built from it, byte for byte (record_codec_test.cc compares the two): fields
+// in number order, proto3's zero values and empty strings left out, `optional` ones written when
+// set. Every put of a job is encoded (a lease and an ack each write the whole record), and
+// building the message first copied every string once more and allocated for each.
+//
+// Two passes share the field code: a Sizer counts the bytes of a nested record (its length goes
+// before it), a Writer writes them into a buffer sized for the worst case.
+class Sizer {
+ public:
+  void Varint(uint64_t v) { size_ += VarintSize(v); }
+  void Raw(absl::string_view v) { size_ += v.size(); }
+  size_t size() const { return size_; }
+
+  static size_t VarintSize(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+      v >>= 7;
+      ++n;
+    }
+    return n;
+  }
+
+ private:
+  size_t size_ = 0;
+};
+
+class Writer {
+ public:
+  explicit Writer(char* at) : at_(at) {}
+  void Varint(uint64_t v) {
+    while (v >= 0x80) {
+      *at_++ = static_cast<char>(v | 0x80);
+      v >>= 7;
+    }
+    *at_++ = static_cast<char>(v);
+  }
+  void Raw(absl::string_view v) {
+    if (v.empty()) return;
+    std::memcpy(at_, v.data(), v.size());
+    at_ += v.size();
+  }
+  char* at() const { return at_; }
+
+ private:
+  char* at_;
+};
+
+constexpr int kVarint = 0;
+constexpr int kLengthDelimited = 2;
+
+template <typename Out>
+void Tag(Out& out, int field, int wire_type) {
+  out.Varint(static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire_type));
+}
+// A varint field, left out when zero unless `always` (an `optional` one that is set). int32 and
+// int64 go as their 64-bit two's complement: a negative int32 takes 10 bytes.
+template <typename Out>
+void VarintField(Out& out, int field, uint64_t v, bool always = false) {
+  if (v == 0 && !always) return;
+  Tag(out, field, kVarint);
+  out.Varint(v);
+}
+template <typename Out>
+void IntField(Out& out, int field, int64_t v) {
+  VarintField(out, field, static_cast<uint64_t>(v));
+}
+// A bytes field, left out when empty unless `always` (an element of a repeated one).
+template <typename Out>
+void BytesField(Out& out, int field, absl::string_view v, bool always = false) {
+  if (v.empty() && !always) return;
+  Tag(out, field, kLengthDelimited);
+  out.Varint(v.size());
+  out.Raw(v);
+}
+
+template <typename Out>
+void HeaderRecordFields(Out& out, absl::string_view key, absl::string_view value) {
+  BytesField(out, 1, key);
+  BytesField(out, 2, value);
+}
+
+template <typename Out>
+void AttemptRecordFields(Out& out, const core::AttemptRecord& a) {
+  IntField(out, 1, a.attempt);
+  BytesField(out, 2, a.worker_id);
+  IntField(out, 3, TimeToMicros(a.started_at));
+  IntField(out, 4, TimeToMicros(a.ended_at));
+  IntField(out, 5, static_cast<int32_t>(a.outcome));
+  BytesField(out, 6, a.error);
+}
+
+}  // namespace
+
 // Keep EncodeJob, DecodeJob and JobRecord in step with every member of Job; the codec and
 // conformance tests build a Job with every field set to catch a forgotten one.
 std::string EncodeJob(const core::Job& job) {
-  storage::JobRecord r;
-  r.set_format_version(kJobRecordFormatVersion);
-  r.set_id(job.id);
-  r.set_queue(job.queue);
-  r.set_state(static_cast<int32_t>(job.state));
-  r.set_payload(job.payload);
-  for (const auto& [key, value] : job.headers) {
-    storage::HeaderRecord* h = r.add_headers();
-    h->set_key(key);
-    h->set_value(value);
-  }
-  r.set_priority(job.priority);
-  r.set_seq(job.seq);
-  r.set_attempt(job.attempt);
-  r.set_max_attempts(job.max_attempts);
-  r.set_dedup_key(job.dedup_key);
-  r.set_concurrency_key(job.concurrency_key);
-  r.set_created_at_us(TimeToMicros(job.created_at));
-  r.set_run_at_us(TimeToMicros(job.run_at));
-  r.set_lease_duration_us(DurationToMicros(job.lease_duration));
-  r.set_lease_id(job.lease_id);
-  r.set_worker_id(job.worker_id);
-  r.set_lease_deadline_us(TimeToMicros(job.lease_deadline));
-  r.set_lease_length_us(DurationToMicros(job.lease_length));
-  r.set_cancel_requested(job.cancel_requested);
-  r.set_last_error(job.last_error);
-  r.set_fail_reason(static_cast<int32_t>(job.fail_reason));
-  for (const core::AttemptRecord& a : job.attempts) {
-    storage::AttemptRecord* ar = r.add_attempts();
-    ar->set_attempt(a.attempt);
-    ar->set_worker_id(a.worker_id);
-    ar->set_started_at_us(TimeToMicros(a.started_at));
-    ar->set_ended_at_us(TimeToMicros(a.ended_at));
-    ar->set_outcome(static_cast<int32_t>(a.outcome));
-    ar->set_error(a.error);
-  }
-  r.set_result(job.result);
-  r.set_checkpoint(job.checkpoint);
-  r.set_completed_at_us(TimeToMicros(job.completed_at));
-  r.set_timeout_us(DurationToMicros(job.timeout));
-  if (job.timeout_at != absl::InfiniteFuture()) r.set_timeout_at_us(TimeToMicros(job.timeout_at));
-  if (job.expire_at != absl::InfiniteFuture()) r.set_expire_at_us(TimeToMicros(job.expire_at));
-  r.set_snoozes(job.snoozes);
-  r.set_progress(job.progress);
-  for (const std::string& id : job.depends_on) r.add_depends_on(id);
-  for (const auto& [id, result] : job.dependency_results) {
-    storage::HeaderRecord* d = r.add_dependency_results();
-    d->set_key(id);
-    d->set_value(result);
-  }
-  return r.SerializeAsString();
+  // The worst case: every string, plus for each of the 33 fields and each repeated element a
+  // tag, a length or number and, for a nested record, its own tags and numbers (an attempt's
+  // six fields take at most 66 bytes).
+  size_t bound = job.id.size() + job.queue.size() + job.payload.size() + job.dedup_key.size() +
+                 job.concurrency_key.size() + job.lease_id.size() + job.worker_id.size() +
+                 job.last_error.size() + job.result.size() + job.checkpoint.size() +
+                 job.progress.size() + 33 * 12;
+  for (const auto& [key, value] : job.headers) bound += key.size() + value.size() + 24;
+  for (const core::AttemptRecord& a : job.attempts)
+    bound += a.worker_id.size() + a.error.size() + 80;
+  for (const std::string& id : job.depends_on) bound += id.size() + 12;
+  for (const auto& [id, result] : job.dependency_results) bound += id.size() + result.size() + 24;
+  std::string out(bound, '\0');
+  Writer w(out.data());
+
+  auto nested = [&w](int field, auto fields) {
+    Sizer size;
+    fields(size);
+    Tag(w, field, kLengthDelimited);
+    w.Varint(size.size());
+    fields(w);
+  };
+  VarintField(w, 1, kJobRecordFormatVersion);
+  BytesField(w, 2, job.id);
+  BytesField(w, 3, job.queue);
+  IntField(w, 4, static_cast<int32_t>(job.state));
+  BytesField(w, 5, job.payload);
+  // Pairs, not structured bindings: clang 14 cannot capture a binding in a lambda.
+  for (const auto& header : job.headers)
+    nested(6, [&](auto& out) { HeaderRecordFields(out, header.first, header.second); });
+  IntField(w, 7, job.priority);
+  VarintField(w, 8, job.seq);
+  IntField(w, 9, job.attempt);
+  IntField(w, 10, job.max_attempts);
+  BytesField(w, 11, job.dedup_key);
+  BytesField(w, 12, job.concurrency_key);
+  IntField(w, 13, TimeToMicros(job.created_at));
+  IntField(w, 14, TimeToMicros(job.run_at));
+  IntField(w, 15, DurationToMicros(job.lease_duration));
+  BytesField(w, 16, job.lease_id);
+  BytesField(w, 17, job.worker_id);
+  IntField(w, 18, TimeToMicros(job.lease_deadline));
+  IntField(w, 19, DurationToMicros(job.lease_length));
+  VarintField(w, 20, job.cancel_requested ? 1 : 0);
+  BytesField(w, 21, job.last_error);
+  IntField(w, 22, static_cast<int32_t>(job.fail_reason));
+  for (const core::AttemptRecord& a : job.attempts)
+    nested(23, [&](auto& out) { AttemptRecordFields(out, a); });
+  BytesField(w, 24, job.result);
+  BytesField(w, 25, job.checkpoint);
+  IntField(w, 26, TimeToMicros(job.completed_at));
+  IntField(w, 27, DurationToMicros(job.timeout));
+  if (job.timeout_at != absl::InfiniteFuture())
+    VarintField(w, 28, static_cast<uint64_t>(TimeToMicros(job.timeout_at)), /*always=*/true);
+  if (job.expire_at != absl::InfiniteFuture())
+    VarintField(w, 29, static_cast<uint64_t>(TimeToMicros(job.expire_at)), /*always=*/true);
+  IntField(w, 30, job.snoozes);
+  BytesField(w, 31, job.progress);
+  for (const std::string& id : job.depends_on) BytesField(w, 32, id, /*always=*/true);
+  for (const auto& dependency : job.dependency_results)
+    nested(33, [&](auto& out) { HeaderRecordFields(out, dependency.first, dependency.second); });
+  out.resize(static_cast<size_t>(w.at() - out.data()));
+  return out;
 }
 
 absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {

@@ -1,5 +1,8 @@
 #include "storage/record_codec.h"
 
+#include <cstdint>
+#include <limits>
+#include <random>
 #include <string>
 
 #include "absl/status/status.h"
@@ -7,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/record.pb.h"
+#include "tests/storage/reference_job_encoder.h"
 #include "tests/storage/storage_test_util.h"
 #include "tests/testing/status_matchers.h"
 
@@ -215,6 +219,90 @@ TEST(RecordCodecTest, ColdFieldsSkipUnknownFields) {
   ASSERT_TRUE(cold.ok()) << cold.status();
   EXPECT_EQ(cold->id, job.id);
   EXPECT_EQ(cold->seq, job.seq);
+}
+
+TEST(RecordCodecTest, EncodeJobWritesWhatProtobufWritesByteForByte) {
+  EXPECT_EQ(EncodeJob(FullJob()), ReferenceEncode(FullJob()));
+  EXPECT_EQ(EncodeJob(SimpleJob("j")), ReferenceEncode(SimpleJob("j")));
+  EXPECT_EQ(EncodeJob(core::Job()), ReferenceEncode(core::Job()));
+
+  // Edges: the extremes of each integer, zero times where presence matters, empty strings in
+  // repeated fields, an attempt with every field at its default, a string past 127 bytes (a
+  // two-byte length).
+  core::Job edges = FullJob();
+  edges.priority = std::numeric_limits<int32_t>::min();
+  edges.attempt = std::numeric_limits<int32_t>::max();
+  edges.max_attempts = -1;
+  edges.seq = std::numeric_limits<uint64_t>::max();
+  edges.snoozes = -2;
+  edges.timeout_at = absl::UnixEpoch();  // set, and zero on the wire: still written
+  edges.expire_at = absl::InfinitePast();
+  edges.run_at = absl::UnixEpoch();
+  edges.lease_duration = -absl::InfiniteDuration();
+  edges.timeout = absl::ZeroDuration();
+  edges.headers[""] = "";
+  edges.depends_on = {"", "a", std::string(300, 'd')};
+  edges.dependency_results = {{"", ""}, {"x", std::string(200, 'r')}};
+  edges.attempts.push_back(core::AttemptRecord{});
+  edges.payload = std::string(100000, '\x80');
+  EXPECT_EQ(EncodeJob(edges), ReferenceEncode(edges));
+
+  // And many jobs with random fields, each left at its default half the time.
+  std::mt19937_64 random(20261205);
+  auto chance = [&] { return random() % 2 == 0; };
+  auto text = [&] {
+    return chance() ? std::string() : std::string(random() % 300, 'a' + random() % 26);
+  };
+  auto number = [&] { return chance() ? 0 : static_cast<int64_t>(random()) >> (random() % 64); };
+  auto time = [&] {
+    switch (random() % 4) {
+      case 0:
+        return absl::InfinitePast();
+      case 1:
+        return absl::InfiniteFuture();
+      default:
+        return absl::FromUnixMicros(number());
+    }
+  };
+  for (int i = 0; i < 1000; ++i) {
+    core::Job j;
+    j.id = text();
+    j.queue = text();
+    j.state = static_cast<core::JobState>(random() % 8);
+    j.payload = text();
+    for (int h = random() % 3; h > 0; --h) j.headers[text()] = text();
+    j.priority = static_cast<int32_t>(number());
+    j.seq = static_cast<uint64_t>(number());
+    j.attempt = static_cast<int32_t>(number());
+    j.max_attempts = static_cast<int32_t>(number());
+    j.dedup_key = text();
+    j.concurrency_key = text();
+    j.created_at = time();
+    j.run_at = time();
+    j.lease_duration = absl::Microseconds(number());
+    j.lease_id = text();
+    j.worker_id = text();
+    j.lease_deadline = time();
+    j.lease_length = absl::Microseconds(number());
+    j.cancel_requested = chance();
+    j.last_error = text();
+    j.fail_reason = static_cast<core::FailReason>(random() % 3);
+    for (int a = random() % 3; a > 0; --a)
+      j.attempts.push_back(
+          core::AttemptRecord{static_cast<int32_t>(number()), text(), time(), time(),
+                              static_cast<core::AttemptOutcome>(random() % 4), text()});
+    j.result = text();
+    j.checkpoint = text();
+    j.completed_at = time();
+    j.timeout = absl::Microseconds(number());
+    j.timeout_at = time();
+    j.expire_at = time();
+    j.snoozes = static_cast<int32_t>(number());
+    j.progress = text();
+    for (int d = random() % 3; d > 0; --d) j.depends_on.push_back(text());
+    for (int d = random() % 3; d > 0; --d) j.dependency_results[text()] = text();
+    ASSERT_EQ(EncodeJob(j), ReferenceEncode(j)) << "random job " << i;
+  }
 }
 
 TEST(RecordCodecTest, DedupRoundTripsWithQueueAndKeyFromArguments) {
