@@ -207,6 +207,11 @@ class Broker {
   absl::StatusOr<uint64_t> WatchJob(const std::string& job_id, std::shared_ptr<JobWatcher> watcher);
   // The watcher went away: it is told nothing more (not even End). Unknown handles are ignored.
   void Unwatch(uint64_t handle);
+  // Cluster mode, when this node stops leading the partition (node::Partitions::HaltWrites):
+  // every watch ends with `why` (kUnavailable: watch again, at the new leader), since the
+  // changes it waits for are now made elsewhere; while the pipeline stays halted so, WatchJob
+  // refuses with the halt's cause. A watch left here would never hear of its job again.
+  void EndWatches(const absl::Status& why);
   // Admin.ListWorkers: every worker with an open stream, a waiting Lease or an ACTIVE job here,
   // by worker_id (core/workers.h). With `queue` set, only those subscribed to, waiting on or
   // running a job of that queue (their other queues and jobs still listed). A read: no change.

@@ -203,6 +203,9 @@ absl::StatusOr<uint64_t> Broker::WatchJob(const std::string& job_id,
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::UnavailableError("the broker is shutting down");
+    // Checked under mu_, as EndWatches detaches under it: a watch added after the halt is
+    // refused here, one added before is ended there.
+    if (absl::Status halted = pipeline_.status(); IsNotStorageFailure(halted)) return halted;
     Job* job = FindJobLocked(job_id);
     if (job == nullptr) return NoSuchJob(job_id);
     if (IsTerminal(job->state)) {
@@ -224,6 +227,15 @@ absl::StatusOr<uint64_t> Broker::WatchJob(const std::string& job_id,
 void Broker::Unwatch(uint64_t handle) {
   absl::MutexLock lock(&mu_);
   watchers_.Remove(handle);
+}
+
+void Broker::EndWatches(const absl::Status& why) {
+  std::vector<WatchNotice> watches;
+  {
+    absl::MutexLock lock(&mu_);
+    watchers_.DetachAll(why, watches);
+  }
+  Notify(watches);
 }
 
 std::vector<WorkerInfo> Broker::ListWorkers(const std::string& queue) {

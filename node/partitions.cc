@@ -115,7 +115,17 @@ uint64_t Partitions::store_writes() const {
 }
 
 void Partitions::HaltWrites(uint32_t partition, absl::Status cause) {
-  pipelines_[pipelines_.size() == 1 ? 0 : partition]->Halt(std::move(cause));
+  core::CommitPipeline& pipeline = *pipelines_[pipelines_.size() == 1 ? 0 : partition];
+  pipeline.Halt(cause);
+  // After the halt, so that a watch that comes in between is refused (Broker::WatchJob). Ended
+  // with the pipeline's cause: a halt of a halted pipeline only changes it, and it says who
+  // leads now. Over one shared pipeline every broker was halted with it.
+  const absl::Status cause_now = pipeline.status();
+  if (pipelines_.size() == 1) {
+    for (const std::unique_ptr<core::Broker>& broker : brokers_) broker->EndWatches(cause_now);
+  } else {
+    brokers_[partition]->EndWatches(cause_now);
+  }
 }
 
 uint32_t Partitions::PartitionOfQueue(std::string_view queue) const {

@@ -8,45 +8,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/core/broker_test_util.h"
+#include "tests/testing/recording_watcher.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::core {
 namespace {
 
+using ::jobbroker::testing::RecordingWatcher;
 using ::jobbroker::testing::StatusIs;
 using ::testing::ElementsAre;
-
-// Records what the broker tells one watcher.
-class RecordingWatcher : public JobWatcher {
- public:
-  void Changed(Job job) override {
-    absl::MutexLock lock(&mu_);
-    seen_.push_back(std::move(job));
-  }
-  void End(absl::Status status) override {
-    absl::MutexLock lock(&mu_);
-    ended_ = std::move(status);
-  }
-  std::vector<JobState> states() {
-    absl::MutexLock lock(&mu_);
-    std::vector<JobState> out;
-    for (const Job& j : seen_) out.push_back(j.state);
-    return out;
-  }
-  std::vector<Job> seen() {
-    absl::MutexLock lock(&mu_);
-    return seen_;
-  }
-  std::optional<absl::Status> ended() {
-    absl::MutexLock lock(&mu_);
-    return ended_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<Job> seen_;
-  std::optional<absl::Status> ended_;
-};
 
 class BrokerWatchTest : public BrokerFixture {
  protected:

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/ids.h"
 #include "gmock/gmock.h"
@@ -20,6 +21,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/faulty_store.h"
 #include "tests/testing/recording_sink.h"
+#include "tests/testing/recording_watcher.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::node {
@@ -28,6 +30,7 @@ namespace {
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::RecordingSink;
+using ::jobbroker::testing::RecordingWatcher;
 using ::jobbroker::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -373,22 +376,32 @@ TEST(PartitionsOpenTest, ACountOutOfRangeIsRefused) {
               StatusIs(Code::kInvalidArgument, HasSubstr("partitions is 32769")));
 }
 
-// Cluster mode: a store and a pipeline per partition, each halted until it resumes. Halting one
-// partition (its node stopped leading it) refuses its changes with the cause and leaves the others
-// writing; its ResumeWrites brings it back with what its store holds.
-TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
-  std::vector<std::unique_ptr<testing::FaultyStore>> stores;
-  std::vector<core::Store*> borrowed;
-  for (uint32_t p = 0; p < kPartitions; ++p) {
-    stores.push_back(std::make_unique<testing::FaultyStore>());
-    borrowed.push_back(stores.back().get());
+// Cluster mode's layout: a store and a pipeline per partition, each halted until it resumes.
+class PartitionsOpenEachTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::vector<core::Store*> borrowed;
+    for (uint32_t p = 0; p < kPartitions; ++p) {
+      stores_.push_back(std::make_unique<testing::FaultyStore>());
+      borrowed.push_back(stores_.back().get());
+    }
+    core::BrokerOptions options;
+    options.commit_mode = core::CommitPipeline::Mode::kInline;
+    auto opened = BlockingPartitions::Open(borrowed, clock_, options);
+    ASSERT_THAT(opened, IsOk());
+    partitions_ = *std::move(opened);
   }
-  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
-  core::BrokerOptions options;
-  options.commit_mode = core::CommitPipeline::Mode::kInline;
-  auto opened = BlockingPartitions::Open(borrowed, clock, options);
-  ASSERT_THAT(opened, IsOk());
-  BlockingPartitions& partitions = **opened;
+
+  FakeClock clock_{absl::FromUnixSeconds(1'800'000'000)};
+  std::vector<std::unique_ptr<testing::FaultyStore>> stores_;
+  std::unique_ptr<BlockingPartitions> partitions_;
+};
+
+// Halting one partition (its node stopped leading it) refuses its changes with the cause and leaves
+// the others writing; its ResumeWrites brings it back with what its store holds.
+TEST_F(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
+  BlockingPartitions& partitions = *partitions_;
+  std::vector<std::unique_ptr<testing::FaultyStore>>& stores = stores_;
   ASSERT_EQ(partitions.broker().count(), kPartitions);
   // No partition writes before its node leads it.
   EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}),
@@ -414,6 +427,37 @@ TEST(PartitionsOpenEachTest, HaltingOnePartitionStopsItAloneUntilItResumes) {
   EXPECT_EQ(partitions.GetJob(kept)->queue, QueueIn(1)) << "rebuilt from its store";
   EXPECT_THAT(partitions.Enqueue({.queue = QueueIn(1)}), IsOk());
   EXPECT_THAT(partitions.broker().storage_status(), IsOk());
+}
+
+// A partition this node stops leading changes elsewhere from then on: a watch of one of its jobs
+// (Admin.WatchJob, or the dependency relay's) ends at once with the cause, so that it is opened
+// again at the new leader, instead of waiting for ever on a broker that will not change the job.
+// Jepsen seed 1109040273 left a job WAITING for good: its node's relay watched the dependency in
+// a partition that the node then handed back to its preferred replica.
+TEST_F(PartitionsOpenEachTest, WatchesOfAPartitionThatStopsBeingLedEndAndNewOnesAreRefused) {
+  BlockingPartitions& partitions = *partitions_;
+  ASSERT_THAT(partitions.broker().ResumeWrites(), IsOk());
+  const std::string led_elsewhere = partitions.Enqueue({.queue = QueueIn(1)})->job_id;
+  const std::string still_led = partitions.Enqueue({.queue = QueueIn(2)})->job_id;
+  auto moved = std::make_shared<RecordingWatcher>();
+  auto kept = std::make_shared<RecordingWatcher>();
+  ASSERT_THAT(partitions.broker().broker(1).WatchJob(led_elsewhere, moved), IsOk());
+  ASSERT_THAT(partitions.broker().broker(2).WatchJob(still_led, kept), IsOk());
+
+  partitions.broker().HaltWrites(
+      1, core::NotStorageFailure(absl::UnavailableError("partition 1 is led by node-b now")));
+  ASSERT_TRUE(moved->ended().has_value()) << "the watch ends when the partition moves";
+  EXPECT_THAT(*moved->ended(), StatusIs(Code::kUnavailable, HasSubstr("led by node-b")));
+  EXPECT_FALSE(kept->ended().has_value()) << "partition 2 is still led here";
+  EXPECT_THAT(
+      partitions.broker().broker(1).WatchJob(led_elsewhere, std::make_shared<RecordingWatcher>()),
+      StatusIs(Code::kUnavailable, HasSubstr("led by node-b")));
+
+  // Led here again (rebuilt from its store): watched here again.
+  ASSERT_THAT(partitions.broker().broker(1).ResumeWrites(), IsOk());
+  auto again = std::make_shared<RecordingWatcher>();
+  EXPECT_THAT(partitions.broker().broker(1).WatchJob(led_elsewhere, again), IsOk());
+  EXPECT_FALSE(again->ended().has_value());
 }
 
 // The real store: each partition recovers its own jobs, and numbering goes on after a restart.
