@@ -1,6 +1,7 @@
 #include "tests/crash/checker.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -1076,7 +1077,17 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& all_final_jobs) 
     violate(kind, "", std::move(detail));
   });
   // A job that waited for others (the producers' batches): each of them completed, and no
-  // attempt of it started before the last of them did.
+  // attempt of it started before the last of them did. Both times are stamped by the wall clock
+  // of the node that wrote them, and the clock-skew nemesis restarts a node with its clock off by
+  // up to its skew: a start stamped by one node and a completion by another may then look out of
+  // order by up to two skews (seed 816933868: a dependency completed on one node at 92.22 s, its
+  // dependent's start stamped 90.62 s by a node 2 s behind, while the worker logs show the start
+  // after the completion). Without a skew the times are compared as they are.
+  int64_t clock_slack_us = 0;
+  for (const DriverEvent& e : logs.driver_events) {
+    if (e.type == DriverEventType::kNodeSkew)
+      clock_slack_us = std::max(clock_slack_us, 2 * std::abs(e.value) * 1'000'000);
+  }
   for (const v1::Job& job : final_jobs) {
     if (job.depends_on().empty()) continue;
     ++s.dependents;
@@ -1092,10 +1103,14 @@ Report Check(const CrashLogs& logs, const std::vector<v1::Job>& all_final_jobs) 
       if (dep->second->queue() != job.queue()) ++s.dependents_across_queues;
       const int64_t completed = Micros(dep->second->completed_at());
       for (const v1::AttemptRecord& a : job.attempts()) {
-        if (Micros(a.started_at()) < completed) {
-          violate(ViolationKind::kDependencyOrder, job.id(),
-                  absl::StrCat("attempt ", a.attempt(), " started at ", Micros(a.started_at()),
-                               ", before its dependency ", dep_id, " completed at ", completed));
+        if (Micros(a.started_at()) + clock_slack_us < completed) {
+          violate(
+              ViolationKind::kDependencyOrder, job.id(),
+              absl::StrCat("attempt ", a.attempt(), " started at ", Micros(a.started_at()),
+                           ", before its dependency ", dep_id, " completed at ", completed,
+                           clock_slack_us > 0 ? absl::StrCat(" (by more than the ", clock_slack_us,
+                                                             " us that skewed clocks allow)")
+                                              : ""));
         }
       }
     }

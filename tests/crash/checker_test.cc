@@ -792,5 +792,32 @@ TEST(DependencyCheckTest, AJobThatStartedBeforeItsDependencyCompletedIsAViolatio
   EXPECT_EQ(report.summary.dependents, 2);
 }
 
+// Broker times come from the clock of the node that stamped them: with a node restarted 1 s off,
+// a start up to 2 s before its dependency's completion may be the clocks, not the order; further
+// off it is still a violation.
+TEST(DependencyCheckTest, SkewedClocksAllowTwiceTheSkewAndNoMore) {
+  Scenario s;
+  s.producer = Enq(100, "P", "kp") + Enq(100, "C", "kc") + Enq(100, "E", "ke");
+  v1::Job parent = Job("P", "kp", v1::JOB_STATE_COMPLETED, 1,
+                       {{1, 1000, v1::ATTEMPT_OUTCOME_COMPLETED, 5'000'000}});
+  *parent.mutable_completed_at() =
+      google::protobuf::util::TimeUtil::MicrosecondsToTimestamp(5'000'000);
+  v1::Job skewed = Job("C", "kc", v1::JOB_STATE_COMPLETED, 1,
+                       {{1, 3'500'000, v1::ATTEMPT_OUTCOME_COMPLETED, 6'000'000}});
+  skewed.add_depends_on("P");
+  v1::Job early = Job("E", "ke", v1::JOB_STATE_COMPLETED, 1,
+                      {{1, 2'500'000, v1::ATTEMPT_OUTCOME_COMPLETED, 6'000'000}});
+  early.add_depends_on("P");
+  s.final_jobs = {parent, skewed, early};
+  s.driver = Line({"50", "NODE_SKEW", "node-2", "-1"});
+  s.worker = Recv(1000, "w1.1", "P", 1, "L1") + AckOk(5'000'000, "w1.1", "P", 1, "L1") +
+             Recv(5'100'000, "w1.1", "C", 1, "L2") + AckOk(6'000'000, "w1.1", "C", 1, "L2") +
+             Recv(5'100'000, "w1.1", "E", 1, "L3") + AckOk(6'000'000, "w1.1", "E", 1, "L3");
+  const Report report = s.Run();
+  ASSERT_THAT(Kinds(report), ElementsAre(ViolationKind::kDependencyOrder))
+      << report.ViolationList();
+  EXPECT_EQ(report.violations[0].job_id, "E");
+}
+
 }  // namespace
 }  // namespace jobbroker::crash
