@@ -54,7 +54,21 @@ describe('a three-node cluster', () => {
   const nodes = [];
   let client;
 
-  const startNode = (n) =>
+  // A port picked free may still be taken before the node binds it (by another suite running
+  // at the same time): the node then exits with gRPC's "No address added". It starts again on
+  // another port; peers dial the address it registers in etcd, so a node restarted on a new one
+  // rejoins all the same.
+  const startNode = async (n) => {
+    for (let attempt = 1; ; attempt++) {
+      try {
+        return await startNodeOn(n);
+      } catch (err) {
+        if (attempt === 3 || !/No address added/.test(err.message)) throw err;
+        ports[n] = await freePort();
+      }
+    }
+  };
+  const startNodeOn = (n) =>
     startBroker({
       listen: `127.0.0.1:${ports[n]}`,
       dataDir: path.join(root, `node-${n}`),

@@ -2,7 +2,7 @@
 // cluster page's tests; stopped (and its directory removed) by stop() or when the process exits.
 
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -10,15 +10,31 @@ import path from 'node:path';
 const etcdBin = process.env.ETCD_BIN || '/usr/bin/etcd';
 const READY_TIMEOUT_MS = 30_000;
 
-// A port free right now on 127.0.0.1 (the kernel's pick, released at once).
-export function freePort() {
-  return new Promise((resolve, reject) => {
+// A port free right now on 127.0.0.1, below the kernel's ephemeral range (as the C++ harnesses
+// pick theirs, tests/testing/process_util.h): a port the kernel picked would be released at once
+// and could be taken, before the process given it binds, as the local port of any outgoing
+// connection (CI saw a node exit with "No address added" that way).
+export async function freePort() {
+  let low = 32768;
+  try {
+    low = Number(readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]) || low;
+  } catch {
+    // not Linux: the default range
+  }
+  const hi = Math.min(low, 32768) - 1;
+  const lo = Math.max(1024, hi - 12000);
+  for (let i = 0; i < 100; i++) {
+    const port = lo + Math.floor(Math.random() * (hi - lo + 1));
+    if (await bindable(port)) return port;
+  }
+  throw new Error(`no free port in ${lo}..${hi}`);
+}
+
+function bindable(port) {
+  return new Promise((resolve) => {
     const server = net.createServer();
-    server.once('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
+    server.once('error', () => resolve(false));
+    server.listen(port, '127.0.0.1', () => server.close(() => resolve(true)));
   });
 }
 
