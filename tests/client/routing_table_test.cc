@@ -136,6 +136,21 @@ TEST(RoutingTableTest, AnEmptyTableKnowsNoAddress) {
   EXPECT_THAT(table.NodeAddresses(), IsEmpty());
 }
 
+TEST(RoutingTableTest, ASingleNodeTellsItsPartitionCountButRoutesNothing) {
+  v1::ClusterInfo info = ThreeNodes();
+  info.clear_cluster_name();
+  const RoutingTable table = RoutingTable::FromClusterInfo(info, "local:7");
+  EXPECT_FALSE(table.is_cluster());
+  // The producer's coalescer keys batches by it: a single node refuses a batch over its
+  // partitions too.
+  EXPECT_EQ(table.broker_partition_count(), kPartitions);
+  EXPECT_EQ(table.AddressOfQueue("anything"), "local:7");
+  EXPECT_EQ(RoutingTable().broker_partition_count(), 0u);
+  EXPECT_EQ(RoutingTable::SingleBroker("old:1").broker_partition_count(), 0u);
+  EXPECT_EQ(RoutingTable::FromClusterInfo(ThreeNodes(), "seed:9").broker_partition_count(),
+            kPartitions);
+}
+
 TEST(RoutingTableTest, AZeroPartitionCountMeansOnePartition) {
   v1::ClusterInfo info = ThreeNodes();
   info.set_partition_count(0);

@@ -116,6 +116,9 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
   }
 
   client::ClientOptions options;
+  // One command makes one call at a time: coalescing would have nothing to merge, and --timeout
+  // then bounds each call on its own, routing included, as it always has.
+  options.batching = false;
   options.address = all.Get("--address").value_or(client::DefaultAddress());
   std::string problem;
   if (client::SplitAddresses(options.address).empty()) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -14,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "jobbroker/coalescer.h"
 #include "jobbroker/health.h"
 #include "jobbroker/proto_time.h"
 #include "jobbroker/router.h"
@@ -48,19 +50,23 @@ bool IsTransient(absl::StatusCode code) {
 // transient failures when `retryable`. A transient failure also makes the router ask for the
 // cluster's layout again before the next call, retried or not: the node may no longer lead.
 // `timeout` replaces ClientOptions::timeout as each attempt's deadline when given (Lease's
-// long poll).
+// long poll). `first_deadline`, when earlier, ends the first attempt: a coalesced batch's
+// callers' earliest deadline, which may have run while the batch waited.
 template <typename Call>
 absl::Status Run(const ClientOptions& options, Router& router, const Router::Route& route,
-                 bool retryable, Call call, std::optional<absl::Duration> timeout = std::nullopt) {
+                 bool retryable, Call call, std::optional<absl::Duration> timeout = std::nullopt,
+                 absl::Time first_deadline = absl::InfiniteFuture()) {
   const int attempts = retryable ? std::max(1, options.max_attempts) : 1;
   const absl::Duration attempt_timeout = timeout.value_or(options.timeout);
   absl::Duration wait = kFirstBackoff;
   for (int attempt = 1;; ++attempt) {
     const std::shared_ptr<const Router::Node> node = router.NodeFor(route);
     grpc::ClientContext ctx;
-    if (attempt_timeout != absl::InfiniteDuration()) {
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + attempt_timeout));
-    }
+    absl::Time deadline = attempt_timeout == absl::InfiniteDuration()
+                              ? absl::InfiniteFuture()
+                              : absl::Now() + attempt_timeout;
+    if (attempt == 1) deadline = std::min(deadline, first_deadline);
+    if (deadline != absl::InfiniteFuture()) ctx.set_deadline(absl::ToChronoTime(deadline));
     if (absl::Status s = AddCallMetadata(options.token, &ctx); !s.ok()) return s;
     absl::Status status = FromGrpc(call(*node, &ctx));
     if (IsTransient(status.code())) router.MarkStale();
@@ -81,6 +87,51 @@ Router::Route BatchRoute(const v1::EnqueueBatchRequest& request) {
 Enqueued FromProto(const v1::EnqueueResponse& resp) {
   return Enqueued{.job_id = resp.job_id(), .deduplicated = resp.deduplicated()};
 }
+
+// The unary Enqueue, retried only with a dedup key. Free functions of the options and the
+// router (not Client members) because the coalescer calls them and outlives a move of the
+// Client.
+absl::StatusOr<Enqueued> SendEnqueueCall(const ClientOptions& options, Router& router,
+                                         const v1::EnqueueRequest& request,
+                                         absl::Time first_deadline = absl::InfiniteFuture()) {
+  v1::EnqueueResponse resp;
+  absl::Status s = Run(
+      options, router, Router::Route::Queue(request.queue()), !request.dedup_key().empty(),
+      [&](const Router::Node& node, grpc::ClientContext* ctx) {
+        resp.Clear();
+        return node.broker->Enqueue(ctx, request, &resp);
+      },
+      std::nullopt, first_deadline);
+  if (!s.ok()) return s;
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::vector<Enqueued>> SendEnqueueBatchCall(
+    const ClientOptions& options, Router& router, const v1::EnqueueBatchRequest& request,
+    absl::Time first_deadline = absl::InfiniteFuture()) {
+  // A retry repeats the whole batch; only dedup keys make that harmless, and only if every job
+  // has one.
+  const bool retryable =
+      !request.jobs().empty() &&
+      std::all_of(request.jobs().begin(), request.jobs().end(),
+                  [](const v1::EnqueueRequest& job) { return !job.dedup_key().empty(); });
+  v1::EnqueueBatchResponse resp;
+  absl::Status s = Run(
+      options, router, BatchRoute(request), retryable,
+      [&](const Router::Node& node, grpc::ClientContext* ctx) {
+        resp.Clear();
+        return node.broker->EnqueueBatch(ctx, request, &resp);
+      },
+      std::nullopt, first_deadline);
+  if (!s.ok()) return s;
+  std::vector<Enqueued> results;
+  results.reserve(resp.results_size());
+  for (const v1::EnqueueResponse& r : resp.results()) results.push_back(FromProto(r));
+  return results;
+}
+
+// The broker's message limit (kMaxMessageBytes) bounds a batch.
+constexpr int64_t kMaxBatchBytes = kMaxMessageBytes;
 
 }  // namespace
 
@@ -199,36 +250,98 @@ v1::EnqueueRequest MakeEnqueueRequest(const std::string& queue, const std::strin
   return req;
 }
 
+absl::Status ValidateClientOptions(const ClientOptions& options) {
+  if (options.batch_max_jobs < 1 || options.batch_max_jobs > 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_max_jobs must be 1 to 1000, not ", options.batch_max_jobs));
+  }
+  if (options.batch_max_bytes < 1 || options.batch_max_bytes > kMaxBatchBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_max_bytes must be 1 to ", kMaxBatchBytes,
+                                                   " (64 MiB), not ", options.batch_max_bytes));
+  }
+  if (options.batch_linger < absl::ZeroDuration() ||
+      options.batch_linger == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_linger must be finite and not negative, not ",
+                     absl::FormatDuration(options.batch_linger)));
+  }
+  if (options.batch_max_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_max_in_flight must be at least 1, not ", options.batch_max_in_flight));
+  }
+  return absl::OkStatus();
+}
+
 Client::Client(ClientOptions options) : options_(std::move(options)) {
+  // A constructor has no other way to refuse; ValidateClientOptions offers the check without.
+  if (absl::Status valid = ValidateClientOptions(options_); !valid.ok()) {
+    throw std::invalid_argument(std::string(valid.message()));
+  }
   if (options_.address.empty() && options_.addresses.empty()) options_.address = DefaultAddress();
   if (options_.token.empty()) options_.token = DefaultToken();
   router_ = std::make_unique<Router>(Router::Options::From(options_.address, options_.addresses,
                                                            options_.tls, options_.token,
                                                            options_.timeout, options_.channel));
+  if (options_.batching) {
+    // The router lives on the heap, so the pointer survives a move of this Client.
+    auto options = std::make_shared<const ClientOptions>(options_);
+    Router* router = router_.get();
+    coalescer_ = std::make_unique<Coalescer>(
+        Coalescer::Options{.max_jobs = options_.batch_max_jobs,
+                           .max_bytes = options_.batch_max_bytes,
+                           .linger = options_.batch_linger,
+                           .max_in_flight = options_.batch_max_in_flight},
+        Coalescer::Transport{
+            .send_one =
+                [options, router](const v1::EnqueueRequest& job, absl::Time deadline) {
+                  return SendEnqueueCall(*options, *router, job, deadline);
+                },
+            .send_batch =
+                [options, router](const v1::EnqueueBatchRequest& jobs, absl::Time deadline) {
+                  return SendEnqueueBatchCall(*options, *router, jobs, deadline);
+                },
+            .partition_count = [router] { return router->HeldPartitionCount(); }});
+  }
 }
 
-Client::~Client() = default;
+Client::~Client() { Close(); }
 Client::Client(Client&&) noexcept = default;
-Client& Client::operator=(Client&&) noexcept = default;
+
+Client& Client::operator=(Client&& other) noexcept {
+  if (this == &other) return *this;
+  // This client's batches use its router: drain them before the router goes.
+  Close();
+  coalescer_.reset();
+  options_ = std::move(other.options_);
+  router_ = std::move(other.router_);
+  coalescer_ = std::move(other.coalescer_);
+  enqueue_middlewares_ = std::move(other.enqueue_middlewares_);
+  return *this;
+}
+
+void Client::Close() {
+  if (coalescer_ != nullptr) coalescer_->Close();
+}
 
 const std::shared_ptr<grpc::Channel>& Client::channel() const { return router_->first()->channel; }
 
 absl::StatusOr<Enqueued> Client::Enqueue(const std::string& queue, const std::string& payload,
                                          const EnqueueOptions& options) {
-  return Enqueue(MakeEnqueueRequest(queue, payload, options));
+  return Enqueue(MakeEnqueueRequest(queue, payload, options), options.batch);
 }
 
 void Client::Use(EnqueueMiddleware middleware) {
   enqueue_middlewares_.push_back(std::move(middleware));
 }
 
-absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request) {
-  if (enqueue_middlewares_.empty()) return SendEnqueue(request);
+absl::StatusOr<Enqueued> Client::Enqueue(const v1::EnqueueRequest& request, bool batch) {
+  if (enqueue_middlewares_.empty()) return SendOne(request, batch);
   v1::EnqueueBatchRequest one;
   *one.add_jobs() = request;
+  // The middlewares run per call, above the coalescer: each job keeps its own producer span.
   absl::StatusOr<std::vector<Enqueued>> results =
-      ThroughMiddlewares(one, [this](v1::EnqueueBatchRequest& jobs) {
-        absl::StatusOr<Enqueued> enqueued = SendEnqueue(jobs.jobs(0));
+      ThroughMiddlewares(one, [this, batch](v1::EnqueueBatchRequest& jobs) {
+        absl::StatusOr<Enqueued> enqueued = SendOne(jobs.jobs(0), batch);
         if (!enqueued.ok()) return absl::StatusOr<std::vector<Enqueued>>(enqueued.status());
         return absl::StatusOr<std::vector<Enqueued>>(std::vector<Enqueued>{*std::move(enqueued)});
       });
@@ -267,37 +380,19 @@ absl::StatusOr<std::vector<Enqueued>> Client::ThroughMiddlewares(
   return chain(changeable);
 }
 
-absl::StatusOr<Enqueued> Client::SendEnqueue(const v1::EnqueueRequest& request) {
-  v1::EnqueueResponse resp;
-  absl::Status s =
-      Run(options_, *router_, Router::Route::Queue(request.queue()), !request.dedup_key().empty(),
-          [&](const Router::Node& node, grpc::ClientContext* ctx) {
-            resp.Clear();
-            return node.broker->Enqueue(ctx, request, &resp);
-          });
-  if (!s.ok()) return s;
-  return FromProto(resp);
+absl::StatusOr<Enqueued> Client::SendOne(const v1::EnqueueRequest& request, bool batch) {
+  if (!batch || coalescer_ == nullptr) return SendEnqueueCall(options_, *router_, request);
+  // This call's deadline, counted from now as a unary call's would be; the batch it joins ends
+  // its first attempt by the earliest of its callers'.
+  const absl::Time deadline = options_.timeout == absl::InfiniteDuration()
+                                  ? absl::InfiniteFuture()
+                                  : absl::Now() + options_.timeout;
+  return coalescer_->Enqueue(request, deadline);
 }
 
 absl::StatusOr<std::vector<Enqueued>> Client::SendEnqueueBatch(
     const v1::EnqueueBatchRequest& request) {
-  // A retry repeats the whole batch; only dedup keys make that harmless, and only if every job
-  // has one.
-  const bool retryable =
-      !request.jobs().empty() &&
-      std::all_of(request.jobs().begin(), request.jobs().end(),
-                  [](const v1::EnqueueRequest& job) { return !job.dedup_key().empty(); });
-  v1::EnqueueBatchResponse resp;
-  absl::Status s = Run(options_, *router_, BatchRoute(request), retryable,
-                       [&](const Router::Node& node, grpc::ClientContext* ctx) {
-                         resp.Clear();
-                         return node.broker->EnqueueBatch(ctx, request, &resp);
-                       });
-  if (!s.ok()) return s;
-  std::vector<Enqueued> results;
-  results.reserve(resp.results_size());
-  for (const v1::EnqueueResponse& r : resp.results()) results.push_back(FromProto(r));
-  return results;
+  return SendEnqueueBatchCall(options_, *router_, request);
 }
 
 absl::StatusOr<v1::Job> Client::GetJob(const std::string& job_id) {

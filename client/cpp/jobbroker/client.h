@@ -28,6 +28,7 @@ namespace jobbroker::client {
 inline constexpr char kClientName[] = "jobbroker-cpp/" JOBBROKER_CLIENT_VERSION;
 
 class Router;
+class Coalescer;
 
 // TLS for the channel to the broker (its --tls-cert, and --tls-client-ca for mutual TLS). PEM
 // text; ReadTlsFiles loads it from files.
@@ -78,7 +79,8 @@ struct ClientOptions {
   // (at most 5 s each). Values below 1 mean 1.
   int max_attempts = 3;
   // Called before each retry's wait with the attempt that failed (1-based), its status and the
-  // wait that follows; for logging and metrics. Runs on the calling thread.
+  // wait that follows; for logging and metrics. Runs on the calling thread (for a coalesced
+  // batch, on the thread of the caller that sends it).
   std::function<void(int attempt, const absl::Status& status, absl::Duration wait)> on_retry;
   // Use this channel instead of dialing `address` (tests, custom credentials); `tls` is then
   // ignored, `token` is still sent. Every call goes through it: no routing to leaders.
@@ -90,7 +92,29 @@ struct ClientOptions {
   // crosses the network in the clear. A token that is not printable ASCII fails every call with
   // INVALID_ARGUMENT (nothing is sent).
   std::string token;
+
+  // Enqueue coalescing (docs/worker-contract.md §10): concurrent Enqueue calls (EnqueueAndWait's
+  // too) are merged into EnqueueBatch calls, one batch per partition (and apart for jobs with a
+  // dedup key), and each caller still gets its own answer. false: every Enqueue is one unary
+  // call, as before. EnqueueBatch is always sent as it is. See Client.
+  bool batching = true;
+  // A batch is sent once it holds this many jobs: 1 to 1000.
+  int batch_max_jobs = 100;
+  // ... or once its jobs' payload and header (name and value) bytes reach this: 1 byte to
+  // 64 MiB. A job that would carry a batch past it goes into the next one.
+  int64_t batch_max_bytes = int64_t{1} << 20;
+  // How long a batch that could be sent waits for more jobs; finite, not negative. 0: none, the
+  // caller whose job opened it sends it at once (batches then form only while
+  // batch_max_in_flight of their key are in flight, which is when merging pays).
+  absl::Duration batch_linger = absl::ZeroDuration();
+  // Batches of one key in flight at once, at least 1; later jobs wait in the open batch.
+  int batch_max_in_flight = 4;
 };
+
+// OK, or INVALID_ARGUMENT naming the first option out of its range ("batch_max_jobs must be 1 to
+// 1000, not 0"). Client's constructor throws std::invalid_argument with this message for such
+// options; call it first to handle the error without exceptions.
+absl::Status ValidateClientOptions(const ClientOptions& options);
 
 // The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. May be a
 // comma-separated list.
@@ -136,6 +160,9 @@ struct EnqueueOptions {
   // Jobs (of the same partition) it waits for: WAITING until all completed; FAILED
   // (DEPENDENCY_FAILED) if one fails. The leased job carries their results.
   std::vector<std::string> depends_on;
+  // false: sent at once as a unary Enqueue of its own, never merged with other calls' jobs
+  // (ClientOptions::batching off for this call).
+  bool batch = true;
 };
 
 struct Enqueued {
@@ -188,11 +215,29 @@ std::optional<v1::Job> EndedJob(const absl::Status& status);
 // broker answers a repeat for the same lease as it answered the first) and Lease is not (a
 // repeat would lease more jobs).
 //
+// Enqueue coalescing (ClientOptions::batching, on by default; docs/worker-contract.md §10):
+// Enqueue (and EnqueueAndWait) hand their job, after the producer middlewares, to the open
+// batch of its key: its partition (by the partition count of the cluster table the client
+// holds, else its queue) and whether it has a dedup key. A caller whose job finds fewer than
+// batch_max_in_flight batches of its key in flight sends the batch at once from its own thread
+// (after batch_linger, if set); otherwise the job waits in the open batch, which the thread that
+// ends an in-flight batch of the key hands on. A batch is also sent once it holds
+// batch_max_jobs jobs or batch_max_bytes bytes. A batch of one is a unary Enqueue, so a lone
+// call costs what it did; more go as one EnqueueBatch, in the order of their calls, with the
+// earliest of their deadlines. Each caller gets its own job's result. A batch refused whole
+// (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ALREADY_EXISTS, FAILED_PRECONDITION, NOT_FOUND,
+// OUT_OF_RANGE, PERMISSION_DENIED: nothing applied) is sent again one job per call, so a bad job
+// fails only its own call, with the unary call's message; any other error (UNAVAILABLE after the
+// retries, which only a batch of dedup-keyed jobs gets, DEADLINE_EXCEEDED, ...) is every
+// caller's. Enqueue blocks its caller until its job is answered.
+//
 // Use() registers producer middleware before the first call; the other methods may then be
 // called from any thread.
 class Client {
  public:
+  // Throws std::invalid_argument (ValidateClientOptions' message) for options out of range.
   explicit Client(ClientOptions options = {});
+  // Close(), then the channels close.
   ~Client();
   Client(Client&&) noexcept;
   Client& operator=(Client&&) noexcept;
@@ -203,9 +248,15 @@ class Client {
 
   absl::StatusOr<Enqueued> Enqueue(const std::string& queue, const std::string& payload,
                                    const EnqueueOptions& options = {});
-  absl::StatusOr<Enqueued> Enqueue(const v1::EnqueueRequest& request);
-  // All or nothing.
+  // `batch` false: sent at once as a unary call of its own (EnqueueOptions::batch).
+  absl::StatusOr<Enqueued> Enqueue(const v1::EnqueueRequest& request, bool batch = true);
+  // All or nothing. Sent as it is: never merged with other calls' jobs, never split.
   absl::StatusOr<std::vector<Enqueued>> EnqueueBatch(const v1::EnqueueBatchRequest& request);
+
+  // Sends the open batches of coalesced enqueues now (cutting batch_linger short) and waits
+  // until every batch in flight is answered. Enqueue calls made after it are sent alone, as
+  // unary calls. The destructor calls it; call it first to drain from a thread of your choice.
+  void Close();
 
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Follows a job until it ends (Admin.WatchJob) and returns it in its terminal state. Calls
@@ -279,11 +330,15 @@ class Client {
   // `jobs` through the middlewares to `send`, the call itself.
   absl::StatusOr<std::vector<Enqueued>> ThroughMiddlewares(const v1::EnqueueBatchRequest& jobs,
                                                            const EnqueueHandler& send);
-  absl::StatusOr<Enqueued> SendEnqueue(const v1::EnqueueRequest& request);
+  // One job as the chain's last step: to the coalescer, or a unary call.
+  absl::StatusOr<Enqueued> SendOne(const v1::EnqueueRequest& request, bool batch);
   absl::StatusOr<std::vector<Enqueued>> SendEnqueueBatch(const v1::EnqueueBatchRequest& request);
 
   ClientOptions options_;
   std::unique_ptr<Router> router_;
+  // With ClientOptions::batching; declared after router_, which its sends use, so that it is
+  // closed first.
+  std::unique_ptr<Coalescer> coalescer_;
   // Around SendEnqueue and SendEnqueueBatch, the first outermost; set before the first call,
   // then only read.
   std::vector<EnqueueMiddleware> enqueue_middlewares_;

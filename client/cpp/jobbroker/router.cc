@@ -78,6 +78,11 @@ void Router::MarkStale() {
   if (state_ == State::kFresh) state_ = State::kStale;
 }
 
+uint32_t Router::HeldPartitionCount() const {
+  absl::MutexLock lock(&mu_);
+  return table_.broker_partition_count();
+}
+
 RoutingTable Router::Table() {
   RefreshIfNeeded();
   absl::MutexLock lock(&mu_);

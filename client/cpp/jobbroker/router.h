@@ -98,6 +98,11 @@ class Router {
   // The table as it is now, after fetching it if it is stale; empty with a fixed channel.
   RoutingTable Table() ABSL_LOCKS_EXCLUDED(mu_, refresh_mu_);
 
+  // The partition count of the table held now (RoutingTable::broker_partition_count), without
+  // fetching one: 0 before the first answer and with a fixed channel. Cheap: the coalescer asks
+  // it for every enqueue.
+  uint32_t HeldPartitionCount() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // The first given address (or the fixed channel's node).
   std::shared_ptr<const Node> first() const { return first_; }
   const std::vector<std::string>& addresses() const { return addresses_; }

@@ -11,6 +11,7 @@ namespace jobbroker::client {
 
 RoutingTable RoutingTable::FromClusterInfo(const v1::ClusterInfo& info, std::string answered_by) {
   RoutingTable table = SingleBroker(std::move(answered_by));
+  table.broker_partition_count_ = std::max<uint32_t>(1, info.partition_count());
   if (info.cluster_name().empty()) return table;
   table.is_cluster_ = true;
   table.partition_count_ = std::max<uint32_t>(1, info.partition_count());

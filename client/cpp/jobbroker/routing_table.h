@@ -32,6 +32,10 @@ class RoutingTable {
   bool is_cluster() const { return is_cluster_; }
   bool empty() const { return answered_by_.empty(); }
   uint32_t partition_count() const { return partition_count_; }
+  // The partitions the broker said it has, also outside a cluster (a single node started with
+  // --partitions 4 refuses a batch that spans them too); 0 when unknown (no table, or a broker
+  // that did not answer GetCluster). The producer's coalescer keys batches by it.
+  uint32_t broker_partition_count() const { return broker_partition_count_; }
   // Where the table came from.
   const std::string& answered_by() const { return answered_by_; }
 
@@ -56,6 +60,7 @@ class RoutingTable {
  private:
   bool is_cluster_ = false;
   uint32_t partition_count_ = 1;
+  uint32_t broker_partition_count_ = 0;
   std::string answered_by_;
   // By partition number; "" where the partition has no live leader with a known address.
   std::vector<std::string> leaders_;
