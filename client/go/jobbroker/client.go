@@ -24,6 +24,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -99,6 +100,23 @@ type Options struct {
 	// the outermost (see EnqueueMiddleware).
 	EnqueueMiddleware []EnqueueMiddleware
 
+	// Enqueue coalescing (docs/worker-contract.md §10): concurrent Enqueue calls (and
+	// EnqueueJSON, EnqueueAndWait) are merged into EnqueueBatch calls, one per partition, and
+	// each caller still gets its own answer. A lone call is sent at once, as a unary Enqueue.
+	// DisableBatching sends every Enqueue as one unary call, as before; WithoutBatching does so
+	// for one call. EnqueueBatch is always sent as it is.
+	DisableBatching bool
+	// A batch is sent once it holds this many jobs: 1 to 1000; 0 means 100.
+	BatchMaxJobs int
+	// ... or once its jobs' payload and header (name and value) bytes reach this; 0 means 1 MiB.
+	BatchMaxBytes int
+	// How long a batch that could be sent waits for more jobs. 0 (the default): none; the
+	// caller sends it at once, and jobs gather only while BatchMaxInFlight batches are out.
+	BatchLinger time.Duration
+	// Batches of one partition in flight at once; later jobs wait in the open batch, which is
+	// sent when one of them ends. 0 means 4.
+	BatchMaxInFlight int
+
 	// Extra gRPC dial options, applied after the client's own (an interceptor, a custom dialer,
 	// keepalive settings).
 	DialOptions []grpc.DialOption
@@ -132,12 +150,18 @@ type Client struct {
 	// Constant after construction.
 	enqueueMiddleware []EnqueueMiddleware
 	defaultDeadline   time.Duration // < 0: none
+	batcher           *coalescer    // nil: Options.DisableBatching
 }
 
 // New makes a client with opts. Like grpc.NewClient it does not connect yet: the first call
 // does, so a broker that is down shows up as an Unavailable error of that call (retried when
-// that is safe, see Client). It fails only on bad options (an unreadable CA or key file).
+// that is safe, see Client). It fails only on bad options (an unreadable CA or key file, a
+// batching option out of range).
 func New(opts Options) (*Client, error) {
+	batching, err := batchConfigOf(opts)
+	if err != nil {
+		return nil, err
+	}
 	addresses := resolveAddresses(opts)
 	if opts.Token == "" {
 		opts.Token = os.Getenv("JOBBROKER_TOKEN")
@@ -174,7 +198,7 @@ func New(opts Options) (*Client, error) {
 		return nil, err
 	}
 	routing := newRouter(addresses, conn, nodeDial)
-	c := newClientOnConn(routing, opts)
+	c := newClientOnConn(routing, opts, batching, routing.partitionCount)
 	c.router = routing
 	return c, nil
 }
@@ -186,29 +210,41 @@ func NewClient(address string, dialOptions ...grpc.DialOption) (*Client, error) 
 }
 
 // NewClientFromConn makes a client that uses an existing connection (whose dial options say
-// how it connects); Close does not close it. Of opts, only Token ($JOBBROKER_TOKEN is not
-// read), DefaultDeadline and EnqueueMiddleware apply.
+// how it connects); Close does not close it, but waits for the batches of Enqueue calls. Of
+// opts, only Token ($JOBBROKER_TOKEN is not read), DefaultDeadline, EnqueueMiddleware and the
+// batching options apply; batches are made per queue, as the cluster's layout is not asked
+// for. It panics on a batching option out of range, which New returns as an error.
 func NewClientFromConn(conn grpc.ClientConnInterface, opts ...Options) *Client {
 	var o Options
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	return newClientOnConn(conn, o)
+	batching, err := batchConfigOf(o)
+	if err != nil {
+		panic(err)
+	}
+	return newClientOnConn(conn, o, batching, func() uint32 { return 0 })
 }
 
-func newClientOnConn(conn grpc.ClientConnInterface, opts Options) *Client {
+// newClientOnConn makes a client of conn; batching nil: off. partitions is the partition count
+// batches are keyed by, 0 while unknown.
+func newClientOnConn(conn grpc.ClientConnInterface, opts Options, batching *batchConfig, partitions func() uint32) *Client {
 	deadline := opts.DefaultDeadline
 	if deadline == 0 {
 		deadline = DefaultDeadline
 	}
 	cc := &callConn{ClientConnInterface: conn, token: opts.Token, deadline: deadline}
-	return &Client{
+	c := &Client{
 		calls:             cc,
 		broker:            pb.NewBrokerClient(cc),
 		admin:             pb.NewAdminClient(cc),
 		enqueueMiddleware: slices.Clone(opts.EnqueueMiddleware),
 		defaultDeadline:   deadline,
 	}
+	if batching != nil {
+		c.batcher = newCoalescer(*batching, deadline, c.sendJobs, partitions)
+	}
+	return c
 }
 
 func resolveAddresses(opts Options) []string {
@@ -406,8 +442,12 @@ func (c *Client) workGroups(ctx context.Context, queues []string, maxInFlight in
 	return c.router.workGroups(c.calls.withMetadata(ctx), queues, maxInFlight)
 }
 
-// Close closes the connections New opened.
+// Close sends the open batches of Enqueue calls, waits until the batches in flight are
+// answered, and closes the connections New opened.
 func (c *Client) Close() error {
+	if c.batcher != nil {
+		c.batcher.close()
+	}
 	if c.router == nil {
 		return nil
 	}
@@ -510,13 +550,33 @@ func WithDependsOnIndex(indexes ...int32) EnqueueOption {
 	return func(r *pb.EnqueueRequest) { r.DependsOnIndex = append(r.DependsOnIndex, indexes...) }
 }
 
+// WithoutBatching sends this one job at once as a unary Enqueue, outside the coalescing of
+// concurrent calls (Options.DisableBatching does so for every call). It means nothing to
+// NewEnqueueRequest: EnqueueBatch is always sent as it is.
+func WithoutBatching() EnqueueOption {
+	return func(r *pb.EnqueueRequest) { unbatched.Store(r, struct{}{}) }
+}
+
+// unbatched holds the requests that WithoutBatching was applied to, until the Enqueue (or
+// NewEnqueueRequest) building them takes the mark. A mark outside the request itself, because
+// EnqueueOption is a function of the wire request, which has no field for it; the option
+// keeps that type so that options written by users go on working.
+var unbatched sync.Map
+
 // NewEnqueueRequest builds the request Enqueue sends; EnqueueBatch takes a slice of them.
 func NewEnqueueRequest(queue string, payload []byte, opts ...EnqueueOption) *pb.EnqueueRequest {
-	r := &pb.EnqueueRequest{Queue: queue, Payload: payload}
+	r, _ := newEnqueueRequest(queue, payload, opts)
+	return r
+}
+
+// newEnqueueRequest builds a request and says whether WithoutBatching was among opts.
+func newEnqueueRequest(queue string, payload []byte, opts []EnqueueOption) (r *pb.EnqueueRequest, withoutBatching bool) {
+	r = &pb.EnqueueRequest{Queue: queue, Payload: payload}
 	for _, o := range opts {
 		o(r)
 	}
-	return r
+	_, withoutBatching = unbatched.LoadAndDelete(r)
+	return r, withoutBatching
 }
 
 // Enqueued is what Enqueue returns.
@@ -532,15 +592,28 @@ type Enqueued struct {
 // with another payload; ResourceExhausted means the queue is full or the payload too large.
 // Unavailable (the broker is down) is retried only when the job has a dedup key: without one,
 // a repeat could enqueue the job twice, so the caller sees the error and decides.
+//
+// Unless batching is off (Options.DisableBatching, WithoutBatching), the job goes in a batch
+// with the jobs of concurrent calls for the same partition (see Options.BatchMaxJobs), after
+// the producer middleware has run for this call; the answer is still this job's own. A batch
+// the broker refuses whole (one bad job) is sent again one job per call, so an error names this
+// job's own fault. A caller that gives up (ctx ends) does not take its job out of the batch:
+// it may be created, as with a unary call cancelled in flight.
 func (c *Client) Enqueue(ctx context.Context, queue string, payload []byte, opts ...EnqueueOption) (Enqueued, error) {
+	req, withoutBatching := newEnqueueRequest(queue, payload, opts)
 	send := func(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
-		resp, err := c.broker.Enqueue(ctx, jobs[0])
+		// depends_on_index names jobs of the same EnqueueBatch: in a merged batch it would name
+		// other callers' jobs, so such a job goes alone and is refused as before.
+		if c.batcher == nil || withoutBatching || len(jobs) != 1 || len(jobs[0].GetDependsOnIndex()) > 0 {
+			return c.sendJobs(ctx, jobs[:1])
+		}
+		result, err := c.batcher.enqueue(ctx, jobs[0])
 		if err != nil {
 			return nil, err
 		}
-		return []Enqueued{{JobID: resp.GetJobId(), Deduplicated: resp.GetDeduplicated()}}, nil
+		return []Enqueued{result}, nil
 	}
-	out, err := c.throughMiddleware(send)(ctx, []*pb.EnqueueRequest{NewEnqueueRequest(queue, payload, opts...)})
+	out, err := c.throughMiddleware(send)(ctx, []*pb.EnqueueRequest{req})
 	if err != nil {
 		return Enqueued{}, err
 	}
@@ -561,20 +634,35 @@ func (c *Client) EnqueueJSON(ctx context.Context, queue string, v any, opts ...E
 
 // EnqueueBatch adds several jobs (1 to 1000, see NewEnqueueRequest), all or nothing: any
 // invalid job refuses the whole batch. The results are in the order of jobs. Unavailable is
-// retried only when every job has a dedup key (see Enqueue).
+// retried only when every job has a dedup key (see Enqueue). The batch is sent as it is, never
+// merged with other calls' jobs nor split.
 func (c *Client) EnqueueBatch(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
-	send := func(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
-		resp, err := c.broker.EnqueueBatch(ctx, &pb.EnqueueBatchRequest{Jobs: jobs})
-		if err != nil {
-			return nil, err
-		}
-		out := make([]Enqueued, len(resp.GetResults()))
-		for i, r := range resp.GetResults() {
-			out[i] = Enqueued{JobID: r.GetJobId(), Deduplicated: r.GetDeduplicated()}
-		}
-		return out, nil
+	return c.throughMiddleware(c.sendBatch)(ctx, jobs)
+}
+
+func (c *Client) sendBatch(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
+	resp, err := c.broker.EnqueueBatch(ctx, &pb.EnqueueBatchRequest{Jobs: jobs})
+	if err != nil {
+		return nil, err
 	}
-	return c.throughMiddleware(send)(ctx, jobs)
+	out := make([]Enqueued, len(resp.GetResults()))
+	for i, r := range resp.GetResults() {
+		out[i] = Enqueued{JobID: r.GetJobId(), Deduplicated: r.GetDeduplicated()}
+	}
+	return out, nil
+}
+
+// sendJobs sends jobs as one call, the coalescer's batches included (rule 5 of §10): one job as
+// unary Enqueue, more as EnqueueBatch.
+func (c *Client) sendJobs(ctx context.Context, jobs []*pb.EnqueueRequest) ([]Enqueued, error) {
+	if len(jobs) != 1 {
+		return c.sendBatch(ctx, jobs)
+	}
+	resp, err := c.broker.Enqueue(ctx, jobs[0])
+	if err != nil {
+		return nil, err
+	}
+	return []Enqueued{{JobID: resp.GetJobId(), Deduplicated: resp.GetDeduplicated()}}, nil
 }
 
 // LeaseOptions are the optional fields of Lease. The zero value is fine.

@@ -60,6 +60,7 @@ func brokerBinary() string {
 type testBroker struct {
 	cmd     *exec.Cmd
 	addr    string
+	http    string // the /metrics listener
 	dataDir string
 	config  string
 	logPath string
@@ -151,7 +152,7 @@ func startBroker(config, listen, dataDir string, extra ...string) (*testBroker, 
 		select {
 		case l := <-lines:
 			if m := servingLine.FindStringSubmatch(l); m != nil {
-				b.addr = m[1]
+				b.addr, b.http = m[1], m[2]
 				return b, nil
 			}
 		case <-b.exited:

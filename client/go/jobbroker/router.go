@@ -232,6 +232,17 @@ func (r *router) refreshIfNeeded(ctx context.Context) {
 	close(done)
 }
 
+// partitionCount is the partition count of the last layout an address answered, 0 when none
+// did (the coalescer's batch key, coalescer.go).
+func (r *router) partitionCount() uint32 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.table == nil {
+		return 0
+	}
+	return r.table.reportedPartitions
+}
+
 // addressedConn is a node's connection with the address it was dialled at.
 type addressedConn struct {
 	address string

@@ -19,7 +19,11 @@ import (
 type routingTable struct {
 	isCluster      bool
 	partitionCount uint32
-	answeredBy     string
+	// The partition count GetCluster answered, outside a cluster too (a single broker with
+	// --partitions): the coalescer keeps jobs of different partitions apart by it. 0 when the
+	// broker did not answer GetCluster.
+	reportedPartitions uint32
+	answeredBy         string
 	// By partition number; "" where the partition has no live leader with a known address.
 	leaders    []string
 	aliveNodes []string
@@ -29,6 +33,7 @@ type routingTable struct {
 // newRoutingTable reads info, answered by the broker reached at answeredBy.
 func newRoutingTable(info *pb.ClusterInfo, answeredBy string) *routingTable {
 	table := singleBrokerTable(answeredBy)
+	table.reportedPartitions = info.GetPartitionCount()
 	if info.GetClusterName() == "" {
 		return table
 	}
