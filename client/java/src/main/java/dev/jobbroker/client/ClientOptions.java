@@ -37,6 +37,14 @@ public final class ClientOptions {
   public static final Duration DEFAULT_DEADLINE = Duration.ofSeconds(10);
   /** Attempts of a call that is safe to repeat, the first included, when it meets UNAVAILABLE. */
   public static final int DEFAULT_RETRY_ATTEMPTS = 3;
+  /** A coalesced batch is sent once it holds this many jobs. */
+  public static final int DEFAULT_BATCH_MAX_JOBS = 100;
+  /** ... or once its jobs' payload and header bytes reach this (1 MiB). */
+  public static final long DEFAULT_BATCH_MAX_BYTES = 1L << 20;
+  /** Batches of one key (partition, dedup key or not) in flight at once. */
+  public static final int DEFAULT_BATCH_MAX_IN_FLIGHT = 4;
+  /** The broker's limit on the jobs of one EnqueueBatch. */
+  static final int MAX_BATCH_JOBS = 1000;
 
   private final List<String> addresses;
   private final boolean tls;
@@ -47,6 +55,11 @@ public final class ClientOptions {
   private final Duration defaultDeadline;
   private final int retryAttempts;
   private final Duration retryBackoff;
+  private final boolean batching;
+  private final int batchMaxJobs;
+  private final long batchMaxBytes;
+  private final Duration batchLinger;
+  private final int batchMaxInFlight;
 
   /** "a:1, b:2" as [a:1, b:2]: one setting names every node of a cluster. */
   static List<String> splitAddresses(String list) {
@@ -76,6 +89,11 @@ public final class ClientOptions {
     this.defaultDeadline = b.defaultDeadline;
     this.retryAttempts = b.retryAttempts;
     this.retryBackoff = b.retryBackoff;
+    this.batching = b.batching;
+    this.batchMaxJobs = b.batchMaxJobs;
+    this.batchMaxBytes = b.batchMaxBytes;
+    this.batchLinger = b.batchLinger;
+    this.batchMaxInFlight = b.batchMaxInFlight;
   }
 
   public static Builder builder() {
@@ -132,6 +150,34 @@ public final class ClientOptions {
     return retryBackoff;
   }
 
+  /**
+   * True (the default) when concurrent single enqueues are merged into EnqueueBatch calls, each
+   * caller still answered on its own ({@link JobBrokerClient}, "Enqueue coalescing").
+   */
+  public boolean batching() {
+    return batching;
+  }
+
+  /** A coalesced batch is sent once it holds this many jobs (1 to 1000). */
+  public int batchMaxJobs() {
+    return batchMaxJobs;
+  }
+
+  /** ... or once its jobs' payload and header (name and value) bytes reach this. */
+  public long batchMaxBytes() {
+    return batchMaxBytes;
+  }
+
+  /** How long a batch that could be sent waits for more jobs; zero: not at all. */
+  public Duration batchLinger() {
+    return batchLinger;
+  }
+
+  /** Batches of one key in flight at once; later jobs wait in the open batch. */
+  public int batchMaxInFlight() {
+    return batchMaxInFlight;
+  }
+
   private static String envOr(String name, String fallback) {
     String v = System.getenv(name);
     return v == null || v.isEmpty() ? fallback : v;
@@ -148,6 +194,11 @@ public final class ClientOptions {
     private Duration defaultDeadline = DEFAULT_DEADLINE;
     private int retryAttempts = DEFAULT_RETRY_ATTEMPTS;
     private Duration retryBackoff = Duration.ofMillis(100);
+    private boolean batching = true;
+    private int batchMaxJobs = DEFAULT_BATCH_MAX_JOBS;
+    private long batchMaxBytes = DEFAULT_BATCH_MAX_BYTES;
+    private Duration batchLinger = Duration.ZERO;
+    private int batchMaxInFlight = DEFAULT_BATCH_MAX_IN_FLIGHT;
 
     private Builder() {}
 
@@ -247,6 +298,63 @@ public final class ClientOptions {
       }
       retryAttempts = attempts;
       retryBackoff = Objects.requireNonNull(backoff);
+      return this;
+    }
+
+    /**
+     * Whether concurrent {@code enqueue()} calls are merged into EnqueueBatch calls (default
+     * true). False: every enqueue is one unary Enqueue, as {@link EnqueueOptions#batch(boolean)}
+     * makes it for one call.
+     */
+    public Builder batching(boolean on) {
+      batching = on;
+      return this;
+    }
+
+    /** A coalesced batch is sent once it holds this many jobs: 1 to 1000, default 100. */
+    public Builder batchMaxJobs(int jobs) {
+      if (jobs < 1 || jobs > MAX_BATCH_JOBS) {
+        throw new IllegalArgumentException(
+            "batchMaxJobs must be 1 to " + MAX_BATCH_JOBS + ", got " + jobs);
+      }
+      batchMaxJobs = jobs;
+      return this;
+    }
+
+    /**
+     * ... or once its jobs' payload and header (name and value) bytes reach this: at least 1,
+     * default 1 MiB.
+     */
+    public Builder batchMaxBytes(long bytes) {
+      if (bytes < 1) {
+        throw new IllegalArgumentException("batchMaxBytes must be at least 1, got " + bytes);
+      }
+      batchMaxBytes = bytes;
+      return this;
+    }
+
+    /**
+     * How long a batch that could be sent waits for more jobs (default zero: it goes at once
+     * from the caller's thread, and jobs gather only while earlier batches are in flight).
+     */
+    public Builder batchLinger(Duration linger) {
+      Objects.requireNonNull(linger, "batchLinger");
+      if (linger.isNegative()) {
+        throw new IllegalArgumentException("batchLinger must not be negative, got " + linger);
+      }
+      batchLinger = linger;
+      return this;
+    }
+
+    /**
+     * Batches of one key (partition, with or without a dedup key) in flight at once; later jobs
+     * wait in the open batch until one ends. At least 1, default 4.
+     */
+    public Builder batchMaxInFlight(int batches) {
+      if (batches < 1) {
+        throw new IllegalArgumentException("batchMaxInFlight must be at least 1, got " + batches);
+      }
+      batchMaxInFlight = batches;
       return this;
     }
 

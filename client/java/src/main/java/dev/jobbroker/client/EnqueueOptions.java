@@ -38,6 +38,7 @@ public final class EnqueueOptions {
   private Instant expireAt;
   private final List<String> dependsOn = new ArrayList<>();
   private final List<Integer> dependsOnIndex = new ArrayList<>();
+  private boolean batch = true;
 
   /** No option set: the queue's defaults. */
   public static EnqueueOptions defaults() {
@@ -131,6 +132,21 @@ public final class EnqueueOptions {
       dependsOnIndex.add(i);
     }
     return this;
+  }
+
+  /**
+   * False: this call is sent at once as its own unary Enqueue, never merged with other callers'
+   * jobs into an EnqueueBatch (default true, when the client's {@link
+   * ClientOptions.Builder#batching} is on). Not a field of the request.
+   */
+  public EnqueueOptions batch(boolean batch) {
+    this.batch = batch;
+    return this;
+  }
+
+  /** Whether this call may be coalesced ({@link #batch(boolean)}). */
+  boolean batch() {
+    return batch;
   }
 
   /** The request these options make for {@code queue} and {@code payload}. */

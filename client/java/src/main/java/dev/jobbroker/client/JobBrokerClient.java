@@ -10,6 +10,7 @@ import dev.jobbroker.v1.ClusterInfo;
 import dev.jobbroker.v1.DeleteJobRequest;
 import dev.jobbroker.v1.DeleteScheduleRequest;
 import dev.jobbroker.v1.EnqueueBatchRequest;
+import dev.jobbroker.v1.EnqueueBatchResponse;
 import dev.jobbroker.v1.EnqueueRequest;
 import dev.jobbroker.v1.EnqueueResponse;
 import dev.jobbroker.v1.FailRequest;
@@ -51,6 +52,7 @@ import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
 import io.grpc.Context;
+import io.grpc.Deadline;
 import io.grpc.ForwardingClientCall;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
@@ -59,6 +61,7 @@ import io.grpc.MethodDescriptor;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import io.grpc.TlsChannelCredentials;
+import io.grpc.stub.StreamObserver;
 import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -69,6 +72,7 @@ import java.util.List;
 import java.util.Objects;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
 import java.util.function.Supplier;
 
 /**
@@ -108,6 +112,18 @@ import java.util.function.Supplier;
  * TriggerSchedule are sent once too: a lost Lease answer would strand the jobs it leased, and the
  * others' repeat would answer differently or enqueue again.
  *
+ * <p><b>Enqueue coalescing.</b> Concurrent {@code enqueue()} calls of several threads are merged
+ * into EnqueueBatch calls, one per partition (and dedup key or not), and each caller still gets
+ * its own answer (contract §10, {@link ClientOptions.Builder#batching}). A batch goes at once,
+ * from the caller's thread, while fewer than {@link ClientOptions#batchMaxInFlight()} of its key
+ * are in flight; otherwise the jobs gather until one of those ends, and its callback sends them.
+ * A batch of one is a unary Enqueue, so a lone enqueue costs what it did. A batch the broker
+ * refuses whole (INVALID_ARGUMENT, ALREADY_EXISTS, RESOURCE_EXHAUSTED, ...) is sent again one
+ * job per call, so a bad job fails only its own caller, with a unary call's message. Producer
+ * middleware runs per {@code enqueue()} before this; {@link #enqueueBatch} is sent as it is;
+ * {@link EnqueueOptions#batch(boolean) batch(false)} opts one call out; {@link #close()} sends
+ * what is gathering and waits for the batches in flight.
+ *
  * <p>Thread-safe: one client serves the whole process. Every call throws
  * {@link StatusRuntimeException} on failure; its {@code getStatus().getCode()} is the broker's
  * code (INVALID_ARGUMENT for a malformed field, FAILED_PRECONDITION for a stale lease,
@@ -140,6 +156,8 @@ public final class JobBrokerClient implements AutoCloseable {
   private final List<ProducerMiddleware> producerMiddleware;
   private final Channel calls; // the router, with metadata and this view's deadline
   private final Duration deadline;
+  private final EnqueueCoalescer coalescer; // null with batching off
+  private final boolean view; // withDeadline's: close() is the client's, not the view's
   private final boolean ownsChannels;
 
   private JobBrokerClient(
@@ -147,11 +165,15 @@ public final class JobBrokerClient implements AutoCloseable {
       Router router,
       List<ProducerMiddleware> producerMiddleware,
       Duration deadline,
+      EnqueueCoalescer coalescer,
+      boolean view,
       boolean ownsChannels) {
     this.options = options;
     this.router = router;
     this.producerMiddleware = producerMiddleware;
     this.deadline = deadline;
+    this.coalescer = coalescer;
+    this.view = view;
     this.ownsChannels = ownsChannels;
     this.calls =
         ClientInterceptors.intercept(
@@ -160,16 +182,20 @@ public final class JobBrokerClient implements AutoCloseable {
 
   /** Connects as {@code options} say. Connections are made lazily, at the first call. */
   public static JobBrokerClient connect(ClientOptions options) {
-    return new JobBrokerClient(
-        options,
+    Router router =
         new Router(
             options.addresses(),
             credentials(options),
             null,
             new CallMetadata(options.token()),
-            clusterFetchTimeout(options)),
+            clusterFetchTimeout(options));
+    return new JobBrokerClient(
+        options,
+        router,
         new CopyOnWriteArrayList<>(),
         options.defaultDeadline(),
+        coalescer(options, router),
+        false,
         true);
   }
 
@@ -195,16 +221,20 @@ public final class JobBrokerClient implements AutoCloseable {
    */
   public static JobBrokerClient wrap(ManagedChannel channel) {
     ClientOptions options = ClientOptions.builder().address(channel.authority()).build();
-    return new JobBrokerClient(
-        options,
+    Router router =
         new Router(
             options.addresses(),
             null,
             channel,
             new CallMetadata(options.token()),
-            clusterFetchTimeout(options)),
+            clusterFetchTimeout(options));
+    return new JobBrokerClient(
+        options,
+        router,
         new CopyOnWriteArrayList<>(),
         options.defaultDeadline(),
+        coalescer(options, router),
+        false,
         false);
   }
 
@@ -219,7 +249,8 @@ public final class JobBrokerClient implements AutoCloseable {
    * deadline). It shares the connection and middleware; closing it does nothing.
    */
   public JobBrokerClient withDeadline(Duration deadline) {
-    return new JobBrokerClient(options, router, producerMiddleware, deadline, false);
+    return new JobBrokerClient(
+        options, router, producerMiddleware, deadline, coalescer, true, false);
   }
 
   /** The options this client was made with. */
@@ -332,25 +363,147 @@ public final class JobBrokerClient implements AutoCloseable {
     return enqueue(queue, payload.getBytes(StandardCharsets.UTF_8), options);
   }
 
-  /** Enqueues {@code payload} to {@code queue} with {@code options}. */
+  /**
+   * Enqueues {@code payload} to {@code queue} with {@code options} ({@link
+   * EnqueueOptions#batch(boolean) batch(false)}: as its own unary call).
+   */
   public EnqueueResponse enqueue(String queue, byte[] payload, EnqueueOptions options) {
-    return enqueue(options.toRequest(queue, payload));
+    return enqueueThrough(0, options.toRequest(queue, payload), options.batch());
   }
 
   /**
    * Enqueues one job with every field of {@link EnqueueRequest}. Goes through the producer
-   * middleware; retried on UNAVAILABLE only with a dedup key (see the class comment).
+   * middleware, then, with {@link ClientOptions.Builder#batching} on, into a batch with other
+   * threads' concurrent enqueues (see the class comment); retried on UNAVAILABLE only with a
+   * dedup key.
    */
   public EnqueueResponse enqueue(EnqueueRequest request) {
-    return enqueueThrough(0, request);
+    return enqueueThrough(0, request, true);
   }
 
-  private EnqueueResponse enqueueThrough(int index, EnqueueRequest request) {
+  /**
+   * As {@link #enqueue(EnqueueRequest)}; {@code batch} false sends this job at once as its own
+   * unary Enqueue, never merged with others.
+   */
+  public EnqueueResponse enqueue(EnqueueRequest request, boolean batch) {
+    return enqueueThrough(0, request, batch);
+  }
+
+  private EnqueueResponse enqueueThrough(int index, EnqueueRequest request, boolean batch) {
     if (index == producerMiddleware.size()) {
+      boolean dedupKeyed = !request.getDedupKey().isEmpty();
+      // depends_on_index points into the caller's own batch: merged with other callers' jobs it
+      // would point at theirs, so such a job goes alone.
+      if (batch && coalescer != null && request.getDependsOnIndexCount() == 0) {
+        return coalescer.enqueue(request, coalescingKey(request, dedupKeyed), callDeadline());
+      }
       Router.Route route = Router.Route.queue(request.getQueue());
-      return call(!request.getDedupKey().isEmpty(), () -> broker(route).enqueue(request));
+      return call(dedupKeyed, () -> broker(route).enqueue(request));
     }
-    return producerMiddleware.get(index).enqueue(request, r -> enqueueThrough(index + 1, r));
+    return producerMiddleware
+        .get(index)
+        .enqueue(request, r -> enqueueThrough(index + 1, r, batch));
+  }
+
+  /**
+   * The batch a job may share (contract §10): its partition in the cluster table the client
+   * holds; outside a cluster (or before any table) its queue's name, which stands for its
+   * partition on a broker of several partitions too.
+   */
+  private EnqueueCoalescer.Key coalescingKey(EnqueueRequest request, boolean dedupKeyed) {
+    RoutingTable table = router.table();
+    if (table.isCluster()) {
+      return EnqueueCoalescer.Key.ofPartition(
+          Partitions.ofQueue(request.getQueue(), table.partitionCount()), dedupKeyed);
+    }
+    return EnqueueCoalescer.Key.ofQueue(request.getQueue(), dedupKeyed);
+  }
+
+  /**
+   * The deadline a unary call of this view would have now: its default, or the gRPC context's
+   * when that is earlier; null for none.
+   */
+  private Deadline callDeadline() {
+    Deadline d =
+        deadline.isZero() ? null : Deadline.after(deadline.toNanos(), TimeUnit.NANOSECONDS);
+    Deadline context = Context.current().getDeadline();
+    if (context != null && (d == null || context.isBefore(d))) {
+      d = context;
+    }
+    return d;
+  }
+
+  /** The coalescer of a client whose options turn batching on, sending through {@code router}. */
+  private static EnqueueCoalescer coalescer(ClientOptions options, Router router) {
+    if (!options.batching()) {
+      return null;
+    }
+    // No DefaultDeadline here: each batch carries the earliest deadline of its callers.
+    Channel channel = ClientInterceptors.intercept(router, new CallMetadata(options.token()));
+    return new EnqueueCoalescer(
+        options, (jobs, deadline, done) -> sendEnqueues(channel, router, jobs, deadline, done));
+  }
+
+  /** One attempt of a coalesced batch: unary Enqueue for one job, EnqueueBatch for more. */
+  private static void sendEnqueues(
+      Channel channel,
+      Router router,
+      List<EnqueueRequest> jobs,
+      Deadline deadline,
+      EnqueueCoalescer.Done done) {
+    // All the jobs share a partition: to the leader of the first one's queue.
+    BrokerGrpc.BrokerStub stub =
+        BrokerGrpc.newStub(channel)
+            .withOption(Router.ROUTE, Router.Route.queue(jobs.get(0).getQueue()));
+    BrokerGrpc.BrokerStub withDeadline = deadline == null ? stub : stub.withDeadline(deadline);
+    // Started in the root context, not the caller's: a caller that gives up (its context
+    // cancelled) must not cancel the call that carries its neighbours' jobs.
+    Context.ROOT.run(
+        () -> {
+          if (jobs.size() == 1) {
+            withDeadline.enqueue(jobs.get(0), new Answer<>(router, done, List::of));
+          } else {
+            withDeadline.enqueueBatch(
+                EnqueueBatchRequest.newBuilder().addAllJobs(jobs).build(),
+                new Answer<>(router, done, EnqueueBatchResponse::getResultsList));
+          }
+        });
+  }
+
+  /** The answer of one coalesced call, handed to the coalescer. */
+  private static final class Answer<T> implements StreamObserver<T> {
+    private final Router router;
+    private final EnqueueCoalescer.Done done;
+    private final Function<T, List<EnqueueResponse>> results;
+    private T value;
+
+    Answer(Router router, EnqueueCoalescer.Done done, Function<T, List<EnqueueResponse>> results) {
+      this.router = router;
+      this.done = done;
+      this.results = results;
+    }
+
+    @Override
+    public void onNext(T v) {
+      value = v;
+    }
+
+    @Override
+    public void onError(Throwable t) {
+      StatusRuntimeException e =
+          t instanceof StatusRuntimeException s
+              ? s
+              : Status.fromThrowable(t).asRuntimeException(Status.trailersFromThrowable(t));
+      if (unreachable(e.getStatus().getCode())) {
+        router.markStale(); // as call() does: the leader may have moved
+      }
+      done.done(null, e);
+    }
+
+    @Override
+    public void onCompleted() {
+      done.done(value == null ? List.of() : results.apply(value), null);
+    }
   }
 
   /**
@@ -391,7 +544,7 @@ public final class JobBrokerClient implements AutoCloseable {
   /** As {@link #enqueueAndWait(EnqueueRequest, Duration)} for a payload and options. */
   public Job enqueueAndWait(
       String queue, byte[] payload, EnqueueOptions options, Duration timeout) {
-    return enqueueAndWait(options.toRequest(queue, payload), timeout);
+    return awaitJob(enqueue(queue, payload, options).getJobId(), timeout);
   }
 
   /** As {@link #enqueueAndWait(EnqueueRequest, Duration)} for a UTF-8 payload and no options. */
@@ -723,9 +876,19 @@ public final class JobBrokerClient implements AutoCloseable {
     return Duration.ofSeconds(d.getSeconds(), d.getNanos());
   }
 
-  /** Closes the channels if this client opened them, waiting up to 5 s for calls to finish. */
+  /**
+   * Sends the enqueues still gathering in batches and waits for the batches in flight; then
+   * closes the channels if this client opened them, waiting up to 5 s for calls to finish. A
+   * view's ({@link #withDeadline}) does nothing.
+   */
   @Override
   public void close() {
+    if (view) {
+      return;
+    }
+    if (coalescer != null) {
+      coalescer.close();
+    }
     if (ownsChannels) {
       router.shutdown();
     }

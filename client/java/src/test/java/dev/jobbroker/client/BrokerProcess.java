@@ -29,12 +29,14 @@ final class BrokerProcess implements AutoCloseable {
   private final String grpcTarget;
   private final List<String> extraArgs;
   private Process process;
+  private volatile String httpTarget; // --http-listen's port, new after each restart
   final JobBrokerClient client;
 
   private BrokerProcess(
-      Process process, Path dataDir, String grpcTarget, List<String> extraArgs,
+      Process process, Path dataDir, String grpcTarget, String httpTarget, List<String> extraArgs,
       ClientOptions.Builder clientOptions) {
     this.process = process;
+    this.httpTarget = httpTarget;
     this.dataDir = dataDir;
     this.grpcTarget = grpcTarget;
     this.extraArgs = extraArgs;
@@ -58,7 +60,7 @@ final class BrokerProcess implements AutoCloseable {
       Files.writeString(dataDir.resolve("config.json"), configJson);
     }
     Launched l = launch(dataDir, "127.0.0.1:0", extraArgs);
-    return new BrokerProcess(l.process, dataDir, l.target, extraArgs, clientOptions);
+    return new BrokerProcess(l.process, dataDir, l.target, l.http, extraArgs, clientOptions);
   }
 
   /** A scratch directory of this broker's, removed by {@link #close()}. */
@@ -72,7 +74,9 @@ final class BrokerProcess implements AutoCloseable {
    */
   void restart() throws Exception {
     stopProcess();
-    process = launch(dataDir, grpcTarget, extraArgs).process;
+    Launched l = launch(dataDir, grpcTarget, extraArgs);
+    process = l.process;
+    httpTarget = l.http;
   }
 
   /** kill -9 of the broker, not started again: a dead machine. {@link #close()} still cleans up. */
@@ -81,7 +85,7 @@ final class BrokerProcess implements AutoCloseable {
     process.waitFor(15, TimeUnit.SECONDS);
   }
 
-  private record Launched(Process process, String target) {}
+  private record Launched(Process process, String target, String http) {}
 
   private static Launched launch(Path dataDir, String listen, List<String> extraArgs)
       throws IOException {
@@ -107,7 +111,7 @@ final class BrokerProcess implements AutoCloseable {
     // Never leave a broker behind, even when the test JVM is stopped early.
     Runtime.getRuntime().addShutdownHook(new Thread(p::destroyForcibly));
     // Read stdout until the ready line, then keep draining it so the pipe never fills.
-    CompletableFuture<String> target = new CompletableFuture<>();
+    CompletableFuture<String[]> target = new CompletableFuture<>();
     Thread reader =
         new Thread(
             () -> {
@@ -118,7 +122,7 @@ final class BrokerProcess implements AutoCloseable {
                 while ((line = r.readLine()) != null) {
                   Matcher m = READY.matcher(line);
                   if (m.find()) {
-                    target.complete(m.group(1));
+                    target.complete(new String[] {m.group(1), m.group(2)});
                   }
                 }
               } catch (IOException ignored) {
@@ -130,7 +134,8 @@ final class BrokerProcess implements AutoCloseable {
     reader.setDaemon(true);
     reader.start();
     try {
-      return new Launched(p, target.get(30, TimeUnit.SECONDS));
+      String[] ready = target.get(30, TimeUnit.SECONDS);
+      return new Launched(p, ready[0], ready[1]);
     } catch (Exception e) {
       p.destroyForcibly();
       throw new IOException(
@@ -165,6 +170,46 @@ final class BrokerProcess implements AutoCloseable {
 
   String target() {
     return grpcTarget;
+  }
+
+  private static final Pattern RPC_COUNT =
+      Pattern.compile("^jobbroker_rpc_duration_seconds_count\\{([^}]*)\\} (\\S+)$");
+  private static final Pattern LABEL = Pattern.compile("(\\w+)=\"([^\"]*)\"");
+
+  /**
+   * How many unary calls of {@code method} ("/jobbroker.v1.Broker/Enqueue") the broker has
+   * answered with {@code code} ("OK", "INVALID_ARGUMENT"; null: any), from its /metrics.
+   */
+  long rpcCount(String method, String code) throws IOException, InterruptedException {
+    java.net.http.HttpResponse<String> metrics =
+        java.net.http.HttpClient.newHttpClient()
+            .send(
+                java.net.http.HttpRequest.newBuilder(
+                        java.net.URI.create("http://" + httpTarget + "/metrics"))
+                    .build(),
+                java.net.http.HttpResponse.BodyHandlers.ofString());
+    long total = 0;
+    for (String line : metrics.body().split("\n")) {
+      Matcher m = RPC_COUNT.matcher(line);
+      if (!m.matches()) {
+        continue;
+      }
+      java.util.Map<String, String> labels = new java.util.HashMap<>();
+      Matcher l = LABEL.matcher(m.group(1));
+      while (l.find()) {
+        labels.put(l.group(1), l.group(2));
+      }
+      if (method.equals(labels.get("method"))
+          && (code == null || code.equals(labels.get("code")))) {
+        total += (long) Double.parseDouble(m.group(2));
+      }
+    }
+    return total;
+  }
+
+  /** {@link #rpcCount(String, String)} over every code. */
+  long rpcCount(String method) throws IOException, InterruptedException {
+    return rpcCount(method, null);
   }
 
   /** Polls Admin.GetJob until {@code done} holds; fails after {@code giveUp}. */

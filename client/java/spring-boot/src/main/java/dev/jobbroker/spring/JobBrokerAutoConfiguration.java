@@ -44,6 +44,26 @@ public class JobBrokerAutoConfiguration {
     if (properties.getDefaultDeadline() != null) {
       options.defaultDeadline(properties.getDefaultDeadline());
     }
+    JobBrokerProperties.Batch batch = properties.getBatch();
+    options.batching(batch.isEnabled());
+    // The builder refuses a bad value naming its option (batchMaxJobs, ...); the message adds
+    // the property, so a failed context start says which line to fix.
+    try {
+      if (batch.getMaxJobs() != null) {
+        options.batchMaxJobs(batch.getMaxJobs());
+      }
+      if (batch.getMaxBytes() != null) {
+        options.batchMaxBytes(batch.getMaxBytes());
+      }
+      if (batch.getLinger() != null) {
+        options.batchLinger(batch.getLinger());
+      }
+      if (batch.getMaxInFlight() != null) {
+        options.batchMaxInFlight(batch.getMaxInFlight());
+      }
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("jobbroker.batch: " + e.getMessage(), e);
+    }
     JobBrokerProperties.Tls tls = properties.getTls();
     if (hasText(tls.getCa())) {
       options.tlsCaFile(Path.of(tls.getCa()));

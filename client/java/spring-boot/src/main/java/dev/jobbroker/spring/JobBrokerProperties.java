@@ -25,6 +25,8 @@ public class JobBrokerProperties {
 
   private final Tls tls = new Tls();
 
+  private final Batch batch = new Batch();
+
   private final Worker worker = new Worker();
 
   public String getAddress() {
@@ -53,6 +55,10 @@ public class JobBrokerProperties {
 
   public Tls getTls() {
     return tls;
+  }
+
+  public Batch getBatch() {
+    return batch;
   }
 
   public Worker getWorker() {
@@ -93,6 +99,68 @@ public class JobBrokerProperties {
 
     public void setKey(String key) {
       this.key = key;
+    }
+  }
+
+  /**
+   * Enqueue coalescing: concurrent {@code enqueue()} calls merged into EnqueueBatch calls. Each
+   * number left unset keeps the client's default.
+   */
+  public static class Batch {
+
+    /** False: every enqueue is its own unary Enqueue call. */
+    private boolean enabled = true;
+
+    /** A batch is sent once it holds this many jobs, 1 to 1000. Client default: 100. */
+    private Integer maxJobs;
+
+    /** ... or once its jobs' payload and header bytes reach this. Client default: 1 MiB. */
+    private Long maxBytes;
+
+    /** How long a batch that could be sent waits for more jobs. Client default: 0. */
+    private Duration linger;
+
+    /** Batches of one partition in flight at once. Client default: 4. */
+    private Integer maxInFlight;
+
+    public boolean isEnabled() {
+      return enabled;
+    }
+
+    public void setEnabled(boolean enabled) {
+      this.enabled = enabled;
+    }
+
+    public Integer getMaxJobs() {
+      return maxJobs;
+    }
+
+    public void setMaxJobs(Integer maxJobs) {
+      this.maxJobs = maxJobs;
+    }
+
+    public Long getMaxBytes() {
+      return maxBytes;
+    }
+
+    public void setMaxBytes(Long maxBytes) {
+      this.maxBytes = maxBytes;
+    }
+
+    public Duration getLinger() {
+      return linger;
+    }
+
+    public void setLinger(Duration linger) {
+      this.linger = linger;
+    }
+
+    public Integer getMaxInFlight() {
+      return maxInFlight;
+    }
+
+    public void setMaxInFlight(Integer maxInFlight) {
+      this.maxInFlight = maxInFlight;
     }
   }
 

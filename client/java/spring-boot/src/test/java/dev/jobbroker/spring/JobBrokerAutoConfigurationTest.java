@@ -72,6 +72,47 @@ class JobBrokerAutoConfigurationTest {
   }
 
   @Test
+  void batchPropertiesBecomeTheClientsCoalescingOptions() {
+    runner()
+        .withPropertyValues(
+            "jobbroker.batch.max-jobs=10",
+            "jobbroker.batch.max-bytes=4096",
+            "jobbroker.batch.linger=5ms",
+            "jobbroker.batch.max-in-flight=2")
+        .run(
+            context -> {
+              assertThat(context).hasNotFailed();
+              ClientOptions options = context.getBean(JobBrokerClient.class).options();
+              assertThat(options.batching()).isTrue();
+              assertThat(options.batchMaxJobs()).isEqualTo(10);
+              assertThat(options.batchMaxBytes()).isEqualTo(4096);
+              assertThat(options.batchLinger()).isEqualTo(Duration.ofMillis(5));
+              assertThat(options.batchMaxInFlight()).isEqualTo(2);
+            });
+    runner()
+        .run(
+            context -> {
+              ClientOptions options = context.getBean(JobBrokerClient.class).options();
+              assertThat(options.batching()).isTrue();
+              assertThat(options.batchMaxJobs()).isEqualTo(ClientOptions.DEFAULT_BATCH_MAX_JOBS);
+              assertThat(options.batchLinger()).isEqualTo(Duration.ZERO);
+            });
+    runner()
+        .withPropertyValues("jobbroker.batch.enabled=false")
+        .run(
+            context ->
+                assertThat(context.getBean(JobBrokerClient.class).options().batching())
+                    .isFalse());
+    runner()
+        .withPropertyValues("jobbroker.batch.max-jobs=0")
+        .run(
+            context ->
+                assertThat(context)
+                    .getFailure()
+                    .hasStackTraceContaining("jobbroker.batch: batchMaxJobs must be 1 to 1000"));
+  }
+
+  @Test
   void tlsPropertiesReadTheirPemFiles(@TempDir Path dir) throws Exception {
     // The files are only read here (no connection), so any bytes stand for the PEM text.
     Path ca = Files.writeString(dir.resolve("ca.pem"), "the CA");
