@@ -32,6 +32,8 @@ class BrokerProcess:
         self.listen = listen
         self.extra_args = list(extra_args or [])
         self.address = ""
+        # The HTTP listener (/metrics, /healthz), host:port.
+        self.http_address = ""
         self.proc: subprocess.Popen[str] | None = None
         self.log_lines: list[str] = []
 
@@ -55,6 +57,7 @@ class BrokerProcess:
                 m = _READY.search(line)
                 if m and not ready.is_set():
                     self.address = m.group(1)
+                    self.http_address = m.group(2)
                     ready.set()
             ready.set()
 

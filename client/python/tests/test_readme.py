@@ -24,7 +24,7 @@ def snippets() -> list[str]:
 
 def test_every_snippet_compiles() -> None:
     blocks = snippets()
-    assert len(blocks) == 11
+    assert len(blocks) == 12
     for i, block in enumerate(blocks):
         compile(block, f"README.md block {i}", "exec")
 
@@ -39,7 +39,8 @@ def test_first_screen_is_the_examples() -> None:
 
 async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
                                 client: jobbroker.Client) -> None:
-    enqueue, connecting, sync, worker, typed, errors, steps, middleware, tracing = snippets()[2:]
+    (enqueue, coalescing, connecting, sync, worker, typed, errors, steps, middleware,
+     tracing) = snippets()[2:]
     del connecting  # TLS to made-up hosts: compiled above, not run
     del typed  # compiled above; tests/test_typed_payloads.py runs typed handlers
     env = dict(os.environ, JOBBROKER_ADDRESS=broker.address)
@@ -49,6 +50,7 @@ async def test_the_snippets_run(tmp_path: pathlib.Path, broker: BrokerProcess,
                               capture_output=True, text=True, timeout=120).stdout
 
     assert run(enqueue).splitlines()[-1] == "JOB_STATE_READY"
+    assert run(coalescing).splitlines()[-1] == "1000 True"
     assert "StatusCode.INVALID_ARGUMENT" in run(errors)
     run(middleware)  # registers and exits: no call is made
     run(tracing)

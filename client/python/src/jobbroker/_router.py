@@ -173,6 +173,14 @@ class Router:
             return self.first
         return self.node_at(self._table.any_address())
 
+    def held_partition_count(self) -> int | None:
+        """The partition count of the table held now, without asking anything (the producer's
+        coalescer keys batches by partition on every enqueue); None with a given channel, before
+        any table, or when the broker would not say."""
+        if self._given_channel is not None:
+            return None
+        return self._table.known_partition_count
+
     def mark_stale(self) -> None:
         """After a call failed UNAVAILABLE or DEADLINE_EXCEEDED: the next node_for (or table)
         fetches the table first."""

@@ -28,10 +28,12 @@ class RoutingTable:
         leaders: list[str] | None = None,
         alive_nodes: list[str] | None = None,
         other_nodes: list[str] | None = None,
+        partitions_known: bool = True,
     ) -> None:
         """Use the constructors below; RoutingTable() knows no broker (empty)."""
         self._answered_by = answered_by
         self._partition_count = partition_count
+        self._partitions_known = partitions_known and bool(answered_by)
         # By partition number; "" where the partition has no live leader with a known address.
         # None: not a cluster.
         self._leaders = leaders
@@ -41,9 +43,11 @@ class RoutingTable:
     @classmethod
     def from_cluster_info(cls, info: admin_pb2.ClusterInfo, answered_by: str) -> RoutingTable:
         """From `info`, answered by the broker the client reached at `answered_by`."""
-        if not info.cluster_name:
-            return cls.single_broker(answered_by)
         count = max(1, info.partition_count)
+        if not info.cluster_name:
+            # Routed like single_broker, but its partition count is known: a single node may
+            # have several partitions, and an EnqueueBatch must stay within one of them.
+            return cls(answered_by, partition_count=count)
         nodes = {node.node_id: node for node in info.nodes}
         alive = [n.address for n in info.nodes if n.address and n.alive]
         others = [n.address for n in info.nodes if n.address and not n.alive]
@@ -65,7 +69,7 @@ class RoutingTable:
         """Every call goes to `address`: a broker outside a cluster, or one that would not say
         (GetCluster answered UNIMPLEMENTED by an older broker, PERMISSION_DENIED for a token
         without the admin role); any node forwards calls to the partition's leader."""
-        return cls(address)
+        return cls(address, partitions_known=False)
 
     @property
     def is_cluster(self) -> bool:
@@ -79,6 +83,12 @@ class RoutingTable:
     @property
     def partition_count(self) -> int:
         return self._partition_count
+
+    @property
+    def known_partition_count(self) -> int | None:
+        """The broker's partition count as GetCluster told it; None when the table is empty or
+        the broker would not say."""
+        return self._partition_count if self._partitions_known else None
 
     @property
     def answered_by(self) -> str:

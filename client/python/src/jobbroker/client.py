@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from ._coalescer import Coalescer
 from ._convert import DurationLike, encode_payload, to_duration, to_timestamp
 from ._metadata import Metadata
 from ._router import Route, Router
@@ -188,6 +189,17 @@ class Client:
     jobs all carry a dedup key (a repeat of one that was applied answers deduplicated). Any other
     call, an enqueue without a dedup key above all, is tried once: the caller sees the error and
     decides. Use it from one event loop (SyncClient is the blocking facade).
+
+    Coalescing (worker contract §10): concurrent enqueue() calls of one partition (and alike in
+    having a dedup key or not) are merged into EnqueueBatch calls, and each caller gets its own
+    answer. A batch goes at the end of the event loop's current turn (or `batch_linger` after
+    it opened), at once when it holds `batch_max_jobs` jobs or `batch_max_bytes` bytes, and
+    while `batch_max_in_flight` batches of its partition are in flight it waits, gathering
+    more. A batch of one is a unary Enqueue. A batch the broker refuses whole (a bad job, a
+    full queue) is sent again one job per call, so only the bad job's caller sees the error;
+    other errors reach every caller of the batch. Middleware runs per enqueue() call, before
+    the coalescer. close() sends the open batches and waits for those in flight. Turn it off
+    with ClientOptions(batching=False), or for one call with enqueue(..., batch=False).
     """
 
     def __init__(
@@ -208,6 +220,15 @@ class Client:
         self.addresses = self._router.addresses
         self.address = self.addresses[0]
         self._middleware: list[ProducerMiddleware] = []
+        opts = self.options
+        self._coalescer: Coalescer[EnqueueResult] = Coalescer(
+            self._send_requests,
+            max_jobs=opts.batch_max_jobs,
+            max_bytes=opts.batch_max_bytes,
+            linger=opts.batch_linger,
+            max_in_flight=opts.batch_max_in_flight,
+            partition_count=self._router.held_partition_count,
+        )
 
     @property
     def channel(self) -> grpc.aio.Channel:
@@ -232,7 +253,9 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Closes the channels (if this client dialed them)."""
+        """Sends the enqueues still gathering into batches, waits for those in flight, then
+        closes the channels (if this client dialed them)."""
+        await self._coalescer.close()
         await self._router.close()
 
     # --- calls and retries -----------------------------------------------------------------
@@ -284,9 +307,34 @@ class Client:
         self._middleware.append(middleware)
         return middleware
 
-    async def _send_jobs(
-        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg
+    async def _send_requests(
+        self, requests: list[broker_pb2.EnqueueRequest], timeout: float | None
     ) -> list[EnqueueResult]:
+        """The coalescer's sender: one job as unary Enqueue, more as one EnqueueBatch."""
+        # The coalescer keeps jobs with and without a dedup key in different batches, so this
+        # retries a batch exactly when each of its jobs would have been retried alone.
+        retry = all(r.dedup_key for r in requests)
+        if len(requests) == 1:
+            resp = await self._unary(
+                "broker", "Enqueue", requests[0], route=Route.of_queue(requests[0].queue),
+                retry=retry, deadline=timeout
+            )
+            return [EnqueueResult(resp.job_id, resp.deduplicated)]
+        batch = broker_pb2.EnqueueBatchRequest(jobs=requests)
+        resp = await self._unary(
+            "broker", "EnqueueBatch", batch, route=_batch_route(batch), retry=retry,
+            deadline=timeout
+        )
+        return [EnqueueResult(r.job_id, r.deduplicated) for r in resp.results]
+
+    async def _send_jobs(
+        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg, coalesce: bool = False
+    ) -> list[EnqueueResult]:
+        if coalesce and single and len(jobs) == 1:
+            # Where the one job of enqueue() was sent alone before coalescing: below the
+            # middleware, so each call still has its own producer span and headers.
+            future = self._coalescer.submit(jobs[0].to_proto(), self._timeout(deadline))
+            return [await future]
         requests = [j.to_proto() for j in jobs]
         # A repeat of an applied enqueue is answered with the same job (deduplicated) only when
         # every job has a dedup key; without one it would create a second job.
@@ -305,10 +353,10 @@ class Client:
         return [EnqueueResult(r.job_id, r.deduplicated) for r in resp.results]
 
     async def _enqueue_jobs(
-        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg
+        self, jobs: list[NewJob], single: bool, deadline: DeadlineArg, coalesce: bool = False
     ) -> list[EnqueueResult]:
         async def send(js: list[NewJob]) -> list[EnqueueResult]:
-            return await self._send_jobs(js, single, deadline)
+            return await self._send_jobs(js, single, deadline, coalesce)
 
         call: EnqueueNext = send
         for mw in reversed(self._middleware):
@@ -333,6 +381,7 @@ class Client:
         expire_at: _dt.datetime | None = None,
         depends_on: Iterable[str] = (),
         deadline: DeadlineArg = _UNSET,
+        batch: bool = True,
     ) -> EnqueueResult:
         """Adds one job; returns once it is durable on the broker.
 
@@ -342,6 +391,10 @@ class Client:
         attempt's run-time limit; `expire_at`: no attempt starts after it; `depends_on`: ids of
         jobs that must complete first. `deadline`: this call's deadline (seconds).
         Retried on UNAVAILABLE only with a `dedup_key` (see the class comment).
+
+        Concurrent calls are coalesced into EnqueueBatch calls (options.batching, see the
+        class comment); each still gets its own answer. `batch=False` sends this one at once
+        as a unary Enqueue.
         Raises InvalidArgumentError (a malformed field, named in the message),
         AlreadyExistsError (dedup_key held by a job with another payload),
         ResourceExhaustedError (a full queue, an oversized payload).
@@ -362,14 +415,17 @@ class Client:
             expire_at=expire_at,
             depends_on=depends_on,
         )
-        [result] = await self._enqueue_jobs([job], True, deadline)
+        [result] = await self._enqueue_jobs(
+            [job], True, deadline, batch and self.options.batching
+        )
         return result
 
     async def enqueue_batch(
         self, jobs: Iterable[NewJob], *, deadline: DeadlineArg = _UNSET
     ) -> list[EnqueueResult]:
         """Adds 1 to 1000 jobs, all or nothing; results in the order of `jobs`. Retried on
-        UNAVAILABLE only when every job has a dedup key."""
+        UNAVAILABLE only when every job has a dedup key. Sent as it is: never merged with
+        other calls' jobs, never split."""
         return await self._enqueue_jobs(list(jobs), False, deadline)
 
     async def enqueue_and_wait(

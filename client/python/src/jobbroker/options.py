@@ -18,12 +18,14 @@ import grpc.aio
 
 from ._metadata import Metadata, call_metadata
 
-__all__ = ["ClientOptions", "DEFAULT_ADDRESS", "DEFAULT_DEADLINE"]
+__all__ = ["ClientOptions", "DEFAULT_ADDRESS", "DEFAULT_DEADLINE", "MAX_BATCH_JOBS"]
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 # Seconds. Long enough for a synced write-ahead-log append on a busy disk, short enough that a
 # broker that stopped answering surfaces as an error rather than a hung request.
 DEFAULT_DEADLINE = 10.0
+# The most jobs one EnqueueBatch may carry (the broker refuses more).
+MAX_BATCH_JOBS = 1000
 
 # PEM may be given inline (bytes, or text that starts like PEM) or as a file to read.
 PemSource = str | bytes | os.PathLike[str]
@@ -39,6 +41,14 @@ def _read_pem(source: PemSource, what: str) -> bytes:
         return pathlib.Path(text).read_bytes()
     except OSError as err:
         raise ValueError(f"ClientOptions.{what}: cannot read {text!r}: {err}") from err
+
+
+def _check_int(name: str, value: object, low: int, high: int | None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"ClientOptions.{name}: an integer, not {value!r}")
+    if value < low or (high is not None and value > high):
+        bounds = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"ClientOptions.{name}: {bounds} (got {value})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +101,20 @@ class ClientOptions:
     channel_options: Sequence[tuple[str, Any]] = ()
     # grpc.aio client interceptors, applied to every call of the channels these options open.
     interceptors: Sequence[Any] = ()
+    # Enqueue coalescing (worker contract §10): concurrent enqueue() calls of one partition go
+    # out together as one EnqueueBatch, each caller still answered on its own. False: every
+    # enqueue() is one unary Enqueue, as `enqueue(..., batch=False)` is for one call.
+    batching: bool = True
+    # A batch is sent once it holds this many jobs (1 to 1000)...
+    batch_max_jobs: int = 100
+    # ... or once its jobs' payload and header (name and value) bytes reach this many.
+    batch_max_bytes: int = 1 << 20
+    # Seconds a batch that could be sent waits for more jobs. 0: until the end of the current
+    # turn of the event loop, so the enqueue() calls of one turn go together.
+    batch_linger: float = 0.0
+    # Batches of one partition in flight at once; later jobs wait in the open batch, which is
+    # sent when one of them ends (under load, that wait is what makes the batches).
+    batch_max_in_flight: int = 4
 
     def __post_init__(self) -> None:
         if (self.cert is None) != (self.key is None):
@@ -99,6 +123,21 @@ class ClientOptions:
             raise ValueError("ClientOptions.retry_attempts: at least 1")
         if isinstance(self.addresses, str):
             raise TypeError("ClientOptions.addresses: a list of host:port, not one string")
+        self._check_batching()
+
+    def _check_batching(self) -> None:
+        # Refused here rather than at the first enqueue, where the error would surface far
+        # from the configuration that caused it.
+        if not isinstance(self.batching, bool):
+            raise TypeError(f"ClientOptions.batching: True or False, not {self.batching!r}")
+        _check_int("batch_max_jobs", self.batch_max_jobs, 1, MAX_BATCH_JOBS)
+        _check_int("batch_max_bytes", self.batch_max_bytes, 1, None)
+        _check_int("batch_max_in_flight", self.batch_max_in_flight, 1, None)
+        linger = self.batch_linger
+        if isinstance(linger, bool) or not isinstance(linger, (int, float)):
+            raise TypeError(f"ClientOptions.batch_linger: seconds, not {linger!r}")
+        if not 0 <= linger < float("inf"):  # also refuses NaN
+            raise ValueError(f"ClientOptions.batch_linger: 0 or more seconds (got {linger!r})")
 
     def targets(self) -> list[str]:
         """The addresses to try, in order."""
