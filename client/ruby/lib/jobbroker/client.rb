@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "jobbroker/coalescer"
 require "jobbroker/options"
 require "jobbroker/router"
 
@@ -54,6 +55,11 @@ module Jobbroker
   #
   # Producer middleware (#use) wraps every enqueue, outermost first.
   #
+  # Concurrent #enqueue calls share EnqueueBatch calls (docs/worker-contract.md §10, README
+  # "Enqueue coalescing"; Coalescer), each caller still getting its own answer or error: the
+  # options' batching and batch_* fields, `batch: false` for one call. The middleware runs per
+  # #enqueue call, before its job joins a batch.
+  #
   # Thread-safe. Nothing connects before the first call, and a client created before a fork
   # connects anew in the child (Connection).
   class Client
@@ -72,6 +78,7 @@ module Jobbroker
       @options = options ? options.with(**option_fields) : Options.new(**option_fields)
       @router = Router.new(Connection.new(@options))
       @middleware = []
+      @coalescer = new_coalescer if @options.batching
     end
 
     # Where calls go (Router): its #observer sees the address of every call.
@@ -93,8 +100,10 @@ module Jobbroker
       @router.stub(V1::Admin, @router.target(Router::Route::ANY))
     end
 
-    # Closes the channels; a later call connects again.
+    # Sends the jobs still gathering in batches, waits for the batches in flight, then closes
+    # the channels; a later call connects again.
     def close
+      @coalescer&.close
       @router.close
     end
 
@@ -120,18 +129,21 @@ module Jobbroker
     # delay (seconds) or run_at (Time), dedup_key, dedup_ttl, max_attempts, lease_duration,
     # concurrency_key, timeout (the run-time limit of each attempt), expire_at (Time),
     # depends_on (job ids). `deadline:` overrides the call's deadline.
-    def enqueue(queue, payload = nil, deadline: nil, **options)
+    #
+    # With the options' batching on (the default) the job may travel in an EnqueueBatch with
+    # other threads' jobs of its partition; the answer and the errors are still this job's own,
+    # as a unary Enqueue gives them. `batch: false` sends this one as a unary Enqueue at once.
+    def enqueue(queue, payload = nil, deadline: nil, batch: true, **options)
       request = self.class.enqueue_request(queue, payload, **options)
       through_middleware([request]) do |jobs|
-        job = jobs.first
-        [unary(V1::Broker, :enqueue, job, route: Router::Route.queue(job.queue),
-                                          retry_safe: !job.dedup_key.empty?, deadline: deadline)]
+        [send_enqueue(jobs.first, deadline, batch)]
       end.first
     end
 
     # Adds several jobs, all or nothing. `jobs`: Hashes with :queue, :payload and the options
     # of #enqueue (also depends_on_index: indexes of earlier jobs of the batch). Returns the
-    # EnqueueResponses in order. Retried only when every job has a dedup_key.
+    # EnqueueResponses in order. Retried only when every job has a dedup_key. Sent as it is:
+    # never merged with other calls' jobs, never split.
     def enqueue_batch(jobs, deadline: nil)
       requests = jobs.map do |j|
         j = j.dup
@@ -434,6 +446,35 @@ module Jobbroker
     end
 
     private
+
+    # Where #enqueue's job goes after the middleware: into a batch of its key, or alone.
+    def send_enqueue(job, deadline, batch)
+      return unary_enqueue(job, deadline) unless batch && @coalescer
+
+      @coalescer.enqueue(job, absolute(deadline.nil? ? @options.deadline : deadline),
+                         @router.current_table&.partition_of_queue(job.queue))
+    end
+
+    def unary_enqueue(job, deadline)
+      unary(V1::Broker, :enqueue, job, route: Router::Route.queue(job.queue),
+                                       retry_safe: !job.dedup_key.empty?, deadline: deadline)
+    end
+
+    # The coalescer's calls: one job as Enqueue, several as EnqueueBatch to the leader of their
+    # partition (the first job's queue), retried as #enqueue_batch is.
+    def new_coalescer
+      Coalescer.new(
+        send_one: ->(job, deadline_at) { unary_enqueue(job, deadline_at) },
+        send_many: lambda do |jobs, deadline_at|
+          unary(V1::Broker, :enqueue_batch, V1::EnqueueBatchRequest.new(jobs: jobs),
+                route: Router::Route.queue(jobs.first.queue),
+                retry_safe: jobs.all? { |job| !job.dedup_key.empty? },
+                deadline: deadline_at).results.to_a
+        end,
+        max_jobs: @options.batch_max_jobs, max_bytes: @options.batch_max_bytes,
+        linger: @options.batch_linger, max_in_flight: @options.batch_max_in_flight
+      )
+    end
 
     # Reads and idempotent settings: always safe to repeat.
     def admin_call(method, request, route:, deadline:)

@@ -16,6 +16,13 @@ module Jobbroker
     # Seconds a unary call may take unless the call names its own deadline. Streams (Work,
     # WatchJob) have none: they live as long as their reader wants.
     DEFAULT_DEADLINE = 10
+    # Enqueue coalescing (docs/worker-contract.md §10): the defaults of the batch_* options.
+    DEFAULT_BATCH_MAX_JOBS = 100
+    DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
+    DEFAULT_BATCH_LINGER = 0
+    DEFAULT_BATCH_MAX_IN_FLIGHT = 4
+    # The broker refuses an EnqueueBatch of more jobs than this.
+    BATCH_MAX_JOBS_LIMIT = 1000
 
     # addresses:    "host:port" strings: a cluster's nodes, asked for its leaders (Router);
     #               outside a cluster tried in order, after UNAVAILABLE the next one.
@@ -30,14 +37,24 @@ module Jobbroker
     # interceptors: extra GRPC::ClientInterceptors, after the one that adds the metadata.
     # credentials:  a ready GRPC::Core::ChannelCredentials (or :this_channel_is_insecure),
     #               instead of tls/cert/key: the escape hatch for what they cannot say.
+    # Enqueue coalescing (the Client's; a Worker ignores them; README "Enqueue coalescing"):
+    # batching:            true: concurrent Client#enqueue calls share EnqueueBatch calls;
+    #                      false: every enqueue is one unary Enqueue.
+    # batch_max_jobs:      a batch is sent once it holds this many jobs (1 to 1000).
+    # batch_max_bytes:     ... or once its jobs' payload and header bytes reach this.
+    # batch_linger:        seconds a batch that could be sent waits for more jobs (0: none).
+    # batch_max_in_flight: batches of one partition in flight at once; later jobs wait.
     attr_reader :addresses, :tls, :cert, :key, :server_name, :token, :deadline, :channel_args,
-                :interceptors
+                :interceptors, :batching, :batch_max_jobs, :batch_max_bytes, :batch_linger,
+                :batch_max_in_flight
 
     # `address` and `token` default to $JOBBROKER_ADDRESS (several may be given, comma
     # separated) and $JOBBROKER_TOKEN, then to 127.0.0.1:7070 and no token.
     def initialize(address: nil, addresses: nil, tls: nil, cert: nil, key: nil, server_name: nil,
                    token: nil, deadline: DEFAULT_DEADLINE, channel_args: {}, interceptors: [],
-                   credentials: nil)
+                   credentials: nil, batching: true, batch_max_jobs: DEFAULT_BATCH_MAX_JOBS,
+                   batch_max_bytes: DEFAULT_BATCH_MAX_BYTES, batch_linger: DEFAULT_BATCH_LINGER,
+                   batch_max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT)
       @addresses = resolve_addresses(address, addresses).freeze
       raise ArgumentError, "cert and key go together (mutual TLS)" if cert.nil? != key.nil?
       raise ArgumentError, "a client certificate needs tls (the CA to trust)" if cert && !tls
@@ -54,6 +71,12 @@ module Jobbroker
       @channel_args = channel_args.dup.freeze
       @interceptors = interceptors.dup.freeze
       @credentials = credentials
+      @batching = batching
+      @batch_max_jobs = batch_max_jobs
+      @batch_max_bytes = batch_max_bytes
+      @batch_linger = batch_linger
+      @batch_max_in_flight = batch_max_in_flight
+      validate_batching
       freeze
     end
 
@@ -62,7 +85,9 @@ module Jobbroker
       fields = { addresses: @addresses, tls: @tls, cert: @cert, key: @key,
                  server_name: @server_name, token: @token, deadline: @deadline,
                  channel_args: @channel_args, interceptors: @interceptors,
-                 credentials: @credentials }
+                 credentials: @credentials, batching: @batching, batch_max_jobs: @batch_max_jobs,
+                 batch_max_bytes: @batch_max_bytes, batch_linger: @batch_linger,
+                 batch_max_in_flight: @batch_max_in_flight }
       fields.delete(:addresses) if changes.key?(:address)
       self.class.new(**fields, **changes)
     end
@@ -104,10 +129,30 @@ module Jobbroker
 
     def inspect
       "#<Jobbroker::Options addresses=#{@addresses} tls=#{!!@tls} mtls=#{!@cert.nil?} " \
-        "token=#{@token ? '[set]' : 'none'} deadline=#{@deadline.inspect}>"
+        "token=#{@token ? '[set]' : 'none'} deadline=#{@deadline.inspect} " \
+        "batching=#{@batching}>"
     end
 
     private
+
+    # A wrong value is refused here, where it was written, rather than on the first enqueue.
+    def validate_batching
+      refuse(:batching, @batching, "true or false") unless [true, false].include?(@batching)
+      unless @batch_max_jobs.is_a?(Integer) && @batch_max_jobs.between?(1, BATCH_MAX_JOBS_LIMIT)
+        refuse(:batch_max_jobs, @batch_max_jobs, "an Integer from 1 to #{BATCH_MAX_JOBS_LIMIT}")
+      end
+      refuse(:batch_max_bytes, @batch_max_bytes, "a positive Integer (bytes)") unless
+        @batch_max_bytes.is_a?(Integer) && @batch_max_bytes.positive?
+      refuse(:batch_linger, @batch_linger, "seconds >= 0 (a finite Numeric)") unless
+        @batch_linger.is_a?(Numeric) && @batch_linger.real? && @batch_linger.finite? &&
+        !@batch_linger.negative?
+      refuse(:batch_max_in_flight, @batch_max_in_flight, "a positive Integer") unless
+        @batch_max_in_flight.is_a?(Integer) && @batch_max_in_flight.positive?
+    end
+
+    def refuse(option, value, expected)
+      raise ArgumentError, "#{option} must be #{expected}, not #{value.inspect}"
+    end
 
     def resolve_addresses(address, addresses)
       raise ArgumentError, "give address or addresses, not both" if address && addresses

@@ -124,6 +124,12 @@ module Jobbroker
       @mu.synchronize { @table }
     end
 
+    # The table from the latest answer as held now, without asking for one; nil while no
+    # address has answered. (The enqueue coalescer keys jobs by it on the caller's path.)
+    def current_table
+      @mu.synchronize { @table }
+    end
+
     def close
       @connection.close
     end

@@ -17,7 +17,11 @@ module Jobbroker
 
     # From `info` (a V1::ClusterInfo), answered by the broker reached at `answered_by`.
     def self.from_cluster_info(info, answered_by)
-      return single_broker(answered_by) if info.cluster_name.empty?
+      if info.cluster_name.empty?
+        # A single broker may still have several partitions, and refuses a batch that spans
+        # them: the enqueue coalescer keys its batches by this count.
+        return single_broker(answered_by, partition_count: [info.partition_count, 1].max)
+      end
 
       nodes = info.nodes.to_h { |node| [node.node_id, node] }
       listed = info.nodes.reject { |node| node.address.empty? }
@@ -39,16 +43,18 @@ module Jobbroker
     end
 
     # A broker that is not a cluster, or one that will not say (GetCluster answered an error):
-    # every call goes to `address`.
-    def self.single_broker(address)
-      new(address, cluster: false, partition_count: 1, leaders: [], alive_nodes: [],
+    # every call goes to `address`. `partition_count`: its partitions, nil when it did not say.
+    def self.single_broker(address, partition_count: nil)
+      new(address, cluster: false, partition_count: partition_count, leaders: [], alive_nodes: [],
                    other_nodes: [])
     end
 
+    # `partition_count` nil: not known (1 for the lookups, none for #partition_of_queue).
     def initialize(answered_by, cluster:, partition_count:, leaders:, alive_nodes:, other_nodes:)
       @answered_by = answered_by
       @cluster = cluster
-      @partition_count = partition_count
+      @partitions_known = !partition_count.nil?
+      @partition_count = partition_count || 1
       @leaders = leaders.freeze
       @alive_nodes = alive_nodes.freeze
       @other_nodes = other_nodes.freeze
@@ -68,6 +74,12 @@ module Jobbroker
     # The address of partition `partition`'s leader; #any_address if it has none.
     def address_of_partition(partition)
       (@cluster && @leaders[partition]) || any_address
+    end
+
+    # The partition `queue` lives in; nil when the broker did not say how many it has (it
+    # answered GetCluster with an error).
+    def partition_of_queue(queue)
+      @partitions_known ? Partition.of_queue(queue, @partition_count) : nil
     end
 
     # The leader of the partition `queue` lives in.

@@ -343,6 +343,13 @@ module Jobbroker
     module ClientHook
       private
 
+      # While faking, each enqueue is recorded (or, inline, run) before it returns, as without
+      # coalescing: a batch would defer it, and an inline handler that enqueues could wait for
+      # the batch its own call is in.
+      def send_enqueue(job, deadline, batch)
+        super(job, deadline, batch && !Testing.enabled?)
+      end
+
       def unary(service, method, request, **kwargs)
         return super unless Testing.enabled? && service == V1::Broker
 
