@@ -10,8 +10,9 @@ use tokio::time::Instant;
 use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 
+use crate::coalescer::{Batch, Coalescer, Key, Outcome, Place, SendBatch};
 use crate::middleware::{EnqueueNext, ProducerMiddleware};
-use crate::options::{ClientOptions, ConnectError, bearer};
+use crate::options::{BatchOptions, ClientOptions, ConnectError, bearer};
 use crate::router::{Route, Router, Target, unreachable};
 use crate::routing_table::StreamGroup;
 use crate::v1::work_request::Request;
@@ -19,7 +20,7 @@ use crate::{
     AdminClient, BrokerClient, CLIENT_NAME, CancelOnDrop, Code, Shared, Status, WorkEvent,
     WorkStream,
 };
-use crate::{duration, read_responses, v1};
+use crate::{duration, partition_of_queue, read_responses, v1};
 
 /// A call answered `UNAVAILABLE` is sent at most this often in all, when repeating it is safe.
 const RETRY_ATTEMPTS: u32 = 3;
@@ -97,6 +98,11 @@ struct Stubs {
 /// cannot do the work twice: reads, `ack`/`fail`/`release`/`heartbeat`, setting a queue's
 /// policy or a schedule, and enqueues whose every job has a dedup key. Anything else, an
 /// enqueue without a dedup key first, is sent once and its error returned.
+///
+/// Concurrent [`Client::enqueue`] calls are merged into `EnqueueBatch` calls, each caller
+/// still getting its own answer (`docs/worker-contract.md` §10; the `batch` options of
+/// [`ClientOptions`], [`Client::with_batching`] to turn it off for some calls).
+/// [`Client::close`] sends what is still gathering and waits for the batches in flight.
 #[derive(Clone)]
 pub struct Client {
     router: Arc<Router>,
@@ -104,6 +110,10 @@ pub struct Client {
     deadline: Duration,
     producer: Arc<[ProducerMiddleware]>,
     observer: Option<TargetObserver>,
+    /// Whether this clone's enqueues go through `coalescer`.
+    batching: bool,
+    /// Shared by the clones that send with the same token and observer.
+    coalescer: Arc<Coalescer>,
 }
 
 impl std::fmt::Debug for Client {
@@ -114,6 +124,8 @@ impl std::fmt::Debug for Client {
             .field("deadline", &self.deadline)
             .field("token", &self.tag.authorization.as_ref().map(|_| "<set>"))
             .field("producer_middleware", &self.producer.len())
+            .field("batching", &self.batching)
+            .field("batch_options", self.coalescer.options())
             .finish()
     }
 }
@@ -212,6 +224,7 @@ impl Client {
             router,
             resolved.authorization,
             resolved.deadline,
+            resolved.batch,
         ))
     }
 
@@ -249,23 +262,43 @@ impl Client {
             router,
             resolved.authorization,
             resolved.deadline,
+            resolved.batch,
         ))
     }
 
-    /// Wraps a channel the caller configured, with no token and the default deadline. Every
-    /// call goes over it: no routing in a cluster (its node forwards calls to their leaders).
+    /// Wraps a channel the caller configured, with no token, the default deadline and the
+    /// default batching. Every call goes over it: no routing in a cluster (its node forwards
+    /// calls to their leaders); a coalesced batch holds the jobs of one queue.
     pub fn from_channel(channel: Channel) -> Self {
-        Self::over(Router::fixed(channel), None, crate::DEFAULT_DEADLINE)
+        Self::over(
+            Router::fixed(channel),
+            None,
+            crate::DEFAULT_DEADLINE,
+            BatchOptions::default(),
+        )
     }
 
-    fn over(router: Router, authorization: Option<AsciiMetadataValue>, deadline: Duration) -> Self {
+    fn over(
+        router: Router,
+        authorization: Option<AsciiMetadataValue>,
+        deadline: Duration,
+        batch: BatchOptions,
+    ) -> Self {
         Self {
             router: Arc::new(router),
             tag: ClientTag { authorization },
             deadline,
             producer: Arc::from(Vec::new()),
             observer: None,
+            batching: batch.enabled,
+            coalescer: Arc::new(Coalescer::new(batch)),
         }
+    }
+
+    /// A coalescer of its own, with the same options: for a clone whose calls go out
+    /// differently (another token, an observer), whose jobs must not share others' batches.
+    fn own_coalescer(&self) -> Arc<Coalescer> {
+        Arc::new(Coalescer::new(self.coalescer.options().clone()))
     }
 
     /// This client, telling `observer` the address of the node each attempt of a call (and
@@ -275,13 +308,15 @@ impl Client {
     pub fn with_target_observer(&self, observer: impl Fn(&str) + Send + Sync + 'static) -> Self {
         Self {
             observer: Some(Arc::new(observer)),
+            coalescer: self.own_coalescer(),
             ..self.clone()
         }
     }
 
     /// This client, with every call carrying `authorization: Bearer <token>` instead. Shares
-    /// the channels. `INVALID_ARGUMENT` if the token cannot be sent as metadata (empty, or
-    /// not visible ASCII).
+    /// the channels; its enqueues are batched apart from this client's ([`Client::close`] each
+    /// of the two). `INVALID_ARGUMENT` if the token cannot be sent as metadata (empty, or not
+    /// visible ASCII).
     pub fn with_token(&self, token: &str) -> Result<Self, Status> {
         let authorization = bearer(token)
             .ok_or_else(|| Status::invalid_argument("the token is empty or not visible ASCII"))?;
@@ -289,8 +324,28 @@ impl Client {
             tag: ClientTag {
                 authorization: Some(authorization),
             },
+            coalescer: self.own_coalescer(),
             ..self.clone()
         })
+    }
+
+    /// This client, with enqueue coalescing on or off for its [`Client::enqueue`] calls (the
+    /// per-call switch: `client.with_batching(false).enqueue(job)` sends one unary `Enqueue`
+    /// at once). Shares the channels and, when on, the batches of this client.
+    pub fn with_batching(&self, on: bool) -> Self {
+        Self {
+            batching: on,
+            ..self.clone()
+        }
+    }
+
+    /// Sends the enqueues still gathering in batches and waits until every batch in flight
+    /// has been answered (`docs/worker-contract.md` §10, "Closing"); call it before the
+    /// program ends. Shared by the clones that share the batches. Enqueues after it are sent
+    /// alone, as unary `Enqueue` calls; the channels stay usable and close when the last
+    /// clone is dropped.
+    pub async fn close(&self) {
+        self.coalescer.close(self).await;
     }
 
     /// This client, with `deadline` for its unary calls (the per-call override: keep the
@@ -392,6 +447,26 @@ impl Client {
     {
         // A deadline too far to represent (Duration::MAX) is none.
         let end = deadline.and_then(|d| Instant::now().checked_add(d));
+        self.call_until(repeat, end, deadline, route, &message, call)
+            .await
+    }
+
+    /// [`Client::call`] ending at `end` (`None`: no deadline), `deadline` being what the
+    /// caller gave, for the error; `message` stays the caller's (a refused batch is split).
+    async fn call_until<M, R, F, Fut>(
+        &self,
+        repeat: Repeat,
+        end: Option<Instant>,
+        deadline: Option<Duration>,
+        route: Route<'_>,
+        message: &M,
+        call: F,
+    ) -> Result<R, Status>
+    where
+        M: Clone,
+        F: Fn(Stubs, tonic::Request<M>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<R>, Status>>,
+    {
         let attempts = match repeat {
             Repeat::Safe => RETRY_ATTEMPTS,
             Repeat::Never => 1,
@@ -476,10 +551,15 @@ impl Client {
 
     /// Enqueues one job; see [`job`](crate::job) and the `with_` methods of
     /// [`v1::EnqueueRequest`] to build the request. Goes through the producer middleware
-    /// first. `INVALID_ARGUMENT` names a malformed field, `ALREADY_EXISTS` means the dedup key
-    /// is held by a job with another payload, `RESOURCE_EXHAUSTED` a full queue or a payload
-    /// too large. Sent again after `UNAVAILABLE` only when the job has a dedup key (a repeat
-    /// then finds the job the first one made).
+    /// first, then joins the jobs of concurrent calls in one `EnqueueBatch` (see
+    /// [`ClientOptions::batching`]; the answer is this job's alone). `INVALID_ARGUMENT` names
+    /// a malformed field, `ALREADY_EXISTS` means the dedup key is held by a job with another
+    /// payload, `RESOURCE_EXHAUSTED` a full queue or a payload too large. Sent again after
+    /// `UNAVAILABLE` only when the job has a dedup key (a repeat then finds the job the first
+    /// one made).
+    ///
+    /// A caller that gives up (drops the future) does not take its job out of a batch: the
+    /// job may be created, as with a unary call cancelled in flight.
     pub async fn enqueue(
         &self,
         request: v1::EnqueueRequest,
@@ -489,21 +569,64 @@ impl Client {
             .await
     }
 
-    /// The enqueue itself, past the producer middleware.
+    /// The enqueue itself, past the producer middleware: through the coalescer, or alone.
     pub(crate) async fn send_enqueue(
         &self,
         request: v1::EnqueueRequest,
+    ) -> Result<v1::EnqueueResponse, Status> {
+        let end = Instant::now().checked_add(self.deadline);
+        // Indexes into a batch mean another job in a batch of the coalescer's: such a job goes
+        // as its caller sent it.
+        if !self.batching || !request.depends_on_index.is_empty() {
+            return self.send_alone(request, end, self.deadline).await;
+        }
+        let key = self.batch_key(&request);
+        let joined = self.coalescer.join(self, key, request, end, self.deadline);
+        match joined {
+            Ok(answer) => match answer.await {
+                Ok(Outcome::Done(result)) => result,
+                Ok(Outcome::Alone(request)) => self.send_alone(*request, end, self.deadline).await,
+                Err(_) => Err(Status::internal(
+                    "the batch of this enqueue ended without an answer",
+                )),
+            },
+            // Closed: alone, as without batching.
+            Err(request) => self.send_alone(*request, end, self.deadline).await,
+        }
+    }
+
+    /// The batch `request` joins: its partition once a broker told the count (its queue
+    /// before), and whether it has a dedup key.
+    fn batch_key(&self, request: &v1::EnqueueRequest) -> Key {
+        let place = match self.router.partition_count() {
+            Some(count) => Place::Partition(partition_of_queue(&request.queue, count)),
+            None => Place::Queue(request.queue.clone()),
+        };
+        Key {
+            place,
+            dedup: !request.dedup_key.is_empty(),
+        }
+    }
+
+    /// One unary `Enqueue` ending at `end`: sent again after `UNAVAILABLE` only with a dedup
+    /// key (a repeat then finds the job the first one made).
+    async fn send_alone(
+        &self,
+        request: v1::EnqueueRequest,
+        end: Option<Instant>,
+        deadline: Duration,
     ) -> Result<v1::EnqueueResponse, Status> {
         let repeat = if request.dedup_key.is_empty() {
             Repeat::Never
         } else {
             Repeat::Safe
         };
-        let queue = request.queue.clone();
-        self.unary(
+        self.call_until(
             repeat,
-            Route::Queue(&queue),
-            request,
+            end,
+            Some(deadline),
+            Route::Queue(&request.queue),
+            &request,
             |mut s, r| async move { s.broker.enqueue(r).await },
         )
         .await
@@ -511,7 +634,8 @@ impl Client {
 
     /// Enqueues 1 to 1000 jobs, all or nothing; one result per job, in order. Each job goes
     /// through the producer middleware first (a middleware's own answer is not used: the batch
-    /// is one call). Sent again after `UNAVAILABLE` only when every job has a dedup key.
+    /// is one call). Sent as it is: never merged with other enqueues, never split. Sent again
+    /// after `UNAVAILABLE` only when every job has a dedup key.
     pub async fn enqueue_batch(
         &self,
         jobs: Vec<v1::EnqueueRequest>,
@@ -1136,5 +1260,44 @@ impl Client {
             s.admin.trigger_schedule(r).await
         })
         .await
+    }
+}
+
+impl SendBatch for Client {
+    /// A batch of one as unary `Enqueue`, of more as `EnqueueBatch` to the leader of their
+    /// partition, within the earliest of the callers' deadlines; answers every caller.
+    async fn send(&self, batch: Batch) {
+        let (end, deadline) = batch.deadline();
+        let repeat = if batch.deduplicated() {
+            Repeat::Safe
+        } else {
+            Repeat::Never
+        };
+        let Batch {
+            mut jobs,
+            mut callers,
+            ..
+        } = batch;
+        if jobs.len() == 1
+            && let (Some(job), Some(caller)) = (jobs.pop(), callers.pop())
+        {
+            let result = self.send_alone(job, caller.end, caller.deadline).await;
+            caller.answer(Outcome::Done(result));
+            return;
+        }
+        let queue = jobs.first().map(|j| j.queue.clone()).unwrap_or_default();
+        let request = v1::EnqueueBatchRequest { jobs };
+        let result = self
+            .call_until(
+                repeat,
+                end,
+                Some(deadline),
+                Route::Queue(&queue),
+                &request,
+                |mut s, r| async move { s.broker.enqueue_batch(r).await },
+            )
+            .await
+            .map(|response| response.results);
+        crate::coalescer::answer(callers, request.jobs, result);
     }
 }

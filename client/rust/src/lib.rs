@@ -7,8 +7,8 @@
 //!
 //! * [`ClientOptions`]: how to reach the broker (addresses, TLS, mutual TLS, bearer token,
 //!   deadline), one set of options for the client and the worker.
-//! * [`Client`]: both services, a method per call, safe retries, [`Client::enqueue_and_wait`]
-//!   and producer middleware.
+//! * [`Client`]: both services, a method per call, safe retries, [`Client::enqueue_and_wait`],
+//!   producer middleware, and concurrent enqueues coalesced into `EnqueueBatch` calls.
 //! * [`job`] and the `with_` methods of [`v1::EnqueueRequest`]: every enqueue option.
 //! * [`Worker`]: the worker helper of `docs/worker-contract.md` (handlers per queue, leases and
 //!   heartbeats, cancellation, ack coalescing, reconnects, graceful stop, durable steps,
@@ -34,6 +34,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 mod client;
+mod coalescer;
 mod enqueue;
 pub mod middleware;
 pub mod options;

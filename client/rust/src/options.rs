@@ -10,7 +10,8 @@
 //!     .tls_ca_file("/etc/jobbroker/ca.pem")          // TLS, trusting this CA
 //!     .client_cert_files("/etc/jobbroker/client.pem", "/etc/jobbroker/client.key") // mutual TLS
 //!     .token("s3cret")                               // authorization: Bearer s3cret
-//!     .deadline(Duration::from_secs(5));             // unary calls; default 10 s
+//!     .deadline(Duration::from_secs(5))              // unary calls; default 10 s
+//!     .batch_linger(Duration::from_millis(2));       // enqueue coalescing: wait 2 ms for more
 //! # let _ = options;
 //! ```
 //!
@@ -34,6 +35,67 @@ pub const ADDRESS_ENV: &str = "JOBBROKER_ADDRESS";
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
 /// Read when [`ClientOptions::token`] was not set.
 pub const TOKEN_ENV: &str = "JOBBROKER_TOKEN";
+
+/// [`ClientOptions::batch_max_jobs`] when not set: the jobs of one coalesced batch.
+pub const DEFAULT_BATCH_MAX_JOBS: usize = 100;
+/// The most jobs one `EnqueueBatch` may hold (the broker refuses more).
+pub const MAX_BATCH_JOBS: usize = 1000;
+/// [`ClientOptions::batch_max_bytes`] when not set: 1 MiB of payload and header bytes.
+pub const DEFAULT_BATCH_MAX_BYTES: usize = 1 << 20;
+/// [`ClientOptions::batch_max_in_flight`] when not set: batches of one key in flight at once.
+pub const DEFAULT_BATCH_MAX_IN_FLIGHT: usize = 4;
+/// The largest [`ClientOptions::batch_max_bytes`]: a batch must fit in one message the broker
+/// takes (64 MiB).
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// How [`Client::enqueue`](crate::Client::enqueue) merges concurrent calls into
+/// `EnqueueBatch` calls (`docs/worker-contract.md` §10); the five `batch` options of
+/// [`ClientOptions`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BatchOptions {
+    pub enabled: bool,
+    pub max_jobs: usize,
+    pub max_bytes: usize,
+    pub linger: Duration,
+    pub max_in_flight: usize,
+}
+
+impl Default for BatchOptions {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_jobs: DEFAULT_BATCH_MAX_JOBS,
+            max_bytes: DEFAULT_BATCH_MAX_BYTES,
+            linger: Duration::ZERO,
+            max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+        }
+    }
+}
+
+impl BatchOptions {
+    /// Refuses a value no batch can work with, naming the option.
+    fn check(&self) -> Result<(), ConnectError> {
+        let invalid = |option: &'static str, reason: String| {
+            Err(ConnectError::InvalidOption { option, reason })
+        };
+        if !(1..=MAX_BATCH_JOBS).contains(&self.max_jobs) {
+            return invalid(
+                "batch_max_jobs",
+                format!("{} is not between 1 and {MAX_BATCH_JOBS}", self.max_jobs),
+            );
+        }
+        if !(1..=MAX_BATCH_BYTES).contains(&self.max_bytes) {
+            return invalid(
+                "batch_max_bytes",
+                format!("{} is not between 1 and {MAX_BATCH_BYTES}", self.max_bytes),
+            );
+        }
+        if self.max_in_flight == 0 {
+            return invalid("batch_max_in_flight", "must be at least 1".into());
+        }
+        Ok(())
+    }
+}
 
 /// PEM data given inline or as a file read when the client is made.
 #[derive(Clone)]
@@ -74,8 +136,8 @@ enum Trust {
 }
 
 /// How to reach the broker, shared by [`Client`](crate::Client) and
-/// [`Worker`](crate::Worker): the addresses, TLS and mutual TLS, the bearer token and the
-/// deadline of unary calls. Every call also carries `jobbroker-client: jobbroker-rust/<version>`
+/// [`Worker`](crate::Worker): the addresses, TLS and mutual TLS, the bearer token, the
+/// deadline of unary calls, and how the client coalesces enqueues (the `batch` options). Every call also carries `jobbroker-client: jobbroker-rust/<version>`
 /// ([`CLIENT_NAME`](crate::CLIENT_NAME)).
 ///
 /// A plain address converts into options, so `Client::new("127.0.0.1:7070")` and
@@ -89,6 +151,7 @@ pub struct ClientOptions {
     server_name: Option<String>,
     token: Option<String>,
     deadline: Duration,
+    batch: BatchOptions,
 }
 
 impl Default for ClientOptions {
@@ -100,6 +163,7 @@ impl Default for ClientOptions {
             server_name: None,
             token: None,
             deadline: DEFAULT_DEADLINE,
+            batch: BatchOptions::default(),
         }
     }
 }
@@ -114,6 +178,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("server_name", &self.server_name)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("deadline", &self.deadline)
+            .field("batch", &self.batch)
             .finish()
     }
 }
@@ -219,6 +284,42 @@ impl ClientOptions {
         self
     }
 
+    /// Whether [`Client::enqueue`](crate::Client::enqueue) merges concurrent calls into
+    /// `EnqueueBatch` calls (`docs/worker-contract.md` §10); default on. Off: every enqueue is
+    /// one unary `Enqueue`. [`Client::with_batching`](crate::Client::with_batching) turns it
+    /// off (or on) for some calls.
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batch.enabled = on;
+        self
+    }
+
+    /// A coalesced batch is sent once it holds this many jobs; 1 to 1000, default 100.
+    pub fn batch_max_jobs(mut self, jobs: usize) -> Self {
+        self.batch.max_jobs = jobs;
+        self
+    }
+
+    /// ... or once its jobs' payload and header (name and value) bytes reach this; a job that
+    /// would take a batch past it starts the next one. 1 byte to 64 MiB, default 1 MiB.
+    pub fn batch_max_bytes(mut self, bytes: usize) -> Self {
+        self.batch.max_bytes = bytes;
+        self
+    }
+
+    /// How long a batch that could be sent waits for more jobs; default 0: it is sent at once,
+    /// and jobs gather only while [`Self::batch_max_in_flight`] batches are in flight.
+    pub fn batch_linger(mut self, linger: Duration) -> Self {
+        self.batch.linger = linger;
+        self
+    }
+
+    /// Batches of one key (partition, and whether the jobs have a dedup key) in flight at
+    /// once; later jobs wait in the open batch. At least 1, default 4.
+    pub fn batch_max_in_flight(mut self, batches: usize) -> Self {
+        self.batch.max_in_flight = batches;
+        self
+    }
+
     /// The options made concrete, with `env` standing for the process environment (an
     /// argument so that tests need not change the real one).
     pub(crate) fn resolve(
@@ -234,6 +335,7 @@ impl ClientOptions {
         if addresses.is_empty() {
             addresses = vec![DEFAULT_ADDRESS.to_string()];
         }
+        self.batch.check()?;
         let tls = self.tls_config()?;
         let mut endpoints = Vec::with_capacity(addresses.len());
         for address in addresses {
@@ -257,6 +359,7 @@ impl ClientOptions {
             tls,
             authorization,
             deadline: self.deadline,
+            batch: self.batch.clone(),
         })
     }
 
@@ -292,6 +395,7 @@ pub(crate) struct Resolved {
     pub tls: Option<ClientTlsConfig>,
     pub authorization: Option<AsciiMetadataValue>,
     pub deadline: Duration,
+    pub batch: BatchOptions,
 }
 
 /// The addresses of a comma-separated list, blanks dropped.
@@ -360,6 +464,14 @@ pub enum ConnectError {
     /// The token cannot be sent as metadata (empty, or not visible ASCII).
     #[error("the token is empty or not visible ASCII")]
     BadToken,
+    /// An option has a value no client can work with (a `batch_` option out of range).
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption {
+        /// The option, as its [`ClientOptions`] method is named.
+        option: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
     /// [`Client::connect`](crate::Client::connect) reached none of the addresses.
     #[error("cannot connect to {address}: {source}")]
     Unreachable {
@@ -476,6 +588,61 @@ mod tests {
             refused(ClientOptions::from("not a uri")),
             ConnectError::InvalidAddress { .. }
         ));
+    }
+
+    #[test]
+    fn batching_is_on_by_default_with_the_contracts_limits() {
+        let resolved = ClientOptions::from("b:1").resolve(env_of(&[])).unwrap();
+        assert_eq!(
+            resolved.batch,
+            BatchOptions {
+                enabled: true,
+                max_jobs: 100,
+                max_bytes: 1 << 20,
+                linger: Duration::ZERO,
+                max_in_flight: 4,
+            }
+        );
+        let resolved = ClientOptions::from("b:1")
+            .batching(false)
+            .batch_max_jobs(1000)
+            .batch_max_bytes(1)
+            .batch_linger(Duration::from_millis(50))
+            .batch_max_in_flight(1)
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert!(!resolved.batch.enabled);
+        assert_eq!(resolved.batch.max_jobs, 1000);
+        assert_eq!(resolved.batch.linger, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_batch_option_out_of_range_is_refused_naming_it() {
+        let refused = |options: ClientOptions| {
+            let error = options.resolve(env_of(&[])).err().unwrap();
+            let ConnectError::InvalidOption { option, .. } = &error else {
+                panic!("{error:?}");
+            };
+            assert!(error.to_string().contains(option), "{error}");
+            *option
+        };
+        let options = || ClientOptions::from("b:1");
+        assert_eq!(refused(options().batch_max_jobs(0)), "batch_max_jobs");
+        assert_eq!(refused(options().batch_max_jobs(1001)), "batch_max_jobs");
+        assert_eq!(refused(options().batch_max_bytes(0)), "batch_max_bytes");
+        assert_eq!(
+            refused(options().batch_max_bytes((64 << 20) + 1)),
+            "batch_max_bytes"
+        );
+        assert_eq!(
+            refused(options().batch_max_in_flight(0)),
+            "batch_max_in_flight"
+        );
+        // Refused even with batching off: the options are wrong either way.
+        assert_eq!(
+            refused(options().batching(false).batch_max_jobs(0)),
+            "batch_max_jobs"
+        );
     }
 
     #[test]

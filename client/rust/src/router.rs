@@ -201,6 +201,11 @@ impl Router {
         state.table.stream_groups(queues, max_in_flight)
     }
 
+    /// The partition count of the latest table; `None` while no broker said it.
+    pub fn partition_count(&self) -> Option<u32> {
+        self.state.lock().unwrap().table.partition_count()
+    }
+
     /// True when the latest table is a cluster's.
     pub fn is_cluster(&self) -> bool {
         self.state.lock().unwrap().table.is_cluster()

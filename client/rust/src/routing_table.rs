@@ -17,6 +17,9 @@ use crate::v1;
 pub(crate) struct RoutingTable {
     is_cluster: bool,
     partition_count: u32,
+    /// True when `partition_count` is what a broker answered (in a cluster or not), not a
+    /// guess for a broker that would not say.
+    knows_partitions: bool,
     answered_by: String,
     /// By partition number; empty where the partition has no live leader with an address.
     leaders: Vec<String>,
@@ -28,6 +31,12 @@ impl RoutingTable {
     /// From `info`, answered by the broker the client reached at `answered_by`.
     pub fn from_cluster_info(info: &v1::ClusterInfo, answered_by: &str) -> Self {
         let mut table = Self::single_broker(answered_by);
+        // A single broker has partitions too (`--partitions`): the enqueue coalescer keeps a
+        // batch within one.
+        if info.partition_count > 0 {
+            table.partition_count = info.partition_count;
+            table.knows_partitions = true;
+        }
         if info.cluster_name.is_empty() {
             return table;
         }
@@ -79,6 +88,12 @@ impl RoutingTable {
     /// False for a broker outside a cluster.
     pub fn is_cluster(&self) -> bool {
         self.is_cluster
+    }
+
+    /// How many partitions the broker that answered has; `None` before one answered, or when
+    /// it would not say.
+    pub fn partition_count(&self) -> Option<u32> {
+        self.knows_partitions.then_some(self.partition_count)
     }
 
     /// True before any broker answered.
@@ -304,6 +319,15 @@ mod tests {
             "broker.example:7070"
         );
         assert_eq!(table.node_addresses(), ["broker.example:7070"]);
+        assert_eq!(table.partition_count(), Some(1));
+        let four = v1::ClusterInfo {
+            partition_count: 4,
+            ..single.clone()
+        };
+        let table = RoutingTable::from_cluster_info(&four, "broker.example:7070");
+        assert_eq!(table.partition_count(), Some(4));
+        assert_eq!(table.address_of_queue("emails"), "broker.example:7070");
+        assert_eq!(RoutingTable::single_broker("b:1").partition_count(), None);
         assert_eq!(
             RoutingTable::single_broker("b:1"),
             RoutingTable::from_cluster_info(&v1::ClusterInfo::default(), "b:1")

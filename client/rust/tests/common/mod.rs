@@ -53,6 +53,8 @@ impl Drop for TempDir {
 pub struct Broker {
     child: Child,
     pub addr: String,
+    /// Where it serves `/metrics`.
+    pub http_addr: String,
     pub dir: TempDir,
     config: Option<String>,
     extra_args: Vec<String>,
@@ -71,10 +73,11 @@ impl Broker {
     pub fn start_with_args(config: Option<&str>, extra_args: &[&str]) -> Self {
         let dir = TempDir::new("broker");
         let extra_args: Vec<String> = extra_args.iter().map(|a| a.to_string()).collect();
-        let (child, addr) = launch(&dir.0, "127.0.0.1:0", config, &extra_args);
+        let (child, (addr, http_addr)) = launch(&dir.0, "127.0.0.1:0", config, &extra_args);
         Broker {
             child,
             addr,
+            http_addr,
             dir,
             config: config.map(str::to_string),
             extra_args,
@@ -86,7 +89,7 @@ impl Broker {
     pub fn kill_and_restart(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let (child, addr) = launch(
+        let (child, (addr, http_addr)) = launch(
             &self.dir.0,
             &self.addr,
             self.config.as_deref(),
@@ -94,7 +97,28 @@ impl Broker {
         );
         assert_eq!(addr, self.addr, "the broker came back on another address");
         self.child = child;
+        self.http_addr = http_addr;
     }
+    /// How many unary calls of `method` (e.g. `/jobbroker.v1.Broker/Enqueue`) it has
+    /// answered, with status `code` (e.g. `INVALID_ARGUMENT`) or with any.
+    pub fn rpc_count(&self, method: &str, code: Option<&str>) -> u64 {
+        let text = http_get(&self.http_addr, "/metrics");
+        let method = format!("method=\"{method}\"");
+        let code = code.map(|c| format!("code=\"{c}\""));
+        text.lines()
+            .filter(|line| line.starts_with("jobbroker_rpc_duration_seconds_count{"))
+            .filter(|line| line.contains(&method))
+            .filter(|line| code.as_ref().is_none_or(|c| line.contains(c)))
+            .map(|line| {
+                let value = line.rsplit(' ').next().unwrap_or_default();
+                value
+                    .parse::<f64>()
+                    .unwrap_or_else(|_| panic!("unparsable metric line {line:?}"))
+                    as u64
+            })
+            .sum()
+    }
+
     pub async fn client(&self) -> Client {
         Client::connect(&self.addr)
             .await
@@ -185,7 +209,7 @@ impl Cluster {
         for (n, printed) in serving.into_iter().enumerate() {
             let child = cluster.nodes[n].as_mut().unwrap();
             assert_eq!(
-                await_serving(child, printed),
+                await_serving(child, printed).0,
                 addresses[n],
                 "node-{n} serves elsewhere"
             );
@@ -279,27 +303,28 @@ pub async fn wait_for_state(client: &Client, job_id: &str, state: JobState) -> j
     }
 }
 
-/// Starts the broker binary on `listen` with its data under `dir`; returns it and the address
-/// it printed.
+/// Starts the broker binary on `listen` with its data under `dir`; returns it and the
+/// addresses it printed (gRPC, HTTP).
 fn launch(
     dir: &Path,
     listen: &str,
     config: Option<&str>,
     extra_args: &[String],
-) -> (Child, String) {
+) -> (Child, (String, String)) {
     let (mut child, serving) = spawn_broker(dir, listen, "127.0.0.1:0", config, extra_args);
     let addr = await_serving(&mut child, serving);
     (child, addr)
 }
 
-/// Starts the broker binary; the receiver gets the address it prints once it serves.
+/// Starts the broker binary; the receiver gets the addresses it prints once it serves
+/// (gRPC, HTTP).
 fn spawn_broker(
     dir: &Path,
     listen: &str,
     http_listen: &str,
     config: Option<&str>,
     extra_args: &[String],
-) -> (Child, mpsc::Receiver<String>) {
+) -> (Child, mpsc::Receiver<(String, String)>) {
     let bin = std::env::var_os("JOBBROKER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| repo_root().join("build/server/jobbroker"));
@@ -340,12 +365,13 @@ fn spawn_broker(
         for line in lines.by_ref() {
             let Ok(line) = line else { break };
             if let Some(rest) = line.strip_prefix("jobbroker: serving grpc=") {
-                let addr = rest
-                    .split_whitespace()
-                    .next()
+                let mut words = rest.split_whitespace();
+                let addr = words.next().unwrap_or_default().to_string();
+                let http = words
+                    .find_map(|w| w.strip_prefix("http="))
                     .unwrap_or_default()
                     .to_string();
-                let _ = ready_tx.send(addr);
+                let _ = ready_tx.send((addr, http));
                 break;
             }
         }
@@ -362,9 +388,12 @@ fn spawn_broker(
     (child, ready_rx)
 }
 
-/// The address the broker printed once it served; kills it and panics if it printed none in
-/// time.
-fn await_serving(child: &mut Child, ready_rx: mpsc::Receiver<String>) -> String {
+/// The addresses the broker printed once it served (gRPC, HTTP); kills it and panics if it
+/// printed none in time.
+fn await_serving(
+    child: &mut Child,
+    ready_rx: mpsc::Receiver<(String, String)>,
+) -> (String, String) {
     match ready_rx.recv_timeout(GIVE_UP) {
         Ok(addr) => addr,
         Err(_) => {
