@@ -71,7 +71,10 @@ import { version } from "./gen/version.js";
 import { asBuffer, durationFromMs, encodePayload, type Payload } from "./convert.js";
 import { JobBrokerError, JobEndedError, Status, fromServiceError } from "./errors.js";
 import { composeProducer, composeProducerBatch, type EnqueueResult, type ProducerMiddleware } from "./middleware.js";
+import { Coalescer } from "./coalescer.js";
+import { partitionOfQueue } from "./partition.js";
 import { Router, isTransient, type Endpoint, type Route } from "./router.js";
+import type { RoutingTable } from "./routing-table.js";
 
 export type { EnqueueResult };
 
@@ -166,6 +169,23 @@ export interface ClientOptions {
   channelOptions?: ChannelOptions;
   /** grpc-js interceptors run on every call after the library's own (metadata, logging, tests). */
   interceptors?: Interceptor[];
+  /**
+   * Enqueue coalescing (README "Enqueue coalescing"): concurrent `enqueue()` calls of one
+   * partition are sent together as one EnqueueBatch, each caller still answered on its own.
+   * Default true; false sends every `enqueue()` as one unary Enqueue, as before.
+   */
+  batching?: boolean;
+  /** A batch is sent once it holds this many jobs: 1 to 1000, default 100. */
+  batchMaxJobs?: number;
+  /** ... or once its jobs' payload and header (name and value) bytes reach this; default 1 MiB. */
+  batchMaxBytes?: number;
+  /**
+   * How long a batch that could be sent waits for more jobs, in ms; default 0: until the end of
+   * the current turn of the event loop (the enqueues of one turn go together).
+   */
+  batchLingerMs?: number;
+  /** Batches of one partition in flight at once (default 4); later jobs wait in the open batch. */
+  batchMaxInFlight?: number;
 }
 
 /** Per-call options, the last argument of every Client method. */
@@ -208,10 +228,15 @@ export interface EnqueueOptions {
    * fails.
    */
   dependsOn?: string[];
+  /**
+   * false: this call is sent alone, as a unary Enqueue at once, not merged with other calls
+   * (the client's `batching` option for one call). Default: the client's `batching`.
+   */
+  batch?: boolean;
 }
 
-/** One job of an `enqueueBatch`. */
-export interface BatchJob extends EnqueueOptions {
+/** One job of an `enqueueBatch` (sent as given: never merged with others, never split). */
+export interface BatchJob extends Omit<EnqueueOptions, "batch"> {
   queue: string;
   /** Bytes as they are, a string as UTF-8, anything else as JSON. */
   payload?: Payload;
@@ -315,6 +340,40 @@ const retryAttempts = 3;
 const retryBackoffMs = 50;
 const defaultDeadlineMs = 10_000;
 
+// Enqueue coalescing's defaults (docs/worker-contract.md §10).
+const defaultBatchMaxJobs = 100;
+const defaultBatchMaxBytes = 1024 * 1024;
+const defaultBatchLingerMs = 0;
+const defaultBatchMaxInFlight = 4;
+// The broker takes at most this many jobs in one EnqueueBatch.
+const maxBatchJobs = 1000;
+
+/** The coalescing options, checked: a bad value is refused by the constructor, naming the option. */
+function batchingOptions(o: ClientOptions): { batching: boolean; maxJobs: number; maxBytes: number; lingerMs: number; maxInFlight: number } {
+  if (o.batching !== undefined && typeof o.batching !== "boolean") {
+    throw new TypeError(`batching must be true or false, not ${String(o.batching)}`);
+  }
+  const integer = (name: string, value: number | undefined, fallback: number, min: number, max: number): number => {
+    if (value === undefined) return fallback;
+    if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
+      const range = max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `from ${min} to ${max}`;
+      throw new RangeError(`${name} must be an integer ${range}, not ${String(value)}`);
+    }
+    return value;
+  };
+  const lingerMs = o.batchLingerMs ?? defaultBatchLingerMs;
+  if (typeof lingerMs !== "number" || !Number.isFinite(lingerMs) || lingerMs < 0) {
+    throw new RangeError(`batchLingerMs must be a finite number of ms, 0 or more, not ${String(lingerMs)}`);
+  }
+  return {
+    batching: o.batching ?? true,
+    maxJobs: integer("batchMaxJobs", o.batchMaxJobs, defaultBatchMaxJobs, 1, maxBatchJobs),
+    maxBytes: integer("batchMaxBytes", o.batchMaxBytes, defaultBatchMaxBytes, 1, Number.MAX_SAFE_INTEGER),
+    lingerMs,
+    maxInFlight: integer("batchMaxInFlight", o.batchMaxInFlight, defaultBatchMaxInFlight, 1, Number.MAX_SAFE_INTEGER),
+  };
+}
+
 const terminalStates = new Set<JobState>([
   JobState.JOB_STATE_COMPLETED,
   JobState.JOB_STATE_FAILED,
@@ -396,9 +455,16 @@ export class Client {
   readonly router: Router;
   private readonly deadlineMs: number;
   private readonly producerMiddleware: ProducerMiddleware[] = [];
+  /** Merges single enqueues into batches; undefined with `batching: false`. */
+  private readonly coalescer: Coalescer | undefined;
+  // The batch key's partition of each queue under `keyTable`: FNV over BigInt is too slow to
+  // compute for every job at the throughput coalescing is for.
+  private keyTable: RoutingTable | undefined;
+  private readonly keyOfQueue = new Map<string, string>();
 
   constructor(options: ClientOptions | string = {}) {
     const o: ClientOptions = typeof options === "string" ? { address: options } : options;
+    const { batching, ...limits } = batchingOptions(o);
     const addresses = [...new Set(o.addresses?.length ? o.addresses : splitAddresses(o.address || defaultAddress()))];
     this.addresses = addresses;
     this.address = addresses[0];
@@ -425,6 +491,34 @@ export class Client {
       return { address, broker, admin };
     };
     this.router = new Router(addresses, dial, this.deadlineMs);
+    this.coalescer = batching
+      ? new Coalescer(limits, {
+          placeOf: (r) => this.placeOf(r.queue),
+          sendOne: (r, deadlineMs) => this.sendEnqueue(r, { deadlineMs }),
+          sendBatch: (rs, deadlineMs) => this.sendEnqueueBatch(rs, { deadlineMs }),
+        })
+      : undefined;
+  }
+
+  /**
+   * A batch key's place: the queue's partition in the last cluster table the client holds, else
+   * (no table yet, or a broker outside a cluster, whose partitions the client does not route by)
+   * the queue itself. Either way a batch never spans partitions.
+   */
+  private placeOf(queue: string): string {
+    const table = this.router.lastTable;
+    if (!table.isCluster) return `queue ${queue}`;
+    if (table !== this.keyTable) {
+      this.keyTable = table;
+      this.keyOfQueue.clear();
+    }
+    let place = this.keyOfQueue.get(queue);
+    if (place === undefined) {
+      if (this.keyOfQueue.size >= 10_000) this.keyOfQueue.clear(); // bounded: queue names may be many
+      place = `partition ${partitionOfQueue(queue, table.partitionCount)}`;
+      this.keyOfQueue.set(queue, place);
+    }
+    return place;
   }
 
   /**
@@ -450,8 +544,14 @@ export class Client {
     return this;
   }
 
-  /** Closes the channels; calls after this fail. */
-  close(): void {
+  /**
+   * Closes the channels; calls after this fail. Enqueues waiting in a batch are sent first (at
+   * once, without linger), and the channels close once every batch in flight was answered: await
+   * it to know those callers have their answers. It never rejects.
+   */
+  async close(): Promise<void> {
+    const draining = this.coalescer?.close();
+    if (draining) await draining;
     this.router.close();
   }
 
@@ -494,18 +594,45 @@ export class Client {
    * anything else as JSON. INVALID_ARGUMENT names a malformed field; ALREADY_EXISTS if
    * `dedupKey` is held by a job with another payload; RESOURCE_EXHAUSTED for a full queue.
    * Retried after UNAVAILABLE only with a `dedupKey` (without one, a retry could enqueue twice).
+   * Concurrent calls go together in EnqueueBatch calls (the `batching` client options; `batch:
+   * false` for this call alone), each still answered with its own job or its own error.
    */
   enqueue(queue: string, payload?: Payload, options: EnqueueOptions = {}, call?: CallOptions): Promise<EnqueueResult> {
-    return this.enqueueRequest(toEnqueueRequest(queue, payload, options), call);
+    return this.enqueueRequest(toEnqueueRequest(queue, payload, options), options.batch !== false, call);
   }
 
-  /** Sends one EnqueueRequest through the producer middleware. */
-  private enqueueRequest(request: EnqueueRequest, call?: CallOptions): Promise<EnqueueResult> {
-    const send = async (r: EnqueueRequest): Promise<EnqueueResult> =>
-      toEnqueueResult(
-        await this.call<EnqueueResponse>({ queue: r.queue }, r.dedupKey !== "", (e, md, o, cb) => e.broker.enqueue(r, md, o, cb), call),
-      );
+  /**
+   * Sends one EnqueueRequest through the producer middleware, then (`batch`, and the client's
+   * `batching`) through the coalescer: the middleware sees each call on its own, as before.
+   */
+  private enqueueRequest(request: EnqueueRequest, batch: boolean, call: CallOptions = {}): Promise<EnqueueResult> {
+    const coalescer = batch ? this.coalescer : undefined;
+    // async: a request the middleware left malformed rejects the call instead of throwing.
+    const send = coalescer
+      ? async (r: EnqueueRequest) => coalescer.add(r, call.deadlineMs ?? this.deadlineMs)
+      : (r: EnqueueRequest) => this.sendEnqueue(r, call);
     return composeProducer(this.producerMiddleware, send)(request);
+  }
+
+  /** One unary Enqueue, retried after UNAVAILABLE only with a dedup key. */
+  private async sendEnqueue(request: EnqueueRequest, call: CallOptions): Promise<EnqueueResult> {
+    const r = await this.call<EnqueueResponse>(
+      { queue: request.queue },
+      request.dedupKey !== "",
+      (e, md, o, cb) => e.broker.enqueue(request, md, o, cb),
+      call,
+    );
+    return toEnqueueResult(r);
+  }
+
+  /** One EnqueueBatch of `requests`, retried after UNAVAILABLE only when every job has a dedup key. */
+  private async sendEnqueueBatch(requests: EnqueueRequest[], call?: CallOptions): Promise<EnqueueResult[]> {
+    // Every field of an EnqueueRequest is set already: no fromPartial copy of each job.
+    const request: EnqueueBatchRequest = { jobs: requests };
+    const retry = requests.every((r) => r.dedupKey !== "");
+    const route: Route = requests.length > 0 ? { queue: requests[0].queue } : "any";
+    const r = await this.call<EnqueueBatchResponse>(route, retry, (e, md, o, cb) => e.broker.enqueueBatch(request, md, o, cb), call);
+    return r.results.map(toEnqueueResult);
   }
 
   /**
@@ -517,13 +644,8 @@ export class Client {
       ...toEnqueueRequest(j.queue, j.payload, j),
       dependsOnIndex: [...(j.dependsOnIndex ?? [])],
     }));
-    const send = async (rs: EnqueueRequest[]): Promise<EnqueueResult[]> => {
-      const request = EnqueueBatchRequest.fromPartial({ jobs: rs });
-      const retry = rs.every((r) => r.dedupKey !== "");
-      const r = await this.call<EnqueueBatchResponse>(rs.length > 0 ? { queue: rs[0].queue } : "any", retry, (e, md, o, cb) => e.broker.enqueueBatch(request, md, o, cb), call);
-      return r.results.map(toEnqueueResult);
-    };
-    return composeProducerBatch(this.producerMiddleware, send)(requests);
+    // Sent as given: never merged with other calls, never split (§10).
+    return composeProducerBatch(this.producerMiddleware, (rs) => this.sendEnqueueBatch(EnqueueBatchRequest.fromPartial({ jobs: rs }).jobs, call))(requests);
   }
 
   /**

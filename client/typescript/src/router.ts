@@ -60,6 +60,14 @@ export class Router {
     return this.current;
   }
 
+  /**
+   * The last table fetched, without asking again (RoutingTable.unknown before the first answer):
+   * what the enqueue coalescer keys its batches by.
+   */
+  get lastTable(): RoutingTable {
+    return this.current;
+  }
+
   /** A node any call may go to, without asking: the one that answered last, else the first. */
   anyNode(): Endpoint {
     return this.nodeAt(this.current.anyAddress);

@@ -601,7 +601,7 @@ export class Worker<Data = unknown, Result = unknown> {
     await this.until(() => this.streams.length === 0, 2500);
     for (const s of this.streams) s.call.cancel();
     await this.loopDone;
-    if (this.ownsClient) this.client.close();
+    if (this.ownsClient) await this.client.close();
     this.state = "closed";
     this.notify();
   }

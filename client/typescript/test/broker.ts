@@ -1,5 +1,6 @@
 // Starts the real jobbroker binary for a test: port 0, a fresh data dir, optional config.
 import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
 import { createWriteStream, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -35,6 +36,8 @@ export class Broker {
   private constructor(
     readonly proc: ChildProcess,
     readonly address: string,
+    /** Where it serves /metrics ("127.0.0.1:PORT"). */
+    readonly httpAddress: string,
     readonly dataDir: string,
     readonly tempDir: string,
   ) {
@@ -58,17 +61,46 @@ export class Broker {
     const log = createWriteStream(path.join(dir, "broker.log"), { flags: "a" });
     proc.stderr!.pipe(log);
     const lines = readline.createInterface({ input: proc.stdout! });
-    const address = await new Promise<string>((resolve, reject) => {
+    const [address, httpAddress] = await new Promise<[string, string]>((resolve, reject) => {
       const timer = setTimeout(() => reject(new Error("the broker did not report its address within 30 s")), 30_000);
       proc.once("error", (e) => { clearTimeout(timer); reject(e); });
       proc.once("exit", (code) => { clearTimeout(timer); reject(new Error(`the broker exited with ${code}; see ${dir}/broker.log`)); });
       lines.on("line", (line) => {
-        const m = /^jobbroker: serving grpc=(\S+)/.exec(line);
-        if (m) { clearTimeout(timer); resolve(m[1]); }
+        const m = /^jobbroker: serving grpc=(\S+) http=(\S+)/.exec(line);
+        if (m) { clearTimeout(timer); resolve([m[1], m[2]]); }
       });
     });
     lines.on("line", () => {}); // keep draining stdout
-    return new Broker(proc, address, dataDir, dir);
+    return new Broker(proc, address, httpAddress, dataDir, dir);
+  }
+
+  /** Its /metrics, as text. */
+  metrics(): Promise<string> {
+    return new Promise((resolve, reject) => {
+      const request = http.get(`http://${this.httpAddress}/metrics`, { timeout: 5000 }, (answer) => {
+        let text = "";
+        answer.setEncoding("utf8");
+        answer.on("data", (chunk: string) => (text += chunk));
+        answer.on("end", () => resolve(text));
+      });
+      request.on("timeout", () => request.destroy(new Error("/metrics did not answer")));
+      request.on("error", reject);
+    });
+  }
+
+  /**
+   * How many unary calls of Broker/`method` ("Enqueue", "EnqueueBatch") the broker answered, with
+   * status `code` ("OK", "INVALID_ARGUMENT") or with any: its jobbroker_rpc_duration_seconds_count.
+   */
+  async rpcCount(method: string, code?: string): Promise<number> {
+    let n = 0;
+    for (const line of (await this.metrics()).split("\n")) {
+      if (!line.startsWith("jobbroker_rpc_duration_seconds_count{")) continue;
+      if (!line.includes(`method="/jobbroker.v1.Broker/${method}"`)) continue;
+      if (code !== undefined && !line.includes(`code="${code}"`)) continue;
+      n += Number(line.slice(line.lastIndexOf(" ") + 1));
+    }
+    return n;
   }
 
   /** SIGTERM (graceful); resolves with the exit code. */

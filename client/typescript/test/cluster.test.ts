@@ -74,6 +74,33 @@ describe("a client of a 3-node cluster", { timeout: 5 * giveUpMs }, () => {
     }
   });
 
+  test("coalesces the enqueues of one partition, over queues, into one batch sent to its leader", async () => {
+    const { sent, interceptor } = targetRecorder();
+    const client = new Client({ addresses: cluster.addresses, interceptors: [interceptor] });
+    try {
+      const info = await client.getCluster(); // the table the batches are keyed by
+      // Two queues of each partition: jobs of different queues share a batch when they share a partition.
+      const queues = [...queueOfEachPartition("merged-a"), ...queueOfEachPartition("merged-b")];
+      sent.length = 0;
+      const jobs = queues.flatMap((queue) => [1, 2, 3, 4, 5].map((i) => ({ queue, payload: `${queue}-${i}` })));
+      const results = await Promise.all(jobs.map((j) => client.enqueue(j.queue, j.payload)));
+      results.forEach((r, i) => assert.equal(partitionOfJobId(r.jobId, Cluster.partitions), partitionOfQueue(jobs[i].queue, Cluster.partitions)));
+      const enqueues = sent.filter((s) => s.method.startsWith("Enqueue"));
+      // One turn of the event loop, 40 jobs: one batch per partition, each to its leader.
+      assert.equal(enqueues.length, Cluster.partitions, JSON.stringify(enqueues));
+      assert.ok(enqueues.every((s) => s.method === "EnqueueBatch"));
+      const leaders = [0, 1, 2, 3].map((p) => leaderAddress(info, p)).sort();
+      assert.deepEqual(enqueues.map((s) => s.address).sort(), leaders);
+      const stored = await Promise.all(results.map((r) => client.getJob(r.jobId)));
+      assert.deepEqual(
+        stored.map((j) => j.payload.toString()),
+        jobs.map((j) => j.payload),
+      );
+    } finally {
+      await client.close();
+    }
+  });
+
   test("follows the move of a partition whose leader died, as does a worker", async () => {
     const queue = queueOfEachPartition("moving")[0];
     const { sent, interceptor } = targetRecorder();
