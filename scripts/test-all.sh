@@ -9,6 +9,7 @@
 #
 #   scripts/test-all.sh                  # all suites
 #   scripts/test-all.sh python go        # some of them
+#   scripts/test-all.sh python+go        # two of them at the same time
 #
 # Each suite may run for SUITE_TIMEOUT seconds (default 1800); one that hangs is stopped and
 # FAILED, and the rest still run, so a hang shows in the summary instead of using up CI's time.
@@ -25,9 +26,11 @@ export JOBBROKER_BIN="$root/$build/server/jobbroker"
 suite_timeout="${SUITE_TIMEOUT:-1800}"
 
 # interop runs after every client's suite: it uses what they built (venvs, node_modules,
-# target/ folders).
-all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python go typescript java
-  rust ruby interop bench image)
+# target/ folders). "a+b" runs suites a and b at the same time: each client suite mostly waits on
+# the brokers it starts and on its package tools, so two at once take about the time of the
+# longer (each has its own temp dirs and free ports); their output is shown when both are done.
+all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python+go
+  typescript+rust java+ruby interop bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
 
@@ -49,10 +52,12 @@ run_suite() {
     # nothing acknowledged was lost (tests/crash/README.md). Once with the default durability
     # (SYNC), once with DURABILITY_GROUP queues, which must survive a killed process too, and
     # every waiting job cold (--max-hot-jobs 0), so each lease reads its job back from RocksDB,
-    # on 4 partitions (the two queues in two of them: each worker's stream spans both).
-    crash) BUILD="$build" tests/crash/run.sh --kills 20 &&
-      BUILD="$build" tests/crash/run.sh --kills 20 --durability group --max-hot-jobs 0 \
-        --partitions 4 ;;
+    # on 4 partitions (the two queues in two of them: each worker's stream spans both). The two
+    # runs go side by side (each broker on its own port and directory): each spends most of its
+    # time in its fixed kill phase and settle, so together they take about the time of one.
+    crash) run_side_by_side \
+      "BUILD=$build tests/crash/run.sh --kills 20" \
+      "BUILD=$build tests/crash/run.sh --kills 20 --durability group --max-hot-jobs 0 --partitions 4" ;;
     # Cluster mode under faults: etcd (3 members), 3 nodes, Toxiproxy on every link; 12
     # nemeses, every kind of CLUSTER.md at least once, under the crash harness's producers and
     # workers; the checker proves nothing acknowledged was lost or undone, one writer per epoch
@@ -80,8 +85,27 @@ run_suite() {
   esac
 }
 
+# Runs each command line given at the same time; prints their outputs one after the other once
+# all have ended; fails if any failed.
+run_side_by_side() {
+  local out rc=0 i
+  out="$(mktemp -d /tmp/jobbroker-side-by-side.XXXXXX)"
+  local commands=("$@") pids=()
+  for i in "${!commands[@]}"; do
+    bash -c "${commands[$i]}" >"$out/$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!commands[@]}"; do
+    wait "${pids[$i]}" || rc=1
+    echo ">>> ${commands[$i]}"
+    cat "$out/$i.log"
+  done
+  rm -rf "$out"
+  return "$rc"
+}
+
 # run_suite runs in a child bash under timeout(1), which needs the function and what it reads.
-export -f run_suite
+export -f run_suite run_side_by_side
 export root build jobs test_jobs
 
 # Each suite's output goes to the terminal and to a log; the summary ends with the lines of each
@@ -89,14 +113,9 @@ export root build jobs test_jobs
 logs="$(mktemp -d /tmp/jobbroker-suites.XXXXXX)"
 passed_list=()
 failed_list=()
-for suite in "${suites[@]}"; do
-  echo
-  echo "=== $suite ==="
-  start=$SECONDS
-  timeout --kill-after=60 "$suite_timeout" bash -c 'run_suite "$1"' _ "$suite" 2>&1 |
-    tee "$logs/$suite.log"
-  rc=${PIPESTATUS[0]}
-  took=$((SECONDS - start))
+# Records the result of `suite` (exit status $2, $3 seconds) for the summary.
+account() {
+  local suite="$1" rc="$2" took="$3" result
   if [ "$rc" -eq 0 ]; then
     passed_list+=("$suite ${took}s")
   else
@@ -112,6 +131,41 @@ for suite in "${suites[@]}"; do
       sed 's/^/    /' >>"$logs/$suite.why"
     [ "$(wc -l <"$logs/$suite.why")" -gt 1 ] || tail -n 12 "$logs/$suite.log" | sed 's/^/    /' >>"$logs/$suite.why"
   fi
+}
+
+run_timed() {  # run_timed SUITE: runs it under the suite timeout; its exit status
+  timeout --kill-after=60 "$suite_timeout" bash -c 'run_suite "$1"' _ "$1"
+}
+
+for entry in "${suites[@]}"; do
+  if [[ "$entry" != *+* ]]; then
+    echo
+    echo "=== $entry ==="
+    start=$SECONDS
+    run_timed "$entry" 2>&1 | tee "$logs/$entry.log"
+    account "$entry" "${PIPESTATUS[0]}" $((SECONDS - start))
+    continue
+  fi
+  IFS=+ read -ra group <<<"$entry"
+  echo
+  echo "=== ${group[*]} (at the same time) ==="
+  pids=()
+  for suite in "${group[@]}"; do
+    (
+      start=$SECONDS
+      run_timed "$suite" >"$logs/$suite.log" 2>&1
+      echo "$? $((SECONDS - start))" >"$logs/$suite.rc"
+    ) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
+  for suite in "${group[@]}"; do
+    echo
+    echo "=== $suite ==="
+    cat "$logs/$suite.log"
+    read -r rc took <"$logs/$suite.rc"
+    account "$suite" "$rc" "$took"
+  done
 done
 
 echo

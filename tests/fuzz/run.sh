@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (CMakePresets.json: fuzz; clang-14) and runs each for
-# FUZZ_SECONDS (default 60), starting from a copy of the committed seed corpus, so the
+# Builds the libFuzzer targets (CMakePresets.json: fuzz; clang-14) and runs them all at once,
+# each for FUZZ_SECONDS (default 60), starting from a copy of the committed seed corpus, so the
 # repository is never written. Prints per target the executions, exec/s, coverage (libFuzzer's
 # cov: and ft:) and the corpus size it ended with. Exits 1 if any target found a crash, a
 # leak, a timeout or a model mismatch, and prints the input that reproduces it (kept, with the
 # target's log, in a directory under /tmp; README.md says how to replay it).
 #
-#   tests/fuzz/run.sh                          # both targets, 60 s each
+#   tests/fuzz/run.sh                          # both targets, 60 s each, side by side
 #   FUZZ_SECONDS=600 tests/fuzz/run.sh core_model_fuzzer
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,25 +27,32 @@ fi
 
 summary=()
 failed=0
+# The targets run at the same time: libFuzzer runs one input at a time, so each keeps a core of
+# its own (CI has 2) and the suite takes one FUZZ_SECONDS, not one per target.
+declare -A pids
 for target in "${targets[@]}"; do
   bin="$root/build/fuzz/tests/fuzz/$target"
   seeds="$root/tests/fuzz/corpus/$target"
   [ -x "$bin" ] || { echo "no fuzz target named '$target'"; exit 2; }
   corpus="$work/$target/corpus"
   artifacts="$work/$target/artifacts"
-  log="$work/$target/fuzz.log"
   mkdir -p "$corpus" "$artifacts"
   cp "$seeds"/* "$corpus"/
   extra=()
   [ -f "$root/tests/fuzz/$target.dict" ] && extra+=("-dict=$root/tests/fuzz/$target.dict")
-
-  echo
   echo "=== $target: ${seconds}s from $(ls "$corpus" | wc -l) seeds ==="
-  status=0
   # -timeout: one input running this long is a hang. -rss_limit_mb: libFuzzer's default.
   "$bin" "$corpus" -max_total_time="$seconds" -print_final_stats=1 -timeout=30 \
-    -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "${extra[@]}" >"$log" 2>&1 || status=$?
-
+    -rss_limit_mb=2048 -artifact_prefix="$artifacts/" "${extra[@]}" >"$work/$target/fuzz.log" 2>&1 &
+  pids[$target]=$!
+done
+for target in "${targets[@]}"; do
+  bin="$root/build/fuzz/tests/fuzz/$target"
+  artifacts="$work/$target/artifacts"
+  log="$work/$target/fuzz.log"
+  status=0
+  wait "${pids[$target]}" || status=$?
+  echo
   execs="$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")"
   rate="$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log")"
   last="$(grep -E '^#[0-9]+.*cov: ' "$log" | tail -n 1 || true)"
