@@ -77,12 +77,14 @@ struct Flags {
 
 void Usage(FILE* out) {
   std::fprintf(out,
-               "usage: jobbroker-bench enqueue|batch|e2e|e2e-mixed|stream|latency|backlog "
+               "usage: jobbroker-bench enqueue|batch|e2e|e2e-mixed|stream|drain|latency|backlog "
                "[flags]\n"
                "  batch: --concurrency producers, each an EnqueueBatch loop of --batch jobs\n"
                "  echo: as enqueue, but Echo on jobbroker-echo-server (bench/echo/): baseline\n"
                "  stream: --workers streaming workers (jobbroker::client::Worker, no-op\n"
                "          handler) while --concurrency producers enqueue; jobs/s end to end\n"
+               "  drain: as stream, but the producers enqueue every job first (not timed);\n"
+               "          then the workers start: jobs/s of the workers alone\n"
                "  backlog: preload --preload jobs (over --keys concurrency keys and --queues\n"
                "          queues), then time --jobs Lease+Ack cycles by --workers unary workers\n"
                "  latency: one idle streaming worker, enqueues at --rate per second; time\n"
@@ -200,10 +202,11 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     }
   }
   if (flags->mode != "enqueue" && flags->mode != "batch" && flags->mode != "e2e" &&
-      flags->mode != "e2e-mixed" && flags->mode != "stream" && flags->mode != "latency" &&
-      flags->mode != "backlog" && flags->mode != "echo") {
-    std::fprintf(stderr,
-                 "mode must be enqueue, batch, e2e, e2e-mixed, stream, latency, backlog or echo\n");
+      flags->mode != "e2e-mixed" && flags->mode != "stream" && flags->mode != "drain" &&
+      flags->mode != "latency" && flags->mode != "backlog" && flags->mode != "echo") {
+    std::fprintf(
+        stderr,
+        "mode must be enqueue, batch, e2e, e2e-mixed, stream, drain, latency, backlog or echo\n");
     return false;
   }
   return true;
@@ -387,8 +390,8 @@ class Bench {
       r = RunEnqueue(flags_.mode == "batch");
     } else if (flags_.mode == "e2e") {
       r = RunE2e();
-    } else if (flags_.mode == "stream") {
-      r = RunStream();
+    } else if (flags_.mode == "stream" || flags_.mode == "drain") {
+      r = RunStream(flags_.mode == "drain");
     } else if (flags_.mode == "latency") {
       r = RunLatency();
     } else if (flags_.mode == "backlog") {
@@ -754,22 +757,40 @@ class Bench {
     return workers;
   }
 
-  // Enqueue -> push -> ack with `workers` streaming workers while producers enqueue.
-  Report RunStream() {
+  // Enqueue -> push -> ack with `workers` streaming workers, while the producers enqueue
+  // (stream), or once they have filled the queue (drain; the fill is not timed): what the lease
+  // and ack path alone sustains, without producers competing for the same cores.
+  Report RunStream(bool drain) {
     Errors errors;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> enqueued{0};
     std::atomic<int64_t> handled{0};
     Latencies enqueue_latencies;
     absl::Notification all_handled;
-    auto workers = StartStreamWorkers(flags_.workers, [&](client::JobContext&) {
-      if (handled.fetch_add(1) + 1 == flags_.jobs) all_handled.Notify();
-    });
-    const absl::Time start = absl::Now();
-    std::vector<std::thread> producers =
-        StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, false,
-                       flags_.producer_batch);
-    for (std::thread& t : producers) t.join();
+    auto start_workers = [&] {
+      return StartStreamWorkers(flags_.workers, [&](client::JobContext&) {
+        // A drain's workers start after the fill: they wait for exactly what it enqueued.
+        const int64_t all = drain ? enqueued.load() : flags_.jobs;
+        if (handled.fetch_add(1) + 1 == all) all_handled.Notify();
+      });
+    };
+    auto produce = [&] {
+      std::vector<std::thread> producers =
+          StartProducers(flags_.concurrency, &next, &enqueued, &enqueue_latencies, &errors, false,
+                         flags_.producer_batch);
+      for (std::thread& t : producers) t.join();
+    };
+    decltype(start_workers()) workers;
+    absl::Time start;
+    if (drain) {
+      produce();
+      start = absl::Now();
+      workers = start_workers();
+    } else {
+      workers = start_workers();
+      start = absl::Now();
+      produce();
+    }
     all_handled.WaitForNotificationWithDeadline(deadline_);
     // Stop waits for the last acks to be answered: the run ends when the broker has them all.
     for (auto& w : workers) w->Stop(absl::Seconds(30));
@@ -777,7 +798,7 @@ class Bench {
     int64_t acked = 0;
     for (auto& w : workers) acked += w->stats().acked;
     Report r;
-    r.mode = "stream";
+    r.mode = drain ? "drain" : "stream";
     r.in_flight = flags_.in_flight;
     r.producer_batch = flags_.producer_batch;
     r.concurrency = flags_.concurrency;

@@ -9,6 +9,9 @@
 serve_start() {
   local name="$1" prefix="$2" dir="$3"
   shift 3
+  # Emptied here, not by the redirection below: that one runs in the child, and a restart in the
+  # same DIR could otherwise read the last run's serving line before the child truncates it.
+  : >"$dir/$name.stdout"
   "$@" >"$dir/$name.stdout" 2>"$dir/$name.stderr" &
   started_pid=$!
   started_address=""

@@ -13,12 +13,14 @@
 #   redis-aof-always    BullMQ on Redis, AOF fsynced before replies (per event-loop pass)
 #   beanstalkd-f50      binlog fsynced at most every 50 ms (beanstalkd's default)
 #   beanstalkd-f0       binlog fsynced on every write
-# Workloads (see README.md for their definitions): enqueue, batch, e2e (several consumer
-# settings; the best one counts), latency.
+# Workloads (see README.md for their definitions): enqueue, batch, e2e and drain (several
+# consumer settings; the best one counts), producer (jobbroker's TypeScript and Python client
+# helpers; the peers' counterpart is their enqueue), latency.
 #
 # Flags and environment:
 #   --quick          JOBS=3000, F0_JOBS=1000 and one consumer setting for e2e: a smoke test
 #   --only SYSTEMS   comma-separated: names above, or bullmq/redis/beanstalkd for a family
+#   --workloads LIST comma-separated, in this order by default: enqueue,batch,e2e,drain,producer,latency
 #   BUILD_DIR        where jobbroker and jobbroker-bench are built (default ../../build)
 #   JOBS             jobs per run (default 50000)
 #   F0_JOBS          jobs per run for beanstalkd-f0, which fsyncs each write (default 5000)
@@ -31,6 +33,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
 # shellcheck source=servers.sh
 source "$here/servers.sh"
 node_dir="$here/node"
@@ -41,11 +44,14 @@ repeat="${REPEAT:-1}"
 run_timeout="${RUN_TIMEOUT:-180}"
 only=""
 quick=0
+workloads_flag="enqueue,batch,e2e,drain,producer,latency"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --quick) quick=1 ;;
     --only) only="${2:?--only needs a list}"; shift ;;
     --only=*) only="${1#--only=}" ;;
+    --workloads) workloads_flag="${2:?--workloads needs a list}"; shift ;;
+    --workloads=*) workloads_flag="${1#--workloads=}" ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run.sh: unknown argument: $1" >&2; exit 2 ;;
   esac
@@ -62,6 +68,11 @@ jb_enqueue=(enqueue --concurrency 64 --payload-bytes 100)
 jb_batch=(batch --concurrency 4 --batch 100 --payload-bytes 100)
 jb_e2e=(stream --concurrency 4 --producer-batch 100 --payload-bytes 100)  # + --workers --in-flight
 jb_e2e_settings=("1 64" "2 64" "4 64" "4 256" "8 256")                     # "workers in-flight"
+jb_drain=(drain --concurrency 4 --producer-batch 100 --payload-bytes 100)   # + --workers --in-flight
+jb_drain_settings=("1 256" "4 64" "4 256")                                 # "workers in-flight"
+# producer: the client helpers as users call them, 64 concurrent enqueue() of one job each (their
+# default coalescing, and with it off: "unary"). The peers' counterpart is their enqueue workload.
+jb_producer_settings=(typescript typescript-unary python python-unary)
 latency_rate=1000
 latency_jobs=3000
 jb_latency=(latency --rate "$latency_rate" --in-flight 16 --payload-bytes 100)
@@ -71,10 +82,16 @@ peer_batch=(--mode batch --concurrency 4 --batch 100 --payload-bytes 100)
 peer_e2e_bullmq=(--mode e2e --batch 100 --producer-in-flight 4 --payload-bytes 100)  # + --concurrency
 peer_e2e_beanstalkd=(--mode e2e --producer-in-flight 64 --payload-bytes 100)         # no batch put
 peer_e2e_settings=(8 32 128)                                                          # consumer C
+peer_drain_bullmq=(--mode drain --batch 100 --producer-in-flight 4 --payload-bytes 100)  # + --concurrency
+peer_drain_beanstalkd=(--mode drain --producer-in-flight 64 --payload-bytes 100)
+peer_drain_settings=(8 32 128)
 peer_latency=(--mode latency --rate "$latency_rate" --concurrency 16 --payload-bytes 100)
 if [[ "$quick" -eq 1 ]]; then
   jb_e2e_settings=("2 64")
   peer_e2e_settings=(32)
+  jb_drain_settings=("1 256")
+  peer_drain_settings=(32)
+  jb_producer_settings=(typescript python)
 fi
 # ---------------------------------------------------------------------------------------------
 
@@ -122,8 +139,23 @@ for c in "${configs[@]}"; do
   fi
 done
 
+IFS=, read -ra workloads <<<"$workloads_flag"
+for w in "${workloads[@]}"; do
+  case "$w" in
+    enqueue | batch | e2e | drain | producer | latency) ;;
+    *) echo "run.sh: unknown workload $w (enqueue, batch, e2e, drain, producer, latency)" >&2; exit 2 ;;
+  esac
+done
+
 if [[ "${SKIP_INSTALL:-0}" != 1 ]]; then
   "$here/install.sh"
+fi
+# The producer workload runs the TypeScript and Python client helpers: built (from their lock
+# files) before any timing.
+if [[ ",$workloads_flag," == *,producer,* && " ${configs[*]} " == *" jobbroker"* ]]; then
+  echo "+ client/typescript/test.sh --build-only; client/python/test.sh --build-only" >&2
+  JOBBROKER_BIN="$broker" "$root/client/typescript/test.sh" --build-only >&2
+  JOBBROKER_BIN="$broker" "$root/client/python/test.sh" --build-only >&2
 fi
 
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -141,7 +173,17 @@ set_cmd() {
       enqueue) cmd+=("${jb_enqueue[@]}") ;;
       batch) cmd+=("${jb_batch[@]}") ;;
       e2e) read -r w k <<<"$setting"; cmd+=("${jb_e2e[@]}" --workers "$w" --in-flight "$k") ;;
+      drain) read -r w k <<<"$setting"; cmd+=("${jb_drain[@]}" --workers "$w" --in-flight "$k") ;;
       latency) cmd+=("${jb_latency[@]}") ;;
+      producer)
+        case "$setting" in
+          typescript*) cmd=(node "$here/clients/producer.mjs") ;;
+          python*) cmd=("$root/client/python/.venv/bin/python" "$here/clients/producer.py") ;;
+        esac
+        cmd+=(--address "$server_address" --jobs "$jobs" --concurrency 64 --payload-bytes 100
+          --timeout "$run_timeout")
+        if [[ "$setting" == *-unary ]]; then cmd+=(--no-batching); fi
+        ;;
     esac
     return
   fi
@@ -155,6 +197,13 @@ set_cmd() {
         cmd+=("${peer_e2e_bullmq[@]}" --concurrency "$setting")
       else
         cmd+=("${peer_e2e_beanstalkd[@]}" --concurrency "$setting")
+      fi
+      ;;
+    drain)
+      if [[ "$system" == bullmq ]]; then
+        cmd+=("${peer_drain_bullmq[@]}" --concurrency "$setting")
+      else
+        cmd+=("${peer_drain_beanstalkd[@]}" --concurrency "$setting")
       fi
       ;;
     latency) cmd+=("${peer_latency[@]}") ;;
@@ -242,6 +291,7 @@ run_one() {
   fi
   local extra=()
   [[ "$workload" == latency ]] && extra+=(rate="$latency_rate")
+  if [[ -n "$setting" ]]; then extra+=(setting="$setting"); fi
   printf '%s\n' "$line" |
     node "$node_dir/report.js" tag run="$stamp" repeat="$rep" workload="$workload" \
       system="$system" config="$config" durability="$(durability_of "$config")" \
@@ -269,18 +319,28 @@ jobs_for() {
 
 started=$SECONDS
 for ((rep = 1; rep <= repeat; rep++)); do
-  for workload in enqueue batch e2e latency; do
+  for workload in "${workloads[@]}"; do
     for config in "${configs[@]}"; do
       system="$(system_of "$config")"
       n="$jobs"
       [[ "$workload" == latency ]] && n="$latency_jobs"
       n="$(jobs_for "$config" "$n")"
-      if [[ "$workload" == e2e ]]; then
-        if [[ "$system" == jobbroker ]]; then
-          for s in "${jb_e2e_settings[@]}"; do run_one "$config" e2e "$n" "$s"; done
+      if [[ "$workload" == producer ]]; then
+        # The peers' counterpart is their enqueue workload, already run.
+        [[ "$system" == jobbroker ]] || continue
+        for s in "${jb_producer_settings[@]}"; do run_one "$config" producer "$n" "$s"; done
+      elif [[ "$workload" == e2e || "$workload" == drain ]]; then
+        local_settings=()
+        if [[ "$system" == jobbroker && "$workload" == e2e ]]; then
+          local_settings=("${jb_e2e_settings[@]}")
+        elif [[ "$system" == jobbroker ]]; then
+          local_settings=("${jb_drain_settings[@]}")
+        elif [[ "$workload" == e2e ]]; then
+          local_settings=("${peer_e2e_settings[@]}")
         else
-          for s in "${peer_e2e_settings[@]}"; do run_one "$config" e2e "$n" "$s"; done
+          local_settings=("${peer_drain_settings[@]}")
         fi
+        for s in "${local_settings[@]}"; do run_one "$config" "$workload" "$n" "$s"; done
       else
         run_one "$config" "$workload" "$n"
       fi

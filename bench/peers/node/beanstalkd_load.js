@@ -146,6 +146,42 @@ async function e2e(flags, run) {
   return r;
 }
 
+// The tube filled first (64 puts in flight, or `--producer-in-flight`; not timed), then
+// `--concurrency` consumer connections empty it: jobs/s from their connecting to the last
+// confirmed delete.
+async function drain(flags, run) {
+  const r = NewReport(flags, 'none');
+  run.report = r;
+  const inFlight = flags.explicit.has('producerInFlight') ? flags.producerInFlight : 64;
+  r.producerInFlight = inFlight;
+  const tube = TubeName();
+  const producer = await Producer(flags, tube);
+  await PutAll(producer, flags, inFlight, r, null, null);
+  producer.Close();
+  let finished = 0;
+  const isDone = () => r.done >= flags.jobs;
+  r.startMs = NowMs();
+  const consumers = await Promise.all(
+    Array.from({ length: flags.concurrency }, () => Consumer(flags, tube)),
+  );
+  const loops = consumers.map((c) =>
+    ConsumeLoop(
+      c,
+      r,
+      isDone,
+      () => {},
+      () => {
+        if (++r.done === flags.jobs) finished = NowMs();
+      },
+    ),
+  );
+  while (!isDone() && r.errors.count === 0) await Sleep(2);
+  r.seconds = ((finished || NowMs()) - r.startMs) / 1000;
+  for (const c of consumers) c.Close();
+  await Promise.all(loops);
+  return r;
+}
+
 // One idle consumer (`--concurrency` connections, default 16); one producer puts at `--rate`
 // per second, one put at a time. Latency: from just before the put is written to the moment
 // the consumer's handler starts (same process, same clock).
@@ -186,4 +222,4 @@ async function latency(flags, run) {
   return r;
 }
 
-module.exports = { enqueue, e2e, latency };
+module.exports = { enqueue, e2e, drain, latency };

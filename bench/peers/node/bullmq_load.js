@@ -129,6 +129,32 @@ async function e2e(flags, run) {
   return r;
 }
 
+// The queue filled first (addBulk of `--batch`, `--producer-in-flight` in flight; not timed),
+// then one Worker with `--concurrency` empties it: jobs/s from the Worker's creation to the last
+// completion, which is what the fetch-and-complete path alone sustains.
+async function drain(flags, run) {
+  const r = NewReport(flags, 'none');
+  run.report = r;
+  r.batch = flags.batch;
+  r.producerInFlight = flags.producerInFlight;
+  const queue = await NewQueue(flags);
+  await AddAll(queue, flags, flags.producerInFlight, flags.batch, r, null, null);
+  const enqueued = (await queue.getJobCounts('wait')).wait;
+  if (enqueued !== flags.jobs) r.errors.Record('fill', `${enqueued} of ${flags.jobs} jobs waiting`);
+  let finished = 0;
+  r.startMs = NowMs();
+  const worker = await NewWorker(flags, queue, async () => {});
+  worker.on('completed', () => {
+    if (++r.done === flags.jobs) finished = NowMs();
+  });
+  worker.on('failed', (job, err) => r.errors.Record('job failed', err));
+  while (r.done < flags.jobs && r.errors.count === 0) await Sleep(2);
+  r.seconds = ((finished || NowMs()) - r.startMs) / 1000;
+  await worker.close();
+  await queue.close();
+  return r;
+}
+
 // One idle Worker (`--concurrency`, default 16); one producer adds at `--rate` per second, one
 // add at a time. Latency: from just before the add is sent to the moment the handler starts
 // (same process, same clock).
@@ -155,4 +181,4 @@ async function latency(flags, run) {
   return r;
 }
 
-module.exports = { enqueue, batch, e2e, latency };
+module.exports = { enqueue, batch, e2e, drain, latency };

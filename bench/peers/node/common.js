@@ -19,15 +19,15 @@ const kDefaults = {
   timeout: 120, // seconds; the run gives up after this long and reports what it did
 };
 
-const kUsage = `usage: node load.js --system bullmq|beanstalkd --mode enqueue|batch|e2e|latency --port P
+const kUsage = `usage: node load.js --system bullmq|beanstalkd --mode enqueue|batch|e2e|drain|latency --port P
   --host H               server address (default 127.0.0.1)
   --config LABEL         server configuration, copied to the report
   --jobs N               jobs per run (default 50000)
   --payload-bytes N      payload size (default 100)
   --concurrency N        enqueue: adds in flight (64); batch: batches in flight;
-                         e2e: consumer concurrency; latency: consumer concurrency (16)
+                         e2e, drain: consumer concurrency; latency: consumer concurrency (16)
   --batch N              jobs per batch (default 100)
-  --producer-in-flight N e2e: producer requests in flight (default 4 batches for
+  --producer-in-flight N e2e, drain: producer requests in flight (default 4 batches for
                          bullmq, 64 single puts for beanstalkd)
   --rate N               latency: enqueues per second (default 1000)
   --timeout SECONDS      give up after this long (default 120)`;
@@ -66,8 +66,8 @@ function ParseFlags(argv) {
   }
   flags.explicit = explicit;
   if (!['bullmq', 'beanstalkd'].includes(flags.system)) throw new Error('--system must be bullmq or beanstalkd');
-  if (!['enqueue', 'batch', 'e2e', 'latency'].includes(flags.mode)) {
-    throw new Error('--mode must be enqueue, batch, e2e or latency');
+  if (!['enqueue', 'batch', 'e2e', 'drain', 'latency'].includes(flags.mode)) {
+    throw new Error('--mode must be enqueue, batch, e2e, drain or latency');
   }
   if (!flags.port) throw new Error('--port is required');
   // Latency: one idle consumer that may hold 16 jobs, as jobbroker-bench's latency worker does

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 'use strict';
 // Runs one benchmark workload against one peer system and prints one JSON line:
-//   node load.js --system bullmq|beanstalkd --mode enqueue|batch|e2e|latency --port P [flags]
+//   node load.js --system bullmq|beanstalkd --mode enqueue|batch|e2e|drain|latency --port P [flags]
 // The workloads mirror jobbroker-bench's (see bench/peers/README.md); `node load.js --help`
 // lists the flags. Exit status: 0 when every job went through, 1 on errors or timeout, 2 on bad
 // usage.

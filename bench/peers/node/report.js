@@ -99,29 +99,45 @@ function Summarize(lines) {
     }
     row.enqueueCpu = perJob(c.by.get('enqueue') || []);
     row.enqueueLoadCpu = perJob(c.by.get('enqueue') || [], 'load');
-    const e2e = c.by.get('e2e') || [];
-    if (e2e.length) {
+    // e2e and drain: the median per consumer setting, then the best setting.
+    for (const workload of ['e2e', 'drain']) {
+      const lines = c.by.get(workload) || [];
+      if (!lines.length) continue;
       const settings = new Map();
-      for (const l of e2e) {
+      for (const l of lines) {
         const k = E2eSetting(l);
         if (!settings.has(k)) settings.set(k, []);
         settings.get(k).push(l);
       }
-      row.e2e = null;
-      const all = [];
+      const best = { rate: null, setting: '-', cpu: undefined, loadCpu: undefined, all: [] };
       for (const [k, ls] of settings) {
         const ok = ls.filter(Usable);
-        if (ok.length < ls.length) row.notes.push(`e2e ${k}: ${ls.length - ok.length} failed run(s)`);
+        if (ok.length < ls.length) row.notes.push(`${workload} ${k}: ${ls.length - ok.length} failed run(s)`);
         const rate = Median(ok.map((l) => l.jobs_per_sec));
-        all.push(`${k}=${rate === null ? 'fail' : Math.round(rate)}`);
-        if (rate !== null && (row.e2e === null || rate > row.e2e)) {
-          row.e2e = rate;
-          row.e2eBest = k;
-          row.e2eCpu = perJob(ls);
-          row.e2eLoadCpu = perJob(ls, 'load');
+        best.all.push(`${k}=${rate === null ? 'fail' : Math.round(rate)}`);
+        if (rate !== null && (best.rate === null || rate > best.rate)) {
+          Object.assign(best, { rate, setting: k, cpu: perJob(ls), loadCpu: perJob(ls, 'load') });
         }
       }
-      row.e2eAll = all.join(' ');
+      row[workload] = best;
+    }
+    row.e2eAll = row.e2e ? row.e2e.all.join(' ') : '';
+    row.e2eBest = row.e2e ? row.e2e.setting : undefined;
+    row.e2eCpu = row.e2e ? row.e2e.cpu : undefined;
+    row.e2eLoadCpu = row.e2e ? row.e2e.loadCpu : undefined;
+    row.drainAll = row.drain ? row.drain.all.join(' ') : '';
+    row.drain = row.drain ? row.drain.rate : undefined;
+    row.e2e = row.e2e ? row.e2e.rate : undefined;
+    // producer (jobbroker only): the median per client helper setting.
+    row.producer = new Map();
+    for (const l of c.by.get('producer') || []) {
+      if (!row.producer.has(l.setting)) row.producer.set(l.setting, []);
+      row.producer.get(l.setting).push(l);
+    }
+    for (const [k, ls] of row.producer) {
+      const ok = ls.filter(Usable);
+      if (ok.length < ls.length) row.notes.push(`producer ${k}: ${ls.length - ok.length} failed run(s)`);
+      row.producer.set(k, { rate: Median(ok.map((l) => l.jobs_per_sec)), cpu: perJob(ls) });
     }
     // Jobs per throughput run (latency runs have their own fixed count).
     const jobs = new Set(
@@ -157,7 +173,7 @@ function Table(file) {
   const rows = Summarize(lines);
   process.stdout.write('\nThroughput in jobs/s (median of repeats); latency from send to handler, ms\n\n');
   PrintTable(
-    ['system', 'durability', 'jobs', 'enqueue/s', 'batch/s', 'e2e/s', 'e2e best', 'lat p50', 'lat p99'],
+    ['system', 'durability', 'jobs', 'enqueue/s', 'batch/s', 'e2e/s', 'e2e best', 'drain/s', 'lat p50', 'lat p99'],
     rows.map((r) => [
       r.config,
       r.durability || '',
@@ -166,6 +182,7 @@ function Table(file) {
       Fmt(r.batch),
       Fmt(r.e2e),
       r.e2eBest || '-',
+      Fmt(r.drain),
       Fmt(r.p50, 2),
       Fmt(r.p99, 2),
     ]),
@@ -185,14 +202,31 @@ function Table(file) {
         `\n${jb.config} vs each peer (>1x: jobbroker better; throughput jobbroker/peer, latency peer/jobbroker)\n\n`,
       );
       PrintTable(
-        ['peer', 'enqueue', 'batch', 'e2e', 'lat p50', 'lat p99'],
+        ['peer', 'enqueue', 'batch', 'e2e', 'drain', 'lat p50', 'lat p99'],
         peers.map((r) => [
           r.config,
           ratio(jb.enqueue, r.enqueue, true),
           ratio(jb.batch, r.batch, true),
           ratio(jb.e2e, r.e2e, true),
+          ratio(jb.drain, r.drain, true),
           ratio(jb.p50, r.p50, false),
           ratio(jb.p99, r.p99, false),
+        ]),
+      );
+    }
+    if (jb.producer.size && peers.length) {
+      // Like for like: what a user's code calls, 64 concurrent single-job enqueues, next to the
+      // peers' own 64 concurrent adds (their enqueue workload).
+      process.stdout.write(
+        `\n${jb.config}: producer helpers, 64 concurrent enqueue() of one job, jobs/s and ratio to each peer's enqueue\n\n`,
+      );
+      PrintTable(
+        ['helper', 'jobs/s', 'srv us/job', ...peers.map((r) => r.config)],
+        [...jb.producer].map(([k, v]) => [
+          k,
+          Fmt(v.rate),
+          Fmt(v.cpu, 1),
+          ...peers.map((r) => ratio(v.rate, r.enqueue, true)),
         ]),
       );
     }
@@ -211,8 +245,9 @@ function Table(file) {
       Fmt(r.e2eLoadCpu, 1),
     ]),
   );
-  process.stdout.write('\ne2e jobs/s per consumer setting (C: consumer concurrency; W x K: workers x in-flight)\n\n');
-  for (const r of rows) process.stdout.write(`  ${r.config.padEnd(20)} ${r.e2eAll || '-'}\n`);
+  process.stdout.write('\ne2e and drain jobs/s per consumer setting (C: consumer concurrency; W x K: workers x in-flight)\n\n');
+  for (const r of rows) process.stdout.write(`  ${r.config.padEnd(20)} e2e: ${r.e2eAll || '-'}\n`);
+  for (const r of rows) process.stdout.write(`  ${r.config.padEnd(20)} drain: ${r.drainAll || '-'}\n`);
   const notes = [...new Set(rows.flatMap((r) => r.notes.map((n) => `  ${r.config}: ${n}`)))];
   if (notes.length) process.stdout.write(`\nnotes:\n${notes.join('\n')}\n`);
 }
