@@ -16,6 +16,8 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const require = createRequire(import.meta.url);
 const pkgDir = process.env.JOBBROKER_TS_PACKAGE ?? path.join(here, "../../../client/typescript");
 const { Client } = require(path.join(pkgDir, "dist/src/index.js"));
+// The peers' load scripts' latency percentiles and error count, so that the figures compare.
+const { Latencies, Errors } = require(path.join(here, "../node/common.js"));
 
 const { values: opts } = parseArgs({
   options: {
@@ -33,34 +35,28 @@ const batching = !opts["no-batching"];
 const queue = `bench-producer-typescript-${process.pid}-${Date.now()}`;
 const maxErrors = 100;
 
-function percentileMs(sortedMicros, p) {
-  if (sortedMicros.length === 0) return 0;
-  const i = Math.min(sortedMicros.length - 1, Math.floor((p / 100) * sortedMicros.length));
-  return sortedMicros[i] / 1000;
-}
-
 async function main() {
   const client = new Client({ address: opts.address, deadline: 30_000, batching });
   // One job before the clock starts: the channel is connected and the routing table fetched.
   await client.enqueue(queue, Buffer.alloc(Number(opts["payload-bytes"]), 0x77));
   const payload = Buffer.alloc(Number(opts["payload-bytes"]), 0x70);
-  const latencies = new Float64Array(jobs);
+  const latencies = new Latencies();
+  const errors = new Errors();
   let next = 0;
   let done = 0;
-  let errors = 0;
-  let firstError = "";
   const deadline = performance.now() + Number(opts.timeout) * 1000;
   const cpu0 = process.cpuUsage();
   const start = performance.now();
   const loop = async () => {
-    while (next < jobs && errors < maxErrors && performance.now() < deadline) {
+    while (next < jobs && errors.count < maxErrors && performance.now() < deadline) {
       next++;
       const t0 = performance.now();
       try {
         await client.enqueue(queue, payload);
-        latencies[done++] = (performance.now() - t0) * 1000;
+        latencies.AddMs(performance.now() - t0);
+        done++;
       } catch (err) {
-        if (errors++ === 0) firstError = `enqueue: ${err.message}`;
+        errors.Record("enqueue", err);
       }
     }
   };
@@ -68,7 +64,6 @@ async function main() {
   const seconds = (performance.now() - start) / 1000;
   const cpu = process.cpuUsage(cpu0);
   await client.close();
-  const sorted = Array.from(latencies.subarray(0, done)).sort((a, b) => a - b);
   const line = {
     mode: "producer-typescript",
     batching,
@@ -78,22 +73,22 @@ async function main() {
     seconds: Math.round(seconds * 1e4) / 1e4,
     jobs_per_sec: Math.round((done / seconds) * 10) / 10,
     latency_of: "enqueue",
-    p50_ms: percentileMs(sorted, 50),
-    p90_ms: percentileMs(sorted, 90),
-    p99_ms: percentileMs(sorted, 99),
-    max_ms: percentileMs(sorted, 100),
-    errors,
-    timed_out: done + errors < jobs,
-    first_error: firstError,
+    p50_ms: latencies.PercentileMs(50),
+    p90_ms: latencies.PercentileMs(90),
+    p99_ms: latencies.PercentileMs(99),
+    max_ms: latencies.MaxMs(),
+    errors: errors.count,
+    timed_out: done + errors.count < jobs,
+    first_error: errors.first,
     client_cpu_s: (cpu.user + cpu.system) / 1e6,
     client: `node ${process.versions.node}`,
   };
   process.stderr.write(
     `producer-typescript batching=${batching} done=${done}/${jobs} seconds=${line.seconds} ` +
-      `jobs_per_sec=${line.jobs_per_sec} p50_ms=${line.p50_ms} p99_ms=${line.p99_ms} errors=${errors}\n`,
+      `jobs_per_sec=${line.jobs_per_sec} p50_ms=${line.p50_ms} p99_ms=${line.p99_ms} errors=${errors.count}\n`,
   );
   process.stdout.write(`${JSON.stringify(line)}\n`);
-  return done === jobs && errors === 0 ? 0 : 1;
+  return done === jobs && errors.count === 0 ? 0 : 1;
 }
 
 main().then(
