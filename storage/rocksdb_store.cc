@@ -17,6 +17,8 @@
 #include "rocksdb/iterator.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/options.h"
+#include "rocksdb/slice.h"
+#include "rocksdb/slice_transform.h"
 #include "rocksdb/snapshot.h"
 #include "rocksdb/status.h"
 #include "rocksdb/utilities/table_properties_collectors.h"
@@ -26,6 +28,26 @@
 
 namespace jobbroker::storage {
 namespace {
+
+// The memtable insert hint of the jobs and dedup column families: one per partition, the keys'
+// first 4 bytes. With a hint, an insert starts from where the previous one of its partition went
+// in the memtable's skip list and repairs only the levels that do not bracket the new key;
+// without one, any key that is not right next to the previous insert is searched from the top
+// level down. Writes add their job records sorted (AddTransitionsLocked), so the next key is near.
+// Only keys longer than the prefix are in its domain: RocksDB 7.8 also hands range deletions to
+// the hint (fixed in later versions), whose skip list is a separate one that a point key's hint
+// would corrupt. The only range deletions of these column families are clear_partition's, whose
+// start key is the bare prefix, so keeping the bare prefix out of the domain keeps them unhinted.
+class PartitionInsertHint final : public rocksdb::SliceTransform {
+ public:
+  const char* Name() const override { return "jobbroker.PartitionInsertHint"; }
+  rocksdb::Slice Transform(const rocksdb::Slice& key) const override {
+    return rocksdb::Slice(key.data(), kPartitionKeyPrefixBytes);
+  }
+  bool InDomain(const rocksdb::Slice& key) const override {
+    return key.size() > kPartitionKeyPrefixBytes;
+  }
+};
 
 // Maps RocksDB's codes onto the canonical ones by who should act: a full disk is
 // kResourceExhausted (the operator frees space, writes come back), other I/O trouble is
@@ -128,7 +150,7 @@ class NoAutoRecovery final : public rocksdb::EventListener {
 }  // namespace
 
 std::string PartitionKeyPrefix(uint32_t partition) {
-  std::string out(4, '\0');
+  std::string out(kPartitionKeyPrefixBytes, '\0');
   for (int i = 3; i >= 0; --i, partition >>= 8) out[i] = static_cast<char>(partition & 0xff);
   return out;
 }
@@ -189,10 +211,15 @@ absl::Status RocksDbStore::OpenLocked() {
   rocksdb::ColumnFamilyOptions churn = base;
   churn.table_properties_collector_factories.push_back(
       rocksdb::NewCompactOnDeletionCollectorFactory(10000, 5000, 0.5));
+  // jobs and dedup: a memtable insert hint per partition (see PartitionInsertHint). The
+  // replication log goes without: its keys are appended in order, which the skip list's own
+  // memory of the last insert already serves, and its trims are range deletes.
+  rocksdb::ColumnFamilyOptions hinted = churn;
+  hinted.memtable_insert_with_hint_prefix_extractor = std::make_shared<PartitionInsertHint>();
 
   std::vector<rocksdb::ColumnFamilyDescriptor> descriptors = {
-      {rocksdb::kDefaultColumnFamilyName, base},   {kRocksDbJobsColumnFamily, churn},
-      {kRocksDbDedupColumnFamily, churn},          {kRocksDbPoliciesColumnFamily, base},
+      {rocksdb::kDefaultColumnFamilyName, base},   {kRocksDbJobsColumnFamily, hinted},
+      {kRocksDbDedupColumnFamily, hinted},         {kRocksDbPoliciesColumnFamily, base},
       {kRocksDbReplicationLogColumnFamily, churn}, {kRocksDbSchedulesColumnFamily, base},
   };
   // RocksDB refuses to open a database without naming all its column families. A newer build may
@@ -414,41 +441,73 @@ absl::Status RocksDbStore::Sync() {
   return FromRocksDb(db_->SyncWAL(), absl::StrCat("sync the log of ", dir_));
 }
 
-absl::Status RocksDbStore::AddTransitionLocked(const core::Transition& t,
-                                               rocksdb::WriteBatch& batch, std::string& key) {
+// A write of many transitions (a group commit holds dozens) changes each job's record up to three
+// times (enqueue, lease, ack), and each change would be one insert into the memtable's skip list:
+// about a fifth of the broker's CPU per job (docs/performance.md, "One write per job per commit").
+// So the job records are added once per job, the last change winning as it would in order, and
+// sorted by key: consecutive inserts then land close together, and with the jobs column family's
+// insert hint (OpenLocked) each one repairs only the lower levels of the previous one's path
+// through the skip list instead of searching from the top. Keys of different column families never
+// meet, so the other records keep their order and are added as they come.
+absl::Status RocksDbStore::AddTransitionsLocked(absl::Span<const core::Transition> transitions,
+                                                rocksdb::WriteBatch& batch) {
   auto add = [](const rocksdb::Status& s) { return FromRocksDb(s, "build write batch"); };
-  const std::string prefix = PartitionKeyPrefix(t.partition);
-  auto keyed = [&](absl::string_view name) -> const std::string& {
-    key.assign(prefix);
-    key.append(name.data(), name.size());
-    return key;
+  struct JobChange {
+    uint32_t partition;
+    const std::string* id;
+    const core::Job* put;  // null: the job is deleted
   };
-  for (const core::Job& job : t.put_jobs) {
-    BROKER_RETURN_IF_ERROR(add(batch.Put(jobs_, keyed(job.id), EncodeJob(job))));
+  std::vector<JobChange> changes;
+  for (const core::Transition& t : transitions) {
+    // Within a transition puts come before deletes (core/store.h).
+    for (const core::Job& job : t.put_jobs) changes.push_back({t.partition, &job.id, &job});
+    for (const std::string& id : t.delete_jobs) changes.push_back({t.partition, &id, nullptr});
   }
-  for (const std::string& id : t.delete_jobs) {
-    BROKER_RETURN_IF_ERROR(add(batch.Delete(jobs_, keyed(id))));
+  // Stable: the changes of one job stay in the order they were made, so the last one is last.
+  std::stable_sort(changes.begin(), changes.end(), [](const JobChange& a, const JobChange& b) {
+    if (a.partition != b.partition) return a.partition < b.partition;
+    return *a.id < *b.id;
+  });
+  std::string key;
+  for (size_t i = 0; i < changes.size(); ++i) {
+    const JobChange& c = changes[i];
+    const bool superseded = i + 1 < changes.size() && changes[i + 1].partition == c.partition &&
+                            *changes[i + 1].id == *c.id;
+    if (superseded) continue;
+    key.assign(PartitionKeyPrefix(c.partition));
+    key.append(*c.id);
+    BROKER_RETURN_IF_ERROR(add(c.put != nullptr ? batch.Put(jobs_, key, EncodeJob(*c.put))
+                                                : batch.Delete(jobs_, key)));
   }
-  for (const core::DedupEntry& d : t.put_dedup) {
-    BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
-    BROKER_RETURN_IF_ERROR(
-        add(batch.Put(dedup_, DedupKey(prefix, d.queue, d.key), EncodeDedup(d))));
-  }
-  for (const auto& [queue, dedup_key] : t.delete_dedup) {
-    BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
-    BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(prefix, queue, dedup_key))));
-  }
-  for (const auto& [queue, policy] : t.put_policies) {
-    BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, keyed(queue), EncodePolicy(policy))));
-  }
-  for (const std::string& queue : t.delete_policies) {
-    BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
-  }
-  for (const core::Schedule& s : t.put_schedules) {
-    BROKER_RETURN_IF_ERROR(add(batch.Put(schedules_, keyed(s.id), EncodeSchedule(s))));
-  }
-  for (const std::string& id : t.delete_schedules) {
-    BROKER_RETURN_IF_ERROR(add(batch.Delete(schedules_, keyed(id))));
+
+  for (const core::Transition& t : transitions) {
+    const std::string prefix = PartitionKeyPrefix(t.partition);
+    auto keyed = [&](absl::string_view name) -> const std::string& {
+      key.assign(prefix);
+      key.append(name.data(), name.size());
+      return key;
+    };
+    for (const core::DedupEntry& d : t.put_dedup) {
+      BROKER_RETURN_IF_ERROR(CheckDedupQueue(d.queue));
+      BROKER_RETURN_IF_ERROR(
+          add(batch.Put(dedup_, DedupKey(prefix, d.queue, d.key), EncodeDedup(d))));
+    }
+    for (const auto& [queue, dedup_key] : t.delete_dedup) {
+      BROKER_RETURN_IF_ERROR(CheckDedupQueue(queue));
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(dedup_, DedupKey(prefix, queue, dedup_key))));
+    }
+    for (const auto& [queue, policy] : t.put_policies) {
+      BROKER_RETURN_IF_ERROR(add(batch.Put(policies_, keyed(queue), EncodePolicy(policy))));
+    }
+    for (const std::string& queue : t.delete_policies) {
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(policies_, keyed(queue))));
+    }
+    for (const core::Schedule& s : t.put_schedules) {
+      BROKER_RETURN_IF_ERROR(add(batch.Put(schedules_, keyed(s.id), EncodeSchedule(s))));
+    }
+    for (const std::string& id : t.delete_schedules) {
+      BROKER_RETURN_IF_ERROR(add(batch.Delete(schedules_, keyed(id))));
+    }
   }
   return absl::OkStatus();
 }
@@ -460,9 +519,8 @@ absl::Status RocksDbStore::WriteTransitions(absl::Span<const core::Transition> t
   rocksdb::WriteBatch batch;
   // The last numbered transition of each partition in this write: its applied_seq afterwards.
   std::vector<std::pair<uint32_t, uint64_t>> applied;
-  std::string key;
+  BROKER_RETURN_IF_ERROR(AddTransitionsLocked(transitions, batch));
   for (const core::Transition& t : transitions) {
-    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch, key));
     if (t.seq == 0) continue;
     auto same = std::find_if(applied.begin(), applied.end(),
                              [&](const auto& a) { return a.first == t.partition; });
@@ -604,16 +662,16 @@ absl::Status RocksDbStore::WriteReplica(uint32_t partition, const ReplicaWrite& 
                                          EncodeLogEntry(entry.epoch, entry.transition))));
   }
   std::optional<uint64_t> applied = write.applied_seq;
-  std::string key;
   for (const core::Transition& t : write.apply) {
     if (t.partition != partition) {
       return absl::InvalidArgumentError(absl::StrCat("a replica write of partition ", partition,
                                                      " applies a transition of partition ",
                                                      t.partition));
     }
-    BROKER_RETURN_IF_ERROR(AddTransitionLocked(t, batch, key));
     if (t.seq != 0 && !write.applied_seq.has_value()) applied = t.seq;
   }
+  // After clear_partition's range deletes above, so that the records applied survive them.
+  BROKER_RETURN_IF_ERROR(AddTransitionsLocked(write.apply, batch));
   if (applied.has_value()) {
     BROKER_RETURN_IF_ERROR(add(batch.Put(meta_, AppliedSeqKey(partition), BigEndian64(*applied))));
   }

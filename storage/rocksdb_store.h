@@ -55,7 +55,8 @@ inline constexpr char kRocksDbSchedulesColumnFamily[] = "schedules";
 // The store format this build writes and the newest it opens. Bump it when the layout above
 // changes in a way an older build would misread.
 inline constexpr int kRocksDbStoreFormatVersion = 2;
-// The key prefix of `partition` (P above).
+// The key prefix of `partition` (P above): 4 bytes, big-endian.
+inline constexpr size_t kPartitionKeyPrefixBytes = 4;
 std::string PartitionKeyPrefix(uint32_t partition);
 // Bytes Resume() writes to a scratch file to see whether the disk takes writes again.
 inline constexpr size_t kResumeProbeBytes = size_t{64} << 10;
@@ -208,10 +209,11 @@ class RocksDbStore final : public core::Store {
   absl::Status ProbeDisk() const;
   // kUnavailable if a failed reopen left the store without a database.
   absl::Status CheckOpenLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Adds the puts and deletes of `t` to `batch`. `key` is scratch space, reused across the
-  // transitions of one write so that building keys does not allocate for each.
-  absl::Status AddTransitionLocked(const core::Transition& t, rocksdb::WriteBatch& batch,
-                                   std::string& key) ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Adds the puts and deletes of `transitions` to `batch`, with the outcome of applying them in
+  // order. The job records go first, sorted by key, and only the last change of each job is
+  // added: see the definition for why.
+  absl::Status AddTransitionsLocked(absl::Span<const core::Transition> transitions,
+                                    rocksdb::WriteBatch& batch) ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Write (sync) and WriteUnsynced.
   absl::Status WriteTransitions(absl::Span<const core::Transition> transitions, bool sync);
 
