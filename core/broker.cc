@@ -62,13 +62,25 @@ absl::Status Broker::Recover() {
     absl::MutexLock lock(&mu_);
     BeginLoadLocked(started);
   }
-  std::thread loader([this, &queue, &loading] {
+  std::thread loader([this, &queue, &loading, started] {
+    size_t loaded = 0;
+    absl::Time reported = started;
     while (std::optional<RecoveredState::Chunk> chunk = queue.Pop()) {
-      absl::MutexLock lock(&mu_);
-      LoadChunkLocked(*std::move(chunk), loading);
+      loaded += chunk->size();
+      {
+        absl::MutexLock lock(&mu_);
+        LoadChunkLocked(*std::move(chunk), loading);
+      }
+      // A restart over millions of jobs takes seconds: say it is moving (the "recovering" log
+      // line), not only when it is done.
+      const absl::Time now = clock_.Now();
+      if (now - reported >= kRecoveryProgressEvery) {
+        observer_.Recovering(loaded, now - started);
+        reported = now;
+      }
     }
   });
-  RecoveredState found(options_.max_hot_jobs, RecoveredState::kDefaultChunkJobs,
+  RecoveredState found(options_.max_hot_jobs, options_.recovery_chunk_jobs,
                        [&queue](RecoveredState::Chunk chunk) { queue.Push(std::move(chunk)); });
   const absl::Status scanned = store_.Recover(options_.partition, found);
   found.Finish();

@@ -80,6 +80,9 @@ struct BrokerOptions {
   // 1 KB) and read back from the store when they are leased or looked at. Default 100,000
   // (about 100 MB); 0 keeps only what is ACTIVE or ended whole.
   int64_t max_hot_jobs = 100'000;
+  // Jobs per chunk of a recovery: the store's scan hands them to the index building a chunk at a
+  // time, and progress is reported between chunks. Tests make it small.
+  size_t recovery_chunk_jobs = RecoveredState::kDefaultChunkJobs;
 };
 
 // Broker owns every job's state machine and the policies around it: retries, leases, dedup keys,

@@ -11,6 +11,9 @@
 
 namespace jobbroker::core {
 
+// How often a recovery under way reports its progress (BrokerObserver::Recovering).
+inline constexpr absl::Duration kRecoveryProgressEvery = absl::Seconds(5);
+
 // What the broker tells the outside about its work; metrics and logs hang on it (the
 // prometheus-cpp exporter and the logger live in server/, so core stays free of both).
 //
@@ -40,6 +43,9 @@ class BrokerObserver {
   // The broker finished recovering `jobs` jobs from the store in `took`, turning
   // `expired_leases` leases that ran out while it was down into failed attempts.
   virtual void Recovered(size_t /*jobs*/, size_t /*expired_leases*/, absl::Duration /*took*/) {}
+  // A recovery under way has loaded `jobs` jobs in `elapsed`: called at most every
+  // kRecoveryProgressEvery, so that a restart over millions of jobs shows it is moving.
+  virtual void Recovering(size_t /*jobs*/, absl::Duration /*elapsed*/) {}
   // One synced store write of `transitions` transitions took `took`.
   virtual void Committed(size_t /*transitions*/, absl::Duration /*took*/) {}
   // A store write failed: the broker refuses every change (kResourceExhausted when the disk is
@@ -81,6 +87,9 @@ class TeeObserver final : public BrokerObserver {
   }
   void Recovered(size_t jobs, size_t expired, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Recovered(jobs, expired, took);
+  }
+  void Recovering(size_t jobs, absl::Duration elapsed) override {
+    for (BrokerObserver* o : observers_) o->Recovering(jobs, elapsed);
   }
   void Committed(size_t transitions, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Committed(transitions, took);

@@ -107,6 +107,12 @@ void LogObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration t
               {"took_ms", absl::StrCat(absl::ToInt64Milliseconds(took))}});
 }
 
+void LogObserver::Recovering(size_t jobs, absl::Duration elapsed) {
+  Log::Write(LogLevel::kInfo, "recovering",
+             {{"jobs_so_far", absl::StrCat(jobs)},
+              {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(elapsed))}});
+}
+
 void LogObserver::StoreFailed(const absl::Status& status) {
   const bool full = status.code() == absl::StatusCode::kResourceExhausted;
   Log::Write(LogLevel::kError, "store_write_failed",

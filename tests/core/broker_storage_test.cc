@@ -51,11 +51,32 @@ class StorageEvents : public BrokerObserver {
     absl::MutexLock lock(&mu_);
     recovered.push_back(jobs);
   }
+  void Recovering(size_t jobs, absl::Duration elapsed) override {
+    absl::MutexLock lock(&mu_);
+    progress.emplace_back(jobs, elapsed);
+  }
   absl::Mutex mu_;
   std::vector<absl::Status> failed, resumed;
   std::vector<absl::Duration> outages;
   std::vector<std::string> corrupt;
   std::vector<size_t> recovered;  // the job count of each recovery (the "recovered" log line)
+  std::vector<std::pair<size_t, absl::Duration>> progress;  // (jobs so far, elapsed)
+};
+
+// A clock that moves 2 s each time it is read: a recovery that reads it between chunks sees
+// time pass as a long restart would.
+class TickingClock final : public Clock {
+ public:
+  explicit TickingClock(absl::Time start) : now_(start) {}
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    now_ += absl::Seconds(2);
+    return now_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
 class BrokerStorageTest : public BrokerFixture {
@@ -93,6 +114,44 @@ TEST_F(BrokerStorageTest, ARecoveryCountsEveryJobItFoundHotOrCold) {
   ASSERT_THAT(broker_->ResumeWrites(), IsOk());
   ASSERT_EQ(events_.recovered.size(), 3u);
   EXPECT_EQ(events_.recovered.back(), 5u) << "the refused job was never stored";
+}
+
+// A long recovery says it is moving (the "recovering" log line): between chunks, at most every
+// kRecoveryProgressEvery, with the jobs loaded so far; a recovery quicker than that says nothing
+// until it is done.
+TEST_F(BrokerStorageTest, ALongRecoveryReportsItsProgressBetweenChunks) {
+  for (int i = 0; i < 100; ++i) Enqueue("q", absl::StrCat("p", i));
+  broker_.reset();
+  EXPECT_THAT(events_.progress, ::testing::IsEmpty()) << "the first open found nothing";
+
+  TickingClock ticking(absl::FromUnixSeconds(1'800'000'000));
+  BrokerOptions o = Options();
+  o.observer = &events_;
+  o.recovery_chunk_jobs = 10;
+  auto opened = BlockingBroker::Open(store_, ticking, o);
+  ASSERT_THAT(opened, IsOk());
+  broker_ = std::move(*opened);
+  ASSERT_EQ(events_.recovered.back(), 100u);
+  ASSERT_GE(events_.progress.size(), 2u) << "10 chunks, each read of the clock 2 s later";
+  size_t last_jobs = 0;
+  absl::Duration last_elapsed = absl::ZeroDuration();
+  for (const auto& [jobs, elapsed] : events_.progress) {
+    EXPECT_GT(jobs, last_jobs);
+    EXPECT_LE(jobs, 100u);
+    EXPECT_EQ(jobs % 10, 0u) << "reported between whole chunks";
+    EXPECT_GE(elapsed - last_elapsed, kRecoveryProgressEvery);
+    last_jobs = jobs;
+    last_elapsed = elapsed;
+  }
+
+  // The same store on the fixture's clock, which stands still: no progress line.
+  broker_.reset();
+  const size_t reports = events_.progress.size();
+  auto again = BlockingBroker::Open(store_, clock_, o);
+  ASSERT_THAT(again, IsOk());
+  broker_ = std::move(*again);
+  EXPECT_EQ(events_.progress.size(), reports);
+  EXPECT_EQ(events_.recovered.back(), 100u);
 }
 
 TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) {
