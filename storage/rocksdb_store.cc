@@ -151,7 +151,8 @@ class NoAutoRecovery final : public rocksdb::EventListener {
 
 std::string PartitionKeyPrefix(uint32_t partition) {
   std::string out(kPartitionKeyPrefixBytes, '\0');
-  for (int i = 3; i >= 0; --i, partition >>= 8) out[i] = static_cast<char>(partition & 0xff);
+  for (int i = static_cast<int>(kPartitionKeyPrefixBytes) - 1; i >= 0; --i, partition >>= 8)
+    out[i] = static_cast<char>(partition & 0xff);
   return out;
 }
 
@@ -469,12 +470,18 @@ absl::Status RocksDbStore::AddTransitionsLocked(absl::Span<const core::Transitio
     return *a.id < *b.id;
   });
   std::string key;
+  uint32_t key_partition = 0;
   for (size_t i = 0; i < changes.size(); ++i) {
     const JobChange& c = changes[i];
     const bool superseded = i + 1 < changes.size() && changes[i + 1].partition == c.partition &&
                             *changes[i + 1].id == *c.id;
     if (superseded) continue;
-    key.assign(PartitionKeyPrefix(c.partition));
+    // Sorted by partition first: the prefix is rebuilt only when the partition changes.
+    if (key.empty() || c.partition != key_partition) {
+      key = PartitionKeyPrefix(c.partition);
+      key_partition = c.partition;
+    }
+    key.resize(kPartitionKeyPrefixBytes);
     key.append(*c.id);
     BROKER_RETURN_IF_ERROR(add(c.put != nullptr ? batch.Put(jobs_, key, EncodeJob(*c.put))
                                                 : batch.Delete(jobs_, key)));
