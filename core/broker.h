@@ -296,7 +296,7 @@ class Broker {
   // The convention, here and in every class of the tree: a method whose name ends in Locked
   // needs the class's mutex held (ABSL_EXCLUSIVE_LOCKS_REQUIRED); every other method takes it
   // itself or needs none. The collaborators are members guarded by mu_, so any call on them
-  // needs it too. The thread-safety build (clang) checks both.
+  // needs it too. The clang build of the asan preset checks both.
  private:
   struct Batches;
 

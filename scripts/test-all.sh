@@ -29,7 +29,7 @@ suite_timeout="${SUITE_TIMEOUT:-1800}"
 # target/ folders). "a+b" runs suites a and b at the same time: each client suite mostly waits on
 # the brokers it starts and on its package tools, so two at once take about the time of the
 # longer (each has its own temp dirs and free ports); their output is shown when both are done.
-all_suites=(cpp thread-safety asan tsan crash jepsen fuzz api chart image-lint ui python+go
+all_suites=(cpp asan tsan crash jepsen fuzz api chart image-lint ui python+go
   typescript+rust java+ruby interop bench image)
 suites=("$@")
 [ ${#suites[@]} -eq 0 ] && suites=("${all_suites[@]}")
@@ -39,13 +39,12 @@ run_suite() {
     # Every C++ test, then the C++ client as users get it: installed into an empty prefix and
     # built from a scratch CMake project (client/cpp/test.sh).
     cpp) ctest --test-dir "$build" -j"$test_jobs" --output-on-failure && client/cpp/test.sh ;;
-    # Every C++ test again, built with AddressSanitizer and UBSan (CMakePresets.json: asan); the
-    # e2e tests then run the sanitized broker, so a leak or an error in it fails them too.
+    # Every C++ test again, built by clang with AddressSanitizer and UBSan (CMakePresets.json:
+    # asan); the e2e tests then run the sanitized broker, so a leak or an error in it fails them
+    # too. The same build checks every lock annotation: clang's -Wthread-safety -Werror makes a
+    # member marked ABSL_GUARDED_BY read or written without its mutex, or a ...Locked method
+    # called without it, a compile error, in every target.
     asan) cmake --preset asan >/dev/null && cmake --build --preset asan && ctest --preset asan ;;
-    # The production code and the lock-holding tests compiled by clang with -Wthread-safety
-    # -Werror (CMakePresets.json: thread-safety): a member marked ABSL_GUARDED_BY
-    # read or written without its mutex, or a ...Locked method called without it, fails the build.
-    thread-safety) cmake --preset thread-safety >/dev/null && cmake --build --preset thread-safety ;;
     # The concurrency-heavy tests under ThreadSanitizer (tests/tsan/README.md).
     tsan) tests/tsan/run.sh ;;
     # The broker killed with SIGKILL 20 times under producers and workers; the checker proves
