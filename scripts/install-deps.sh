@@ -26,7 +26,8 @@ if [ "${1:-}" = "--tests" ]; then
   # scripts/image-check.sh builds and runs the container image with podman (no Docker engine),
   # on a base image it makes with debootstrap.
   packages+=(podman runc debootstrap curl)
-  # tests/fuzz: libFuzzer comes with clang's runtime; llvm-14 has the symbolizer for stacks.
+  # The asan suite's build and tests/fuzz are clang's: ASan's and libFuzzer's runtimes come with
+  # libclang-rt; llvm-14 has the symbolizer for stacks.
   packages+=(clang-14 libclang-rt-14-dev llvm-14)
   # tests/ui: the dashboard in a real headless browser (driven by playwright-core from npm).
   packages+=(chromium)
