@@ -375,6 +375,7 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
       Break(status);
       return status;
     }
+    log_unsynced_ = log_unsynced_ || (!durable && alone);
     commit_seq_ = position.seq;
     if (commit_seq_ > leader_->start_seq) leader_->started = true;
     outcomes_.push_back({position, absl::OkStatus()});
@@ -397,6 +398,7 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
       Break(status);
       return status;
     }
+    log_unsynced_ = false;  // that fsync covered every earlier append too
   } else if (auto status = storage_.Append(entries); !status.ok()) {
     Break(status);
     return status;
@@ -413,10 +415,12 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
 
 absl::Status Replica::SyncLog() {
   if (!broken_.ok()) return broken_;
+  if (!log_unsynced_) return absl::OkStatus();
   if (auto status = storage_.SyncLog(); !status.ok()) {
     Break(status);
     return status;
   }
+  log_unsynced_ = false;
   return absl::OkStatus();
 }
 

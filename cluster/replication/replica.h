@@ -158,7 +158,10 @@ class Replica {
                                            std::vector<core::Transition> transitions,
                                            const SendNow& send_now = nullptr, bool durable = true);
   // Makes every earlier append durable (after a proposal that was not). A failure breaks the
-  // replica, as any storage failure does.
+  // replica, as any storage failure does. Asks the storage for nothing when every append since
+  // the last SyncLog was durable already: a replicated batch is answered once committed, which
+  // its own fsyncs made durable, and the commit pipeline's fsync after it would be one more
+  // fsync per group for nothing (it covers only the unsynced applies, which the log replays).
   absl::Status SyncLog();
 
   // Messages to send, in order; the outbox is then empty.
@@ -270,6 +273,8 @@ class Replica {
   // Follower: since when etcd has shown the partition without a leader.
   std::optional<absl::Time> leaderless_since_;
   absl::Status broken_;
+  // An append was made without an fsync (ProposeBatch not `durable`, alone) since the last sync.
+  bool log_unsynced_ = false;
   std::vector<ReplicationMessage> outbox_;
   std::vector<ProposalOutcome> outcomes_;
 };

@@ -31,7 +31,10 @@ class MemoryReplicaStorage final : public cluster::ReplicaStorage {
   absl::Status AppendUnsynced(const std::vector<cluster::LogEntry>& entries) override {
     return Append(entries);
   }
-  absl::Status SyncLog() override { return absl::OkStatus(); }
+  absl::Status SyncLog() override {
+    ++sync_calls_;
+    return absl::OkStatus();
+  }
   absl::Status TruncateAfter(uint64_t seq) override;
   absl::Status TrimThrough(uint64_t seq) override;
   uint64_t applied_seq() const override { return applied_; }
@@ -51,6 +54,8 @@ class MemoryReplicaStorage final : public cluster::ReplicaStorage {
   uint64_t removals() const { return removals_; }
   // How many snapshots were installed.
   uint64_t snapshots_installed() const { return snapshots_installed_; }
+  // How many times SyncLog was called (each would be an fsync of a real log).
+  uint64_t sync_calls() const { return sync_calls_; }
   // Every entry applied since the last call, in order, with the id of the first job it puts (""
   // for none): the simulator's checker compares them across replicas.
   struct Applied {
@@ -68,6 +73,7 @@ class MemoryReplicaStorage final : public cluster::ReplicaStorage {
   std::unique_ptr<storage::MemoryStore> state_;
   uint64_t removals_ = 0;
   uint64_t snapshots_installed_ = 0;
+  uint64_t sync_calls_ = 0;
   std::vector<Applied> applied_journal_;
 };
 
