@@ -250,6 +250,18 @@ TEST_F(CliTest, EnqueueTimeoutAndExpiryAndGetShowsThem) {
   r = Cli({"enqueue", "limits", "z", "--timeout", "10ms"});
   EXPECT_EQ(r.exit_code, 1) << r;
   EXPECT_THAT(r.err, HasSubstr("timeout"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("DEADLINE_EXCEEDED")))
+      << "the job's limit is not the call's deadline";
+
+  // The global --timeout, before the command's name, is the deadline of the call only.
+  r = Cli({"--timeout", "5s", "enqueue", "limits", "w"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  std::string plain = r.out;
+  if (!plain.empty() && plain.back() == '\n') plain.pop_back();
+  EXPECT_FALSE(client_->MustGetJob(plain).has_timeout()) << "not the job's run-time limit";
+  r = Cli({"--timeout", "1ns", "enqueue", "limits", "w"});
+  EXPECT_EQ(r.exit_code, 3) << r;
+  EXPECT_THAT(r.err, HasSubstr("DEADLINE_EXCEEDED"));
 }
 
 TEST_F(CliTest, WatchFollowsAJobToItsEndAndExitsByHowItEnded) {

@@ -12,7 +12,9 @@ const std::vector<FlagSpec>& GlobalFlags() {
       {"--address", "HOST:PORT[,...]",
        "the broker, or nodes of one cluster (default: $JOBBROKER_ADDRESS, else 127.0.0.1:7070)"},
       {"--json", "", "machine-readable output: proto3 JSON"},
-      {"--timeout", "DURATION", "deadline of each call (default 10s)"},
+      {"--timeout", "DURATION",
+       "deadline of each call (default 10s); for enqueue and watch, whose own --timeout means "
+       "something else, give it before the command's name"},
       {"--token-file", "FILE",
        "bearer token for a broker with --auth-tokens, read from FILE (default: $JOBBROKER_TOKEN)"},
       {"--tls", "", "connect over TLS, trusting the system's roots (implied by the flags below)"},

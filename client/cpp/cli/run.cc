@@ -1,6 +1,7 @@
 #include "client/cpp/cli/run.h"
 
 #include <algorithm>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -107,6 +108,19 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
     io.err << "error: " << parsed.status().message() << "\n" << UsageLine(*command) << "\n";
     return kExitUsage;
   }
+  // enqueue's and watch's own --timeout (a job's run-time limit; how long to watch) has the name
+  // of the global deadline of each call. For them the deadline is what comes before the
+  // command's name and their own flag what comes after it, so that neither sets the other: an
+  // `enqueue --timeout 10ms` gave its own call 10 ms to be answered, and `--timeout 5s enqueue`
+  // gave the job a 5 s limit.
+  const bool own_timeout =
+      std::any_of(command->flags.begin(), command->flags.end(),
+                  [](const FlagSpec& flag) { return flag.name == "--timeout"; });
+  std::optional<std::string> call_timeout;  // for those; the others read the merged flags
+  if (own_timeout) {
+    call_timeout = leading->Get("--timeout");
+    leading->flags.erase("--timeout");
+  }
   ParsedArgs all = *std::move(leading);
   all.positional = std::move(parsed->positional);
   all.MergeFlags(*parsed);
@@ -124,7 +138,7 @@ int RunCli(const std::vector<std::string>& raw_args, Io& io) {
   if (client::SplitAddresses(options.address).empty()) {
     problem = "--address must name at least one HOST:PORT";
   }
-  if (auto v = all.Get("--timeout")) {
+  if (auto v = own_timeout ? call_timeout : all.Get("--timeout")) {
     absl::StatusOr<absl::Duration> timeout = ParseDurationValue("--timeout", *v);
     if (!timeout.ok()) {
       problem = std::string(timeout.status().message());
