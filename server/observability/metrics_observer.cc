@@ -10,6 +10,10 @@ const prometheus::Histogram::BucketBoundaries kJobSeconds = {
 const prometheus::Histogram::BucketBoundaries kSyncSeconds = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1};
 const prometheus::Histogram::BucketBoundaries kBatch = {1, 2, 4, 8, 16, 32, 64, 128, 256, 1024};
+// A partition's recovery: milliseconds when it is small, about 8 s for 10 million ready jobs on
+// 2 cores (docs/performance.md, "Restart and memory"); minutes mean a backlog past what it sized.
+const prometheus::Histogram::BucketBoundaries kRecoverySeconds = {0.01, 0.05, 0.1, 0.5, 1,  2.5,
+                                                                  5,    10,   20,  30,  60, 300};
 
 prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const char* name,
                                                  const char* help) {
@@ -70,6 +74,19 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r, QueueLabels& labels)
                               "broker refuses every change until the store takes writes again.")),
       no_space_(storage_errors_.Add({{"kind", "no_space"}})),
       io_error_(storage_errors_.Add({{"kind", "io_error"}})),
+      recovery_(Histogram(r, "jobbroker_recovery_seconds",
+                          "Time a partition took to rebuild its state from the store: at the "
+                          "start, after a store outage, and in cluster mode each time this node "
+                          "takes the lead.")
+                    .Add({}, kRecoverySeconds)),
+      recovered_jobs_(Counter(r, "jobbroker_recovered_jobs_total",
+                              "Jobs read back from the store by recoveries.")
+                          .Add({})),
+      recovered_expired_leases_(
+          Counter(r, "jobbroker_recovery_expired_leases_total",
+                  "Leases found run out at a recovery (their worker's time passed while the "
+                  "partition was down or led elsewhere): each became a failed attempt.")
+              .Add({})),
       labels_(labels) {}
 
 MetricsObserver::~MetricsObserver() = default;
@@ -187,6 +204,14 @@ void MetricsObserver::Committed(size_t transitions, absl::Duration took) {
 
 void MetricsObserver::StoreFailed(const absl::Status& status) {
   (status.code() == absl::StatusCode::kResourceExhausted ? no_space_ : io_error_).Increment();
+}
+
+// From the thread that opens or rebuilds a partition, several at once when partitions open side
+// by side: it touches only queue-less metrics, which prometheus-cpp updates thread-safely.
+void MetricsObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration took) {
+  recovery_.Observe(absl::ToDoubleSeconds(took));
+  recovered_jobs_.Increment(static_cast<double>(jobs));
+  recovered_expired_leases_.Increment(static_cast<double>(expired_leases));
 }
 
 }  // namespace jobbroker::server

@@ -16,7 +16,7 @@ namespace jobbroker::server {
 // Counts and times the broker's work in a prometheus-cpp registry: jobs enqueued,
 // deduplicated, leased, attempts by outcome, retries, deaths by reason, cancels, releases;
 // schedule-to-start and run-time histograms per queue; WAL sync time and batch size; failed
-// store writes by kind.
+// store writes by kind; recoveries (their time, the jobs read back, the leases found run out).
 //
 // The broker calls it under its own lock, which also guards the per-queue cache of metric
 // handles (so a hot-path event is a hash lookup and an atomic add); Committed() comes from the
@@ -37,6 +37,7 @@ class MetricsObserver final : public core::BrokerObserver {
   void Released(const core::Job& job) override;
   void Committed(size_t transitions, absl::Duration took) override;
   void StoreFailed(const absl::Status& status) override;
+  void Recovered(size_t jobs, size_t expired_leases, absl::Duration took) override;
 
  private:
   struct QueueMetrics;
@@ -57,6 +58,9 @@ class MetricsObserver final : public core::BrokerObserver {
   prometheus::Family<prometheus::Counter>& storage_errors_;
   prometheus::Counter& no_space_;
   prometheus::Counter& io_error_;
+  prometheus::Histogram& recovery_;
+  prometheus::Counter& recovered_jobs_;
+  prometheus::Counter& recovered_expired_leases_;
   QueueLabels& labels_;
   // By label: the queue's own name, or QueueLabels::kOtherQueues.
   absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> by_label_;

@@ -130,6 +130,33 @@ TEST_F(MetricsObserverTest, HistogramsMeasureOnTheBrokersClock) {
   EXPECT_EQ(seen, 2);
 }
 
+TEST_F(MetricsObserverTest, EveryPartitionsRecoveryIsCountedWithItsJobsAndExpiredLeases) {
+  // The fixture opened 3 partitions over an empty store: three recoveries of nothing.
+  std::map<std::string, double> s = Samples(registry_);
+  EXPECT_EQ(s["jobbroker_recovery_seconds_count"], 3);
+  EXPECT_EQ(s["jobbroker_recovered_jobs_total"], 0);
+
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}).ok());
+  LeaseOne("q", absl::Seconds(1));
+  broker_.reset();                   // the process stops while a worker holds a lease...
+  clock_.Advance(absl::Seconds(5));  // ...and is down longer than the lease
+
+  core::BrokerOptions o;
+  o.commit_mode = core::CommitPipeline::Mode::kInline;
+  o.observer = &metrics_;
+  broker_ = *BlockingPartitions::Open(store_, clock_, 3u, o);
+  s = Samples(registry_);
+  EXPECT_EQ(s["jobbroker_recovery_seconds_count"], 6);
+  EXPECT_EQ(s["jobbroker_recovered_jobs_total"], 3);
+  EXPECT_EQ(s["jobbroker_recovery_expired_leases_total"], 1);
+  for (const prometheus::MetricFamily& f : registry_.Collect()) {
+    if (f.name == "jobbroker_recovery_seconds") {
+      EXPECT_DOUBLE_EQ(f.metric.at(0).histogram.sample_sum, 0)
+          << "timed on the broker's clock, which did not move while it recovered";
+    }
+  }
+}
+
 TEST(QueueLabelsTest, TheFirstQueuesKeepTheirNameAndTheRestShareOne) {
   QueueLabels labels(2);
   EXPECT_EQ(labels.For("a"), "a");
