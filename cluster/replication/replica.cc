@@ -369,13 +369,14 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
     // Unsynced only without other replicas: a follower sent the commit index could apply an
     // entry that a power loss here then undoes.
     const bool alone = leader_->followers.empty();
-    if (auto status = storage_.AppendCommitted(std::move(entries), /*keep_in_log=*/!alone,
-                                               /*sync=*/durable || !alone);
+    const bool sync = durable || !alone;
+    if (auto status = storage_.AppendCommitted(std::move(entries), /*keep_in_log=*/!alone, sync);
         !status.ok()) {
       Break(status);
       return status;
     }
-    log_unsynced_ = log_unsynced_ || (!durable && alone);
+    // A synced append's fsync covers every earlier one (one write-ahead log, in order).
+    log_unsynced_ = !sync;
     commit_seq_ = position.seq;
     if (commit_seq_ > leader_->start_seq) leader_->started = true;
     outcomes_.push_back({position, absl::OkStatus()});
@@ -402,6 +403,8 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
   } else if (auto status = storage_.Append(entries); !status.ok()) {
     Break(status);
     return status;
+  } else {
+    log_unsynced_ = false;  // as above: Append is synced
   }
   if (options_.TEST_planted_bug == PlantedBug::kAckBeforeCommit) {
     outcomes_.push_back({position, absl::OkStatus()});  // the planted bug: NATS's lazy answer

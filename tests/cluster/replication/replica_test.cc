@@ -67,7 +67,7 @@ class LoneReplicaTest : public ::testing::Test {
   std::unique_ptr<Replica> replica_;
 };
 
-// SyncLog fsyncs only when an append since the last one was not durable: the commit pipeline
+// SyncLog fsyncs only when the last append was not durable: the commit pipeline
 // calls it after each group whose answers went out early, and a group that its own commit made
 // durable (every replicated one) needs no second fsync.
 TEST_F(LoneReplicaTest, SyncLogAsksTheStorageOnlyAfterAnUnsyncedProposal) {
@@ -88,6 +88,16 @@ TEST_F(LoneReplicaTest, SyncLogAsksTheStorageOnlyAfterAnUnsyncedProposal) {
 
   ASSERT_THAT(replica_->SyncLog(), IsOk());
   EXPECT_EQ(storage_.sync_calls(), before + 1) << "and only once";
+
+  ASSERT_THAT(
+      replica_->ProposeBatch(clock_.Now(), {PutJob("c")}, nullptr, /*durable=*/false).status(),
+      IsOk());
+  ASSERT_THAT(
+      replica_->ProposeBatch(clock_.Now(), {PutJob("d")}, nullptr, /*durable=*/true).status(),
+      IsOk());
+  ASSERT_THAT(replica_->SyncLog(), IsOk());
+  EXPECT_EQ(storage_.sync_calls(), before + 1)
+      << "a durable proposal's fsync covered the unsynced one before it";
 }
 
 }  // namespace
