@@ -117,7 +117,7 @@ void Replica::BecomeLeader(absl::Time now, int64_t epoch, LogPosition start,
   LogEntry epoch_start{start.seq + 1, epoch, core::Transition{}};
   epoch_start.transition.partition = options_.partition;
   epoch_start.transition.seq = epoch_start.seq;
-  if (auto status = storage_.Append({std::move(epoch_start)}); !status.ok()) {
+  if (auto status = AppendSynced({std::move(epoch_start)}); !status.ok()) {
     Break(status);
     return;
   }
@@ -400,11 +400,9 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
       return status;
     }
     log_unsynced_ = false;  // that fsync covered every earlier append too
-  } else if (auto status = storage_.Append(entries); !status.ok()) {
+  } else if (auto status = AppendSynced(entries); !status.ok()) {
     Break(status);
     return status;
-  } else {
-    log_unsynced_ = false;  // as above: Append is synced
   }
   if (options_.TEST_planted_bug == PlantedBug::kAckBeforeCommit) {
     outcomes_.push_back({position, absl::OkStatus()});  // the planted bug: NATS's lazy answer
@@ -414,6 +412,12 @@ absl::StatusOr<LogPosition> Replica::ProposeBatch(absl::Time now,
   AdvanceCommit();
   if (leader_) SendAll(now, /*heartbeat_due=*/false);
   return position;
+}
+
+absl::Status Replica::AppendSynced(const std::vector<LogEntry>& entries) {
+  absl::Status status = storage_.Append(entries);
+  if (status.ok()) log_unsynced_ = false;  // its fsync covered every earlier append too
+  return status;
 }
 
 absl::Status Replica::SyncLog() {
@@ -604,7 +608,7 @@ void Replica::OnAppendRequest(absl::Time /*now*/, const std::string& from,
     to_append.push_back(entry);
   }
   if (!to_append.empty()) {
-    if (auto status = storage_.Append(to_append); !status.ok()) {
+    if (auto status = AppendSynced(to_append); !status.ok()) {
       Break(status);
       return;
     }

@@ -227,6 +227,9 @@ class Replica {
   // Leader: hands the partition back to its preferred replica once that is ready (above).
   void MaybeHandBack(absl::Time now);
   void Break(absl::Status status);
+  // storage_.Append (synced), which also clears log_unsynced_: its fsync covers the earlier
+  // appends of the same write-ahead log.
+  absl::Status AppendSynced(const std::vector<LogEntry>& entries);
   // Raises the floor to `epoch` if it is higher. False if the storage failed.
   bool RaiseFloor(int64_t epoch);
 
@@ -273,7 +276,8 @@ class Replica {
   // Follower: since when etcd has shown the partition without a leader.
   std::optional<absl::Time> leaderless_since_;
   absl::Status broken_;
-  // An append was made without an fsync (ProposeBatch not `durable`, alone) since the last sync.
+  // The last append was made without an fsync (ProposeBatch not `durable`, alone), and no sync
+  // came after it.
   bool log_unsynced_ = false;
   std::vector<ReplicationMessage> outbox_;
   std::vector<ProposalOutcome> outcomes_;
