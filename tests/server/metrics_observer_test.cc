@@ -48,11 +48,15 @@ class MetricsObserverTest : public ::testing::Test {
       : clock_(absl::FromUnixSeconds(1'800'000'000)),
         labels_(max_queues),
         metrics_(registry_, labels_) {
+    Open();
+  }
+
+  // Several partitions over store_: what the collector scrapes is the sum over them.
+  void Open() {
     core::BrokerOptions o;
     o.commit_mode = core::CommitPipeline::Mode::kInline;
     o.observer = &metrics_;
     o.uniform = [] { return 0.5; };
-    // Several partitions: what the collector scrapes is the sum over them.
     broker_ = *BlockingPartitions::Open(store_, clock_, 3u, o);
   }
 
@@ -141,10 +145,7 @@ TEST_F(MetricsObserverTest, EveryPartitionsRecoveryIsCountedWithItsJobsAndExpire
   broker_.reset();                   // the process stops while a worker holds a lease...
   clock_.Advance(absl::Seconds(5));  // ...and is down longer than the lease
 
-  core::BrokerOptions o;
-  o.commit_mode = core::CommitPipeline::Mode::kInline;
-  o.observer = &metrics_;
-  broker_ = *BlockingPartitions::Open(store_, clock_, 3u, o);
+  Open();
   s = Samples(registry_);
   EXPECT_EQ(s["jobbroker_recovery_seconds_count"], 6);
   EXPECT_EQ(s["jobbroker_recovered_jobs_total"], 3);
