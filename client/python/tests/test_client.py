@@ -10,6 +10,32 @@ from conftest import wait_state
 
 import jobbroker
 from jobbroker import NewJob
+from jobbroker.v1 import broker_pb2
+
+
+def test_new_job_sets_the_fields_given_and_only_those() -> None:
+    # to_proto sets a field only when it differs from its default (cheaper per job): a job of a
+    # queue and a payload is exactly that, and every other field still reaches the request.
+    assert NewJob(queue="q", payload=b"p").to_proto() == broker_pb2.EnqueueRequest(
+        queue="q", payload=b"p")
+    when = dt.datetime(2030, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
+    full = NewJob(
+        queue="q", payload={"a": 1}, headers={"h": "v"}, priority=-3, delay=1.5,
+        dedup_key="d", dedup_ttl=60, max_attempts=4, lease_duration=dt.timedelta(seconds=5),
+        concurrency_key="c", timeout=30, expire_at=when, depends_on=iter(["j1", "j2"]),
+        depends_on_index=(0,)).to_proto()
+    expected = broker_pb2.EnqueueRequest(
+        queue="q", payload=b'{"a":1}', headers={"h": "v"}, priority=-3, dedup_key="d",
+        max_attempts=4, concurrency_key="c", depends_on=["j1", "j2"], depends_on_index=[0])
+    expected.delay.FromMilliseconds(1500)
+    expected.dedup_ttl.FromSeconds(60)
+    expected.lease_duration.FromSeconds(5)
+    expected.timeout.FromSeconds(30)
+    expected.expire_at.FromDatetime(when)
+    assert full == expected
+    scheduled = NewJob(queue="q", run_at=when).to_proto()
+    assert [f.name for f, _ in scheduled.ListFields()] == ["queue", "run_at"]
+    assert scheduled.run_at.ToDatetime(tzinfo=dt.timezone.utc) == when
 
 
 async def test_enqueue_with_options_is_visible_to_admin(client: jobbroker.Client) -> None:

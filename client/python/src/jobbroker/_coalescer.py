@@ -68,8 +68,10 @@ def request_bytes(request: broker_pb2.EnqueueRequest) -> int:
     """What a job counts toward batch_max_bytes: its payload and its headers' names and
     values, in bytes (the bulk of a request; the fixed fields are small)."""
     size = len(request.payload)
-    for name, value in request.headers.items():
-        size += len(name.encode()) + len(value.encode())
+    headers = request.headers
+    if headers:  # most jobs have none, and walking an empty map still costs
+        for name, value in headers.items():
+            size += len(name.encode()) + len(value.encode())
     return size
 
 

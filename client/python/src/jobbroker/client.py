@@ -115,17 +115,24 @@ class NewJob:
     depends_on_index: Iterable[int] = ()
 
     def to_proto(self) -> broker_pb2.EnqueueRequest:
-        req = broker_pb2.EnqueueRequest(
-            queue=self.queue,
-            payload=encode_payload(self.payload),
-            headers=dict(self.headers or {}),
-            priority=self.priority,
-            dedup_key=self.dedup_key,
-            max_attempts=self.max_attempts,
-            concurrency_key=self.concurrency_key,
-            depends_on=list(self.depends_on),
-            depends_on_index=list(self.depends_on_index),
-        )
+        # Only the fields that are set: each keyword of a message's constructor costs, also one
+        # that only repeats a default (with upb, 5.2 us with every keyword against 1.0 us with
+        # the queue and the payload alone), and a producer pays this once per job.
+        req = broker_pb2.EnqueueRequest(queue=self.queue, payload=encode_payload(self.payload))
+        if self.headers:
+            req.headers.update(self.headers)
+        if self.priority:
+            req.priority = self.priority
+        if self.dedup_key:
+            req.dedup_key = self.dedup_key
+        if self.max_attempts:
+            req.max_attempts = self.max_attempts
+        if self.concurrency_key:
+            req.concurrency_key = self.concurrency_key
+        if self.depends_on:
+            req.depends_on.extend(self.depends_on)
+        if self.depends_on_index:
+            req.depends_on_index.extend(self.depends_on_index)
         if self.delay is not None:
             req.delay.CopyFrom(to_duration(self.delay))
         if self.run_at is not None:
