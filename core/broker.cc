@@ -75,7 +75,7 @@ absl::Status Broker::Recover() {
       // line), not only when it is done.
       const absl::Time now = clock_.Now();
       if (now - reported >= kRecoveryProgressEvery) {
-        observer_.Recovering(loaded, now - started);
+        observer_.Recovering(options_.partition, loaded, now - started);
         reported = now;
       }
     }
@@ -100,7 +100,7 @@ absl::Status Broker::Recover() {
   // A failed write does not stop the start: the broker serves reads and refuses changes until
   // the store takes writes again (Tick retries it), instead of exiting into a restart loop.
   pipeline_.WaitDurable(commit).IgnoreError();
-  observer_.Recovered(found.job_count(), expired, clock_.Now() - started);
+  observer_.Recovered(options_.partition, found.job_count(), expired, clock_.Now() - started);
   return absl::OkStatus();
 }
 

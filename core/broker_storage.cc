@@ -93,7 +93,7 @@ absl::Status Broker::ResumeWrites() {
     deadlines_.Planned(absl::InfinitePast());  // every deadline was rebuilt: the ticker looks again
     fx.wake = true;
   }
-  observer_.Recovered(found.job_count(), expired, clock_.Now() - started);
+  observer_.Recovered(options_.partition, found.job_count(), expired, clock_.Now() - started);
   for (LeaseDone& done : waiting) done(std::vector<LeasedJob>{});
   for (auto& sink : streams)
     sink->End(absl::UnavailableError(

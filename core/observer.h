@@ -40,12 +40,13 @@ class BrokerObserver {
   virtual void Cancelled(const Job& /*job*/) {}
   // A worker gave the job back unstarted.
   virtual void Released(const Job& /*job*/) {}
-  // The broker finished recovering `jobs` jobs from the store in `took`, turning
+  // The broker of `partition` finished recovering `jobs` jobs from the store in `took`, turning
   // `expired_leases` leases that ran out while it was down into failed attempts.
-  virtual void Recovered(size_t /*jobs*/, size_t /*expired_leases*/, absl::Duration /*took*/) {}
-  // A recovery under way has loaded `jobs` jobs in `elapsed`: called at most every
+  virtual void Recovered(uint32_t /*partition*/, size_t /*jobs*/, size_t /*expired_leases*/,
+                         absl::Duration /*took*/) {}
+  // A recovery of `partition` under way has loaded `jobs` jobs in `elapsed`: called at most every
   // kRecoveryProgressEvery, so that a restart over millions of jobs shows it is moving.
-  virtual void Recovering(size_t /*jobs*/, absl::Duration /*elapsed*/) {}
+  virtual void Recovering(uint32_t /*partition*/, size_t /*jobs*/, absl::Duration /*elapsed*/) {}
   // One synced store write of `transitions` transitions took `took`.
   virtual void Committed(size_t /*transitions*/, absl::Duration /*took*/) {}
   // A store write failed: the broker refuses every change (kResourceExhausted when the disk is
@@ -85,11 +86,11 @@ class TeeObserver final : public BrokerObserver {
   void Released(const Job& job) override {
     for (BrokerObserver* o : observers_) o->Released(job);
   }
-  void Recovered(size_t jobs, size_t expired, absl::Duration took) override {
-    for (BrokerObserver* o : observers_) o->Recovered(jobs, expired, took);
+  void Recovered(uint32_t partition, size_t jobs, size_t expired, absl::Duration took) override {
+    for (BrokerObserver* o : observers_) o->Recovered(partition, jobs, expired, took);
   }
-  void Recovering(size_t jobs, absl::Duration elapsed) override {
-    for (BrokerObserver* o : observers_) o->Recovering(jobs, elapsed);
+  void Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) override {
+    for (BrokerObserver* o : observers_) o->Recovering(partition, jobs, elapsed);
   }
   void Committed(size_t transitions, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Committed(transitions, took);

@@ -100,16 +100,19 @@ void LogObserver::Released(const core::Job& job) {
   Log::Write(LogLevel::kDebug, "job_released", {{"queue", job.queue}, {"job_id", job.id}});
 }
 
-void LogObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration took) {
+void LogObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
+                            absl::Duration took) {
   Log::Write(LogLevel::kInfo, "recovered",
-             {{"jobs", absl::StrCat(jobs)},
+             {{"partition", absl::StrCat(partition)},
+              {"jobs", absl::StrCat(jobs)},
               {"expired_leases", absl::StrCat(expired_leases)},
               {"took_ms", absl::StrCat(absl::ToInt64Milliseconds(took))}});
 }
 
-void LogObserver::Recovering(size_t jobs, absl::Duration elapsed) {
+void LogObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) {
   Log::Write(LogLevel::kInfo, "recovering",
-             {{"jobs_so_far", absl::StrCat(jobs)},
+             {{"partition", absl::StrCat(partition)},
+              {"jobs_so_far", absl::StrCat(jobs)},
               {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(elapsed))}});
 }
 

@@ -17,8 +17,9 @@ class LogObserver final : public core::BrokerObserver {
   void Dead(const core::Job& job) override;
   void Cancelled(const core::Job& job) override;
   void Released(const core::Job& job) override;
-  void Recovered(size_t jobs, size_t expired_leases, absl::Duration took) override;
-  void Recovering(size_t jobs, absl::Duration elapsed) override;
+  void Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
+                 absl::Duration took) override;
+  void Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) override;
   void StoreFailed(const absl::Status& status) override;
   void StoreResumed(const absl::Status& cause, absl::Duration outage) override;
   void CorruptRecordSkipped(const core::CorruptRecord& record) override;

@@ -208,7 +208,8 @@ void MetricsObserver::StoreFailed(const absl::Status& status) {
 
 // From the thread that opens or rebuilds a partition, several at once when partitions open side
 // by side: it touches only queue-less metrics, which prometheus-cpp updates thread-safely.
-void MetricsObserver::Recovered(size_t jobs, size_t expired_leases, absl::Duration took) {
+void MetricsObserver::Recovered(uint32_t /*partition*/, size_t jobs, size_t expired_leases,
+                                absl::Duration took) {
   recovery_.Observe(absl::ToDoubleSeconds(took));
   recovered_jobs_.Increment(static_cast<double>(jobs));
   recovered_expired_leases_.Increment(static_cast<double>(expired_leases));

@@ -37,7 +37,8 @@ class MetricsObserver final : public core::BrokerObserver {
   void Released(const core::Job& job) override;
   void Committed(size_t transitions, absl::Duration took) override;
   void StoreFailed(const absl::Status& status) override;
-  void Recovered(size_t jobs, size_t expired_leases, absl::Duration took) override;
+  void Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
+                 absl::Duration took) override;
 
  private:
   struct QueueMetrics;

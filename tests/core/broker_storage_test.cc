@@ -47,11 +47,12 @@ class StorageEvents : public BrokerObserver {
     absl::MutexLock lock(&mu_);
     corrupt.push_back(absl::StrCat(RecordKindName(r.kind), ":", r.key));
   }
-  void Recovered(size_t jobs, size_t /*expired_leases*/, absl::Duration /*took*/) override {
+  void Recovered(uint32_t /*partition*/, size_t jobs, size_t /*expired_leases*/,
+                 absl::Duration /*took*/) override {
     absl::MutexLock lock(&mu_);
     recovered.push_back(jobs);
   }
-  void Recovering(size_t jobs, absl::Duration elapsed) override {
+  void Recovering(uint32_t /*partition*/, size_t jobs, absl::Duration elapsed) override {
     absl::MutexLock lock(&mu_);
     progress.emplace_back(jobs, elapsed);
   }

@@ -5,6 +5,7 @@
 #include <grpcpp/impl/codegen/sync_stream.h>
 
 #include <atomic>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/http_client.h"
 #include "tests/testing/matchers.h"
+#include "tests/testing/queue_names.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -221,6 +223,37 @@ TEST_F(ServerTest, ConcurrentEnqueuesShareFsyncs) {
   EXPECT_GT(writes, 0);
   EXPECT_LT(writes, kThreads * kPerThread) << "one fsync per enqueue: no group commit";
   std::cout << "[ metrics  ] " << ok.load() << " enqueues in " << writes << " synced writes\n";
+}
+
+// A node of several partitions recovers each on its own (side by side): each one's "recovered"
+// line names it, so that an operator can tell which partition was slow or large.
+class PartitionedServerTest : public BrokerFixture {
+ protected:
+  PartitionedServerTest() : BrokerFixture({.extra_args = {"--partitions", "3"}}) {}
+};
+
+// The value of a string field of one JSON log line ("" when the line has none).
+std::string LogField(absl::string_view line, absl::string_view name) {
+  const std::string opening = absl::StrCat("\"", name, "\":\"");
+  const size_t at = line.find(opening);
+  if (at == absl::string_view::npos) return "";
+  absl::string_view value = line.substr(at + opening.size());
+  return std::string(value.substr(0, value.find('"')));
+}
+
+TEST_F(PartitionedServerTest, EachPartitionsRecoveryIsLoggedWithItsNumberAndJobs) {
+  const std::string queue = QueueInPartition(2, 3, "logged");
+  client().MustEnqueue(queue, "a");
+  client().MustEnqueue(queue, "b");
+  ASSERT_NO_FATAL_FAILURE(Kill9AndRestart());
+  std::map<std::string, std::string> jobs_by_partition;
+  for (absl::string_view line : absl::StrSplit(process().ReadStderr(), '\n')) {
+    if (LogField(line, "event") != "recovered") continue;
+    jobs_by_partition[LogField(line, "partition")] = LogField(line, "jobs");
+  }
+  EXPECT_THAT(jobs_by_partition,
+              ::testing::ElementsAre(::testing::Pair("0", "0"), ::testing::Pair("1", "0"),
+                                     ::testing::Pair("2", "2")));
 }
 
 TEST(MaxHotJobsFlagTest, ABadValueIsRefusedAtStartNamingTheFlag) {
