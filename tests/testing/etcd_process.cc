@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -51,19 +52,39 @@ EtcdProcess::~EtcdProcess() { Kill9(); }
 
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(std::string data_dir, EtcdTls tls,
                                                                 absl::Duration timeout) {
+  return StartPicking(std::move(data_dir), std::move(tls), timeout, FreeLoopbackPort);
+}
+
+absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::StartPicking(
+    std::string data_dir, EtcdTls tls, absl::Duration timeout,
+    const std::function<absl::StatusOr<int>()>& pick_port) {
   if (access(kEtcdBinary, X_OK) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(kEtcdBinary,
                                                       " is missing: install Debian's etcd-server "
                                                       "(scripts/install-deps.sh)"));
   }
-  absl::StatusOr<int> client_port = FreeLoopbackPort();
-  if (!client_port.ok()) return client_port.status();
-  absl::StatusOr<int> peer_port = FreeLoopbackPort();
-  if (!peer_port.ok()) return peer_port.status();
-  auto etcd = std::unique_ptr<EtcdProcess>(
-      new EtcdProcess(std::move(data_dir), std::move(tls), *client_port, *peer_port));
-  if (absl::Status s = etcd->Launch(timeout); !s.ok()) return s;
-  return etcd;
+  // etcd cannot listen on port 0 and say which port it got, so the ports are picked free here
+  // and bound by etcd a moment later; a test running alongside (or a connection's local port)
+  // can take one in between. etcd then exits at once saying so, and a fresh pair is tried.
+  constexpr int kAttempts = 5;
+  absl::Status launched;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    absl::StatusOr<int> client_port = pick_port();
+    if (!client_port.ok()) return client_port.status();
+    absl::StatusOr<int> peer_port = pick_port();
+    if (!peer_port.ok()) return peer_port.status();
+    auto etcd =
+        std::unique_ptr<EtcdProcess>(new EtcdProcess(data_dir, tls, *client_port, *peer_port));
+    launched = etcd->Launch(timeout);
+    if (launched.ok()) return etcd;
+    if (!absl::StrContains(launched.message(), "address already in use")) return launched;
+    etcd->Kill9();
+    // It exits before it writes its data dir, but a member half made would not start again
+    // with other peer URLs.
+    std::error_code ignored;
+    std::filesystem::remove_all(data_dir, ignored);
+  }
+  return launched;
 }
 
 void EtcdProcess::Kill9() {

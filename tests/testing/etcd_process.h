@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,9 +37,16 @@ struct EtcdTls {
 class EtcdProcess {
  public:
   // kFailedPrecondition, saying what to install, if /usr/bin/etcd is missing; kUnavailable, with
-  // etcd's log, if it did not answer within `timeout`.
+  // etcd's log, if it did not answer within `timeout`. A port taken by another process before
+  // etcd bound it is not an error: it is tried again on other ports (up to 5 times), in a fresh
+  // `data_dir`.
   static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(
       std::string data_dir, EtcdTls tls = {}, absl::Duration timeout = absl::Seconds(30));
+  // Start, with the ports picked by `pick_port` (FreeLoopbackPort: the client's, then the
+  // peer's, for each try); a test of the retry picks a taken one.
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> StartPicking(
+      std::string data_dir, EtcdTls tls, absl::Duration timeout,
+      const std::function<absl::StatusOr<int>()>& pick_port);
   ~EtcdProcess();
 
   EtcdProcess(const EtcdProcess&) = delete;

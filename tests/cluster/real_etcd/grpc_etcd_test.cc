@@ -3,7 +3,11 @@
 
 #include "cluster/etcd/grpc_etcd.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -28,6 +32,7 @@ namespace {
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::SizeIs;
 
 class GrpcEtcdTest : public ::testing::Test {
@@ -170,6 +175,32 @@ TEST_F(GrpcEtcdTest, WithAuthOnItAuthenticatesWithItsUserAndPassword) {
   auto wrong = Client({.endpoints = {etcd_->client_url()}, .user = "root", .password = "wrong"});
   ASSERT_NE(wrong, nullptr);
   EXPECT_THAT(wrong->Get("/auth"), ::testing::Not(IsOk()));
+}
+
+// The tests start their etcds side by side, each on ports picked free a moment before etcd binds
+// them: a port taken in between costs the helper a try on other ports, not the test.
+TEST_F(GrpcEtcdTest, AnEtcdWhosePortWasTakenStartsOnOthers) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int taken = ntohs(addr.sin_port);
+  int picks = 0;
+  absl::StatusOr<std::unique_ptr<testing::EtcdProcess>> etcd = testing::EtcdProcess::StartPicking(
+      dir_->path() + "/etcd", {}, absl::Seconds(30),
+      [&]() -> absl::StatusOr<int> { return ++picks == 1 ? taken : testing::FreeLoopbackPort(); });
+  close(listener);
+  ASSERT_THAT(etcd, IsOk());
+  EXPECT_EQ(picks, 4);  // the refused try's client and peer ports, then the serving one's
+  EXPECT_THAT((*etcd)->client_url(), Not(HasSubstr(absl::StrCat(":", taken))));
+  std::unique_ptr<GrpcEtcd> client = Client({.endpoints = {(*etcd)->client_url()}});
+  ASSERT_NE(client, nullptr);
+  EXPECT_THAT(client->Put("k", "v"), IsOk());
 }
 
 TEST(GrpcEtcdOptionsTest, BadEndpointsAndUnreadableTlsFilesAreRefused) {
