@@ -80,9 +80,11 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::StartPicking(
     if (!absl::StrContains(launched.message(), "address already in use")) return launched;
     etcd->Kill9();
     // It exits before it writes its data dir, but a member half made would not start again
-    // with other peer URLs.
+    // with other peer URLs. Its log goes too: the log is appended to, and this try's bind error
+    // must not be read as the next try's.
     std::error_code ignored;
     std::filesystem::remove_all(data_dir, ignored);
+    std::filesystem::remove(data_dir + ".log", ignored);
   }
   return launched;
 }
