@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_etcd.h"
+#include "tests/testing/forwarding_etcd.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::cluster {
@@ -29,39 +30,17 @@ using ::testing::SizeIs;
 constexpr absl::Duration kTtl = absl::Seconds(3);
 
 // An Etcd whose KeepAliveOnce takes `delay` of the fake clock, as a slow answer does.
-class SlowKeepAlive final : public Etcd {
+class SlowKeepAlive final : public testing::ForwardingEtcd {
  public:
   SlowKeepAlive(Etcd& etcd, testing::FakeClock& clock, absl::Duration delay)
-      : etcd_(etcd), clock_(clock), delay_(delay) {}
-  absl::StatusOr<LeaseId> GrantLease(absl::Duration ttl) override { return etcd_.GrantLease(ttl); }
+      : ForwardingEtcd(etcd), clock_(clock), delay_(delay) {}
   absl::StatusOr<absl::Duration> KeepAliveOnce(LeaseId lease) override {
-    absl::StatusOr<absl::Duration> ttl = etcd_.KeepAliveOnce(lease);
+    absl::StatusOr<absl::Duration> ttl = ForwardingEtcd::KeepAliveOnce(lease);
     clock_.Advance(delay_);
     return ttl;
   }
-  absl::Status RevokeLease(LeaseId lease) override { return etcd_.RevokeLease(lease); }
-  absl::StatusOr<GetResult> Get(const std::string& key) override { return etcd_.Get(key); }
-  absl::StatusOr<GetResult> GetPrefix(const std::string& prefix) override {
-    return etcd_.GetPrefix(prefix);
-  }
-  absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
-                              LeaseId lease) override {
-    return etcd_.Put(key, value, lease);
-  }
-  absl::StatusOr<int64_t> Delete(const std::string& key) override { return etcd_.Delete(key); }
-  absl::StatusOr<TxnResult> Txn(const std::vector<Compare>& compares,
-                                const std::vector<TxnOp>& then_ops,
-                                const std::vector<TxnOp>& else_ops) override {
-    return etcd_.Txn(compares, then_ops, else_ops);
-  }
-  absl::StatusOr<WatchId> Watch(const std::string& prefix, int64_t start_revision,
-                                WatchCallback callback) override {
-    return etcd_.Watch(prefix, start_revision, std::move(callback));
-  }
-  absl::Status CancelWatch(WatchId watch) override { return etcd_.CancelWatch(watch); }
 
  private:
-  Etcd& etcd_;
   testing::FakeClock& clock_;
   const absl::Duration delay_;
 };

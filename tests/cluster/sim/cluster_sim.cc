@@ -17,6 +17,7 @@
 #include "cluster/replication/etcd_layout.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_etcd.h"
+#include "tests/testing/forwarding_etcd.h"
 #include "tests/testing/memory_replica_storage.h"
 
 namespace jobbroker::testing {
@@ -47,48 +48,32 @@ class Random {
 
 // An etcd client whose writes sometimes lose their answer: applied, but reported kUnavailable
 // (what a timeout looks like to the caller).
-class LossyEtcd final : public cluster::Etcd {
+class LossyEtcd final : public testing::ForwardingEtcd {
  public:
   LossyEtcd(std::unique_ptr<cluster::Etcd> inner, std::function<bool()> lose_answer)
-      : inner_(std::move(inner)), lose_answer_(std::move(lose_answer)) {}
-  absl::StatusOr<cluster::LeaseId> GrantLease(absl::Duration ttl) override {
-    return inner_->GrantLease(ttl);
-  }
-  absl::StatusOr<absl::Duration> KeepAliveOnce(cluster::LeaseId lease) override {
-    return inner_->KeepAliveOnce(lease);
-  }
-  absl::Status RevokeLease(cluster::LeaseId lease) override { return inner_->RevokeLease(lease); }
-  absl::StatusOr<cluster::GetResult> Get(const std::string& key) override {
-    return inner_->Get(key);
-  }
-  absl::StatusOr<cluster::GetResult> GetPrefix(const std::string& prefix) override {
-    return inner_->GetPrefix(prefix);
-  }
+      : ForwardingEtcd(*inner), inner_(std::move(inner)), lose_answer_(std::move(lose_answer)) {}
   absl::StatusOr<int64_t> Put(const std::string& key, const std::string& value,
                               cluster::LeaseId lease) override {
-    auto result = inner_->Put(key, value, lease);
-    if (result.ok() && lose_answer_()) return absl::UnavailableError("answer lost");
-    return result;
+    return MaybeLost(ForwardingEtcd::Put(key, value, lease));
   }
   absl::StatusOr<int64_t> Delete(const std::string& key) override {
-    auto result = inner_->Delete(key);
-    if (result.ok() && lose_answer_()) return absl::UnavailableError("answer lost");
-    return result;
+    return MaybeLost(ForwardingEtcd::Delete(key));
   }
   absl::StatusOr<cluster::TxnResult> Txn(const std::vector<cluster::Compare>& compares,
                                          const std::vector<cluster::TxnOp>& then_ops,
                                          const std::vector<cluster::TxnOp>& else_ops) override {
-    auto result = inner_->Txn(compares, then_ops, else_ops);
+    return MaybeLost(ForwardingEtcd::Txn(compares, then_ops, else_ops));
+  }
+
+ private:
+  // A write's answer as the caller sees it: an applied write may come back kUnavailable.
+  template <typename T>
+  absl::StatusOr<T> MaybeLost(absl::StatusOr<T> result) {
     if (result.ok() && lose_answer_()) return absl::UnavailableError("answer lost");
     return result;
   }
-  absl::StatusOr<cluster::WatchId> Watch(const std::string& prefix, int64_t start_revision,
-                                         cluster::WatchCallback callback) override {
-    return inner_->Watch(prefix, start_revision, std::move(callback));
-  }
-  absl::Status CancelWatch(cluster::WatchId watch) override { return inner_->CancelWatch(watch); }
 
- private:
+  // Owned here; the base forwards to it.
   std::unique_ptr<cluster::Etcd> inner_;
   std::function<bool()> lose_answer_;
 };
