@@ -12,8 +12,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "cluster/etcd/await_etcd.h"
 #include "cluster/etcd/grpc_etcd.h"
 #include "cluster/node/cluster_node.h"
+#include "cluster/replication/etcd_layout.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/cluster/cluster_metrics.h"
@@ -71,6 +74,30 @@ absl::StatusOr<std::string> ReadPeerToken(const std::string& path, const Authori
   return token;
 }
 
+// Waits up to --cluster-etcd-wait for etcd's first answer (cluster/etcd/await_etcd.h), logging
+// the wait every 5 s. SIGTERM ends the wait with the process: gRPC's own threads, started before
+// main blocks the signal, take it with its default action (a node that serves nothing yet has
+// nothing to hand over or drain).
+absl::Status AwaitEtcd(cluster::Etcd& etcd, const ServerFlags& flags, const core::Clock& clock) {
+  cluster::AwaitEtcdOptions options;
+  options.patience = absl::Seconds(flags.cluster_etcd_wait);
+  cluster::AwaitEtcdHooks hooks;
+  hooks.sleep = [](absl::Duration pause) { absl::SleepFor(pause); };
+  hooks.on_waiting = [&flags](const absl::Status& why, absl::Duration waited) {
+    Log::Write(LogLevel::kWarn, "waiting_for_etcd",
+               {{"etcd", flags.cluster_etcd},
+                {"waited_ms", absl::StrCat(absl::ToInt64Milliseconds(waited))},
+                {"gives_up_after_s", absl::StrCat(flags.cluster_etcd_wait)},
+                {"reason", std::string(why.message())}});
+  };
+  absl::Status up =
+      cluster::AwaitEtcd(etcd, cluster::ConfigKey(flags.cluster_name), clock, options, hooks);
+  if (up.ok()) return up;
+  return absl::Status(up.code(),
+                      absl::StrCat("--cluster-etcd: ", up.message(), " (--cluster-etcd-wait ",
+                                   flags.cluster_etcd_wait, ")"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlags& flags,
@@ -90,6 +117,7 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   if (!etcd.ok())
     return absl::InvalidArgumentError(absl::StrCat("--cluster-etcd: ", etcd.status().message()));
   parts->etcd = *std::move(etcd);
+  if (absl::Status up = AwaitEtcd(*parts->etcd, flags, clock); !up.ok()) return up;
 
   cluster::ClusterNodeOptions options;
   options.cluster_name = flags.cluster_name;

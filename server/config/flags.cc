@@ -61,6 +61,9 @@ ABSL_FLAG(std::string, advertise_address, "",
 ABSL_FLAG(int64_t, cluster_lease_ttl, 3,
           "cluster mode: seconds a node's etcd lease lives without renewal, 2 to 60; a dead "
           "leader's partitions get a new one after about this long");
+ABSL_FLAG(int64_t, cluster_etcd_wait, 60,
+          "cluster mode: seconds a starting node waits for etcd to answer, 0 to 3600 (0: one "
+          "try); etcd and the nodes may then be started together, in any order");
 ABSL_FLAG(int64_t, replication_factor, 3,
           "cluster mode: replicas of each partition, 1 to 7 (fixed when the cluster is created)");
 ABSL_FLAG(int64_t, min_in_sync, 2,
@@ -97,12 +100,13 @@ constexpr Range kMaxHotJobs = {"max_hot_jobs", 0, 1'000'000'000};
 constexpr Range kMetricsMaxQueues = {"metrics_max_queues", 0, 1'000'000};
 constexpr Range kPartitions = {"partitions", 1, 32768};
 constexpr Range kClusterLeaseTtl = {"cluster_lease_ttl", 2, 60};
+constexpr Range kClusterEtcdWait = {"cluster_etcd_wait", 0, 3600};
 constexpr Range kReplicationFactor = {"replication_factor", 1, 7};
 constexpr Range kMinInSync = {"min_in_sync", 1, 7};
 constexpr Range kClusterInitialNodes = {"cluster_initial_nodes", 0, 1024};
-constexpr Range kRanges[] = {kMaxWorkStreams, kMaxHotJobs,         kMetricsMaxQueues,
-                             kPartitions,     kClusterLeaseTtl,    kReplicationFactor,
-                             kMinInSync,      kClusterInitialNodes};
+constexpr Range kRanges[] = {kMaxWorkStreams,    kMaxHotJobs,      kMetricsMaxQueues,
+                             kPartitions,        kClusterLeaseTtl, kClusterEtcdWait,
+                             kReplicationFactor, kMinInSync,       kClusterInitialNodes};
 
 std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
@@ -217,6 +221,7 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.node_id = absl::GetFlag(FLAGS_node_id);
   out.advertise_address = absl::GetFlag(FLAGS_advertise_address);
   out.cluster_lease_ttl = absl::GetFlag(FLAGS_cluster_lease_ttl);
+  out.cluster_etcd_wait = absl::GetFlag(FLAGS_cluster_etcd_wait);
   out.replication_factor = absl::GetFlag(FLAGS_replication_factor);
   out.min_in_sync = absl::GetFlag(FLAGS_min_in_sync);
   out.cluster_initial_nodes = absl::GetFlag(FLAGS_cluster_initial_nodes);
@@ -238,6 +243,7 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   if (!kMetricsMaxQueues.Holds(out.metrics_max_queues)) return OutOfRange(kMetricsMaxQueues);
   if (!kPartitions.Holds(out.partitions)) return OutOfRange(kPartitions);
   if (!kClusterLeaseTtl.Holds(out.cluster_lease_ttl)) return OutOfRange(kClusterLeaseTtl);
+  if (!kClusterEtcdWait.Holds(out.cluster_etcd_wait)) return OutOfRange(kClusterEtcdWait);
   if (!kReplicationFactor.Holds(out.replication_factor)) return OutOfRange(kReplicationFactor);
   if (!kMinInSync.Holds(out.min_in_sync)) return OutOfRange(kMinInSync);
   if (!kClusterInitialNodes.Holds(out.cluster_initial_nodes))

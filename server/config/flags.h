@@ -53,6 +53,8 @@ struct ServerFlags {
   std::string node_id;
   std::string advertise_address;
   int64_t cluster_lease_ttl = 3;
+  // Seconds a starting node waits for etcd to answer (0 to 3600; 0: one try).
+  int64_t cluster_etcd_wait = 60;
   int64_t replication_factor = 3;
   int64_t min_in_sync = 2;
   // Nodes registered before a new cluster places its partitions (0: replication_factor).

@@ -109,6 +109,7 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
   EXPECT_EQ(f->cluster_etcd, "") << "a single node unless etcd is given";
   EXPECT_EQ(f->cluster_name, "jobbroker");
   EXPECT_EQ(f->cluster_lease_ttl, 3);
+  EXPECT_EQ(f->cluster_etcd_wait, 60) << "etcd may start after the nodes";
   EXPECT_EQ(f->replication_factor, 3);
   EXPECT_EQ(f->min_in_sync, 2);
   EXPECT_EQ(f->cluster_initial_nodes, 0) << "placed once --replication-factor nodes are up";
@@ -129,6 +130,9 @@ TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {
               StatusIs(kInvalid, HasSubstr("--min-in-sync (3) must not exceed")));
   EXPECT_THAT(Parse({"--cluster-lease-ttl", "1"}),
               StatusIs(kInvalid, HasSubstr("--cluster-lease-ttl must be a number from 2 to 60")));
+  EXPECT_THAT(Parse({"--cluster-etcd-wait", "3601"}),
+              StatusIs(kInvalid, HasSubstr("--cluster-etcd-wait must be a number from 0 to 3600")));
+  EXPECT_EQ(Parse({"--cluster-etcd-wait", "0"})->cluster_etcd_wait, 0);
   EXPECT_THAT(Parse({"--replication-factor", "8"}),
               StatusIs(kInvalid, HasSubstr("--replication-factor must be a number from 1 to 7")));
   EXPECT_THAT(
