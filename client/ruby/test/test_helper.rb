@@ -317,11 +317,40 @@ class ClusterProcess
     give_up_at = Time.now + 60
     until settled?(partitions)
       if Time.now > give_up_at
-        logs = Dir[path("node-*.log")].map { |f| "#{f}:\n#{File.read(f).lines.last(5).join}" }
-        raise "the cluster did not settle within 60 s:\n#{logs.join}"
+        logs = Dir[path("*.log")].map { |f| "#{f}:\n#{File.read(f).lines.last(5).join}" }
+        # What went wrong first, on the message's first line: CI's summary shows that line.
+        raise "the cluster did not settle within 60 s: #{unsettled_reason}\n#{logs.join}"
       end
       sleep 0.2
     end
+  end
+
+  # Which process exited (reaped here, with its last line), else each partition's leader and
+  # in-sync count as the nodes report them.
+  def unsettled_reason
+    exited = []
+    if @etcd_pid && (status = Process.waitpid2(@etcd_pid, Process::WNOHANG)&.last)
+      @etcd_pid = nil
+      exited << exit_line("etcd", status)
+    end
+    @node_pids.each_with_index do |pid, n|
+      next unless pid && (status = Process.waitpid2(pid, Process::WNOHANG)&.last)
+
+      @node_pids[n] = nil
+      exited << exit_line("node-#{n}", status)
+    end
+    return exited.join("; ") unless exited.empty?
+
+    info.partitions.map do |p|
+      leader = p.leader_node_id.empty? ? "none" : p.leader_node_id
+      "partition #{p.partition}: leader #{leader}, #{p.in_sync.size} in sync"
+    end.join("; ")
+  rescue GRPC::BadStatus => e
+    "GetCluster failed: #{e.message}"
+  end
+
+  def exit_line(name, status)
+    "#{name} exited (#{status}): #{File.read(path("#{name}.log")).lines.last&.strip}"
   end
 
   def live_leaders_info
