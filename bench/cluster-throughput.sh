@@ -125,6 +125,13 @@ sys.exit(0 if ps and all(p.get("leaderNodeId") == p.get("replicas", [""])[0] and
     sleep 0.2
   done
   echo "cluster-throughput: the brokers did not serve every partition within 60 s" >&2
+  # The run's directory goes with the exit: show the end of each log first.
+  local log
+  for log in "$tmp"/*/*.log "$tmp"/*/log; do
+    [ -f "$log" ] || continue
+    echo "--- $log" >&2
+    tail -n 5 "$log" >&2
+  done
   exit 1
 }
 
