@@ -11,7 +11,8 @@
 namespace jobbroker::cluster {
 
 struct AwaitEtcdOptions {
-  // How long to keep trying after the first try failed. Zero: one try.
+  // How long to keep trying, counted from the start of the first try (which may itself take the
+  // client's connect timeout). Zero: one try.
   absl::Duration patience = absl::Seconds(60);
   // Pause between two tries (each try may itself take up to the client's call timeout).
   absl::Duration retry_every = absl::Milliseconds(250);
