@@ -9,12 +9,14 @@
 #include "tests/core/broker_test_util.h"
 #include "tests/testing/blocking_broker.h"
 #include "tests/testing/fake_clock.h"
+#include "tests/testing/gate_store.h"
 #include "tests/testing/status_matchers.h"
 
 namespace jobbroker::core {
 
 using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::GateStore;
 using ::jobbroker::testing::StatusIs;
 
 namespace {
@@ -211,46 +213,6 @@ TEST_F(BrokerMemoryTest, ARecordThatNoLongerMatchesTheIndexesIsNotTaken) {
   EXPECT_THAT(broker_->GetJob(a), StatusIs(absl::StatusCode::kDataLoss));
   EXPECT_EQ(Leasable("q"), 0u);
 }
-
-// Holds writes while closed, so a test can look at the broker while a transition is appended
-// but not yet in the store.
-class GateStore final : public Store {
- public:
-  absl::Status Write(absl::Span<const Transition> t) override {
-    absl::MutexLock lock(&mu_);
-    ++entered_;
-    mu_.Await(absl::Condition(&open_));
-    return inner_.Write(t);
-  }
-  absl::StatusOr<Job> ReadJob(uint32_t partition, const std::string& id) override {
-    return inner_.ReadJob(partition, id);
-  }
-  absl::Status Recover(uint32_t partition, RecoveryVisitor& v) override {
-    return inner_.Recover(partition, v);
-  }
-  absl::Status Resume() override { return inner_.Resume(); }
-
-  void SetOpen(bool open) {
-    absl::MutexLock lock(&mu_);
-    open_ = open;
-  }
-  // Waits until the writer has entered `n` writes in all.
-  void AwaitEntered(int n) {
-    absl::MutexLock lock(&mu_);
-    auto reached = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entered_ >= n; };
-    mu_.Await(absl::Condition(&reached));
-  }
-  int entered() {
-    absl::MutexLock lock(&mu_);
-    return entered_;
-  }
-
- private:
-  absl::Mutex mu_;
-  bool open_ ABSL_GUARDED_BY(mu_) = true;
-  int entered_ ABSL_GUARDED_BY(mu_) = 0;
-  storage::MemoryStore inner_;
-};
 
 TEST(BrokerMemoryPipelineTest, AJobGoesColdOnlyOnceItsRecordIsInTheStore) {
   GateStore store;
