@@ -40,6 +40,28 @@
 
 namespace jobbroker::core {
 
+// What a read must wait for before it is shown to a client. The broker's reads show memory,
+// which holds a change from the moment it is made, before its write ends; a server answers a
+// read only once its fence passes, so what a client was shown is never taken back by a crash of
+// the process or, in cluster mode, by a failover. Filled by the read that takes it, under the
+// broker's lock, so no rebuild of memory can fall between the read and the fence.
+class ReadFence {
+ public:
+  // Runs `done` once every change the read could see is in the store's log, as durable as a
+  // worker's push (in cluster mode at RF > 1, committed on the partition's in-sync set), with
+  // OK. With kUnavailable if this node stopped leading the partition before one of them was
+  // committed: the new leader may not have it. A store that fails does not fail the read:
+  // reads keep working while writes are refused (docs/durability.md), showing memory as it is.
+  // At once, on this thread, when nothing was pending or the read never reached memory (a
+  // malformed argument).
+  void Await(absl::AnyInvocable<void(absl::Status)> done) const;
+
+ private:
+  friend class Broker;
+  CommitPipeline* pipeline_ = nullptr;
+  uint64_t seq_ = 0;  // 0: nothing to wait for
+};
+
 struct BrokerOptions {
   // The partition this broker serves (its job ids carry it, its records are keyed by it);
   // node::Partitions runs one broker per partition. Below core::kMaxPartitions.
@@ -198,9 +220,10 @@ class Broker {
   // ends them, and must come before the broker is destroyed while one may be running.
   void PurgeQueue(std::string queue, std::vector<JobState> states,
                   Done<absl::StatusOr<int64_t>> done);
-  // Reads (no durability wait). GetJob of a job whose stored record was corrupt (skipped at
-  // recovery) is kDataLoss; DeleteJob removes such a record.
-  absl::StatusOr<Job> GetJob(const std::string& job_id);
+  // Reads, at once: they show changes not yet durable. `fence`, when given, gets what the read
+  // must wait for before it is shown (ReadFence). GetJob of a job whose stored record was
+  // corrupt (skipped at recovery) is kDataLoss; DeleteJob removes such a record.
+  absl::StatusOr<Job> GetJob(const std::string& job_id, ReadFence* fence = nullptr);
   // Admin.WatchJob: `watcher` gets the job as it is now, then the job after each durable change
   // of its state, attempt, progress, snoozes or cancel request, and End(OK) after the change
   // that made it terminal (End(kNotFound) if it is removed, End(kUnavailable) at shutdown).
@@ -236,8 +259,9 @@ class Broker {
   // The queue of a job, without copying the job (authorization asks on every job-scoped call).
   // kNotFound for an unknown (or corrupt) job, kInvalidArgument for a malformed id.
   absl::StatusOr<std::string> JobQueue(const std::string& job_id);
-  absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec);
-  absl::StatusOr<QueueInfo> GetQueue(const std::string& queue);
+  // Reads, with an optional ReadFence as GetJob.
+  absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec, ReadFence* fence = nullptr);
+  absl::StatusOr<QueueInfo> GetQueue(const std::string& queue, ReadFence* fence = nullptr);
   std::vector<QueueInfo> ListQueues();
 
   // Recurring schedules (broker_schedules.cc): the broker runs those of its own queues. The
@@ -372,6 +396,8 @@ class Broker {
   // --- Jobs in memory (broker_memory.cc) --------------------------------------------------------
   // The job `id`, read back from the store if it is cold; nullptr if there is none.
   Job* FindJobLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills `fence` (if given) for a read made under this hold of mu_.
+  void FenceLocked(ReadFence* fence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job whose seq an index holds, read back from the store if it is cold. nullptr only if a
   // cold job's record cannot be read: it is then dropped from the indexes and counted corrupt.
   Job* JobBySeqLocked(uint64_t seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -613,6 +639,9 @@ class Broker {
   // the pipeline was reset since, by another broker sharing it, this one's memory may hold
   // changes that the failed write lost, and it must rebuild before it writes.
   std::atomic<uint64_t> rebuilt_at_resets_{0};
+  // pipeline_.last_appended() when this broker last rebuilt its memory from the store: what a
+  // read sees was all stored, up to here, or dropped and no longer in memory.
+  uint64_t rebuilt_through_ ABSL_GUARDED_BY(mu_) = 0;
   // After a store failure: when Tick next tries the store (InfinitePast: not scheduled yet), and
   // whether a ResumeWrites is running.
   absl::Time resume_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -176,9 +176,34 @@ absl::Status Broker::DeleteLocked(const std::string& job_id, Transition& t, Effe
 
 // ---------------------------------------------------------------------------------------------
 // Reads
-absl::StatusOr<Job> Broker::GetJob(const std::string& job_id) {
+void ReadFence::Await(absl::AnyInvocable<void(absl::Status)> done) const {
+  if (seq_ == 0) return done(absl::OkStatus());
+  // kGroup: in the store's log, what a worker's push waits for. At RF > 1, ReplicatedPartition
+  // answers even an unsynced write only once it is committed.
+  pipeline_->WhenDurable(
+      seq_,
+      [done = std::move(done)](absl::Status written) mutable {
+        if (!IsNotStorageFailure(written)) return done(absl::OkStatus());
+        done(absl::UnavailableError(absl::StrCat(
+            "the read saw a change that was not committed, so it is not answered (read again, "
+            "at the partition's leader): ",
+            written.message())));
+      },
+      Durability::kGroup);
+}
+
+void Broker::FenceLocked(ReadFence* fence) {
+  if (fence == nullptr) return;
+  const uint64_t seq = pipeline_.last_appended();
+  fence->pipeline_ = &pipeline_;
+  // What was appended before the last rebuild is stored or, dropped, no longer in memory.
+  fence->seq_ = seq > rebuilt_through_ ? seq : 0;
+}
+
+absl::StatusOr<Job> Broker::GetJob(const std::string& job_id, ReadFence* fence) {
   BROKER_RETURN_IF_ERROR(ValidateJobId(job_id));
   absl::MutexLock lock(&mu_);
+  FenceLocked(fence);
   Job* job = FindJobLocked(job_id);
   if (job == nullptr) {
     if (const absl::Status* why = jobs_.CorruptReason(job_id))
@@ -300,12 +325,13 @@ absl::StatusOr<std::string> Broker::JobQueue(const std::string& job_id) {
   return job->queue;
 }
 
-absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec) {
+absl::StatusOr<ListJobsResult> Broker::ListJobs(const ListJobsSpec& spec, ReadFence* fence) {
   BROKER_RETURN_IF_ERROR(ValidateListJobsSpec(spec));
   BROKER_ASSIGN_OR_RETURN(const uint64_t after, ParsePageToken(spec.page_token));
   const int page_size = spec.page_size == 0 ? 100 : spec.page_size;
 
   absl::MutexLock lock(&mu_);
+  FenceLocked(fence);
   QueueState* q = queues_.Find(spec.queue);
   if (q == nullptr) return NoSuchQueue(spec.queue);
   ListJobsResult out;
@@ -370,9 +396,10 @@ QueueInfo Broker::InfoLocked(QueueState& q, absl::Time now) {
   return info;
 }
 
-absl::StatusOr<QueueInfo> Broker::GetQueue(const std::string& queue) {
+absl::StatusOr<QueueInfo> Broker::GetQueue(const std::string& queue, ReadFence* fence) {
   BROKER_RETURN_IF_ERROR(ValidateQueueName(queue));
   absl::MutexLock lock(&mu_);
+  FenceLocked(fence);
   QueueState* q = queues_.Find(queue);
   if (q == nullptr) return NoSuchQueue(queue);
   return InfoLocked(*q, clock_.Now());

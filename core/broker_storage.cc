@@ -85,6 +85,7 @@ absl::Status Broker::ResumeWrites() {
     // A no-op if another broker sharing the pipeline reset it already.
     pipeline_.Reset();
     rebuilt_at_resets_.store(pipeline_.resets());
+    rebuilt_through_ = pipeline_.last_appended();
     resume_at_ = absl::InfinitePast();
     Transition t;
     fx.Require(Durability::kSync);  // as at Open: the rebuilt state's first commit

@@ -119,6 +119,11 @@ absl::Time CommitPipeline::failed_at() const {
   return failed_at_;
 }
 
+uint64_t CommitPipeline::last_appended() const {
+  absl::MutexLock lock(&mu_);
+  return next_seq_ - 1;
+}
+
 uint64_t CommitPipeline::writes() const {
   absl::MutexLock lock(&mu_);
   return writes_;

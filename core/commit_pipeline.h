@@ -110,6 +110,11 @@ class CommitPipeline {
   // or not; a dropped one (Reset) counts as passed. Lock-free, for hot paths.
   uint64_t written() const { return written_.load(std::memory_order_acquire); }
 
+  // The sequence number of the last transition appended (0: none yet). Taken after a caller's
+  // read of memory that its owner changes and appends under one lock, it is at least the
+  // number of every change that read could see (the broker's read barrier).
+  uint64_t last_appended() const;
+
   // Number of Store::Write and WriteUnsynced calls so far (for tests and metrics: fewer writes
   // than appends shows group commit at work). Transitions dropped after a failure were never
   // written: not counted.

@@ -379,20 +379,22 @@ void Partitions::PurgeQueue(std::string queue, std::vector<core::JobState> state
   brokers_[p]->PurgeQueue(std::move(queue), std::move(states), std::move(done));
 }
 
-absl::StatusOr<core::Job> Partitions::GetJob(const std::string& job_id) {
-  return BrokerOfJob(job_id).GetJob(job_id);
+absl::StatusOr<core::Job> Partitions::GetJob(const std::string& job_id, core::ReadFence* fence) {
+  return BrokerOfJob(job_id).GetJob(job_id, fence);
 }
 
 absl::StatusOr<std::string> Partitions::JobQueue(const std::string& job_id) {
   return BrokerOfJob(job_id).JobQueue(job_id);
 }
 
-absl::StatusOr<core::ListJobsResult> Partitions::ListJobs(const core::ListJobsSpec& spec) {
-  return brokers_[PartitionOfQueue(spec.queue)]->ListJobs(spec);
+absl::StatusOr<core::ListJobsResult> Partitions::ListJobs(const core::ListJobsSpec& spec,
+                                                          core::ReadFence* fence) {
+  return brokers_[PartitionOfQueue(spec.queue)]->ListJobs(spec, fence);
 }
 
-absl::StatusOr<core::QueueInfo> Partitions::GetQueue(const std::string& queue) {
-  return brokers_[PartitionOfQueue(queue)]->GetQueue(queue);
+absl::StatusOr<core::QueueInfo> Partitions::GetQueue(const std::string& queue,
+                                                     core::ReadFence* fence) {
+  return brokers_[PartitionOfQueue(queue)]->GetQueue(queue, fence);
 }
 
 std::vector<core::QueueInfo> Partitions::ListQueues() {

@@ -99,10 +99,13 @@ class Partitions {
                       core::Done<absl::StatusOr<core::QueueInfo>> done);
   void PurgeQueue(std::string queue, std::vector<core::JobState> states,
                   core::Done<absl::StatusOr<int64_t>> done);
-  absl::StatusOr<core::Job> GetJob(const std::string& job_id);
+  // Reads; `fence` as core::Broker's (the server answers once it passes).
+  absl::StatusOr<core::Job> GetJob(const std::string& job_id, core::ReadFence* fence = nullptr);
   absl::StatusOr<std::string> JobQueue(const std::string& job_id);
-  absl::StatusOr<core::ListJobsResult> ListJobs(const core::ListJobsSpec& spec);
-  absl::StatusOr<core::QueueInfo> GetQueue(const std::string& queue);
+  absl::StatusOr<core::ListJobsResult> ListJobs(const core::ListJobsSpec& spec,
+                                                core::ReadFence* fence = nullptr);
+  absl::StatusOr<core::QueueInfo> GetQueue(const std::string& queue,
+                                           core::ReadFence* fence = nullptr);
   std::vector<core::QueueInfo> ListQueues();
   // The workers of the partitions `served` marks (by number), merged by worker_id
   // (core::Broker::ListWorkers); `served` shorter than the partitions: the rest are not asked.

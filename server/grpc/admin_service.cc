@@ -71,10 +71,18 @@ grpc::ServerUnaryReactor* AdminService::GetJob(grpc::CallbackServerContext* ctx,
                                     stub.async()->GetJob(c, req, resp, std::move(done));
                                   }))
     return forwarded;
-  UnaryCall call(ctx, timing);
-  absl::StatusOr<core::Job> job = broker_.GetJob(req->job_id());
+  core::ReadFence fence;
+  absl::StatusOr<core::Job> job = broker_.GetJob(req->job_id(), &fence);
   if (job.ok()) ToProto(*job, resp);
-  return call.Finish(job.status());
+  return FinishRead(UnaryCall(ctx, timing), fence, job.status());
+}
+
+grpc::ServerUnaryReactor* AdminService::FinishRead(UnaryCall call, const core::ReadFence& fence,
+                                                   absl::Status status) {
+  fence.Await([call, status = std::move(status)](absl::Status passed) {
+    call.Finish(passed.ok() ? status : passed);
+  });
+  return call.reactor();
 }
 
 grpc::ServerWriteReactor<v1::Job>* AdminService::WatchJob(grpc::CallbackServerContext* ctx,
@@ -96,10 +104,10 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* ct
                                     stub.async()->ListJobs(c, req, resp, std::move(done));
                                   }))
     return forwarded;
-  UnaryCall call(ctx, timing);
-  absl::StatusOr<core::ListJobsResult> page = broker_.ListJobs(*spec);
+  core::ReadFence fence;
+  absl::StatusOr<core::ListJobsResult> page = broker_.ListJobs(*spec, &fence);
   if (page.ok()) ToProto(*page, resp);
-  return call.Finish(page.status());
+  return FinishRead(UnaryCall(ctx, timing), fence, page.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::CancelJob(grpc::CallbackServerContext* ctx,
@@ -331,13 +339,13 @@ grpc::ServerUnaryReactor* AdminService::GetQueue(grpc::CallbackServerContext* ct
                                     stub.async()->GetQueue(c, req, resp, std::move(done));
                                   }))
     return forwarded;
-  UnaryCall call(ctx, timing);
-  absl::StatusOr<core::QueueInfo> info = broker_.GetQueue(req->queue());
+  core::ReadFence fence;
+  absl::StatusOr<core::QueueInfo> info = broker_.GetQueue(req->queue(), &fence);
   if (info.ok()) {
     ToProto(*info, resp);
     AddPlacement(resp);
   }
-  return call.Finish(info.status());
+  return FinishRead(UnaryCall(ctx, timing), fence, info.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::UpdateQueuePolicy(grpc::CallbackServerContext* ctx,

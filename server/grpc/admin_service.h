@@ -94,6 +94,10 @@ class AdminService final : public v1::Admin::CallbackService {
   // The refusal when the caller may not administer `queue`; null when it may.
   grpc::ServerUnaryReactor* CheckQueue(grpc::CallbackServerContext* ctx, RpcTiming timing,
                                        const std::string& queue);
+  // Finishes a read with `status` once `fence` passes, so a client is never shown a change that
+  // a crash or a failover takes back; with the fence's refusal if it does not pass.
+  static grpc::ServerUnaryReactor* FinishRead(UnaryCall call, const core::ReadFence& fence,
+                                              absl::Status status);
   // PauseQueue and ResumeQueue, once checked and routed here.
   grpc::ServerUnaryReactor* SetPaused(UnaryCall call, const std::string& queue, bool paused,
                                       v1::QueueInfo* resp);
