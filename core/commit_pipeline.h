@@ -112,7 +112,7 @@ class CommitPipeline {
 
   // The sequence number of the last transition appended (0: none yet). Taken after a caller's
   // read of memory that its owner changes and appends under one lock, it is at least the
-  // number of every change that read could see (the broker's read barrier).
+  // number of every change that read could see (core::ReadFence).
   uint64_t last_appended() const;
 
   // Number of Store::Write and WriteUnsynced calls so far (for tests and metrics: fewer writes
