@@ -223,6 +223,8 @@ const expectations = {
     // Partitions placed over every node of a first install, not the first ones up.
     assert.strictEqual(arg("cluster-initial-nodes"), String(sts.spec.replicas));
     assert.strictEqual(arg("cluster-lease-ttl"), "3");
+    // Nodes started with their etcd wait for it instead of exiting at the first refusal.
+    assert.strictEqual(arg("cluster-etcd-wait"), "60");
     assert.ok(!c.args.some((a) => a.startsWith("--cluster-peer-token-file")), "no peer token without auth");
     // Readiness on the broker's service, as on a single node: a cluster node reports it too.
     assert.deepStrictEqual(c.readinessProbe.grpc, { port: 7070, service: "jobbroker.v1.Broker" });
@@ -304,7 +306,7 @@ const expectations = {
     assert.strictEqual(sts.spec.minReadySeconds, 30);
     assert.ok(c.args.includes("--cluster-etcd=http://etcd-0.etcd.infra.svc:2379,http://etcd-1.etcd.infra.svc:2379,https://etcd-2.example.com:2379"));
     assert.ok(c.args.includes("--advertise-address=$(POD_NAME).jobs-headless.jobs.svc.k8s.example.internal:7070"));
-    for (const f of ["--cluster-name=billing", "--partitions=30", "--replication-factor=5", "--min-in-sync=3", "--cluster-lease-ttl=5", "--cluster-initial-nodes=5"]) {
+    for (const f of ["--cluster-name=billing", "--partitions=30", "--replication-factor=5", "--min-in-sync=3", "--cluster-lease-ttl=5", "--cluster-etcd-wait=300", "--cluster-initial-nodes=5"]) {
       assert.ok(c.args.includes(f), f);
     }
     // No etcd of the release, nothing to wait for, no preStop sleep.
