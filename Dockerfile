@@ -22,6 +22,7 @@ ARG DEBIAN_FRONTEND=noninteractive
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential \
+      ccache \
       cmake \
       golang-etcd-server-dev \
       libabsl-dev \
@@ -45,12 +46,18 @@ COPY . .
 # Parallel compile jobs: 2 suits a 2-core machine; raise it on a bigger one.
 # JOBBROKER_BUILD_TESTS=OFF: no tests/, bench/ or GoogleTest. JOBBROKER_BUILD_CLUSTER=ON (the
 # default, spelt out): cluster mode (--cluster-etcd) is in the binary.
+# CCACHE=ON compiles through ccache with its cache in /ccache: a builder that mounts a cache
+# there (scripts/image-check.sh lends the host's, `podman build -v DIR:/ccache`) reuses what it
+# already compiled. Without a mount the objects stay in this stage and no build reuses them, so
+# the default is OFF. The build directory is /src/build, where the host's release build sits in
+# its checkout, so ccache (CMakeLists.txt) sees the same relative paths in both.
 ARG JOBS=2
-RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_TESTS=OFF \
-      -DJOBBROKER_BUILD_CLUSTER=ON \
- && cmake --build /build --parallel "${JOBS}" --target jobbroker jobbroker-cli \
- && install -D --strip -m 0755 /build/server/jobbroker /out/jobbroker \
- && install -D --strip -m 0755 /build/client/cpp/jobbroker-cli /out/jobbroker-cli
+ARG CCACHE=OFF
+RUN cmake -S . -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_TESTS=OFF \
+      -DJOBBROKER_BUILD_CLUSTER=ON -DJOBBROKER_CCACHE="${CCACHE}" \
+ && CCACHE_DIR=/ccache cmake --build /src/build --parallel "${JOBS}" --target jobbroker jobbroker-cli \
+ && install -D --strip -m 0755 /src/build/server/jobbroker /out/jobbroker \
+ && install -D --strip -m 0755 /src/build/client/cpp/jobbroker-cli /out/jobbroker-cli
 
 # ---- runtime: the shared libraries the two binaries load (ldd + dpkg -S), tzdata (the IANA zones
 # of recurring schedules: absl reads /usr/share/zoneinfo), and etcd-server

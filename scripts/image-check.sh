@@ -14,6 +14,7 @@
 #                          tarball, and the podman image store unless IMAGE_CHECK_CACHE=0
 #   IMAGE_CHECK_CACHE=0    build in a temporary image store (every layer rebuilt, then deleted)
 #   IMAGE_CHECK_STORE_MAX_GB  wipe the cached store first when it is larger (default 20)
+#   IMAGE_CHECK_CCACHE=0   compile without the host's ccache (lent to the build when installed)
 #   BUILD                  the host build tree whose quickstart does lease+ack (default build)
 #   JOBS                   compile jobs inside the image build (default 2)
 set -euo pipefail
@@ -197,11 +198,21 @@ check "base image $base is in the store" pm image exists "$base"
 
 # ---- build
 say "podman build (Release, -j$jobs; a cold build compiles for several minutes)"
+# The host's ccache, when it has one, is lent to the build (Dockerfile: CCACHE): the objects the
+# host's release build compiled are copied instead of compiled again, and the check still builds
+# the image by its own recipe. IMAGE_CHECK_CCACHE=0 builds without it.
+ccache_args=()
+if [ "${IMAGE_CHECK_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+  ccache_dir=$(ccache --get-config cache_dir)
+  mkdir -p "$ccache_dir"
+  ccache_args=(--volume "$ccache_dir:/ccache" --build-arg CCACHE=ON)
+  say "compiling through the host's ccache ($ccache_dir)"
+fi
 t=$(now)
 # --format docker keeps HEALTHCHECK (OCI image configs have no field for it); --pull=never: the
 # base comes from the store, never a registry; --network=host: apt inside RUN.
 if pm build --isolation chroot --network=host --pull=never --format docker \
-  "${limits[@]}" --build-arg "JOBS=$jobs" --build-arg "VERSION=image-check" \
+  "${limits[@]}" "${ccache_args[@]}" --build-arg "JOBS=$jobs" --build-arg "VERSION=image-check" \
   --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
   -t "$image" -f Dockerfile . >"$work/build.log" 2>&1; then
   build_time=$(elapsed "$t")

@@ -11,6 +11,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev clang-format
+  ccache      # compiles once per source: CMakeLists.txt (JOBBROKER_CCACHE), scripts/image-check.sh
   prometheus  # /usr/bin/prometheus and promtool, for tests/observability
   openssl     # a throwaway CA for the TLS tests
   libssl-dev  # the HTTP endpoint's TLS (server/http/tls_front.cc)
