@@ -53,12 +53,6 @@ COPY . .
 # its checkout, so ccache (CMakeLists.txt) sees the same relative paths in both.
 ARG JOBS=2
 ARG CCACHE=OFF
-# ccache hashes the locale variables (the compiler's messages depend on them), so a build that
-# borrows a host's cache is given the host's values of those the host sets; unset by default.
-ARG LANG
-ARG LC_ALL
-ARG LC_CTYPE
-ARG LC_MESSAGES
 RUN cmake -S . -B /src/build -G Ninja -DCMAKE_BUILD_TYPE=Release -DJOBBROKER_BUILD_TESTS=OFF \
       -DJOBBROKER_BUILD_CLUSTER=ON -DJOBBROKER_CCACHE="${CCACHE}" \
  && CCACHE_DIR=/ccache cmake --build /src/build --parallel "${JOBS}" --target jobbroker jobbroker-cli \

@@ -206,10 +206,6 @@ if [ "${IMAGE_CHECK_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
   ccache_dir=$(ccache --get-config cache_dir)
   mkdir -p "$ccache_dir"
   ccache_args=(--volume "$ccache_dir:/ccache" --build-arg CCACHE=ON)
-  # ccache hashes these when they are set: the build sees the same ones as the host's compiles.
-  for var in LANG LC_ALL LC_CTYPE LC_MESSAGES; do
-    [ -n "${!var+set}" ] && ccache_args+=(--build-arg "$var=${!var}")
-  done
   say "compiling through the host's ccache ($ccache_dir)"
 fi
 t=$(now)
