@@ -95,7 +95,8 @@ class RecoveryVisitor {
   virtual bool NextJobMayBeCold() const { return false; }
   // Only after NextJobMayBeCold() said true, and only for a READY or SCHEDULED job. False: the
   // visitor keeps this one hot after all (its id is not in the broker's form), and the store
-  // hands the whole record to OnJob instead.
+  // hands the whole record to OnJob instead. `job` is the store's again after the call (it
+  // decodes the next record into it): move out what is kept.
   virtual bool OnColdJob(ColdJobFields& job) {
     (void)job;
     return false;

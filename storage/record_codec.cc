@@ -11,8 +11,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "core/status_macros.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/wire_format_lite.h"
 #include "storage/record.pb.h"
 
 namespace jobbroker::storage {
@@ -342,71 +340,174 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
   return job;
 }
 
-absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes) {
-  using google::protobuf::internal::WireFormatLite;
-  if (bytes.size() > static_cast<size_t>(INT_MAX))
-    return absl::DataLossError(absl::StrCat("JobRecord does not parse (", bytes.size(), " bytes)"));
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
-  core::ColdJobFields job;
+namespace {
+
+// Protobuf's wire format read by hand, for the few fields of a JobRecord that recovery reads of
+// every cold job. protobuf's CodedInputStream reads each varint longer than one byte (every
+// time, every seq) through an out-of-line fallback: at 10 million jobs that was a tenth of the
+// scan's thread, which is the one that bounds a restart. Accepts and refuses what protobuf's
+// reader does for these fields (record_codec_test compares the two).
+class WireReader {
+ public:
+  explicit WireReader(absl::string_view bytes)
+      : at_(reinterpret_cast<const uint8_t*>(bytes.data())), end_(at_ + bytes.size()) {}
+
+  bool done() const { return at_ == end_; }
+
+  // At most 10 bytes; bits past the 64th are dropped, as protobuf does.
+  bool Varint(uint64_t& out) {
+    uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (at_ == end_) return false;
+      const uint8_t byte = *at_++;
+      value |= static_cast<uint64_t>(byte & 0x7f) << shift;
+      if (byte < 0x80) {
+        out = value;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A tag: at most 5 bytes, its bits past the 32nd dropped (as protobuf's parser reads one), and a
+  // field number of at least 1.
+  bool Tag(uint32_t& field, uint32_t& wire_type) {
+    uint32_t tag = 0;
+    for (int shift = 0;; shift += 7) {
+      if (shift == 35 || at_ == end_) return false;
+      const uint8_t byte = *at_++;
+      tag |= static_cast<uint32_t>(byte & 0x7f) << shift;
+      if (byte < 0x80) break;
+    }
+    if ((tag >> 3) == 0) return false;
+    field = tag >> 3;
+    wire_type = tag & 7;
+    return true;
+  }
+
+  // The bytes of a length-delimited field, still in the record.
+  bool Bytes(absl::string_view& out) {
+    uint64_t size = 0;
+    if (!Varint(size) || size > static_cast<uint64_t>(end_ - at_)) return false;
+    out = absl::string_view(reinterpret_cast<const char*>(at_), size);
+    at_ += size;
+    return true;
+  }
+
+  // Steps over a field this reader does not keep. Groups (deprecated, never written by
+  // EncodeJob) are stepped over to their end as protobuf does, at most `depth` deep.
+  bool Skip(uint32_t field, uint32_t wire_type, int depth = 100) {
+    switch (wire_type) {
+      case 0: {
+        uint64_t ignored;
+        return Varint(ignored);
+      }
+      case 1:
+        return Advance(8);
+      case 2: {
+        absl::string_view ignored;
+        return Bytes(ignored);
+      }
+      case 3: {
+        if (depth == 0) return false;
+        uint32_t inner = 0, inner_type = 0;
+        while (Tag(inner, inner_type)) {
+          if (inner_type == 4) return inner == field;
+          if (!Skip(inner, inner_type, depth - 1)) return false;
+        }
+        return false;
+      }
+      case 5:
+        return Advance(4);
+      default:  // 4 (an end of group with no start) and the unused 6 and 7
+        return false;
+    }
+  }
+
+ private:
+  bool Advance(size_t n) {
+    if (static_cast<size_t>(end_ - at_) < n) return false;
+    at_ += n;
+    return true;
+  }
+
+  const uint8_t* at_;
+  const uint8_t* end_;
+};
+
+}  // namespace
+
+absl::Status DecodeColdJobFields(absl::string_view bytes, core::ColdJobFields& job) {
+  job.id.clear();
+  job.queue.clear();
+  job.concurrency_key.clear();
+  job.depends_on.clear();
+  job.seq = 0;
+  job.priority = 0;
+  WireReader in(bytes);
   uint64_t version = 0;
   uint64_t state = 0;
   uint64_t run_at_us = 0;
   std::optional<uint64_t> expire_at_us;
   // The field numbers and wire types of JobRecord (storage/record.proto); a field read twice
   // keeps its last value, as protobuf's own parser does.
-  auto varint = [&](uint32_t tag, uint64_t& out) {
-    return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_VARINT &&
-           in.ReadVarint64(&out);
+  constexpr uint32_t kVarint = 0, kLengthDelimited = 2;
+  auto varint = [&](uint32_t wire_type, uint64_t& out) {
+    return wire_type == kVarint && in.Varint(out);
   };
-  auto string = [&](uint32_t tag, std::string& out) {
-    uint32_t size = 0;
-    return WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED &&
-           in.ReadVarint32(&size) && in.ReadString(&out, static_cast<int>(size));
+  auto string = [&](uint32_t wire_type, std::string& out) {
+    absl::string_view view;
+    if (wire_type != kLengthDelimited || !in.Bytes(view)) return false;
+    out.assign(view.data(), view.size());
+    return true;
   };
   bool ok = true;
-  for (uint32_t tag = in.ReadTag(); tag != 0; tag = in.ReadTag()) {
+  while (ok && !in.done()) {
+    uint32_t field = 0, wire_type = 0;
+    if (!in.Tag(field, wire_type)) {
+      ok = false;
+      break;
+    }
     uint64_t value = 0;
-    switch (WireFormatLite::GetTagFieldNumber(tag)) {
+    switch (field) {
       case storage::JobRecord::kFormatVersionFieldNumber:
-        ok = varint(tag, version);
+        ok = varint(wire_type, version);
         break;
       case storage::JobRecord::kIdFieldNumber:
-        ok = string(tag, job.id);
+        ok = string(wire_type, job.id);
         break;
       case storage::JobRecord::kQueueFieldNumber:
-        ok = string(tag, job.queue);
+        ok = string(wire_type, job.queue);
         break;
       case storage::JobRecord::kStateFieldNumber:
-        ok = varint(tag, state);
+        ok = varint(wire_type, state);
         break;
       case storage::JobRecord::kPriorityFieldNumber:
-        ok = varint(tag, value);
+        ok = varint(wire_type, value);
         job.priority = static_cast<int32_t>(value);  // int32 on the wire: its low 32 bits
         break;
       case storage::JobRecord::kSeqFieldNumber:
-        ok = varint(tag, job.seq);
+        ok = varint(wire_type, job.seq);
         break;
       case storage::JobRecord::kConcurrencyKeyFieldNumber:
-        ok = string(tag, job.concurrency_key);
+        ok = string(wire_type, job.concurrency_key);
         break;
       case storage::JobRecord::kRunAtUsFieldNumber:
-        ok = varint(tag, run_at_us);
+        ok = varint(wire_type, run_at_us);
         break;
       case storage::JobRecord::kExpireAtUsFieldNumber:
-        ok = varint(tag, value);
+        ok = varint(wire_type, value);
         expire_at_us = value;
         break;
       case storage::JobRecord::kDependsOnFieldNumber:
-        ok = string(tag, job.depends_on.emplace_back());
+        ok = string(wire_type, job.depends_on.emplace_back());
         break;
       default:
-        ok = WireFormatLite::SkipField(&in, tag);
+        ok = in.Skip(field, wire_type);
         break;
     }
-    if (!ok) break;
   }
-  if (!ok || !in.ConsumedEntireMessage() || in.CurrentPosition() != static_cast<int>(bytes.size()))
+  if (!ok)
     return absl::DataLossError(absl::StrCat("JobRecord does not parse (", bytes.size(), " bytes)"));
   BROKER_RETURN_IF_ERROR(
       CheckVersion("JobRecord", static_cast<uint32_t>(version), kJobRecordFormatVersion));
@@ -414,7 +515,14 @@ absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes)
   if (!known.ok()) return known.status();
   job.state = *known;
   job.run_at = MicrosToTime(static_cast<int64_t>(run_at_us));
-  if (expire_at_us.has_value()) job.expire_at = MicrosToTime(static_cast<int64_t>(*expire_at_us));
+  job.expire_at = expire_at_us.has_value() ? MicrosToTime(static_cast<int64_t>(*expire_at_us))
+                                           : absl::InfiniteFuture();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes) {
+  core::ColdJobFields job;
+  BROKER_RETURN_IF_ERROR(DecodeColdJobFields(bytes, job));
   return job;
 }
 

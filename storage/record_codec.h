@@ -33,6 +33,10 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes);
 // payload, headers, attempts or results (recovery's cost at millions of jobs). kDataLoss as for
 // DecodeJob for what it reads; the fields it skips are checked when the job is read back whole.
 absl::StatusOr<core::ColdJobFields> DecodeColdJobFields(absl::string_view bytes);
+// The same into `job`, whose strings keep their storage from one record to the next: recovery
+// decodes millions of records into one ColdJobFields instead of allocating its strings each time.
+// On an error `job` holds part of the record.
+absl::Status DecodeColdJobFields(absl::string_view bytes, core::ColdJobFields& job);
 
 // The queue and key are not encoded: they are the store's key.
 std::string EncodeDedup(const core::DedupEntry& entry);

@@ -795,30 +795,29 @@ absl::Status RocksDbStore::Recover(uint32_t partition, core::RecoveryVisitor& vi
                                 visitor.OnDedup(*std::move(entry));
                                 return absl::OkStatus();
                               }));
-  BROKER_RETURN_IF_ERROR(scan(jobs_, kRocksDbJobsColumnFamily, core::RecordKind::kJob,
-                              [&](absl::string_view key, absl::string_view value) {
-                                if (visitor.NextJobMayBeCold()) {
-                                  absl::StatusOr<core::ColdJobFields> cold =
-                                      DecodeColdJobFields(value);
-                                  if (!cold.ok()) return cold.status();
-                                  if (cold->id != key) {
-                                    return absl::DataLossError(absl::StrCat(
-                                        "record holds job \"", absl::CHexEscape(cold->id), "\""));
-                                  }
-                                  if ((cold->state == core::JobState::kReady ||
-                                       cold->state == core::JobState::kScheduled) &&
-                                      visitor.OnColdJob(*cold))
-                                    return absl::OkStatus();
-                                }
-                                absl::StatusOr<core::Job> job = DecodeJob(value);
-                                if (!job.ok()) return job.status();
-                                if (job->id != key) {
-                                  return absl::DataLossError(absl::StrCat(
-                                      "record holds job \"", absl::CHexEscape(job->id), "\""));
-                                }
-                                visitor.OnJob(*std::move(job));
-                                return absl::OkStatus();
-                              }));
+  core::ColdJobFields cold;  // one for every record: its strings are reused, not reallocated
+  BROKER_RETURN_IF_ERROR(scan(
+      jobs_, kRocksDbJobsColumnFamily, core::RecordKind::kJob,
+      [&](absl::string_view key, absl::string_view value) {
+        if (visitor.NextJobMayBeCold()) {
+          BROKER_RETURN_IF_ERROR(DecodeColdJobFields(value, cold));
+          if (cold.id != key) {
+            return absl::DataLossError(
+                absl::StrCat("record holds job \"", absl::CHexEscape(cold.id), "\""));
+          }
+          if ((cold.state == core::JobState::kReady || cold.state == core::JobState::kScheduled) &&
+              visitor.OnColdJob(cold))
+            return absl::OkStatus();
+        }
+        absl::StatusOr<core::Job> job = DecodeJob(value);
+        if (!job.ok()) return job.status();
+        if (job->id != key) {
+          return absl::DataLossError(
+              absl::StrCat("record holds job \"", absl::CHexEscape(job->id), "\""));
+        }
+        visitor.OnJob(*std::move(job));
+        return absl::OkStatus();
+      }));
   BROKER_RETURN_IF_ERROR(scan(schedules_, kRocksDbSchedulesColumnFamily,
                               core::RecordKind::kSchedule,
                               [&](absl::string_view key, absl::string_view value) {

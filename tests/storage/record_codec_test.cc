@@ -152,6 +152,62 @@ TEST(RecordCodecTest, UnknownFieldOfSameVersionIsIgnored) {
   EXPECT_EQ(*decoded, job);
 }
 
+// A job with random fields, each left at its default half the time.
+core::Job RandomJob(std::mt19937_64& random) {
+  auto chance = [&] { return random() % 2 == 0; };
+  auto text = [&] {
+    return chance() ? std::string() : std::string(random() % 300, 'a' + random() % 26);
+  };
+  auto number = [&] { return chance() ? 0 : static_cast<int64_t>(random()) >> (random() % 64); };
+  auto time = [&] {
+    switch (random() % 4) {
+      case 0:
+        return absl::InfinitePast();
+      case 1:
+        return absl::InfiniteFuture();
+      default:
+        return absl::FromUnixMicros(number());
+    }
+  };
+  core::Job j;
+  j.id = text();
+  j.queue = text();
+  j.state = static_cast<core::JobState>(random() % 8);
+  j.payload = text();
+  for (int h = random() % 3; h > 0; --h) j.headers[text()] = text();
+  j.priority = static_cast<int32_t>(number());
+  j.seq = static_cast<uint64_t>(number());
+  j.attempt = static_cast<int32_t>(number());
+  j.max_attempts = static_cast<int32_t>(number());
+  j.dedup_key = text();
+  j.concurrency_key = text();
+  j.created_at = time();
+  j.run_at = time();
+  j.lease_duration = absl::Microseconds(number());
+  j.lease_id = text();
+  j.worker_id = text();
+  j.lease_deadline = time();
+  j.lease_length = absl::Microseconds(number());
+  j.cancel_requested = chance();
+  j.last_error = text();
+  j.fail_reason = static_cast<core::FailReason>(random() % 3);
+  for (int a = random() % 3; a > 0; --a)
+    j.attempts.push_back(core::AttemptRecord{static_cast<int32_t>(number()), text(), time(), time(),
+                                             static_cast<core::AttemptOutcome>(random() % 4),
+                                             text()});
+  j.result = text();
+  j.checkpoint = text();
+  j.completed_at = time();
+  j.timeout = absl::Microseconds(number());
+  j.timeout_at = time();
+  j.expire_at = time();
+  j.snoozes = static_cast<int32_t>(number());
+  j.progress = text();
+  for (int d = random() % 3; d > 0; --d) j.depends_on.push_back(text());
+  for (int d = random() % 3; d > 0; --d) j.dependency_results[text()] = text();
+  return j;
+}
+
 // Recovery's light decode of a cold job reads the same fields as the whole decode, from the
 // same bytes.
 void ExpectColdFieldsOf(const core::Job& job) {
@@ -221,6 +277,76 @@ TEST(RecordCodecTest, ColdFieldsSkipUnknownFields) {
   EXPECT_EQ(cold->seq, job.seq);
 }
 
+TEST(RecordCodecTest, ColdFieldsOfRandomJobsDecodedIntoOneStructAreTheWholeDecodes) {
+  // As recovery does: one ColdJobFields for every record, so nothing of a record may stay in it
+  // for the next one (a concurrency key, a dependency, an expiry).
+  std::mt19937_64 random(20261206);
+  core::ColdJobFields cold;
+  for (int i = 0; i < 1000; ++i) {
+    core::Job job = RandomJob(random);
+    job.state = static_cast<core::JobState>(1 + random() % 7);  // a state DecodeJob knows
+    const std::string bytes = EncodeJob(job);
+    absl::StatusOr<core::Job> whole = DecodeJob(bytes);
+    ASSERT_TRUE(whole.ok()) << "random job " << i << ": " << whole.status();
+    ASSERT_TRUE(DecodeColdJobFields(bytes, cold).ok()) << "random job " << i;
+    EXPECT_EQ(cold.id, whole->id) << "random job " << i;
+    EXPECT_EQ(cold.queue, whole->queue) << "random job " << i;
+    EXPECT_EQ(cold.state, whole->state) << "random job " << i;
+    EXPECT_EQ(cold.seq, whole->seq) << "random job " << i;
+    EXPECT_EQ(cold.priority, whole->priority) << "random job " << i;
+    EXPECT_EQ(cold.run_at, whole->run_at) << "random job " << i;
+    EXPECT_EQ(cold.concurrency_key, whole->concurrency_key) << "random job " << i;
+    EXPECT_EQ(cold.expire_at, whole->expire_at) << "random job " << i;
+    EXPECT_EQ(cold.depends_on, whole->depends_on) << "random job " << i;
+  }
+}
+
+TEST(RecordCodecTest, ColdFieldsAcceptAndRefuseTheFieldsTheySkipAsProtobufDoes) {
+  const std::string valid = EncodeJob(SimpleJob("j"));
+  struct Case {
+    const char* what;
+    std::string appended;
+  };
+  const Case cases[] = {
+      {"an unknown varint", std::string("\xa0\x06\x01", 3)},
+      {"an unknown 10-byte varint", std::string("\xa0\x06") + std::string(9, '\xff') + "\x01"},
+      {"an unknown 11-byte varint", std::string("\xa0\x06") + std::string(10, '\xff') + "\x01"},
+      {"an unknown fixed64", std::string("\xa1\x06", 2) + std::string(8, 'x')},
+      {"a cut fixed64", std::string("\xa1\x06", 2) + std::string(7, 'x')},
+      {"an unknown fixed32", std::string("\xa5\x06", 2) + std::string(4, 'x')},
+      {"a cut fixed32", std::string("\xa5\x06", 2) + std::string(3, 'x')},
+      {"an unknown string", std::string("\xa2\x06\x03"
+                                        "abc",
+                                        6)},
+      {"a string longer than the record", std::string("\xa2\x06\x04"
+                                                      "abc",
+                                                      6)},
+      {"a group", std::string("\xa3\x06\x08\x01\xa4\x06", 6)},
+      {"a group in a group", std::string("\xa3\x06\xab\x06\xac\x06\xa4\x06", 8)},
+      {"a group closed by another field's end", std::string("\xa3\x06\xac\x06", 4)},
+      {"a group never closed", std::string("\xa3\x06\x08\x01", 4)},
+      {"an end of group alone", std::string("\xa4\x06", 2)},
+      {"wire type 6", std::string("\xa6\x06\x01", 3)},
+      {"wire type 7", std::string("\xa7\x06\x01", 3)},
+      {"field number 0", std::string("\x00\x01", 2)},
+      {"a tag past 32 bits", std::string("\xf8\xff\xff\xff\x7f\x01", 6)},
+      {"the largest field number", std::string("\xf8\xff\xff\xff\x0f\x01", 6)},
+      {"a tag cut short", std::string("\xa0", 1)},
+  };
+  for (const Case& c : cases) {
+    const std::string bytes = valid + c.appended;
+    storage::JobRecord parsed;
+    const bool protobuf_accepts = parsed.ParseFromString(bytes);
+    absl::StatusOr<core::ColdJobFields> cold = DecodeColdJobFields(bytes);
+    EXPECT_EQ(cold.ok(), protobuf_accepts) << c.what << ": " << cold.status();
+    if (cold.ok()) {
+      EXPECT_EQ(cold->id, "j") << c.what;
+    } else {
+      EXPECT_THAT(cold, StatusIs(absl::StatusCode::kDataLoss)) << c.what;
+    }
+  }
+}
+
 TEST(RecordCodecTest, EncodeJobWritesWhatProtobufWritesByteForByte) {
   EXPECT_EQ(EncodeJob(FullJob()), ReferenceEncode(FullJob()));
   EXPECT_EQ(EncodeJob(SimpleJob("j")), ReferenceEncode(SimpleJob("j")));
@@ -247,60 +373,10 @@ TEST(RecordCodecTest, EncodeJobWritesWhatProtobufWritesByteForByte) {
   edges.payload = std::string(100000, '\x80');
   EXPECT_EQ(EncodeJob(edges), ReferenceEncode(edges));
 
-  // And many jobs with random fields, each left at its default half the time.
+  // And many jobs with random fields.
   std::mt19937_64 random(20261205);
-  auto chance = [&] { return random() % 2 == 0; };
-  auto text = [&] {
-    return chance() ? std::string() : std::string(random() % 300, 'a' + random() % 26);
-  };
-  auto number = [&] { return chance() ? 0 : static_cast<int64_t>(random()) >> (random() % 64); };
-  auto time = [&] {
-    switch (random() % 4) {
-      case 0:
-        return absl::InfinitePast();
-      case 1:
-        return absl::InfiniteFuture();
-      default:
-        return absl::FromUnixMicros(number());
-    }
-  };
   for (int i = 0; i < 1000; ++i) {
-    core::Job j;
-    j.id = text();
-    j.queue = text();
-    j.state = static_cast<core::JobState>(random() % 8);
-    j.payload = text();
-    for (int h = random() % 3; h > 0; --h) j.headers[text()] = text();
-    j.priority = static_cast<int32_t>(number());
-    j.seq = static_cast<uint64_t>(number());
-    j.attempt = static_cast<int32_t>(number());
-    j.max_attempts = static_cast<int32_t>(number());
-    j.dedup_key = text();
-    j.concurrency_key = text();
-    j.created_at = time();
-    j.run_at = time();
-    j.lease_duration = absl::Microseconds(number());
-    j.lease_id = text();
-    j.worker_id = text();
-    j.lease_deadline = time();
-    j.lease_length = absl::Microseconds(number());
-    j.cancel_requested = chance();
-    j.last_error = text();
-    j.fail_reason = static_cast<core::FailReason>(random() % 3);
-    for (int a = random() % 3; a > 0; --a)
-      j.attempts.push_back(
-          core::AttemptRecord{static_cast<int32_t>(number()), text(), time(), time(),
-                              static_cast<core::AttemptOutcome>(random() % 4), text()});
-    j.result = text();
-    j.checkpoint = text();
-    j.completed_at = time();
-    j.timeout = absl::Microseconds(number());
-    j.timeout_at = time();
-    j.expire_at = time();
-    j.snoozes = static_cast<int32_t>(number());
-    j.progress = text();
-    for (int d = random() % 3; d > 0; --d) j.depends_on.push_back(text());
-    for (int d = random() % 3; d > 0; --d) j.dependency_results[text()] = text();
+    const core::Job j = RandomJob(random);
     ASSERT_EQ(EncodeJob(j), ReferenceEncode(j)) << "random job " << i;
   }
 }
