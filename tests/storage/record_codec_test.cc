@@ -210,21 +210,25 @@ core::Job RandomJob(std::mt19937_64& random) {
 
 // Recovery's light decode of a cold job reads the same fields as the whole decode, from the
 // same bytes.
+void ExpectSameIndexFields(const core::ColdJobFields& cold, const core::Job& whole) {
+  EXPECT_EQ(cold.id, whole.id);
+  EXPECT_EQ(cold.queue, whole.queue);
+  EXPECT_EQ(cold.state, whole.state);
+  EXPECT_EQ(cold.seq, whole.seq);
+  EXPECT_EQ(cold.priority, whole.priority);
+  EXPECT_EQ(cold.run_at, whole.run_at);
+  EXPECT_EQ(cold.concurrency_key, whole.concurrency_key);
+  EXPECT_EQ(cold.expire_at, whole.expire_at);
+  EXPECT_EQ(cold.depends_on, whole.depends_on);
+}
+
 void ExpectColdFieldsOf(const core::Job& job) {
   const std::string bytes = EncodeJob(job);
   absl::StatusOr<core::Job> whole = DecodeJob(bytes);
   ASSERT_TRUE(whole.ok()) << whole.status();
   absl::StatusOr<core::ColdJobFields> cold = DecodeColdJobFields(bytes);
   ASSERT_TRUE(cold.ok()) << cold.status();
-  EXPECT_EQ(cold->id, whole->id);
-  EXPECT_EQ(cold->queue, whole->queue);
-  EXPECT_EQ(cold->state, whole->state);
-  EXPECT_EQ(cold->seq, whole->seq);
-  EXPECT_EQ(cold->priority, whole->priority);
-  EXPECT_EQ(cold->run_at, whole->run_at);
-  EXPECT_EQ(cold->concurrency_key, whole->concurrency_key);
-  EXPECT_EQ(cold->expire_at, whole->expire_at);
-  EXPECT_EQ(cold->depends_on, whole->depends_on);
+  ExpectSameIndexFields(*cold, *whole);
 }
 
 TEST(RecordCodecTest, ColdFieldsAreTheWholeDecodesFields) {
@@ -289,15 +293,8 @@ TEST(RecordCodecTest, ColdFieldsOfRandomJobsDecodedIntoOneStructAreTheWholeDecod
     absl::StatusOr<core::Job> whole = DecodeJob(bytes);
     ASSERT_TRUE(whole.ok()) << "random job " << i << ": " << whole.status();
     ASSERT_TRUE(DecodeColdJobFields(bytes, cold).ok()) << "random job " << i;
-    EXPECT_EQ(cold.id, whole->id) << "random job " << i;
-    EXPECT_EQ(cold.queue, whole->queue) << "random job " << i;
-    EXPECT_EQ(cold.state, whole->state) << "random job " << i;
-    EXPECT_EQ(cold.seq, whole->seq) << "random job " << i;
-    EXPECT_EQ(cold.priority, whole->priority) << "random job " << i;
-    EXPECT_EQ(cold.run_at, whole->run_at) << "random job " << i;
-    EXPECT_EQ(cold.concurrency_key, whole->concurrency_key) << "random job " << i;
-    EXPECT_EQ(cold.expire_at, whole->expire_at) << "random job " << i;
-    EXPECT_EQ(cold.depends_on, whole->depends_on) << "random job " << i;
+    SCOPED_TRACE(::testing::Message() << "random job " << i);
+    ExpectSameIndexFields(cold, *whole);
   }
 }
 
