@@ -210,18 +210,6 @@ core::Job RandomJob(std::mt19937_64& random) {
 
 // Recovery's light decode of a cold job reads the same fields as the whole decode, from the
 // same bytes.
-void ExpectSameIndexFields(const core::ColdJobFields& cold, const core::Job& whole) {
-  EXPECT_EQ(cold.id, whole.id);
-  EXPECT_EQ(cold.queue, whole.queue);
-  EXPECT_EQ(cold.state, whole.state);
-  EXPECT_EQ(cold.seq, whole.seq);
-  EXPECT_EQ(cold.priority, whole.priority);
-  EXPECT_EQ(cold.run_at, whole.run_at);
-  EXPECT_EQ(cold.concurrency_key, whole.concurrency_key);
-  EXPECT_EQ(cold.expire_at, whole.expire_at);
-  EXPECT_EQ(cold.depends_on, whole.depends_on);
-}
-
 void ExpectColdFieldsOf(const core::Job& job) {
   const std::string bytes = EncodeJob(job);
   absl::StatusOr<core::Job> whole = DecodeJob(bytes);

@@ -269,16 +269,8 @@ TEST_F(RocksDbStoreTest, RecoveryHandsJobsPastTheHotLimitOverAsTheirIndexFields)
               ElementsAre("job-0", "job-1", "job-2", "job-3", "job-6", "job-7", "whole-1"));
   EXPECT_THAT(cold_ids, ElementsAre("job-4", "job-5"));
   EXPECT_EQ(r.whole.back(), wanted_whole);
-  for (const core::ColdJobFields& cold : r.cold) {
-    const core::Job& put = t.put_jobs[cold.seq - 1];
-    EXPECT_EQ(cold.queue, put.queue);
-    EXPECT_EQ(cold.state, put.state);
-    EXPECT_EQ(cold.priority, put.priority);
-    EXPECT_EQ(cold.run_at, put.run_at);
-    EXPECT_EQ(cold.concurrency_key, put.concurrency_key);
-    EXPECT_EQ(cold.expire_at, put.expire_at);
-    EXPECT_EQ(cold.depends_on, put.depends_on);
-  }
+  for (const core::ColdJobFields& cold : r.cold)
+    ExpectSameIndexFields(cold, t.put_jobs[cold.seq - 1]);
 }
 
 TEST_F(RocksDbStoreTest, AColdCandidateThatDoesNotDecodeIsReportedAndSkipped) {

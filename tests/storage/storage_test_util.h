@@ -19,6 +19,20 @@
 
 namespace jobbroker::storage {
 
+// What a cold job's index entries are built from (core::ColdJobFields) is what the whole job
+// says: recovery's light decode against the whole decode, or against the job that was put.
+inline void ExpectSameIndexFields(const core::ColdJobFields& cold, const core::Job& whole) {
+  EXPECT_EQ(cold.id, whole.id);
+  EXPECT_EQ(cold.queue, whole.queue);
+  EXPECT_EQ(cold.state, whole.state);
+  EXPECT_EQ(cold.seq, whole.seq);
+  EXPECT_EQ(cold.priority, whole.priority);
+  EXPECT_EQ(cold.run_at, whole.run_at);
+  EXPECT_EQ(cold.concurrency_key, whole.concurrency_key);
+  EXPECT_EQ(cold.expire_at, whole.expire_at);
+  EXPECT_EQ(cold.depends_on, whole.depends_on);
+}
+
 // A job with every member set to a non-default value, binary and non-UTF-8 bytes in the text
 // fields, a history of attempts, and both infinities among its times. Extend it when Job grows.
 inline core::Job FullJob(std::string id = "job-\xff-1") {
