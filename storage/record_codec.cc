@@ -343,10 +343,10 @@ absl::StatusOr<core::Job> DecodeJob(absl::string_view bytes) {
 namespace {
 
 // Protobuf's wire format read by hand, for the few fields of a JobRecord that recovery reads of
-// every cold job. protobuf's CodedInputStream reads each varint longer than one byte (every
-// time, every seq) through an out-of-line fallback: at 10 million jobs that was a tenth of the
-// scan's thread, which is the one that bounds a restart. Accepts and refuses what protobuf's
-// reader does for these fields (record_codec_test compares the two).
+// every cold job. protobuf's CodedInputStream reads each varint longer than one byte (every seq,
+// every time) through an out-of-line fallback: at 10 million jobs, decoding through it was a
+// fifth of the scan's thread, which is the one that bounds a restart. Accepts and refuses what
+// protobuf's parser does for these fields (record_codec_test compares the two).
 class WireReader {
  public:
   explicit WireReader(absl::string_view bytes)
