@@ -163,8 +163,13 @@ class Writer {
   char* at_;
 };
 
+// Protobuf's wire types: what a tag says follows it.
 constexpr int kVarint = 0;
+constexpr int kFixed64 = 1;
 constexpr int kLengthDelimited = 2;
+constexpr int kStartGroup = 3;  // deprecated: only read (skipped), never written
+constexpr int kEndGroup = 4;
+constexpr int kFixed32 = 5;
 
 template <typename Out>
 void Tag(Out& out, int field, int wire_type) {
@@ -398,28 +403,28 @@ class WireReader {
   // EncodeJob) are stepped over to their end as protobuf does, at most `depth` deep.
   bool Skip(uint32_t field, uint32_t wire_type, int depth = 100) {
     switch (wire_type) {
-      case 0: {
+      case kVarint: {
         uint64_t ignored;
         return Varint(ignored);
       }
-      case 1:
+      case kFixed64:
         return Advance(8);
-      case 2: {
+      case kLengthDelimited: {
         absl::string_view ignored;
         return Bytes(ignored);
       }
-      case 3: {
+      case kStartGroup: {
         if (depth == 0) return false;
         uint32_t inner = 0, inner_type = 0;
         while (Tag(inner, inner_type)) {
-          if (inner_type == 4) return inner == field;
+          if (inner_type == kEndGroup) return inner == field;
           if (!Skip(inner, inner_type, depth - 1)) return false;
         }
         return false;
       }
-      case 5:
+      case kFixed32:
         return Advance(4);
-      default:  // 4 (an end of group with no start) and the unused 6 and 7
+      default:  // kEndGroup with no start, and the unused 6 and 7
         return false;
     }
   }
@@ -451,7 +456,6 @@ absl::Status DecodeColdJobFields(absl::string_view bytes, core::ColdJobFields& j
   std::optional<uint64_t> expire_at_us;
   // The field numbers and wire types of JobRecord (storage/record.proto); a field read twice
   // keeps its last value, as protobuf's own parser does.
-  constexpr uint32_t kVarint = 0, kLengthDelimited = 2;
   auto varint = [&](uint32_t wire_type, uint64_t& out) {
     return wire_type == kVarint && in.Varint(out);
   };
