@@ -72,6 +72,7 @@ struct Flags {
   int64_t keys = 0;        // backlog mode: distinct concurrency keys of the preloaded jobs
   int64_t queues = 1;      // backlog and e2e modes: queues the jobs are spread over
   double rate = 1000;      // latency mode: enqueues per second
+  int senders = 1;         // latency mode: producer threads sharing the rate
   double timeout_seconds = 300;
 };
 
@@ -106,6 +107,8 @@ void Usage(FILE* out) {
                "                        QUEUE-0 .. QUEUE-(N-1); each worker leases from them in\n"
                "                        turn, without waiting on an empty one (default 1: QUEUE)\n"
                "  --rate N              latency mode: enqueues per second (default 1000)\n"
+               "  --senders N           latency mode: producer threads that share the rate, each\n"
+               "                        waiting for its Enqueue before the next (default 1)\n"
                "  --timeout SECONDS     give up after this long (default 300)\n");
 }
 
@@ -193,6 +196,9 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (arg == "--rate") {
       if (!as_int(1)) return false;
       flags->rate = static_cast<double>(n);
+    } else if (arg == "--senders") {
+      if (!as_int(1)) return false;
+      flags->senders = static_cast<int>(n);
     } else if (arg == "--timeout") {
       if (!as_int(1)) return false;
       flags->timeout_seconds = static_cast<double>(n);
@@ -826,28 +832,39 @@ class Bench {
       arrived[job.job_id()] = now;
       if (static_cast<int64_t>(arrived.size()) == flags_.jobs) all_arrived.Notify();
     });
-    std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(0);
-    v1::EnqueueRequest req;
-    req.set_queue(flags_.queue);
-    req.set_payload(payload_);
+    // Job i is due at start + i / rate; sender k sends jobs k, k + senders, ... and waits for
+    // each answer before its next send, as a web handler does. One sender cannot offer the rate
+    // once an Enqueue takes longer than 1 / rate (a replicated write does): it then sends as fast
+    // as its answers come, and the run's jobs_per_sec says so. Several senders offer the whole
+    // rate while an Enqueue takes less than senders / rate.
     const absl::Duration interval = absl::Seconds(1) / flags_.rate;
     const absl::Time start = absl::Now();
-    for (int64_t i = 0; i < flags_.jobs && !TimedOut(); ++i) {
-      absl::Time due = start + interval * i;
-      if (absl::Time now = absl::Now(); now < due) absl::SleepFor(due - now);
-      const absl::Time send = absl::Now();
-      v1::EnqueueResponse resp;
-      grpc::Status s =
-          Call([&](grpc::ClientContext* ctx) { return stub->Enqueue(ctx, req, &resp); });
-      const absl::Time back = absl::Now();
-      if (!s.ok()) {
-        RecordError(&errors, s, "Enqueue");
-        continue;
-      }
-      absl::MutexLock lock(&mu);
-      sent[resp.job_id()] = send;
-      returned[resp.job_id()] = back;
+    std::vector<std::thread> senders;
+    for (int k = 0; k < flags_.senders; ++k) {
+      senders.emplace_back([&, k] {
+        std::unique_ptr<v1::Broker::Stub> stub = channels_.BrokerStub(k);
+        v1::EnqueueRequest req;
+        req.set_queue(flags_.queue);
+        req.set_payload(payload_);
+        for (int64_t i = k; i < flags_.jobs && !TimedOut(); i += flags_.senders) {
+          absl::Time due = start + interval * i;
+          if (absl::Time now = absl::Now(); now < due) absl::SleepFor(due - now);
+          const absl::Time send = absl::Now();
+          v1::EnqueueResponse resp;
+          grpc::Status s =
+              Call([&](grpc::ClientContext* ctx) { return stub->Enqueue(ctx, req, &resp); });
+          const absl::Time back = absl::Now();
+          if (!s.ok()) {
+            RecordError(&errors, s, "Enqueue");
+            continue;
+          }
+          absl::MutexLock lock(&mu);
+          sent[resp.job_id()] = send;
+          returned[resp.job_id()] = back;
+        }
+      });
     }
+    for (std::thread& t : senders) t.join();
     all_arrived.WaitForNotificationWithDeadline(deadline_);
     for (auto& w : workers) w->Stop(absl::Seconds(30));
     Latencies from_return, from_send;
@@ -866,7 +883,7 @@ class Bench {
                  from_return.PercentileMs(50), from_return.PercentileMs(99));
     Report r;
     r.mode = "latency";
-    r.concurrency = 1;
+    r.concurrency = flags_.senders;
     r.workers = 1;
     r.jobs = flags_.jobs;
     {
