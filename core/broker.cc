@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Broker>> Broker::Open(Store& store, const Clock& 
 
 absl::Status Broker::Recover() {
   const absl::Time started = clock_.Now();
+  observer_.RecoveryStarted(options_.partition);
   // The store's scan (on this thread) and the building of the indexes (on `loader`) run side by
   // side, a chunk of jobs at a time: at millions of jobs each is about half of a restart, and
   // together they use two cores. At most kChunksAhead chunks wait, so memory stays bounded.

@@ -40,6 +40,10 @@ class BrokerObserver {
   virtual void Cancelled(const Job& /*job*/) {}
   // A worker gave the job back unstarted.
   virtual void Released(const Job& /*job*/) {}
+  // The broker of `partition` starts rebuilding its state from the store (at its start, after a
+  // store outage, in cluster mode when this node takes the lead). Recovering and then Recovered
+  // follow, unless it fails; a failed recovery starts again at the broker's next try.
+  virtual void RecoveryStarted(uint32_t /*partition*/) {}
   // The broker of `partition` finished recovering `jobs` jobs from the store in `took`, turning
   // `expired_leases` leases that ran out while it was down into failed attempts.
   virtual void Recovered(uint32_t /*partition*/, size_t /*jobs*/, size_t /*expired_leases*/,
@@ -85,6 +89,9 @@ class TeeObserver final : public BrokerObserver {
   }
   void Released(const Job& job) override {
     for (BrokerObserver* o : observers_) o->Released(job);
+  }
+  void RecoveryStarted(uint32_t partition) override {
+    for (BrokerObserver* o : observers_) o->RecoveryStarted(partition);
   }
   void Recovered(uint32_t partition, size_t jobs, size_t expired, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Recovered(partition, jobs, expired, took);

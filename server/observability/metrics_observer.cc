@@ -1,5 +1,9 @@
 #include "server/observability/metrics_observer.h"
 
+#include <map>
+
+#include "absl/strings/str_cat.h"
+
 namespace jobbroker::server {
 namespace {
 
@@ -18,6 +22,11 @@ const prometheus::Histogram::BucketBoundaries kRecoverySeconds = {0.01, 0.05, 0.
 prometheus::Family<prometheus::Counter>& Counter(prometheus::Registry& r, const char* name,
                                                  const char* help) {
   return prometheus::BuildCounter().Name(name).Help(help).Register(r);
+}
+
+prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const char* name,
+                                             const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r);
 }
 
 prometheus::Family<prometheus::Histogram>& Histogram(prometheus::Registry& r, const char* name,
@@ -87,6 +96,12 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r, QueueLabels& labels)
                   "Leases found run out at a recovery (their worker's time passed while the "
                   "partition was down or led elsewhere): each became a failed attempt.")
               .Add({})),
+      recovering_(Gauge(r, "jobbroker_recovering",
+                        "1 while the partition rebuilds its state from the store (it answers "
+                        "no call meanwhile), 0 once it is done.")),
+      recovery_loaded_jobs_(Gauge(r, "jobbroker_recovery_loaded_jobs",
+                                  "Jobs the partition's recovery under way has loaded so far "
+                                  "(updated every 5 s), or all its last recovery loaded.")),
       labels_(labels) {}
 
 MetricsObserver::~MetricsObserver() = default;
@@ -206,10 +221,27 @@ void MetricsObserver::StoreFailed(const absl::Status& status) {
   (status.code() == absl::StatusCode::kResourceExhausted ? no_space_ : io_error_).Increment();
 }
 
-// From the thread that opens or rebuilds a partition, several at once when partitions open side
-// by side: it touches only queue-less metrics, which prometheus-cpp updates thread-safely.
-void MetricsObserver::Recovered(uint32_t /*partition*/, size_t jobs, size_t expired_leases,
+// The recovery events come from the thread that opens or rebuilds a partition (Recovering from
+// its index builder), several partitions at once when they open side by side: they touch only
+// queue-less metrics, which prometheus-cpp updates thread-safely (Family::Add too, which returns
+// the partition's existing gauge after the first time). The gauges are set, not added to: a
+// recovery that fails ends without Recovered, and the next try's RecoveryStarted puts them right.
+void MetricsObserver::RecoveryStarted(uint32_t partition) {
+  const std::map<std::string, std::string> labels = {{"partition", absl::StrCat(partition)}};
+  recovering_.Add(labels).Set(1);
+  recovery_loaded_jobs_.Add(labels).Set(0);
+}
+
+void MetricsObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration /*elapsed*/) {
+  recovery_loaded_jobs_.Add({{"partition", absl::StrCat(partition)}})
+      .Set(static_cast<double>(jobs));
+}
+
+void MetricsObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                                 absl::Duration took) {
+  const std::map<std::string, std::string> labels = {{"partition", absl::StrCat(partition)}};
+  recovering_.Add(labels).Set(0);
+  recovery_loaded_jobs_.Add(labels).Set(static_cast<double>(jobs));
   recovery_.Observe(absl::ToDoubleSeconds(took));
   recovered_jobs_.Increment(static_cast<double>(jobs));
   recovered_expired_leases_.Increment(static_cast<double>(expired_leases));

@@ -7,6 +7,7 @@
 #include "core/observer.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "server/observability/queue_labels.h"
@@ -16,7 +17,8 @@ namespace jobbroker::server {
 // Counts and times the broker's work in a prometheus-cpp registry: jobs enqueued,
 // deduplicated, leased, attempts by outcome, retries, deaths by reason, cancels, releases;
 // schedule-to-start and run-time histograms per queue; WAL sync time and batch size; failed
-// store writes by kind; recoveries (their time, the jobs read back, the leases found run out).
+// store writes by kind; recoveries (their time, the jobs read back, the leases found run out) and,
+// per partition, whether one is under way and how far it got.
 //
 // The broker calls it under its own lock, which also guards the per-queue cache of metric
 // handles (so a hot-path event is a hash lookup and an atomic add); Committed() comes from the
@@ -37,6 +39,8 @@ class MetricsObserver final : public core::BrokerObserver {
   void Released(const core::Job& job) override;
   void Committed(size_t transitions, absl::Duration took) override;
   void StoreFailed(const absl::Status& status) override;
+  void RecoveryStarted(uint32_t partition) override;
+  void Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) override;
   void Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                  absl::Duration took) override;
 
@@ -62,6 +66,8 @@ class MetricsObserver final : public core::BrokerObserver {
   prometheus::Histogram& recovery_;
   prometheus::Counter& recovered_jobs_;
   prometheus::Counter& recovered_expired_leases_;
+  prometheus::Family<prometheus::Gauge>& recovering_;            // by partition
+  prometheus::Family<prometheus::Gauge>& recovery_loaded_jobs_;  // by partition
   QueueLabels& labels_;
   // By label: the queue's own name, or QueueLabels::kOtherQueues.
   absl::flat_hash_map<std::string, std::unique_ptr<QueueMetrics>> by_label_;

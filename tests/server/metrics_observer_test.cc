@@ -4,9 +4,14 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/broker.h"
 #include "core/clock.h"
+#include "core/ids.h"
+#include "core/observer.h"
 #include "gtest/gtest.h"
 #include "node/partitions.h"
 #include "prometheus/registry.h"
@@ -23,7 +28,7 @@ using ::jobbroker::testing::FakeClock;
 
 namespace {
 
-// name{label=value,...} -> value, for counters, and histogram _count samples.
+// name{label=value,...} -> value, for counters and gauges, and histogram _count samples.
 std::map<std::string, double> Samples(prometheus::Registry& registry) {
   std::map<std::string, double> out;
   for (const prometheus::MetricFamily& f : registry.Collect()) {
@@ -36,7 +41,8 @@ std::map<std::string, double> Samples(prometheus::Registry& registry) {
       if (!labels.empty()) key += "{" + labels + "}";
       out[key] = f.type == prometheus::MetricType::Histogram
                      ? static_cast<double>(m.histogram.sample_count)
-                     : m.counter.value;
+                 : f.type == prometheus::MetricType::Gauge ? m.gauge.value
+                                                           : m.counter.value;
     }
   }
   return out;
@@ -156,6 +162,98 @@ TEST_F(MetricsObserverTest, EveryPartitionsRecoveryIsCountedWithItsJobsAndExpire
           << "timed on the broker's clock, which did not move while it recovered";
     }
   }
+}
+
+TEST_F(MetricsObserverTest, EachPartitionShowsItsLastRecoveryDoneWithWhatItLoaded) {
+  // The fixture's three recoveries of an empty store.
+  std::map<std::string, double> s = Samples(registry_);
+  for (const char* p : {"0", "1", "2"}) {
+    const std::string label = std::string("{partition=") + p + "}";
+    EXPECT_EQ(s.at("jobbroker_recovering" + label), 0) << p;
+    EXPECT_EQ(s.at("jobbroker_recovery_loaded_jobs" + label), 0) << p;
+  }
+
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(broker_->Enqueue(core::EnqueueSpec{.queue = "q"}).ok());
+  broker_.reset();
+  Open();
+  s = Samples(registry_);
+  const std::string own = "{partition=" + absl::StrCat(core::PartitionOfQueue("q", 3)) + "}";
+  double loaded = 0;
+  for (const char* p : {"0", "1", "2"}) {
+    const std::string label = std::string("{partition=") + p + "}";
+    EXPECT_EQ(s.at("jobbroker_recovering" + label), 0) << p;
+    loaded += s.at("jobbroker_recovery_loaded_jobs" + label);
+  }
+  EXPECT_EQ(s.at("jobbroker_recovery_loaded_jobs" + own), 4) << "the queue's partition";
+  EXPECT_EQ(loaded, 4) << "and none elsewhere";
+}
+
+// A clock that moves 2 s each time it is read, so that a recovery reports its progress between
+// chunks (core::kRecoveryProgressEvery) as a long restart would.
+class TickingClock final : public core::Clock {
+ public:
+  absl::Time Now() const override {
+    absl::MutexLock lock(&mu_);
+    now_ += absl::Seconds(2);
+    return now_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  mutable absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'800'000'000);
+};
+
+// Reads the recovery gauges of partition 0 each time the recovery reports progress: what a
+// scrape in the middle of a long restart sees.
+class RecoveryProbe final : public core::BrokerObserver {
+ public:
+  explicit RecoveryProbe(prometheus::Registry& registry) : registry_(registry) {}
+  void Recovering(uint32_t /*partition*/, size_t jobs, absl::Duration /*elapsed*/) override {
+    std::map<std::string, double> s = Samples(registry_);
+    seen.push_back({static_cast<double>(jobs), s.at("jobbroker_recovering{partition=0}"),
+                    s.at("jobbroker_recovery_loaded_jobs{partition=0}")});
+  }
+  struct Seen {
+    double reported_jobs, recovering, loaded_jobs;
+  };
+  std::vector<Seen> seen;
+
+ private:
+  prometheus::Registry& registry_;
+};
+
+TEST(RecoveryMetricsTest, AScrapeDuringARecoveryShowsItUnderWayAndHowFarItGot) {
+  storage::MemoryStore store;
+  FakeClock clock(absl::FromUnixSeconds(1'800'000'000));
+  core::BrokerOptions o;
+  o.commit_mode = core::CommitPipeline::Mode::kInline;
+  {
+    auto broker = BlockingPartitions::Open(store, clock, 1u, o);
+    ASSERT_TRUE(broker.ok()) << broker.status();
+    for (int i = 0; i < 100; ++i)
+      ASSERT_TRUE((*broker)->Enqueue(core::EnqueueSpec{.queue = "q"}).ok());
+  }
+
+  prometheus::Registry registry;
+  QueueLabels labels(10);
+  MetricsObserver metrics(registry, labels);
+  RecoveryProbe probe(registry);
+  core::TeeObserver both({&metrics, &probe});  // the probe reads what the metrics just got
+  TickingClock ticking;
+  o.observer = &both;
+  o.recovery_chunk_jobs = 10;
+  auto broker = BlockingPartitions::Open(store, ticking, 1u, o);
+  ASSERT_TRUE(broker.ok()) << broker.status();
+
+  ASSERT_GE(probe.seen.size(), 2u) << "10 chunks, the clock 2 s later at each read";
+  for (const RecoveryProbe::Seen& seen : probe.seen) {
+    EXPECT_EQ(seen.recovering, 1);
+    EXPECT_EQ(seen.loaded_jobs, seen.reported_jobs);
+    EXPECT_LE(seen.loaded_jobs, 100);
+  }
+  std::map<std::string, double> s = Samples(registry);
+  EXPECT_EQ(s.at("jobbroker_recovering{partition=0}"), 0);
+  EXPECT_EQ(s.at("jobbroker_recovery_loaded_jobs{partition=0}"), 100);
 }
 
 TEST(QueueLabelsTest, TheFirstQueuesKeepTheirNameAndTheRestShareOne) {
