@@ -24,6 +24,7 @@ using ::jobbroker::testing::BlockingBroker;
 using ::jobbroker::testing::FakeClock;
 using ::jobbroker::testing::IsOk;
 using ::jobbroker::testing::StatusIs;
+using ::jobbroker::testing::TickingClock;
 
 namespace {
 
@@ -62,22 +63,6 @@ class StorageEvents : public BrokerObserver {
   std::vector<std::string> corrupt;
   std::vector<size_t> recovered;  // the job count of each recovery (the "recovered" log line)
   std::vector<std::pair<size_t, absl::Duration>> progress;  // (jobs so far, elapsed)
-};
-
-// A clock that moves 2 s each time it is read: a recovery that reads it between chunks sees
-// time pass as a long restart would.
-class TickingClock final : public Clock {
- public:
-  explicit TickingClock(absl::Time start) : now_(start) {}
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    now_ += absl::Seconds(2);
-    return now_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  mutable absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
 class BrokerStorageTest : public BrokerFixture {

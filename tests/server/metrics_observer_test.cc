@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "core/broker.h"
 #include "core/clock.h"
 #include "core/ids.h"
@@ -25,6 +24,7 @@ namespace jobbroker::server {
 using BlockingPartitions = ::jobbroker::testing::BlockingEngine<node::Partitions>;
 
 using ::jobbroker::testing::FakeClock;
+using ::jobbroker::testing::TickingClock;
 
 namespace {
 
@@ -188,21 +188,6 @@ TEST_F(MetricsObserverTest, EachPartitionShowsItsLastRecoveryDoneWithWhatItLoade
   EXPECT_EQ(loaded, 4) << "and none elsewhere";
 }
 
-// A clock that moves 2 s each time it is read, so that a recovery reports its progress between
-// chunks (core::kRecoveryProgressEvery) as a long restart would.
-class TickingClock final : public core::Clock {
- public:
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    now_ += absl::Seconds(2);
-    return now_;
-  }
-
- private:
-  mutable absl::Mutex mu_;
-  mutable absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1'800'000'000);
-};
-
 // Reads the recovery gauges of partition 0 each time the recovery reports progress: what a
 // scrape in the middle of a long restart sees.
 class RecoveryProbe final : public core::BrokerObserver {
@@ -239,7 +224,7 @@ TEST(RecoveryMetricsTest, AScrapeDuringARecoveryShowsItUnderWayAndHowFarItGot) {
   MetricsObserver metrics(registry, labels);
   RecoveryProbe probe(registry);
   core::TeeObserver both({&metrics, &probe});  // the probe reads what the metrics just got
-  TickingClock ticking;
+  TickingClock ticking(absl::FromUnixSeconds(1'800'000'000));  // 2 s per read of the clock
   o.observer = &both;
   o.recovery_chunk_jobs = 10;
   auto broker = BlockingPartitions::Open(store, ticking, 1u, o);
