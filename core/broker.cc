@@ -87,7 +87,10 @@ absl::Status Broker::Recover() {
   found.Finish();
   queue.Close();
   loader.join();
-  BROKER_RETURN_IF_ERROR(scanned);
+  if (!scanned.ok()) {
+    observer_.RecoveryFailed(options_.partition, scanned);
+    return scanned;
+  }
   uint64_t commit;
   size_t expired;
   {

@@ -57,7 +57,13 @@ absl::Status Broker::ResumeWrites() {
   RecoveredState found(options_.max_hot_jobs);
   // A broker rebuilding after another one resumed the store (cause OK) only reads it.
   absl::Status s = cause.ok() ? absl::OkStatus() : store_.Resume();
-  if (s.ok()) s = store_.Recover(options_.partition, found);
+  // Announced only once the store takes writes: a store still failing (or, in cluster mode, a
+  // node that does not lead the partition) refuses here every retry, and recovers nothing.
+  const bool recovering = s.ok();
+  if (recovering) {
+    observer_.RecoveryStarted(options_.partition);
+    s = store_.Recover(options_.partition, found);
+  }
   found.Finish();
 
   std::vector<LeaseDone> waiting;
@@ -73,6 +79,7 @@ absl::Status Broker::ResumeWrites() {
     if (s.ok() && shutting_down_) s = absl::UnavailableError("the broker is shutting down");
     if (!s.ok()) {
       resume_at_ = now + options_.store_retry_interval;
+      if (recovering) observer_.RecoveryFailed(options_.partition, s);
       return s;
     }
     // Memory may hold changes the store never took (and miss one it did take, if a failed fsync

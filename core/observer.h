@@ -40,10 +40,13 @@ class BrokerObserver {
   virtual void Cancelled(const Job& /*job*/) {}
   // A worker gave the job back unstarted.
   virtual void Released(const Job& /*job*/) {}
-  // The broker of `partition` starts rebuilding its state from the store (at its start, after a
-  // store outage, in cluster mode when this node takes the lead). Recovering and then Recovered
-  // follow, unless it fails; a failed recovery starts again at the broker's next try.
+  // The broker of `partition` starts rebuilding its state from the store (at its start, and
+  // once the store takes writes again after an outage or, in cluster mode, this node takes the
+  // lead). Then Recovered, or RecoveryFailed; Recovering between them on a long one.
   virtual void RecoveryStarted(uint32_t /*partition*/) {}
+  // The recovery of `partition` that RecoveryStarted announced ended without its state: the
+  // store's read failed with `status`. The broker tries again later (at the start: it exits).
+  virtual void RecoveryFailed(uint32_t /*partition*/, const absl::Status& /*status*/) {}
   // The broker of `partition` finished recovering `jobs` jobs from the store in `took`, turning
   // `expired_leases` leases that ran out while it was down into failed attempts.
   virtual void Recovered(uint32_t /*partition*/, size_t /*jobs*/, size_t /*expired_leases*/,
@@ -92,6 +95,9 @@ class TeeObserver final : public BrokerObserver {
   }
   void RecoveryStarted(uint32_t partition) override {
     for (BrokerObserver* o : observers_) o->RecoveryStarted(partition);
+  }
+  void RecoveryFailed(uint32_t partition, const absl::Status& status) override {
+    for (BrokerObserver* o : observers_) o->RecoveryFailed(partition, status);
   }
   void Recovered(uint32_t partition, size_t jobs, size_t expired, absl::Duration took) override {
     for (BrokerObserver* o : observers_) o->Recovered(partition, jobs, expired, took);

@@ -116,6 +116,13 @@ void LogObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration ela
               {"elapsed_ms", absl::StrCat(absl::ToInt64Milliseconds(elapsed))}});
 }
 
+void LogObserver::RecoveryFailed(uint32_t partition, const absl::Status& status) {
+  Log::Write(LogLevel::kWarn, "recovery_failed",
+             {{"partition", absl::StrCat(partition)},
+              {"reason", status.ToString()},
+              {"effect", "the partition answers nothing until a later try recovers it"}});
+}
+
 void LogObserver::StoreFailed(const absl::Status& status) {
   const bool full = status.code() == absl::StatusCode::kResourceExhausted;
   Log::Write(LogLevel::kError, "store_write_failed",

@@ -20,6 +20,7 @@ class LogObserver final : public core::BrokerObserver {
   void Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                  absl::Duration took) override;
   void Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) override;
+  void RecoveryFailed(uint32_t partition, const absl::Status& status) override;
   void StoreFailed(const absl::Status& status) override;
   void StoreResumed(const absl::Status& cause, absl::Duration outage) override;
   void CorruptRecordSkipped(const core::CorruptRecord& record) override;

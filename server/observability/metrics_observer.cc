@@ -98,7 +98,7 @@ MetricsObserver::MetricsObserver(prometheus::Registry& r, QueueLabels& labels)
               .Add({})),
       recovering_(Gauge(r, "jobbroker_recovering",
                         "1 while the partition rebuilds its state from the store (it answers "
-                        "no call meanwhile), 0 once it is done.")),
+                        "no call meanwhile), 0 once it is done or failed.")),
       recovery_loaded_jobs_(Gauge(r, "jobbroker_recovery_loaded_jobs",
                                   "Jobs the partition's recovery under way has loaded so far "
                                   "(updated every 5 s), or all its last recovery loaded.")),
@@ -224,8 +224,8 @@ void MetricsObserver::StoreFailed(const absl::Status& status) {
 // The recovery events come from the thread that opens or rebuilds a partition (Recovering from
 // its index builder), several partitions at once when they open side by side: they touch only
 // queue-less metrics, which prometheus-cpp updates thread-safely (Family::Add too, which returns
-// the partition's existing gauge after the first time). The gauges are set, not added to: a
-// recovery that fails ends without Recovered, and the next try's RecoveryStarted puts them right.
+// the partition's existing gauge after the first time). The gauges are set, not added to, so
+// that a partition's last event says its state.
 void MetricsObserver::RecoveryStarted(uint32_t partition) {
   const std::map<std::string, std::string> labels = {{"partition", absl::StrCat(partition)}};
   recovering_.Add(labels).Set(1);
@@ -235,6 +235,10 @@ void MetricsObserver::RecoveryStarted(uint32_t partition) {
 void MetricsObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration /*elapsed*/) {
   recovery_loaded_jobs_.Add({{"partition", absl::StrCat(partition)}})
       .Set(static_cast<double>(jobs));
+}
+
+void MetricsObserver::RecoveryFailed(uint32_t partition, const absl::Status& /*status*/) {
+  recovering_.Add({{"partition", absl::StrCat(partition)}}).Set(0);
 }
 
 void MetricsObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leases,

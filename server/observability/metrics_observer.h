@@ -41,6 +41,7 @@ class MetricsObserver final : public core::BrokerObserver {
   void StoreFailed(const absl::Status& status) override;
   void RecoveryStarted(uint32_t partition) override;
   void Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) override;
+  void RecoveryFailed(uint32_t partition, const absl::Status& status) override;
   void Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                  absl::Duration took) override;
 

@@ -48,10 +48,19 @@ class StorageEvents : public BrokerObserver {
     absl::MutexLock lock(&mu_);
     corrupt.push_back(absl::StrCat(RecordKindName(r.kind), ":", r.key));
   }
+  void RecoveryStarted(uint32_t /*partition*/) override {
+    absl::MutexLock lock(&mu_);
+    recovery_events.push_back("started");
+  }
+  void RecoveryFailed(uint32_t /*partition*/, const absl::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    recovery_events.push_back(absl::StrCat("failed: ", status.message()));
+  }
   void Recovered(uint32_t /*partition*/, size_t jobs, size_t /*expired_leases*/,
                  absl::Duration /*took*/) override {
     absl::MutexLock lock(&mu_);
     recovered.push_back(jobs);
+    recovery_events.push_back(absl::StrCat("recovered ", jobs));
   }
   void Recovering(uint32_t /*partition*/, size_t jobs, absl::Duration elapsed) override {
     absl::MutexLock lock(&mu_);
@@ -62,6 +71,8 @@ class StorageEvents : public BrokerObserver {
   std::vector<absl::Duration> outages;
   std::vector<std::string> corrupt;
   std::vector<size_t> recovered;  // the job count of each recovery (the "recovered" log line)
+  // "started", "failed: <message>", "recovered <jobs>", in order (the recovery metrics' events)
+  std::vector<std::string> recovery_events;
   std::vector<std::pair<size_t, absl::Duration>> progress;  // (jobs so far, elapsed)
 };
 
@@ -138,6 +149,49 @@ TEST_F(BrokerStorageTest, ALongRecoveryReportsItsProgressBetweenChunks) {
   broker_ = std::move(*again);
   EXPECT_EQ(events_.progress.size(), reports);
   EXPECT_EQ(events_.recovered.back(), 100u);
+}
+
+// What /metrics' jobbroker_recovering follows: a rebuild is announced only once the store takes
+// writes again (a retry refused by a broken store recovers nothing), and ends once, failed or not.
+TEST_F(BrokerStorageTest, ARebuildIsAnnouncedOnceTheStoreTakesWritesAndEndsOnceFailedOrNot) {
+  Enqueue("q", "a");
+  ASSERT_THAT(events_.recovery_events, ElementsAre("started", "recovered 0")) << "the open";
+  store_.FailWritesAfter(0);
+  EXPECT_THAT(broker_->Enqueue(EnqueueSpec{.queue = "q", .payload = "b"}),
+              StatusIs(Code::kUnavailable));
+
+  clock_.Advance(absl::Seconds(2));
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 1);
+  EXPECT_EQ(events_.recovery_events.size(), 2u) << "the store refused: nothing recovered";
+
+  store_.FailWritesAfter(-1);
+  store_.FailRecoveries(absl::DataLossError("unreadable"));
+  clock_.Advance(absl::Seconds(2));
+  broker_->Tick();
+  EXPECT_EQ(store_.resume_calls(), 2);
+  EXPECT_FALSE(broker_->storage_status().ok());
+
+  store_.FailRecoveries(absl::OkStatus());
+  clock_.Advance(absl::Seconds(2));
+  broker_->Tick();
+  ASSERT_TRUE(broker_->storage_status().ok());
+  EXPECT_THAT(events_.recovery_events, ElementsAre("started", "recovered 0", "started",
+                                                   "failed: unreadable", "started", "recovered 1"));
+}
+
+TEST_F(BrokerStorageTest, AFailedRecoveryAtTheOpenIsReportedAndFailsTheOpen) {
+  broker_.reset();
+  store_.FailRecoveries(absl::DataLossError("unreadable"));
+  EXPECT_THAT(BlockingBroker::Open(store_, clock_,
+                                   [&] {
+                                     BrokerOptions o = Options();
+                                     o.observer = &events_;
+                                     return o;
+                                   }()),
+              StatusIs(Code::kDataLoss));
+  EXPECT_THAT(events_.recovery_events,
+              ElementsAre("started", "recovered 0", "started", "failed: unreadable"));
 }
 
 TEST_F(BrokerStorageTest, AFullDiskRefusesChangesUntilTheStoreTakesWritesAgain) {

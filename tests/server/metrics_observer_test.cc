@@ -207,6 +207,20 @@ class RecoveryProbe final : public core::BrokerObserver {
   prometheus::Registry& registry_;
 };
 
+TEST(RecoveryMetricsTest, AFailedRecoveryIsNoLongerUnderWay) {
+  prometheus::Registry registry;
+  QueueLabels labels(10);
+  MetricsObserver metrics(registry, labels);
+  metrics.RecoveryStarted(4);
+  metrics.Recovering(4, 1000, absl::Seconds(5));
+  EXPECT_EQ(Samples(registry).at("jobbroker_recovering{partition=4}"), 1);
+  metrics.RecoveryFailed(4, absl::DataLossError("unreadable"));
+  std::map<std::string, double> s = Samples(registry);
+  EXPECT_EQ(s.at("jobbroker_recovering{partition=4}"), 0);
+  EXPECT_EQ(s.at("jobbroker_recovery_loaded_jobs{partition=4}"), 1000) << "as far as it got";
+  EXPECT_EQ(s.at("jobbroker_recovery_seconds_count"), 0) << "only finished ones are timed";
+}
+
 TEST(RecoveryMetricsTest, AScrapeDuringARecoveryShowsItUnderWayAndHowFarItGot) {
   storage::MemoryStore store;
   FakeClock clock(absl::FromUnixSeconds(1'800'000'000));

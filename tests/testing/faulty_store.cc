@@ -22,6 +22,19 @@ absl::Status FaultyStore::Resume() {
   return memory_.Resume();
 }
 
+absl::Status FaultyStore::Recover(uint32_t partition, core::RecoveryVisitor& visitor) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!recover_failure_.ok()) return recover_failure_;
+  }
+  return memory_.Recover(partition, visitor);  // without mu_: the visitor may take its time
+}
+
+void FaultyStore::FailRecoveries(absl::Status error) {
+  absl::MutexLock lock(&mu_);
+  recover_failure_ = std::move(error);
+}
+
 void FaultyStore::FailWritesAfter(int n, absl::Status error) {
   absl::MutexLock lock(&mu_);
   writes_before_failure_ = n < 0 ? -1 : n;

@@ -33,9 +33,8 @@ class FaultyStore final : public core::Store {
   absl::StatusOr<core::Job> ReadJob(uint32_t partition, const std::string& id) override {
     return memory_.ReadJob(partition, id);
   }
-  absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override {
-    return memory_.Recover(partition, visitor);
-  }
+  // The injected read error while FailRecoveries is on (nothing visited), else MemoryStore's.
+  absl::Status Recover(uint32_t partition, core::RecoveryVisitor& visitor) override;
   // Counted; the injected error while a write would fail (the disk is still broken), else OK.
   absl::Status Resume() override;
 
@@ -43,6 +42,9 @@ class FaultyStore final : public core::Store {
   // and applies nothing. n = 0 fails the next write; a negative n turns injection off again.
   void FailWritesAfter(int n,
                        absl::Status error = absl::UnavailableError("injected write failure"));
+
+  // Every Recover returns `error` (a read of the store that fails) until called with OK.
+  void FailRecoveries(absl::Status error);
 
   // Write calls that returned OK; Resume calls.
   int64_t successful_writes() const;
@@ -60,6 +62,7 @@ class FaultyStore final : public core::Store {
   // Write calls left before injected failures start; negative = never.
   int writes_before_failure_ ABSL_GUARDED_BY(mu_) = -1;
   absl::Status injected_failure_ ABSL_GUARDED_BY(mu_);
+  absl::Status recover_failure_ ABSL_GUARDED_BY(mu_);
   int64_t successful_writes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t resume_calls_ ABSL_GUARDED_BY(mu_) = 0;
 };
