@@ -29,6 +29,11 @@ prometheus::Family<prometheus::Gauge>& Gauge(prometheus::Registry& r, const char
   return prometheus::BuildGauge().Name(name).Help(help).Register(r);
 }
 
+// The labels of a partition's series.
+std::map<std::string, std::string> PartitionLabel(uint32_t partition) {
+  return {{"partition", absl::StrCat(partition)}};
+}
+
 prometheus::Family<prometheus::Histogram>& Histogram(prometheus::Registry& r, const char* name,
                                                      const char* help) {
   return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
@@ -227,25 +232,22 @@ void MetricsObserver::StoreFailed(const absl::Status& status) {
 // the partition's existing gauge after the first time). The gauges are set, not added to, so
 // that a partition's last event says its state.
 void MetricsObserver::RecoveryStarted(uint32_t partition) {
-  const std::map<std::string, std::string> labels = {{"partition", absl::StrCat(partition)}};
-  recovering_.Add(labels).Set(1);
-  recovery_loaded_jobs_.Add(labels).Set(0);
+  recovering_.Add(PartitionLabel(partition)).Set(1);
+  recovery_loaded_jobs_.Add(PartitionLabel(partition)).Set(0);
 }
 
 void MetricsObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration /*elapsed*/) {
-  recovery_loaded_jobs_.Add({{"partition", absl::StrCat(partition)}})
-      .Set(static_cast<double>(jobs));
+  recovery_loaded_jobs_.Add(PartitionLabel(partition)).Set(static_cast<double>(jobs));
 }
 
 void MetricsObserver::RecoveryFailed(uint32_t partition, const absl::Status& /*status*/) {
-  recovering_.Add({{"partition", absl::StrCat(partition)}}).Set(0);
+  recovering_.Add(PartitionLabel(partition)).Set(0);
 }
 
 void MetricsObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                                 absl::Duration took) {
-  const std::map<std::string, std::string> labels = {{"partition", absl::StrCat(partition)}};
-  recovering_.Add(labels).Set(0);
-  recovery_loaded_jobs_.Add(labels).Set(static_cast<double>(jobs));
+  recovering_.Add(PartitionLabel(partition)).Set(0);
+  recovery_loaded_jobs_.Add(PartitionLabel(partition)).Set(static_cast<double>(jobs));
   recovery_.Observe(absl::ToDoubleSeconds(took));
   recovered_jobs_.Increment(static_cast<double>(jobs));
   recovered_expired_leases_.Increment(static_cast<double>(expired_leases));
