@@ -11,8 +11,10 @@
 
 namespace jobbroker::core {
 
-// How often a recovery under way reports its progress (BrokerObserver::Recovering).
-inline constexpr absl::Duration kRecoveryProgressEvery = absl::Seconds(5);
+// How often a recovery under way reports its progress (BrokerObserver::Recovering): each second,
+// so that /metrics' loaded-jobs gauge moves through a ten-second restart rather than once or
+// twice. The log says it less often (server/observability/log_observer.h).
+inline constexpr absl::Duration kRecoveryProgressEvery = absl::Seconds(1);
 
 // What the broker tells the outside about its work; metrics and logs hang on it (the
 // prometheus-cpp exporter and the logger live in server/, so core stays free of both).

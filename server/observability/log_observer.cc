@@ -102,6 +102,10 @@ void LogObserver::Released(const core::Job& job) {
 
 void LogObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leases,
                             absl::Duration took) {
+  {
+    absl::MutexLock lock(&mu_);
+    recovery_logged_.erase(partition);
+  }
   Log::Write(LogLevel::kInfo, "recovered",
              {{"partition", absl::StrCat(partition)},
               {"jobs", absl::StrCat(jobs)},
@@ -109,7 +113,18 @@ void LogObserver::Recovered(uint32_t partition, size_t jobs, size_t expired_leas
               {"took_ms", absl::StrCat(absl::ToInt64Milliseconds(took))}});
 }
 
+void LogObserver::RecoveryStarted(uint32_t partition) {
+  absl::MutexLock lock(&mu_);
+  recovery_logged_[partition] = absl::ZeroDuration();
+}
+
 void LogObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration elapsed) {
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Duration& logged = recovery_logged_[partition];
+    if (elapsed - logged < kRecoveryLogEvery) return;
+    logged = elapsed;
+  }
   Log::Write(LogLevel::kInfo, "recovering",
              {{"partition", absl::StrCat(partition)},
               {"jobs_so_far", absl::StrCat(jobs)},
@@ -117,6 +132,10 @@ void LogObserver::Recovering(uint32_t partition, size_t jobs, absl::Duration ela
 }
 
 void LogObserver::RecoveryFailed(uint32_t partition, const absl::Status& status) {
+  {
+    absl::MutexLock lock(&mu_);
+    recovery_logged_.erase(partition);
+  }
   Log::Write(LogLevel::kWarn, "recovery_failed",
              {{"partition", absl::StrCat(partition)},
               {"reason", status.ToString()},

@@ -113,9 +113,9 @@ TEST_F(BrokerStorageTest, ARecoveryCountsEveryJobItFoundHotOrCold) {
   EXPECT_EQ(events_.recovered.back(), 5u) << "the refused job was never stored";
 }
 
-// A long recovery says it is moving (the "recovering" log line): between chunks, at most every
-// kRecoveryProgressEvery, with the jobs loaded so far; a recovery quicker than that says nothing
-// until it is done.
+// A long recovery says it is moving (/metrics' loaded-jobs gauge, the "recovering" log line):
+// between chunks, at most every kRecoveryProgressEvery, with the jobs loaded so far; a recovery
+// quicker than that says nothing until it is done.
 TEST_F(BrokerStorageTest, ALongRecoveryReportsItsProgressBetweenChunks) {
   for (int i = 0; i < 100; ++i) Enqueue("q", absl::StrCat("p", i));
   broker_.reset();
