@@ -38,6 +38,7 @@
 #include "server/observability/metrics.h"
 #include "server/observability/metrics_observer.h"
 #include "server/observability/process_metrics.h"
+#include "server/observability/recovery_status.h"
 #include "server/observability/storage_health.h"
 #include "server/routing/router.h"
 #include "server/ticker.h"
@@ -137,9 +138,12 @@ int Run(int argc, char** argv) {
   // HTTP first: liveness answers while recovery runs; readiness once it is done.
   prometheus::Registry registry;
   ProcessCollector process;
+  RecoveryStatus recovery_status;  // before the server, which reads it until SetApi
   absl::StatusOr<std::unique_ptr<HttpServer>> http =
       HttpServer::Start(flags->http_listen, {&registry, &process}, http_tls);
   if (!http.ok()) return Fatal(std::string(http.status().message()));
+  // Until the API serves, the dashboard is told how far the recovery got.
+  (*http)->SetStartingStatus([&recovery_status] { return recovery_status.Describe(); });
 
   std::error_code ec;
   std::filesystem::create_directories(flags->data_dir, ec);
@@ -170,7 +174,7 @@ int Run(int argc, char** argv) {
   LogObserver log_observer;
   StorageHealth
       storage_health;  // readiness follows the store (server/observability/storage_health.h)
-  std::vector<core::BrokerObserver*> observers = {&log_observer, &storage_health};
+  std::vector<core::BrokerObserver*> observers = {&log_observer, &storage_health, &recovery_status};
   if (metrics_on) observers.push_back(&metrics);
   core::TeeObserver observer(observers);
   options.commit_mode = core::CommitPipeline::Mode::kBackground;

@@ -1,9 +1,12 @@
 #include "server/http/http_server.h"
 
+#include <functional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "civetweb.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "prometheus/text_serializer.h"
 #include "server/http/ui_assets.h"
 
@@ -114,11 +117,23 @@ int HttpServer::HandleMetrics(::mg_connection* conn, void* self) {
 }
 
 int HttpServer::HandleApi(::mg_connection* conn, void* self) {
-  const HttpHandler* api = static_cast<HttpServer*>(self)->api_.load();
+  auto* server = static_cast<HttpServer*>(self);
+  const HttpHandler* api = server->api_.load();
   if (api == nullptr) {
-    Reply(conn, 503, "Service Unavailable", "application/json",
-          "{\"code\":\"UNAVAILABLE\",\"message\":\"the broker is starting: its recovery has "
-          "not finished\"}\n");
+    std::function<std::string()> describe;
+    {
+      absl::MutexLock lock(&server->mu_);
+      describe = server->starting_status_;
+    }
+    // Through protobuf's JSON, as the API's own errors: escaped whatever the text holds.
+    google::protobuf::Struct error;
+    (*error.mutable_fields())["code"].set_string_value("UNAVAILABLE");
+    (*error.mutable_fields())["message"].set_string_value(
+        describe ? absl::StrCat("the broker is starting: ", describe())
+                 : "the broker is starting: its recovery has not finished");
+    std::string body;
+    google::protobuf::util::MessageToJsonString(error, &body);
+    Reply(conn, 503, "Service Unavailable", "application/json", body + "\n");
     return 503;
   }
   const mg_request_info* info = mg_get_request_info(conn);

@@ -1,8 +1,10 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,12 @@ class HttpServer {
   }
   // Serves /api/v1/ with `api` (once gRPC serves: the API calls it).
   void SetApi(const HttpHandler* api) { api_.store(api); }
+  // Until SetApi, /api/v1/ answers 503 UNAVAILABLE "the broker is starting: <describe()>", so
+  // that the dashboard shows how far the recovery got. Unset: without the details.
+  void SetStartingStatus(std::function<std::string()> describe) {
+    absl::MutexLock lock(&mu_);
+    starting_status_ = std::move(describe);
+  }
 
  private:
   HttpServer() = default;
@@ -60,6 +68,7 @@ class HttpServer {
   std::atomic<const HttpHandler*> api_{nullptr};
   absl::Mutex mu_;
   std::vector<const prometheus::Collectable*> collectables_ ABSL_GUARDED_BY(mu_);
+  std::function<std::string()> starting_status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace jobbroker::server
