@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import datetime
 import re
 import socket
 import threading
@@ -205,6 +206,49 @@ async def test_middleware_runs_per_enqueue_above_the_coalescer(broker: BrokerPro
     assert seen == [1] * 10
     assert [dict(j.headers)["stamped"] for j in jobs] == [str(i) for i in range(10)]
     assert (calls.of(ENQUEUE), calls.of(ENQUEUE_BATCH)) == (0, 1)
+
+
+async def test_an_enqueue_without_middleware_keeps_every_field(broker: BrokerProcess) -> None:
+    """enqueue() with no middleware goes to the coalescer without a NewJob: each field it takes
+    must arrive as it does through the middleware's path."""
+    calls = Calls(broker)
+    async with client_of(broker, batch_linger=0.05) as plain, client_of(broker) as wrapped:
+
+        @wrapped.use
+        async def passthrough(
+            jobs: list[NewJob], nxt: jobbroker.EnqueueNext
+        ) -> list[EnqueueResult]:
+            return await nxt(jobs)
+
+        # Completed before the jobs that name it, so that they are SCHEDULED at once by their
+        # delay (a job still waiting for a dependency has no run_at yet).
+        dependency = (await plain.enqueue("co.fields.dep", b"first")).job_id
+        [leased] = await plain.lease("co.fields.dep")
+        await plain.ack(leased)
+        expire_at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=2)
+        fields: dict[str, Any] = {
+            "headers": {"trace": "t-1"}, "priority": 7, "delay": 30, "dedup_ttl": 600,
+            "max_attempts": 4, "lease_duration": 45, "concurrency_key": "tenant-9",
+            "timeout": 20, "expire_at": expire_at, "depends_on": [dependency],
+        }
+        fast = await asyncio.gather(
+            plain.enqueue("co.fields", b"job", dedup_key="fast-0", **fields),
+            plain.enqueue("co.fields", b"job", dedup_key="fast-1", **fields),
+        )
+        slow = await wrapped.enqueue("co.fields", b"job", dedup_key="slow", **fields)
+        jobs = [await plain.get_job(r.job_id) for r in (*fast, slow)]
+    assert calls.of(ENQUEUE_BATCH) == 1, "the two plain enqueues went as one batch"
+
+    def seen(job: Any) -> tuple[object, ...]:
+        delayed = job.run_at.ToDatetime() - job.created_at.ToDatetime()
+        return (job.queue, job.payload, dict(job.headers), job.priority, job.max_attempts,
+                job.concurrency_key, job.timeout.seconds, job.expire_at.seconds,
+                list(job.depends_on), round(delayed.total_seconds()))
+
+    assert [j.dedup_key for j in jobs] == ["fast-0", "fast-1", "slow"]
+    assert seen(jobs[0]) == seen(jobs[1]) == seen(jobs[2])
+    assert seen(jobs[2]) == ("co.fields", b"job", {"trace": "t-1"}, 7, 4, "tenant-9", 20,
+                             int(expire_at.timestamp()), [dependency], 30)
 
 
 async def test_close_sends_the_open_batch(broker: BrokerProcess) -> None:
