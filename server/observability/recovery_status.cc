@@ -23,7 +23,7 @@ std::string Grouped(size_t n) {
 
 std::string RecoveryStatus::Describe() const {
   absl::MutexLock lock(&mu_);
-  if (partitions_.empty()) return "opening the data dir";
+  if (partitions_.empty()) return "no partition has begun its recovery yet";
   size_t done = 0;
   for (const auto& [partition, p] : partitions_) done += p.done ? 1 : 0;
   std::string out;

@@ -19,9 +19,10 @@ namespace jobbroker::server {
 // Thread-safe: partitions recover on threads of their own; the HTTP server's threads read.
 class RecoveryStatus final : public core::BrokerObserver {
  public:
-  // "opening the data dir" before any partition began; else each partition still recovering
-  // (at most kListed of them, in partition order) with the jobs it has loaded, and how many
-  // are done, e.g. "1 partition recovered; partition 3: 4,259,840 jobs loaded in 5.2 s".
+  // "no partition has begun its recovery yet" (the data dir opening; in cluster mode, etcd
+  // awaited too); else each partition still recovering (at most kListed of them, in partition
+  // order) with the jobs it has loaded, and how many are done, e.g. "1 partition recovered;
+  // partition 3: 4,259,840 jobs loaded in 5.2 s".
   std::string Describe() const;
 
   void RecoveryStarted(uint32_t partition) override;

@@ -8,9 +8,9 @@
 namespace jobbroker::server {
 namespace {
 
-TEST(RecoveryStatusTest, BeforeAnyPartitionBeginsTheDataDirIsBeingOpened) {
+TEST(RecoveryStatusTest, BeforeAnyPartitionBeginsItSaysSo) {
   RecoveryStatus status;
-  EXPECT_EQ(status.Describe(), "opening the data dir");
+  EXPECT_EQ(status.Describe(), "no partition has begun its recovery yet");
 }
 
 TEST(RecoveryStatusTest, OnePartitionShowsTheJobsLoadedSoFarAndHowLongItTook) {
