@@ -16,7 +16,6 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace jobbroker::server {
@@ -59,20 +58,8 @@ int HttpStatusOf(absl::StatusCode code) {
   }
 }
 
-// {"code": "NOT_FOUND", "message": "..."}: printed through protobuf's JSON so the message is
-// escaped whatever it holds.
-HttpReply Error(int http_status, absl::StatusCode code, absl::string_view message) {
-  google::protobuf::Struct error;
-  (*error.mutable_fields())["code"].set_string_value(absl::StatusCodeToString(code));
-  (*error.mutable_fields())["message"].set_string_value(std::string(message));
-  HttpReply reply{.status = http_status};
-  google::protobuf::util::MessageToJsonString(error, &reply.body);
-  reply.body += "\n";
-  return reply;
-}
-
 HttpReply Error(const absl::Status& s) {
-  return Error(HttpStatusOf(s.code()), s.code(), s.message());
+  return ErrorReply(HttpStatusOf(s.code()), s.code(), s.message());
 }
 
 HttpReply Json(const google::protobuf::Message& message) {
@@ -198,8 +185,8 @@ absl::Status ParseListJobsQuery(absl::string_view query, v1::ListJobsRequest* re
 }
 
 HttpReply MethodNotAllowed(const HttpRequest& http, std::string allow) {
-  HttpReply reply = Error(405, absl::StatusCode::kUnimplemented,
-                          absl::StrCat(http.method, " ", http.path, ": allowed: ", allow));
+  HttpReply reply = ErrorReply(405, absl::StatusCode::kUnimplemented,
+                               absl::StrCat(http.method, " ", http.path, ": allowed: ", allow));
   reply.allow = std::move(allow);
   return reply;
 }
@@ -212,7 +199,7 @@ AdminHttpApi::AdminHttpApi(std::shared_ptr<grpc::ChannelInterface> channel)
 HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
   absl::string_view rest = http.path;
   if (!absl::ConsumePrefix(&rest, kPrefix))
-    return Error(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
+    return ErrorReply(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
   const std::vector<absl::string_view> parts = absl::StrSplit(rest, '/');
   const bool get = http.method == "GET";
   const bool post = http.method == "POST";
@@ -220,9 +207,9 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
   // A cross-site page can make a browser send a form POST, but not one with a JSON content type
   // (that needs a CORS preflight, which is never granted), so changes demand it.
   if ((post || del) && !absl::StartsWithIgnoreCase(http.content_type, "application/json"))
-    return Error(415, absl::StatusCode::kInvalidArgument,
-                 "Content-Type: changes take application/json (an empty body or {} when there "
-                 "is nothing to say)");
+    return ErrorReply(415, absl::StatusCode::kInvalidArgument,
+                      "Content-Type: changes take application/json (an empty body or {} when there "
+                      "is nothing to say)");
   v1::Admin::Stub& admin = *admin_;
 
   if (parts.size() >= 2 && parts[0] == "queues" && !parts[1].empty()) {
@@ -234,7 +221,7 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
       return Call(admin, &v1::Admin::Stub::GetQueue, request, http);
     }
     if (parts.size() != 3)
-      return Error(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
+      return ErrorReply(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
     const absl::string_view action = parts[2];
     if (action == "jobs") {
       if (!get) return MethodNotAllowed(http, "GET");
@@ -309,7 +296,7 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
       return Change(admin, &v1::Admin::Stub::TriggerSchedule, http,
                     &v1::TriggerScheduleRequest::mutable_schedule_id, "scheduleId", id);
     }
-    return Error(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
+    return ErrorReply(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
   }
   if (parts.size() == 1 && parts[0] == "queues") {
     if (!get) return MethodNotAllowed(http, "GET");
@@ -338,7 +325,7 @@ HttpReply AdminHttpApi::Handle(const HttpRequest& http) const {
                     "jobId", job_id);
     }
   }
-  return Error(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
+  return ErrorReply(404, absl::StatusCode::kNotFound, absl::StrCat("no route ", http.path));
 }
 
 }  // namespace jobbroker::server

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
 namespace jobbroker::server {
 
 // One HTTP request as the handlers below see it: the transport (civetweb) is left outside, so
@@ -21,6 +24,11 @@ struct HttpReply {
   std::string body;
   std::string allow;  // the Allow header of a 405, else ""
 };
+
+// {"code": "NOT_FOUND", "message": "..."} with `http_status`: the API's refusals, and the
+// server's own before the API serves. Printed through protobuf's JSON, so the message is escaped
+// whatever it holds.
+HttpReply ErrorReply(int http_status, absl::StatusCode code, absl::string_view message);
 
 // Answers requests under one path prefix. Thread-safe: called from several HTTP threads.
 class HttpHandler {

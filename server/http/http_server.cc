@@ -5,8 +5,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "civetweb.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "prometheus/text_serializer.h"
 #include "server/http/ui_assets.h"
 
@@ -125,15 +123,11 @@ int HttpServer::HandleApi(::mg_connection* conn, void* self) {
       absl::MutexLock lock(&server->mu_);
       describe = server->starting_status_;
     }
-    // Through protobuf's JSON, as the API's own errors: escaped whatever the text holds.
-    google::protobuf::Struct error;
-    (*error.mutable_fields())["code"].set_string_value("UNAVAILABLE");
-    (*error.mutable_fields())["message"].set_string_value(
-        describe ? absl::StrCat("the broker is starting: ", describe())
-                 : "the broker is starting: its recovery has not finished");
-    std::string body;
-    google::protobuf::util::MessageToJsonString(error, &body);
-    Reply(conn, 503, "Service Unavailable", "application/json", body + "\n");
+    const HttpReply reply =
+        ErrorReply(503, absl::StatusCode::kUnavailable,
+                   describe ? absl::StrCat("the broker is starting: ", describe())
+                            : "the broker is starting: its recovery has not finished");
+    Reply(conn, reply.status, "Service Unavailable", reply.content_type.c_str(), reply.body);
     return 503;
   }
   const mg_request_info* info = mg_get_request_info(conn);
