@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,7 +45,9 @@ namespace jobbroker::core {
 // which holds a change from the moment it is made, before its write ends; a server answers a
 // read only once its fence passes, so what a client was shown is never taken back by a crash of
 // the process or, in cluster mode, by a failover. Filled by the read that takes it, under the
-// broker's lock, so no rebuild of memory can fall between the read and the fence.
+// broker's lock, so no rebuild of memory can fall between the read and the fence. A read over
+// several partitions (ListQueues, ListSchedules) passes one fence to each partition's broker,
+// which adds what it must wait for; the fence passes once all of it has.
 class ReadFence {
  public:
   // Runs `done` once every change the read could see is in the store's log, as durable as a
@@ -58,8 +61,12 @@ class ReadFence {
 
  private:
   friend class Broker;
-  CommitPipeline* pipeline_ = nullptr;
-  uint64_t seq_ = 0;  // 0: nothing to wait for
+  // The last change a read of one broker could see, in that broker's pipeline.
+  struct Pending {
+    CommitPipeline* pipeline;
+    uint64_t seq;
+  };
+  absl::InlinedVector<Pending, 1> pending_;  // empty: nothing to wait for
 };
 
 struct BrokerOptions {
@@ -262,7 +269,7 @@ class Broker {
   // Reads, with an optional ReadFence as GetJob.
   absl::StatusOr<ListJobsResult> ListJobs(const ListJobsSpec& spec, ReadFence* fence = nullptr);
   absl::StatusOr<QueueInfo> GetQueue(const std::string& queue, ReadFence* fence = nullptr);
-  std::vector<QueueInfo> ListQueues();
+  std::vector<QueueInfo> ListQueues(ReadFence* fence = nullptr);
 
   // Recurring schedules (broker_schedules.cc): the broker runs those of its own queues. The
   // router sends each to the partition of its template's queue.
@@ -273,10 +280,10 @@ class Broker {
   // timing nor `paused` changed, else it is the first run after now. Answers the stored
   // schedule once durable.
   void PutSchedule(Schedule s, Done<absl::StatusOr<ScheduleInfo>> done);
-  // kNotFound if there is none, kInvalidArgument for a malformed id.
-  absl::StatusOr<ScheduleInfo> GetSchedule(const std::string& id);
-  // Every schedule (with `queue` set, those that enqueue into it), by id.
-  std::vector<ScheduleInfo> ListSchedules(const std::string& queue);
+  // kNotFound if there is none, kInvalidArgument for a malformed id. `fence` as GetJob's.
+  absl::StatusOr<ScheduleInfo> GetSchedule(const std::string& id, ReadFence* fence = nullptr);
+  // Every schedule (with `queue` set, those that enqueue into it), by id. `fence` as GetJob's.
+  std::vector<ScheduleInfo> ListSchedules(const std::string& queue, ReadFence* fence = nullptr);
   void DeleteSchedule(std::string id, Done<absl::Status> done);
   // One run now, outside the timing (also while paused): enqueued with the dedup key of `now`
   // (to the second, so a double click is one job); last_run_at and last_job_id say so,

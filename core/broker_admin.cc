@@ -177,27 +177,50 @@ absl::Status Broker::DeleteLocked(const std::string& job_id, Transition& t, Effe
 // ---------------------------------------------------------------------------------------------
 // Reads
 void ReadFence::Await(absl::AnyInvocable<void(absl::Status)> done) const {
-  if (seq_ == 0) return done(absl::OkStatus());
-  // kGroup: in the store's log, what a worker's push waits for. At RF > 1, ReplicatedPartition
-  // answers even an unsynced write only once it is committed.
-  pipeline_->WhenDurable(
-      seq_,
-      [done = std::move(done)](absl::Status written) mutable {
-        if (!IsNotStorageFailure(written)) return done(absl::OkStatus());
-        done(absl::UnavailableError(absl::StrCat(
-            "the read saw a change that was not committed, so it is not answered (read again, "
-            "at the partition's leader): ",
-            written.message())));
-      },
-      Durability::kGroup);
+  if (pending_.empty()) return done(absl::OkStatus());
+  // One answer for every partition the read saw: OK once all passed, else the first refusal.
+  struct Countdown {
+    absl::Mutex mu;
+    size_t left ABSL_GUARDED_BY(mu);
+    absl::Status refusal ABSL_GUARDED_BY(mu);
+    absl::AnyInvocable<void(absl::Status)> done;
+  };
+  auto countdown = std::make_shared<Countdown>();
+  {
+    absl::MutexLock lock(&countdown->mu);
+    countdown->left = pending_.size();
+  }
+  countdown->done = std::move(done);
+  for (const Pending& p : pending_) {
+    // kGroup: in the store's log, what a worker's push waits for. At RF > 1, ReplicatedPartition
+    // answers even an unsynced write only once it is committed.
+    p.pipeline->WhenDurable(
+        p.seq,
+        [countdown](absl::Status written) {
+          absl::Status refusal;
+          {
+            absl::MutexLock lock(&countdown->mu);
+            if (IsNotStorageFailure(written) && countdown->refusal.ok()) {
+              countdown->refusal = absl::UnavailableError(absl::StrCat(
+                  "the read saw a change that was not committed, so it is not answered (read "
+                  "again, at the partition's leader): ",
+                  written.message()));
+            }
+            if (--countdown->left > 0) return;
+            refusal = countdown->refusal;
+          }
+          // The last one: no other callback touches the countdown any more.
+          countdown->done(std::move(refusal));
+        },
+        Durability::kGroup);
+  }
 }
 
 void Broker::FenceLocked(ReadFence* fence) {
   if (fence == nullptr) return;
   const uint64_t seq = pipeline_.last_appended();
-  fence->pipeline_ = &pipeline_;
   // What was appended before the last rebuild is stored or, dropped, no longer in memory.
-  fence->seq_ = seq > rebuilt_through_ ? seq : 0;
+  if (seq > rebuilt_through_) fence->pending_.push_back({&pipeline_, seq});
 }
 
 absl::StatusOr<Job> Broker::GetJob(const std::string& job_id, ReadFence* fence) {
@@ -405,8 +428,9 @@ absl::StatusOr<QueueInfo> Broker::GetQueue(const std::string& queue, ReadFence* 
   return InfoLocked(*q, clock_.Now());
 }
 
-std::vector<QueueInfo> Broker::ListQueues() {
+std::vector<QueueInfo> Broker::ListQueues(ReadFence* fence) {
   absl::MutexLock lock(&mu_);
+  FenceLocked(fence);
   std::vector<QueueInfo> out;
   const absl::Time now = clock_.Now();
   for (auto& [name, q] : queues_) out.push_back(InfoLocked(*q, now));

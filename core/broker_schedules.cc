@@ -49,16 +49,19 @@ void Broker::PutSchedule(Schedule s, Done<absl::StatusOr<ScheduleInfo>> done) {
           });
 }
 
-absl::StatusOr<ScheduleInfo> Broker::GetSchedule(const std::string& id) {
+absl::StatusOr<ScheduleInfo> Broker::GetSchedule(const std::string& id, ReadFence* fence) {
   BROKER_RETURN_IF_ERROR(ValidateScheduleId(id));
   absl::MutexLock lock(&mu_);
+  // Also for kNotFound: a delete the reader is told of must not come back after a failover.
+  FenceLocked(fence);
   const ScheduleTable::Entry* e = schedules_.Find(id);
   if (e == nullptr) return NoSuchSchedule(id);
   return InfoLocked(*e);
 }
 
-std::vector<ScheduleInfo> Broker::ListSchedules(const std::string& queue) {
+std::vector<ScheduleInfo> Broker::ListSchedules(const std::string& queue, ReadFence* fence) {
   absl::MutexLock lock(&mu_);
+  FenceLocked(fence);
   std::vector<ScheduleInfo> all;
   for (const auto& [id, e] : schedules_.all()) {
     if (queue.empty() || e.schedule.job.queue == queue) all.push_back(InfoLocked(e));

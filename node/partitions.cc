@@ -397,11 +397,15 @@ absl::StatusOr<core::QueueInfo> Partitions::GetQueue(const std::string& queue,
   return brokers_[PartitionOfQueue(queue)]->GetQueue(queue, fence);
 }
 
-std::vector<core::QueueInfo> Partitions::ListQueues() {
-  if (brokers_.size() == 1) return brokers_[0]->ListQueues();
+std::vector<core::QueueInfo> Partitions::ListQueues(const std::vector<bool>* served,
+                                                    core::ReadFence* fence) {
   std::vector<core::QueueInfo> all;
-  for (const std::unique_ptr<core::Broker>& broker : brokers_) {
-    std::vector<core::QueueInfo> some = broker->ListQueues();
+  for (size_t p = 0; p < brokers_.size(); ++p) {
+    // A broker that stopped leading its partition still remembers its queues, and its fence
+    // would refuse the whole read.
+    if (served != nullptr && (p >= served->size() || !(*served)[p])) continue;
+    std::vector<core::QueueInfo> some = brokers_[p]->ListQueues(fence);
+    if (brokers_.size() == 1) return some;
     all.insert(all.end(), std::make_move_iterator(some.begin()),
                std::make_move_iterator(some.end()));
   }
@@ -445,18 +449,26 @@ void Partitions::PutSchedule(core::Schedule schedule, const std::vector<bool>& s
 }
 
 absl::StatusOr<core::ScheduleInfo> Partitions::GetSchedule(const std::string& id,
-                                                           const std::vector<bool>& served) {
-  absl::StatusOr<core::Broker*> broker = BrokerOfSchedule(id, served);
-  if (!broker.ok()) return broker.status();
-  return (*broker)->GetSchedule(id);
+                                                           const std::vector<bool>& served,
+                                                           core::ReadFence* fence) {
+  if (absl::Status s = core::ValidateScheduleId(id); !s.ok()) return s;
+  // Each partition looked in adds to the fence: a NOT_FOUND must not show a delete that a
+  // failover could take back either.
+  for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
+    if (!served[p]) continue;
+    absl::StatusOr<core::ScheduleInfo> found = brokers_[p]->GetSchedule(id, fence);
+    if (found.ok() || !absl::IsNotFound(found.status())) return found;
+  }
+  return absl::NotFoundError(absl::StrCat("schedule ", id, " not found"));
 }
 
 std::vector<core::ScheduleInfo> Partitions::ListSchedules(const std::string& queue,
-                                                          const std::vector<bool>& served) {
+                                                          const std::vector<bool>& served,
+                                                          core::ReadFence* fence) {
   std::vector<core::ScheduleInfo> all;
   for (size_t p = 0; p < brokers_.size() && p < served.size(); ++p) {
     if (!served[p] || (!queue.empty() && p != PartitionOfQueue(queue))) continue;
-    std::vector<core::ScheduleInfo> some = brokers_[p]->ListSchedules(queue);
+    std::vector<core::ScheduleInfo> some = brokers_[p]->ListSchedules(queue, fence);
     all.insert(all.end(), std::make_move_iterator(some.begin()),
                std::make_move_iterator(some.end()));
   }

@@ -106,7 +106,9 @@ class Partitions {
                                                 core::ReadFence* fence = nullptr);
   absl::StatusOr<core::QueueInfo> GetQueue(const std::string& queue,
                                            core::ReadFence* fence = nullptr);
-  std::vector<core::QueueInfo> ListQueues();
+  // Every partition's queues, by name; with `served`, those of the partitions it marks only.
+  std::vector<core::QueueInfo> ListQueues(const std::vector<bool>* served = nullptr,
+                                          core::ReadFence* fence = nullptr);
   // The workers of the partitions `served` marks (by number), merged by worker_id
   // (core::Broker::ListWorkers); `served` shorter than the partitions: the rest are not asked.
   std::vector<core::WorkerInfo> ListWorkers(const std::string& queue,
@@ -119,10 +121,12 @@ class Partitions {
   void PutSchedule(core::Schedule schedule, const std::vector<bool>& served,
                    core::Done<absl::StatusOr<core::ScheduleInfo>> done);
   absl::StatusOr<core::ScheduleInfo> GetSchedule(const std::string& id,
-                                                 const std::vector<bool>& served);
+                                                 const std::vector<bool>& served,
+                                                 core::ReadFence* fence = nullptr);
   // By id; with `queue` set, only its partition is asked.
   std::vector<core::ScheduleInfo> ListSchedules(const std::string& queue,
-                                                const std::vector<bool>& served);
+                                                const std::vector<bool>& served,
+                                                core::ReadFence* fence = nullptr);
   void DeleteSchedule(std::string id, const std::vector<bool>& served,
                       core::Done<absl::Status> done);
   void TriggerSchedule(std::string id, const std::vector<bool>& served,

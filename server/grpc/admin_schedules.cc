@@ -23,30 +23,30 @@ void AdminService::ToProtoPlaced(const core::ScheduleInfo& info, v1::Schedule* o
 }
 
 template <typename Response, typename Start>
-grpc::ServerUnaryReactor* AdminService::AskOtherLeaders(grpc::CallbackServerContext* ctx,
-                                                        RpcTiming timing,
-                                                        const std::vector<bool>& here,
-                                                        const absl::Status& not_found,
-                                                        Response* resp, Start start) {
+grpc::ServerUnaryReactor* AdminService::AskOtherLeaders(
+    grpc::CallbackServerContext* ctx, RpcTiming timing, const std::vector<bool>& here,
+    const absl::Status& not_found, const core::ReadFence& fence, Response* resp, Start start) {
   if (!router_.cluster_mode() || Router::IsForwarded(*ctx))
-    return UnaryCall(ctx, timing).Finish(not_found);
+    return FinishRead(UnaryCall(ctx, timing), fence, not_found);
   absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
   if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
-  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(not_found);
-  auto* find = new FindOne<Response>(resp, timing, leaders->size(), ToGrpcStatus(not_found));
+  if (leaders->empty()) return FinishRead(UnaryCall(ctx, timing), fence, not_found);
+  auto* find = new FindOne<Response>(resp, timing, leaders->size() + 1, ToGrpcStatus(not_found));
   for (const std::string& address : *leaders) {
     auto& part = find->part(address);
     part.ctx = forwarder_->ContextFor(*ctx);
     start(forwarder_->AdminAt(address), part.ctx.get(), &part.response,
           [find, &part](grpc::Status status) { find->Done(part, status); });
   }
+  fence.Await([find](absl::Status passed) { find->LocalPassed(ToGrpcStatus(passed)); });
   return find;
 }
 
 absl::StatusOr<core::ScheduleInfo> AdminService::FindScheduleHere(grpc::CallbackServerContext* ctx,
                                                                   const std::string& id,
-                                                                  const std::vector<bool>& here) {
-  absl::StatusOr<core::ScheduleInfo> found = broker_.GetSchedule(id, here);
+                                                                  const std::vector<bool>& here,
+                                                                  core::ReadFence* fence) {
+  absl::StatusOr<core::ScheduleInfo> found = broker_.GetSchedule(id, here, fence);
   if (!found.ok()) return found.status();
   // Checked on the schedule's queue only once it is found: before that, only the role.
   if (absl::Status s = auth_.Check(*ctx, Role::kAdmin, found->schedule.job.queue); !s.ok())
@@ -96,15 +96,17 @@ grpc::ServerUnaryReactor* AdminService::ScheduleById(grpc::CallbackServerContext
   if (absl::Status s = core::ValidateScheduleId(req->schedule_id()); !s.ok())
     return UnaryCall(ctx, timing).Finish(s);
   const std::vector<bool> here = ServedHere();
-  absl::StatusOr<core::ScheduleInfo> found = FindScheduleHere(ctx, req->schedule_id(), here);
+  core::ReadFence fence;
+  absl::StatusOr<core::ScheduleInfo> found =
+      FindScheduleHere(ctx, req->schedule_id(), here, &fence);
   if (found.ok()) {
     UnaryCall call(ctx, timing);
-    act(call, *found, here);
+    act(call, *found, here, fence);
     return call.reactor();
   }
   if (!absl::IsNotFound(found.status())) return UnaryCall(ctx, timing).Finish(found.status());
   return AskOtherLeaders<Response>(
-      ctx, timing, here, found.status(), resp,
+      ctx, timing, here, found.status(), fence, resp,
       [req, send](v1::Admin::Stub& stub, grpc::ClientContext* c, Response* r,
                   std::function<void(grpc::Status)> done) {
         send(stub, c, req, r, std::move(done));
@@ -116,9 +118,10 @@ grpc::ServerUnaryReactor* AdminService::GetSchedule(grpc::CallbackServerContext*
                                                     v1::Schedule* resp) {
   return ScheduleById(
       ctx, "GetSchedule", req, resp,
-      [this, resp](UnaryCall call, const core::ScheduleInfo& found, const std::vector<bool>&) {
+      [this, resp](UnaryCall call, const core::ScheduleInfo& found, const std::vector<bool>&,
+                   const core::ReadFence& fence) {
         ToProtoPlaced(found, resp);
-        call.Finish(absl::OkStatus());
+        FinishRead(call, fence, absl::OkStatus());
       },
       [](v1::Admin::Stub& stub, grpc::ClientContext* c, const v1::GetScheduleRequest* r,
          v1::Schedule* out, std::function<void(grpc::Status)> done) {
@@ -131,7 +134,9 @@ grpc::ServerUnaryReactor* AdminService::DeleteSchedule(grpc::CallbackServerConte
                                                        v1::DeleteScheduleResponse* resp) {
   return ScheduleById(
       ctx, "DeleteSchedule", req, resp,
-      [this, req](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here) {
+      // A write: its answer waits for its own change, so for every change the lookup saw too.
+      [this, req](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here,
+                  const core::ReadFence&) {
         broker_.DeleteSchedule(req->schedule_id(), here,
                                [call](absl::Status deleted) { call.Finish(deleted); });
       },
@@ -146,7 +151,8 @@ grpc::ServerUnaryReactor* AdminService::TriggerSchedule(grpc::CallbackServerCont
                                                         v1::TriggerScheduleResponse* resp) {
   return ScheduleById(
       ctx, "TriggerSchedule", req, resp,
-      [this, req, resp](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here) {
+      [this, req, resp](UnaryCall call, const core::ScheduleInfo&, const std::vector<bool>& here,
+                        const core::ReadFence&) {
         broker_.TriggerSchedule(req->schedule_id(), here,
                                 [call, resp](absl::StatusOr<core::EnqueueResult> run) {
                                   if (run.ok()) {
@@ -184,19 +190,20 @@ grpc::ServerUnaryReactor* AdminService::ListSchedules(grpc::CallbackServerContex
       return UnaryCall(ctx, timing).Finish(s);
   }
   const std::vector<bool> here = ServedHere();
-  for (const core::ScheduleInfo& info : broker_.ListSchedules(req->queue(), here)) {
+  core::ReadFence fence;
+  for (const core::ScheduleInfo& info : broker_.ListSchedules(req->queue(), here, &fence)) {
     // A token scoped to some queues sees their schedules only.
     if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, info.schedule.job.queue))
       continue;
     ToProtoPlaced(info, resp->add_schedules());
   }
   if (!req->queue().empty() || !router_.cluster_mode() || Router::IsForwarded(*ctx))
-    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+    return FinishRead(UnaryCall(ctx, timing), fence, absl::OkStatus());
   absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
   if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
-  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  if (leaders->empty()) return FinishRead(UnaryCall(ctx, timing), fence, absl::OkStatus());
   auto* fan_out = new FanOut<v1::ListSchedulesResponse>(
-      resp, timing, leaders->size(),
+      resp, timing, leaders->size() + 1,
       [resp](v1::ListSchedulesResponse& part) {
         for (v1::Schedule& s : *part.mutable_schedules()) resp->add_schedules()->Swap(&s);
       },
@@ -213,6 +220,7 @@ grpc::ServerUnaryReactor* AdminService::ListSchedules(grpc::CallbackServerContex
         part.ctx.get(), req, &part.response,
         [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
   }
+  fence.Await([fan_out](absl::Status passed) { fan_out->LocalPassed(ToGrpcStatus(passed)); });
   return fan_out;
 }
 

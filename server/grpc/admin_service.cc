@@ -223,7 +223,8 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
   std::shared_ptr<const ClusterView> view = router_.view();
   // Which partitions this node answers for, read once: the others are asked below.
   const std::vector<bool> here = ServedHere();
-  for (const core::QueueInfo& q : broker_.ListQueues()) {
+  core::ReadFence fence;
+  for (const core::QueueInfo& q : broker_.ListQueues(&here, &fence)) {
     // A token scoped to some queues sees those only; the others' names are not its business.
     if (*caller != nullptr && !Authorizer::MatchesQueue(**caller, q.name)) continue;
     const uint32_t partition = router_.PartitionOfQueue(q.name);
@@ -234,13 +235,13 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
     AddPlacement(info, *view);
   }
   if (!router_.cluster_mode() || Router::IsForwarded(*ctx))
-    return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+    return FinishRead(UnaryCall(ctx, timing), fence, absl::OkStatus());
   // Cluster mode: and the queues of every other partition, from the nodes that lead them.
   absl::StatusOr<std::vector<std::string>> leaders = OtherLeaders(here);
   if (!leaders.ok()) return UnaryCall(ctx, timing).Finish(leaders.status());
-  if (leaders->empty()) return UnaryCall(ctx, timing).Finish(absl::OkStatus());
+  if (leaders->empty()) return FinishRead(UnaryCall(ctx, timing), fence, absl::OkStatus());
   auto* fan_out = new FanOut<v1::ListQueuesResponse>(
-      resp, timing, leaders->size(),
+      resp, timing, leaders->size() + 1,
       [resp](v1::ListQueuesResponse& part) {
         for (v1::QueueInfo& q : *part.mutable_queues()) resp->add_queues()->Swap(&q);
       },
@@ -257,6 +258,7 @@ grpc::ServerUnaryReactor* AdminService::ListQueues(grpc::CallbackServerContext* 
         part.ctx.get(), req, &part.response,
         [fan_out, &part](grpc::Status status) { fan_out->Done(part, status); });
   }
+  fence.Await([fan_out](absl::Status passed) { fan_out->LocalPassed(ToGrpcStatus(passed)); });
   return fan_out;
 }
 

@@ -107,20 +107,23 @@ class AdminService final : public v1::Admin::CallbackService {
   // listing; UNAVAILABLE if one has no leader or changed leader meanwhile.
   absl::StatusOr<std::vector<std::string>> OtherLeaders(const std::vector<bool>& here) const;
   // A schedule by id in this node's partitions (`here`), if the caller may administer its
-  // queue; kNotFound if none of them has it.
+  // queue; kNotFound if none of them has it. `fence` gets what the lookup saw (ReadFence).
   absl::StatusOr<core::ScheduleInfo> FindScheduleHere(grpc::CallbackServerContext* ctx,
                                                       const std::string& id,
-                                                      const std::vector<bool>& here);
-  // A call by schedule id that `here` could not answer (`not_found`): in cluster mode, asked of
-  // every other leader (`start(stub, ctx, response, done)` sends it); else `not_found`.
+                                                      const std::vector<bool>& here,
+                                                      core::ReadFence* fence);
+  // A call by schedule id that `here` could not answer (`not_found`, once `fence` passes): in
+  // cluster mode, asked of every other leader (`start(stub, ctx, response, done)` sends it);
+  // else `not_found`.
   template <typename Response, typename Start>
   grpc::ServerUnaryReactor* AskOtherLeaders(grpc::CallbackServerContext* ctx, RpcTiming timing,
                                             const std::vector<bool>& here,
-                                            const absl::Status& not_found, Response* resp,
+                                            const absl::Status& not_found,
+                                            const core::ReadFence& fence, Response* resp,
                                             Start start);
   // The calls by schedule id (Get, Delete, Trigger): the role, the id, then `act(call, found,
-  // here)` where this node has the schedule, else `send(stub, ctx, req, response, done)` to
-  // every other leader (AskOtherLeaders).
+  // here, fence)` where this node has the schedule (a read answers once `fence` passes), else
+  // `send(stub, ctx, req, response, done)` to every other leader (AskOtherLeaders).
   template <typename Request, typename Response, typename Act, typename Send>
   grpc::ServerUnaryReactor* ScheduleById(grpc::CallbackServerContext* ctx, absl::string_view method,
                                          const Request* req, Response* resp, Act act, Send send);

@@ -16,6 +16,8 @@ namespace jobbroker::server {
 // A listing in cluster mode (ListQueues, ListWorkers): this node's part is in the response
 // already; each other leader's is added (`add`) as it comes, and the whole is completed
 // (`complete`: sorted, merged) and answered once all have, or answered with the first failure.
+// `parts` counts the other leaders, and one more when this node's part waits for its read fence
+// (core::ReadFence), which then reports through LocalPassed.
 template <typename Response>
 class FanOut final : public grpc::ServerUnaryReactor {
  public:
@@ -35,12 +37,21 @@ class FanOut final : public grpc::ServerUnaryReactor {
   // Made before any call starts, so the map does not change while answers arrive.
   Part& part(const std::string& address) { return parts_[address]; }
 
-  void Done(Part& part, const grpc::Status& status) {
+  void Done(Part& part, const grpc::Status& status) { Settle(status, &part.response); }
+  // This node's part may be shown (OK) or not (its fence's refusal).
+  void LocalPassed(const grpc::Status& status) { Settle(status, nullptr); }
+  void OnCancel() override {
+    for (auto& [address, part] : parts_) part.ctx->TryCancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Settle(const grpc::Status& status, Response* part_response) {
     grpc::Status failure;
     {
       absl::MutexLock lock(&mu_);
       if (!status.ok() && failure_.ok()) failure_ = status;
-      if (status.ok()) add_(part.response);
+      if (status.ok() && part_response != nullptr) add_(*part_response);
       if (--pending_ > 0) return;
       failure = failure_;
     }
@@ -53,12 +64,7 @@ class FanOut final : public grpc::ServerUnaryReactor {
     timing_.Record(failure);
     Finish(failure);
   }
-  void OnCancel() override {
-    for (auto& [address, part] : parts_) part.ctx->TryCancel();
-  }
-  void OnDone() override { delete this; }
 
- private:
   Response* const resp_;
   const RpcTiming timing_;
   const std::function<void(Response&)> add_;
@@ -73,7 +79,8 @@ class FanOut final : public grpc::ServerUnaryReactor {
 // node could not answer: the schedule lives in one partition, so each other leader is asked (a
 // forwarded call, answered from its own partitions only) and the one that has it answers; the
 // others say NOT_FOUND. The answer: the one found, else the first other failure, else
-// `not_found`.
+// `not_found`. As FanOut, `parts` may count this node's read fence, reported by LocalPassed (a
+// NOT_FOUND here must not hide a delete that a failover takes back).
 template <typename Response>
 class FindOne final : public grpc::ServerUnaryReactor {
  public:
@@ -87,13 +94,21 @@ class FindOne final : public grpc::ServerUnaryReactor {
   // Made before any call starts, so the map does not change while answers arrive.
   Part& part(const std::string& address) { return parts_[address]; }
 
-  void Done(Part& part, const grpc::Status& status) {
+  void Done(Part& part, const grpc::Status& status) { Settle(status, &part.response); }
+  void LocalPassed(const grpc::Status& status) { Settle(status, nullptr); }
+  void OnCancel() override {
+    for (auto& [address, part] : parts_) part.ctx->TryCancel();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Settle(const grpc::Status& status, Response* part_response) {
     grpc::Status answer;
     {
       absl::MutexLock lock(&mu_);
-      if (status.ok() && !found_) {
+      if (status.ok() && part_response != nullptr && !found_) {
         found_ = true;
-        resp_->Swap(&part.response);
+        resp_->Swap(part_response);
       } else if (!status.ok() && status.error_code() != grpc::StatusCode::NOT_FOUND &&
                  failure_.ok()) {
         failure_ = status;
@@ -104,12 +119,7 @@ class FindOne final : public grpc::ServerUnaryReactor {
     timing_.Record(answer);
     Finish(answer);
   }
-  void OnCancel() override {
-    for (auto& [address, part] : parts_) part.ctx->TryCancel();
-  }
-  void OnDone() override { delete this; }
 
- private:
   Response* const resp_;
   const RpcTiming timing_;
   const grpc::Status not_found_;

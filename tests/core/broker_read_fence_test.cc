@@ -159,6 +159,90 @@ TEST_F(ReadFenceTest, ListJobsAndGetQueueWaitAsGetJobDoes) {
   enqueued.WaitForNotification();
 }
 
+TEST_F(ReadFenceTest, ListQueuesAndTheScheduleReadsWaitAsGetJobDoes) {
+  Open();
+  Schedule every_minute;
+  every_minute.id = "nightly";
+  every_minute.every = absl::Minutes(1);
+  every_minute.job.queue = "q";
+  ASSERT_TRUE(broker_->PutSchedule(every_minute).ok());
+  absl::Notification enqueued;
+  HoldEnqueue("held", enqueued);
+
+  ReadFence queues_fence, list_fence, get_fence, missing_fence;
+  std::vector<QueueInfo> queues = broker_->broker().ListQueues(&queues_fence);
+  ASSERT_EQ(queues.size(), 1u);
+  EXPECT_EQ(queues[0].counts[JobState::kReady], 1) << "memory holds the enqueue already";
+  EXPECT_EQ(broker_->broker().ListSchedules("", &list_fence).size(), 1u);
+  ASSERT_TRUE(broker_->broker().GetSchedule("nightly", &get_fence).ok());
+  // A NOT_FOUND is fenced too: it could be a delete under way.
+  EXPECT_THAT(broker_->broker().GetSchedule("weekly", &missing_fence),
+              StatusIs(absl::StatusCode::kNotFound));
+  FenceOutcome queues_read, list_read, get_read, missing_read;
+  queues_read.Await(queues_fence);
+  list_read.Await(list_fence);
+  get_read.Await(get_fence);
+  missing_read.Await(missing_fence);
+  for (FenceOutcome* read : {&queues_read, &list_read, &get_read, &missing_read})
+    EXPECT_FALSE(read->passed.HasBeenNotified()) << "the enqueue is not in the store yet";
+
+  gate_.SetOpen(true);
+  for (FenceOutcome* read : {&queues_read, &list_read, &get_read, &missing_read}) {
+    read->passed.WaitForNotification();
+    EXPECT_TRUE(read->status.ok()) << read->status;
+  }
+  enqueued.WaitForNotification();
+}
+
+// A read over several partitions (ListQueues, ListSchedules) hands one fence to each partition's
+// broker: it passes once every change any of them showed is stored, and is refused if one of
+// those changes is taken back, whatever the others did.
+TEST_F(ReadFenceTest, AFenceOverTwoBrokersPassesOnlyOnceBothHave) {
+  OpenOnHaltablePipeline();
+  GateStore other_gate;
+  BrokerOptions o;
+  o.commit_mode = CommitPipeline::Mode::kBackground;
+  auto other = BlockingBroker::Open(other_gate, clock_, o);
+  ASSERT_TRUE(other.ok()) << other.status();
+  absl::Notification here_enqueued, there_enqueued;
+  HoldEnqueue("here", here_enqueued);
+  other_gate.SetOpen(false);
+  const int entered = other_gate.entered();
+  (*other)->broker().EnqueueBatch(
+      {EnqueueSpec{.queue = "elsewhere", .payload = "there"}},
+      [&](absl::StatusOr<std::vector<EnqueueResult>>) { there_enqueued.Notify(); });
+  other_gate.AwaitEntered(entered + 1);
+
+  ReadFence both;
+  EXPECT_EQ(broker_->broker().ListQueues(&both).size(), 1u);
+  EXPECT_EQ((*other)->broker().ListQueues(&both).size(), 1u);
+  FenceOutcome first;
+  first.Await(both);
+  gate_.SetOpen(true);
+  here_enqueued.WaitForNotification();
+  EXPECT_FALSE(first.passed.HasBeenNotified()) << "the other broker's change is still unstored";
+  other_gate.SetOpen(true);
+  first.passed.WaitForNotification();
+  EXPECT_TRUE(first.status.ok()) << first.status;
+  there_enqueued.WaitForNotification();
+
+  // Again, and this time the first broker's change is taken back.
+  absl::Notification dropped;
+  HoldEnqueue("dropped", dropped);
+  ReadFence taken_back;
+  (*other)->broker().ListQueues(&taken_back);  // nothing pending there now
+  broker_->broker().ListQueues(&taken_back);
+  FenceOutcome second;
+  second.Await(taken_back);
+  pipeline_->Halt(LeaderMoved());
+  second.passed.WaitForNotification();
+  EXPECT_THAT(second.status, StatusIs(absl::StatusCode::kUnavailable,
+                                      HasSubstr("the read saw a change that was not committed")));
+  dropped.WaitForNotification();
+  (*other)->Shutdown();
+  (*other)->Flush().IgnoreError();
+}
+
 TEST_F(ReadFenceTest, AReadWithNothingPendingIsAnsweredAtOnceOnTheCallersThread) {
   Open();
   const LeasedJob leased = EnqueueAndLease();
