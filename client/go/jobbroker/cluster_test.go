@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,10 +44,12 @@ func startCluster(t *testing.T) *testCluster {
 		t.Skip("no etcd on PATH (Debian's etcd-server): the cluster tests need one")
 	}
 	cl := &testCluster{dir: t.TempDir()}
-	etcdURL := "http://" + freeAddress(t)
+	// All of the cluster's ports at once, so that no two are the same.
+	ports := freeAddresses(t, 8)
+	etcdURL := "http://" + ports[0]
 	etcd := exec.Command("etcd", "--data-dir", filepath.Join(cl.dir, "etcd"),
 		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", "http://"+freeAddress(t))
+		"--listen-peer-urls", "http://"+ports[1])
 	cl.start(t, etcd, "etcd.log")
 	t.Cleanup(func() { stopProcess(etcd) })
 	t.Cleanup(cl.stopNodes) // runs before etcd's: a node leaves etcd as it stops
@@ -56,8 +60,8 @@ func startCluster(t *testing.T) *testCluster {
 		t.Fatal(err)
 	}
 	for n := range 3 {
-		cl.addresses = append(cl.addresses, freeAddress(t))
-		cl.http = append(cl.http, freeAddress(t))
+		cl.addresses = append(cl.addresses, ports[2+n])
+		cl.http = append(cl.http, ports[5+n])
 		node := exec.Command(brokerBinary(), "--listen", cl.addresses[n], "--http-listen", cl.http[n],
 			"--data-dir", filepath.Join(cl.dir, fmt.Sprintf("node-%d", n)),
 			"--partitions", fmt.Sprint(clusterPartitions), "--cluster-etcd", etcdURL,
@@ -148,15 +152,40 @@ func stopProcess(cmd *exec.Cmd) {
 	}
 }
 
-// freeAddress is a loopback address whose port was free a moment ago.
-func freeAddress(t *testing.T) string {
+// freeAddresses gives count distinct loopback addresses whose ports are free right now, below
+// the kernel's ephemeral range (as the C++ harnesses pick theirs, tests/testing/process_util.h).
+// A port that listening on port 0 handed out is released at once, so it can be handed out again
+// (two processes of one cluster were once given the same port, and a node exited "cannot
+// listen") or become an outgoing connection's local port before the process given it binds.
+func freeAddresses(t *testing.T, count int) []string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if fields := strings.Fields(string(b)); len(fields) > 0 {
+			if n, err := strconv.Atoi(fields[0]); err == nil {
+				low = n
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
+	hi := min(low, 32768) - 1
+	lo := max(1024, hi-12000)
+	var picked []string
+	for i := 0; i < 100*count && len(picked) < count; i++ {
+		address := fmt.Sprintf("127.0.0.1:%d", lo+rand.IntN(hi-lo+1))
+		if slices.Contains(picked, address) {
+			continue
+		}
+		l, err := net.Listen("tcp", address)
+		if err != nil {
+			continue // in use
+		}
+		l.Close()
+		picked = append(picked, address)
+	}
+	if len(picked) < count {
+		t.Fatalf("no %d free ports in %d..%d", count, lo, hi)
+	}
+	return picked
 }
 
 // client is a client of the cluster as an application makes one: given every node's address.

@@ -4,6 +4,7 @@ and three nodes of the real jobbroker binary on loopback ports the OS picks."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -21,10 +22,36 @@ from jobbroker.v1 import admin_pb2, admin_pb2_grpc
 NODES = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports free right now, below the kernel's ephemeral range (as the
+    C++ harnesses pick theirs, tests/testing/process_util.h). A port that bind(0) handed out is
+    released at once, so it can be handed out again (two processes of one cluster were once given
+    the same port, and a node exited "cannot listen") or become an outgoing connection's local
+    port before the process given it binds."""
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: the default range
+    hi = min(low, 32768) - 1
+    lo = max(1024, hi - 12000)
+    picked: list[int] = []
+    for _ in range(100 * count):
+        if len(picked) == count:
+            return picked
+        port = random.randint(lo, hi)
+        if port in picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+    if len(picked) == count:
+        return picked
+    raise RuntimeError(f"no {count} free ports in {lo}..{hi}")
 
 
 class ClusterProcess:
@@ -36,9 +63,12 @@ class ClusterProcess:
         self.partitions = partitions
         self.config_json = config_json
         self.dir = tempfile.mkdtemp(prefix="jobbroker-py-cluster-")
-        self.addresses = [f"127.0.0.1:{_free_port()}" for _ in range(NODES)]
+        # All of one cluster's ports at once, so that no two are the same.
+        ports = [f"127.0.0.1:{port}" for port in _free_ports(2 * NODES + 2)]
+        self.addresses = ports[:NODES]
         # Each node's HTTP listener, for its /metrics.
-        self.http_addresses = [f"127.0.0.1:{_free_port()}" for _ in range(NODES)]
+        self.http_addresses = ports[NODES:2 * NODES]
+        self._etcd_client, self._etcd_peer = ports[2 * NODES:]
         self.nodes: list[subprocess.Popen[bytes]] = []
         self.etcd: subprocess.Popen[bytes] | None = None
 
@@ -46,12 +76,12 @@ class ClusterProcess:
         return os.open(os.path.join(self.dir, f"{name}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
 
     def start(self) -> ClusterProcess:
-        etcd_url = f"http://127.0.0.1:{_free_port()}"
+        etcd_url = f"http://{self._etcd_client}"
         log = self._log("etcd")
         self.etcd = subprocess.Popen(
             ["etcd", "--data-dir", os.path.join(self.dir, "etcd"),
              "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-             "--listen-peer-urls", f"http://127.0.0.1:{_free_port()}"],
+             "--listen-peer-urls", f"http://{self._etcd_peer}"],
             stdout=log, stderr=subprocess.STDOUT)
         os.close(log)
         config = os.path.join(self.dir, "config.json")

@@ -206,6 +206,39 @@ def dead_address
   "127.0.0.1:#{port}"
 end
 
+# `count` distinct loopback addresses whose ports are free right now, below the kernel's
+# ephemeral range (as the C++ harnesses pick theirs, tests/testing/process_util.h), for processes
+# that must be given their port before they start. A port that binding port 0 handed out is
+# released at once, so it can be handed out again (two processes of one cluster were once given
+# the same port, and a node exited "cannot listen") or become an outgoing connection's local
+# port before the process given it binds.
+def free_addresses(count)
+  low = begin
+    Integer(File.read("/proc/sys/net/ipv4/ip_local_port_range").split.first)
+  rescue StandardError
+    32_768 # not Linux: the default range
+  end
+  hi = [low, 32_768].min - 1
+  lo = [1024, hi - 12_000].max
+  picked = []
+  (100 * count).times do
+    break if picked.size == count
+
+    address = "127.0.0.1:#{rand(lo..hi)}"
+    next if picked.include?(address)
+
+    begin
+      TCPServer.new("127.0.0.1", Integer(address.split(":").last)).close
+      picked << address
+    rescue SystemCallError
+      next # in use
+    end
+  end
+  raise "no #{count} free ports in #{lo}..#{hi}" if picked.size < count
+
+  picked
+end
+
 # A real cluster on loopback, as tests/lib/cluster.sh starts one: Debian's etcd and three
 # jobbroker nodes (`partitions` partitions, each replicated on all three), their data and logs
 # in a fresh directory. #initialize returns once every partition has a leader and all three
@@ -224,14 +257,16 @@ class ClusterProcess
 
   def initialize(partitions: 4)
     @dir = Dir.mktmpdir("jobbroker-ruby-cluster-")
-    etcd_url = "http://#{dead_address}"
+    # All of the cluster's ports at once, so that no two are the same.
+    ports = free_addresses(2 * NODES + 2)
+    etcd_url = "http://#{ports[0]}"
     @etcd_pid = Process.spawn("etcd", "--data-dir", path("etcd"),
                               "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
-                              "--listen-peer-urls", "http://#{dead_address}",
+                              "--listen-peer-urls", "http://#{ports[1]}",
                               out: path("etcd.log"), err: %i[child out])
     File.write(path("config.json"), JSON.generate(CONFIG))
-    @addresses = Array.new(NODES) { dead_address }
-    @http_addresses = Array.new(NODES) { dead_address }
+    @addresses = ports[2, NODES]
+    @http_addresses = ports[2 + NODES, NODES]
     @node_pids = @addresses.each_with_index.map do |address, n|
       Process.spawn(BrokerProcess.binary, "--listen", address, "--http-listen", @http_addresses[n],
                     "--data-dir", path("node-#{n}"), "--partitions", partitions.to_s,

@@ -276,17 +276,10 @@ class WorkerContractTest < Minitest::Test
     assert_equal "a ScriptError", client.get_job(ids[0]).last_error
   end
 
-  def free_port
-    server = TCPServer.new("127.0.0.1", 0)
-    server.addr[1]
-  ensure
-    server&.close
-  end
-
   # The broker dies while handlers run; their acks wait, go out on the next stream with the
   # same lease ids, coalesced into one ack_batch, and the jobs complete with one attempt.
   def test_acks_unsent_at_a_reconnect_go_out_together_on_the_next_stream
-    listen = "127.0.0.1:#{free_port}"
+    listen = free_addresses(1).first
     own = BrokerProcess.new(config: TEST_CONFIG, listen: listen)
     queue = unique_queue
     own_client = Jobbroker.connect(own.address)
@@ -345,7 +338,7 @@ class WorkerContractTest < Minitest::Test
   # once, well before the grace is over. The broker is killed with kill -9 and started again
   # on the same port and data directory while the handler runs.
   def test_a_stream_ended_during_the_grace_is_reopened_for_the_answers
-    listen = "127.0.0.1:#{free_port}"
+    listen = free_addresses(1).first
     own = BrokerProcess.new(config: TEST_CONFIG, listen: listen)
     queue = unique_queue
     own_client = Jobbroker.connect(own.address)

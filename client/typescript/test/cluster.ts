@@ -3,7 +3,7 @@
 // Each node serves its /metrics on a port of its own (`metric()`).
 import http from "node:http";
 import { spawn, type ChildProcess } from "node:child_process";
-import { createWriteStream, mkdtempSync, rmSync } from "node:fs";
+import { createWriteStream, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
@@ -11,13 +11,37 @@ import { Client, JobBrokerError, Status, type ClusterInfo } from "../src";
 import { partitionOfQueue } from "../src/partition";
 import { brokerBinary, eventually } from "./broker";
 
-/** A port free a moment ago on 127.0.0.1 (the nodes' addresses are fixed before they start). */
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const { port } = server.address() as net.AddressInfo;
-  await new Promise((resolve) => server.close(resolve));
-  return port;
+/**
+ * `count` distinct ports free right now on 127.0.0.1, below the kernel's ephemeral range (as the
+ * C++ harnesses pick theirs, tests/testing/process_util.h): the nodes' addresses are fixed before
+ * they start. A port that listen(0) handed out is released at once, so it can be handed out again
+ * (two processes of one cluster were once given the same port, and a node exited "cannot listen")
+ * or become an outgoing connection's local port before the process given it binds.
+ */
+async function freePorts(count: number): Promise<number[]> {
+  let low = 32768;
+  try {
+    low = Number(readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]) || low;
+  } catch {
+    // not Linux: the default range
+  }
+  const hi = Math.min(low, 32768) - 1;
+  const lo = Math.max(1024, hi - 12000);
+  const picked: number[] = [];
+  for (let i = 0; i < 100 * count && picked.length < count; i++) {
+    const port = lo + Math.floor(Math.random() * (hi - lo + 1));
+    if (!picked.includes(port) && (await bindable(port))) picked.push(port);
+  }
+  if (picked.length < count) throw new Error(`no ${count} free ports in ${lo}..${hi}`);
+  return picked;
+}
+
+function bindable(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const server = net.createServer();
+    server.once("error", () => resolve(false));
+    server.listen(port, "127.0.0.1", () => server.close(() => resolve(true)));
+  });
 }
 
 function startProcess(command: string, args: string[], logFile: string): ChildProcess {
@@ -51,19 +75,17 @@ export class Cluster {
   /** Starts etcd and the nodes; resolves once every partition has a leader and 3 in sync. */
   static async start(): Promise<Cluster> {
     const dir = mkdtempSync(path.join(os.tmpdir(), "jobbroker-ts-cluster-"));
-    const etcdUrl = `http://127.0.0.1:${await freePort()}`;
+    // All of the cluster's ports at once, so that no two are the same.
+    const ports = (await freePorts(8)).map((port) => `127.0.0.1:${port}`);
+    const etcdUrl = `http://${ports[0]}`;
     const etcd = startProcess(
       "etcd",
       ["--data-dir", path.join(dir, "etcd"), "--listen-client-urls", etcdUrl, "--advertise-client-urls", etcdUrl,
-        "--listen-peer-urls", `http://127.0.0.1:${await freePort()}`],
+        "--listen-peer-urls", `http://${ports[1]}`],
       path.join(dir, "etcd.log"),
     );
-    const addresses: string[] = [];
-    const httpAddresses: string[] = [];
-    for (let n = 0; n < 3; n++) {
-      addresses.push(`127.0.0.1:${await freePort()}`);
-      httpAddresses.push(`127.0.0.1:${await freePort()}`);
-    }
+    const addresses = ports.slice(2, 5);
+    const httpAddresses = ports.slice(5, 8);
     const nodes = addresses.map((address, n) =>
       startProcess(
         brokerBinary(),

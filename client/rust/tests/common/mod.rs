@@ -1,6 +1,7 @@
 //! Starts the real jobbroker binary for a test: fresh data dir, ports chosen by the OS.
 #![allow(dead_code)]
 
+use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -160,7 +161,9 @@ impl Cluster {
     /// a leader and all three nodes in sync (panics after 60 s).
     pub async fn start(partitions: u32) -> Self {
         let dir = TempDir::new("cluster");
-        let etcd_url = format!("http://{}", stopped_address());
+        // All of the cluster's ports at once, so that no two are the same.
+        let ports = free_addresses(8);
+        let etcd_url = format!("http://{}", ports[0]);
         let etcd_log = std::fs::File::create(dir.0.join("etcd.log")).unwrap();
         let etcd = Command::new("etcd")
             .arg("--data-dir")
@@ -168,14 +171,14 @@ impl Cluster {
             .args(["--listen-client-urls", &etcd_url])
             .args(["--advertise-client-urls", &etcd_url])
             .arg("--listen-peer-urls")
-            .arg(format!("http://{}", stopped_address()))
+            .arg(format!("http://{}", ports[1]))
             .stdin(Stdio::null())
             .stdout(etcd_log.try_clone().unwrap())
             .stderr(etcd_log)
             .spawn()
             .expect("start etcd (Debian's etcd-server, on PATH)");
-        let addresses: Vec<String> = (0..3).map(|_| stopped_address()).collect();
-        let http_addresses: Vec<String> = (0..3).map(|_| stopped_address()).collect();
+        let addresses: Vec<String> = ports[2..5].to_vec();
+        let http_addresses: Vec<String> = ports[5..8].to_vec();
         let mut cluster = Cluster {
             addresses: addresses.clone(),
             http_addresses: http_addresses.clone(),
@@ -441,6 +444,35 @@ fn http_get(address: &str, path: &str) -> String {
         }
     }
     String::from_utf8_lossy(&body).into_owned()
+}
+
+/// `count` distinct loopback addresses whose ports are free right now, below the kernel's
+/// ephemeral range (as the C++ harnesses pick theirs, tests/testing/process_util.h), for
+/// processes that must be given their port before they start. A port that binding port 0
+/// handed out is released at once, so it can be handed out again (two processes of one cluster
+/// were once given the same port, and a node exited "cannot listen") or become an outgoing
+/// connection's local port before the process given it binds.
+pub fn free_addresses(count: usize) -> Vec<String> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let hi = low.min(32768) - 1;
+    let lo = hi.saturating_sub(12000).max(1024);
+    let random = std::collections::hash_map::RandomState::new();
+    let mut picked: Vec<String> = Vec::new();
+    for i in 0..100 * count {
+        if picked.len() == count {
+            break;
+        }
+        let port = lo + (random.hash_one(i) % u64::from(hi - lo + 1)) as u32;
+        let address = format!("127.0.0.1:{port}");
+        if !picked.contains(&address) && std::net::TcpListener::bind(&address).is_ok() {
+            picked.push(address);
+        }
+    }
+    assert_eq!(picked.len(), count, "no {count} free ports in {lo}..{hi}");
+    picked
 }
 
 /// An address nothing listens on: a broker that is stopped.

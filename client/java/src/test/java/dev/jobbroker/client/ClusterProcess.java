@@ -5,6 +5,7 @@ import dev.jobbroker.v1.PartitionInfo;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
+import java.net.InetAddress;
 import java.net.ServerSocket;
 import java.net.URI;
 import java.net.http.HttpClient;
@@ -16,6 +17,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Comparator;
 import java.util.List;
+import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 
@@ -49,14 +51,16 @@ final class ClusterProcess implements AutoCloseable {
    */
   static ClusterProcess start(int partitions) throws Exception {
     Path dir = Files.createTempDirectory("jobbroker-java-cluster");
-    String etcdUrl = "http://127.0.0.1:" + freePort();
+    // All of the cluster's ports at once, so that no two are the same.
+    List<String> ports = freePorts(2 * NODES + 2);
+    String etcdUrl = "http://" + ports.get(0);
     Process etcd =
         new ProcessBuilder(
                 "etcd",
                 "--data-dir", dir.resolve("etcd").toString(),
                 "--listen-client-urls", etcdUrl,
                 "--advertise-client-urls", etcdUrl,
-                "--listen-peer-urls", "http://127.0.0.1:" + freePort())
+                "--listen-peer-urls", "http://" + ports.get(1))
             .redirectErrorStream(true)
             .redirectOutput(dir.resolve("etcd.log").toFile())
             .start();
@@ -66,10 +70,8 @@ final class ClusterProcess implements AutoCloseable {
     // Never leave a process behind, even when the test JVM is stopped early.
     Runtime.getRuntime().addShutdownHook(new Thread(cluster::killAll));
     try {
-      for (int n = 0; n < NODES; n++) {
-        addresses.add("127.0.0.1:" + freePort());
-        cluster.httpAddresses.add("127.0.0.1:" + freePort());
-      }
+      addresses.addAll(ports.subList(2, 2 + NODES));
+      cluster.httpAddresses.addAll(ports.subList(2 + NODES, 2 + 2 * NODES));
       for (int n = 0; n < NODES; n++) {
         nodes.add(
             new ProcessBuilder(
@@ -219,9 +221,38 @@ final class ClusterProcess implements AutoCloseable {
     }
   }
 
-  private static int freePort() throws IOException {
-    try (ServerSocket s = new ServerSocket(0)) {
-      return s.getLocalPort();
+  /**
+   * {@code count} distinct loopback addresses ("127.0.0.1:PORT") whose ports are free right now,
+   * below the kernel's ephemeral range (as the C++ harnesses pick theirs,
+   * tests/testing/process_util.h). A port that binding port 0 handed out is released at once, so
+   * it can be handed out again (two processes of one cluster were once given the same port, and a
+   * node exited "cannot listen") or become an outgoing connection's local port before the process
+   * given it binds.
+   */
+  private static List<String> freePorts(int count) {
+    int low = 32768;
+    try {
+      String range = Files.readString(Path.of("/proc/sys/net/ipv4/ip_local_port_range"));
+      low = Integer.parseInt(range.trim().split("\\s+")[0]);
+    } catch (IOException | RuntimeException notLinux) {
+      // the default range
     }
+    int hi = Math.min(low, 32768) - 1;
+    int lo = Math.max(1024, hi - 12000);
+    List<String> picked = new ArrayList<>();
+    for (int i = 0; i < 100 * count && picked.size() < count; i++) {
+      int port = ThreadLocalRandom.current().nextInt(lo, hi + 1);
+      String address = "127.0.0.1:" + port;
+      if (picked.contains(address)) continue;
+      try (ServerSocket s = new ServerSocket(port, 1, InetAddress.getLoopbackAddress())) {
+        picked.add(address);
+      } catch (IOException taken) {
+        // in use: another
+      }
+    }
+    if (picked.size() < count) {
+      throw new IllegalStateException("no " + count + " free ports in " + lo + ".." + hi);
+    }
+    return picked;
   }
 }
