@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -73,15 +74,33 @@ _ports_given: set[int] = set()
 def free_port() -> int:
     # The broker must come back on the same address after a kill -9 (scenario reconnect), so
     # the harness picks the port instead of letting the broker take port 0. Languages run side
-    # by side: a port is handed out once per run, so two brokers never race for one.
-    while True:
+    # by side: a port is handed out once per run, so two brokers never race for one. Picked at
+    # random below the kernel's ephemeral range (as tests/testing/process_util.h does): a port
+    # from there is never an outgoing connection's local port, which one that bind(0) handed
+    # out (and released) could become before the broker binds it.
+    low = 32768
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass  # not Linux: the default range
+    hi = min(low, 32768) - 1
+    lo = max(1024, hi - 12000)
+    for _ in range(1000):
+        port = random.randint(lo, hi)
+        with _ports_lock:
+            if port in _ports_given:
+                continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
         with _ports_lock:
             if port not in _ports_given:
                 _ports_given.add(port)
                 return port
+    raise RuntimeError(f"no free port in {lo}..{hi}")
 
 
 def seconds(ms: int) -> duration_pb2.Duration:
