@@ -232,7 +232,8 @@ final class ClusterProcess implements AutoCloseable {
   private static List<String> freePorts(int count) {
     int low = 32768;
     try {
-      String range = Files.readString(Path.of("/proc/sys/net/ipv4/ip_local_port_range"));
+      // Not Files.readString: on JDK 17 it returned only "3" of this /proc file's "32768 60999".
+      String range = Files.readAllLines(Path.of("/proc/sys/net/ipv4/ip_local_port_range")).get(0);
       low = Integer.parseInt(range.trim().split("\\s+")[0]);
     } catch (IOException | RuntimeException notLinux) {
       // the default range
