@@ -12,10 +12,10 @@
 //! cancellation token, reconnects with backoff, and on SIGTERM/SIGINT the graceful stop (no new
 //! jobs, jobs not started released, running ones finish within `--grace-secs`, exit 0).
 //!
-//! The demo handler reads the payload as text: `sleep:MS` works MS milliseconds (stopping early
-//! when cancelled), `fail` always fails (retried), `flaky` fails on its first attempt only,
-//! `poison` fails permanently; anything else succeeds at once with the upper-cased payload as
-//! the result.
+//! The demo handler reads the payload as text: `sleep:MS` works MS milliseconds (saying so as it
+//! starts, stopping early when cancelled), `fail` always fails (retried), `flaky` fails on its
+//! first attempt only, `poison` fails permanently; anything else succeeds at once with the
+//! upper-cased payload as the result.
 
 use std::time::Duration;
 
@@ -29,6 +29,7 @@ async fn handle(job: Job) -> Result<String, WorkerError> {
             .trim()
             .parse()
             .map_err(|_| WorkerError::permanent("bad sleep payload"))?;
+        println!("worker: job {} sleeps {ms} ms", job.id());
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
             _ = job.cancelled() => return Err(WorkerError::Cancelled),

@@ -175,7 +175,9 @@ async fn worker_example_completes_jobs_and_drains_on_sigterm() {
         .into_iter()
         .map(|r| r.job_id)
         .collect();
-    wait_for_state(&client, &batch[0], JobState::Active).await;
+    // Its handler has started (ACTIVE at the broker only says it was pushed: a job still on its
+    // way when the stop begins is released, unstarted).
+    worker.wait_for_line(&format!("job {} sleeps", batch[0]));
     worker.terminate();
     assert_eq!(worker.wait(), Some(0));
     for id in &batch {
