@@ -1,5 +1,7 @@
 // Broker: an operator's calls on single jobs and queues (cancel, retry, delete, policies,
 // pause) and the reads of jobs and queues. Bulk redrive and purge are in broker_bulk.cc.
+#include <algorithm>
+
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -220,7 +222,16 @@ void Broker::FenceLocked(ReadFence* fence) {
   if (fence == nullptr) return;
   const uint64_t seq = pipeline_.last_appended();
   // What was appended before the last rebuild is stored or, dropped, no longer in memory.
-  if (seq > rebuilt_through_) fence->pending_.push_back({&pipeline_, seq});
+  if (seq <= rebuilt_through_) return;
+  // Partitions of one process share a pipeline (BrokerOptions::pipeline): its last sequence
+  // number covers every earlier one, so a read over them waits on one entry, not one each.
+  for (ReadFence::Pending& p : fence->pending_) {
+    if (p.pipeline == &pipeline_) {
+      p.seq = std::max(p.seq, seq);
+      return;
+    }
+  }
+  fence->pending_.push_back({&pipeline_, seq});
 }
 
 absl::StatusOr<Job> Broker::GetJob(const std::string& job_id, ReadFence* fence) {
