@@ -28,6 +28,7 @@ worker = Jobbroker::Worker.new(options: options, concurrency: concurrency, prefe
                                grace: Float(ENV.fetch("WORKER_GRACE", "30")))
 worker.handle(queue) do |job|
   email = job.json
+  puts "working on #{job.job_id} attempt=#{job.attempt}"
   if job.attempt <= email.fetch("fail_attempts", 0)
     raise "provider timeout (attempt #{job.attempt} of #{job.max_attempts})"
   end

@@ -74,7 +74,11 @@ class WorkerExampleTest < Minitest::Test
     rest = Array.new(3) { |i| client.enqueue(queue, { "to" => "u#{i}@example.com" }).job_id }
     # One handler, two prefetched: the slow job runs while two more wait, leased.
     start_worker(queue, 1, 2)
-    wait_for_state(slow, :JOB_STATE_ACTIVE, timeout: 60)
+    # ACTIVE at the broker says a job was pushed, not that its handler started: a job still on
+    # its way at SIGTERM is released unstarted. So the worker's own line says the slow one runs.
+    eventually(timeout: 60, message: "the slow job's handler started") do
+      worker_output.include?("working on #{slow}")
+    end
     eventually(timeout: 60, message: "two jobs prefetched") do
       rest.count { |id| client.get_job(id).state == :JOB_STATE_ACTIVE } == 2
     end
