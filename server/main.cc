@@ -3,7 +3,6 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <signal.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -41,6 +40,7 @@
 #include "server/observability/recovery_status.h"
 #include "server/observability/storage_health.h"
 #include "server/routing/router.h"
+#include "server/stop_signals.h"
 #include "server/ticker.h"
 #include "storage/rocksdb_store.h"
 
@@ -69,6 +69,8 @@ std::string WithPort(const std::string& address, int port) {
 }
 
 int Run(int argc, char** argv) {
+  // First, before gRPC starts threads of its own: every thread inherits the signals blocked.
+  StopSignals& stop_signals = StopSignals::Install();
   // Debian builds Abseil with lock-order (deadlock) detection on, which keeps a graph of every
   // mutex and costs several percent of CPU on the hot paths. The unit and concurrency tests still
   // run with it (they do not come through here).
@@ -126,14 +128,6 @@ int Run(int argc, char** argv) {
     return 0;
   }
   Log::Configure(log_level, log_format);
-
-  // Signals are taken by sigwait on this thread, so every thread started below inherits the
-  // block and none is interrupted mid-write.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // HTTP first: liveness answers while recovery runs; readiness once it is done.
   prometheus::Registry registry;
@@ -228,6 +222,8 @@ int Run(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0)
     return Fatal("--listen: cannot listen on " + flags->listen);
+  // It may answer calls from here on: a signal now is a graceful stop, once the start is done.
+  stop_signals.Serving();
   // The dashboard's API calls the Admin service in process: one implementation of every check.
   AdminHttpApi admin_http(server->InProcessChannel(grpc::ChannelArguments()));
 
@@ -288,8 +284,7 @@ int Run(int argc, char** argv) {
   std::printf("jobbroker: serving grpc=%s http=%s\n", grpc_address.c_str(), http_address.c_str());
   std::fflush(stdout);
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = stop_signals.Await();
   Log::Write(LogLevel::kInfo, "shutting_down", {{"signal", absl::StrCat(sig)}});
   if (cluster != nullptr) {
     // Leadership first, while this node still serves (forwarding to the new leaders) and still

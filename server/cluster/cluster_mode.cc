@@ -75,9 +75,8 @@ absl::StatusOr<std::string> ReadPeerToken(const std::string& path, const Authori
 }
 
 // Waits up to --cluster-etcd-wait for etcd's first answer (cluster/etcd/await_etcd.h), logging
-// the wait every 5 s. SIGTERM ends the wait with the process: gRPC's own threads, started before
-// main blocks the signal, take it with its default action (a node that serves nothing yet has
-// nothing to hand over or drain).
+// the wait every 5 s. SIGTERM ends the wait with the process (server/stop_signals.h: a node
+// that serves nothing yet has nothing to hand over or drain).
 absl::Status AwaitEtcd(cluster::Etcd& etcd, const ServerFlags& flags, const core::Clock& clock) {
   cluster::AwaitEtcdOptions options;
   options.patience = absl::Seconds(flags.cluster_etcd_wait);

@@ -137,6 +137,8 @@ TEST_F(EtcdStartTest, ANodeWaitingForEtcdStopsOnSigterm) {
   absl::StatusOr<int> code = (*node)->Stop(kGiveUp);
   ASSERT_TRUE(code.ok()) << code.status();
   EXPECT_EQ(*code, 128 + SIGTERM) << (*node)->ReadLog();
+  EXPECT_THAT((*node)->ReadLog(),
+              HasSubstr("\"event\":\"stopped_while_starting\",\"signal\":\"15\""));
 }
 
 }  // namespace
