@@ -114,11 +114,12 @@ async function poll() {
     lastQueues = queues;
     rates.add(queues, Date.now());
     live.textContent = 'Live';
-    live.classList.remove('offline');
+    live.classList.remove('offline', 'starting');
     current?.onQueues?.(queues);
   } catch (err) {
-    live.textContent = err.status === 401 ? 'Signed out' : 'Offline';
-    live.classList.add('offline');
+    live.textContent = err.status === 401 ? 'Signed out' : err.starting ? 'Starting' : 'Offline';
+    live.classList.toggle('starting', Boolean(err.starting));
+    live.classList.toggle('offline', !err.starting);
     current?.onPollError?.(err);
   } finally {
     polling = false;

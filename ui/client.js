@@ -13,6 +13,13 @@ export class ApiError extends Error {
     this.status = status;
     this.code = code;
   }
+
+  // The broker is up but still starting (reading its jobs back, waiting for etcd): its HTTP
+  // server answers before the API does, with 503 and a message that says how far it got
+  // (server/http/http_server.cc).
+  get starting() {
+    return this.status === 503 && this.code === 'UNAVAILABLE' && this.message.startsWith('the broker is starting');
+  }
 }
 
 // The token lives in sessionStorage: it survives a reload of this tab but not the tab itself,

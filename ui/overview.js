@@ -127,7 +127,15 @@ export function render(root, ctx) {
     onQueues: update,
     onPollError(err) {
       // setText: an unchanged message is not announced again on every poll.
-      setText(error, `Could not load the queues: ${err.message}`);
+      setText(
+        error,
+        err.starting
+          ? `The broker is starting (${err.message.replace(/^the broker is starting: /, '')}). The queues appear once it serves.`
+          : `Could not load the queues: ${err.message}`,
+      );
+      // Not a failure: a notice until the start is over (update() hides it).
+      error.classList.toggle('warn', Boolean(err.starting));
+      error.classList.toggle('error', !err.starting);
       error.hidden = false;
     },
     dispose() {

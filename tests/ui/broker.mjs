@@ -28,15 +28,24 @@ for (const signal of ['SIGINT', 'SIGTERM']) process.once(signal, () => process.e
 // `files`: name -> contents, written into the broker's temporary directory before it starts;
 // `args(dir)`: extra flags, given that directory (e.g. --auth-tokens <dir>/tokens.json);
 // `listen`: the gRPC address (a cluster node needs a fixed one the others can dial);
-// `dataDir`: a data directory of the caller's, kept after stop (a node restarted on its data).
+// `httpListen`: the HTTP address (a fixed one to open the dashboard before the broker serves);
+// `dataDir`: a data directory of the caller's, kept after stop (a node restarted on its data);
+// `readyTimeoutMs`: how long it may take to serve (a node that waits for a test's etcd).
 // Resolves with {grpc, http, url, dir, stop(), kill()} once the broker printed its "serving"
 // line; kill() is kill -9.
-export async function startBroker({ files = {}, args = () => [], listen = '127.0.0.1:0', dataDir = null } = {}) {
+export async function startBroker({
+  files = {},
+  args = () => [],
+  listen = '127.0.0.1:0',
+  httpListen = '127.0.0.1:0',
+  dataDir = null,
+  readyTimeoutMs = READY_TIMEOUT_MS,
+} = {}) {
   const dir = mkdtempSync(path.join(tmpdir(), 'jobbroker-ui-'));
   for (const [name, contents] of Object.entries(files)) writeFileSync(path.join(dir, name), contents);
   const argv = [
     '--listen', listen,
-    '--http-listen', '127.0.0.1:0',
+    '--http-listen', httpListen,
     '--data-dir', dataDir ?? path.join(dir, 'data'),
     '--log-level', 'warn',
     ...args(dir),
@@ -54,7 +63,7 @@ export async function startBroker({ files = {}, args = () => [], listen = '127.0
   let addresses;
   try {
     addresses = await new Promise((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`broker not serving after ${READY_TIMEOUT_MS} ms`)), READY_TIMEOUT_MS);
+      const timer = setTimeout(() => reject(new Error(`broker not serving after ${readyTimeoutMs} ms`)), readyTimeoutMs);
       child.once('error', (err) => reject(new Error(`cannot start ${brokerBin}: ${err.message}`)));
       exited.then((e) => reject(new Error(`broker exited before serving (${JSON.stringify(e)})`)));
       readline.createInterface({ input: child.stdout }).on('line', (line) => {

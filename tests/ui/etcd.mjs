@@ -38,10 +38,11 @@ function bindable(port) {
   });
 }
 
-// Resolves with {url, stop()} once etcd answers /health.
-export async function startEtcd() {
+// Resolves with {url, stop()} once etcd answers /health. `clientPort`: the port its clients
+// dial, when they were given its URL before it started.
+export async function startEtcd({ clientPort } = {}) {
   const dir = mkdtempSync(path.join(tmpdir(), 'jobbroker-ui-etcd-'));
-  const client = await freePort();
+  const client = clientPort ?? (await freePort());
   const peer = await freePort();
   const url = `http://127.0.0.1:${client}`;
   const child = spawn(
