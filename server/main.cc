@@ -178,10 +178,15 @@ int Run(int argc, char** argv) {
   // this node leads it; its retries (every 200 ms here) rebuild it once it does.
   std::unique_ptr<ClusterMode> cluster;
   if (!flags->cluster_etcd.empty()) {
+    // Until etcd answers and the node has joined, that is what the start waits for.
+    (*http)->SetStartingStatus([etcd = flags->cluster_etcd] {
+      return absl::StrCat("joining the cluster through etcd at ", etcd);
+    });
     absl::StatusOr<std::unique_ptr<ClusterMode>> started =
         ClusterMode::Start(*flags, **store, clock, authorizer.get());
     if (!started.ok()) return Fatal(std::string(started.status().message()));
     cluster = *std::move(started);
+    (*http)->SetStartingStatus([&recovery_status] { return recovery_status.Describe(); });
     options.store_retry_interval = absl::Milliseconds(200);
   }
   absl::StatusOr<std::unique_ptr<node::Partitions>> broker =

@@ -49,7 +49,13 @@ test('a starting broker shows Starting and how far it got, then its queues once 
   assert.match(await live.getAttribute('class'), /\bstarting\b/);
   assert.doesNotMatch(await live.getAttribute('class'), /\boffline\b/);
   const notice = page.getByRole('alert');
-  await notice.getByText(/^The broker is starting \(.+\)\. The queues appear once it serves\.$/).waitFor();
+  await notice
+    .getByText(
+      `The broker is starting (joining the cluster through etcd at http://127.0.0.1:${etcdPort}). ` +
+        'The queues appear once it serves.',
+      { exact: true },
+    )
+    .waitFor();
   assert.match(await notice.getAttribute('class'), /\bwarn\b/);
   await screenshot(page, 'starting');
 
