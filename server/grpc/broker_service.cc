@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
+#include "server/grpc/producer_stream.h"
 #include "server/grpc/work_stream.h"
 #include "server/grpc/worker_origin.h"
 #include "server/routing/router.h"
@@ -66,12 +67,14 @@ absl::Status CheckBatch(const RpcAuth& auth, const grpc::ServerContextBase& ctx,
   return absl::OkStatus();
 }
 
-// A Work stream refused before it starts (no token, or no worker role): finished at once.
-class RefusedStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse> {
+// A stream refused before it starts (no token, or not the role): finished at once.
+template <typename Request, typename Response>
+class RefusedStream final : public grpc::ServerBidiReactor<Request, Response> {
  public:
-  explicit RefusedStream(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  explicit RefusedStream(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
   void OnDone() override { delete this; }
 };
+using RefusedWork = RefusedStream<v1::WorkRequest, v1::WorkResponse>;
 
 }  // namespace
 
@@ -150,6 +153,19 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
       },
       /*batch=*/true);
   return call.reactor();
+}
+
+grpc::ServerBidiReactor<v1::EnqueueStreamRequest, v1::EnqueueStreamResponse>*
+BrokerService::EnqueueStream(grpc::CallbackServerContext* ctx) {
+  using Refused = RefusedStream<v1::EnqueueStreamRequest, v1::EnqueueStreamResponse>;
+  // The metadata comes once per stream: the token is checked here, each job's queue later.
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return new Refused(caller.status());
+  if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok())
+      return new Refused(s);
+  }
+  return ProducerStream::Start(broker_, auth_, *caller, router_, forwarder_, timers_, ctx);
 }
 
 grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,
@@ -260,13 +276,13 @@ grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* BrokerService::Work(
     grpc::CallbackServerContext* ctx) {
   // The metadata comes once per stream: the token is checked here, each queue and job later.
   absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
-  if (!caller.ok()) return new RefusedStream(caller.status());
+  if (!caller.ok()) return new RefusedWork(caller.status());
   if (*caller != nullptr) {
     if (absl::Status s = Authorizer::AllowRole(**caller, Role::kWorker); !s.ok())
-      return new RefusedStream(s);
+      return new RefusedWork(s);
   }
   if (!streams_.TryAcquire())
-    return new RefusedStream(absl::ResourceExhaustedError(
+    return new RefusedWork(absl::ResourceExhaustedError(
         absl::StrCat("Work streams: all ", streams_.max(),
                      " are open (--max-work-streams); retry later or on another broker")));
   return WorkStream::Start(broker_, auth_, *caller, &streams_, router_, forwarder_, ctx);

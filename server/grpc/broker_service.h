@@ -26,13 +26,17 @@ class BrokerService final : public v1::Broker::CallbackService {
         streams_(streams),
         router_(router),
         forwarder_(forwarder),
-        timers_(metrics.For(*v1::EnqueueRequest::descriptor()->file(), "Broker")) {}
+        timers_(metrics.For(*v1::EnqueueRequest::descriptor()->file(), "Broker",
+                            /*per_message=*/{"EnqueueStream"})) {}
 
   grpc::ServerUnaryReactor* Enqueue(grpc::CallbackServerContext* ctx, const v1::EnqueueRequest* req,
                                     v1::EnqueueResponse* resp) override;
   grpc::ServerUnaryReactor* EnqueueBatch(grpc::CallbackServerContext* ctx,
                                          const v1::EnqueueBatchRequest* req,
                                          v1::EnqueueBatchResponse* resp) override;
+  // EnqueueBatch calls as messages of one stream: see server/grpc/producer_stream.h.
+  grpc::ServerBidiReactor<v1::EnqueueStreamRequest, v1::EnqueueStreamResponse>* EnqueueStream(
+      grpc::CallbackServerContext* ctx) override;
   grpc::ServerUnaryReactor* Lease(grpc::CallbackServerContext* ctx, const v1::LeaseRequest* req,
                                   v1::LeaseResponse* resp) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,

@@ -1,5 +1,6 @@
 #include "server/grpc/rpc_metrics.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -59,12 +60,16 @@ grpc::ServerUnaryReactor* UnaryCall::Finish(const absl::Status& status) const {
 }
 
 RpcServiceTimers::RpcServiceTimers(prometheus::Family<prometheus::Histogram>* family,
-                                   const google::protobuf::ServiceDescriptor& service)
+                                   const google::protobuf::ServiceDescriptor& service,
+                                   const std::vector<std::string>& per_message)
     : service_(service.full_name()), on_(family != nullptr) {
   for (int i = 0; i < service.method_count(); ++i) {
     const google::protobuf::MethodDescriptor& m = *service.method(i);
     std::unique_ptr<RpcMethodTimer> timer;
-    if (family != nullptr && !m.client_streaming() && !m.server_streaming())
+    const bool stream = m.client_streaming() || m.server_streaming();
+    const bool timed_per_message =
+        std::find(per_message.begin(), per_message.end(), m.name()) != per_message.end();
+    if (family != nullptr && (!stream || timed_per_message))
       timer = std::make_unique<RpcMethodTimer>(*family, absl::StrCat("/", service_, "/", m.name()));
     methods_.emplace(m.name(), std::move(timer));
   }
@@ -86,10 +91,16 @@ RpcMetrics::RpcMetrics(prometheus::Registry* registry)
                             .Register(*registry)) {}
 
 RpcServiceTimers RpcMetrics::For(const google::protobuf::FileDescriptor& file,
-                                 absl::string_view name) const {
+                                 absl::string_view name,
+                                 const std::vector<std::string>& per_message) const {
   const google::protobuf::ServiceDescriptor* service = file.FindServiceByName(std::string(name));
   if (service == nullptr) Die(absl::StrCat(file.name(), " declares no service ", name));
-  return RpcServiceTimers(durations_, *service);
+  for (const std::string& method : per_message) {
+    const google::protobuf::MethodDescriptor* m = service->FindMethodByName(method);
+    if (m == nullptr || !m->client_streaming() || !m->server_streaming())
+      Die(absl::StrCat(service->full_name(), " has no bidirectional stream ", method));
+  }
+  return RpcServiceTimers(durations_, *service, per_message);
 }
 
 }  // namespace jobbroker::server

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -19,7 +20,9 @@
 namespace jobbroker::server {
 
 // Times unary RPCs from the handler's start to their status, by method and status code
-// (jobbroker_rpc_duration_seconds). Streams are left out: their lifetime is not a latency.
+// (jobbroker_rpc_duration_seconds). A stream's lifetime is not a latency: streams are not timed,
+// except those a service names as timed per message (EnqueueStream, each of whose messages stands
+// for an EnqueueBatch call): each message is then timed as a call of that method.
 //
 // The services time their own calls instead of registering a gRPC interceptor: with any
 // interceptor registered, gRPC 1.51 runs every batch of every call through its interceptor
@@ -74,8 +77,10 @@ class UnaryCall {
 class RpcServiceTimers {
  public:
   // `family` null: metrics off, Start times nothing. Otherwise borrowed, like RpcMethodTimer's.
+  // `per_message`: the streaming methods whose messages are timed as calls.
   RpcServiceTimers(prometheus::Family<prometheus::Histogram>* family,
-                   const google::protobuf::ServiceDescriptor& service);
+                   const google::protobuf::ServiceDescriptor& service,
+                   const std::vector<std::string>& per_message = {});
   RpcServiceTimers(RpcServiceTimers&&) = default;
 
   // The timing of a call of `method` (its short name, e.g. "Enqueue") starting now. A name the
@@ -96,8 +101,10 @@ class RpcMetrics {
   explicit RpcMetrics(prometheus::Registry* registry);
   // The timers of service `name` of `file` (the .proto that declares it; reached through one of
   // its messages, e.g. v1::EnqueueRequest::descriptor()->file(), so that it is surely linked in).
-  // Aborts if the file has no such service: a wiring bug.
-  RpcServiceTimers For(const google::protobuf::FileDescriptor& file, absl::string_view name) const;
+  // Aborts if the file has no such service: a wiring bug. `per_message`: its streaming methods
+  // whose messages are each timed as a call.
+  RpcServiceTimers For(const google::protobuf::FileDescriptor& file, absl::string_view name,
+                       const std::vector<std::string>& per_message = {}) const;
 
  private:
   prometheus::Family<prometheus::Histogram>* durations_;

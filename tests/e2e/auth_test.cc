@@ -305,6 +305,27 @@ class AuthTableTest : public AuthTest {
            v1::EnqueueBatchResponse resp;
            return BrokerOf(t).EnqueueBatch(Ctx(who).get(), req, &resp);
          }},
+        // A stream refused as a whole ends with the refusal; a batch refused on an open stream
+        // is answered with it (and the stream goes on): either is this cell's status.
+        {"Broker.EnqueueStream", producer,
+         [](AuthTest& t, Who who, const Targets& x) {
+           std::unique_ptr<grpc::ClientContext> ctx = Ctx(who);
+           auto stream = BrokerOf(t).EnqueueStream(ctx.get());
+           v1::EnqueueStreamRequest req;
+           req.set_request_id(1);
+           for (int i = 0; i < 2; ++i) {
+             req.mutable_batch()->add_jobs()->set_queue(x.queue);
+             req.mutable_batch()->mutable_jobs(i)->set_payload("new");
+           }
+           stream->Write(req);
+           stream->WritesDone();
+           v1::EnqueueStreamResponse resp;
+           const bool answered = stream->Read(&resp);
+           grpc::Status end = stream->Finish();
+           if (!answered) return end;
+           if (resp.request_id() != 1) return grpc::Status(grpc::INTERNAL, "wrong request_id");
+           return grpc::Status(static_cast<grpc::StatusCode>(resp.code()), resp.message());
+         }},
         {"Broker.Lease", worker,
          [](AuthTest& t, Who who, const Targets& x) {
            v1::LeaseRequest req;
@@ -484,7 +505,7 @@ TEST_F(AuthTableTest, EveryRpcAgainstEveryCaller) {
       ExpectUnchanged(before, Take(targets.queue));
     }
   }
-  EXPECT_EQ(cells, 20 * 6);
+  EXPECT_EQ(cells, 21 * 6);
 
   // Nothing the broker wrote, at the most verbose log level, or serves as metrics holds a token.
   const std::string metrics = HttpGet(process().http_address(), "/metrics");

@@ -28,6 +28,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
@@ -257,6 +259,40 @@ struct Api<v1::ReleaseRequest> {
   }
   static grpc::Status Send(Env& env, const v1::ReleaseRequest& req) {
     return env.client->Release(req);
+  }
+};
+
+// One batch on a fresh EnqueueStream; the answer to it is the row's status.
+struct StreamBatch {
+  v1::EnqueueStreamRequest request;
+};
+
+template <>
+struct Api<StreamBatch> {
+  static constexpr char kRpc[] = "EnqueueStream";
+  static StreamBatch Valid(const Env& env) {
+    StreamBatch b;
+    b.request.set_request_id(1);
+    *b.request.mutable_batch() = Api<v1::EnqueueBatchRequest>::Valid(env);
+    return b;
+  }
+  static grpc::Status Send(Env& env, const StreamBatch& b) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto stream = env.client->broker().EnqueueStream(&ctx);
+    stream->Write(b.request);
+    stream->WritesDone();
+    v1::EnqueueStreamResponse answer;
+    const bool answered = stream->Read(&answer);
+    grpc::Status end = stream->Finish();
+    if (!answered)
+      return grpc::Status(Code::UNKNOWN, absl::StrCat("no answer: ", end.error_message()));
+    EXPECT_THAT(end, IsOk());  // a refused batch does not end the stream
+    EXPECT_EQ(answer.request_id(), 1u);
+    if (answer.code() != 0) {
+      EXPECT_EQ(answer.results_size(), 0);
+    }
+    return grpc::Status(static_cast<Code>(answer.code()), answer.message());
   }
 };
 
@@ -811,6 +847,27 @@ void AddEnqueueBatchRows(std::vector<Row>& rows) {
     r.mutable_jobs()->DeleteSubrange(1, r.jobs_size() - 1);
     while (r.jobs_size() < 1000) *r.add_jobs() = r.jobs(0);
   });
+}
+
+// The stream's batch is an EnqueueBatchRequest: one bad value of each kind shows the stream
+// checks it as the call does (the EnqueueBatch rows cover every field).
+void AddEnqueueStreamRows(std::vector<Row>& rows) {
+  using B = v1::EnqueueBatchRequest;
+  auto row = [&](absl::string_view what, Expect e, std::function<void(B&)> c) {
+    rows.push_back(Nested<StreamBatch>(
+        v1::EnqueueStreamRequest::descriptor(), "batch", "batch", what, std::move(e),
+        [c = std::move(c)](Env&, StreamBatch& b) { c(*b.request.mutable_batch()); }));
+  };
+  row("unset", Invalid("jobs"), [](B& b) { b.Clear(); });
+  row("of_1001_jobs", Invalid("jobs"), [](B& b) {
+    while (b.jobs_size() < 1001) *b.add_jobs() = b.jobs(0);
+  });
+  row("with_job_1_of_a_bad_queue", Invalid("jobs[1].queue"),
+      [](B& b) { b.mutable_jobs(1)->set_queue("no spaces allowed"); });
+  row("with_job_1_of_a_payload_over_1_MiB", TooBig("jobs[1].payload"),
+      [](B& b) { b.mutable_jobs(1)->set_payload(Bytes(kMiB + 1)); });
+  row("with_job_1_of_an_invalid_delay", Invalid("jobs[1].delay"),
+      [](B& b) { *b.mutable_jobs(1)->mutable_delay() = MixedSignDuration(); });
 }
 
 void AddLeaseRows(std::vector<Row>& rows) {
@@ -1435,6 +1492,7 @@ std::vector<Row> AllRows() {
   std::vector<Row> rows;
   AddEnqueueRows(rows);
   AddEnqueueBatchRows(rows);
+  AddEnqueueStreamRows(rows);
   AddLeaseRows(rows);
   AddAttemptRows(rows);
   AddWorkRows(rows);
@@ -1455,6 +1513,7 @@ const std::map<std::pair<std::string, std::string>, std::string>& Allowlist() {
       {{"jobbroker.v1.FailRequest", "error"}, "any text; the broker keeps it cut at 4 KiB"},
       {{"jobbroker.v1.FailRequest", "permanent"}, "a bool"},
       {{"jobbroker.v1.WorkRequest", "request_id"}, "any uint64; only echoed back"},
+      {{"jobbroker.v1.EnqueueStreamRequest", "request_id"}, "any uint64; only echoed back"},
       {{"jobbroker.v1.SubscribeRequest", "batch_pushes"}, "a bool"},
       {{"jobbroker.v1.ListJobsRequest", "newest_first"}, "a bool"},
       {{"jobbroker.v1.UpdateQueuePolicyRequest", "reset"}, "a bool"},

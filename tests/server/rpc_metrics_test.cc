@@ -56,6 +56,22 @@ TEST(RpcMetricsTest, StreamsAreNotTimed) {
   EXPECT_TRUE(Counts(registry).empty());
 }
 
+// EnqueueStream's batches each stand for an EnqueueBatch call: timed as calls of that method.
+TEST(RpcMetricsTest, AStreamNamedAsTimedPerMessageIsTimedOncePerMessage) {
+  prometheus::Registry registry;
+  RpcMetrics metrics(&registry);
+  RpcServiceTimers timers = metrics.For(BrokerProto(), "Broker", {"EnqueueStream"});
+  timers.Start("EnqueueStream").Record(grpc::Status::OK);
+  timers.Start("EnqueueStream").Record(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "x"));
+  timers.Start("Work").Record(grpc::Status::OK);
+  std::map<std::string, std::map<std::string, uint64_t>> want = {
+      {"/jobbroker.v1.Broker/EnqueueStream", {{"OK", 1}, {"INVALID_ARGUMENT", 1}}},
+  };
+  EXPECT_EQ(Counts(registry), want);
+  EXPECT_DEATH(metrics.For(BrokerProto(), "Broker", {"Enqueue"}),
+               "jobbroker.v1.Broker has no bidirectional stream Enqueue");
+}
+
 TEST(RpcMetricsTest, OffRecordsNothingButStillKnowsTheMethods) {
   RpcMetrics metrics(nullptr);
   RpcServiceTimers timers = metrics.For(BrokerProto(), "Broker");

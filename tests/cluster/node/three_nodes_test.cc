@@ -493,6 +493,40 @@ TEST_F(ThreeNodesTest, AnyNodeServesEveryCallOfEveryPartition) {
     }
   }
 
+  // An EnqueueStream at the idle node: each batch goes to its partition's leader (as an
+  // EnqueueBatch call would) and the leader's answer comes back on the stream, by request_id.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kGiveUp));
+    auto producer = nodes_[idle]->NewBrokerStub()->EnqueueStream(&context);
+    for (uint32_t p = 0; p < kPartitions; ++p) {
+      v1::EnqueueStreamRequest request;
+      request.set_request_id(100 + p);
+      for (const char* payload : {"first", "second"}) {
+        v1::EnqueueRequest* job = request.mutable_batch()->add_jobs();
+        job->set_queue(QueueIn(p, "streamed"));
+        job->set_payload(absl::StrCat(payload, " of partition ", p));
+      }
+      ASSERT_TRUE(producer->Write(request));
+    }
+    producer->WritesDone();
+    std::map<uint64_t, v1::EnqueueStreamResponse> answers;
+    v1::EnqueueStreamResponse answer;
+    while (producer->Read(&answer)) answers[answer.request_id()] = answer;
+    grpc::Status finished = producer->Finish();
+    EXPECT_TRUE(finished.ok()) << finished.error_message();
+    ASSERT_EQ(answers.size(), kPartitions);
+    for (uint32_t p = 0; p < kPartitions; ++p) {
+      const v1::EnqueueStreamResponse& a = answers[100 + p];
+      ASSERT_EQ(a.code(), 0) << a.message();
+      ASSERT_EQ(a.results_size(), 2);
+      absl::StatusOr<v1::Job> second = GetJobAt(leaders[p], a.results(1).job_id());
+      ASSERT_TRUE(second.ok()) << second.status();
+      EXPECT_EQ(second->payload(), absl::StrCat("second of partition ", p));
+      EXPECT_EQ(second->queue(), QueueIn(p, "streamed"));
+    }
+  }
+
   // Its partition's leader dies: the stream ends with UNAVAILABLE, so the worker reconnects.
   nodes_[leaders[0]]->Kill9();
   while (stream->Read(&message)) {

@@ -1,0 +1,195 @@
+#include "server/grpc/producer_stream.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "server/convert/convert.h"
+#include "server/grpc/grpc_status.h"
+
+namespace jobbroker::server {
+namespace {
+
+v1::EnqueueStreamResponse Refusal(uint64_t request_id, const absl::Status& status) {
+  v1::EnqueueStreamResponse response;
+  response.set_request_id(request_id);
+  response.set_code(static_cast<int32_t>(status.code()));
+  response.set_message(std::string(status.message()));
+  return response;
+}
+
+}  // namespace
+
+ProducerStream* ProducerStream::Start(node::Partitions& broker, const RpcAuth& auth,
+                                      const TokenEntry* caller, Router& router,
+                                      Forwarder* forwarder, const RpcServiceTimers& timers,
+                                      grpc::CallbackServerContext* ctx) {
+  std::shared_ptr<ProducerStream> stream(
+      new ProducerStream(broker, auth, caller, router, forwarder, timers, ctx));
+  stream->self_ = stream;
+  {
+    absl::MutexLock lock(&stream->mu_);
+    stream->reading_ = true;
+  }
+  stream->StartRead(&stream->request_);
+  return stream.get();
+}
+
+void ProducerStream::OnReadDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (!ok) {
+      read_closed_ = true;
+    } else {
+      ++pending_;
+    }
+  }
+  if (ok) Handle(std::move(request_), timers_.Start("EnqueueStream"));
+  Pump();
+}
+
+void ProducerStream::Handle(v1::EnqueueStreamRequest request, RpcTiming timing) {
+  const uint64_t id = request.request_id();
+  const v1::EnqueueBatchRequest& batch = request.batch();
+  // Every job's queue, so that one job the token may not enqueue refuses the whole batch.
+  for (const v1::EnqueueRequest& job : batch.jobs()) {
+    if (absl::Status s = auth_.Allow(caller_, Role::kProducer, job.queue()); !s.ok())
+      return Answer(Refusal(id, s), timing);
+  }
+  std::vector<core::EnqueueSpec> specs;
+  specs.reserve(batch.jobs_size());
+  for (int i = 0; i < batch.jobs_size(); ++i) {
+    absl::StatusOr<core::EnqueueSpec> spec = FromProto(batch.jobs(i));
+    if (!spec.ok())
+      return Answer(
+          Refusal(id, absl::Status(spec.status().code(),
+                                   absl::StrCat("jobs[", i, "].", spec.status().message()))),
+          timing);
+    specs.push_back(std::move(*spec));
+  }
+  // As EnqueueBatch: a batch of one partition another node leads is answered there; a batch over
+  // several partitions (or none) is refused by this node's brokers, naming the partitions.
+  if (router_.cluster_mode() && !specs.empty()) {
+    const uint32_t first = router_.PartitionOfQueue(specs.front().queue);
+    const bool one = std::all_of(specs.begin(), specs.end(), [&](const core::EnqueueSpec& spec) {
+      return router_.PartitionOfQueue(spec.queue) == first;
+    });
+    if (one &&
+        Forwarded(first, id,
+                  std::make_shared<v1::EnqueueBatchRequest>(std::move(*request.mutable_batch())),
+                  timing))
+      return;
+  }
+  broker_.EnqueueBatch(
+      std::move(specs),
+      [this, alive = self_, id, timing](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
+        if (!r.ok()) return Answer(Refusal(id, r.status()), timing);
+        v1::EnqueueStreamResponse response;
+        response.set_request_id(id);
+        for (const core::EnqueueResult& e : *r) ToProto(e, response.add_results());
+        Answer(std::move(response), timing);
+      },
+      /*batch=*/true);
+}
+
+bool ProducerStream::Forwarded(uint32_t partition, uint64_t request_id,
+                               std::shared_ptr<v1::EnqueueBatchRequest> batch, RpcTiming timing) {
+  const Route route = router_.RouteOf(partition, *ctx_);
+  if (route.kind == Route::Kind::kLocal) return false;
+  if (route.kind != Route::Kind::kForward) {
+    Answer(Refusal(request_id, route.why), timing);
+    return true;
+  }
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::shared_ptr<v1::EnqueueBatchRequest> request;
+    v1::EnqueueBatchResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->context = forwarder_->ContextFor(*ctx_);
+  call->request = std::move(batch);
+  forwarder_->BrokerAt(route.address)
+      .async()
+      ->EnqueueBatch(
+          call->context.get(), call->request.get(), &call->response,
+          [this, alive = self_, call, request_id, timing](const grpc::Status& status) {
+            if (!status.ok()) {
+              return Answer(Refusal(request_id,
+                                    absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                                 status.error_message())),
+                            timing);
+            }
+            v1::EnqueueStreamResponse response;
+            response.set_request_id(request_id);
+            response.mutable_results()->Swap(call->response.mutable_results());
+            Answer(std::move(response), timing);
+          });
+  return true;
+}
+
+void ProducerStream::Answer(v1::EnqueueStreamResponse response, RpcTiming timing) {
+  timing.Record(grpc::Status(static_cast<grpc::StatusCode>(response.code()), ""));
+  {
+    absl::MutexLock lock(&mu_);
+    --pending_;
+    if (!cancelled_ && !finished_) outbox_.push_back(std::move(response));
+  }
+  Pump();
+}
+
+void ProducerStream::Pump() {
+  const v1::EnqueueStreamResponse* to_write = nullptr;
+  bool read = false;
+  std::optional<grpc::Status> finish;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!writing_ && !outbox_.empty() && !cancelled_) {
+      writing_ = true;
+      to_write = &outbox_.front();  // stays put until OnWriteDone pops it
+    }
+    if (!reading_ && !read_closed_ && !cancelled_ && pending_ < kMaxPending &&
+        outbox_.size() < static_cast<size_t>(kMaxPending)) {
+      reading_ = true;
+      read = true;
+    }
+    const bool done_talking = read_closed_ || cancelled_;
+    if (done_talking && !reading_ && pending_ == 0 && !writing_ &&
+        (outbox_.empty() || cancelled_)) {
+      finished_ = true;
+      finish = cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
+    }
+  }
+  if (to_write != nullptr) StartWrite(to_write);
+  if (read) StartRead(&request_);
+  if (finish.has_value()) Finish(*finish);
+}
+
+void ProducerStream::OnWriteDone(bool ok) {
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    outbox_.pop_front();
+    if (!ok) {
+      cancelled_ = true;  // the client is gone: nothing more can be written
+      outbox_.clear();
+    }
+  }
+  Pump();
+}
+
+void ProducerStream::OnCancel() {
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+  }
+  Pump();
+}
+
+void ProducerStream::OnDone() { self_.reset(); /* may delete this */ }
+
+}  // namespace jobbroker::server
