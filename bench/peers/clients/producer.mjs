@@ -26,17 +26,26 @@ const { values: opts } = parseArgs({
     concurrency: { type: "string", default: "64" },
     "payload-bytes": { type: "string", default: "100" },
     "no-batching": { type: "boolean", default: false },
+    "no-batch-stream": { type: "boolean", default: false },
+    "batch-max-jobs": { type: "string", default: "" },
     timeout: { type: "string", default: "180" },
   },
 });
 const jobs = Number(opts.jobs);
 const concurrency = Number(opts.concurrency);
 const batching = !opts["no-batching"];
+const batchStream = !opts["no-batch-stream"];
 const queue = `bench-producer-typescript-${process.pid}-${Date.now()}`;
 const maxErrors = 100;
 
 async function main() {
-  const client = new Client({ address: opts.address, deadline: 30_000, batching });
+  const client = new Client({
+    address: opts.address,
+    deadline: 30_000,
+    batching,
+    batchStream,
+    ...(opts["batch-max-jobs"] ? { batchMaxJobs: Number(opts["batch-max-jobs"]) } : {}),
+  });
   // One job before the clock starts: the channel is connected and the routing table fetched.
   await client.enqueue(queue, Buffer.alloc(Number(opts["payload-bytes"]), 0x77));
   const payload = Buffer.alloc(Number(opts["payload-bytes"]), 0x70);
@@ -67,6 +76,7 @@ async function main() {
   const line = {
     mode: "producer-typescript",
     batching,
+    batch_stream: batchStream,
     concurrency,
     jobs,
     done,
