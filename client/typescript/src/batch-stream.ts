@@ -11,6 +11,13 @@ import type { BrokerClient, EnqueueBatchRequest, EnqueueBatchResponse, EnqueueSt
 // What an error's callback gets as its response: nothing reads it.
 const noResults: EnqueueBatchResponse = { results: [] };
 
+/**
+ * How long a stream with no batch waiting stays open. An open stream keeps the process alive
+ * (grpc-js holds its connection while a call is open), so a script that enqueues and forgets
+ * close() must still exit; reopening costs about one unary call, once per idle spell.
+ */
+export const idleCloseMs = 200;
+
 interface Pending {
   readonly callback: (err: ServiceError | null, response: EnqueueBatchResponse) => void;
   timer: NodeJS.Timeout | undefined;
@@ -33,7 +40,9 @@ function serviceError(code: number, details: string): ServiceError {
  */
 export class BatchStream {
   /** The open stream, and the batches sent on it that wait for their answer. */
-  private current: { stream: ClientDuplexStream<EnqueueStreamRequest, EnqueueStreamResponse>; pending: Map<number, Pending> } | undefined;
+  private current:
+    | { stream: ClientDuplexStream<EnqueueStreamRequest, EnqueueStreamResponse>; pending: Map<number, Pending>; idle: NodeJS.Timeout | undefined }
+    | undefined;
   private nextId = 1;
   /** The broker answered the stream UNIMPLEMENTED (it predates EnqueueStream): send calls. */
   unsupported = false;
@@ -46,7 +55,10 @@ export class BatchStream {
     options: Partial<GrpcCallOptions>,
     callback: (err: ServiceError | null, response: EnqueueBatchResponse) => void,
   ): void {
-    const { stream, pending } = this.current ?? this.open();
+    const current = this.current ?? this.open();
+    const { stream, pending } = current;
+    clearTimeout(current.idle);
+    current.idle = undefined;
     const id = this.nextId++;
     const key = id;
     const entry: Pending = { callback, timer: undefined };
@@ -55,7 +67,9 @@ export class BatchStream {
       const ms = Math.max(0, (deadline instanceof Date ? deadline.getTime() : Number(deadline)) - Date.now());
       entry.timer = setTimeout(() => {
         // The broker may still apply it: unknown outcome, as for a unary call's deadline.
-        if (pending.delete(key)) callback(serviceError(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded"), noResults);
+        if (!pending.delete(key)) return;
+        this.idleAfterAnswer(current);
+        callback(serviceError(GrpcStatus.DEADLINE_EXCEEDED, "Deadline exceeded"), noResults);
       }, ms);
     }
     pending.set(key, entry);
@@ -64,13 +78,27 @@ export class BatchStream {
 
   /** Half-closes the stream; what is in flight is still answered. */
   close(): void {
-    this.current?.stream.end();
+    const current = this.current;
+    if (current === undefined) return;
+    clearTimeout(current.idle);
+    this.current = undefined; // the next batch opens a new stream
+    current.stream.end();
+  }
+
+  /** Once nothing waits on `current`, closes it after idleCloseMs without a new batch. */
+  private idleAfterAnswer(current: NonNullable<BatchStream["current"]>): void {
+    if (current.pending.size > 0 || this.current !== current) return;
+    clearTimeout(current.idle);
+    current.idle = setTimeout(() => {
+      if (this.current === current && current.pending.size === 0) this.close();
+    }, idleCloseMs);
+    current.idle.unref();
   }
 
   private open(): NonNullable<BatchStream["current"]> {
     const stream = this.broker.enqueueStream();
     const pending = new Map<number, Pending>();
-    const current = { stream, pending };
+    const current: NonNullable<BatchStream["current"]> = { stream, pending, idle: undefined };
     this.current = current;
     stream.on("data", (response: EnqueueStreamResponse) => {
       const key = response.requestId;
@@ -78,11 +106,13 @@ export class BatchStream {
       if (entry === undefined) return; // its deadline passed
       pending.delete(key);
       clearTimeout(entry.timer);
+      this.idleAfterAnswer(current);
       if (response.code !== 0) entry.callback(serviceError(response.code, response.message), noResults);
       else entry.callback(null, { results: response.results });
     });
     const ended = (err: ServiceError | undefined) => {
       if (this.current === current) this.current = undefined;
+      clearTimeout(current.idle);
       if (err?.code === GrpcStatus.UNIMPLEMENTED) this.unsupported = true;
       const error = err ?? serviceError(GrpcStatus.UNAVAILABLE, "the enqueue stream ended");
       const waiting = [...pending.values()];

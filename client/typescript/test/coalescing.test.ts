@@ -2,6 +2,8 @@
 // options' validation, and the real broker's call counts (its /metrics) for merged, split,
 // opted-out, deduplicated and multi-partition enqueues.
 import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { Client, JobBrokerError, Status, type EnqueueResult } from "../src";
 import { Coalescer, jobBytes, type CoalescerOptions } from "../src/coalescer";
@@ -410,6 +412,30 @@ describe("coalescing against the broker", () => {
       await streamed.close();
       await unary.close();
     }
+  });
+
+  test("a script that enqueues batches and never calls close() still exits: an idle stream is closed", async () => {
+    // The stream is what would keep it alive (grpc-js holds a connection with an open call).
+    const script = `
+      const { Client } = require(${JSON.stringify(path.join(__dirname, "../src/index.js"))});
+      const client = new Client({ address: ${JSON.stringify(broker.address)} });
+      Promise.all(Array.from({ length: 10 }, (_, i) => client.enqueue("no-close", "job " + i))).then(
+        (results) => console.log("enqueued " + results.length),
+      );`;
+    const child = spawn(process.execPath, ["-e", script], { stdio: ["ignore", "pipe", "inherit"] });
+    let out = "";
+    child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+    // A hang fails the test; its length is not measured.
+    const code = await new Promise<number | null>((resolve) => {
+      const giveUp = setTimeout(() => child.kill("SIGKILL"), 30_000);
+      child.once("exit", (c) => {
+        clearTimeout(giveUp);
+        resolve(c);
+      });
+    });
+    assert.equal(code, 0, `exit code ${code}: ${out}`);
+    assert.match(out, /enqueued 10/);
+    assert.ok((await broker.rpcCount("EnqueueStream")) >= 1, "the batch went on a stream");
   });
 
   test("explicit enqueueBatch calls go on the stream too, each answered whole or refused whole", async () => {
