@@ -71,8 +71,9 @@ jb_e2e_settings=("1 64" "2 64" "4 64" "4 256" "8 256")                     # "wo
 jb_drain=(drain --concurrency 4 --producer-batch 100 --payload-bytes 100)   # + --workers --in-flight
 jb_drain_settings=("1 256" "4 64" "4 256")                                 # "workers in-flight"
 # producer: the client helpers as users call them, 64 concurrent enqueue() of one job each (their
-# default coalescing, and with it off: "unary"). The peers' counterpart is their enqueue workload.
-jb_producer_settings=(typescript typescript-unary python python-unary)
+# default coalescing; "calls": TypeScript's batches as EnqueueBatch calls instead of messages of
+# one EnqueueStream; "unary": coalescing off). The peers' counterpart is their enqueue workload.
+jb_producer_settings=(typescript typescript-calls typescript-unary python python-unary)
 latency_rate=1000
 latency_jobs=3000
 jb_latency=(latency --rate "$latency_rate" --in-flight 16 --payload-bytes 100)
@@ -183,6 +184,7 @@ set_cmd() {
         cmd+=(--address "$server_address" --jobs "$jobs" --concurrency 64 --payload-bytes 100
           --timeout "$run_timeout")
         if [[ "$setting" == *-unary ]]; then cmd+=(--no-batching); fi
+        if [[ "$setting" == *-calls ]]; then cmd+=(--no-batch-stream); fi
         ;;
     esac
     return
