@@ -350,6 +350,134 @@ func (x *EnqueueBatchResponse) GetResults() []*EnqueueResponse {
 	return nil
 }
 
+type EnqueueStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client; echoed in the response that answers this batch.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// As for EnqueueBatch.
+	Batch         *EnqueueBatchRequest `protobuf:"bytes,2,opt,name=batch,proto3" json:"batch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueStreamRequest) Reset() {
+	*x = EnqueueStreamRequest{}
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueStreamRequest) ProtoMessage() {}
+
+func (x *EnqueueStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueStreamRequest.ProtoReflect.Descriptor instead.
+func (*EnqueueStreamRequest) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *EnqueueStreamRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *EnqueueStreamRequest) GetBatch() *EnqueueBatchRequest {
+	if x != nil {
+		return x.Batch
+	}
+	return nil
+}
+
+type EnqueueStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The request_id of the batch answered.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// A google.rpc.Code value: what EnqueueBatch would have answered (0 = OK, and then every job
+	// is durable). Any other code: nothing of the batch was applied, except UNAVAILABLE and
+	// DEADLINE_EXCEEDED, whose outcome is unknown as for a unary call.
+	Code int32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	// Why, when code is not OK (naming the field, e.g. "jobs[3].queue: ...").
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// When code is OK: one result per job, in the batch's order.
+	Results       []*EnqueueResponse `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnqueueStreamResponse) Reset() {
+	*x = EnqueueStreamResponse{}
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnqueueStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnqueueStreamResponse) ProtoMessage() {}
+
+func (x *EnqueueStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnqueueStreamResponse.ProtoReflect.Descriptor instead.
+func (*EnqueueStreamResponse) Descriptor() ([]byte, []int) {
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *EnqueueStreamResponse) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *EnqueueStreamResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *EnqueueStreamResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *EnqueueStreamResponse) GetResults() []*EnqueueResponse {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type LeaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The queue to lease from.
@@ -368,7 +496,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +508,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[4]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +521,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{4}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *LeaseRequest) GetQueue() string {
@@ -467,7 +595,7 @@ type LeasedJob struct {
 
 func (x *LeasedJob) Reset() {
 	*x = LeasedJob{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +607,7 @@ func (x *LeasedJob) String() string {
 func (*LeasedJob) ProtoMessage() {}
 
 func (x *LeasedJob) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[5]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +620,7 @@ func (x *LeasedJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeasedJob.ProtoReflect.Descriptor instead.
 func (*LeasedJob) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{5}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *LeasedJob) GetJobId() string {
@@ -596,7 +724,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +736,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[6]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +749,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{6}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *LeaseResponse) GetJobs() []*LeasedJob {
@@ -650,7 +778,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +790,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[7]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +803,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{7}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HeartbeatRequest) GetJobId() string {
@@ -724,7 +852,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +864,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[8]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +877,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{8}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HeartbeatResponse) GetLeaseDeadline() *timestamppb.Timestamp {
@@ -780,7 +908,7 @@ type AckRequest struct {
 
 func (x *AckRequest) Reset() {
 	*x = AckRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +920,7 @@ func (x *AckRequest) String() string {
 func (*AckRequest) ProtoMessage() {}
 
 func (x *AckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[9]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +933,7 @@ func (x *AckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRequest.ProtoReflect.Descriptor instead.
 func (*AckRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{9}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *AckRequest) GetJobId() string {
@@ -838,7 +966,7 @@ type AckResponse struct {
 
 func (x *AckResponse) Reset() {
 	*x = AckResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -850,7 +978,7 @@ func (x *AckResponse) String() string {
 func (*AckResponse) ProtoMessage() {}
 
 func (x *AckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[10]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -863,7 +991,7 @@ func (x *AckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckResponse.ProtoReflect.Descriptor instead.
 func (*AckResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{10}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{12}
 }
 
 type FailRequest struct {
@@ -885,7 +1013,7 @@ type FailRequest struct {
 
 func (x *FailRequest) Reset() {
 	*x = FailRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -897,7 +1025,7 @@ func (x *FailRequest) String() string {
 func (*FailRequest) ProtoMessage() {}
 
 func (x *FailRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[11]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -910,7 +1038,7 @@ func (x *FailRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailRequest.ProtoReflect.Descriptor instead.
 func (*FailRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{11}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *FailRequest) GetJobId() string {
@@ -961,7 +1089,7 @@ type FailResponse struct {
 
 func (x *FailResponse) Reset() {
 	*x = FailResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -973,7 +1101,7 @@ func (x *FailResponse) String() string {
 func (*FailResponse) ProtoMessage() {}
 
 func (x *FailResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[12]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -986,7 +1114,7 @@ func (x *FailResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FailResponse.ProtoReflect.Descriptor instead.
 func (*FailResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{12}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FailResponse) GetState() JobState {
@@ -1019,7 +1147,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1159,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[13]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1172,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{13}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ReleaseRequest) GetJobId() string {
@@ -1077,7 +1205,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1089,7 +1217,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[14]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1102,7 +1230,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{14}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{16}
 }
 
 // First message on a Work stream.
@@ -1126,7 +1254,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1266,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[15]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1279,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{15}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SubscribeRequest) GetQueues() []string {
@@ -1204,7 +1332,7 @@ type AckBatchRequest struct {
 
 func (x *AckBatchRequest) Reset() {
 	*x = AckBatchRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1344,7 @@ func (x *AckBatchRequest) String() string {
 func (*AckBatchRequest) ProtoMessage() {}
 
 func (x *AckBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[16]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1357,7 @@ func (x *AckBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckBatchRequest.ProtoReflect.Descriptor instead.
 func (*AckBatchRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{16}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AckBatchRequest) GetAcks() []*AckRequest {
@@ -1250,7 +1378,7 @@ type FlowRequest struct {
 
 func (x *FlowRequest) Reset() {
 	*x = FlowRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1262,7 +1390,7 @@ func (x *FlowRequest) String() string {
 func (*FlowRequest) ProtoMessage() {}
 
 func (x *FlowRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[17]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1275,7 +1403,7 @@ func (x *FlowRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowRequest.ProtoReflect.Descriptor instead.
 func (*FlowRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{17}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *FlowRequest) GetMaxInFlight() int32 {
@@ -1305,7 +1433,7 @@ type WorkRequest struct {
 
 func (x *WorkRequest) Reset() {
 	*x = WorkRequest{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1317,7 +1445,7 @@ func (x *WorkRequest) String() string {
 func (*WorkRequest) ProtoMessage() {}
 
 func (x *WorkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[18]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1330,7 +1458,7 @@ func (x *WorkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkRequest.ProtoReflect.Descriptor instead.
 func (*WorkRequest) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{18}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WorkRequest) GetRequestId() uint64 {
@@ -1478,7 +1606,7 @@ type ItemError struct {
 
 func (x *ItemError) Reset() {
 	*x = ItemError{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1618,7 @@ func (x *ItemError) String() string {
 func (*ItemError) ProtoMessage() {}
 
 func (x *ItemError) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[19]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1631,7 @@ func (x *ItemError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemError.ProtoReflect.Descriptor instead.
 func (*ItemError) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{19}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ItemError) GetIndex() int32 {
@@ -1548,7 +1676,7 @@ type WorkResult struct {
 
 func (x *WorkResult) Reset() {
 	*x = WorkResult{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1560,7 +1688,7 @@ func (x *WorkResult) String() string {
 func (*WorkResult) ProtoMessage() {}
 
 func (x *WorkResult) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[20]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1573,7 +1701,7 @@ func (x *WorkResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkResult.ProtoReflect.Descriptor instead.
 func (*WorkResult) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{20}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WorkResult) GetRequestId() uint64 {
@@ -1629,7 +1757,7 @@ type JobBatch struct {
 
 func (x *JobBatch) Reset() {
 	*x = JobBatch{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1769,7 @@ func (x *JobBatch) String() string {
 func (*JobBatch) ProtoMessage() {}
 
 func (x *JobBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[21]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1782,7 @@ func (x *JobBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobBatch.ProtoReflect.Descriptor instead.
 func (*JobBatch) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{21}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobBatch) GetJobs() []*LeasedJob {
@@ -1678,7 +1806,7 @@ type LeaseLost struct {
 
 func (x *LeaseLost) Reset() {
 	*x = LeaseLost{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1818,7 @@ func (x *LeaseLost) String() string {
 func (*LeaseLost) ProtoMessage() {}
 
 func (x *LeaseLost) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[22]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1831,7 @@ func (x *LeaseLost) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseLost.ProtoReflect.Descriptor instead.
 func (*LeaseLost) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{22}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *LeaseLost) GetJobId() string {
@@ -1731,7 +1859,7 @@ type CancelNotice struct {
 
 func (x *CancelNotice) Reset() {
 	*x = CancelNotice{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1743,7 +1871,7 @@ func (x *CancelNotice) String() string {
 func (*CancelNotice) ProtoMessage() {}
 
 func (x *CancelNotice) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[23]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1756,7 +1884,7 @@ func (x *CancelNotice) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelNotice.ProtoReflect.Descriptor instead.
 func (*CancelNotice) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{23}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CancelNotice) GetJobId() string {
@@ -1782,7 +1910,7 @@ type WorkResponse struct {
 
 func (x *WorkResponse) Reset() {
 	*x = WorkResponse{}
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +1922,7 @@ func (x *WorkResponse) String() string {
 func (*WorkResponse) ProtoMessage() {}
 
 func (x *WorkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_jobbroker_v1_broker_proto_msgTypes[24]
+	mi := &file_jobbroker_v1_broker_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +1935,7 @@ func (x *WorkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkResponse.ProtoReflect.Descriptor instead.
 func (*WorkResponse) Descriptor() ([]byte, []int) {
-	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{24}
+	return file_jobbroker_v1_broker_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WorkResponse) GetResponse() isWorkResponse_Response {
@@ -1933,7 +2061,17 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\x13EnqueueBatchRequest\x120\n" +
 	"\x04jobs\x18\x01 \x03(\v2\x1c.jobbroker.v1.EnqueueRequestR\x04jobs\"O\n" +
 	"\x14EnqueueBatchResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.jobbroker.v1.EnqueueResponseR\aresults\"\xcd\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.jobbroker.v1.EnqueueResponseR\aresults\"n\n" +
+	"\x14EnqueueStreamRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x127\n" +
+	"\x05batch\x18\x02 \x01(\v2!.jobbroker.v1.EnqueueBatchRequestR\x05batch\"\x9d\x01\n" +
+	"\x15EnqueueStreamResponse\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x127\n" +
+	"\aresults\x18\x04 \x03(\v2\x1d.jobbroker.v1.EnqueueResponseR\aresults\"\xcd\x01\n" +
 	"\fLeaseRequest\x12\x14\n" +
 	"\x05queue\x18\x01 \x01(\tR\x05queue\x12\x1b\n" +
 	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x19\n" +
@@ -2051,10 +2189,11 @@ const file_jobbroker_v1_broker_proto_rawDesc = "" +
 	"\x10cancel_requested\x18\x04 \x01(\v2\x1a.jobbroker.v1.CancelNoticeH\x00R\x0fcancelRequested\x125\n" +
 	"\tjob_batch\x18\x05 \x01(\v2\x16.jobbroker.v1.JobBatchH\x00R\bjobBatchB\n" +
 	"\n" +
-	"\bresponse2\xbd\x04\n" +
+	"\bresponse2\x9b\x05\n" +
 	"\x06Broker\x12F\n" +
 	"\aEnqueue\x12\x1c.jobbroker.v1.EnqueueRequest\x1a\x1d.jobbroker.v1.EnqueueResponse\x12U\n" +
-	"\fEnqueueBatch\x12!.jobbroker.v1.EnqueueBatchRequest\x1a\".jobbroker.v1.EnqueueBatchResponse\x12@\n" +
+	"\fEnqueueBatch\x12!.jobbroker.v1.EnqueueBatchRequest\x1a\".jobbroker.v1.EnqueueBatchResponse\x12\\\n" +
+	"\rEnqueueStream\x12\".jobbroker.v1.EnqueueStreamRequest\x1a#.jobbroker.v1.EnqueueStreamResponse(\x010\x01\x12@\n" +
 	"\x05Lease\x12\x1a.jobbroker.v1.LeaseRequest\x1a\x1b.jobbroker.v1.LeaseResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.jobbroker.v1.HeartbeatRequest\x1a\x1f.jobbroker.v1.HeartbeatResponse\x12:\n" +
 	"\x03Ack\x12\x18.jobbroker.v1.AckRequest\x1a\x19.jobbroker.v1.AckResponse\x12=\n" +
@@ -2075,104 +2214,110 @@ func file_jobbroker_v1_broker_proto_rawDescGZIP() []byte {
 	return file_jobbroker_v1_broker_proto_rawDescData
 }
 
-var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_jobbroker_v1_broker_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_jobbroker_v1_broker_proto_goTypes = []any{
 	(*EnqueueRequest)(nil),        // 0: jobbroker.v1.EnqueueRequest
 	(*EnqueueResponse)(nil),       // 1: jobbroker.v1.EnqueueResponse
 	(*EnqueueBatchRequest)(nil),   // 2: jobbroker.v1.EnqueueBatchRequest
 	(*EnqueueBatchResponse)(nil),  // 3: jobbroker.v1.EnqueueBatchResponse
-	(*LeaseRequest)(nil),          // 4: jobbroker.v1.LeaseRequest
-	(*LeasedJob)(nil),             // 5: jobbroker.v1.LeasedJob
-	(*LeaseResponse)(nil),         // 6: jobbroker.v1.LeaseResponse
-	(*HeartbeatRequest)(nil),      // 7: jobbroker.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),     // 8: jobbroker.v1.HeartbeatResponse
-	(*AckRequest)(nil),            // 9: jobbroker.v1.AckRequest
-	(*AckResponse)(nil),           // 10: jobbroker.v1.AckResponse
-	(*FailRequest)(nil),           // 11: jobbroker.v1.FailRequest
-	(*FailResponse)(nil),          // 12: jobbroker.v1.FailResponse
-	(*ReleaseRequest)(nil),        // 13: jobbroker.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 14: jobbroker.v1.ReleaseResponse
-	(*SubscribeRequest)(nil),      // 15: jobbroker.v1.SubscribeRequest
-	(*AckBatchRequest)(nil),       // 16: jobbroker.v1.AckBatchRequest
-	(*FlowRequest)(nil),           // 17: jobbroker.v1.FlowRequest
-	(*WorkRequest)(nil),           // 18: jobbroker.v1.WorkRequest
-	(*ItemError)(nil),             // 19: jobbroker.v1.ItemError
-	(*WorkResult)(nil),            // 20: jobbroker.v1.WorkResult
-	(*JobBatch)(nil),              // 21: jobbroker.v1.JobBatch
-	(*LeaseLost)(nil),             // 22: jobbroker.v1.LeaseLost
-	(*CancelNotice)(nil),          // 23: jobbroker.v1.CancelNotice
-	(*WorkResponse)(nil),          // 24: jobbroker.v1.WorkResponse
-	nil,                           // 25: jobbroker.v1.EnqueueRequest.HeadersEntry
-	nil,                           // 26: jobbroker.v1.LeasedJob.HeadersEntry
-	nil,                           // 27: jobbroker.v1.LeasedJob.DependencyResultsEntry
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(JobState)(0),                 // 30: jobbroker.v1.JobState
-	(AttemptOutcome)(0),           // 31: jobbroker.v1.AttemptOutcome
+	(*EnqueueStreamRequest)(nil),  // 4: jobbroker.v1.EnqueueStreamRequest
+	(*EnqueueStreamResponse)(nil), // 5: jobbroker.v1.EnqueueStreamResponse
+	(*LeaseRequest)(nil),          // 6: jobbroker.v1.LeaseRequest
+	(*LeasedJob)(nil),             // 7: jobbroker.v1.LeasedJob
+	(*LeaseResponse)(nil),         // 8: jobbroker.v1.LeaseResponse
+	(*HeartbeatRequest)(nil),      // 9: jobbroker.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),     // 10: jobbroker.v1.HeartbeatResponse
+	(*AckRequest)(nil),            // 11: jobbroker.v1.AckRequest
+	(*AckResponse)(nil),           // 12: jobbroker.v1.AckResponse
+	(*FailRequest)(nil),           // 13: jobbroker.v1.FailRequest
+	(*FailResponse)(nil),          // 14: jobbroker.v1.FailResponse
+	(*ReleaseRequest)(nil),        // 15: jobbroker.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 16: jobbroker.v1.ReleaseResponse
+	(*SubscribeRequest)(nil),      // 17: jobbroker.v1.SubscribeRequest
+	(*AckBatchRequest)(nil),       // 18: jobbroker.v1.AckBatchRequest
+	(*FlowRequest)(nil),           // 19: jobbroker.v1.FlowRequest
+	(*WorkRequest)(nil),           // 20: jobbroker.v1.WorkRequest
+	(*ItemError)(nil),             // 21: jobbroker.v1.ItemError
+	(*WorkResult)(nil),            // 22: jobbroker.v1.WorkResult
+	(*JobBatch)(nil),              // 23: jobbroker.v1.JobBatch
+	(*LeaseLost)(nil),             // 24: jobbroker.v1.LeaseLost
+	(*CancelNotice)(nil),          // 25: jobbroker.v1.CancelNotice
+	(*WorkResponse)(nil),          // 26: jobbroker.v1.WorkResponse
+	nil,                           // 27: jobbroker.v1.EnqueueRequest.HeadersEntry
+	nil,                           // 28: jobbroker.v1.LeasedJob.HeadersEntry
+	nil,                           // 29: jobbroker.v1.LeasedJob.DependencyResultsEntry
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(JobState)(0),                 // 32: jobbroker.v1.JobState
+	(AttemptOutcome)(0),           // 33: jobbroker.v1.AttemptOutcome
 }
 var file_jobbroker_v1_broker_proto_depIdxs = []int32{
-	25, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
-	28, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
-	29, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
-	28, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
-	28, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
-	28, // 5: jobbroker.v1.EnqueueRequest.timeout:type_name -> google.protobuf.Duration
-	29, // 6: jobbroker.v1.EnqueueRequest.expire_at:type_name -> google.protobuf.Timestamp
+	27, // 0: jobbroker.v1.EnqueueRequest.headers:type_name -> jobbroker.v1.EnqueueRequest.HeadersEntry
+	30, // 1: jobbroker.v1.EnqueueRequest.delay:type_name -> google.protobuf.Duration
+	31, // 2: jobbroker.v1.EnqueueRequest.run_at:type_name -> google.protobuf.Timestamp
+	30, // 3: jobbroker.v1.EnqueueRequest.dedup_ttl:type_name -> google.protobuf.Duration
+	30, // 4: jobbroker.v1.EnqueueRequest.lease_duration:type_name -> google.protobuf.Duration
+	30, // 5: jobbroker.v1.EnqueueRequest.timeout:type_name -> google.protobuf.Duration
+	31, // 6: jobbroker.v1.EnqueueRequest.expire_at:type_name -> google.protobuf.Timestamp
 	0,  // 7: jobbroker.v1.EnqueueBatchRequest.jobs:type_name -> jobbroker.v1.EnqueueRequest
 	1,  // 8: jobbroker.v1.EnqueueBatchResponse.results:type_name -> jobbroker.v1.EnqueueResponse
-	28, // 9: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
-	28, // 10: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
-	26, // 11: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
-	29, // 12: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
-	29, // 13: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
-	29, // 14: jobbroker.v1.LeasedJob.timeout_at:type_name -> google.protobuf.Timestamp
-	27, // 15: jobbroker.v1.LeasedJob.dependency_results:type_name -> jobbroker.v1.LeasedJob.DependencyResultsEntry
-	5,  // 16: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
-	28, // 17: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
-	29, // 18: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
-	28, // 19: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
-	30, // 20: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
-	29, // 21: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
-	28, // 22: jobbroker.v1.ReleaseRequest.delay:type_name -> google.protobuf.Duration
-	28, // 23: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
-	9,  // 24: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
-	15, // 25: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
-	7,  // 26: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
-	9,  // 27: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
-	11, // 28: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
-	13, // 29: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
-	17, // 30: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
-	16, // 31: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
-	29, // 32: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
-	19, // 33: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
-	5,  // 34: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
-	31, // 35: jobbroker.v1.LeaseLost.outcome:type_name -> jobbroker.v1.AttemptOutcome
-	5,  // 36: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
-	20, // 37: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
-	22, // 38: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
-	23, // 39: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
-	21, // 40: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
-	0,  // 41: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
-	2,  // 42: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
-	4,  // 43: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
-	7,  // 44: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
-	9,  // 45: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
-	11, // 46: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
-	13, // 47: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
-	18, // 48: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
-	1,  // 49: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
-	3,  // 50: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
-	6,  // 51: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
-	8,  // 52: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
-	10, // 53: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
-	12, // 54: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
-	14, // 55: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
-	24, // 56: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
-	49, // [49:57] is the sub-list for method output_type
-	41, // [41:49] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	2,  // 9: jobbroker.v1.EnqueueStreamRequest.batch:type_name -> jobbroker.v1.EnqueueBatchRequest
+	1,  // 10: jobbroker.v1.EnqueueStreamResponse.results:type_name -> jobbroker.v1.EnqueueResponse
+	30, // 11: jobbroker.v1.LeaseRequest.lease_duration:type_name -> google.protobuf.Duration
+	30, // 12: jobbroker.v1.LeaseRequest.wait:type_name -> google.protobuf.Duration
+	28, // 13: jobbroker.v1.LeasedJob.headers:type_name -> jobbroker.v1.LeasedJob.HeadersEntry
+	31, // 14: jobbroker.v1.LeasedJob.lease_deadline:type_name -> google.protobuf.Timestamp
+	31, // 15: jobbroker.v1.LeasedJob.enqueued_at:type_name -> google.protobuf.Timestamp
+	31, // 16: jobbroker.v1.LeasedJob.timeout_at:type_name -> google.protobuf.Timestamp
+	29, // 17: jobbroker.v1.LeasedJob.dependency_results:type_name -> jobbroker.v1.LeasedJob.DependencyResultsEntry
+	7,  // 18: jobbroker.v1.LeaseResponse.jobs:type_name -> jobbroker.v1.LeasedJob
+	30, // 19: jobbroker.v1.HeartbeatRequest.extend_by:type_name -> google.protobuf.Duration
+	31, // 20: jobbroker.v1.HeartbeatResponse.lease_deadline:type_name -> google.protobuf.Timestamp
+	30, // 21: jobbroker.v1.FailRequest.retry_after:type_name -> google.protobuf.Duration
+	32, // 22: jobbroker.v1.FailResponse.state:type_name -> jobbroker.v1.JobState
+	31, // 23: jobbroker.v1.FailResponse.next_attempt_at:type_name -> google.protobuf.Timestamp
+	30, // 24: jobbroker.v1.ReleaseRequest.delay:type_name -> google.protobuf.Duration
+	30, // 25: jobbroker.v1.SubscribeRequest.lease_duration:type_name -> google.protobuf.Duration
+	11, // 26: jobbroker.v1.AckBatchRequest.acks:type_name -> jobbroker.v1.AckRequest
+	17, // 27: jobbroker.v1.WorkRequest.subscribe:type_name -> jobbroker.v1.SubscribeRequest
+	9,  // 28: jobbroker.v1.WorkRequest.heartbeat:type_name -> jobbroker.v1.HeartbeatRequest
+	11, // 29: jobbroker.v1.WorkRequest.ack:type_name -> jobbroker.v1.AckRequest
+	13, // 30: jobbroker.v1.WorkRequest.fail:type_name -> jobbroker.v1.FailRequest
+	15, // 31: jobbroker.v1.WorkRequest.release:type_name -> jobbroker.v1.ReleaseRequest
+	19, // 32: jobbroker.v1.WorkRequest.flow:type_name -> jobbroker.v1.FlowRequest
+	18, // 33: jobbroker.v1.WorkRequest.ack_batch:type_name -> jobbroker.v1.AckBatchRequest
+	31, // 34: jobbroker.v1.WorkResult.lease_deadline:type_name -> google.protobuf.Timestamp
+	21, // 35: jobbroker.v1.WorkResult.item_errors:type_name -> jobbroker.v1.ItemError
+	7,  // 36: jobbroker.v1.JobBatch.jobs:type_name -> jobbroker.v1.LeasedJob
+	33, // 37: jobbroker.v1.LeaseLost.outcome:type_name -> jobbroker.v1.AttemptOutcome
+	7,  // 38: jobbroker.v1.WorkResponse.job:type_name -> jobbroker.v1.LeasedJob
+	22, // 39: jobbroker.v1.WorkResponse.result:type_name -> jobbroker.v1.WorkResult
+	24, // 40: jobbroker.v1.WorkResponse.lease_lost:type_name -> jobbroker.v1.LeaseLost
+	25, // 41: jobbroker.v1.WorkResponse.cancel_requested:type_name -> jobbroker.v1.CancelNotice
+	23, // 42: jobbroker.v1.WorkResponse.job_batch:type_name -> jobbroker.v1.JobBatch
+	0,  // 43: jobbroker.v1.Broker.Enqueue:input_type -> jobbroker.v1.EnqueueRequest
+	2,  // 44: jobbroker.v1.Broker.EnqueueBatch:input_type -> jobbroker.v1.EnqueueBatchRequest
+	4,  // 45: jobbroker.v1.Broker.EnqueueStream:input_type -> jobbroker.v1.EnqueueStreamRequest
+	6,  // 46: jobbroker.v1.Broker.Lease:input_type -> jobbroker.v1.LeaseRequest
+	9,  // 47: jobbroker.v1.Broker.Heartbeat:input_type -> jobbroker.v1.HeartbeatRequest
+	11, // 48: jobbroker.v1.Broker.Ack:input_type -> jobbroker.v1.AckRequest
+	13, // 49: jobbroker.v1.Broker.Fail:input_type -> jobbroker.v1.FailRequest
+	15, // 50: jobbroker.v1.Broker.Release:input_type -> jobbroker.v1.ReleaseRequest
+	20, // 51: jobbroker.v1.Broker.Work:input_type -> jobbroker.v1.WorkRequest
+	1,  // 52: jobbroker.v1.Broker.Enqueue:output_type -> jobbroker.v1.EnqueueResponse
+	3,  // 53: jobbroker.v1.Broker.EnqueueBatch:output_type -> jobbroker.v1.EnqueueBatchResponse
+	5,  // 54: jobbroker.v1.Broker.EnqueueStream:output_type -> jobbroker.v1.EnqueueStreamResponse
+	8,  // 55: jobbroker.v1.Broker.Lease:output_type -> jobbroker.v1.LeaseResponse
+	10, // 56: jobbroker.v1.Broker.Heartbeat:output_type -> jobbroker.v1.HeartbeatResponse
+	12, // 57: jobbroker.v1.Broker.Ack:output_type -> jobbroker.v1.AckResponse
+	14, // 58: jobbroker.v1.Broker.Fail:output_type -> jobbroker.v1.FailResponse
+	16, // 59: jobbroker.v1.Broker.Release:output_type -> jobbroker.v1.ReleaseResponse
+	26, // 60: jobbroker.v1.Broker.Work:output_type -> jobbroker.v1.WorkResponse
+	52, // [52:61] is the sub-list for method output_type
+	43, // [43:52] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_jobbroker_v1_broker_proto_init() }
@@ -2181,8 +2326,8 @@ func file_jobbroker_v1_broker_proto_init() {
 		return
 	}
 	file_jobbroker_v1_job_proto_init()
-	file_jobbroker_v1_broker_proto_msgTypes[7].OneofWrappers = []any{}
-	file_jobbroker_v1_broker_proto_msgTypes[18].OneofWrappers = []any{
+	file_jobbroker_v1_broker_proto_msgTypes[9].OneofWrappers = []any{}
+	file_jobbroker_v1_broker_proto_msgTypes[20].OneofWrappers = []any{
 		(*WorkRequest_Subscribe)(nil),
 		(*WorkRequest_Heartbeat)(nil),
 		(*WorkRequest_Ack)(nil),
@@ -2191,7 +2336,7 @@ func file_jobbroker_v1_broker_proto_init() {
 		(*WorkRequest_Flow)(nil),
 		(*WorkRequest_AckBatch)(nil),
 	}
-	file_jobbroker_v1_broker_proto_msgTypes[24].OneofWrappers = []any{
+	file_jobbroker_v1_broker_proto_msgTypes[26].OneofWrappers = []any{
 		(*WorkResponse_Job)(nil),
 		(*WorkResponse_Result)(nil),
 		(*WorkResponse_LeaseLost)(nil),
@@ -2204,7 +2349,7 @@ func file_jobbroker_v1_broker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_jobbroker_v1_broker_proto_rawDesc), len(file_jobbroker_v1_broker_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,14 +19,15 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Broker_Enqueue_FullMethodName      = "/jobbroker.v1.Broker/Enqueue"
-	Broker_EnqueueBatch_FullMethodName = "/jobbroker.v1.Broker/EnqueueBatch"
-	Broker_Lease_FullMethodName        = "/jobbroker.v1.Broker/Lease"
-	Broker_Heartbeat_FullMethodName    = "/jobbroker.v1.Broker/Heartbeat"
-	Broker_Ack_FullMethodName          = "/jobbroker.v1.Broker/Ack"
-	Broker_Fail_FullMethodName         = "/jobbroker.v1.Broker/Fail"
-	Broker_Release_FullMethodName      = "/jobbroker.v1.Broker/Release"
-	Broker_Work_FullMethodName         = "/jobbroker.v1.Broker/Work"
+	Broker_Enqueue_FullMethodName       = "/jobbroker.v1.Broker/Enqueue"
+	Broker_EnqueueBatch_FullMethodName  = "/jobbroker.v1.Broker/EnqueueBatch"
+	Broker_EnqueueStream_FullMethodName = "/jobbroker.v1.Broker/EnqueueStream"
+	Broker_Lease_FullMethodName         = "/jobbroker.v1.Broker/Lease"
+	Broker_Heartbeat_FullMethodName     = "/jobbroker.v1.Broker/Heartbeat"
+	Broker_Ack_FullMethodName           = "/jobbroker.v1.Broker/Ack"
+	Broker_Fail_FullMethodName          = "/jobbroker.v1.Broker/Fail"
+	Broker_Release_FullMethodName       = "/jobbroker.v1.Broker/Release"
+	Broker_Work_FullMethodName          = "/jobbroker.v1.Broker/Work"
 )
 
 // BrokerClient is the client API for Broker service.
@@ -43,6 +44,12 @@ type BrokerClient interface {
 	Enqueue(ctx context.Context, in *EnqueueRequest, opts ...grpc.CallOption) (*EnqueueResponse, error)
 	// Adds several jobs, all or nothing, in one write-ahead-log write.
 	EnqueueBatch(ctx context.Context, in *EnqueueBatchRequest, opts ...grpc.CallOption) (*EnqueueBatchResponse, error)
+	// EnqueueBatch calls as messages of one long-lived stream, for producers that send many
+	// batches: each EnqueueStreamRequest is handled as an EnqueueBatch of its own (all or nothing,
+	// one write) and answered by one EnqueueStreamResponse with its request_id, in the order the
+	// batches become durable, which may differ from the order they were sent in. A refused batch
+	// does not end the stream.
+	EnqueueStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse], error)
 	// Leases up to max_jobs ready jobs of one queue; waits up to `wait` for one to be ready.
 	// An empty response means none was ready in time.
 	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
@@ -90,6 +97,19 @@ func (c *brokerClient) EnqueueBatch(ctx context.Context, in *EnqueueBatchRequest
 	}
 	return out, nil
 }
+
+func (c *brokerClient) EnqueueStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Broker_ServiceDesc.Streams[0], Broker_EnqueueStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[EnqueueStreamRequest, EnqueueStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Broker_EnqueueStreamClient = grpc.BidiStreamingClient[EnqueueStreamRequest, EnqueueStreamResponse]
 
 func (c *brokerClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -143,7 +163,7 @@ func (c *brokerClient) Release(ctx context.Context, in *ReleaseRequest, opts ...
 
 func (c *brokerClient) Work(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WorkRequest, WorkResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Broker_ServiceDesc.Streams[0], Broker_Work_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Broker_ServiceDesc.Streams[1], Broker_Work_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -168,6 +188,12 @@ type BrokerServer interface {
 	Enqueue(context.Context, *EnqueueRequest) (*EnqueueResponse, error)
 	// Adds several jobs, all or nothing, in one write-ahead-log write.
 	EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error)
+	// EnqueueBatch calls as messages of one long-lived stream, for producers that send many
+	// batches: each EnqueueStreamRequest is handled as an EnqueueBatch of its own (all or nothing,
+	// one write) and answered by one EnqueueStreamResponse with its request_id, in the order the
+	// batches become durable, which may differ from the order they were sent in. A refused batch
+	// does not end the stream.
+	EnqueueStream(grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]) error
 	// Leases up to max_jobs ready jobs of one queue; waits up to `wait` for one to be ready.
 	// An empty response means none was ready in time.
 	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
@@ -201,6 +227,9 @@ func (UnimplementedBrokerServer) Enqueue(context.Context, *EnqueueRequest) (*Enq
 }
 func (UnimplementedBrokerServer) EnqueueBatch(context.Context, *EnqueueBatchRequest) (*EnqueueBatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EnqueueBatch not implemented")
+}
+func (UnimplementedBrokerServer) EnqueueStream(grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method EnqueueStream not implemented")
 }
 func (UnimplementedBrokerServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
@@ -276,6 +305,13 @@ func _Broker_EnqueueBatch_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Broker_EnqueueStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(BrokerServer).EnqueueStream(&grpc.GenericServerStream[EnqueueStreamRequest, EnqueueStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Broker_EnqueueStreamServer = grpc.BidiStreamingServer[EnqueueStreamRequest, EnqueueStreamResponse]
 
 func _Broker_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(LeaseRequest)
@@ -411,6 +447,12 @@ var Broker_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "EnqueueStream",
+			Handler:       _Broker_EnqueueStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "Work",
 			Handler:       _Broker_Work_Handler,
