@@ -1,14 +1,15 @@
 #include "server/grpc/broker_service.h"
 
-#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/convert/convert.h"
+#include "server/grpc/enqueue_batch.h"
 #include "server/grpc/grpc_status.h"
 #include "server/grpc/producer_stream.h"
 #include "server/grpc/work_stream.h"
@@ -53,19 +54,6 @@ class LeaseReactor final : public grpc::ServerUnaryReactor {
   const RpcTiming timing_;
   std::shared_ptr<std::atomic<uint64_t>> waiter_;
 };
-
-// Every job's queue, so that one job the token may not enqueue refuses the whole batch.
-absl::Status CheckBatch(const RpcAuth& auth, const grpc::ServerContextBase& ctx,
-                        const v1::EnqueueBatchRequest& req) {
-  absl::StatusOr<const TokenEntry*> caller = auth.Caller(ctx);
-  if (!caller.ok() || *caller == nullptr) return caller.status();
-  if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok()) return s;
-  for (const v1::EnqueueRequest& job : req.jobs()) {
-    if (absl::Status s = Authorizer::Allow(**caller, Role::kProducer, job.queue()); !s.ok())
-      return s;
-  }
-  return absl::OkStatus();
-}
 
 // A stream refused before it starts (no token, or not the role): finished at once.
 template <typename Request, typename Response>
@@ -115,36 +103,25 @@ grpc::ServerUnaryReactor* BrokerService::EnqueueBatch(grpc::CallbackServerContex
                                                       const v1::EnqueueBatchRequest* req,
                                                       v1::EnqueueBatchResponse* resp) {
   const RpcTiming timing = timers_.Start("EnqueueBatch");
-  if (absl::Status s = CheckBatch(auth_, *ctx, *req); !s.ok())
-    return UnaryCall(ctx, timing).Finish(s);
-  std::vector<core::EnqueueSpec> specs;
-  specs.reserve(req->jobs_size());
-  for (int i = 0; i < req->jobs_size(); ++i) {
-    absl::StatusOr<core::EnqueueSpec> spec = FromProto(req->jobs(i));
-    if (!spec.ok())
-      return UnaryCall(ctx, timing)
-          .Finish(absl::Status(spec.status().code(),
-                               absl::StrCat("jobs[", i, "].", spec.status().message())));
-    specs.push_back(std::move(*spec));
+  absl::StatusOr<const TokenEntry*> caller = auth_.Caller(*ctx);
+  if (!caller.ok()) return UnaryCall(ctx, timing).Finish(caller.status());
+  if (*caller != nullptr) {
+    if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok())
+      return UnaryCall(ctx, timing).Finish(s);
   }
-  // A batch over several partitions is refused by this node's brokers (naming the partitions).
-  if (router_.cluster_mode() && !specs.empty()) {
-    const uint32_t first = router_.PartitionOfQueue(specs.front().queue);
-    const bool one = std::all_of(specs.begin(), specs.end(), [&](const core::EnqueueSpec& spec) {
-      return router_.PartitionOfQueue(spec.queue) == first;
-    });
-    if (one) {
-      if (auto* forwarded = Elsewhere(ctx, first, timing,
-                                      [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
-                                                  std::function<void(grpc::Status)> done) {
-                                        stub.async()->EnqueueBatch(c, req, resp, std::move(done));
-                                      }))
-        return forwarded;
-    }
+  absl::StatusOr<std::vector<core::EnqueueSpec>> specs = BatchSpecs(auth_, *caller, *req);
+  if (!specs.ok()) return UnaryCall(ctx, timing).Finish(specs.status());
+  if (std::optional<uint32_t> partition = OnePartition(router_, *specs)) {
+    if (auto* forwarded = Elsewhere(ctx, *partition, timing,
+                                    [req, resp](v1::Broker::Stub& stub, grpc::ClientContext* c,
+                                                std::function<void(grpc::Status)> done) {
+                                      stub.async()->EnqueueBatch(c, req, resp, std::move(done));
+                                    }))
+      return forwarded;
   }
   UnaryCall call(ctx, timing);
   broker_.EnqueueBatch(
-      std::move(specs),
+      std::move(*specs),
       [call, resp](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
         if (r.ok()) {
           for (const core::EnqueueResult& e : *r) ToProto(e, resp->add_results());

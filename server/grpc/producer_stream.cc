@@ -1,13 +1,12 @@
 #include "server/grpc/producer_stream.h"
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "server/convert/convert.h"
+#include "server/grpc/enqueue_batch.h"
 #include "server/grpc/grpc_status.h"
 
 namespace jobbroker::server {
@@ -54,38 +53,16 @@ void ProducerStream::OnReadDone(bool ok) {
 
 void ProducerStream::Handle(v1::EnqueueStreamRequest request, RpcTiming timing) {
   const uint64_t id = request.request_id();
-  const v1::EnqueueBatchRequest& batch = request.batch();
-  // Every job's queue, so that one job the token may not enqueue refuses the whole batch.
-  for (const v1::EnqueueRequest& job : batch.jobs()) {
-    if (absl::Status s = auth_.Allow(caller_, Role::kProducer, job.queue()); !s.ok())
-      return Answer(Refusal(id, s), timing);
-  }
-  std::vector<core::EnqueueSpec> specs;
-  specs.reserve(batch.jobs_size());
-  for (int i = 0; i < batch.jobs_size(); ++i) {
-    absl::StatusOr<core::EnqueueSpec> spec = FromProto(batch.jobs(i));
-    if (!spec.ok())
-      return Answer(
-          Refusal(id, absl::Status(spec.status().code(),
-                                   absl::StrCat("jobs[", i, "].", spec.status().message()))),
-          timing);
-    specs.push_back(std::move(*spec));
-  }
-  // As EnqueueBatch: a batch of one partition another node leads is answered there; a batch over
-  // several partitions (or none) is refused by this node's brokers, naming the partitions.
-  if (router_.cluster_mode() && !specs.empty()) {
-    const uint32_t first = router_.PartitionOfQueue(specs.front().queue);
-    const bool one = std::all_of(specs.begin(), specs.end(), [&](const core::EnqueueSpec& spec) {
-      return router_.PartitionOfQueue(spec.queue) == first;
-    });
-    if (one &&
-        Forwarded(first, id,
-                  std::make_shared<v1::EnqueueBatchRequest>(std::move(*request.mutable_batch())),
-                  timing))
-      return;
+  absl::StatusOr<std::vector<core::EnqueueSpec>> specs =
+      BatchSpecs(auth_, caller_, request.batch());
+  if (!specs.ok()) return Answer(Refusal(id, specs.status()), timing);
+  // As EnqueueBatch: a batch of one partition another node leads is answered there.
+  if (std::optional<uint32_t> partition = OnePartition(router_, *specs)) {
+    auto batch = std::make_shared<v1::EnqueueBatchRequest>(std::move(*request.mutable_batch()));
+    if (Forwarded(*partition, id, std::move(batch), timing)) return;
   }
   broker_.EnqueueBatch(
-      std::move(specs),
+      std::move(*specs),
       [this, alive = self_, id, timing](absl::StatusOr<std::vector<core::EnqueueResult>> r) {
         if (!r.ok()) return Answer(Refusal(id, r.status()), timing);
         v1::EnqueueStreamResponse response;
