@@ -41,7 +41,7 @@ const maxErrors = 100;
 async function main() {
   const client = new Client({
     address: opts.address,
-    deadline: 30_000,
+    deadlineMs: 30_000,
     batching,
     batchStream,
     ...(opts["batch-max-jobs"] ? { batchMaxJobs: Number(opts["batch-max-jobs"]) } : {}),
