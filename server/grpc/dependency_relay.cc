@@ -111,8 +111,10 @@ class DependencyRelay::LocalWatch final : public core::JobWatcher {
 class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Job> {
  public:
   static void Start(std::shared_ptr<Inbox> inbox, Inbox::Key key, v1::Admin::Stub& stub,
-                    const std::string& node_id, const std::string& peer_token) {
-    auto watch = std::shared_ptr<RemoteWatch>(new RemoteWatch(inbox, key));
+                    std::string address, const std::string& node_id,
+                    const std::string& peer_token) {
+    auto watch =
+        std::shared_ptr<RemoteWatch>(new RemoteWatch(inbox, key, std::move(address), absl::Now()));
     watch->self_ = watch;
     watch->request_.set_job_id(key.second);
     // Sent on as is: a node answers it or refuses it, never forwards it.
@@ -129,6 +131,9 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
   }
 
   void Cancel() { ctx_.TryCancel(); }
+  // The node it was opened at, and when.
+  const std::string& address() const { return address_; }
+  absl::Time opened_at() const { return opened_at_; }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows
@@ -152,11 +157,17 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
   }
 
  private:
-  RemoteWatch(std::shared_ptr<Inbox> inbox, Inbox::Key key)
-      : inbox_(std::move(inbox)), key_(std::move(key)) {}
+  RemoteWatch(std::shared_ptr<Inbox> inbox, Inbox::Key key, std::string address,
+              absl::Time opened_at)
+      : inbox_(std::move(inbox)),
+        key_(std::move(key)),
+        address_(std::move(address)),
+        opened_at_(opened_at) {}
 
   const std::shared_ptr<Inbox> inbox_;
   const Inbox::Key key_;
+  const std::string address_;
+  const absl::Time opened_at_;
   std::shared_ptr<RemoteWatch> self_;
   grpc::ClientContext ctx_;
   v1::WatchJobRequest request_;
@@ -243,6 +254,7 @@ void DependencyRelay::Round() {
           for (const Inbox::Key& key : keys) inbox->watched.erase(key);
         });
   }
+  CancelStaleWatches();
   for (uint32_t p = 0; p < partitions_.count(); ++p) {
     if (!router_.ServedHere(p)) continue;
     for (const std::string& id : partitions_.broker(p).AwaitedRemoteJobs()) {
@@ -256,14 +268,35 @@ void DependencyRelay::Round() {
   }
 }
 
+void DependencyRelay::CancelStaleWatches() {
+  if (forwarder_ == nullptr) return;  // no remote watches
+  std::vector<std::shared_ptr<RemoteWatch>> stale;
+  const absl::Time refresh_before = absl::Now() - kRefreshAfter;
+  {
+    absl::MutexLock lock(&inbox_->mu);
+    for (const auto& [key, weak] : inbox_->remote) {
+      std::shared_ptr<RemoteWatch> watch = weak.lock();
+      if (watch == nullptr) continue;
+      const uint32_t where = core::PartitionOfJobId(key.second, partitions_.count()).value_or(0);
+      const Route route = router_.RouteOf(where, /*forwarded=*/false);
+      // No leader now (an election): the watch is kept; it may be at the next leader.
+      const bool moved = route.kind == Route::Kind::kLocal ||
+                         (route.kind == Route::Kind::kForward && route.address != watch->address());
+      if (moved || watch->opened_at() < refresh_before) stale.push_back(std::move(watch));
+    }
+  }
+  // Each ends through OnDone (CANCELLED, or the outcome it read first), which frees its key.
+  for (const std::shared_ptr<RemoteWatch>& watch : stale) watch->Cancel();
+}
+
 void DependencyRelay::Watch(uint32_t waiting_partition, const std::string& job_id) {
   const Inbox::Key key(waiting_partition, job_id);
   const uint32_t where = core::PartitionOfJobId(job_id, partitions_.count()).value_or(0);
   const Route route = router_.cluster_mode() ? router_.RouteOf(where, /*forwarded=*/false)
                                              : Route{.kind = Route::Kind::kLocal};
   if (route.kind == Route::Kind::kForward && forwarder_ != nullptr) {
-    RemoteWatch::Start(inbox_, key, forwarder_->AdminAt(route.address), router_.node_id(),
-                       peer_token_);
+    RemoteWatch::Start(inbox_, key, forwarder_->AdminAt(route.address), route.address,
+                       router_.node_id(), peer_token_);
     return;
   }
   if (route.kind != Route::Kind::kLocal) return inbox_->Broke(key);  // no leader now

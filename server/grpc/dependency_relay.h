@@ -25,7 +25,11 @@ namespace jobbroker::server {
 // depends_on, so after a restart or a failover the partition's new leader awaits the same ids and
 // its relay watches them again; an outcome is applied at most once because SettleRemoteJobs
 // ignores one nobody waits for any more. A watch is push (no polling while a job runs); one that
-// breaks (a leader moved) is opened again at the next round, every kRound.
+// breaks is opened again at the next round, every kRound. A remote watch is not trusted to break
+// by itself: one whose partition is led elsewhere now (a frozen or cut-off former leader may keep
+// it open, silent, for as long as it stays so) is cancelled and opened at the new leader, and one
+// open for kRefreshAfter is opened again (a connection that died without a word, which gRPC does
+// not notice without keepalive, would otherwise hold the dependents forever).
 //
 // Thread-safe. Everything borrowed must outlive Stop().
 class DependencyRelay {
@@ -43,6 +47,7 @@ class DependencyRelay {
   void Stop();
 
   static constexpr absl::Duration kRound = absl::Milliseconds(250);
+  static constexpr absl::Duration kRefreshAfter = absl::Seconds(30);
 
  private:
   struct Inbox;
@@ -52,6 +57,9 @@ class DependencyRelay {
   void Loop();
   // Delivers the outcomes that arrived, then opens a watch for every awaited job without one.
   void Round();
+  // Cancels the remote watches opened where the awaited job's partition is not led now, or open
+  // for kRefreshAfter; each is opened again at a later round.
+  void CancelStaleWatches();
   void Watch(uint32_t waiting_partition, const std::string& job_id);
 
   node::Partitions& partitions_;

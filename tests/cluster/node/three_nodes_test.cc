@@ -4,6 +4,7 @@
 // leader and is served by the next one, and a partition with two of its three replicas down
 // acknowledges nothing.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <map>
 #include <memory>
@@ -838,6 +839,109 @@ TEST_F(ThreeNodesTest, AJobWaitsForAJobOfAnotherPartitionAcrossAKill9OfItsLeader
   ASSERT_EQ(leases.size(), 1u) << "one job, once";
   EXPECT_EQ(leases[0].job_id(), after);
   EXPECT_EQ(leases[0].dependency_results().at(dep), "from partition 0");
+}
+
+// A leader frozen by SIGSTOP (a VM paused, a process stuck in the kernel) keeps its connections
+// open and answers nothing, so a dependency relay's watch on it would wait as long as the freeze.
+// The relay moves the watch to the partition's new leader: the dependent is released while the
+// former leader is still frozen.
+TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFrozen) {
+  const std::string first = QueueIn(0, "first");
+  const std::string then = QueueIn(1, "then");
+  // Each partition at its preferred replica, two different nodes (the partitions' leaders may
+  // move while the cluster starts).
+  int dep_leader = -1;
+  int waiting_leader = -1;
+  const absl::Time settle_by = absl::Now() + kGiveUp;
+  while (absl::Now() < settle_by) {
+    dep_leader = LeaderOf(first, 0);
+    waiting_leader = LeaderOf(then, 0);
+    if (dep_leader >= 0 && waiting_leader >= 0 && dep_leader != waiting_leader) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GE(dep_leader, 0);
+  ASSERT_GE(waiting_leader, 0);
+  ASSERT_NE(dep_leader, waiting_leader) << "both partitions stayed on one node";
+  const int third = kNodes - dep_leader - waiting_leader;
+
+  // Each at its partition's leader, retried while it starts serving.
+  auto enqueue = [&](int n, const std::string& queue, const std::string& depends_on) {
+    grpc::Status status;
+    while (absl::Now() < settle_by) {
+      auto stub = nodes_[n]->NewBrokerStub();
+      grpc::ClientContext context;
+      WithDeadline(context);
+      v1::EnqueueRequest request;
+      request.set_queue(queue);
+      if (!depends_on.empty()) request.add_depends_on(depends_on);
+      v1::EnqueueResponse response;
+      status = stub->Enqueue(&context, request, &response);
+      if (status.ok()) return response.job_id();
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ADD_FAILURE() << "node-" << n << " took no job of " << queue << ": " << status.error_message();
+    return std::string();
+  };
+  const std::string dep = enqueue(dep_leader, first, "");
+  ASSERT_FALSE(dep.empty());
+  const std::string after = enqueue(waiting_leader, then, dep);
+  ASSERT_FALSE(after.empty());
+  absl::StatusOr<v1::Job> waiting = GetJobAt(waiting_leader, after);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(waiting->state(), v1::JOB_STATE_WAITING);
+  // Several of the relay's rounds (DependencyRelay::kRound, 250 ms): its watch is open at the
+  // dependency's leader when it freezes. Earlier would only make the test easier.
+  absl::SleepFor(absl::Seconds(1));
+
+  const pid_t frozen = nodes_[dep_leader]->pid();
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  // Resumed however the test ends, so that the teardown can stop it.
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{frozen};
+
+  // The dependency completes at its partition's new leader; the frozen node is never asked.
+  bool acked = false;
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  while (!acked && absl::Now() < give_up) {
+    for (int n : {waiting_leader, third}) {
+      if (acked || LeaderOf(first, n) != n) continue;
+      auto at_new_leader = nodes_[n]->NewBrokerStub();
+      grpc::ClientContext lease_context;
+      WithDeadline(lease_context);
+      v1::LeaseRequest lease;
+      lease.set_queue(first);
+      lease.set_worker_id("w");
+      v1::LeaseResponse leased;
+      if (!at_new_leader->Lease(&lease_context, lease, &leased).ok() || leased.jobs_size() != 1)
+        continue;
+      grpc::ClientContext ack_context;
+      WithDeadline(ack_context);
+      v1::AckRequest ack;
+      ack.set_job_id(leased.jobs(0).job_id());
+      ack.set_lease_id(leased.jobs(0).lease_id());
+      ack.set_result("done while the old leader slept");
+      v1::AckResponse response;
+      acked = at_new_leader->Ack(&ack_context, ack, &response).ok();
+    }
+    if (!acked) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(acked) << "no new leader leased and acked the dependency";
+
+  // Released by the relay of the waiting partition's leader, which the freeze did not touch.
+  v1::Job released;
+  while (absl::Now() < give_up) {
+    absl::StatusOr<v1::Job> job = GetJobAt(waiting_leader, after);
+    if (job.ok()) released = *job;
+    if (released.state() == v1::JOB_STATE_READY) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(released.state(), v1::JOB_STATE_READY)
+      << "still " << v1::JobState_Name(released.state())
+      << " while the dependency's former leader is frozen";
+  ASSERT_EQ(released.dependency_results().count(dep), 1u);
+  EXPECT_EQ(released.dependency_results().at(dep), "done while the old leader slept");
 }
 
 }  // namespace
