@@ -121,7 +121,7 @@ void JobWatchCall::Send(v1::Job job) {
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || finished_ || ended_.has_value()) return;
-    outbox_.push_back(std::move(job));
+    outbox_.Push(std::move(job));
   }
   Pump();
 }
@@ -141,11 +141,9 @@ void JobWatchCall::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (!writing_ && !outbox_.empty() && !cancelled_) {
-      writing_ = true;
-      to_write = &outbox_.front();  // stays put until OnWriteDone pops it
-    }
-    if ((cancelled_ || ended_.has_value()) && !writing_ && (outbox_.empty() || cancelled_)) {
+    if (!cancelled_) to_write = outbox_.NextToWrite();
+    if ((cancelled_ || ended_.has_value()) && !outbox_.writing() &&
+        (cancelled_ || outbox_.drained())) {
       finished_ = true;
       finish = cancelled_ ? grpc::Status::CANCELLED : ToGrpcStatus(*ended_);
     }
@@ -157,12 +155,7 @@ void JobWatchCall::Pump() {
 void JobWatchCall::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    outbox_.pop_front();
-    if (!ok) {
-      cancelled_ = true;  // the caller is gone: nothing more can be written
-      outbox_.clear();
-    }
+    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the caller is gone
   }
   Pump();
 }

@@ -1,6 +1,5 @@
 #pragma once
 
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,6 +10,7 @@
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
+#include "server/grpc/outbox.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/routing/router.h"
 
@@ -54,8 +54,7 @@ class JobWatchCall final : public grpc::ServerWriteReactor<v1::Job>,
   std::shared_ptr<JobWatchCall> self_;  // keeps the call alive until OnDone
 
   absl::Mutex mu_;
-  std::deque<v1::Job> outbox_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  Outbox<v1::Job> outbox_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<absl::Status> ended_ ABSL_GUARDED_BY(mu_);

@@ -113,7 +113,7 @@ void ProducerStream::Answer(v1::EnqueueStreamResponse response, RpcTiming timing
   {
     absl::MutexLock lock(&mu_);
     --pending_;
-    if (!cancelled_ && !finished_) outbox_.push_back(std::move(response));
+    if (!cancelled_ && !finished_) outbox_.Push(std::move(response));
   }
   Pump();
 }
@@ -125,18 +125,15 @@ void ProducerStream::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (!writing_ && !outbox_.empty() && !cancelled_) {
-      writing_ = true;
-      to_write = &outbox_.front();  // stays put until OnWriteDone pops it
-    }
+    if (!cancelled_) to_write = outbox_.NextToWrite();
     if (!reading_ && !read_closed_ && !cancelled_ && pending_ < kMaxPending &&
         outbox_.size() < static_cast<size_t>(kMaxPending)) {
       reading_ = true;
       read = true;
     }
     const bool done_talking = read_closed_ || cancelled_;
-    if (done_talking && !reading_ && pending_ == 0 && !writing_ &&
-        (outbox_.empty() || cancelled_)) {
+    if (done_talking && !reading_ && pending_ == 0 && !outbox_.writing() &&
+        (cancelled_ || outbox_.drained())) {
       finished_ = true;
       finish = cancelled_ ? grpc::Status::CANCELLED : grpc::Status::OK;
     }
@@ -149,12 +146,7 @@ void ProducerStream::Pump() {
 void ProducerStream::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    outbox_.pop_front();
-    if (!ok) {
-      cancelled_ = true;  // the client is gone: nothing more can be written
-      outbox_.clear();
-    }
+    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the client is gone
   }
   Pump();
 }

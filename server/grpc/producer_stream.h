@@ -3,7 +3,6 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -12,6 +11,7 @@
 #include "jobbroker/v1/broker.pb.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
+#include "server/grpc/outbox.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/routing/router.h"
@@ -93,9 +93,8 @@ class ProducerStream final
   v1::EnqueueStreamRequest request_;      // the read in progress
 
   absl::Mutex mu_;
-  std::deque<v1::EnqueueStreamResponse> outbox_ ABSL_GUARDED_BY(mu_);
-  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // batches read and not yet answered
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  Outbox<v1::EnqueueStreamResponse> outbox_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;           // batches read and not yet answered
   bool reading_ ABSL_GUARDED_BY(mu_) = false;      // a read is started
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;  // the client sends no more
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // the client is gone

@@ -1,6 +1,7 @@
 #include "server/grpc/work_stream.h"
 
 #include <algorithm>
+#include <deque>
 #include <utility>
 #include <vector>
 
@@ -772,7 +773,7 @@ void WorkStream::Send(v1::WorkResponse message) {
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || finished_) return;
-    outbox_.push_back(std::move(message));
+    outbox_.Push(std::move(message));
   }
   Pump();
 }
@@ -782,7 +783,7 @@ void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
   {
     absl::MutexLock lock(&mu_);
     if (cancelled_ || finished_) return;
-    for (v1::WorkResponse& m : messages) outbox_.push_back(std::move(m));
+    for (v1::WorkResponse& m : messages) outbox_.Push(std::move(m));
   }
   Pump();
 }
@@ -815,17 +816,17 @@ void WorkStream::Pump() {
   {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
-    if (!writing_ && !outbox_.empty() && !cancelled_) {
+    if (!outbox_.writing() && !cancelled_) {
       if (batch_pushes_) CoalesceJobsLocked();
-      writing_ = true;
-      to_write = &outbox_.front();  // stays put until OnWriteDone pops it
+      to_write = outbox_.NextToWrite();
     }
     if (read_paused_ && outbox_.size() < kMaxOutbox / 2 && !read_closed_ && !cancelled_) {
       read_paused_ = false;
       resume_read = true;
     }
     bool done_talking = read_closed_ || cancelled_ || ended_.has_value();
-    if (done_talking && pending_ops_ == 0 && !writing_ && (outbox_.empty() || cancelled_)) {
+    if (done_talking && pending_ops_ == 0 && !outbox_.writing() &&
+        (cancelled_ || outbox_.drained())) {
       finished_ = true;
       if (cancelled_) {
         finish = grpc::Status::CANCELLED;
@@ -840,31 +841,27 @@ void WorkStream::Pump() {
 }
 
 void WorkStream::CoalesceJobsLocked() {
-  if (outbox_.size() < 2 || !outbox_[0].has_job() || !outbox_[1].has_job()) return;
+  std::deque<v1::WorkResponse>& waiting = outbox_.waiting();
+  if (waiting.size() < 2 || !waiting[0].has_job() || !waiting[1].has_job()) return;
   v1::WorkResponse batch;
   v1::JobBatch* jobs = batch.mutable_job_batch();
   size_t bytes = 0;
-  while (!outbox_.empty() && outbox_.front().has_job() && jobs->jobs_size() < kMaxJobsPerBatch) {
-    v1::LeasedJob* job = outbox_.front().mutable_job();
+  while (!waiting.empty() && waiting.front().has_job() && jobs->jobs_size() < kMaxJobsPerBatch) {
+    v1::LeasedJob* job = waiting.front().mutable_job();
     // Roughly its encoded size: a batch stays far below clients' message size limits.
     const size_t size = job->payload().size() + job->checkpoint().size() + 256;
     if (jobs->jobs_size() > 0 && bytes + size > kMaxBatchBytes) break;
     bytes += size;
     jobs->add_jobs()->Swap(job);
-    outbox_.pop_front();
+    waiting.pop_front();
   }
-  outbox_.push_front(std::move(batch));
+  waiting.push_front(std::move(batch));
 }
 
 void WorkStream::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
-    writing_ = false;
-    outbox_.pop_front();
-    if (!ok) {
-      cancelled_ = true;  // the client is gone: nothing more can be written
-      outbox_.clear();
-    }
+    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the client is gone
   }
   Pump();
 }

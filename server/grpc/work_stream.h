@@ -3,7 +3,6 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -15,6 +14,7 @@
 #include "jobbroker/v1/broker.pb.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
+#include "server/grpc/outbox.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/work_stream_limit.h"
 #include "server/grpc/work_upstream.h"
@@ -170,8 +170,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   v1::WorkRequest request_;  // the read in progress
 
   absl::Mutex mu_;
-  std::deque<v1::WorkResponse> outbox_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  Outbox<v1::WorkResponse> outbox_ ABSL_GUARDED_BY(mu_);
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // stopped reading: outbox full
   bool read_closed_ ABSL_GUARDED_BY(mu_) = false;  // the client sends no more
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;    // the client is gone
