@@ -38,6 +38,10 @@ ProducerStream* ProducerStream::Start(node::Partitions& broker, const RpcAuth& a
 }
 
 void ProducerStream::OnReadDone(bool ok) {
+  // Taken out while reading_ still holds off other threads: once it is cleared, an answer's Pump
+  // may start the next read into request_ at once.
+  v1::EnqueueStreamRequest read;
+  if (ok) read = std::move(request_);
   {
     absl::MutexLock lock(&mu_);
     reading_ = false;
@@ -47,7 +51,7 @@ void ProducerStream::OnReadDone(bool ok) {
       ++pending_;
     }
   }
-  if (ok) Handle(std::move(request_), timers_.Start("EnqueueStream"));
+  if (ok) Handle(std::move(read), timers_.Start("EnqueueStream"));
   Pump();
 }
 
