@@ -141,17 +141,20 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
     StartRead(&job_);
   }
   void OnDone(const grpc::Status& status) override {
+    {
+      absl::MutexLock lock(&inbox_->mu);
+      // Before the key is freed below: a watch opened for it after that is not this one's to
+      // forget.
+      auto it = inbox_->remote.find(key_);
+      if (it != inbox_->remote.end() && it->second.lock().get() == this) inbox_->remote.erase(it);
+      --inbox_->remote_open;
+    }
     if (outcome_.has_value()) {
       inbox_->Arrived(key_, *std::move(outcome_));
     } else if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       inbox_->Arrived(key_, Gone(key_.second));
     } else {
       inbox_->Broke(key_);
-    }
-    {
-      absl::MutexLock lock(&inbox_->mu);
-      inbox_->remote.erase(key_);
-      --inbox_->remote_open;
     }
     self_.reset();  // may delete this
   }
@@ -282,7 +285,16 @@ void DependencyRelay::CancelStaleWatches() {
       // No leader now (an election): the watch is kept; it may be at the next leader.
       const bool moved = route.kind == Route::Kind::kLocal ||
                          (route.kind == Route::Kind::kForward && route.address != watch->address());
-      if (moved || watch->opened_at() < refresh_before) stale.push_back(std::move(watch));
+      if (!moved && watch->opened_at() >= refresh_before) continue;
+      // A move is rare (a leader changed while a job waited) and says where a stuck dependent
+      // was looked for; a refresh is routine.
+      if (moved)
+        Log::Write(LogLevel::kInfo, "dependency_watch_moved",
+                   {{"partition", absl::StrCat(key.first)},
+                    {"awaits", key.second},
+                    {"from", watch->address()},
+                    {"to", route.kind == Route::Kind::kLocal ? router_.node_id() : route.address}});
+      stale.push_back(std::move(watch));
     }
   }
   // Each ends through OnDone (CANCELLED, or the outcome it read first), which frees its key.

@@ -942,6 +942,9 @@ TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFroz
       << " while the dependency's former leader is frozen";
   ASSERT_EQ(released.dependency_results().count(dep), 1u);
   EXPECT_EQ(released.dependency_results().at(dep), "done while the old leader slept");
+  // By the relay moving its watch off the frozen node, not by any other way round.
+  EXPECT_THAT(nodes_[waiting_leader]->ReadStderr(),
+              ::testing::HasSubstr("\"event\":\"dependency_watch_moved\""));
 }
 
 }  // namespace
