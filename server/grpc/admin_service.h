@@ -22,7 +22,7 @@ class AdminService final : public v1::Admin::CallbackService {
  public:
   // Unary calls are timed in `metrics`. `forwarder` may be null on a single node.
   AdminService(node::Partitions& broker, const RpcAuth& auth, const RpcMetrics& metrics,
-               const Router& router, Forwarder* forwarder)
+               Router& router, Forwarder* forwarder)
       : broker_(broker),
         auth_(auth),
         router_(router),
@@ -135,7 +135,7 @@ class AdminService final : public v1::Admin::CallbackService {
 
   node::Partitions& broker_;
   const RpcAuth& auth_;
-  const Router& router_;
+  Router& router_;
   Forwarder* const forwarder_;
   const RpcServiceTimers timers_;
 };

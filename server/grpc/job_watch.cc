@@ -1,7 +1,10 @@
 #include "server/grpc/job_watch.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
 
@@ -73,9 +76,9 @@ class JobWatchCall::Upstream final : public grpc::ClientReadReactor<v1::Job> {
 grpc::ServerWriteReactor<v1::Job>* JobWatchCall::Start(grpc::CallbackServerContext* ctx,
                                                        const v1::WatchJobRequest& request,
                                                        node::Partitions& broker,
-                                                       const RpcAuth& auth, const Router& router,
+                                                       const RpcAuth& auth, Router& router,
                                                        Forwarder* forwarder) {
-  auto call = std::shared_ptr<JobWatchCall>(new JobWatchCall());
+  auto call = std::shared_ptr<JobWatchCall>(new JobWatchCall(router));
   call->self_ = call;
   if (absl::Status s = auth.CheckJob(*ctx, Role::kAdmin, request.job_id()); !s.ok()) {
     // Another node's DependencyRelay watches the jobs its partitions' jobs wait for.
@@ -88,6 +91,7 @@ grpc::ServerWriteReactor<v1::Job>* JobWatchCall::Start(grpc::CallbackServerConte
     }
   }
   Route route;
+  std::shared_ptr<const ClusterView> seen = router.view();
   if (router.cluster_mode()) route = router.RouteOf(router.PartitionOfJob(request.job_id()), *ctx);
   switch (route.kind) {
     case Route::Kind::kUnavailable:
@@ -96,8 +100,11 @@ grpc::ServerWriteReactor<v1::Job>* JobWatchCall::Start(grpc::CallbackServerConte
     case Route::Kind::kForward: {
       std::shared_ptr<Upstream> upstream =
           Upstream::Start(call, *forwarder, *ctx, route.address, request);
-      absl::MutexLock lock(&call->mu_);
-      call->upstream_ = std::move(upstream);
+      {
+        absl::MutexLock lock(&call->mu_);
+        call->upstream_ = std::move(upstream);
+      }
+      call->EndOnLeaderChange(route.partition, std::move(seen));
       break;
     }
     case Route::Kind::kLocal: {
@@ -115,6 +122,43 @@ grpc::ServerWriteReactor<v1::Job>* JobWatchCall::Start(grpc::CallbackServerConte
     }
   }
   return call.get();
+}
+
+void JobWatchCall::EndOnLeaderChange(uint32_t partition, std::shared_ptr<const ClusterView> seen) {
+  auto moved = [partition] {
+    return absl::UnavailableError(absl::StrCat(
+        "partition ", partition,
+        " changed leader while this watch was relayed from its former leader; watch again"));
+  };
+  std::weak_ptr<JobWatchCall> weak = self_;
+  const uint64_t handle =
+      router_.Listen([weak, partition, moved](const std::vector<uint32_t>& changed) {
+        if (std::find(changed.begin(), changed.end(), partition) == changed.end()) return;
+        if (std::shared_ptr<JobWatchCall> call = weak.lock()) call->EndRelay(moved());
+      });
+  bool done;
+  {
+    absl::MutexLock lock(&mu_);
+    listener_ = handle;
+    done = released_;
+  }
+  // OnDone ran before listener_ was set, so it could not let go of it.
+  if (done) return router_.Unlisten(handle);
+  // A change published between the routing and the Listen above told no one: compare.
+  std::shared_ptr<const ClusterView> now = router_.view();
+  if (partition < seen->partitions.size() && partition < now->partitions.size() &&
+      now->partitions[partition].RouteChangedFrom(seen->partitions[partition]))
+    EndRelay(moved());
+}
+
+void JobWatchCall::EndRelay(absl::Status status) {
+  std::shared_ptr<Upstream> upstream;
+  {
+    absl::MutexLock lock(&mu_);
+    upstream = upstream_;
+  }
+  End(std::move(status));
+  if (upstream != nullptr) upstream->Cancel();
 }
 
 void JobWatchCall::Send(v1::Job job) {
@@ -179,14 +223,18 @@ void JobWatchCall::OnCancel() {
 void JobWatchCall::OnDone() {
   core::Broker* watched = nullptr;
   uint64_t watch = 0;
+  uint64_t listener = 0;
   std::shared_ptr<Upstream> upstream;
   {
     absl::MutexLock lock(&mu_);
     std::swap(watched, watched_);
     std::swap(watch, watch_);
+    std::swap(listener, listener_);
+    released_ = true;
     upstream = std::move(upstream_);
   }
   if (watch != 0) watched->Unwatch(watch);
+  if (listener != 0) router_.Unlisten(listener);
   if (upstream != nullptr) upstream->Cancel();
   self_.reset();  // may delete this
 }

@@ -32,7 +32,7 @@ class JobWatchCall final : public grpc::ServerWriteReactor<v1::Job>,
   static grpc::ServerWriteReactor<v1::Job>* Start(grpc::CallbackServerContext* ctx,
                                                   const v1::WatchJobRequest& request,
                                                   node::Partitions& broker, const RpcAuth& auth,
-                                                  const Router& router, Forwarder* forwarder);
+                                                  Router& router, Forwarder* forwarder);
 
   // Queues `job` for the caller.
   void Send(v1::Job job);
@@ -47,9 +47,17 @@ class JobWatchCall final : public grpc::ServerWriteReactor<v1::Job>,
   class Watcher;   // the broker's JobWatcher for this call
   class Upstream;  // the leader's WatchJob, relayed
 
-  JobWatchCall() = default;
+  explicit JobWatchCall(Router& router) : router_(router) {}
   // Writes the next queued message, or finishes once there is nothing left to say.
   void Pump();
+  // A relayed watch ends, UNAVAILABLE, when the job's partition changes leader: the node it is
+  // relayed from may have stopped leading without ending it (frozen, or cut off from this node),
+  // and the caller's watch again reaches the new leader. `seen` is the view it was routed by.
+  void EndOnLeaderChange(uint32_t partition, std::shared_ptr<const ClusterView> seen);
+  // Ends the call with `status` and cancels the relayed call.
+  void EndRelay(absl::Status status);
+
+  Router& router_;
 
   std::shared_ptr<JobWatchCall> self_;  // keeps the call alive until OnDone
 
@@ -62,6 +70,8 @@ class JobWatchCall final : public grpc::ServerWriteReactor<v1::Job>,
   core::Broker* watched_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t watch_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Upstream> upstream_ ABSL_GUARDED_BY(mu_);
+  uint64_t listener_ ABSL_GUARDED_BY(mu_) = 0;  // Router::Listen's handle (0: none)
+  bool released_ ABSL_GUARDED_BY(mu_) = false;  // OnDone has run
 };
 
 }  // namespace jobbroker::server

@@ -947,5 +947,58 @@ TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFroz
               ::testing::HasSubstr("\"event\":\"dependency_watch_moved\""));
 }
 
+// The same freeze seen by a caller: a WatchJob at a node that relays it from the job's leader
+// ends UNAVAILABLE once the partition has a new leader (the clients' wait-for-result helpers
+// watch again on UNAVAILABLE), instead of waiting as long as the frozen node sleeps.
+TEST_F(ThreeNodesTest, AWatchRelayedFromAFrozenLeaderEndsSoTheCallerWatchesAgain) {
+  const std::string queue = QueueIn(0, "watched");
+  std::string id;
+  const int leader = EnqueueAtLeader(queue, "w", &id);
+  ASSERT_GE(leader, 0);
+  const int relay = (leader + 1) % kNodes;
+
+  auto watch_at = [&](int n, grpc::ClientContext& context) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kGiveUp));
+    v1::WatchJobRequest request;
+    request.set_job_id(id);
+    return nodes_[n]->NewAdminStub()->WatchJob(&context, request);
+  };
+  grpc::ClientContext context;
+  auto reader = watch_at(relay, context);
+  v1::Job first;
+  ASSERT_TRUE(reader->Read(&first)) << "the relayed watch sent nothing";
+  EXPECT_EQ(first.id(), id);
+
+  const pid_t frozen = nodes_[leader]->pid();
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{frozen};
+
+  v1::Job more;
+  while (reader->Read(&more)) {
+  }
+  const grpc::Status ended = reader->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), ::testing::HasSubstr("changed leader"));
+
+  // Watched again at the same node: the new leader answers while the old one still sleeps.
+  v1::Job again;
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  bool answered = false;
+  while (!answered && absl::Now() < give_up) {
+    grpc::ClientContext retry;
+    auto second = watch_at(relay, retry);
+    answered = second->Read(&again);
+    retry.TryCancel();
+    second->Finish();
+    if (!answered) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(answered) << "no node answered the watch again";
+  EXPECT_EQ(again.id(), id);
+  EXPECT_EQ(again.state(), v1::JOB_STATE_READY);
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
