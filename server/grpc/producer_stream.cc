@@ -92,6 +92,9 @@ bool ProducerStream::Forwarded(uint32_t partition, uint64_t request_id,
   };
   auto call = std::make_shared<Call>();
   call->context = forwarder_->ContextFor(*ctx_);
+  const absl::Time batch_deadline = absl::Now() + kForwardDeadline;
+  if (absl::FromChrono(call->context->deadline()) > batch_deadline)
+    call->context->set_deadline(absl::ToChronoTime(batch_deadline));
   call->request = std::move(batch);
   forwarder_->BrokerAt(route.address)
       .async()

@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "jobbroker/v1/broker.pb.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
@@ -45,6 +46,11 @@ class ProducerStream final
  public:
   // Unanswered batches one stream may hold; its reads wait beyond this (back-pressure).
   static constexpr int kMaxPending = 64;
+  // How long a batch sent on to its partition's leader may take. The stream's own deadline, if
+  // any, spans the producer's session, so a batch has none of its own: without this, a leader
+  // that stopped answering (frozen, or cut off without a reset) would hold the batch, and one of
+  // the stream's places, until it came back. Past the replication's commit timeout (10 s).
+  static constexpr absl::Duration kForwardDeadline = absl::Seconds(15);
 
   // A new stream, already reading. `caller` is the stream's authenticated token (nullptr: auth
   // off). Each batch is timed in `timers` as a call of EnqueueStream. Everything borrowed must

@@ -1000,5 +1000,62 @@ TEST_F(ThreeNodesTest, AWatchRelayedFromAFrozenLeaderEndsSoTheCallerWatchesAgain
   EXPECT_EQ(again.state(), v1::JOB_STATE_READY);
 }
 
+// And a producer's stream: a batch the node sent on to a leader that froze is answered (its
+// outcome unknown, as a call's would be) within ProducerStream::kForwardDeadline rather than
+// held, with its place on the stream, while the leader sleeps; the next batch reaches the new
+// leader.
+TEST_F(ThreeNodesTest, ABatchSentOnToAFrozenLeaderIsAnsweredAndTheStreamGoesOn) {
+  const std::string queue = QueueIn(0, "streamed");
+  std::string id;
+  const int leader = EnqueueAtLeader(queue, "first", &id);
+  ASSERT_GE(leader, 0);
+  const int relay = (leader + 1) % kNodes;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + 2 * kGiveUp));
+  auto producer = nodes_[relay]->NewBrokerStub()->EnqueueStream(&context);
+  auto send = [&](uint64_t request_id) {
+    v1::EnqueueStreamRequest request;
+    request.set_request_id(request_id);
+    v1::EnqueueRequest* job = request.mutable_batch()->add_jobs();
+    job->set_queue(queue);
+    job->set_payload(absl::StrCat("batch ", request_id));
+    return producer->Write(request);
+  };
+
+  // The relaying node's connection to the leader is up: what a freeze leaves open.
+  ASSERT_TRUE(send(0));
+  v1::EnqueueStreamResponse answer;
+  ASSERT_TRUE(producer->Read(&answer));
+  ASSERT_EQ(answer.code(), 0) << answer.message();
+
+  const pid_t frozen = nodes_[leader]->pid();
+  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{frozen};
+  ASSERT_TRUE(send(1));  // routed by a view that still names the frozen leader
+  ASSERT_TRUE(producer->Read(&answer)) << "the stream ended without answering the batch";
+  EXPECT_EQ(answer.request_id(), 1u);
+  EXPECT_THAT(answer.code(), ::testing::AnyOf(static_cast<int>(grpc::StatusCode::DEADLINE_EXCEEDED),
+                                              static_cast<int>(grpc::StatusCode::UNAVAILABLE)))
+      << answer.message();
+
+  // Once the partition has a new leader, batches are taken again on the same stream.
+  bool taken = false;
+  for (uint64_t request_id = 2; !taken && request_id < 200; ++request_id) {
+    ASSERT_TRUE(send(request_id));
+    ASSERT_TRUE(producer->Read(&answer));
+    EXPECT_EQ(answer.request_id(), request_id);
+    taken = answer.code() == 0;
+    if (!taken) absl::SleepFor(absl::Milliseconds(250));
+  }
+  EXPECT_TRUE(taken) << "no batch was taken after the failover: " << answer.message();
+  producer->WritesDone();
+  while (producer->Read(&answer)) {
+  }
+  EXPECT_TRUE(producer->Finish().ok());
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
