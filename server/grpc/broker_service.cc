@@ -142,7 +142,8 @@ BrokerService::EnqueueStream(grpc::CallbackServerContext* ctx) {
     if (absl::Status s = Authorizer::AllowRole(**caller, Role::kProducer); !s.ok())
       return new Refused(s);
   }
-  return ProducerStream::Start(broker_, auth_, *caller, router_, forwarder_, timers_, ctx);
+  return ProducerStream::Start(broker_, auth_, *caller, router_, forwarder_, timers_,
+                               enqueue_streams_, ctx);
 }
 
 grpc::ServerUnaryReactor* BrokerService::Lease(grpc::CallbackServerContext* ctx,

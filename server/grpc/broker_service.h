@@ -1,5 +1,7 @@
 #pragma once
 
+#include <atomic>
+
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
@@ -52,6 +54,10 @@ class BrokerService final : public v1::Broker::CallbackService {
   grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse>* Work(
       grpc::CallbackServerContext* ctx) override;
 
+  // EnqueueStreams open now (jobbroker_enqueue_streams_open): one per producer and node that
+  // sends batches; a count that only grows is a client that opens streams and never ends them.
+  int enqueue_streams_open() const { return enqueue_streams_.load(std::memory_order_relaxed); }
+
  private:
   // Null when this node's broker answers a call for `partition`; else the reactor that answers
   // it from the partition's leader (`start` sends it there) or refuses it (no leader now).
@@ -65,6 +71,7 @@ class BrokerService final : public v1::Broker::CallbackService {
   Router& router_;
   Forwarder* const forwarder_;
   const RpcServiceTimers timers_;
+  std::atomic<int> enqueue_streams_{0};
 };
 
 }  // namespace jobbroker::server

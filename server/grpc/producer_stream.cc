@@ -25,10 +25,11 @@ v1::EnqueueStreamResponse Refusal(uint64_t request_id, const absl::Status& statu
 ProducerStream* ProducerStream::Start(node::Partitions& broker, const RpcAuth& auth,
                                       const TokenEntry* caller, Router& router,
                                       Forwarder* forwarder, const RpcServiceTimers& timers,
-                                      grpc::CallbackServerContext* ctx) {
+                                      std::atomic<int>& open, grpc::CallbackServerContext* ctx) {
   std::shared_ptr<ProducerStream> stream(
-      new ProducerStream(broker, auth, caller, router, forwarder, timers, ctx));
+      new ProducerStream(broker, auth, caller, router, forwarder, timers, open, ctx));
   stream->self_ = stream;
+  open.fetch_add(1, std::memory_order_relaxed);
   {
     absl::MutexLock lock(&stream->mu_);
     stream->reading_ = true;
@@ -166,6 +167,9 @@ void ProducerStream::OnCancel() {
   Pump();
 }
 
-void ProducerStream::OnDone() { self_.reset(); /* may delete this */ }
+void ProducerStream::OnDone() {
+  open_.fetch_sub(1, std::memory_order_relaxed);
+  self_.reset();  // may delete this
+}
 
 }  // namespace jobbroker::server

@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/server_callback.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -53,11 +54,13 @@ class ProducerStream final
   static constexpr absl::Duration kForwardDeadline = absl::Seconds(15);
 
   // A new stream, already reading. `caller` is the stream's authenticated token (nullptr: auth
-  // off). Each batch is timed in `timers` as a call of EnqueueStream. Everything borrowed must
-  // outlive the stream; `forwarder` is null on a single node.
+  // off). Each batch is timed in `timers` as a call of EnqueueStream. `open` counts the streams
+  // open: one more from here until OnDone. Everything borrowed must outlive the stream;
+  // `forwarder` is null on a single node.
   static ProducerStream* Start(node::Partitions& broker, const RpcAuth& auth,
                                const TokenEntry* caller, Router& router, Forwarder* forwarder,
-                               const RpcServiceTimers& timers, grpc::CallbackServerContext* ctx);
+                               const RpcServiceTimers& timers, std::atomic<int>& open,
+                               grpc::CallbackServerContext* ctx);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -67,13 +70,14 @@ class ProducerStream final
  private:
   ProducerStream(node::Partitions& broker, const RpcAuth& auth, const TokenEntry* caller,
                  Router& router, Forwarder* forwarder, const RpcServiceTimers& timers,
-                 grpc::CallbackServerContext* ctx)
+                 std::atomic<int>& open, grpc::CallbackServerContext* ctx)
       : broker_(broker),
         auth_(auth),
         caller_(caller),
         router_(router),
         forwarder_(forwarder),
         timers_(timers),
+        open_(open),
         ctx_(ctx) {}
 
   // Handles one batch, read at `timing`; its answer comes through Answer.
@@ -94,6 +98,7 @@ class ProducerStream final
   Router& router_;
   Forwarder* const forwarder_;
   const RpcServiceTimers& timers_;
+  std::atomic<int>& open_;
   grpc::CallbackServerContext* const ctx_;
   std::shared_ptr<ProducerStream> self_;  // released in OnDone
   v1::EnqueueStreamRequest request_;      // the read in progress

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/broker_client.h"
 #include "tests/testing/broker_fixture.h"
+#include "tests/testing/http_client.h"
 #include "tests/testing/matchers.h"
 
 namespace jobbroker::testing {
@@ -141,6 +142,26 @@ TEST_F(EnqueueStreamTest, AWriterFarAheadGetsEveryAnswer) {
   }
   EXPECT_EQ(client().Counts(kQueue),
             (std::map<std::string, int64_t>{{"JOB_STATE_READY", 2 * kBatches}}));
+}
+
+// /metrics counts the streams open (jobbroker_enqueue_streams_open): one while a producer
+// sends, none once it has ended its stream.
+TEST_F(EnqueueStreamTest, MetricsCountTheStreamsOpen) {
+  auto open_streams = [this] {
+    return Sample(HttpGet(process().http_address(), "/metrics"), "jobbroker_enqueue_streams_open");
+  };
+  EXPECT_EQ(open_streams(), 0);
+  grpc::ClientContext ctx;
+  std::unique_ptr<Stream> stream = Open(&ctx);
+  ASSERT_TRUE(stream->Write(Batch(1, {"a"})));
+  ReadAnswers(*stream, 1);  // the stream is open at the broker once it has answered
+  EXPECT_EQ(open_streams(), 1);
+  stream->WritesDone();
+  EXPECT_THAT(stream->Finish(), IsOk());
+  // The broker lets go of the stream just after the client has its end.
+  const absl::Time give_up = absl::Now() + kWaitDeadline;
+  while (open_streams() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(open_streams(), 0);
 }
 
 // An answer on the stream means durable, as a unary call's: kill -9 right after the last one.
