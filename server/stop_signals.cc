@@ -56,14 +56,23 @@ StopSignals& StopSignals::Install() {
 
 void StopSignals::Take() {
   State& state = TheState();
-  int sig = 0;
-  sigwait(&state.signals, &sig);
-  absl::MutexLock lock(&state.mu);
-  if (!state.serving) {
-    Log::Write(LogLevel::kInfo, "stopped_while_starting", {{"signal", absl::StrCat(sig)}});
-    DieOf(sig);
+  for (;;) {
+    int sig = 0;
+    sigwait(&state.signals, &sig);
+    absl::MutexLock lock(&state.mu);
+    if (!state.serving) {
+      Log::Write(LogLevel::kInfo, "stopped_while_starting", {{"signal", absl::StrCat(sig)}});
+      DieOf(sig);
+    }
+    if (state.received != 0) {
+      // The operator will not wait for the graceful stop (a hand-over that waits for its
+      // timeout, a drain). What it would still do is a courtesy: every answer already given was
+      // durable, and the store is safe to stop at any write, as after a kill -9.
+      Log::Write(LogLevel::kWarn, "stopped_during_graceful_stop", {{"signal", absl::StrCat(sig)}});
+      DieOf(sig);
+    }
+    state.received = sig;
   }
-  state.received = sig;
 }
 
 void StopSignals::Serving() {

@@ -8,7 +8,8 @@ namespace jobbroker::server {
 // process at once, by that signal: nothing has been acknowledged yet, and the store is safe to
 // stop at any write, as after a kill -9. An operator's Ctrl-C or a rollout's SIGTERM is not sat
 // out until the start is over. Once Serving() was called, a signal is handed to Await() instead,
-// and main stops gracefully (hand-over, drain, flush).
+// and main stops gracefully (hand-over, drain, flush); a second signal during that stop ends the
+// process at once, by that signal (Ctrl-C twice).
 //
 // Every thread started after Install() inherits the signals blocked, so none is interrupted by
 // one mid-write and none takes one with the default action.

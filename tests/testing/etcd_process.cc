@@ -94,6 +94,16 @@ void EtcdProcess::Kill9() {
   process_.reset();
 }
 
+absl::Status EtcdProcess::Pause() {
+  if (process_ == nullptr) return absl::FailedPreconditionError("etcd is not running");
+  return process_->Pause();
+}
+
+absl::Status EtcdProcess::Continue() {
+  if (process_ == nullptr) return absl::FailedPreconditionError("etcd is not running");
+  return process_->Continue();
+}
+
 absl::Status EtcdProcess::Restart(absl::Duration timeout) {
   Kill9();
   return Launch(timeout);

@@ -56,6 +56,9 @@ class EtcdProcess {
   const std::string& client_url() const { return client_url_; }
   // SIGKILL, then reaps it.
   void Kill9();
+  // SIGSTOP (it keeps its connections and answers nothing), and SIGCONT.
+  absl::Status Pause();
+  absl::Status Continue();
   // Kill9 if it runs, then starts it again on the same ports and data dir and waits until it
   // answers.
   absl::Status Restart(absl::Duration timeout = absl::Seconds(30));

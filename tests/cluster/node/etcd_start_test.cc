@@ -141,5 +141,27 @@ TEST_F(EtcdStartTest, ANodeWaitingForEtcdStopsOnSigterm) {
               HasSubstr("\"event\":\"stopped_while_starting\",\"signal\":\"15\""));
 }
 
+// A second signal during the graceful stop ends the node at once: here the stop would wait for an
+// etcd that answers nothing to take its hand-over, and Ctrl-C twice is an operator saying not
+// to wait.
+TEST_F(EtcdStartTest, ASecondSignalDuringTheGracefulStopEndsTheNodeAtOnce) {
+  ASSERT_TRUE(etcd_->Restart().ok());
+  auto node = StartNode({});
+  ASSERT_TRUE(node.ok()) << node.status();
+  ASSERT_TRUE(AwaitOutput(**node, kServing)) << (*node)->ReadLog();
+  ASSERT_TRUE(etcd_->Pause().ok());
+  ASSERT_EQ(kill((*node)->pid(), SIGTERM), 0);
+  ASSERT_TRUE(AwaitOutput(**node, "\"event\":\"shutting_down\"")) << (*node)->ReadLog();
+  ASSERT_EQ(kill((*node)->pid(), SIGINT), 0);
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  while ((*node)->Running() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_FALSE((*node)->Running()) << (*node)->ReadLog();
+  EXPECT_EQ((*node)->exit_code(), 128 + SIGINT) << (*node)->ReadLog();
+  EXPECT_THAT((*node)->ReadLog(),
+              HasSubstr("\"event\":\"stopped_during_graceful_stop\",\"signal\":\"2\""));
+  EXPECT_THAT((*node)->ReadLog(), ::testing::Not(HasSubstr("\"event\":\"handed_over\"")))
+      << "the stop went on to its end";
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
