@@ -35,6 +35,25 @@ constexpr uint32_t kPartitions = 2;
 // (a failover takes about the lease TTL, 3 s; the bound is far above it and never asserted).
 constexpr absl::Duration kGiveUp = absl::Seconds(60);
 
+// SIGSTOP for a node while this lives: it keeps its connections open and answers nothing, as a
+// paused VM or a process stuck in the kernel would. SIGCONT when this goes, however the test
+// ends, so that the teardown can stop the node.
+class Frozen {
+ public:
+  explicit Frozen(const BrokerProcess& node)
+      : pid_(node.pid()), stopped_(kill(pid_, SIGSTOP) == 0) {}
+  ~Frozen() {
+    if (stopped_) kill(pid_, SIGCONT);
+  }
+  Frozen(const Frozen&) = delete;
+  Frozen& operator=(const Frozen&) = delete;
+  bool ok() const { return stopped_; }
+
+ private:
+  const pid_t pid_;
+  const bool stopped_;
+};
+
 class ThreeNodesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -92,6 +111,26 @@ class ThreeNodesTest : public ::testing::Test {
 
   absl::StatusOr<v1::Job> GetJobAt(int n, const std::string& id) {
     return GetJobOf(*nodes_[n], id);
+  }
+
+  // Leases one job of `queue` at node `n` and acks it with `result`: whether both were taken.
+  bool LeaseAndAckAt(int n, const std::string& queue, const std::string& result) {
+    auto stub = nodes_[n]->NewBrokerStub();
+    grpc::ClientContext lease_context;
+    WithDeadline(lease_context);
+    v1::LeaseRequest lease;
+    lease.set_queue(queue);
+    lease.set_worker_id("w");
+    v1::LeaseResponse leased;
+    if (!stub->Lease(&lease_context, lease, &leased).ok() || leased.jobs_size() != 1) return false;
+    grpc::ClientContext ack_context;
+    WithDeadline(ack_context);
+    v1::AckRequest ack;
+    ack.set_job_id(leased.jobs(0).job_id());
+    ack.set_lease_id(leased.jobs(0).lease_id());
+    ack.set_result(result);
+    v1::AckResponse response;
+    return stub->Ack(&ack_context, ack, &response).ok();
   }
 
   std::unique_ptr<TempDir> dir_;
@@ -790,23 +829,7 @@ TEST_F(ThreeNodesTest, AJobWaitsForAJobOfAnotherPartitionAcrossAKill9OfItsLeader
     for (int n = 0; n < kNodes && !acked; ++n) {
       if (!nodes_[n]->running()) continue;
       const int leader = LeaderOf(first, n);
-      if (leader < 0) continue;
-      auto stub = nodes_[leader]->NewBrokerStub();
-      grpc::ClientContext lease_context;
-      WithDeadline(lease_context);
-      v1::LeaseRequest lease;
-      lease.set_queue(first);
-      lease.set_worker_id("w");
-      v1::LeaseResponse leased;
-      if (!stub->Lease(&lease_context, lease, &leased).ok() || leased.jobs_size() != 1) continue;
-      grpc::ClientContext ack_context;
-      WithDeadline(ack_context);
-      v1::AckRequest ack;
-      ack.set_job_id(leased.jobs(0).job_id());
-      ack.set_lease_id(leased.jobs(0).lease_id());
-      ack.set_result("from partition 0");
-      v1::AckResponse response;
-      acked = stub->Ack(&ack_context, ack, &response).ok();
+      if (leader >= 0) acked = LeaseAndAckAt(leader, first, "from partition 0");
     }
     if (!acked) absl::SleepFor(absl::Milliseconds(100));
   }
@@ -893,37 +916,16 @@ TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFroz
   // dependency's leader when it freezes. Earlier would only make the test easier.
   absl::SleepFor(absl::Seconds(1));
 
-  const pid_t frozen = nodes_[dep_leader]->pid();
-  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
-  // Resumed however the test ends, so that the teardown can stop it.
-  struct Thaw {
-    pid_t pid;
-    ~Thaw() { kill(pid, SIGCONT); }
-  } thaw{frozen};
+  Frozen frozen(*nodes_[dep_leader]);
+  ASSERT_TRUE(frozen.ok());
 
   // The dependency completes at its partition's new leader; the frozen node is never asked.
   bool acked = false;
   const absl::Time give_up = absl::Now() + kGiveUp;
   while (!acked && absl::Now() < give_up) {
     for (int n : {waiting_leader, third}) {
-      if (acked || LeaderOf(first, n) != n) continue;
-      auto at_new_leader = nodes_[n]->NewBrokerStub();
-      grpc::ClientContext lease_context;
-      WithDeadline(lease_context);
-      v1::LeaseRequest lease;
-      lease.set_queue(first);
-      lease.set_worker_id("w");
-      v1::LeaseResponse leased;
-      if (!at_new_leader->Lease(&lease_context, lease, &leased).ok() || leased.jobs_size() != 1)
-        continue;
-      grpc::ClientContext ack_context;
-      WithDeadline(ack_context);
-      v1::AckRequest ack;
-      ack.set_job_id(leased.jobs(0).job_id());
-      ack.set_lease_id(leased.jobs(0).lease_id());
-      ack.set_result("done while the old leader slept");
-      v1::AckResponse response;
-      acked = at_new_leader->Ack(&ack_context, ack, &response).ok();
+      if (!acked && LeaderOf(first, n) == n)
+        acked = LeaseAndAckAt(n, first, "done while the old leader slept");
     }
     if (!acked) absl::SleepFor(absl::Milliseconds(100));
   }
@@ -969,12 +971,8 @@ TEST_F(ThreeNodesTest, AWatchRelayedFromAFrozenLeaderEndsSoTheCallerWatchesAgain
   ASSERT_TRUE(reader->Read(&first)) << "the relayed watch sent nothing";
   EXPECT_EQ(first.id(), id);
 
-  const pid_t frozen = nodes_[leader]->pid();
-  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
-  struct Thaw {
-    pid_t pid;
-    ~Thaw() { kill(pid, SIGCONT); }
-  } thaw{frozen};
+  Frozen frozen(*nodes_[leader]);
+  ASSERT_TRUE(frozen.ok());
 
   v1::Job more;
   while (reader->Read(&more)) {
@@ -1028,12 +1026,8 @@ TEST_F(ThreeNodesTest, ABatchSentOnToAFrozenLeaderIsAnsweredAndTheStreamGoesOn) 
   ASSERT_TRUE(producer->Read(&answer));
   ASSERT_EQ(answer.code(), 0) << answer.message();
 
-  const pid_t frozen = nodes_[leader]->pid();
-  ASSERT_EQ(kill(frozen, SIGSTOP), 0);
-  struct Thaw {
-    pid_t pid;
-    ~Thaw() { kill(pid, SIGCONT); }
-  } thaw{frozen};
+  Frozen frozen(*nodes_[leader]);
+  ASSERT_TRUE(frozen.ok());
   ASSERT_TRUE(send(1));  // routed by a view that still names the frozen leader
   ASSERT_TRUE(producer->Read(&answer)) << "the stream ended without answering the batch";
   EXPECT_EQ(answer.request_id(), 1u);
