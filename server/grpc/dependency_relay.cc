@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/random/distributions.h"
 #include "absl/strings/str_cat.h"
 #include "core/ids.h"
 #include "core/watchers.h"
@@ -111,10 +112,10 @@ class DependencyRelay::LocalWatch final : public core::JobWatcher {
 class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Job> {
  public:
   static void Start(std::shared_ptr<Inbox> inbox, Inbox::Key key, v1::Admin::Stub& stub,
-                    std::string address, const std::string& node_id,
-                    const std::string& peer_token) {
+                    std::string address, const std::string& node_id, const std::string& peer_token,
+                    absl::Time refresh_at) {
     auto watch =
-        std::shared_ptr<RemoteWatch>(new RemoteWatch(inbox, key, std::move(address), absl::Now()));
+        std::shared_ptr<RemoteWatch>(new RemoteWatch(inbox, key, std::move(address), refresh_at));
     watch->self_ = watch;
     watch->request_.set_job_id(key.second);
     // Sent on as is: a node answers it or refuses it, never forwards it.
@@ -133,7 +134,8 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
   void Cancel() { ctx_.TryCancel(); }
   // The node it was opened at, and when.
   const std::string& address() const { return address_; }
-  absl::Time opened_at() const { return opened_at_; }
+  // When it is opened again if nothing ended it.
+  absl::Time refresh_at() const { return refresh_at_; }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows
@@ -161,16 +163,16 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
 
  private:
   RemoteWatch(std::shared_ptr<Inbox> inbox, Inbox::Key key, std::string address,
-              absl::Time opened_at)
+              absl::Time refresh_at)
       : inbox_(std::move(inbox)),
         key_(std::move(key)),
         address_(std::move(address)),
-        opened_at_(opened_at) {}
+        refresh_at_(refresh_at) {}
 
   const std::shared_ptr<Inbox> inbox_;
   const Inbox::Key key_;
   const std::string address_;
-  const absl::Time opened_at_;
+  const absl::Time refresh_at_;
   std::shared_ptr<RemoteWatch> self_;
   grpc::ClientContext ctx_;
   v1::WatchJobRequest request_;
@@ -274,7 +276,7 @@ void DependencyRelay::Round() {
 void DependencyRelay::CancelStaleWatches() {
   if (forwarder_ == nullptr) return;  // no remote watches
   std::vector<std::shared_ptr<RemoteWatch>> stale;
-  const absl::Time refresh_before = absl::Now() - kRefreshAfter;
+  const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&inbox_->mu);
     for (const auto& [key, weak] : inbox_->remote) {
@@ -285,7 +287,7 @@ void DependencyRelay::CancelStaleWatches() {
       // No leader now (an election): the watch is kept; it may be at the next leader.
       const bool moved = route.kind == Route::Kind::kLocal ||
                          (route.kind == Route::Kind::kForward && route.address != watch->address());
-      if (!moved && watch->opened_at() >= refresh_before) continue;
+      if (!moved && watch->refresh_at() > now) continue;
       // A move is rare (a leader changed while a job waited) and says where a stuck dependent
       // was looked for; a refresh is routine.
       if (moved)
@@ -307,8 +309,12 @@ void DependencyRelay::Watch(uint32_t waiting_partition, const std::string& job_i
   const Route route = router_.cluster_mode() ? router_.RouteOf(where, /*forwarded=*/false)
                                              : Route{.kind = Route::Kind::kLocal};
   if (route.kind == Route::Kind::kForward && forwarder_ != nullptr) {
+    // Spread over a second kRefreshAfter, so that the watches opened in one round (a failover
+    // reopens them all) are not all opened again in one later round.
+    const absl::Time refresh_at =
+        absl::Now() + kRefreshAfter * (1 + absl::Uniform<double>(gen_, 0.0, 1.0));
     RemoteWatch::Start(inbox_, key, forwarder_->AdminAt(route.address), route.address,
-                       router_.node_id(), peer_token_);
+                       router_.node_id(), peer_token_, refresh_at);
     return;
   }
   if (route.kind != Route::Kind::kLocal) return inbox_->Broke(key);  // no leader now

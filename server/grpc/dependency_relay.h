@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/synchronization/mutex.h"
 #include "node/partitions.h"
 #include "server/grpc/forwarder.h"
@@ -28,8 +29,8 @@ namespace jobbroker::server {
 // breaks is opened again at the next round, every kRound. A remote watch is not trusted to break
 // by itself: one whose partition is led elsewhere now (a frozen or cut-off former leader may keep
 // it open, silent, for as long as it stays so) is cancelled and opened at the new leader, and one
-// open for kRefreshAfter is opened again (a connection that died without a word, which gRPC does
-// not notice without keepalive, would otherwise hold the dependents forever).
+// open for kRefreshAfter (to twice that, spread) is opened again (a connection that died without a
+// word, which gRPC does not notice without keepalive, would otherwise hold the dependents forever).
 //
 // Thread-safe. Everything borrowed must outlive Stop().
 class DependencyRelay {
@@ -58,7 +59,7 @@ class DependencyRelay {
   // Delivers the outcomes that arrived, then opens a watch for every awaited job without one.
   void Round();
   // Cancels the remote watches opened where the awaited job's partition is not led now, or open
-  // for kRefreshAfter; each is opened again at a later round.
+  // past their refresh time; each is opened again at a later round.
   void CancelStaleWatches();
   void Watch(uint32_t waiting_partition, const std::string& job_id);
 
@@ -68,6 +69,7 @@ class DependencyRelay {
   const std::string peer_token_;
   // Shared with the watches, which may outlive the relay's thread by a callback.
   const std::shared_ptr<Inbox> inbox_;
+  absl::BitGen gen_;  // the relay's thread only: when each remote watch is refreshed
   std::thread thread_;
 };
 
