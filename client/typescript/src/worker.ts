@@ -512,14 +512,16 @@ export class Worker<Data = unknown, Result = unknown> {
    * second signal does not hurry the stop: SIGKILL does.
    */
   async run(): Promise<void> {
-    if (this.state === "new") await this.start();
     const onSignal = (sig: NodeJS.Signals) => {
       this.log(`${sig}: stopping (grace ${this.shutdownGraceMs} ms)`);
       void this.stop(this.shutdownGraceMs);
     };
+    // Before start(): its streams are open (a deploy may see the worker listed, and stop it)
+    // before its promise resolves, and a signal with no handler kills Node outright.
     process.on("SIGTERM", onSignal);
     process.on("SIGINT", onSignal);
     try {
+      if (this.state === "new") await this.start();
       await this.waitStopped();
     } finally {
       process.off("SIGTERM", onSignal);

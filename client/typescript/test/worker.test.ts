@@ -1,6 +1,7 @@
 // Integration tests of Worker against the real broker binary.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
+import net from "node:net";
 import path from "node:path";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -264,6 +265,22 @@ describe("Worker", () => {
     } finally {
       await worker.stop();
     }
+  });
+
+  test("SIGTERM while run() still connects stops the worker gracefully, exit 0", async () => {
+    // Nothing listens there: run()'s start() is still waiting for its first subscription.
+    const port = await new Promise<number>((resolve) => {
+      const server = net.createServer();
+      server.listen(0, "127.0.0.1", () => {
+        const { port } = server.address() as net.AddressInfo;
+        server.close(() => resolve(port));
+      });
+    });
+    const log = path.join(broker.tempDir, "connecting.log");
+    const w = spawnWorker("slow", `127.0.0.1:${port}`, log, { RUN_ONLY: "1" });
+    await w.ready;
+    w.proc.kill("SIGTERM");
+    assert.deepEqual(await w.exited, { code: 0, signal: null }, w.stderr());
   });
 
   test("the worker reconnects after the broker restarts", async () => {
