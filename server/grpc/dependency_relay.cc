@@ -132,7 +132,7 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
   }
 
   void Cancel() { ctx_.TryCancel(); }
-  // The node it was opened at, and when.
+  // The node it was opened at.
   const std::string& address() const { return address_; }
   // When it is opened again if nothing ended it.
   absl::Time refresh_at() const { return refresh_at_; }
