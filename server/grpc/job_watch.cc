@@ -1,8 +1,6 @@
 #include "server/grpc/job_watch.h"
 
-#include <algorithm>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "server/convert/convert.h"
@@ -131,24 +129,19 @@ void JobWatchCall::EndOnLeaderChange(uint32_t partition, std::shared_ptr<const C
         " changed leader while this watch was relayed from its former leader; watch again"));
   };
   std::weak_ptr<JobWatchCall> weak = self_;
-  const uint64_t handle =
-      router_.Listen([weak, partition, moved](const std::vector<uint32_t>& changed) {
-        if (std::find(changed.begin(), changed.end(), partition) == changed.end()) return;
+  const Router::LeaderWatch watch =
+      router_.ListenForLeaderChange({partition}, seen, [weak, moved](uint32_t) {
         if (std::shared_ptr<JobWatchCall> call = weak.lock()) call->EndRelay(moved());
       });
   bool done;
   {
     absl::MutexLock lock(&mu_);
-    listener_ = handle;
+    listener_ = watch.handle;
     done = released_;
   }
   // OnDone ran before listener_ was set, so it could not let go of it.
-  if (done) return router_.Unlisten(handle);
-  // A change published between the routing and the Listen above told no one: compare.
-  std::shared_ptr<const ClusterView> now = router_.view();
-  if (partition < seen->partitions.size() && partition < now->partitions.size() &&
-      now->partitions[partition].RouteChangedFrom(seen->partitions[partition]))
-    EndRelay(moved());
+  if (done) return router_.Unlisten(watch.handle);
+  if (watch.changed_since_seen.has_value()) EndRelay(moved());
 }
 
 void JobWatchCall::EndRelay(absl::Status status) {

@@ -444,35 +444,20 @@ std::vector<int> WorkStream::Shares(int max_in_flight) const {
 
 void WorkStream::ListenForLeaderChanges(std::vector<uint32_t> partitions,
                                         std::shared_ptr<const ClusterView> seen) {
-  std::sort(partitions.begin(), partitions.end());
-  partitions.erase(std::unique(partitions.begin(), partitions.end()), partitions.end());
+  auto moved = [](uint32_t p) {
+    return absl::UnavailableError(absl::StrCat(
+        "partition ", p, " changed leader: reconnect (the leases this worker holds stay valid)"));
+  };
   std::weak_ptr<WorkStream> weak = self_;
-  const uint64_t handle = router_.Listen([weak, partitions](const std::vector<uint32_t>& changed) {
-    for (uint32_t p : changed) {
-      if (!std::binary_search(partitions.begin(), partitions.end(), p)) continue;
-      if (auto stream = weak.lock()) {
-        stream->End(absl::UnavailableError(
-            absl::StrCat("partition ", p,
-                         " changed leader: reconnect (the leases this worker holds stay valid)")));
-      }
-      return;
-    }
-  });
+  const Router::LeaderWatch watch =
+      router_.ListenForLeaderChange(std::move(partitions), seen, [weak, moved](uint32_t p) {
+        if (auto stream = weak.lock()) stream->End(moved(p));
+      });
   {
     absl::MutexLock lock(&mu_);
-    listener_ = handle;
+    listener_ = watch.handle;
   }
-  // A change published between the routing and the Listen above told no one: compare.
-  std::shared_ptr<const ClusterView> now = router_.view();
-  for (uint32_t p : partitions) {
-    if (p >= seen->partitions.size() || p >= now->partitions.size()) continue;
-    if (now->partitions[p].RouteChangedFrom(seen->partitions[p])) {
-      End(absl::UnavailableError(
-          absl::StrCat("partition ", p,
-                       " changed leader: reconnect (the leases this worker holds stay valid)")));
-      return;
-    }
-  }
+  if (watch.changed_since_seen.has_value()) End(moved(*watch.changed_since_seen));
 }
 
 WorkStream::Destination WorkStream::DestinationOfJob(const std::string& job_id) {

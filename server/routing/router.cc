@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -161,6 +162,31 @@ uint64_t Router::Listen(Listener changed) {
 void Router::Unlisten(uint64_t handle) {
   absl::MutexLock lock(&listeners_mu_);
   listeners_.erase(handle);
+}
+
+Router::LeaderWatch Router::ListenForLeaderChange(std::vector<uint32_t> partitions,
+                                                  const std::shared_ptr<const ClusterView>& seen,
+                                                  std::function<void(uint32_t partition)> changed) {
+  std::sort(partitions.begin(), partitions.end());
+  partitions.erase(std::unique(partitions.begin(), partitions.end()), partitions.end());
+  LeaderWatch watch;
+  watch.handle =
+      Listen([partitions, changed = std::move(changed)](const std::vector<uint32_t>& published) {
+        for (uint32_t p : published) {
+          if (!std::binary_search(partitions.begin(), partitions.end(), p)) continue;
+          changed(p);
+          return;
+        }
+      });
+  std::shared_ptr<const ClusterView> now = view();
+  for (uint32_t p : partitions) {
+    if (p >= seen->partitions.size() || p >= now->partitions.size()) continue;
+    if (now->partitions[p].RouteChangedFrom(seen->partitions[p])) {
+      watch.changed_since_seen = p;
+      break;
+    }
+  }
+  return watch;
 }
 
 }  // namespace jobbroker::server

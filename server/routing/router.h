@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -94,6 +95,19 @@ class Router {
   // No later Publish calls the listener; one in progress may still call it once, so a listener
   // holds weak references to what it tells.
   void Unlisten(uint64_t handle);
+
+  // For what was routed by the view `seen` and must end when one of `partitions` changes leader
+  // (a call relayed from a leader): `changed` is called with the first of them that a later
+  // Publish changes. A change published between `seen` and this call told no listener, so it is
+  // returned instead (`changed_since_seen`), for the caller to act on once it has kept `handle`
+  // (for Unlisten). `changed` holds weak references, as a Listener does.
+  struct LeaderWatch {
+    uint64_t handle = 0;
+    std::optional<uint32_t> changed_since_seen;
+  };
+  LeaderWatch ListenForLeaderChange(std::vector<uint32_t> partitions,
+                                    const std::shared_ptr<const ClusterView>& seen,
+                                    std::function<void(uint32_t partition)> changed);
 
  private:
   Router(bool cluster_mode, std::string node_id, uint32_t partitions,

@@ -51,6 +51,39 @@ TEST(RouterTest, APartitionLedHereIsAnsweredHere) {
   EXPECT_EQ(router->RouteOf(0, false).kind, Route::Kind::kLocal);
 }
 
+// What a relayed call uses to end when its leader changes: a later Publish that moves one of its
+// partitions calls back once, with it; one that moves another partition does not; and a change
+// published before the listen, after the caller routed, is returned instead of lost.
+TEST(RouterTest, AListenerForALeaderChangeHearsOfItsPartitionsAndOfAChangeItCameTooLateFor) {
+  std::unique_ptr<Router> router = Router::Cluster("cluster", "node-a", 2);
+  router->Publish(TwoPartitionsLedBy("node-b", "10.0.0.2:7070"));
+  std::shared_ptr<const ClusterView> seen = router->view();
+  std::vector<uint32_t> heard;
+  Router::LeaderWatch watch =
+      router->ListenForLeaderChange({1}, seen, [&heard](uint32_t p) { heard.push_back(p); });
+  EXPECT_FALSE(watch.changed_since_seen.has_value());
+  ClusterView view = TwoPartitionsLedBy("node-b", "10.0.0.2:7070");
+  view.partitions[0].leader = "node-c";
+  view.partitions[0].epoch = 8;
+  router->Publish(view);
+  EXPECT_THAT(heard, ::testing::IsEmpty()) << "partition 0 is not this listener's";
+  view.partitions[1].leader = "node-c";
+  view.partitions[1].epoch = 8;
+  router->Publish(view);
+  EXPECT_THAT(heard, ::testing::ElementsAre(1u));
+  router->Unlisten(watch.handle);
+
+  // Routed by `seen`, listening only after partition 1 moved again.
+  view.partitions[1].leader = "node-a";
+  view.partitions[1].epoch = 9;
+  view.partitions[1].served_here = true;
+  router->Publish(view);
+  Router::LeaderWatch late = router->ListenForLeaderChange({0, 1}, seen, [](uint32_t) {});
+  ASSERT_TRUE(late.changed_since_seen.has_value());
+  EXPECT_EQ(*late.changed_since_seen, 0u) << "the first partition that changed";
+  router->Unlisten(late.handle);
+}
+
 // A partition without a leader is refused naming it, and the reason says whether an election is
 // under way or the new cluster has not placed it on any node yet (it waits for its first nodes).
 TEST(RouterTest, APartitionWithoutALeaderIsRefusedSayingWhy) {
