@@ -131,7 +131,11 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
     watch->StartCall();
   }
 
-  void Cancel() { ctx_.TryCancel(); }
+  void Cancel() {
+    if (!cancelled_.exchange(true)) ctx_.TryCancel();
+  }
+  // Cancelled and not yet done: nothing more to do with it.
+  bool cancelled() const { return cancelled_.load(); }
   // The node it was opened at.
   const std::string& address() const { return address_; }
   // When it is opened again if nothing ended it.
@@ -178,6 +182,7 @@ class DependencyRelay::RemoteWatch final : public grpc::ClientReadReactor<v1::Jo
   v1::WatchJobRequest request_;
   v1::Job job_;
   std::optional<core::RemoteOutcome> outcome_;
+  std::atomic<bool> cancelled_{false};
 };
 
 DependencyRelay::DependencyRelay(node::Partitions& partitions, const Router& router,
@@ -277,13 +282,16 @@ void DependencyRelay::CancelStaleWatches() {
   if (forwarder_ == nullptr) return;  // no remote watches
   std::vector<std::shared_ptr<RemoteWatch>> stale;
   const absl::Time now = absl::Now();
+  // Routed once per partition, not once per awaited job under the inbox's lock.
+  std::vector<Route> routes(partitions_.count());
+  for (uint32_t p = 0; p < routes.size(); ++p) routes[p] = router_.RouteOf(p, /*forwarded=*/false);
   {
     absl::MutexLock lock(&inbox_->mu);
     for (const auto& [key, weak] : inbox_->remote) {
       std::shared_ptr<RemoteWatch> watch = weak.lock();
-      if (watch == nullptr) continue;
+      if (watch == nullptr || watch->cancelled()) continue;
       const uint32_t where = core::PartitionOfJobId(key.second, partitions_.count()).value_or(0);
-      const Route route = router_.RouteOf(where, /*forwarded=*/false);
+      const Route& route = routes[where];
       // No leader now (an election): the watch is kept; it may be at the next leader.
       const bool moved = route.kind == Route::Kind::kLocal ||
                          (route.kind == Route::Kind::kForward && route.address != watch->address());
