@@ -28,6 +28,7 @@
 #include "server/grpc/broker_service.h"
 #include "server/grpc/dependency_relay.h"
 #include "server/grpc/forwarder.h"
+#include "server/grpc/keepalive.h"
 #include "server/grpc/rpc_auth.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/http/admin_http_api.h"
@@ -208,7 +209,9 @@ int Run(int argc, char** argv) {
           ? Router::Cluster(flags->cluster_name, node_id, partition_count, cluster->served_check())
           : Router::SingleNode(node_id, partition_count);
   std::unique_ptr<Forwarder> forwarder;
-  if (cluster != nullptr) forwarder = std::make_unique<Forwarder>(node_id, nullptr);
+  const Keepalive keepalive{.time = absl::Seconds(flags->keepalive_time),
+                            .timeout = absl::Seconds(flags->keepalive_timeout)};
+  if (cluster != nullptr) forwarder = std::make_unique<Forwarder>(node_id, nullptr, keepalive);
   BrokerService broker_service(**broker, auth, work_streams, rpc_metrics, *router, forwarder.get());
   AdminService admin_service(**broker, auth, rpc_metrics, *router, forwarder.get());
   // Dependencies on other partitions' jobs: watched where they live, their outcomes delivered.
@@ -221,6 +224,7 @@ int Run(int argc, char** argv) {
   builder.AddListeningPort(flags->listen, *credentials, &grpc_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreamsPerConnection);
+  ApplyServerKeepalive(keepalive, builder);
   builder.RegisterService(&broker_service);
   builder.RegisterService(&admin_service);
   if (cluster != nullptr) builder.RegisterService(cluster->peer_service());

@@ -41,6 +41,11 @@ ABSL_FLAG(std::string, auth_tokens, "",
           "SHA-256), each with roles and queue patterns");
 ABSL_FLAG(int, max_work_streams, 10000,
           "open Work streams allowed at once, over all workers, 1 to 1000000");
+ABSL_FLAG(int64_t, keepalive_time, 10,
+          "seconds without a frame from a client or another node before it is pinged, 1 to 3600");
+ABSL_FLAG(int64_t, keepalive_timeout, 5,
+          "seconds a ping waits for its answer before the connection and its calls are given up "
+          "(a frozen or cut-off peer), 1 to 600");
 ABSL_FLAG(int64_t, max_hot_jobs, 100'000,
           "jobs kept whole in memory (about 1 KB each), 0 to 1000000000; waiting jobs past it "
           "take about 90 bytes each and are read from disk when leased");
@@ -97,6 +102,8 @@ struct Range {
 };
 constexpr Range kMaxWorkStreams = {"max_work_streams", 1, 1'000'000};
 constexpr Range kMaxHotJobs = {"max_hot_jobs", 0, 1'000'000'000};
+constexpr Range kKeepaliveTime = {"keepalive_time", 1, 3600};
+constexpr Range kKeepaliveTimeout = {"keepalive_timeout", 1, 600};
 constexpr Range kMetricsMaxQueues = {"metrics_max_queues", 0, 1'000'000};
 constexpr Range kPartitions = {"partitions", 1, 32768};
 constexpr Range kClusterLeaseTtl = {"cluster_lease_ttl", 2, 60};
@@ -104,9 +111,10 @@ constexpr Range kClusterEtcdWait = {"cluster_etcd_wait", 0, 3600};
 constexpr Range kReplicationFactor = {"replication_factor", 1, 7};
 constexpr Range kMinInSync = {"min_in_sync", 1, 7};
 constexpr Range kClusterInitialNodes = {"cluster_initial_nodes", 0, 1024};
-constexpr Range kRanges[] = {kMaxWorkStreams,    kMaxHotJobs,      kMetricsMaxQueues,
-                             kPartitions,        kClusterLeaseTtl, kClusterEtcdWait,
-                             kReplicationFactor, kMinInSync,       kClusterInitialNodes};
+constexpr Range kRanges[] = {kMaxWorkStreams,   kMaxHotJobs,         kKeepaliveTime,
+                             kKeepaliveTimeout, kMetricsMaxQueues,   kPartitions,
+                             kClusterLeaseTtl,  kClusterEtcdWait,    kReplicationFactor,
+                             kMinInSync,        kClusterInitialNodes};
 
 std::string Spelt(absl::string_view absl_name) {
   return absl::StrCat("--", absl::StrReplaceAll(absl_name, {{"_", "-"}}));
@@ -213,6 +221,8 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
   out.auth_tokens = absl::GetFlag(FLAGS_auth_tokens);
   out.max_work_streams = absl::GetFlag(FLAGS_max_work_streams);
   out.max_hot_jobs = absl::GetFlag(FLAGS_max_hot_jobs);
+  out.keepalive_time = absl::GetFlag(FLAGS_keepalive_time);
+  out.keepalive_timeout = absl::GetFlag(FLAGS_keepalive_timeout);
   out.metrics_max_queues = absl::GetFlag(FLAGS_metrics_max_queues);
   out.partitions = absl::GetFlag(FLAGS_partitions);
   out.check_config = absl::GetFlag(FLAGS_check_config);
@@ -240,6 +250,8 @@ absl::StatusOr<ServerFlags> ParseFlags(int argc, char** argv) {
 
   if (!kMaxWorkStreams.Holds(out.max_work_streams)) return OutOfRange(kMaxWorkStreams);
   if (!kMaxHotJobs.Holds(out.max_hot_jobs)) return OutOfRange(kMaxHotJobs);
+  if (!kKeepaliveTime.Holds(out.keepalive_time)) return OutOfRange(kKeepaliveTime);
+  if (!kKeepaliveTimeout.Holds(out.keepalive_timeout)) return OutOfRange(kKeepaliveTimeout);
   if (!kMetricsMaxQueues.Holds(out.metrics_max_queues)) return OutOfRange(kMetricsMaxQueues);
   if (!kPartitions.Holds(out.partitions)) return OutOfRange(kPartitions);
   if (!kClusterLeaseTtl.Holds(out.cluster_lease_ttl)) return OutOfRange(kClusterLeaseTtl);

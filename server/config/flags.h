@@ -37,6 +37,11 @@ struct ServerFlags {
   // Jobs kept whole in memory (BrokerOptions::max_hot_jobs); past it, waiting jobs are index
   // entries only and are read back from disk when leased. 0 to 1000000000.
   int64_t max_hot_jobs = 0;
+  // Keepalive of the gRPC server and of the channels to other nodes (server/grpc/keepalive.h):
+  // seconds before a silent peer is pinged (1 to 3600), and before an unanswered ping closes
+  // its connection (1 to 600).
+  int64_t keepalive_time = 10;
+  int64_t keepalive_timeout = 5;
   // Queues with a `queue` label of their own in /metrics (server/observability/queue_labels.h);
   // later ones are counted under queue="(other)". 0: no limit. 0 to 1000000.
   int64_t metrics_max_queues = 0;

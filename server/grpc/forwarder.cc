@@ -32,10 +32,12 @@ class ForwardedUnary final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
-Forwarder::Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials)
+Forwarder::Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials,
+                     Keepalive keepalive)
     : node_id_(std::move(node_id)),
       credentials_(credentials != nullptr ? std::move(credentials)
-                                          : grpc::InsecureChannelCredentials()) {}
+                                          : grpc::InsecureChannelCredentials()),
+      keepalive_(keepalive) {}
 
 Forwarder::Peer& Forwarder::PeerAt(const std::string& address) {
   absl::MutexLock lock(&mu_);
@@ -47,6 +49,9 @@ Forwarder::Peer& Forwarder::PeerAt(const std::string& address) {
     // A restarted node is found again within a second, not after gRPC's default of up to 120 s.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    // A forwarded call has the caller's deadline, which may be none (a Work stream, a watch):
+    // without pings, a leader that froze would hold it until the caller gave up.
+    ApplyChannelKeepalive(keepalive_, args);
     peer = std::make_unique<Peer>();
     peer->channel = grpc::CreateCustomChannel(address, credentials_, args);
     peer->broker = v1::Broker::NewStub(peer->channel);

@@ -13,6 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
+#include "server/grpc/keepalive.h"
 #include "server/grpc/rpc_metrics.h"
 #include "server/routing/router.h"
 
@@ -28,7 +29,9 @@ namespace jobbroker::server {
 class Forwarder {
  public:
   // `node_id` goes in kForwardedHeader. `credentials` dial the other nodes (null: plaintext).
-  Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials);
+  // `keepalive`: how soon a node that stopped answering fails the calls open to it.
+  Forwarder(std::string node_id, std::shared_ptr<grpc::ChannelCredentials> credentials,
+            Keepalive keepalive = {});
 
   v1::Broker::Stub& BrokerAt(const std::string& address);
   v1::Admin::Stub& AdminAt(const std::string& address);
@@ -61,6 +64,7 @@ class Forwarder {
 
   const std::string node_id_;
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;
+  const Keepalive keepalive_;
   absl::Mutex mu_;
   // Peers are never removed: a node's address set is small, and a stub must outlive its calls.
   absl::flat_hash_map<std::string, std::unique_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);

@@ -40,6 +40,8 @@ TEST(FlagsTest, NoFlagsGiveTheDocumentedDefaults) {
   EXPECT_EQ(f->metrics, "on");
   EXPECT_EQ(f->max_work_streams, 10000);
   EXPECT_EQ(f->max_hot_jobs, 100'000);
+  EXPECT_EQ(f->keepalive_time, 10);
+  EXPECT_EQ(f->keepalive_timeout, 5);
   EXPECT_EQ(f->metrics_max_queues, 1000);
   EXPECT_EQ(f->partitions, 1);
   EXPECT_FALSE(f->check_config);
@@ -101,6 +103,11 @@ TEST(FlagsTest, NumbersOutOfRangeOrNotNumbersAreRefusedWithTheRange) {
         << bad;
   }
   EXPECT_EQ(Parse({"--partitions", "8"})->partitions, 8);
+  EXPECT_THAT(Parse({"--keepalive-time", "0"}),
+              StatusIs(kInvalid, HasSubstr("--keepalive-time must be a number from 1 to 3600")));
+  EXPECT_THAT(Parse({"--keepalive-timeout", "601"}),
+              StatusIs(kInvalid, HasSubstr("--keepalive-timeout must be a number from 1 to 600")));
+  EXPECT_EQ(Parse({"--keepalive-time=2"})->keepalive_time, 2);
 }
 
 TEST(FlagsTest, ClusterModeIsOffByDefaultAndItsFlagsAreCheckedTogether) {

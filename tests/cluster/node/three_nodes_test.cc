@@ -1051,5 +1051,33 @@ TEST_F(ThreeNodesTest, ABatchSentOnToAFrozenLeaderIsAnsweredAndTheStreamGoesOn) 
   EXPECT_TRUE(producer->Finish().ok());
 }
 
+// A unary call sent on to a leader that froze: the node's channel to it pings (--keepalive-time,
+// default 10 s), and the unanswered ping ends the call UNAVAILABLE — what the caller retries on,
+// at the new leader — instead of holding it until the caller's deadline, which may be far off or
+// none. The call's outcome is unknown to the caller, as any UNAVAILABLE's (a dedup key makes its
+// retry safe); here the leader froze before it could take it.
+TEST_F(ThreeNodesTest, AUnaryCallSentOnToAFrozenLeaderEndsUnavailableBeforeItsDeadline) {
+  const std::string queue = QueueIn(0, "forwarded");
+  std::string id;
+  const int leader = EnqueueAtLeader(queue, "first", &id);
+  ASSERT_GE(leader, 0);
+  const int relay = (leader + 1) % kNodes;
+  // The relaying node's channel to the leader is up: what a freeze leaves open.
+  std::string second;
+  ASSERT_TRUE(EnqueueAt(relay, queue, "second", &second).ok());
+
+  Frozen frozen(*nodes_[leader]);
+  ASSERT_TRUE(frozen.ok());
+  auto stub = nodes_[relay]->NewBrokerStub();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + 3 * kGiveUp));
+  v1::EnqueueRequest request;
+  request.set_queue(queue);
+  request.set_payload("third");
+  v1::EnqueueResponse response;
+  const grpc::Status status = stub->Enqueue(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
 }  // namespace
 }  // namespace jobbroker::testing
