@@ -200,7 +200,8 @@ absl::Status AddCallMetadata(const std::string& token, grpc::ClientContext* ctx)
 }
 
 std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
-                                          const std::optional<TlsOptions>& tls) {
+                                          const std::optional<TlsOptions>& tls,
+                                          const KeepaliveOptions& keepalive) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -213,6 +214,17 @@ std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // Names this library in the user agent, which the broker shows in ListWorkers.
   args.SetString(GRPC_ARG_PRIMARY_USER_AGENT_STRING, kClientName);
+  if (keepalive.time > absl::ZeroDuration()) {
+    args.SetInt(
+        GRPC_ARG_KEEPALIVE_TIME_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(std::min(keepalive.time, absl::Hours(24)))));
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(keepalive.timeout)));
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    // gRPC otherwise stops after two pings with nothing sent between: an idle Work stream would
+    // be checked twice, then never again.
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (tls.has_value()) {
     grpc::SslCredentialsOptions ssl;
@@ -269,6 +281,19 @@ absl::Status ValidateClientOptions(const ClientOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch_max_in_flight must be at least 1, not ", options.batch_max_in_flight));
   }
+  return ValidateKeepalive(options.keepalive);
+}
+
+absl::Status ValidateKeepalive(const KeepaliveOptions& keepalive) {
+  if (keepalive.time < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("keepalive.time must not be negative, not ",
+                                                   absl::FormatDuration(keepalive.time)));
+  }
+  if (keepalive.time > absl::ZeroDuration() &&
+      (keepalive.timeout < absl::Milliseconds(1) || keepalive.timeout > absl::Hours(1))) {
+    return absl::InvalidArgumentError(absl::StrCat("keepalive.timeout must be 1ms to 1h, not ",
+                                                   absl::FormatDuration(keepalive.timeout)));
+  }
   return absl::OkStatus();
 }
 
@@ -279,9 +304,9 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   }
   if (options_.address.empty() && options_.addresses.empty()) options_.address = DefaultAddress();
   if (options_.token.empty()) options_.token = DefaultToken();
-  router_ = std::make_unique<Router>(Router::Options::From(options_.address, options_.addresses,
-                                                           options_.tls, options_.token,
-                                                           options_.timeout, options_.channel));
+  router_ = std::make_unique<Router>(
+      Router::Options::From(options_.address, options_.addresses, options_.tls, options_.token,
+                            options_.timeout, options_.channel, options_.keepalive));
   if (options_.batching) {
     // The router lives on the heap, so the pointer survives a move of this Client.
     auto options = std::make_shared<const ClientOptions>(options_);

@@ -44,6 +44,17 @@ struct TlsOptions {
   std::string server_name;
 };
 
+// gRPC keepalive on the channels to the broker: without a frame from the broker for `time`, a
+// ping; without its answer within `timeout`, the connection is given up and its calls end
+// UNAVAILABLE (a Work stream then reconnects, to another node in a cluster). A broker that froze,
+// lost power or sits behind a firewall that drops packets goes unnoticed by TCP: a stream on it
+// would wait forever. Pings go on idle connections too. The broker accepts pings as often as
+// once a second. `time` zero: no pings.
+struct KeepaliveOptions {
+  absl::Duration time = absl::Seconds(10);
+  absl::Duration timeout = absl::Seconds(5);
+};
+
 // TlsOptions from PEM files. `ca_file` may be empty (default roots); `cert_file` and `key_file`
 // go together (both or neither). INVALID_ARGUMENT naming a file that cannot be read or holds no
 // PEM block, or a certificate without its key.
@@ -92,6 +103,9 @@ struct ClientOptions {
   // crosses the network in the clear. A token that is not printable ASCII fails every call with
   // INVALID_ARGUMENT (nothing is sent).
   std::string token;
+  // Pings that find a broker that stopped answering (see KeepaliveOptions). Not used with
+  // `channel`.
+  KeepaliveOptions keepalive;
 
   // Enqueue coalescing (docs/worker-contract.md §10): concurrent Enqueue calls (EnqueueAndWait's
   // too) are merged into EnqueueBatch calls, one batch per partition (and apart for jobs with a
@@ -115,6 +129,9 @@ struct ClientOptions {
 // 1000, not 0"). Client's constructor throws std::invalid_argument with this message for such
 // options; call it first to handle the error without exceptions.
 absl::Status ValidateClientOptions(const ClientOptions& options);
+// OK, or INVALID_ARGUMENT naming the field: a negative time, or a timeout outside 1 ms to 1 h
+// while pings are on.
+absl::Status ValidateKeepalive(const KeepaliveOptions& keepalive);
 
 // The address ClientOptions{} dials: $JOBBROKER_ADDRESS, else 127.0.0.1:7070. May be a
 // comma-separated list.
@@ -128,9 +145,11 @@ std::string DefaultToken();
 
 // A channel to the broker at `address` (empty: DefaultAddress()) with the settings every
 // client here uses: 64 MiB messages, and reconnects that back off from 100 ms to at most 2 s, so
-// a broker that restarts is found again within seconds. Over TLS when `tls` is set.
+// a broker that restarts is found again within seconds, and `keepalive`'s pings. Over TLS when
+// `tls` is set.
 std::shared_ptr<grpc::Channel> DialBroker(const std::string& address,
-                                          const std::optional<TlsOptions>& tls = std::nullopt);
+                                          const std::optional<TlsOptions>& tls = std::nullopt,
+                                          const KeepaliveOptions& keepalive = {});
 
 // Adds `token` to `ctx` as `authorization: Bearer <token>` (nothing if `token` is empty).
 // INVALID_ARGUMENT, without the token in the message, if it is not printable ASCII (a token

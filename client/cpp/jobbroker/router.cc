@@ -42,6 +42,7 @@ bool Unreachable(grpc::StatusCode code) {
 Router::Router(Options options)
     : addresses_(GivenAddresses(options.addresses)),
       tls_(std::move(options.tls)),
+      keepalive_(options.keepalive),
       token_(std::move(options.token)),
       timeout_(options.timeout),
       fixed_channel_(options.channel != nullptr) {
@@ -158,7 +159,7 @@ std::optional<RoutingTable> Router::Fetch(
 std::shared_ptr<const Router::Node> Router::NodeAtLocked(const std::string& address) {
   auto it = nodes_.find(address);
   if (it != nodes_.end()) return it->second;
-  std::shared_ptr<const Node> node = MakeNode(address, DialBroker(address, tls_));
+  std::shared_ptr<const Node> node = MakeNode(address, DialBroker(address, tls_, keepalive_));
   nodes_.emplace(address, node);
   return node;
 }

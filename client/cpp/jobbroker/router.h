@@ -48,12 +48,14 @@ class Router {
     // Deadline of each GetCluster attempt.
     absl::Duration timeout = absl::Seconds(10);
     std::shared_ptr<grpc::Channel> channel;
+    KeepaliveOptions keepalive;
 
     // What ClientOptions and WorkerOptions give: `address` (may be a list) first, then
     // `addresses`.
     static Options From(const std::string& address, const std::vector<std::string>& addresses,
                         const std::optional<TlsOptions>& tls, const std::string& token,
-                        absl::Duration timeout, std::shared_ptr<grpc::Channel> channel) {
+                        absl::Duration timeout, std::shared_ptr<grpc::Channel> channel,
+                        const KeepaliveOptions& keepalive) {
       Options options;
       if (!address.empty()) options.addresses.push_back(address);
       options.addresses.insert(options.addresses.end(), addresses.begin(), addresses.end());
@@ -61,6 +63,7 @@ class Router {
       options.token = token;
       options.timeout = timeout;
       options.channel = std::move(channel);
+      options.keepalive = keepalive;
       return options;
     }
   };
@@ -121,6 +124,7 @@ class Router {
   // Constant after construction.
   const std::vector<std::string> addresses_;
   const std::optional<TlsOptions> tls_;
+  const KeepaliveOptions keepalive_;
   const std::string token_;
   const absl::Duration timeout_;
   const bool fixed_channel_;

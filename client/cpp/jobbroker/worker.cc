@@ -121,6 +121,7 @@ WorkerOptions WithConnectionOf(const ClientOptions& client, WorkerOptions option
   options.channel = client.channel;
   options.tls = client.tls;
   options.token = client.token;
+  options.keepalive = client.keepalive;
   return options;
 }
 
@@ -298,9 +299,9 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
     if (options_.concurrency < 1) options_.concurrency = 1;
     if (options_.prefetch < 0) options_.prefetch = 0;
     if (options_.token.empty()) options_.token = DefaultToken();
-    router_ = std::make_unique<Router>(Router::Options::From(options_.address, options_.addresses,
-                                                             options_.tls, options_.token,
-                                                             kGetClusterTimeout, options_.channel));
+    router_ = std::make_unique<Router>(
+        Router::Options::From(options_.address, options_.addresses, options_.tls, options_.token,
+                              kGetClusterTimeout, options_.channel, options_.keepalive));
   }
 
   void Handle(std::string queue, Handler handler) {
@@ -314,6 +315,7 @@ class Worker::Impl : public std::enable_shared_from_this<Worker::Impl> {
   }
 
   absl::Status Start() {
+    if (absl::Status valid = ValidateKeepalive(options_.keepalive); !valid.ok()) return valid;
     {
       absl::MutexLock lock(&mu_);
       if (handlers_.empty())

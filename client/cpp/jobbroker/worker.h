@@ -136,6 +136,9 @@ struct WorkerOptions {
   // Bearer token sent on the Work stream (a token with the worker role on every handled
   // queue). Default: $JOBBROKER_TOKEN, else none.
   std::string token;
+  // Pings that find a broker that stopped answering: the stream then ends and reconnects (see
+  // KeepaliveOptions in client.h). Start refuses a bad one. Not used with `channel`.
+  KeepaliveOptions keepalive;
   // Names this worker in attempt histories; default "<hostname>-<pid>".
   std::string worker_id;
   // Jobs run at once (handler threads).
