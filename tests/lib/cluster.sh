@@ -76,7 +76,7 @@ sys.exit(0 if ok else 1)' "$info"; then
     sleep 0.2
   done
   echo "cluster_start: not every partition had a leader and 3 nodes in sync within 60 s; logs in $dir" >&2
-  tail -5 "$dir"/node-*.log >&2
+  tail -n 5 "$dir"/node-*.log >&2
   return 1
 }
 
