@@ -196,11 +196,11 @@ class Client:
         async with Client("127.0.0.1:7070") as client:
             result = await client.enqueue("emails", {"to": "ada@example.com"})
 
-    The connection (addresses, TLS, client certificate, token, deadline, retries) is a
-    ClientOptions, shared with the Worker: `Client(options=ClientOptions(...))`. `address`,
+    The connection (addresses, TLS, client certificate, token, deadline, retries, keepalive) is
+    a ClientOptions, shared with the Worker: `Client(options=ClientOptions(...))`. `address`,
     `token` and `deadline` (or its older name `timeout`) are shorthands that override the
-    options' fields. `channel` replaces dialing altogether (the options' TLS and addresses are
-    then not used).
+    options' fields. `channel` replaces dialing altogether (the options' TLS, addresses and
+    keepalive are then not used).
 
     Every failed call raises a JobBrokerError subclass carrying the gRPC status code
     (InvalidArgumentError, NotFoundError, ...). Every call carries

@@ -2,7 +2,7 @@
 
 One object for all three, so a program that enqueues and works jobs configures the connection
 once: the addresses, TLS, the client certificate, the bearer token, the unary calls' deadline and
-their retries.
+their retries, the keepalive pings.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ import grpc.aio
 
 from ._metadata import Metadata, call_metadata
 
-__all__ = ["ClientOptions", "DEFAULT_ADDRESS", "DEFAULT_DEADLINE", "MAX_BATCH_JOBS"]
+__all__ = [
+    "ClientOptions",
+    "DEFAULT_ADDRESS",
+    "DEFAULT_DEADLINE",
+    "DEFAULT_KEEPALIVE_TIME",
+    "DEFAULT_KEEPALIVE_TIMEOUT",
+    "MAX_BATCH_JOBS",
+]
 
 DEFAULT_ADDRESS = "127.0.0.1:7070"
 # Seconds. Long enough for a synced write-ahead-log append on a busy disk, short enough that a
@@ -26,6 +33,14 @@ DEFAULT_ADDRESS = "127.0.0.1:7070"
 DEFAULT_DEADLINE = 10.0
 # The most jobs one EnqueueBatch may carry (the broker refuses more).
 MAX_BATCH_JOBS = 1000
+# Seconds. A connection that has carried nothing for this long is pinged, and given up (its
+# calls, a worker's Work stream above all, end UNAVAILABLE and reconnect) when the ping has no
+# answer within the timeout: TCP alone does not notice a broker that froze, lost power or sits
+# behind a firewall that drops packets, and a stream on such a connection would wait forever.
+DEFAULT_KEEPALIVE_TIME = 10.0
+DEFAULT_KEEPALIVE_TIMEOUT = 5.0
+# gRPC's channel arguments are C ints of milliseconds.
+_MAX_MILLIS = 2**31 - 1
 
 # PEM may be given inline (bytes, or text that starts like PEM) or as a file to read.
 PemSource = str | bytes | os.PathLike[str]
@@ -41,6 +56,21 @@ def _read_pem(source: PemSource, what: str) -> bytes:
         return pathlib.Path(text).read_bytes()
     except OSError as err:
         raise ValueError(f"ClientOptions.{what}: cannot read {text!r}: {err}") from err
+
+
+def _millis(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def _check_seconds(name: str, value: object) -> None:
+    """More than 0 seconds, finite, and within a gRPC channel argument's milliseconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"ClientOptions.{name}: seconds, not {value!r}")
+    if not 0 < value <= _MAX_MILLIS / 1000:  # also refuses NaN and infinity
+        raise ValueError(
+            f"ClientOptions.{name}: more than 0 and at most {_MAX_MILLIS // 1000} seconds "
+            f"(got {value!r})"
+        )
 
 
 def _check_int(name: str, value: object, low: int, high: int | None) -> None:
@@ -97,7 +127,21 @@ class ClientOptions:
     retry_attempts: int = 3
     # Seconds before the first retry; doubled for each next one, with full jitter.
     retry_backoff: float = 0.05
-    # Extra gRPC channel arguments, e.g. [("grpc.max_receive_message_length", 64 << 20)].
+    # Keepalive of every channel these options open: after this many seconds without a frame
+    # from the broker, the channel pings it, with or without a call open, as often as that
+    # (no cap on pings without data between). None: no pings (gRPC's default; a frozen or
+    # cut-off broker then goes unnoticed until the operating system gives the connection up,
+    # which for a connection that sends nothing is never). The broker answers pings as often
+    # as once a second and closes a connection that pings more often.
+    keepalive_time: float | None = DEFAULT_KEEPALIVE_TIME
+    # Seconds a ping waits for its answer; then the connection is closed and its calls end
+    # UNAVAILABLE: the Worker reconnects with its backoff, a Client's next call connects anew.
+    keepalive_timeout: float = DEFAULT_KEEPALIVE_TIMEOUT
+    # Extra gRPC channel arguments, e.g. [("grpc.max_receive_message_length", 64 << 20)]. They
+    # win over the ones these options set (the keepalive's "grpc.keepalive_time_ms",
+    # "grpc.keepalive_timeout_ms", "grpc.http2.ping_timeout_ms",
+    # "grpc.keepalive_permit_without_calls", "grpc.http2.max_pings_without_data", and the
+    # Worker's reconnect backoff).
     channel_options: Sequence[tuple[str, Any]] = ()
     # grpc.aio client interceptors, applied to every call of the channels these options open.
     interceptors: Sequence[Any] = ()
@@ -123,6 +167,9 @@ class ClientOptions:
             raise ValueError("ClientOptions.retry_attempts: at least 1")
         if isinstance(self.addresses, str):
             raise TypeError("ClientOptions.addresses: a list of host:port, not one string")
+        if self.keepalive_time is not None:
+            _check_seconds("keepalive_time", self.keepalive_time)
+        _check_seconds("keepalive_timeout", self.keepalive_timeout)
         self._check_batching()
 
     def _check_batching(self) -> None:
@@ -168,12 +215,44 @@ class ClientOptions:
             root_certificates=roots, private_key=key, certificate_chain=cert
         )
 
+    def keepalive_args(self) -> list[tuple[str, int]]:
+        """The channel arguments of the keepalive; none when keepalive_time is None."""
+        if self.keepalive_time is None:
+            return []
+        timeout = _millis(self.keepalive_timeout)
+        return [
+            ("grpc.keepalive_time_ms", _millis(self.keepalive_time)),
+            ("grpc.keepalive_timeout_ms", timeout),
+            # In the gRPC core of grpcio 1.85 every ping waits this long for its answer
+            # (default 60 s), and a keepalive ping that falls due while another ping is out
+            # (gRPC's own bandwidth probe, sent after reads) rides on that one, with its
+            # timeout: without this a frozen broker was noticed after a minute, not after
+            # keepalive_timeout.
+            ("grpc.http2.ping_timeout_ms", timeout),
+            # Pings on a channel without a call too (a producer between calls): a dead
+            # connection is dropped before the next call would find it.
+            ("grpc.keepalive_permit_without_calls", 1),
+            # gRPC stops pinging after two pings with no data sent between (its default): an
+            # idle Work stream would be checked twice, then never again.
+            ("grpc.http2.max_pings_without_data", 0),
+        ]
+
+    def channel_args(self, extra: Sequence[tuple[str, Any]] = ()) -> list[tuple[str, Any]]:
+        """The arguments of every channel these options open: `channel_options`, then the
+        keepalive and `extra` (the caller's, e.g. the worker's reconnect backoff) where
+        `channel_options` does not set the same key. gRPC takes the first of a repeated key."""
+        args = list(self.channel_options)
+        given = {key for key, _ in args}
+        args += [(k, v) for k, v in [*self.keepalive_args(), *extra] if k not in given]
+        return args
+
     def open_channel(
         self, target: str, extra: Sequence[tuple[str, Any]] = ()
     ) -> grpc.aio.Channel:
-        """A grpc.aio channel to `target` with these options (TLS, interceptors); `extra` are
-        channel arguments the caller adds (the worker's reconnect backoff)."""
-        args = list(extra) + list(self.channel_options)
+        """A grpc.aio channel to `target` with these options (TLS, keepalive, interceptors);
+        `extra` are channel arguments the caller adds (the worker's reconnect backoff), which
+        `channel_options` override."""
+        args = self.channel_args(extra)
         if self.server_name:
             args.append(("grpc.ssl_target_name_override", self.server_name))
         interceptors = list(self.interceptors) or None

@@ -513,10 +513,12 @@ class Worker:
     full jitter. `handle_signals`: run() stops gracefully on SIGTERM/SIGINT (main thread only;
     the handlers in place before run() are put back when it returns).
     The connection is a ClientOptions (`options=`), the one the Client takes: addresses, TLS,
-    client certificate, token. In a cluster (Admin.GetCluster tells where each partition's
-    leader is) the worker holds one stream per leader of its queues' partitions, each
-    subscribed to that leader's queues with the same worker id and a share of
-    `concurrency + prefetch` (at least 1 each), so no node relays them; queues whose partition
+    client certificate, token, keepalive (a stream whose broker stopped answering the pings
+    ends UNAVAILABLE, and the worker reconnects as after any other end). In a cluster
+    (Admin.GetCluster tells where each partition's leader is) the worker holds one stream per
+    leader of its queues' partitions, each subscribed to that leader's queues with the same
+    worker id and a share of `concurrency + prefetch` (at least 1 each), so no node relays
+    them; queues whose partition
     has no leader share one more stream, to any node. `concurrency` stays one pool across the
     streams, and a job's answers go on the stream that pushed it while it is open, else on
     another. When a stream ends, the worker waits the backoff, asks for the layout again (of
