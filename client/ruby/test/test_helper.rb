@@ -12,7 +12,8 @@ require "jobbroker"
 class BrokerProcess
   READY = /\Ajobbroker: serving grpc=(\S+) http=(\S+)/
 
-  attr_reader :address, :http_address, :dir
+  # pid: the broker process (SIGSTOP/SIGCONT in keepalive_test.rb).
+  attr_reader :address, :http_address, :dir, :pid
 
   def self.binary
     ENV.fetch("JOBBROKER_BIN") do

@@ -16,6 +16,15 @@ module Jobbroker
     # Seconds a unary call may take unless the call names its own deadline. Streams (Work,
     # WatchJob) have none: they live as long as their reader wants.
     DEFAULT_DEADLINE = 10
+    # Keepalive (seconds): a connection that carried nothing from the broker for
+    # DEFAULT_KEEPALIVE_TIME is pinged, and given up when the ping has no answer within
+    # DEFAULT_KEEPALIVE_TIMEOUT (its calls, a Worker's Work stream above all, end UNAVAILABLE and
+    # the worker reconnects). TCP alone does not notice a broker that froze, lost power or sits
+    # behind a firewall that drops packets: a stream on such a connection would wait forever.
+    DEFAULT_KEEPALIVE_TIME = 10
+    DEFAULT_KEEPALIVE_TIMEOUT = 5
+    # gRPC's channel arguments are C ints of milliseconds.
+    MAX_KEEPALIVE_SECONDS = (2**31 - 1) / 1000
     # Enqueue coalescing (docs/worker-contract.md §10): the defaults of the batch_* options.
     DEFAULT_BATCH_MAX_JOBS = 100
     DEFAULT_BATCH_MAX_BYTES = 1024 * 1024
@@ -33,7 +42,16 @@ module Jobbroker
     # server_name:  the name the broker's certificate must carry, when the address does not.
     # token:        the bearer token sent as `authorization: Bearer T` on every call.
     # deadline:     seconds for each unary call (nil = none).
-    # channel_args: extra gRPC channel arguments, over Jobbroker::CHANNEL_ARGS.
+    # keepalive_time:    seconds without a frame from the broker after which the channel pings
+    #                    it, with or without a call open, as often as that (no cap on pings
+    #                    without data between); nil = no pings (gRPC's default). The broker
+    #                    closes a connection that pings more often than once a second.
+    # keepalive_timeout: seconds a ping waits for its answer; then the connection is closed
+    #                    and its calls end UNAVAILABLE (the Worker reconnects with its backoff).
+    # channel_args: extra gRPC channel arguments, over Jobbroker::CHANNEL_ARGS and the
+    #               keepalive's (grpc.keepalive_time_ms, grpc.keepalive_timeout_ms,
+    #               grpc.http2.ping_timeout_ms, grpc.keepalive_permit_without_calls,
+    #               grpc.http2.max_pings_without_data): a key given here wins.
     # interceptors: extra GRPC::ClientInterceptors, after the one that adds the metadata.
     # credentials:  a ready GRPC::Core::ChannelCredentials (or :this_channel_is_insecure),
     #               instead of tls/cert/key: the escape hatch for what they cannot say.
@@ -46,7 +64,7 @@ module Jobbroker
     # batch_max_in_flight: batches of one partition in flight at once; later jobs wait.
     attr_reader :addresses, :tls, :cert, :key, :server_name, :token, :deadline, :channel_args,
                 :interceptors, :batching, :batch_max_jobs, :batch_max_bytes, :batch_linger,
-                :batch_max_in_flight
+                :batch_max_in_flight, :keepalive_time, :keepalive_timeout
 
     # `address` and `token` default to $JOBBROKER_ADDRESS (several may be given, comma
     # separated) and $JOBBROKER_TOKEN, then to 127.0.0.1:7070 and no token.
@@ -54,7 +72,9 @@ module Jobbroker
                    token: nil, deadline: DEFAULT_DEADLINE, channel_args: {}, interceptors: [],
                    credentials: nil, batching: true, batch_max_jobs: DEFAULT_BATCH_MAX_JOBS,
                    batch_max_bytes: DEFAULT_BATCH_MAX_BYTES, batch_linger: DEFAULT_BATCH_LINGER,
-                   batch_max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT)
+                   batch_max_in_flight: DEFAULT_BATCH_MAX_IN_FLIGHT,
+                   keepalive_time: DEFAULT_KEEPALIVE_TIME,
+                   keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT)
       @addresses = resolve_addresses(address, addresses).freeze
       raise ArgumentError, "cert and key go together (mutual TLS)" if cert.nil? != key.nil?
       raise ArgumentError, "a client certificate needs tls (the CA to trust)" if cert && !tls
@@ -76,7 +96,10 @@ module Jobbroker
       @batch_max_bytes = batch_max_bytes
       @batch_linger = batch_linger
       @batch_max_in_flight = batch_max_in_flight
+      @keepalive_time = keepalive_time
+      @keepalive_timeout = keepalive_timeout
       validate_batching
+      validate_keepalive
       freeze
     end
 
@@ -87,7 +110,8 @@ module Jobbroker
                  channel_args: @channel_args, interceptors: @interceptors,
                  credentials: @credentials, batching: @batching, batch_max_jobs: @batch_max_jobs,
                  batch_max_bytes: @batch_max_bytes, batch_linger: @batch_linger,
-                 batch_max_in_flight: @batch_max_in_flight }
+                 batch_max_in_flight: @batch_max_in_flight, keepalive_time: @keepalive_time,
+                 keepalive_timeout: @keepalive_timeout }
       fields.delete(:addresses) if changes.key?(:address)
       self.class.new(**fields, **changes)
     end
@@ -109,11 +133,34 @@ module Jobbroker
       GRPC::Core::ChannelCredentials.new(roots, self.class.pem(@key), self.class.pem(@cert))
     end
 
-    # The channel arguments of every channel these options make.
+    # The channel arguments of every channel these options make: Jobbroker::CHANNEL_ARGS, the
+    # keepalive's, then `channel_args` (which win).
     def all_channel_args
-      args = Jobbroker::CHANNEL_ARGS.merge(@channel_args)
+      args = Jobbroker::CHANNEL_ARGS.merge(keepalive_args, @channel_args)
       args = args.merge("grpc.ssl_target_name_override" => @server_name) if @server_name
       args
+    end
+
+    # The channel arguments of the keepalive; none when keepalive_time is nil.
+    def keepalive_args
+      return {} if @keepalive_time.nil?
+
+      timeout = millis(@keepalive_timeout)
+      {
+        "grpc.keepalive_time_ms" => millis(@keepalive_time),
+        "grpc.keepalive_timeout_ms" => timeout,
+        # Newer gRPC cores (grpcio 1.85's, for one) wait this long for any ping's answer
+        # (default 60 s), and a keepalive ping that falls due while another ping is out rides on
+        # that one, with its timeout. grpc 1.51 does not know it (its keepalive_timeout is
+        # enough there); set so that a newer grpc gem still gives up after keepalive_timeout.
+        "grpc.http2.ping_timeout_ms" => timeout,
+        # Pings on a channel without a call too (a producer between calls): a dead connection
+        # is dropped before the next call would find it.
+        "grpc.keepalive_permit_without_calls" => 1,
+        # gRPC stops pinging after two pings with no data sent between (its default): an idle
+        # Work stream would be checked twice, then never again.
+        "grpc.http2.max_pings_without_data" => 0
+      }
     end
 
     # The metadata of every call: jobbroker-client and, with a token, authorization.
@@ -130,6 +177,7 @@ module Jobbroker
     def inspect
       "#<Jobbroker::Options addresses=#{@addresses} tls=#{!!@tls} mtls=#{!@cert.nil?} " \
         "token=#{@token ? '[set]' : 'none'} deadline=#{@deadline.inspect} " \
+        "keepalive=#{@keepalive_time.inspect}/#{@keepalive_timeout.inspect} " \
         "batching=#{@batching}>"
     end
 
@@ -148,6 +196,23 @@ module Jobbroker
         !@batch_linger.negative?
       refuse(:batch_max_in_flight, @batch_max_in_flight, "a positive Integer") unless
         @batch_max_in_flight.is_a?(Integer) && @batch_max_in_flight.positive?
+    end
+
+    def validate_keepalive
+      expected = "seconds > 0 and at most #{MAX_KEEPALIVE_SECONDS.floor} (a finite Numeric)"
+      refuse(:keepalive_time, @keepalive_time, "nil (no pings) or #{expected}") unless
+        @keepalive_time.nil? || keepalive_seconds?(@keepalive_time)
+      refuse(:keepalive_timeout, @keepalive_timeout, expected) unless
+        keepalive_seconds?(@keepalive_timeout)
+    end
+
+    def keepalive_seconds?(value)
+      value.is_a?(Numeric) && value.real? && value.positive? && value <= MAX_KEEPALIVE_SECONDS
+    end
+
+    # Seconds as a channel argument's milliseconds (at least 1).
+    def millis(seconds)
+      [(seconds * 1000).round, 1].max
     end
 
     def refuse(option, value, expected)

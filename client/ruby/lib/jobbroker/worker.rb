@@ -101,10 +101,11 @@ module Jobbroker
       Process.clock_gettime(Process::CLOCK_MONOTONIC)
     end
 
-    # options:         a Jobbroker::Options (addresses, TLS, token, ...), the one a Client
-    #                  takes too; default Options.new ($JOBBROKER_ADDRESS, $JOBBROKER_TOKEN).
-    #                  Outside a cluster, a stream that ends UNAVAILABLE reconnects to the
-    #                  next of its addresses.
+    # options:         a Jobbroker::Options (addresses, TLS, token, keepalive, ...), the one a
+    #                  Client takes too; default Options.new ($JOBBROKER_ADDRESS,
+    #                  $JOBBROKER_TOKEN). Outside a cluster, a stream that ends UNAVAILABLE
+    #                  (also when the broker stopped answering the keepalive pings) reconnects
+    #                  to the next of its addresses.
     # address:, token:, credentials: shorthands that override those fields of `options`.
     # concurrency:     handlers run at once.
     # prefetch:        jobs held beyond `concurrency` (max_in_flight = concurrency + prefetch).
