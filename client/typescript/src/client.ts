@@ -126,7 +126,8 @@ export type Pem = string | Uint8Array;
 /**
  * How a Client (and a Worker, which takes the same options) reaches the broker. Every field is
  * optional: with none, a plaintext channel to $JOBBROKER_ADDRESS (else 127.0.0.1:7070), the token
- * in $JOBBROKER_TOKEN if set, and a 10 s deadline on unary calls.
+ * in $JOBBROKER_TOKEN if set, a 10 s deadline on unary calls, and keepalive pings after 10 s
+ * without a frame (5 s for the answer).
  */
 export interface ClientOptions {
   /**
@@ -164,9 +165,35 @@ export interface ClientOptions {
    * `Infinity` for none. A call's `CallOptions.deadlineMs` overrides it. Streams have none.
    */
   deadlineMs?: number;
+  /**
+   * Keepalive pings on every channel the client dials (a Worker's too), so that a broker that
+   * froze, lost power or sits behind a firewall that drops packets is noticed: TCP alone does not,
+   * and a worker's Work stream would wait on it forever. After `keepaliveTimeMs` the client pings,
+   * and a ping unanswered for `keepaliveTimeoutMs` closes the connection: its calls fail and its
+   * streams end UNAVAILABLE, and a worker reconnects after its backoff (to another node in a
+   * cluster). Pings go out with no call open too (`grpc.keepalive_permit_without_calls`), so an
+   * idle producer's dead connection is found before its next call. Default true; false (or a
+   * `keepaliveTimeMs` of 0) sends no pings (the broker still pings its clients:
+   * `--keepalive-time`).
+   */
+  keepalive?: boolean;
+  /**
+   * How long a connection may go on without a ping, in ms: 1000 (the broker accepts a client's
+   * pings at most once a second) to 3 600 000, or 0 for no pings; default 10 000.
+   * `grpc.keepalive_time_ms`.
+   */
+  keepaliveTimeMs?: number;
+  /**
+   * How long a ping may go unanswered before the connection is closed, in ms: 1000 to 600 000;
+   * default 5000. `grpc.keepalive_timeout_ms`.
+   */
+  keepaliveTimeoutMs?: number;
   /** Replaces the credentials built from `tls`/`clientCert` (e.g. a custom verifier). */
   credentials?: ChannelCredentials;
-  /** Extra grpc-js channel options. */
+  /**
+   * Extra grpc-js channel options. They win over the client's own (the keepalive options
+   * above included: a `"grpc.keepalive_time_ms"` here replaces `keepaliveTimeMs`).
+   */
   channelOptions?: ChannelOptions;
   /** grpc-js interceptors run on every call after the library's own (metadata, logging, tests). */
   interceptors?: Interceptor[];
@@ -354,19 +381,21 @@ const defaultBatchMaxInFlight = 4;
 // The broker takes at most this many jobs in one EnqueueBatch.
 const maxBatchJobs = 1000;
 
+/** An integer option, checked (`fallback` when unset): a bad value is refused naming the option. */
+function integer(name: string, value: number | undefined, fallback: number, min: number, max: number): number {
+  if (value === undefined) return fallback;
+  if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
+    const range = max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `from ${min} to ${max}`;
+    throw new RangeError(`${name} must be an integer ${range}, not ${String(value)}`);
+  }
+  return value;
+}
+
 /** The coalescing options, checked: a bad value is refused by the constructor, naming the option. */
 function batchingOptions(o: ClientOptions): { batching: boolean; maxJobs: number; maxBytes: number; lingerMs: number; maxInFlight: number } {
   if (o.batching !== undefined && typeof o.batching !== "boolean") {
     throw new TypeError(`batching must be true or false, not ${String(o.batching)}`);
   }
-  const integer = (name: string, value: number | undefined, fallback: number, min: number, max: number): number => {
-    if (value === undefined) return fallback;
-    if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
-      const range = max === Number.MAX_SAFE_INTEGER ? `at least ${min}` : `from ${min} to ${max}`;
-      throw new RangeError(`${name} must be an integer ${range}, not ${String(value)}`);
-    }
-    return value;
-  };
   const lingerMs = o.batchLingerMs ?? defaultBatchLingerMs;
   if (typeof lingerMs !== "number" || !Number.isFinite(lingerMs) || lingerMs < 0) {
     throw new RangeError(`batchLingerMs must be a finite number of ms, 0 or more, not ${String(lingerMs)}`);
@@ -377,6 +406,47 @@ function batchingOptions(o: ClientOptions): { batching: boolean; maxJobs: number
     maxBytes: integer("batchMaxBytes", o.batchMaxBytes, defaultBatchMaxBytes, 1, Number.MAX_SAFE_INTEGER),
     lingerMs,
     maxInFlight: integer("batchMaxInFlight", o.batchMaxInFlight, defaultBatchMaxInFlight, 1, Number.MAX_SAFE_INTEGER),
+  };
+}
+
+// Keepalive's defaults: the broker's own (--keepalive-time 10 s, --keepalive-timeout 5 s).
+const defaultKeepaliveTimeMs = 10_000;
+const defaultKeepaliveTimeoutMs = 5_000;
+
+/**
+ * The grpc-js options of the keepalive options, checked (a bad value is refused naming the
+ * option, with `keepalive: false` too); none with `keepalive: false` or `keepaliveTimeMs: 0`.
+ * grpc-js has no cap on pings without data (grpc core's `grpc.http2.max_pings_without_data`): it
+ * pings a quiet Work stream for as long as it is open.
+ */
+function keepaliveChannelOptions(o: ClientOptions): ChannelOptions {
+  if (o.keepalive !== undefined && typeof o.keepalive !== "boolean") {
+    throw new TypeError(`keepalive must be true or false, not ${String(o.keepalive)}`);
+  }
+  // 0: no pings (as docs/worker-contract.md §5 lets a time of zero mean).
+  const timeMs = o.keepaliveTimeMs === 0 ? 0 : integer("keepaliveTimeMs", o.keepaliveTimeMs, defaultKeepaliveTimeMs, 1000, 3_600_000);
+  const timeoutMs = integer("keepaliveTimeoutMs", o.keepaliveTimeoutMs, defaultKeepaliveTimeoutMs, 1000, 600_000);
+  if (o.keepalive === false || timeMs === 0) return {};
+  return {
+    "grpc.keepalive_time_ms": timeMs,
+    "grpc.keepalive_timeout_ms": timeoutMs,
+    "grpc.keepalive_permit_without_calls": 1,
+  };
+}
+
+/**
+ * The grpc-js options of every channel a client dials: the library's (reconnect backoff, message
+ * size, keepalive, TLS name), then the caller's `channelOptions`, which win. @internal
+ */
+export function channelOptionsOf(o: ClientOptions): ChannelOptions {
+  return {
+    // Reconnect quickly after a broker restart (grpc-js waits up to 120 s by default).
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 5000,
+    "grpc.max_receive_message_length": 16 * 1024 * 1024,
+    ...keepaliveChannelOptions(o),
+    ...(o.tlsServerName ? { "grpc.ssl_target_name_override": o.tlsServerName } : {}),
+    ...(o.channelOptions ?? {}),
   };
 }
 
@@ -479,14 +549,7 @@ export class Client {
     this.deadlineMs = o.deadlineMs ?? defaultDeadlineMs;
     const creds = channelCredentials(o);
     const token = o.token ?? (process.env.JOBBROKER_TOKEN || undefined);
-    const channelOptions: ChannelOptions = {
-      // Reconnect quickly after a broker restart (grpc-js waits up to 120 s by default).
-      "grpc.initial_reconnect_backoff_ms": 100,
-      "grpc.max_reconnect_backoff_ms": 5000,
-      "grpc.max_receive_message_length": 16 * 1024 * 1024,
-      ...(o.tlsServerName ? { "grpc.ssl_target_name_override": o.tlsServerName } : {}),
-      ...(o.channelOptions ?? {}),
-    };
+    const channelOptions = channelOptionsOf(o);
     const interceptors = [callMetadata(token), ...(o.interceptors ?? [])];
     const dial = (address: string): Endpoint => {
       const broker = new BrokerClient(address, creds, { ...channelOptions, interceptors });
