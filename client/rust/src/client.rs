@@ -91,7 +91,7 @@ struct Stubs {
 /// outside a cluster, or one that refuses `GetCluster` (an older broker, a token without the
 /// admin role), gets every call, the addresses given serving in turn as below.
 ///
-/// Made from [`ClientOptions`] (addresses, TLS, token, deadline) by [`Client::new`] or
+/// Made from [`ClientOptions`] (addresses, TLS, token, deadline, keepalive) by [`Client::new`] or
 /// [`Client::connect`]. Unary calls get the options' deadline (10 s by default; change it for
 /// some calls with [`Client::with_deadline`]) and are sent again after `UNAVAILABLE` (3
 /// attempts in all, 100 ms then 200 ms apart, each routed afresh) only when a repeat
@@ -189,12 +189,12 @@ fn is_terminal(state: i32) -> bool {
 }
 
 /// Whether tonic failed the call on its connection (e.g. a broken pipe to a node just
-/// killed): `UNKNOWN` carrying a transport error, where gRPC itself would say `UNAVAILABLE`,
-/// which is what the caller and the retry rules get.
-fn lost_connection(status: &Status) -> bool {
-    status.code() == Code::Unknown
-        && std::error::Error::source(status)
-            .is_some_and(|source| source.is::<tonic::transport::Error>())
+/// killed, or a connection closed after a keepalive ping went unanswered): `UNKNOWN` carrying
+/// the error underneath (tonic's transport error, or hyper's when the connection broke while
+/// an answer or a stream was being read), where gRPC itself would say `UNAVAILABLE`, which is
+/// what the caller and the retry rules get. A status the broker sent carries no error.
+pub(crate) fn lost_connection(status: &Status) -> bool {
+    status.code() == Code::Unknown && std::error::Error::source(status).is_some()
 }
 
 /// How long the router's `GetCluster` may take for a client whose calls have `deadline`.
@@ -219,7 +219,12 @@ impl Client {
             .into_iter()
             .map(|(address, endpoint)| (address, endpoint.connect_lazy()))
             .collect();
-        let router = Router::new(channels, resolved.tls, fetch_deadline(resolved.deadline));
+        let router = Router::new(
+            channels,
+            resolved.tls,
+            resolved.keepalive,
+            fetch_deadline(resolved.deadline),
+        );
         Ok(Self::over(
             router,
             resolved.authorization,
@@ -256,7 +261,12 @@ impl Client {
             let (address, source) = last_error.expect("at least one address");
             return Err(ConnectError::Unreachable { address, source });
         };
-        let router = Router::new(channels, resolved.tls, fetch_deadline(resolved.deadline));
+        let router = Router::new(
+            channels,
+            resolved.tls,
+            resolved.keepalive,
+            fetch_deadline(resolved.deadline),
+        );
         router.start_at(first_reached);
         Ok(Self::over(
             router,
@@ -268,7 +278,9 @@ impl Client {
 
     /// Wraps a channel the caller configured, with no token, the default deadline and the
     /// default batching. Every call goes over it: no routing in a cluster (its node forwards
-    /// calls to their leaders); a coalesced batch holds the jobs of one queue.
+    /// calls to their leaders); a coalesced batch holds the jobs of one queue. The channel
+    /// keeps its own settings, keepalive included (none unless its `Endpoint` has
+    /// `http2_keep_alive_interval`: see [`ClientOptions::keepalive`]).
     pub fn from_channel(channel: Channel) -> Self {
         Self::over(
             Router::fixed(channel),

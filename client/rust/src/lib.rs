@@ -6,7 +6,7 @@
 //! this crate adds:
 //!
 //! * [`ClientOptions`]: how to reach the broker (addresses, TLS, mutual TLS, bearer token,
-//!   deadline), one set of options for the client and the worker.
+//!   deadline, keepalive pings), one set of options for the client and the worker.
 //! * [`Client`]: both services, a method per call, safe retries, [`Client::enqueue_and_wait`],
 //!   producer middleware, and concurrent enqueues coalesced into `EnqueueBatch` calls.
 //! * [`job`] and the `with_` methods of [`v1::EnqueueRequest`]: every enqueue option.
@@ -46,7 +46,10 @@ mod routing_table;
 pub mod worker;
 pub use client::{Client, ClientTag, WaitError};
 pub use middleware::{EnqueueNext, HandlerNext};
-pub use options::{ClientOptions, ConnectError, DEFAULT_ADDRESS, DEFAULT_DEADLINE};
+pub use options::{
+    ClientOptions, ConnectError, DEFAULT_ADDRESS, DEFAULT_DEADLINE, DEFAULT_KEEPALIVE_TIME,
+    DEFAULT_KEEPALIVE_TIMEOUT,
+};
 pub use partition::{partition_of_job_id, partition_of_queue};
 pub use worker::{
     CancelReason, Job, Output, RunError, ShutdownHandle, Worker, WorkerBuilder, WorkerError,
@@ -121,7 +124,7 @@ pub enum WorkEvent {
     /// An operator cancelled this job: stop and ack or fail it.
     CancelRequested(String),
     /// The stream ended: `None` when the broker closed it cleanly, else the status it ended
-    /// with. Always the last event.
+    /// with (`UNAVAILABLE` when its connection broke). Always the last event.
     Closed(Option<Status>),
 }
 
@@ -384,6 +387,13 @@ async fn read_responses(
                 None => {}
             },
             Ok(None) => break None,
+            // A connection that broke (a node killed, or one a keepalive ping found dead):
+            // UNAVAILABLE, as for a unary call, so that the node is taken as unreachable.
+            Err(status) if client::lost_connection(&status) => {
+                break Some(Status::unavailable(format!(
+                    "the connection was lost: {status}"
+                )));
+            }
             Err(status) => break Some(status),
         }
     };

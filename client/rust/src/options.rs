@@ -11,6 +11,7 @@
 //!     .client_cert_files("/etc/jobbroker/client.pem", "/etc/jobbroker/client.key") // mutual TLS
 //!     .token("s3cret")                               // authorization: Bearer s3cret
 //!     .deadline(Duration::from_secs(5))              // unary calls; default 10 s
+//!     .keepalive_time(Duration::from_secs(20))       // ping after 20 s without a frame; default 10 s
 //!     .batch_linger(Duration::from_millis(2));       // enqueue coalescing: wait 2 ms for more
 //! # let _ = options;
 //! ```
@@ -35,6 +36,21 @@ pub const ADDRESS_ENV: &str = "JOBBROKER_ADDRESS";
 pub const DEFAULT_ADDRESS: &str = "127.0.0.1:7070";
 /// Read when [`ClientOptions::token`] was not set.
 pub const TOKEN_ENV: &str = "JOBBROKER_TOKEN";
+
+/// [`ClientOptions::keepalive_time`] when not set: a ping after 10 s without a frame from the
+/// broker (the broker's own `--keepalive-time`).
+pub const DEFAULT_KEEPALIVE_TIME: Duration = Duration::from_secs(10);
+/// [`ClientOptions::keepalive_timeout`] when not set: 5 s for the ping's answer (the broker's
+/// own `--keepalive-timeout`).
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The shortest [`ClientOptions::keepalive_time`]: the broker accepts a client's pings at most
+/// once a second, and closes the connection of one that pings more often ("too_many_pings").
+const MIN_KEEPALIVE_TIME: Duration = Duration::from_secs(1);
+/// The longest [`ClientOptions::keepalive_time`] (as the broker's `--keepalive-time`).
+const MAX_KEEPALIVE_TIME: Duration = Duration::from_secs(3600);
+/// The bounds of [`ClientOptions::keepalive_timeout`] (as the broker's `--keepalive-timeout`).
+const MIN_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(1);
+const MAX_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// [`ClientOptions::batch_max_jobs`] when not set: the jobs of one coalesced batch.
 pub const DEFAULT_BATCH_MAX_JOBS: usize = 100;
@@ -97,6 +113,69 @@ impl BatchOptions {
     }
 }
 
+/// HTTP/2 keepalive pings on every channel a client dials: the three `keepalive` options of
+/// [`ClientOptions`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keepalive {
+    pub enabled: bool,
+    pub time: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            time: DEFAULT_KEEPALIVE_TIME,
+            timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+        }
+    }
+}
+
+impl Keepalive {
+    /// Refuses a value out of range, naming the option (with keepalive off too: the options
+    /// are wrong either way).
+    fn check(&self) -> Result<(), ConnectError> {
+        let invalid = |option: &'static str, reason: String| {
+            Err(ConnectError::InvalidOption { option, reason })
+        };
+        if !self.time.is_zero() && !(MIN_KEEPALIVE_TIME..=MAX_KEEPALIVE_TIME).contains(&self.time) {
+            return invalid(
+                "keepalive_time",
+                format!(
+                    "{:?} is neither 0 nor between {MIN_KEEPALIVE_TIME:?} and {MAX_KEEPALIVE_TIME:?}",
+                    self.time
+                ),
+            );
+        }
+        if !(MIN_KEEPALIVE_TIMEOUT..=MAX_KEEPALIVE_TIMEOUT).contains(&self.timeout) {
+            return invalid(
+                "keepalive_timeout",
+                format!(
+                    "{:?} is not between {MIN_KEEPALIVE_TIMEOUT:?} and {MAX_KEEPALIVE_TIMEOUT:?}",
+                    self.timeout
+                ),
+            );
+        }
+        Ok(())
+    }
+
+    /// `endpoint` pinging as configured: after `time` without a frame, also with no call open
+    /// (hyper's `keep_alive_while_idle`), and closing the connection when a ping goes
+    /// unanswered for `timeout`. hyper has no cap on pings without data (grpc core's
+    /// `grpc.http2.max_pings_without_data`): a quiet `Work` stream is pinged as long as it is
+    /// open. Off (or a time of zero): hyper's default, no pings.
+    fn apply(&self, endpoint: Endpoint) -> Endpoint {
+        if !self.enabled || self.time.is_zero() {
+            return endpoint;
+        }
+        endpoint
+            .http2_keep_alive_interval(self.time)
+            .keep_alive_timeout(self.timeout)
+            .keep_alive_while_idle(true)
+    }
+}
+
 /// PEM data given inline or as a file read when the client is made.
 #[derive(Clone)]
 enum Pem {
@@ -137,7 +216,8 @@ enum Trust {
 
 /// How to reach the broker, shared by [`Client`](crate::Client) and
 /// [`Worker`](crate::Worker): the addresses, TLS and mutual TLS, the bearer token, the
-/// deadline of unary calls, and how the client coalesces enqueues (the `batch` options). Every call also carries `jobbroker-client: jobbroker-rust/<version>`
+/// deadline of unary calls, keepalive pings (the `keepalive` options), and how the client
+/// coalesces enqueues (the `batch` options). Every call also carries `jobbroker-client: jobbroker-rust/<version>`
 /// ([`CLIENT_NAME`](crate::CLIENT_NAME)).
 ///
 /// A plain address converts into options, so `Client::new("127.0.0.1:7070")` and
@@ -151,6 +231,7 @@ pub struct ClientOptions {
     server_name: Option<String>,
     token: Option<String>,
     deadline: Duration,
+    keepalive: Keepalive,
     batch: BatchOptions,
 }
 
@@ -163,6 +244,7 @@ impl Default for ClientOptions {
             server_name: None,
             token: None,
             deadline: DEFAULT_DEADLINE,
+            keepalive: Keepalive::default(),
             batch: BatchOptions::default(),
         }
     }
@@ -178,6 +260,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("server_name", &self.server_name)
             .field("token", &self.token.as_ref().map(|_| "<set>"))
             .field("deadline", &self.deadline)
+            .field("keepalive", &self.keepalive)
             .field("batch", &self.batch)
             .finish()
     }
@@ -203,7 +286,8 @@ impl From<&String> for ClientOptions {
 
 impl ClientOptions {
     /// No address yet (`$JOBBROKER_ADDRESS` then, else [`DEFAULT_ADDRESS`]), plaintext, no
-    /// token (`$JOBBROKER_TOKEN` then), a 10 s deadline.
+    /// token (`$JOBBROKER_TOKEN` then), a 10 s deadline, keepalive pings after 10 s without a
+    /// frame (5 s for the answer).
     pub fn new() -> Self {
         Self::default()
     }
@@ -284,6 +368,37 @@ impl ClientOptions {
         self
     }
 
+    /// Whether every channel the client dials (a [`Worker`](crate::Worker)'s too) sends HTTP/2
+    /// keepalive pings; default on. A broker that froze, lost power or sits behind a firewall
+    /// that drops packets is noticed by no TCP error, and a worker's `Work` stream would wait on
+    /// it forever: with pings, after [`Self::keepalive_time`] without a frame the client pings,
+    /// and a ping unanswered for [`Self::keepalive_timeout`] closes the connection. Its calls
+    /// then fail and its streams end (`UNAVAILABLE`), and a worker reconnects after its backoff
+    /// (to another node in a cluster). Pings go out with no call open too, so an idle
+    /// producer's dead connection is found before its next call. Off (or a
+    /// [`Self::keepalive_time`] of zero): no pings (the broker still pings its clients,
+    /// `--keepalive-time`). A channel given to
+    /// [`Client::from_channel`](crate::Client::from_channel) keeps its own settings.
+    pub fn keepalive(mut self, on: bool) -> Self {
+        self.keepalive.enabled = on;
+        self
+    }
+
+    /// How long a connection may go without a frame from the broker before the client pings
+    /// it (tonic's `http2_keep_alive_interval`); 1 s (the broker accepts a client's pings at
+    /// most once a second) to 1 h, or zero for no pings; default 10 s.
+    pub fn keepalive_time(mut self, time: Duration) -> Self {
+        self.keepalive.time = time;
+        self
+    }
+
+    /// How long a ping may go unanswered before the connection is closed (tonic's
+    /// `keep_alive_timeout`); 1 s to 10 min, default 5 s.
+    pub fn keepalive_timeout(mut self, timeout: Duration) -> Self {
+        self.keepalive.timeout = timeout;
+        self
+    }
+
     /// Whether [`Client::enqueue`](crate::Client::enqueue) merges concurrent calls into
     /// `EnqueueBatch` calls (`docs/worker-contract.md` §10); default on. Off: every enqueue is
     /// one unary `Enqueue`. [`Client::with_batching`](crate::Client::with_batching) turns it
@@ -336,10 +451,11 @@ impl ClientOptions {
             addresses = vec![DEFAULT_ADDRESS.to_string()];
         }
         self.batch.check()?;
+        self.keepalive.check()?;
         let tls = self.tls_config()?;
         let mut endpoints = Vec::with_capacity(addresses.len());
         for address in addresses {
-            let endpoint = endpoint(&address, tls.as_ref()).map_err(|source| {
+            let endpoint = endpoint(&address, tls.as_ref(), &self.keepalive).map_err(|source| {
                 ConnectError::InvalidAddress {
                     address: address.clone(),
                     source,
@@ -357,6 +473,7 @@ impl ClientOptions {
         Ok(Resolved {
             endpoints,
             tls,
+            keepalive: self.keepalive,
             authorization,
             deadline: self.deadline,
             batch: self.batch.clone(),
@@ -393,6 +510,8 @@ pub(crate) struct Resolved {
     pub endpoints: Vec<(String, Endpoint)>,
     /// For the endpoints of the nodes a cluster names.
     pub tls: Option<ClientTlsConfig>,
+    /// The same.
+    pub keepalive: Keepalive,
     pub authorization: Option<AsciiMetadataValue>,
     pub deadline: Duration,
     pub batch: BatchOptions,
@@ -416,10 +535,11 @@ pub(crate) fn bearer(token: &str) -> Option<AsciiMetadataValue> {
 }
 
 /// The endpoint of `address`: `host:port` becomes `http://host:port`, or `https://` with TLS;
-/// an address with a scheme keeps it.
+/// an address with a scheme keeps it. It pings as `keepalive` says.
 pub(crate) fn endpoint(
     address: &str,
     tls: Option<&ClientTlsConfig>,
+    keepalive: &Keepalive,
 ) -> Result<Endpoint, tonic::transport::Error> {
     let uri = if address.contains("://") {
         address.to_string()
@@ -428,7 +548,7 @@ pub(crate) fn endpoint(
     } else {
         format!("http://{address}")
     };
-    let endpoint = Endpoint::from_shared(uri)?;
+    let endpoint = keepalive.apply(Endpoint::from_shared(uri)?);
     match tls {
         Some(tls) => endpoint.tls_config(tls.clone()),
         None => Ok(endpoint),
@@ -464,7 +584,8 @@ pub enum ConnectError {
     /// The token cannot be sent as metadata (empty, or not visible ASCII).
     #[error("the token is empty or not visible ASCII")]
     BadToken,
-    /// An option has a value no client can work with (a `batch_` option out of range).
+    /// An option has a value no client can work with (a `batch_` or `keepalive_` option out
+    /// of range).
     #[error("invalid option {option}: {reason}")]
     InvalidOption {
         /// The option, as its [`ClientOptions`] method is named.
@@ -643,6 +764,91 @@ mod tests {
             refused(options().batching(false).batch_max_jobs(0)),
             "batch_max_jobs"
         );
+    }
+
+    #[test]
+    fn keepalive_is_on_by_default_with_the_brokers_times() {
+        let resolved = ClientOptions::from("b:1").resolve(env_of(&[])).unwrap();
+        assert_eq!(
+            resolved.keepalive,
+            Keepalive {
+                enabled: true,
+                time: Duration::from_secs(10),
+                timeout: Duration::from_secs(5),
+            }
+        );
+        let resolved = ClientOptions::from("b:1")
+            .keepalive_time(Duration::from_secs(1))
+            .keepalive_timeout(Duration::from_millis(1500))
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert_eq!(
+            resolved.keepalive,
+            Keepalive {
+                enabled: true,
+                time: Duration::from_secs(1),
+                timeout: Duration::from_millis(1500),
+            }
+        );
+        let resolved = ClientOptions::from("b:1")
+            .keepalive(false)
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert!(!resolved.keepalive.enabled);
+        // A time of zero is off too (docs/worker-contract.md §5).
+        let resolved = ClientOptions::from("b:1")
+            .keepalive_time(Duration::ZERO)
+            .resolve(env_of(&[]))
+            .unwrap();
+        assert!(resolved.keepalive.time.is_zero());
+    }
+
+    #[test]
+    fn a_keepalive_option_out_of_range_is_refused_naming_it() {
+        let refused = |options: ClientOptions| {
+            let error = options.resolve(env_of(&[])).err().unwrap();
+            let ConnectError::InvalidOption { option, .. } = &error else {
+                panic!("{error:?}");
+            };
+            assert!(error.to_string().contains(option), "{error}");
+            *option
+        };
+        let options = || ClientOptions::from("b:1");
+        let ms = Duration::from_millis;
+        assert_eq!(refused(options().keepalive_time(ms(999))), "keepalive_time");
+        assert_eq!(refused(options().keepalive_time(ms(1))), "keepalive_time");
+        assert_eq!(
+            refused(options().keepalive_time(Duration::from_secs(3601))),
+            "keepalive_time"
+        );
+        assert_eq!(
+            refused(options().keepalive_time(Duration::MAX)),
+            "keepalive_time"
+        );
+        assert_eq!(
+            refused(options().keepalive_timeout(Duration::ZERO)),
+            "keepalive_timeout"
+        );
+        assert_eq!(
+            refused(options().keepalive_timeout(Duration::from_secs(601))),
+            "keepalive_timeout"
+        );
+        // Refused even with keepalive off: the options are wrong either way.
+        assert_eq!(
+            refused(options().keepalive(false).keepalive_timeout(ms(10))),
+            "keepalive_timeout"
+        );
+        // The bounds themselves are fine.
+        for options in [
+            options()
+                .keepalive_time(Duration::from_secs(1))
+                .keepalive_timeout(Duration::from_secs(1)),
+            options()
+                .keepalive_time(Duration::from_secs(3600))
+                .keepalive_timeout(Duration::from_secs(600)),
+        ] {
+            options.resolve(env_of(&[])).unwrap();
+        }
     }
 
     #[test]

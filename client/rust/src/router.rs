@@ -7,7 +7,7 @@ use std::time::Duration;
 use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::client::ClientTag;
-use crate::options::endpoint;
+use crate::options::{Keepalive, endpoint};
 use crate::routing_table::{RoutingTable, StreamGroup};
 use crate::{Code, v1};
 
@@ -79,8 +79,12 @@ pub(crate) struct Router {
 enum Routing {
     /// Every call over the one channel the caller made.
     Fixed,
-    /// By the table, the channels of the addresses it names made with this TLS (if any).
-    Routed { tls: Option<ClientTlsConfig> },
+    /// By the table, the channels of the addresses it names made with this TLS (if any) and
+    /// these keepalive pings.
+    Routed {
+        tls: Option<ClientTlsConfig>,
+        keepalive: Keepalive,
+    },
 }
 
 /// Protected by [`Router::state`].
@@ -95,14 +99,15 @@ struct State {
 }
 
 impl Router {
-    /// Over `given` (each address and its channel, at least one), with `tls` for the channels
-    /// of the addresses `GetCluster` names.
+    /// Over `given` (each address and its channel, at least one), with `tls` and `keepalive`
+    /// for the channels of the addresses `GetCluster` names.
     pub fn new(
         given: Vec<(String, Channel)>,
         tls: Option<ClientTlsConfig>,
+        keepalive: Keepalive,
         fetch_deadline: Duration,
     ) -> Self {
-        Self::with_routing(given, Routing::Routed { tls }, fetch_deadline)
+        Self::with_routing(given, Routing::Routed { tls, keepalive }, fetch_deadline)
     }
 
     /// Every call over `channel`, never routed.
@@ -345,10 +350,12 @@ impl Router {
         if let Some(channel) = state.channels.get(address) {
             return Some(channel.clone());
         }
-        let Routing::Routed { tls } = &self.routing else {
+        let Routing::Routed { tls, keepalive } = &self.routing else {
             return None;
         };
-        let channel = endpoint(address, tls.as_ref()).ok()?.connect_lazy();
+        let channel = endpoint(address, tls.as_ref(), keepalive)
+            .ok()?
+            .connect_lazy();
         state.channels.insert(address.to_string(), channel.clone());
         Some(channel)
     }

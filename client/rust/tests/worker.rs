@@ -9,13 +9,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Broker, GIVE_UP, Running, wait_for_state};
+use common::{Broker, GIVE_UP, Running, port_of, tcp_established, wait_for_state};
 use jobbroker::v1::{
     AttemptOutcome, CancelJobRequest, EnqueueRequest, FailReason, FailRequest, HeartbeatRequest,
-    JobState, LeaseRequest, ListWorkersRequest, StepCheckpoint,
+    JobState, LeaseRequest, ListWorkersRequest, StepCheckpoint, SubscribeRequest,
 };
 use jobbroker::{
-    CLIENT_NAME, CancelReason, Client, Code, Job, RunError, Worker, WorkerError, duration, job,
+    CLIENT_NAME, CancelReason, Client, ClientOptions, Code, Job, RunError, WorkEvent, Worker,
+    WorkerError, duration, job,
 };
 use prost::Message;
 use serde_json::{Value, json};
@@ -574,6 +575,102 @@ async fn an_answer_waits_for_the_broker_to_come_back() {
     // And the new stream gets new jobs.
     let after = enqueue(&client, job("w", "after")).await;
     wait_for_state(&client, &after, JobState::Completed).await;
+    running.stop().await.unwrap();
+}
+
+/// A broker that stops answering (SIGSTOP: to TCP, as a hung broker, a machine without power or
+/// a firewall that drops packets) is noticed by no TCP error: the worker's keepalive ping goes
+/// unanswered, it closes the connection (its stream ends `UNAVAILABLE`, as a raw `Work` stream
+/// of such a client shows) and keeps reconnecting; once the broker runs again the same worker
+/// runs the next job.
+#[tokio::test]
+async fn keepalive_gives_up_a_frozen_broker_and_the_worker_comes_back() {
+    let broker = Broker::start();
+    let client = broker.client().await;
+    let options = ClientOptions::from(broker.addr.as_str())
+        .keepalive_time(Duration::from_secs(1))
+        .keepalive_timeout(Duration::from_secs(1));
+    let (_raw, mut raw_events) = Client::connect(options.clone())
+        .await
+        .unwrap()
+        .work(SubscribeRequest {
+            queues: vec!["keepalive-raw".into()],
+            worker_id: "rust-keepalive-raw".into(),
+            max_in_flight: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("subscribe");
+    let mut worker = Worker::builder(options)
+        .worker_id("rust-keepalive")
+        .build()
+        .unwrap();
+    worker.handle("keepalive", |job: Job| async move {
+        Ok(format!("done: {}", job.text()?))
+    });
+    let running = Running::start(worker);
+
+    let before = enqueue(&client, job("keepalive", "before")).await;
+    let done = wait_for_state(&client, &before, JobState::Completed).await;
+    assert_eq!(done.attempts[0].worker_id, "rust-keepalive");
+    // The worker's connection: its source port is the port of its peer in ListWorkers.
+    let give_up = tokio::time::Instant::now() + GIVE_UP;
+    let peer = loop {
+        let workers = client.list_workers(Some("keepalive")).await.unwrap();
+        if let Some(me) = workers
+            .iter()
+            .find(|w| w.worker_id == "rust-keepalive" && w.streams > 0)
+        {
+            break me.peer.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the worker is not in ListWorkers: {workers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (from, to) = (port_of(&peer), port_of(&broker.addr));
+    assert!(
+        tcp_established(from, to),
+        "no ESTABLISHED connection {from} -> {to} in /proc/net/tcp (peer {peer})"
+    );
+
+    let frozen = broker.freeze();
+    let frozen_at = tokio::time::Instant::now();
+    let give_up = frozen_at + Duration::from_secs(40);
+    while tcp_established(from, to) {
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the worker kept its connection {from} -> {to} to the frozen broker for 40 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "the worker gave up the frozen broker's connection after {:?}",
+        frozen_at.elapsed()
+    );
+    let raw_end = tokio::time::timeout_at(give_up, async {
+        loop {
+            match raw_events.recv().await {
+                Some(WorkEvent::Closed(end)) => break end,
+                Some(_) => continue,
+                None => panic!("the raw stream's events ended without Closed"),
+            }
+        }
+    })
+    .await
+    .expect("the raw Work stream did not end within 40 s of the freeze");
+    assert_eq!(
+        raw_end.as_ref().map(|status| status.code()),
+        Some(Code::Unavailable),
+        "{raw_end:?}"
+    );
+    drop(frozen); // SIGCONT
+
+    // It comes back on its own: a job enqueued now is run by the same worker.
+    let after = enqueue(&client, job("keepalive", "after")).await;
+    let done = wait_for_state(&client, &after, JobState::Completed).await;
+    assert_eq!(done.attempts[0].worker_id, "rust-keepalive");
     running.stop().await.unwrap();
 }
 

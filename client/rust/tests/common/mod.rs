@@ -126,6 +126,16 @@ impl Broker {
             .expect("connect to broker")
     }
 
+    /// SIGSTOPs the broker until the guard is dropped (SIGCONT then). To its clients it is a
+    /// broker that hung, lost power or sits behind a firewall that drops packets: the kernel
+    /// still accepts and acknowledges what they send, their connections stay ESTABLISHED, and
+    /// nothing comes back.
+    pub fn freeze(&self) -> Frozen {
+        let pid = self.child.id() as i32;
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP");
+        Frozen(pid)
+    }
+
     /// SIGTERM and wait; returns the exit code.
     pub fn stop(mut self) -> Option<i32> {
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
@@ -140,6 +150,48 @@ impl Drop for Broker {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A broker stopped by [`Broker::freeze`]: dropped (at the end of a test, or when it panics),
+/// it sends the broker SIGCONT.
+pub struct Frozen(i32);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// The port of `ipv4:127.0.0.1:PORT` (a `peer` in `ListWorkers`) or `127.0.0.1:PORT`.
+pub fn port_of(address: &str) -> u16 {
+    address
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {address:?}"))
+}
+
+/// Whether a TCP connection of this host from local port `from` to remote port `to` is
+/// ESTABLISHED, by `/proc/net/tcp` and `tcp6` (local and remote `ADDR:PORT` in hex, then the
+/// state: `01`).
+pub fn tcp_established(from: u16, to: u16) -> bool {
+    let port = |address: &str| {
+        address
+            .rsplit(':')
+            .next()
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+    };
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|file| {
+        std::fs::read_to_string(file).is_ok_and(|table| {
+            table.lines().skip(1).any(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                fields.len() > 3
+                    && port(fields[1]) == Some(from)
+                    && port(fields[2]) == Some(to)
+                    && fields[3] == "01"
+            })
+        })
+    })
 }
 
 /// A real cluster: etcd and three broker nodes (every partition replicated on all three) on
