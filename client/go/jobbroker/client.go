@@ -3,7 +3,8 @@
 // every operator call of the Admin service, and a Worker that runs handlers for jobs pushed
 // over a Broker.Work stream, with heartbeats, retries, graceful shutdown, durable steps (see
 // Step) and middleware (Worker.Use, Options.EnqueueMiddleware). One Options value configures
-// the connection (addresses, TLS, token, deadline) for the client and its workers.
+// the connection (addresses, TLS, token, deadline, keepalive pings) for the client and its
+// workers.
 //
 // Every error that comes from the broker is a gRPC status error, so
 //
@@ -32,6 +33,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
@@ -57,6 +59,14 @@ const DefaultAddress = "127.0.0.1:7070"
 
 // DefaultDeadline bounds a unary call whose context has no deadline (Options.DefaultDeadline).
 const DefaultDeadline = 10 * time.Second
+
+// DefaultKeepaliveTime is how long a connection may go without a frame from the broker before
+// the client pings it (Options.KeepaliveTime).
+const DefaultKeepaliveTime = 10 * time.Second
+
+// DefaultKeepaliveTimeout is how long a ping waits for its answer before the connection is given
+// up (Options.KeepaliveTimeout).
+const DefaultKeepaliveTimeout = 5 * time.Second
 
 // Options configure a Client, and through it every Worker made with it: one set of connection
 // settings for producers, operators and workers. The zero value is a plaintext client of
@@ -117,8 +127,22 @@ type Options struct {
 	// sent when one of them ends. 0 means 4.
 	BatchMaxInFlight int
 
-	// Extra gRPC dial options, applied after the client's own (an interceptor, a custom dialer,
-	// keepalive settings).
+	// Keepalive pings (HTTP/2 PING) on every connection the client dials, its workers' Work
+	// streams included: a broker that froze, lost power or sits behind a firewall that drops
+	// packets is noticed (TCP alone does not notice it), the connection is closed, its calls and
+	// streams end Unavailable, and a Worker reconnects with its backoff (in a cluster, to another
+	// node). A ping goes out after KeepaliveTime without a frame from the broker, also while no
+	// call is open, and the connection is given up when its answer has not come KeepaliveTimeout
+	// later. The broker accepts pings as often as once a second. DisableKeepalive sends none
+	// (gRPC's default); a grpc.WithKeepaliveParams in DialOptions replaces these settings.
+	DisableKeepalive bool
+	// 0 means DefaultKeepaliveTime (10 s); gRPC raises a value below 10 s to 10 s.
+	KeepaliveTime time.Duration
+	// 0 means DefaultKeepaliveTimeout (5 s).
+	KeepaliveTimeout time.Duration
+
+	// Extra gRPC dial options, applied after the client's own, so they win over them (an
+	// interceptor, a custom dialer, grpc.WithKeepaliveParams).
 	DialOptions []grpc.DialOption
 }
 
@@ -156,9 +180,13 @@ type Client struct {
 // New makes a client with opts. Like grpc.NewClient it does not connect yet: the first call
 // does, so a broker that is down shows up as an Unavailable error of that call (retried when
 // that is safe, see Client). It fails only on bad options (an unreadable CA or key file, a
-// batching option out of range).
+// batching or keepalive option out of range).
 func New(opts Options) (*Client, error) {
 	batching, err := batchConfigOf(opts)
+	if err != nil {
+		return nil, err
+	}
+	keepalives, err := keepaliveOf(opts)
 	if err != nil {
 		return nil, err
 	}
@@ -177,6 +205,9 @@ func New(opts Options) (*Client, error) {
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 2, Jitter: 0.2, MaxDelay: 5 * time.Second},
 			MinConnectTimeout: 5 * time.Second,
 		}),
+	}
+	if keepalives != nil {
+		dial = append(dial, grpc.WithKeepaliveParams(*keepalives))
 	}
 	// Each cluster node's own connection (router.go) has one address: no resolver of ours.
 	nodeDial := append(slices.Clip(dial), opts.DialOptions...)
@@ -212,8 +243,9 @@ func NewClient(address string, dialOptions ...grpc.DialOption) (*Client, error) 
 // NewClientFromConn makes a client that uses an existing connection (whose dial options say
 // how it connects); Close does not close it, but waits for the batches of Enqueue calls. Of
 // opts, only Token ($JOBBROKER_TOKEN is not read), DefaultDeadline, EnqueueMiddleware and the
-// batching options apply; batches are made per queue, as the cluster's layout is not asked
-// for. It panics on a batching option out of range, which New returns as an error.
+// batching options apply (keepalive pings are the connection's: grpc.WithKeepaliveParams
+// when dialling it); batches are made per queue, as the cluster's layout is not asked for. It
+// panics on a batching option out of range, which New returns as an error.
 func NewClientFromConn(conn grpc.ClientConnInterface, opts ...Options) *Client {
 	var o Options
 	if len(opts) > 0 {
@@ -245,6 +277,33 @@ func newClientOnConn(conn grpc.ClientConnInterface, opts Options, batching *batc
 		c.batcher = newCoalescer(*batching, deadline, c.sendJobs, partitions)
 	}
 	return c
+}
+
+// keepaliveOf checks the keepalive options and returns the client's parameters; nil: no pings.
+func keepaliveOf(opts Options) (*keepalive.ClientParameters, error) {
+	switch {
+	case opts.KeepaliveTime < 0:
+		return nil, fmt.Errorf("jobbroker: Options.KeepaliveTime is %v; it must not be negative (0: the default, %v; DisableKeepalive: no pings)",
+			opts.KeepaliveTime, DefaultKeepaliveTime)
+	case opts.KeepaliveTimeout < 0:
+		return nil, fmt.Errorf("jobbroker: Options.KeepaliveTimeout is %v; it must not be negative (0: the default, %v)",
+			opts.KeepaliveTimeout, DefaultKeepaliveTimeout)
+	}
+	if opts.DisableKeepalive {
+		return nil, nil
+	}
+	kp := &keepalive.ClientParameters{
+		Time:                opts.KeepaliveTime,
+		Timeout:             opts.KeepaliveTimeout,
+		PermitWithoutStream: true, // a producer's idle connection, a worker between streams
+	}
+	if kp.Time == 0 {
+		kp.Time = DefaultKeepaliveTime
+	}
+	if kp.Timeout == 0 {
+		kp.Timeout = DefaultKeepaliveTimeout
+	}
+	return kp, nil
 }
 
 func resolveAddresses(opts Options) []string {

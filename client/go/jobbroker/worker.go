@@ -46,7 +46,10 @@ func (f HandlerFunc) ProcessJob(ctx context.Context, job *Job) error { return f(
 // how, to call next (logging, metrics, tracing, recovering, filtering). See Worker.Use.
 type MiddlewareFunc func(next Handler) Handler
 
-// WorkerOptions configure a Worker. The zero value is usable.
+// WorkerOptions configure a Worker. The zero value is usable. The connection its streams go
+// over is its client's, set by Options: addresses, TLS, token, and the keepalive pings
+// (Options.KeepaliveTime, KeepaliveTimeout, DisableKeepalive) by which a stream to a broker
+// that froze or went silent ends Unavailable and is reopened after the reconnect backoff.
 type WorkerOptions struct {
 	// Names this worker in attempt histories; default "<hostname>-<pid>".
 	WorkerID string
