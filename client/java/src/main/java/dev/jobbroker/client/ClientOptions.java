@@ -12,8 +12,8 @@ import java.util.Objects;
 
 /**
  * How a {@link JobBrokerClient} (and so every {@link Worker} built on it) reaches the broker:
- * where, over what transport, with which credentials and deadlines. Immutable; made with
- * {@link #builder()}.
+ * where, over what transport, with which credentials, deadlines and keepalive pings. Immutable;
+ * made with {@link #builder()}.
  *
  * <pre>{@code
  * ClientOptions options = ClientOptions.builder()
@@ -45,6 +45,10 @@ public final class ClientOptions {
   public static final int DEFAULT_BATCH_MAX_IN_FLIGHT = 4;
   /** The broker's limit on the jobs of one EnqueueBatch. */
   static final int MAX_BATCH_JOBS = 1000;
+  /** How long a channel goes without a frame from the broker before it pings it. */
+  public static final Duration DEFAULT_KEEPALIVE_TIME = Duration.ofSeconds(10);
+  /** How long a ping waits for its answer before the connection is given up. */
+  public static final Duration DEFAULT_KEEPALIVE_TIMEOUT = Duration.ofSeconds(5);
 
   private final List<String> addresses;
   private final boolean tls;
@@ -60,6 +64,9 @@ public final class ClientOptions {
   private final long batchMaxBytes;
   private final Duration batchLinger;
   private final int batchMaxInFlight;
+  private final boolean keepalive;
+  private final Duration keepaliveTime;
+  private final Duration keepaliveTimeout;
 
   /** "a:1, b:2" as [a:1, b:2]: one setting names every node of a cluster. */
   static List<String> splitAddresses(String list) {
@@ -94,6 +101,9 @@ public final class ClientOptions {
     this.batchMaxBytes = b.batchMaxBytes;
     this.batchLinger = b.batchLinger;
     this.batchMaxInFlight = b.batchMaxInFlight;
+    this.keepalive = b.keepalive;
+    this.keepaliveTime = b.keepaliveTime;
+    this.keepaliveTimeout = b.keepaliveTimeout;
   }
 
   public static Builder builder() {
@@ -178,6 +188,24 @@ public final class ClientOptions {
     return batchMaxInFlight;
   }
 
+  /**
+   * True (the default) when the client's channels ping the broker: see {@link
+   * Builder#keepalive(Duration, Duration)}.
+   */
+  public boolean keepalive() {
+    return keepalive;
+  }
+
+  /** How long a channel goes without a frame from the broker before it pings it. */
+  public Duration keepaliveTime() {
+    return keepaliveTime;
+  }
+
+  /** How long a ping waits for its answer before the connection is given up. */
+  public Duration keepaliveTimeout() {
+    return keepaliveTimeout;
+  }
+
   private static String envOr(String name, String fallback) {
     String v = System.getenv(name);
     return v == null || v.isEmpty() ? fallback : v;
@@ -199,6 +227,9 @@ public final class ClientOptions {
     private long batchMaxBytes = DEFAULT_BATCH_MAX_BYTES;
     private Duration batchLinger = Duration.ZERO;
     private int batchMaxInFlight = DEFAULT_BATCH_MAX_IN_FLIGHT;
+    private boolean keepalive = true;
+    private Duration keepaliveTime = DEFAULT_KEEPALIVE_TIME;
+    private Duration keepaliveTimeout = DEFAULT_KEEPALIVE_TIMEOUT;
 
     private Builder() {}
 
@@ -355,6 +386,42 @@ public final class ClientOptions {
         throw new IllegalArgumentException("batchMaxInFlight must be at least 1, got " + batches);
       }
       batchMaxInFlight = batches;
+      return this;
+    }
+
+    /**
+     * Keepalive pings (HTTP/2 PING) on every channel the client makes, its workers' Work streams
+     * included, so that a broker that froze, lost power or sits behind a firewall that drops
+     * packets is noticed (TCP alone does not notice it): a ping goes out after {@code time}
+     * without a frame from the broker, also while no call is open, and when its answer has not
+     * come {@code timeout} later the connection is closed, its calls and streams end UNAVAILABLE,
+     * and a {@link Worker} reconnects after its backoff (in a cluster, to another node). Both
+     * positive; default 10 s and 5 s. gRPC raises a {@code time} below 10 s to 10 s. The broker
+     * accepts pings as often as once a second. Turns the pings on if {@link #keepalive(boolean)}
+     * turned them off.
+     */
+    public Builder keepalive(Duration time, Duration timeout) {
+      Objects.requireNonNull(time, "keepaliveTime");
+      Objects.requireNonNull(timeout, "keepaliveTimeout");
+      if (time.isNegative() || time.isZero()) {
+        throw new IllegalArgumentException("keepaliveTime must be positive, got " + time);
+      }
+      if (timeout.isNegative() || timeout.isZero()) {
+        throw new IllegalArgumentException("keepaliveTimeout must be positive, got " + timeout);
+      }
+      keepalive = true;
+      keepaliveTime = time;
+      keepaliveTimeout = timeout;
+      return this;
+    }
+
+    /**
+     * Whether the client's channels send keepalive pings (default true, see {@link
+     * #keepalive(Duration, Duration)}). False: none, gRPC's own default; a silent broker is then
+     * noticed only when TCP gives up, if ever.
+     */
+    public Builder keepalive(boolean on) {
+      keepalive = on;
       return this;
     }
 

@@ -54,8 +54,10 @@ import io.grpc.ClientInterceptors;
 import io.grpc.Context;
 import io.grpc.Deadline;
 import io.grpc.ForwardingClientCall;
+import io.grpc.Grpc;
 import io.grpc.InsecureChannelCredentials;
 import io.grpc.ManagedChannel;
+import io.grpc.ManagedChannelBuilder;
 import io.grpc.Metadata;
 import io.grpc.MethodDescriptor;
 import io.grpc.Status;
@@ -98,6 +100,13 @@ import java.util.function.Supplier;
  * <p>Every call carries the metadata {@code jobbroker-client: jobbroker-java/VERSION} and, with a
  * token, {@code authorization: Bearer TOKEN}; a unary call without a deadline of its own gets
  * {@link ClientOptions#defaultDeadline()} ({@link #withDeadline} for another one).
+ *
+ * <p><b>Keepalive.</b> Each channel pings the broker after 10 s without a frame from it, also
+ * while no call is open, and gives the connection up when the answer has not come 5 s later: a
+ * broker that froze or went silent (TCP does not notice) ends the calls and Work streams on it
+ * UNAVAILABLE, and the next call, or the worker's reconnect, opens a new connection ({@link
+ * ClientOptions.Builder#keepalive(Duration, Duration)}, {@link
+ * ClientOptions.Builder#keepalive(boolean)}).
  *
  * <p><b>Retries.</b> A call that meets UNAVAILABLE moves the client to the next address that
  * answers (when there are several), or to the partition's new leader. It is tried again (up to
@@ -182,10 +191,11 @@ public final class JobBrokerClient implements AutoCloseable {
 
   /** Connects as {@code options} say. Connections are made lazily, at the first call. */
   public static JobBrokerClient connect(ClientOptions options) {
+    ChannelCredentials credentials = credentials(options);
     Router router =
         new Router(
             options.addresses(),
-            credentials(options),
+            address -> channel(address, credentials, options),
             null,
             new CallMetadata(options.token()),
             clusterFetchTimeout(options));
@@ -217,7 +227,8 @@ public final class JobBrokerClient implements AutoCloseable {
   /**
    * Uses a channel the caller built and owns ({@link #close()} leaves it open); the other
    * options (token, deadline, retries) come from the environment and defaults. An extra for
-   * transports ClientOptions does not cover.
+   * transports ClientOptions does not cover. Keepalive pings are the channel's own: set them on
+   * its builder ({@code keepAliveTime}, {@code keepAliveTimeout}, {@code keepAliveWithoutCalls}).
    */
   public static JobBrokerClient wrap(ManagedChannel channel) {
     ClientOptions options = ClientOptions.builder().address(channel.authority()).build();
@@ -897,6 +908,18 @@ public final class JobBrokerClient implements AutoCloseable {
   /** How long the router waits for each node's GetCluster answer. */
   private static Duration clusterFetchTimeout(ClientOptions o) {
     return o.defaultDeadline().isZero() ? Duration.ofSeconds(10) : o.defaultDeadline();
+  }
+
+  /** A channel to one node: the options' credentials and keepalive pings. */
+  private static ManagedChannel channel(
+      String address, ChannelCredentials credentials, ClientOptions o) {
+    ManagedChannelBuilder<?> b = Grpc.newChannelBuilder(address, credentials);
+    if (o.keepalive()) {
+      b.keepAliveTime(o.keepaliveTime().toNanos(), TimeUnit.NANOSECONDS)
+          .keepAliveTimeout(o.keepaliveTimeout().toNanos(), TimeUnit.NANOSECONDS)
+          .keepAliveWithoutCalls(true); // a producer's idle channel, a worker between streams
+    }
+    return b.build();
   }
 
   private static ChannelCredentials credentials(ClientOptions o) {

@@ -5,12 +5,10 @@ import dev.jobbroker.v1.ClusterInfo;
 import dev.jobbroker.v1.GetClusterRequest;
 import io.grpc.CallOptions;
 import io.grpc.Channel;
-import io.grpc.ChannelCredentials;
 import io.grpc.ClientCall;
 import io.grpc.ClientInterceptor;
 import io.grpc.ClientInterceptors;
 import io.grpc.ConnectivityState;
-import io.grpc.Grpc;
 import io.grpc.ManagedChannel;
 import io.grpc.MethodDescriptor;
 import io.grpc.Status;
@@ -24,6 +22,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.TimeUnit;
 import java.util.function.BiConsumer;
+import java.util.function.Function;
 
 /**
  * The channel every call of a {@link JobBrokerClient} and its {@link Worker} goes through: it
@@ -82,7 +81,7 @@ final class Router extends Channel {
 
   // Constant after construction.
   private final List<String> addresses;
-  private final ChannelCredentials credentials;
+  private final Function<String, ManagedChannel> dial; // a node's channel; null with fixedChannel
   private final ManagedChannel fixedChannel; // wrap()'s: no routing; null otherwise
   private final ClientInterceptor callMetadata; // the client's token and name, for GetCluster
   private final Duration fetchTimeout;
@@ -99,12 +98,12 @@ final class Router extends Channel {
 
   Router(
       List<String> addresses,
-      ChannelCredentials credentials,
+      Function<String, ManagedChannel> dial,
       ManagedChannel fixedChannel,
       ClientInterceptor callMetadata,
       Duration fetchTimeout) {
     this.addresses = List.copyOf(new LinkedHashSet<>(addresses));
-    this.credentials = credentials;
+    this.dial = dial;
     this.fixedChannel = fixedChannel;
     this.callMetadata = callMetadata;
     this.fetchTimeout = fetchTimeout;
@@ -175,8 +174,7 @@ final class Router extends Channel {
     if (fixedChannel != null) {
       return fixedChannel;
     }
-    return channels.computeIfAbsent(
-        address, a -> Grpc.newChannelBuilder(a, credentials).build());
+    return channels.computeIfAbsent(address, dial);
   }
 
   private synchronized boolean needsRefresh() {

@@ -67,7 +67,10 @@ import org.slf4j.LoggerFactory;
  * releases not answered when the stream breaks sent again on the next one (or another open one),
  * and those (and step saves) answered UNAVAILABLE (a partition between leaders) sent again after
  * 250 ms; reconnects with backoff (100 ms doubling to 5 s, full jitter), also when a subscription
- * is answered UNAVAILABLE on a stream that stays open.
+ * is answered UNAVAILABLE on a stream that stays open. The streams go over the client's channels,
+ * whose keepalive pings ({@link ClientOptions.Builder#keepalive(Duration, Duration)}, default
+ * 10 s and 5 s) end a stream to a broker that froze or went silent UNAVAILABLE, so the worker
+ * reconnects then too.
  *
  * <p>{@code concurrency} is a hard bound. A handler that ignores its cancellation keeps its thread
  * until it returns (Java cannot stop it), and it keeps its slot too: after a lost lease or a

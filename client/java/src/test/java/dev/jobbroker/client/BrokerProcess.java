@@ -29,6 +29,7 @@ final class BrokerProcess implements AutoCloseable {
   private final String grpcTarget;
   private final List<String> extraArgs;
   private Process process;
+  private boolean frozen; // SIGSTOP'ed by freeze(), not yet continued
   private volatile String httpTarget; // --http-listen's port, new after each restart
   final JobBrokerClient client;
 
@@ -83,6 +84,33 @@ final class BrokerProcess implements AutoCloseable {
   void kill9() throws InterruptedException {
     process.destroyForcibly();
     process.waitFor(15, TimeUnit.SECONDS);
+  }
+
+  /**
+   * SIGSTOP: the broker stops answering while the kernel keeps its connections open (and accepts
+   * new ones): a frozen process, as a machine that hangs or a network that drops packets looks
+   * to a client. {@link #thaw()} (or {@link #close()}) continues it.
+   */
+  void freeze() throws IOException, InterruptedException {
+    signal("STOP");
+    frozen = true;
+  }
+
+  /** SIGCONT after {@link #freeze()}. */
+  void thaw() throws IOException, InterruptedException {
+    signal("CONT");
+    frozen = false;
+  }
+
+  private void signal(String name) throws IOException, InterruptedException {
+    Process kill =
+        new ProcessBuilder("kill", "-" + name, Long.toString(process.pid()))
+            .redirectErrorStream(true)
+            .start();
+    String out = new String(kill.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+    if (kill.waitFor() != 0) {
+      throw new IOException("kill -" + name + " " + process.pid() + ": " + out);
+    }
   }
 
   private record Launched(Process process, String target, String http) {}
@@ -240,6 +268,9 @@ final class BrokerProcess implements AutoCloseable {
 
   @Override
   public void close() throws Exception {
+    if (frozen) {
+      thaw(); // a frozen broker would not act on the SIGTERM
+    }
     client.close();
     stopProcess();
     try (Stream<Path> files = Files.walk(dataDir)) {

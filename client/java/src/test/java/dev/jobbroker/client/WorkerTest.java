@@ -8,14 +8,20 @@ import dev.jobbroker.v1.AttemptOutcome;
 import dev.jobbroker.v1.FailReason;
 import dev.jobbroker.v1.Job;
 import dev.jobbroker.v1.JobState;
+import dev.jobbroker.v1.WorkerInfo;
 import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.List;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.BooleanSupplier;
 import org.junit.jupiter.api.Test;
 
 /** The Worker helper in this JVM against the real broker. */
@@ -224,6 +230,142 @@ class WorkerTest extends WorkerTestBase {
       assertEquals(2, handled.get());
       assertTrue(worker.stats().reconnects() >= 1, worker.stats().toString());
       worker.stop(Duration.ofSeconds(10));
+    }
+  }
+
+  /**
+   * Keepalive: a broker frozen by SIGSTOP (its kernel keeps the connection open, so only a ping
+   * without an answer shows it) is given up while it stays frozen: the worker's connection leaves
+   * ESTABLISHED and its stream ends. Once the broker runs again the worker comes back by itself
+   * and runs the next job. 10 s is gRPC's shortest keepalive time; with a 1 s timeout the freeze
+   * shows about 11 s after the broker's last frame.
+   */
+  @Test
+  void givesUpAFrozenBrokerAndComesBack() throws Exception {
+    ClientOptions.Builder keepalive =
+        ClientOptions.builder().keepalive(Duration.ofSeconds(10), Duration.ofSeconds(1));
+    try (BrokerProcess own = BrokerProcess.start(null, List.of(), keepalive)) {
+      String queue = "worker-keepalive";
+      List<String> ran = new CopyOnWriteArrayList<>();
+      worker =
+          Worker.builder(own.client)
+              .workerId("keepalive-worker")
+              .reconnectBackoff(Duration.ofMillis(50), Duration.ofMillis(500))
+              .handle(
+                  queue,
+                  job -> {
+                    ran.add(job.payloadText());
+                    return null;
+                  })
+              .build();
+      worker.start();
+      own.awaitState(own.client.enqueue(queue, "before").getJobId(), JobState.JOB_STATE_COMPLETED);
+      // The worker's end of its connection: the port of ListWorkers' peer ("ipv4:127.0.0.1:PORT").
+      List<WorkerInfo> workers = own.client.listWorkers(queue);
+      assertEquals(1, workers.size(), workers.toString());
+      int workerPort = port(workers.get(0).getPeer());
+      int brokerPort = port(own.target());
+      assertTrue(
+          established(workerPort, brokerPort),
+          "no ESTABLISHED connection from port " + workerPort + " to the broker's " + brokerPort);
+
+      own.freeze();
+      awaitWithin(
+          Duration.ofSeconds(40),
+          "the worker to give the frozen broker's connection up",
+          () -> !established(workerPort, brokerPort) && worker.stats().reconnects() >= 1);
+
+      own.thaw();
+      String after =
+          own.client
+              .broker()
+              .withWaitForReady() // the channel connects again too
+              .withDeadlineAfter(30, TimeUnit.SECONDS)
+              .enqueue(
+                  dev.jobbroker.v1.EnqueueRequest.newBuilder()
+                      .setQueue(queue)
+                      .setPayload(com.google.protobuf.ByteString.copyFromUtf8("after"))
+                      .build())
+              .getJobId();
+      Job done = own.awaitState(after, JobState.JOB_STATE_COMPLETED);
+      assertEquals("keepalive-worker", done.getAttempts(0).getWorkerId(), done.toString());
+      assertEquals(List.of("before", "after"), ran);
+      worker.stop(Duration.ofSeconds(10));
+    }
+  }
+
+  @Test
+  void keepaliveOptionsAreChecked() {
+    ClientOptions defaults = ClientOptions.builder().build();
+    assertTrue(defaults.keepalive());
+    assertEquals(ClientOptions.DEFAULT_KEEPALIVE_TIME, defaults.keepaliveTime());
+    assertEquals(ClientOptions.DEFAULT_KEEPALIVE_TIMEOUT, defaults.keepaliveTimeout());
+    assertTrue(!ClientOptions.builder().keepalive(false).build().keepalive());
+    for (Duration bad : List.of(Duration.ZERO, Duration.ofSeconds(-1))) {
+      IllegalArgumentException time =
+          assertThrows(
+              IllegalArgumentException.class,
+              () -> ClientOptions.builder().keepalive(bad, Duration.ofSeconds(1)));
+      assertTrue(time.getMessage().contains("keepaliveTime"), time.getMessage());
+      IllegalArgumentException timeout =
+          assertThrows(
+              IllegalArgumentException.class,
+              () -> ClientOptions.builder().keepalive(Duration.ofSeconds(10), bad));
+      assertTrue(timeout.getMessage().contains("keepaliveTimeout"), timeout.getMessage());
+    }
+    // Below gRPC's 10 s minimum is allowed (gRPC raises it); the client still connects and calls.
+    try (JobBrokerClient c =
+        JobBrokerClient.connect(
+            ClientOptions.builder()
+                .address(broker.target())
+                .keepalive(Duration.ofSeconds(1), Duration.ofSeconds(1))
+                .build())) {
+      c.listQueues();
+    }
+    try (JobBrokerClient c =
+        JobBrokerClient.connect(
+            ClientOptions.builder().address(broker.target()).keepalive(false).build())) {
+      c.listQueues();
+    }
+  }
+
+  /** The port of "host:port" or "ipv4:host:port". */
+  private static int port(String address) {
+    return Integer.parseInt(address.substring(address.lastIndexOf(':') + 1));
+  }
+
+  /**
+   * Whether /proc/net/tcp or tcp6 (the JVM's sockets are IPv6 ones, IPv4 addresses mapped) has a
+   * connection from local port {@code from} to remote port {@code to} in state ESTABLISHED (01).
+   */
+  private static boolean established(int from, int to) {
+    List<String> lines = new java.util.ArrayList<>();
+    try {
+      lines.addAll(Files.readAllLines(Path.of("/proc/net/tcp")));
+      lines.addAll(Files.readAllLines(Path.of("/proc/net/tcp6")));
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    String local = String.format(":%04X", from);
+    String remote = String.format(":%04X", to);
+    for (String line : lines) {
+      // "sl local_address rem_address st ...", addresses as HEXIP:HEXPORT.
+      String[] f = line.trim().split("\\s+");
+      if (f.length >= 4 && f[1].endsWith(local) && f[2].endsWith(remote) && f[3].equals("01")) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  private static void awaitWithin(Duration limit, String what, BooleanSupplier done)
+      throws InterruptedException {
+    long end = System.nanoTime() + limit.toNanos();
+    while (!done.getAsBoolean()) {
+      if (System.nanoTime() > end) {
+        throw new AssertionError("not within " + limit.toSeconds() + " s: " + what);
+      }
+      Thread.sleep(50);
     }
   }
 }

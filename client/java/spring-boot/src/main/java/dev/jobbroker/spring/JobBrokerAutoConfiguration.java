@@ -64,6 +64,21 @@ public class JobBrokerAutoConfiguration {
     } catch (IllegalArgumentException e) {
       throw new IllegalArgumentException("jobbroker.batch: " + e.getMessage(), e);
     }
+    JobBrokerProperties.Keepalive keepalive = properties.getKeepalive();
+    if (keepalive.getTime() != null || keepalive.getTimeout() != null) {
+      try {
+        options.keepalive(
+            keepalive.getTime() != null
+                ? keepalive.getTime()
+                : ClientOptions.DEFAULT_KEEPALIVE_TIME,
+            keepalive.getTimeout() != null
+                ? keepalive.getTimeout()
+                : ClientOptions.DEFAULT_KEEPALIVE_TIMEOUT);
+      } catch (IllegalArgumentException e) {
+        throw new IllegalArgumentException("jobbroker.keepalive: " + e.getMessage(), e);
+      }
+    }
+    options.keepalive(keepalive.isEnabled()); // after the durations, which turn the pings on
     JobBrokerProperties.Tls tls = properties.getTls();
     if (hasText(tls.getCa())) {
       options.tlsCaFile(Path.of(tls.getCa()));

@@ -27,6 +27,8 @@ public class JobBrokerProperties {
 
   private final Batch batch = new Batch();
 
+  private final Keepalive keepalive = new Keepalive();
+
   private final Worker worker = new Worker();
 
   public String getAddress() {
@@ -59,6 +61,10 @@ public class JobBrokerProperties {
 
   public Batch getBatch() {
     return batch;
+  }
+
+  public Keepalive getKeepalive() {
+    return keepalive;
   }
 
   public Worker getWorker() {
@@ -161,6 +167,53 @@ public class JobBrokerProperties {
 
     public void setMaxInFlight(Integer maxInFlight) {
       this.maxInFlight = maxInFlight;
+    }
+  }
+
+  /**
+   * Keepalive pings on the client's channels (the worker's Work streams included), by which a
+   * broker that froze or went silent is noticed and its connection given up. Each duration left
+   * unset keeps the client's default.
+   */
+  public static class Keepalive {
+
+    /** False: no pings. */
+    private boolean enabled = true;
+
+    /**
+     * A ping after this long without a frame from the broker (gRPC raises less than 10 s to
+     * 10 s). Client default: 10 s.
+     */
+    private Duration time;
+
+    /**
+     * How long a ping waits for its answer before the connection is given up. Client default:
+     * 5 s.
+     */
+    private Duration timeout;
+
+    public boolean isEnabled() {
+      return enabled;
+    }
+
+    public void setEnabled(boolean enabled) {
+      this.enabled = enabled;
+    }
+
+    public Duration getTime() {
+      return time;
+    }
+
+    public void setTime(Duration time) {
+      this.time = time;
+    }
+
+    public Duration getTimeout() {
+      return timeout;
+    }
+
+    public void setTimeout(Duration timeout) {
+      this.timeout = timeout;
     }
   }
 

@@ -113,6 +113,43 @@ class JobBrokerAutoConfigurationTest {
   }
 
   @Test
+  void keepalivePropertiesBecomeTheClientsKeepaliveOptions() {
+    runner()
+        .withPropertyValues("jobbroker.keepalive.time=30s", "jobbroker.keepalive.timeout=2s")
+        .run(
+            context -> {
+              assertThat(context).hasNotFailed();
+              ClientOptions options = context.getBean(JobBrokerClient.class).options();
+              assertThat(options.keepalive()).isTrue();
+              assertThat(options.keepaliveTime()).isEqualTo(Duration.ofSeconds(30));
+              assertThat(options.keepaliveTimeout()).isEqualTo(Duration.ofSeconds(2));
+            });
+    runner()
+        .run(
+            context -> {
+              ClientOptions options = context.getBean(JobBrokerClient.class).options();
+              assertThat(options.keepalive()).isTrue();
+              assertThat(options.keepaliveTime()).isEqualTo(ClientOptions.DEFAULT_KEEPALIVE_TIME);
+              assertThat(options.keepaliveTimeout())
+                  .isEqualTo(ClientOptions.DEFAULT_KEEPALIVE_TIMEOUT);
+            });
+    runner()
+        .withPropertyValues("jobbroker.keepalive.enabled=false", "jobbroker.keepalive.time=20s")
+        .run(
+            context ->
+                assertThat(context.getBean(JobBrokerClient.class).options().keepalive())
+                    .isFalse());
+    runner()
+        .withPropertyValues("jobbroker.keepalive.timeout=0s")
+        .run(
+            context ->
+                assertThat(context)
+                    .getFailure()
+                    .hasStackTraceContaining(
+                        "jobbroker.keepalive: keepaliveTimeout must be positive"));
+  }
+
+  @Test
   void tlsPropertiesReadTheirPemFiles(@TempDir Path dir) throws Exception {
     // The files are only read here (no connection), so any bytes stand for the PEM text.
     Path ca = Files.writeString(dir.resolve("ca.pem"), "the CA");
