@@ -93,6 +93,14 @@ class PeerTransport::Link {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    if (options.keepalive_time > absl::ZeroDuration()) {
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS,
+                  static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_time)));
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                  static_cast<int>(absl::ToInt64Milliseconds(options.keepalive_timeout)));
+      // The stream may carry nothing for long (no writes to replicate): ping all the same.
+      args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    }
     std::shared_ptr<grpc::ChannelCredentials> credentials =
         options.credentials != nullptr ? options.credentials : grpc::InsecureChannelCredentials();
     std::shared_ptr<grpc::Channel> channel;

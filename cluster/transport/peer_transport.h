@@ -31,6 +31,13 @@ struct PeerTransportOptions {
   absl::Duration reconnect_delay = absl::Milliseconds(200);
   // The largest frame either side takes (a snapshot chunk of big jobs is the largest).
   int max_frame_bytes = 64 << 20;
+  // gRPC keepalive of each outgoing stream's channel: a ping after `keepalive_time` without a
+  // frame from the peer, the stream ended when it is unanswered for `keepalive_timeout`, and a
+  // new one tried every reconnect_delay. A stream to a peer behind a link that drops packets
+  // would otherwise hang on TCP's retransmissions, which back off to minutes apart: after the
+  // link heals the peer would hear nothing for that long. Zero time: no pings.
+  absl::Duration keepalive_time = absl::Seconds(10);
+  absl::Duration keepalive_timeout = absl::Seconds(5);
 };
 
 // The replication messages between this node and its peers: one outgoing gRPC stream per peer

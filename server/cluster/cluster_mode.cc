@@ -127,6 +127,8 @@ absl::StatusOr<std::unique_ptr<ClusterMode>> ClusterMode::Start(const ServerFlag
   options.initial_nodes = static_cast<uint32_t>(flags.cluster_initial_nodes);
   options.lease.ttl = absl::Seconds(flags.cluster_lease_ttl);
   options.peer_addresses = flags.cluster_peer_addresses;
+  options.transport.keepalive_time = absl::Seconds(flags.keepalive_time);
+  options.transport.keepalive_timeout = absl::Seconds(flags.keepalive_timeout);
   options.lease_file = (std::filesystem::path(flags.data_dir) / "cluster-lease").string();
   if (!flags.cluster_peer_token_file.empty()) {
     absl::StatusOr<std::string> token = ReadPeerToken(flags.cluster_peer_token_file, authorizer);

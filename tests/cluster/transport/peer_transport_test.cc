@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/testing/frozen_link.h"
 
 namespace jobbroker::cluster {
 namespace {
@@ -41,13 +42,18 @@ bool Eventually(Predicate done) {
 // One node's side: a PeerTransport whose received messages are kept, behind a gRPC server.
 class Node {
  public:
+  // `keepalive`: the transport's keepalive time and timeout both (zero: the defaults).
   explicit Node(std::string id, std::string peer_token = "", std::string required_token = "",
-                int port = 0)
+                int port = 0, absl::Duration keepalive = absl::ZeroDuration())
       : id_(id) {
     PeerTransportOptions options;
     options.node_id = id;
     options.peer_token = std::move(peer_token);
     options.reconnect_delay = absl::Milliseconds(20);
+    if (keepalive > absl::ZeroDuration()) {
+      options.keepalive_time = keepalive;
+      options.keepalive_timeout = keepalive;
+    }
     PeerTransport::Authorize authorize;
     if (!required_token.empty()) {
       authorize = [required = "Bearer " + required_token](const grpc::CallbackServerContext& c) {
@@ -151,6 +157,33 @@ TEST(PeerTransportTest, MessagesFlowBothWaysInOrderOnEachStream) {
   EXPECT_EQ(a.transport().counters().sent, 200u);
   EXPECT_EQ(b.transport().counters().received, 200u);
   EXPECT_EQ(a.transport().counters().dropped, 0u);
+}
+
+// A link that goes silent (a firewall dropping packets, a frozen peer: nothing is reset) ends
+// the stream on it once a keepalive ping goes unanswered, so the next stream is tried at once
+// and carries on when the link is back, instead of waiting on TCP's retransmissions, which back
+// off to minutes apart.
+TEST(PeerTransportTest, AStreamOnALinkThatWentSilentEndsAndANewOneCarriesOn) {
+  Node b("b");
+  Node a("a", "", "", 0, absl::Seconds(1));
+  absl::StatusOr<std::unique_ptr<testing::FrozenLink>> link =
+      testing::FrozenLink::Start(b.address());
+  ASSERT_TRUE(link.ok()) << link.status();
+  a.transport().SetPeer("b", (*link)->address());
+  a.transport().Send(Append("a", "b", 1));
+  ASSERT_TRUE(Eventually([&] { return b.received_count() == 1; }));
+  EXPECT_EQ((*link)->connections(), 1);
+
+  (*link)->Freeze();
+  EXPECT_TRUE(Eventually([&] {
+    return a.transport().LastStreamStatus("b").code() == absl::StatusCode::kUnavailable;
+  })) << "the stream on a silent link did not end: "
+      << a.transport().LastStreamStatus("b");
+
+  (*link)->Thaw();
+  a.transport().Send(Append("a", "b", 2));
+  ASSERT_TRUE(Eventually([&] { return b.received_count() == 2; }));
+  EXPECT_GE((*link)->connections(), 2) << "the frame after the thaw came on the old connection";
 }
 
 TEST(PeerTransportTest, AStreamWithoutThePeerTokenIsRefusedAndDeliversNothing) {
