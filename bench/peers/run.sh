@@ -72,8 +72,9 @@ jb_drain=(drain --concurrency 4 --producer-batch 100 --payload-bytes 100)   # + 
 jb_drain_settings=("1 256" "4 64" "4 256")                                 # "workers in-flight"
 # producer: the client helpers as users call them, 64 concurrent enqueue() of one job each (their
 # default coalescing; "calls": TypeScript's batches as EnqueueBatch calls instead of messages of
-# one EnqueueStream; "unary": coalescing off). The peers' counterpart is their enqueue workload.
-jb_producer_settings=(typescript typescript-calls typescript-unary python python-unary)
+# one EnqueueStream; "unary": coalescing off; "uvloop": the Python helper on uvloop's event loop,
+# as under uvicorn). The peers' counterpart is their enqueue workload.
+jb_producer_settings=(typescript typescript-calls typescript-unary python python-uvloop python-unary)
 latency_rate=1000
 latency_jobs=3000
 jb_latency=(latency --rate "$latency_rate" --in-flight 16 --payload-bytes 100)
@@ -185,6 +186,7 @@ set_cmd() {
           --timeout "$run_timeout")
         if [[ "$setting" == *-unary ]]; then cmd+=(--no-batching); fi
         if [[ "$setting" == *-calls ]]; then cmd+=(--no-batch-stream); fi
+        if [[ "$setting" == *-uvloop ]]; then cmd+=(--loop uvloop); fi
         ;;
     esac
     return

@@ -1,7 +1,9 @@
 """The producer workload through the Python client helper, written as users write it: 64
 concurrent asyncio tasks, each awaiting one `client.enqueue()` of one job at a time, on one
 Client. By default the client coalesces concurrent enqueues (docs/worker-contract.md §10);
---no-batching turns that off, so every job is one unary Enqueue. Prints one JSON line on stdout
+--no-batching turns that off, so every job is one unary Enqueue. --loop uvloop runs it on uvloop's
+event loop instead of asyncio's own, as an app served by uvicorn with its standard extras does.
+Prints one JSON line on stdout
 (jobbroker-bench's keys, mode "producer-python") and a human line on stderr.
 
 Run it with the interpreter of client/python/.venv (client/python/test.sh --build-only makes it):
@@ -83,6 +85,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "first_error": first_error,
         "client_cpu_s": round(cpu, 3),
         "client": f"python {sys.version.split()[0]}",
+        "loop": args.loop,
     }
 
 
@@ -94,10 +97,16 @@ def main() -> int:
     parser.add_argument("--payload-bytes", type=int, default=100)
     parser.add_argument("--no-batching", action="store_true")
     parser.add_argument("--timeout", type=float, default=180)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     args = parser.parse_args()
-    line = asyncio.run(run(args))
+    if args.loop == "uvloop":
+        import uvloop
+
+        line = uvloop.run(run(args))
+    else:
+        line = asyncio.run(run(args))
     print(
-        f"producer-python batching={line['batching']} done={line['done']}/{line['jobs']} "
+        f"producer-python loop={args.loop} batching={line['batching']} done={line['done']}/{line['jobs']} "
         f"seconds={line['seconds']} jobs_per_sec={line['jobs_per_sec']} "
         f"p50_ms={line['p50_ms']} p99_ms={line['p99_ms']} errors={line['errors']}",
         file=sys.stderr,
