@@ -166,6 +166,11 @@ void WorkStreamClient::Cancel() {
   finished_ = true;
 }
 
+bool WorkStreamClient::ended() {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
 grpc::Status WorkStreamClient::Close() {
   {
     absl::MutexLock lock(&write_mu_);

@@ -47,6 +47,8 @@ class WorkStreamClient {
   size_t job_messages();
   size_t job_batches();
 
+  // Whether the broker ended the stream (the reader saw its end); Close() then gives its status.
+  bool ended();
   // Breaks the stream (client-side cancel), as a crashed worker's connection would.
   void Cancel();
   // Half-closes and waits for the broker to finish the stream; its status.

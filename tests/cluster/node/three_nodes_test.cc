@@ -23,8 +23,10 @@
 #include "tests/testing/broker_process.h"
 #include "tests/testing/cluster_node_options.h"
 #include "tests/testing/etcd_process.h"
+#include "tests/testing/frozen_link.h"
 #include "tests/testing/http_client.h"
 #include "tests/testing/queue_names.h"
+#include "tests/testing/work_stream_client.h"
 
 namespace jobbroker::testing {
 namespace {
@@ -1077,6 +1079,97 @@ TEST_F(ThreeNodesTest, AUnaryCallSentOnToAFrozenLeaderEndsUnavailableBeforeItsDe
   v1::EnqueueResponse response;
   const grpc::Status status = stub->Enqueue(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+}
+
+// A link between two nodes that goes silent while both stay up and keep their etcd leases (a
+// firewall that drops packets between them, not a freeze): no leader changes, so nothing but the
+// pings on node-0's channel to node-1 tells that a Work stream node-0 relays to node-1 will never
+// push again. It ends UNAVAILABLE ("reconnect"), as the worker contract says a relayed stream
+// whose leader went away does. Node-0 dials node-1 through a FrozenLink
+// (--cluster-peer-addresses), with pings after 1 s and 1 s for the answer.
+TEST(ThreeNodesCutLinkTest, AWorkStreamRelayedOverALinkThatWentSilentEnds) {
+  auto dir = TempDir::Create();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto etcd = EtcdProcess::Start((*dir)->path() + "/etcd");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  std::vector<std::unique_ptr<BrokerProcess>> nodes(kNodes);
+  for (int n : {1, 2}) {
+    auto node = BrokerProcess::Start(ClusterNodeOptions(**etcd, n, kNodes));
+    ASSERT_TRUE(node.ok()) << node.status();
+    nodes[n] = *std::move(node);
+  }
+  auto link = FrozenLink::Start(nodes[1]->address());
+  ASSERT_TRUE(link.ok()) << link.status();
+  BrokerProcessOptions options = ClusterNodeOptions(**etcd, 0, kNodes);
+  options.extra_args.insert(options.extra_args.end(),
+                            {"--cluster-peer-addresses", "node-1=" + (*link)->address(),
+                             "--keepalive-time", "1", "--keepalive-timeout", "1"});
+  auto node0 = BrokerProcess::Start(options);
+  ASSERT_TRUE(node0.ok()) << node0.status();
+  nodes[0] = *std::move(node0);
+
+  // A partition node-1 leads, as node-0 sees it (each node leads its preferred one).
+  int led_by_1 = -1;
+  const absl::Time give_up = absl::Now() + kGiveUp;
+  while (led_by_1 < 0 && absl::Now() < give_up) {
+    absl::StatusOr<v1::ClusterInfo> info = GetClusterOf(*nodes[0]);
+    if (info.ok()) {
+      for (int p = 0; p < info->partitions_size(); ++p) {
+        if (info->partitions(p).leader_node_id() == "node-1") led_by_1 = p;
+      }
+    }
+    if (led_by_1 < 0) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_GE(led_by_1, 0) << "node-1 leads no partition";
+  const std::string queue = QueueInPartition(led_by_1, kNodes, "relayed");
+
+  // A job, enqueued at node-2 and tried until the partition takes it (its leader may be in its
+  // first moments, or node-2 not yet told who it is).
+  auto producer = nodes[2]->NewBrokerStub();
+  grpc::Status enqueued;
+  for (const absl::Time until = absl::Now() + kGiveUp; absl::Now() < until;) {
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::EnqueueRequest request;
+    request.set_queue(queue);
+    request.set_payload("through the link");
+    v1::EnqueueResponse response;
+    enqueued = producer->Enqueue(&context, request, &response);
+    if (enqueued.ok()) break;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(enqueued.ok()) << enqueued.error_message();
+  // A worker at node-0 on node-1's queue: node-0 relays its stream, and the job comes through.
+  // A stream that ends first (the relay's first moments) is opened again, as a worker would.
+  auto stub = nodes[0]->NewBrokerStub();
+  std::unique_ptr<WorkStreamClient> worker;
+  for (const absl::Time until = absl::Now() + kGiveUp; absl::Now() < until;) {
+    worker = std::make_unique<WorkStreamClient>(*stub);
+    if (worker->Subscribe({queue}, 4) == grpc::StatusCode::OK &&
+        worker->NextJob(absl::Seconds(10)).has_value())
+      break;
+    worker->Cancel();
+    worker.reset();
+    absl::SleepFor(absl::Milliseconds(100));
+    // The job may be leased to the stream that ended, until its lease runs out: another one.
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::EnqueueRequest request;
+    request.set_queue(queue);
+    request.set_payload("through the link, again");
+    v1::EnqueueResponse response;
+    producer->Enqueue(&context, request, &response);
+  }
+  ASSERT_NE(worker, nullptr) << "no job came through the relay";
+
+  (*link)->Freeze();
+  const absl::Time wait_until = absl::Now() + kGiveUp;
+  while (!worker->ended() && absl::Now() < wait_until) absl::SleepFor(absl::Milliseconds(50));
+  (*link)->Thaw();
+  ASSERT_TRUE(worker->ended()) << "the relayed stream outlived a silent link for 60 s";
+  const grpc::Status ended = worker->Close();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), ::testing::HasSubstr("reconnect"));
 }
 
 }  // namespace
