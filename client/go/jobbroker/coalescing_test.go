@@ -311,6 +311,21 @@ func TestBatchesNeverSpanPartitions(t *testing.T) {
 	}
 }
 
+// newRefuses checks that New refuses opts (given the shared broker's address) with an error
+// naming the option `name`.
+func newRefuses(t *testing.T, opts jobbroker.Options, name string) {
+	t.Helper()
+	opts.Address = shared.addr
+	c, err := jobbroker.New(opts)
+	if err == nil {
+		c.Close()
+		t.Fatalf("New(%+v) accepted the options", opts)
+	}
+	if !strings.Contains(err.Error(), name) {
+		t.Fatalf("New with a bad %s: %q does not name it", name, err)
+	}
+}
+
 func TestBatchingOptionsOutOfRangeAreRefused(t *testing.T) {
 	cases := []struct {
 		opts jobbroker.Options
@@ -323,15 +338,7 @@ func TestBatchingOptionsOutOfRangeAreRefused(t *testing.T) {
 		{jobbroker.Options{BatchMaxInFlight: -1}, "BatchMaxInFlight"},
 	}
 	for _, tc := range cases {
-		tc.opts.Address = shared.addr
-		c, err := jobbroker.New(tc.opts)
-		if err == nil {
-			c.Close()
-			t.Fatalf("New(%+v) accepted the options", tc.opts)
-		}
-		if !strings.Contains(err.Error(), tc.name) {
-			t.Fatalf("New with a bad %s: %q does not name it", tc.name, err)
-		}
+		newRefuses(t, tc.opts, tc.name)
 		func() {
 			defer func() {
 				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), tc.name) {

@@ -104,15 +104,7 @@ func TestKeepaliveOptionsOutOfRangeAreRefused(t *testing.T) {
 		{jobbroker.Options{KeepaliveTimeout: -time.Second}, "KeepaliveTimeout"},
 		{jobbroker.Options{DisableKeepalive: true, KeepaliveTime: -time.Second}, "KeepaliveTime"},
 	} {
-		tc.opts.Address = shared.addr
-		c, err := jobbroker.New(tc.opts)
-		if err == nil {
-			c.Close()
-			t.Fatalf("New(%+v) accepted the options", tc.opts)
-		}
-		if !strings.Contains(err.Error(), tc.name) {
-			t.Fatalf("New with a bad %s: %q does not name it", tc.name, err)
-		}
+		newRefuses(t, tc.opts, tc.name)
 	}
 	// 0 for the defaults, pings off, a time below gRPC's 10 s minimum (raised to it): all work.
 	for _, opts := range []jobbroker.Options{
