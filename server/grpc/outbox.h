@@ -11,13 +11,21 @@ namespace jobbroker::server {
 // starts the next write when the last one is done. Shared by the streaming reactors (WorkStream,
 // ProducerStream, JobWatchCall), each of which keeps its own rules for reads and for finishing.
 //
+// What will never be written (the message whose write failed, what waited behind it, what was
+// pushed once the outbox closed) is kept as "unsent" until the owner takes it: a WorkStream gives
+// the leases it carried back to the broker rather than leaving them to run out.
+//
 // Not thread-safe: used under its reactor's mutex; the write itself (StartWrite) is started
 // outside it, on the message NextToWrite returned, which stays in place until WriteDone.
 template <typename Message>
 class Outbox {
  public:
   void Push(Message message) {
-    if (!closed_) queue_.push_back(std::move(message));
+    if (closed_) {
+      unsent_.push_back(std::move(message));
+    } else {
+      queue_.push_back(std::move(message));
+    }
   }
 
   // The message to write now, marked as being written; null while a write is in flight, when
@@ -28,17 +36,37 @@ class Outbox {
     return &queue_.front();
   }
 
-  // The write NextToWrite started has ended. `ok` false: the client is gone, so what is queued
-  // is dropped and nothing more is taken; returns `ok`.
+  // The write NextToWrite started has ended. `ok` false: the client is gone, so that message and
+  // what is queued become unsent, and so does anything pushed later; returns `ok`.
   bool WriteDone(bool ok) {
     writing_ = false;
-    queue_.pop_front();
     if (!ok) {
       closed_ = true;
+      for (Message& m : queue_) unsent_.push_back(std::move(m));
       queue_.clear();
+      return false;
     }
-    return ok;
+    queue_.pop_front();
+    return true;
   }
+
+  // Nothing more will be written (the client is gone, or the stream finished): what is queued
+  // becomes unsent, but for a write in flight, which WriteDone settles.
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    // Taken from the back: the message being written must stay where it is.
+    const size_t keep = writing_ ? 1 : 0;
+    std::deque<Message> tail;
+    while (queue_.size() > keep) {
+      tail.push_front(std::move(queue_.back()));
+      queue_.pop_back();
+    }
+    for (Message& m : tail) unsent_.push_back(std::move(m));
+  }
+
+  // The messages that will never be written (in no promised order); the outbox forgets them.
+  std::deque<Message> TakeUnsent() { return std::exchange(unsent_, {}); }
 
   bool writing() const { return writing_; }
   // Nothing queued and nothing being written: everything owed was sent.
@@ -49,6 +77,7 @@ class Outbox {
 
  private:
   std::deque<Message> queue_;
+  std::deque<Message> unsent_;
   bool writing_ = false;
   bool closed_ = false;
 };

@@ -1,13 +1,18 @@
 // The queue a streaming reactor writes from: one write at a time, each message written once and
-// in order, nothing kept once the client is gone.
+// in order; once the client is gone, what was not written is handed back as unsent.
 #include "server/grpc/outbox.h"
 
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace jobbroker::server {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using ::testing::UnorderedElementsAre;
 
 TEST(OutboxTest, WritesOneMessageAtATimeInOrder) {
   Outbox<std::string> outbox;
@@ -34,7 +39,7 @@ TEST(OutboxTest, WritesOneMessageAtATimeInOrder) {
   EXPECT_EQ(outbox.NextToWrite(), nullptr);
 }
 
-TEST(OutboxTest, AFailedWriteDropsWhatWaitsAndTakesNothingMore) {
+TEST(OutboxTest, AFailedWriteMakesItsMessageAndWhatWaitsUnsentAndTakesNothingMore) {
   Outbox<std::string> outbox;
   outbox.Push("a");
   outbox.Push("b");
@@ -45,6 +50,34 @@ TEST(OutboxTest, AFailedWriteDropsWhatWaitsAndTakesNothingMore) {
   EXPECT_EQ(outbox.size(), 0u);
   EXPECT_EQ(outbox.NextToWrite(), nullptr);
   EXPECT_TRUE(outbox.drained());
+  EXPECT_THAT(outbox.TakeUnsent(), ElementsAre("a", "b", "late"));
+  EXPECT_THAT(outbox.TakeUnsent(), IsEmpty()) << "taken once";
+}
+
+TEST(OutboxTest, ClosingKeepsTheWriteInFlightAndMakesTheRestUnsent) {
+  Outbox<std::string> outbox;
+  outbox.Push("a");
+  outbox.Push("b");
+  outbox.Push("c");
+  const std::string* writing = outbox.NextToWrite();
+  ASSERT_NE(writing, nullptr);
+  outbox.Close();
+  EXPECT_EQ(*writing, "a") << "the message being written stays in place";
+  EXPECT_THAT(outbox.TakeUnsent(), ElementsAre("b", "c"));
+  EXPECT_TRUE(outbox.WriteDone(true));
+  outbox.Push("late");
+  EXPECT_EQ(outbox.NextToWrite(), nullptr);
+  EXPECT_THAT(outbox.TakeUnsent(), ElementsAre("late"));
+}
+
+TEST(OutboxTest, AWriteInFlightThatFailsAfterCloseIsUnsentToo) {
+  Outbox<std::string> outbox;
+  outbox.Push("a");
+  outbox.Push("b");
+  ASSERT_NE(outbox.NextToWrite(), nullptr);
+  outbox.Close();
+  EXPECT_FALSE(outbox.WriteDone(false));
+  EXPECT_THAT(outbox.TakeUnsent(), UnorderedElementsAre("a", "b"));
 }
 
 }  // namespace
