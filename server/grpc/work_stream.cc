@@ -5,8 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "core/validation.h"
 #include "server/convert/convert.h"
 #include "server/grpc/grpc_status.h"
@@ -38,6 +40,31 @@ void AddDetails(const absl::StatusOr<std::vector<absl::Status>>& r, v1::WorkResu
   if (r.ok()) ToProto(*r, out);
 }
 
+// Gives back, at once, the leases in `messages` (pushed jobs a client never got): a plain
+// Release, which leaves no trace in the job's history and does not count the attempt. Without
+// it they would stay ACTIVE until their lease ran out, then wait out a retry backoff.
+// `led_here` says which jobs' leases this node holds (a job relayed from another leader was
+// delivered, as far as that leader knows: to this node).
+void GiveBackLeases(node::Partitions& broker, absl::Span<const v1::WorkResponse> messages,
+                    absl::FunctionRef<bool(const std::string& job_id)> led_here) {
+  const auto give_back = [&](const v1::LeasedJob& job) {
+    if (!led_here(job.job_id())) return;
+    core::ReleaseSpec spec;
+    spec.job_id = job.job_id();
+    spec.lease_id = job.lease_id();
+    // Refused only if the lease ended meanwhile (acked elsewhere, expired, cancelled): then
+    // there is nothing to give back.
+    broker.Release(std::move(spec), [](absl::Status) {});
+  };
+  for (const v1::WorkResponse& m : messages) {
+    if (m.has_job()) give_back(m.job());
+    for (const v1::LeasedJob& job : m.job_batch().jobs()) give_back(job);
+  }
+}
+
+// The Sink's pushes come from this node's brokers: their leases are all held here.
+bool AllLedHere(const std::string&) { return true; }
+
 }  // namespace
 
 // What the broker pushes, forwarded to the stream while it lives. The broker may keep the sink
@@ -45,7 +72,8 @@ void AddDetails(const absl::StatusOr<std::vector<absl::Status>>& r, v1::WorkResu
 // own answer is queued wait here, so a worker sees that answer first.
 class WorkStream::Sink final : public core::StreamSink {
  public:
-  explicit Sink(std::weak_ptr<WorkStream> stream) : stream_(std::move(stream)) {}
+  Sink(std::weak_ptr<WorkStream> stream, node::Partitions& broker)
+      : stream_(std::move(stream)), broker_(broker) {}
 
   void PushJob(core::LeasedJob job) override {
     v1::WorkResponse m;
@@ -80,7 +108,7 @@ class WorkStream::Sink final : public core::StreamSink {
       open_ = true;
       held.swap(held_);
     }
-    if (std::shared_ptr<WorkStream> s = stream_.lock()) s->SendAll(std::move(held));
+    SendAll(std::move(held));
   }
 
  private:
@@ -92,7 +120,11 @@ class WorkStream::Sink final : public core::StreamSink {
         return;
       }
     }
-    if (std::shared_ptr<WorkStream> s = stream_.lock()) s->Send(std::move(m));
+    if (std::shared_ptr<WorkStream> s = stream_.lock()) {
+      s->Send(std::move(m));
+    } else {
+      GiveBackLeases(broker_, {&m, 1}, AllLedHere);  // a push that raced the stream's end
+    }
   }
   void ForwardAll(std::vector<v1::WorkResponse> messages) {
     {
@@ -102,10 +134,18 @@ class WorkStream::Sink final : public core::StreamSink {
         return;
       }
     }
-    if (std::shared_ptr<WorkStream> s = stream_.lock()) s->SendAll(std::move(messages));
+    SendAll(std::move(messages));
+  }
+  void SendAll(std::vector<v1::WorkResponse> messages) {
+    if (std::shared_ptr<WorkStream> s = stream_.lock()) {
+      s->SendAll(std::move(messages));
+    } else {
+      GiveBackLeases(broker_, messages, AllLedHere);
+    }
   }
 
   const std::weak_ptr<WorkStream> stream_;
+  node::Partitions& broker_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
@@ -309,16 +349,23 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   std::shared_ptr<const ClusterView> seen = router_.view();
   if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe, seen)) return;
   spec->origin = OriginOf(*ctx_, router_.node_id());
-  auto sink = std::make_shared<Sink>(self_);
+  auto sink = std::make_shared<Sink>(self_, broker_);
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
+  bool gone;
   {
     absl::MutexLock lock(&mu_);
     stream_id_ = *stream;
     batch_pushes_ = subscribe.batch_pushes();
+    gone = cancelled_;
   }
+  // The client went away while this subscribe was being read (OnCancel saw no subscription to
+  // end): end it now, or it would take jobs until OnDone. What it was pushed meanwhile is given
+  // back through the closed outbox.
+  if (gone) broker_.Unsubscribe(*stream);
   Answer(request_id, absl::OkStatus());
   sink->Open();
+  if (gone) return;
   if (router_.cluster_mode()) {
     std::vector<uint32_t> partitions;
     for (const std::string& queue : subscribe.queues())
@@ -370,7 +417,7 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     absl::StatusOr<core::SubscribeSpec> spec = FromProto(here);
     if (spec.ok()) spec->origin = OriginOf(*ctx_, router_.node_id());
     // The whole subscribe was checked already (Subscribe), so its part checks too.
-    sink = std::make_shared<Sink>(self_);
+    sink = std::make_shared<Sink>(self_, broker_);
     absl::StatusOr<uint64_t> stream =
         spec.ok() ? broker_.Subscribe(*std::move(spec), sink) : spec.status();
     if (!stream.ok()) {
@@ -382,8 +429,13 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
       Answer(request_id, stream.status());
       return true;
     }
-    absl::MutexLock lock(&mu_);
-    stream_id_ = *stream;
+    bool gone;
+    {
+      absl::MutexLock lock(&mu_);
+      stream_id_ = *stream;
+      gone = cancelled_;
+    }
+    if (gone) broker_.Unsubscribe(*stream);  // as in Subscribe
   }
   // Answered before any upstream starts, so the worker sees the answer before any push.
   Answer(request_id, absl::OkStatus());
@@ -754,10 +806,11 @@ void WorkStream::Answer(uint64_t request_id, const absl::Status& status) {
   Send(std::move(m));
 }
 
+// Once the stream is cancelled or finished the outbox is closed: what is pushed then is unsent,
+// and Pump gives its leases back.
 void WorkStream::Send(v1::WorkResponse message) {
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_ || finished_) return;
     outbox_.Push(std::move(message));
   }
   Pump();
@@ -767,10 +820,20 @@ void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
   if (messages.empty()) return;
   {
     absl::MutexLock lock(&mu_);
-    if (cancelled_ || finished_) return;
     for (v1::WorkResponse& m : messages) outbox_.Push(std::move(m));
   }
   Pump();
+}
+
+void WorkStream::GiveBack(std::deque<v1::WorkResponse> unsent) {
+  std::vector<v1::WorkResponse> pushed;
+  for (v1::WorkResponse& m : unsent) {
+    if (m.has_job() || m.has_job_batch()) pushed.push_back(std::move(m));
+  }
+  GiveBackLeases(broker_, pushed, [this](const std::string& job_id) {
+    return !router_.cluster_mode() ||
+           router_.RouteOf(router_.PartitionOfJob(job_id), forwarded_).kind == Route::Kind::kLocal;
+  });
 }
 
 void WorkStream::End(absl::Status status) {
@@ -798,28 +861,33 @@ void WorkStream::Pump() {
   const v1::WorkResponse* to_write = nullptr;
   bool resume_read = false;
   std::optional<grpc::Status> finish;
+  std::deque<v1::WorkResponse> unsent;
   {
     absl::MutexLock lock(&mu_);
-    if (finished_) return;
-    if (!outbox_.writing() && !cancelled_) {
-      if (batch_pushes_) CoalesceJobsLocked();
-      to_write = outbox_.NextToWrite();
-    }
-    if (read_paused_ && outbox_.size() < kMaxOutbox / 2 && !read_closed_ && !cancelled_) {
-      read_paused_ = false;
-      resume_read = true;
-    }
-    bool done_talking = read_closed_ || cancelled_ || ended_.has_value();
-    if (done_talking && pending_ops_ == 0 && !outbox_.writing() &&
-        (cancelled_ || outbox_.drained())) {
-      finished_ = true;
-      if (cancelled_) {
-        finish = grpc::Status::CANCELLED;
-      } else {
-        finish = ToGrpcStatus(ended_.value_or(absl::OkStatus()));
+    if (!finished_) {
+      if (!outbox_.writing() && !cancelled_) {
+        if (batch_pushes_) CoalesceJobsLocked();
+        to_write = outbox_.NextToWrite();
+      }
+      if (read_paused_ && outbox_.size() < kMaxOutbox / 2 && !read_closed_ && !cancelled_) {
+        read_paused_ = false;
+        resume_read = true;
+      }
+      bool done_talking = read_closed_ || cancelled_ || ended_.has_value();
+      if (done_talking && pending_ops_ == 0 && !outbox_.writing() &&
+          (cancelled_ || outbox_.drained())) {
+        finished_ = true;
+        outbox_.Close();
+        if (cancelled_) {
+          finish = grpc::Status::CANCELLED;
+        } else {
+          finish = ToGrpcStatus(ended_.value_or(absl::OkStatus()));
+        }
       }
     }
+    unsent = outbox_.TakeUnsent();
   }
+  if (!unsent.empty()) GiveBack(std::move(unsent));
   if (to_write != nullptr) StartWrite(to_write);
   if (resume_read) StartRead(&request_);
   if (finish.has_value()) Finish(*finish);
@@ -844,10 +912,16 @@ void WorkStream::CoalesceJobsLocked() {
 }
 
 void WorkStream::OnWriteDone(bool ok) {
+  uint64_t stream = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the client is gone
+    if (!outbox_.WriteDone(ok)) {  // the client is gone
+      cancelled_ = true;
+      stream = stream_id_;
+    }
   }
+  // At once, not at OnCancel: a lease given back must not be pushed to this stream again.
+  if (stream != 0) broker_.Unsubscribe(stream);
   Pump();
 }
 
@@ -856,6 +930,7 @@ void WorkStream::OnCancel() {
   {
     absl::MutexLock lock(&mu_);
     cancelled_ = true;
+    outbox_.Close();
     stream = stream_id_;
   }
   if (stream != 0) broker_.Unsubscribe(stream);

@@ -3,6 +3,7 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,7 +32,9 @@ namespace jobbroker::server {
 // reading until it drains, so memory stays bounded.
 //
 // Ending: when the client half-closes or goes away the subscription ends at once (its leases
-// stay, DESIGN.md), answers still owed are sent, then the stream finishes. When the broker
+// stay, DESIGN.md), answers still owed are sent, then the stream finishes. Jobs pushed that the
+// client never got (still in the outbox, or their write failed) are given back to the broker at
+// once, READY with no attempt counted, rather than left to their lease. When the broker
 // shuts down the stream finishes with UNAVAILABLE so workers reconnect elsewhere.
 //
 // Cluster mode: the queues of partitions another node leads are subscribed there, through a
@@ -106,6 +109,9 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   void Send(v1::WorkResponse message);
   // Queues `messages` together (so pushed jobs can go out as one JobBatch).
   void SendAll(std::vector<v1::WorkResponse> messages);
+  // Gives back the leases in `unsent` that this node holds: jobs pushed that the client never
+  // got (it went away first). Call without mu_.
+  void GiveBack(std::deque<v1::WorkResponse> unsent);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/in_process_server.h"
@@ -304,6 +306,53 @@ TEST_F(WorkStreamTest, AStreamThatEndsLeavesItsLeaseToRunOut) {
   EXPECT_NE(job.state(), v1::JOB_STATE_ACTIVE);
   ASSERT_EQ(job.attempts_size(), 1);
   EXPECT_EQ(job.attempts(0).outcome(), v1::ATTEMPT_OUTCOME_LEASE_EXPIRED);
+}
+
+TEST_F(WorkStreamTest, JobsPushedThatAWorkerNeverGotAreGivenBackAtOnceWhenItGoesAway) {
+  Subscribe(1, "emails", 4);
+  ExpectOk(1);
+  for (int i = 0; i < 4; ++i) Enqueue("emails");
+  const v1::LeasedJob got = NextJob();  // the worker reads one job, then stops reading
+  EXPECT_EQ(GetQueue("emails").active(), 4) << "all four were leased to the stream";
+  ctx_.TryCancel();  // and goes away
+
+  // The clock stands still, so no lease can run out: a job that is READY again was given back.
+  // The in-process transport completes a write only when the client reads it, so the three it
+  // did not read were never delivered.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  v1::QueueInfo info = GetQueue("emails");
+  while (info.active() > 1 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+    info = GetQueue("emails");
+  }
+  EXPECT_EQ(info.active(), 1) << "only the job the worker read is still leased";
+  EXPECT_EQ(info.counts().at("JOB_STATE_READY"), 3);
+  EXPECT_EQ(GetJob(got.job_id()).state(), v1::JOB_STATE_ACTIVE) << "the lease it got stays";
+
+  // Given back unstarted: no attempt counted, none in the history; the next worker gets
+  // attempt 1 of each.
+  grpc::ClientContext ctx;
+  InProcessServer::SetDeadline(ctx);
+  auto next = broker_->Work(&ctx);
+  v1::WorkRequest subscribe;
+  subscribe.set_request_id(1);
+  subscribe.mutable_subscribe()->add_queues("emails");
+  subscribe.mutable_subscribe()->set_worker_id("w2");
+  subscribe.mutable_subscribe()->set_max_in_flight(4);
+  ASSERT_TRUE(next->Write(subscribe));
+  std::set<std::string> leased;
+  v1::WorkResponse m;
+  while (leased.size() < 3 && next->Read(&m)) {
+    if (!m.has_job()) continue;
+    EXPECT_NE(m.job().job_id(), got.job_id());
+    EXPECT_EQ(m.job().attempt(), 1) << m.job().job_id();
+    const v1::Job job = GetJob(m.job().job_id());
+    ASSERT_EQ(job.attempts_size(), 1) << job.DebugString();
+    EXPECT_EQ(job.attempts(0).worker_id(), "w2");
+    leased.insert(m.job().job_id());
+  }
+  EXPECT_EQ(leased.size(), 3u);
+  ctx.TryCancel();
 }
 
 TEST_F(WorkStreamTest, ABrokerShuttingDownEndsTheStreamWithUnavailable) {
