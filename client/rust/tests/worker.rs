@@ -667,7 +667,24 @@ async fn keepalive_gives_up_a_frozen_broker_and_the_worker_comes_back() {
     );
     drop(frozen); // SIGCONT
 
-    // It comes back on its own: a job enqueued now is run by the same worker.
+    // It comes back on its own. The connections it tried while the broker was frozen reach the
+    // broker only now, already closed: wait until they are gone and its one stream is on a live
+    // connection, so that the job below is not pushed to one of them (the broker would give it
+    // back, but a push whose write had already left would wait out its lease).
+    let give_up = tokio::time::Instant::now() + GIVE_UP;
+    loop {
+        let workers = client.list_workers(Some("keepalive")).await.unwrap();
+        let me = workers.iter().find(|w| w.worker_id == "rust-keepalive");
+        if me.is_some_and(|me| me.streams == 1 && tcp_established(port_of(&me.peer), to)) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < give_up,
+            "the worker is not back on one live stream: {workers:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A job enqueued now is run by the same worker.
     let after = enqueue(&client, job("keepalive", "after")).await;
     let done = wait_for_state(&client, &after, JobState::Completed).await;
     assert_eq!(done.attempts[0].worker_id, "rust-keepalive");
