@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "server/grpc/worker_origin.h"
 
 namespace jobbroker::server {
@@ -79,6 +80,21 @@ std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
   ctx->AddMetadata(kPeerHeader, server.peer());
   if (std::string client = ClientOf(server); !client.empty())
     ctx->AddMetadata(kClientHeader, client);
+  return ctx;
+}
+
+std::string Forwarder::AuthorizationOf(const grpc::ServerContextBase& server) {
+  auto it = server.client_metadata().find("authorization");
+  if (it == server.client_metadata().end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+std::unique_ptr<grpc::ClientContext> Forwarder::DetachedContext(const std::string& authorization,
+                                                                absl::Duration timeout) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+  ctx->AddMetadata(Router::kForwardedHeader, node_id_);
   return ctx;
 }
 

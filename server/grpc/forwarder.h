@@ -11,6 +11,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "jobbroker/v1/admin.grpc.pb.h"
 #include "jobbroker/v1/broker.grpc.pb.h"
 #include "server/grpc/keepalive.h"
@@ -38,6 +39,15 @@ class Forwarder {
 
   // A client context for a call forwarded on behalf of `server`'s caller.
   std::unique_ptr<grpc::ClientContext> ContextFor(const grpc::CallbackServerContext& server) const;
+
+  // The `authorization` metadata of `server`'s caller (empty: none), for DetachedContext.
+  static std::string AuthorizationOf(const grpc::ServerContextBase& server);
+  // A client context for a call this node makes for a caller whose own call may have ended (a
+  // lease given back after the client of a relayed Work stream went away): the caller's
+  // `authorization` (empty: none), kForwardedHeader, and a deadline `timeout` from now. Unlike
+  // ContextFor, not cancelled with the caller's call.
+  std::unique_ptr<grpc::ClientContext> DetachedContext(const std::string& authorization,
+                                                       absl::Duration timeout) const;
 
   // Answers a unary call that does not go to this node's broker: UNAVAILABLE for a route
   // nowhere, else `start(stub, client_context, done)` sends it (e.g. stub.async()->Enqueue(ctx,

@@ -5,7 +5,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/types/span.h"
@@ -40,30 +39,26 @@ void AddDetails(const absl::StatusOr<std::vector<absl::Status>>& r, v1::WorkResu
   if (r.ok()) ToProto(*r, out);
 }
 
-// Gives back, at once, the leases in `messages` (pushed jobs a client never got): a plain
-// Release, which leaves no trace in the job's history and does not count the attempt. Without
-// it they would stay ACTIVE until their lease ran out, then wait out a retry backoff.
-// `led_here` says which jobs' leases this node holds (a job relayed from another leader was
-// delivered, as far as that leader knows: to this node).
-void GiveBackLeases(node::Partitions& broker, absl::Span<const v1::WorkResponse> messages,
-                    absl::FunctionRef<bool(const std::string& job_id)> led_here) {
-  const auto give_back = [&](const v1::LeasedJob& job) {
-    if (!led_here(job.job_id())) return;
-    core::ReleaseSpec spec;
-    spec.job_id = job.job_id();
-    spec.lease_id = job.lease_id();
-    // Refused only if the lease ended meanwhile (acked elsewhere, expired, cancelled): then
-    // there is nothing to give back.
-    broker.Release(std::move(spec), [](absl::Status) {});
-  };
+// Calls `fn` on each lease `messages` carry: pushed jobs, alone or in a batch.
+template <typename Fn>
+void ForEachLease(absl::Span<const v1::WorkResponse> messages, Fn fn) {
   for (const v1::WorkResponse& m : messages) {
-    if (m.has_job()) give_back(m.job());
-    for (const v1::LeasedJob& job : m.job_batch().jobs()) give_back(job);
+    if (m.has_job()) fn(m.job());
+    for (const v1::LeasedJob& job : m.job_batch().jobs()) fn(job);
   }
 }
 
-// The Sink's pushes come from this node's brokers: their leases are all held here.
-bool AllLedHere(const std::string&) { return true; }
+// Gives back, at once, a lease of this node's broker that its worker never got: a plain
+// Release, which leaves no trace in the job's history and does not count the attempt. Without
+// it the job would stay ACTIVE until its lease ran out, then wait out a retry backoff.
+void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job) {
+  core::ReleaseSpec spec;
+  spec.job_id = job.job_id();
+  spec.lease_id = job.lease_id();
+  // Refused only if the lease ended meanwhile (acked elsewhere, expired, cancelled): then there
+  // is nothing to give back.
+  broker.Release(std::move(spec), [](absl::Status) {});
+}
 
 }  // namespace
 
@@ -123,7 +118,7 @@ class WorkStream::Sink final : public core::StreamSink {
     if (std::shared_ptr<WorkStream> s = stream_.lock()) {
       s->Send(std::move(m));
     } else {
-      GiveBackLeases(broker_, {&m, 1}, AllLedHere);  // a push that raced the stream's end
+      GiveBackHere(broker_, m.job());  // a push that raced the stream's end
     }
   }
   void ForwardAll(std::vector<v1::WorkResponse> messages) {
@@ -140,7 +135,8 @@ class WorkStream::Sink final : public core::StreamSink {
     if (std::shared_ptr<WorkStream> s = stream_.lock()) {
       s->SendAll(std::move(messages));
     } else {
-      GiveBackLeases(broker_, messages, AllLedHere);
+      // Pushes from this node's brokers: their leases are all held here.
+      ForEachLease(messages, [this](const v1::LeasedJob& job) { GiveBackHere(broker_, job); });
     }
   }
 
@@ -830,10 +826,37 @@ void WorkStream::GiveBack(std::deque<v1::WorkResponse> unsent) {
   for (v1::WorkResponse& m : unsent) {
     if (m.has_job() || m.has_job_batch()) pushed.push_back(std::move(m));
   }
-  GiveBackLeases(broker_, pushed, [this](const std::string& job_id) {
-    return !router_.cluster_mode() ||
-           router_.RouteOf(router_.PartitionOfJob(job_id), forwarded_).kind == Route::Kind::kLocal;
+  ForEachLease(pushed, [this](const v1::LeasedJob& job) {
+    if (!router_.cluster_mode()) return GiveBackHere(broker_, job);
+    const Route route = router_.RouteOf(router_.PartitionOfJob(job.job_id()), forwarded_);
+    switch (route.kind) {
+      case Route::Kind::kLocal:
+        return GiveBackHere(broker_, job);
+      case Route::Kind::kForward:
+        // Relayed from the job's leader, which thinks it delivered (to this node's upstream).
+        if (forwarder_ != nullptr && !forwarded_) GiveBackAt(route.address, job);
+        return;
+      case Route::Kind::kUnavailable:
+        return;  // no leader now: the lease runs out under the next one
+    }
   });
+}
+
+void WorkStream::GiveBackAt(const std::string& address, const v1::LeasedJob& job) {
+  // Not on this stream's context: the stream's client is gone, and with it its cancellation.
+  struct Call {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    v1::ReleaseRequest request;
+    v1::ReleaseResponse response;
+  };
+  auto call = std::make_shared<Call>();
+  call->ctx = forwarder_->DetachedContext(authorization_, kGiveBackTimeout);
+  call->request.set_job_id(job.job_id());
+  call->request.set_lease_id(job.lease_id());
+  // As on this node, a refusal means the lease already ended; an unreachable leader lets it run
+  // out.
+  forwarder_->BrokerAt(address).async()->Release(call->ctx.get(), &call->request, &call->response,
+                                                 [call](grpc::Status) {});
 }
 
 void WorkStream::End(absl::Status status) {

@@ -56,6 +56,8 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // one JobBatch message, up to these bounds (headers are not counted: they are small).
   static constexpr int kMaxJobsPerBatch = 256;
   static constexpr size_t kMaxBatchBytes = 1 << 20;
+  // How long a Release sent to another leader, for a relayed job the client never got, may take.
+  static constexpr absl::Duration kGiveBackTimeout = absl::Seconds(15);
 
   // A new stream, already reading; gRPC gets the raw pointer. `caller` is the stream's
   // authenticated token (nullptr: auth off); every subscribed queue and every job the stream
@@ -103,15 +105,18 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
         router_(router),
         forwarder_(forwarder),
         ctx_(ctx),
-        forwarded_(router.cluster_mode() && Router::IsForwarded(*ctx)) {}
+        forwarded_(router.cluster_mode() && Router::IsForwarded(*ctx)),
+        authorization_(Forwarder::AuthorizationOf(*ctx)) {}
 
   // Queues `message` for the client; safe from any thread.
   void Send(v1::WorkResponse message);
   // Queues `messages` together (so pushed jobs can go out as one JobBatch).
   void SendAll(std::vector<v1::WorkResponse> messages);
-  // Gives back the leases in `unsent` that this node holds: jobs pushed that the client never
-  // got (it went away first). Call without mu_.
+  // Gives back the leases in `unsent`: jobs pushed that the client never got (it went away
+  // first). Those of this node's brokers at once; those relayed from another leader by a
+  // Release sent there. Call without mu_.
   void GiveBack(std::deque<v1::WorkResponse> unsent);
+  void GiveBackAt(const std::string& address, const v1::LeasedJob& job);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);
@@ -168,6 +173,9 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   Forwarder* const forwarder_;
   grpc::CallbackServerContext* const ctx_;
   const bool forwarded_;  // another node relays this stream: nothing is sent on from here
+  // The caller's `authorization` metadata (empty: none), kept for the calls made for it after
+  // its context may be gone (GiveBackAt).
+  const std::string authorization_;
   std::shared_ptr<WorkStream> self_;  // released in OnDone
   // What an answer that may come after OnDone holds (the broker's callbacks, forwarded calls):
   // the stream's memory stays until it has run; a finished stream sends nothing. Called only

@@ -1087,6 +1087,78 @@ TEST_F(ThreeNodesTest, AUnaryCallSentOnToAFrozenLeaderEndsUnavailableBeforeItsDe
 // push again. It ends UNAVAILABLE ("reconnect"), as the worker contract says a relayed stream
 // whose leader went away does. Node-0 dials node-1 through a FrozenLink
 // (--cluster-peer-addresses), with pings after 1 s and 1 s for the answer.
+// docs/worker-contract.md §5: jobs pushed that a worker never got go back to READY at once. Here
+// the node the worker dialled relays them from the leader, which thinks them delivered (to that
+// node); the relaying node gives them back there when its worker goes away.
+TEST_F(ThreeNodesTest, JobsRelayedToAWorkerThatWentAwayUnreadAreGivenBackAtTheirLeader) {
+  const std::string queue = QueueIn(0, "given-back");
+  // Large jobs, so that most of them wait at the relaying node behind a worker that does not
+  // read (gRPC's flow control lets only a few megabytes through).
+  constexpr int kJobs = 64;
+  const std::string payload(256 << 10, 'x');
+  std::string id;
+  const int leader = EnqueueAtLeader(queue, payload, &id);
+  ASSERT_GE(leader, 0) << "no leader took the first job";
+  for (int i = 1; i < kJobs; ++i) {
+    grpc::Status s = EnqueueAt(leader, queue, payload, &id);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  auto queue_at_leader = [&]() {
+    auto admin = nodes_[leader]->NewAdminStub();
+    grpc::ClientContext context;
+    WithDeadline(context);
+    v1::GetQueueRequest request;
+    request.set_queue(queue);
+    v1::QueueInfo info;
+    EXPECT_TRUE(admin->GetQueue(&context, request, &info).ok());
+    return info;
+  };
+
+  // A worker at another node, so that its stream is relayed from the leader: it reads the
+  // subscribe's answer and one job, and nothing more. Leases of 10 minutes, far beyond the
+  // test: a job READY again below was given back, not expired.
+  const int relay = (leader + 1) % kNodes;
+  auto stub = nodes_[relay]->NewBrokerStub();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + 2 * kGiveUp));
+  auto stream = stub->Work(&context);
+  v1::WorkRequest subscribe;
+  subscribe.set_request_id(1);
+  subscribe.mutable_subscribe()->add_queues(queue);
+  subscribe.mutable_subscribe()->set_worker_id("reads-one");
+  subscribe.mutable_subscribe()->set_max_in_flight(kJobs);
+  subscribe.mutable_subscribe()->mutable_lease_duration()->set_seconds(600);
+  ASSERT_TRUE(stream->Write(subscribe));
+  v1::WorkResponse message;
+  bool got_one = false;
+  while (!got_one && stream->Read(&message)) {
+    if (message.has_result()) {
+      ASSERT_EQ(message.result().code(), 0) << message.result().message();
+    }
+    got_one = message.has_job() || message.has_job_batch();
+  }
+  ASSERT_TRUE(got_one) << "the relayed stream ended before its first job";
+  // Every job leased to the stream: pushed, as far as the leader knows.
+  int64_t active = 0;
+  for (const absl::Time until = absl::Now() + kGiveUp; absl::Now() < until;) {
+    active = queue_at_leader().active();
+    if (active == kJobs) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(active, kJobs);
+
+  context.TryCancel();  // the worker goes away
+  int64_t ready = 0;
+  for (const absl::Time until = absl::Now() + kGiveUp; absl::Now() < until;) {
+    const v1::QueueInfo info = queue_at_leader();
+    auto it = info.counts().find("JOB_STATE_READY");
+    ready = it == info.counts().end() ? 0 : it->second;
+    if (ready >= kJobs / 2) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(ready, kJobs / 2) << "the jobs the worker never got are still leased to it";
+}
+
 TEST(ThreeNodesCutLinkTest, AWorkStreamRelayedOverALinkThatWentSilentEnds) {
   auto dir = TempDir::Create();
   ASSERT_TRUE(dir.ok()) << dir.status();
