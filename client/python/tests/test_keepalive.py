@@ -92,7 +92,9 @@ async def test_a_worker_gives_up_a_frozen_broker_and_comes_back_on_its_own() -> 
     pid = broker.proc.pid
     broker_port = int(broker.address.rsplit(":", 1)[1])
     options = ClientOptions(address=broker.address, keepalive_time=1, keepalive_timeout=1)
-    worker = jobbroker.Worker(options=options, worker_id="keepalive-worker",
+    # 2 s leases: should the job after the thaw go to a connection the worker tried while the
+    # broker was frozen, and closed just as the broker answered it, it comes back in seconds.
+    worker = jobbroker.Worker(options=options, worker_id="keepalive-worker", lease_duration=2,
                               reconnect_initial=0.05, reconnect_max=0.5, handle_signals=False)
     ran: list[str] = []
 

@@ -57,7 +57,10 @@ class KeepaliveTest < Minitest::Test
     log = StringIO.new
     options = Jobbroker::Options.new(address: frozen.address, keepalive_time: 1,
                                      keepalive_timeout: 1)
+    # 2 s leases: should the job after the thaw go to a connection the worker tried while the
+    # broker was frozen, and closed just as the broker answered it, it comes back in seconds.
     worker = Jobbroker::Worker.new(options: options, worker_id: "ruby-keepalive-worker",
+                                   lease_duration: 2,
                                    reconnect_initial: 0.05, reconnect_max: 0.5,
                                    logger: Logger.new(log, level: :warn))
     ran = Queue.new
