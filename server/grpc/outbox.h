@@ -1,8 +1,10 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <deque>
 #include <utility>
+#include <vector>
 
 namespace jobbroker::server {
 
@@ -57,16 +59,17 @@ class Outbox {
     closed_ = true;
     // Taken from the back: the message being written must stay where it is.
     const size_t keep = writing_ ? 1 : 0;
-    std::deque<Message> tail;
+    const size_t first = unsent_.size();
     while (queue_.size() > keep) {
-      tail.push_front(std::move(queue_.back()));
+      unsent_.push_back(std::move(queue_.back()));
       queue_.pop_back();
     }
-    for (Message& m : tail) unsent_.push_back(std::move(m));
+    std::reverse(unsent_.begin() + static_cast<std::ptrdiff_t>(first), unsent_.end());
   }
 
   // The messages that will never be written (in no promised order); the outbox forgets them.
-  std::deque<Message> TakeUnsent() { return std::exchange(unsent_, {}); }
+  // (A vector: an empty one costs no allocation, and Pump asks on every call.)
+  std::vector<Message> TakeUnsent() { return std::exchange(unsent_, {}); }
 
   bool writing() const { return writing_; }
   // Nothing queued and nothing being written: everything owed was sent.
@@ -77,7 +80,7 @@ class Outbox {
 
  private:
   std::deque<Message> queue_;
-  std::deque<Message> unsent_;
+  std::vector<Message> unsent_;
   bool writing_ = false;
   bool closed_ = false;
 };

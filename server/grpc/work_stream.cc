@@ -821,12 +821,9 @@ void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
   Pump();
 }
 
-void WorkStream::GiveBack(std::deque<v1::WorkResponse> unsent) {
-  std::vector<v1::WorkResponse> pushed;
-  for (v1::WorkResponse& m : unsent) {
-    if (m.has_job() || m.has_job_batch()) pushed.push_back(std::move(m));
-  }
-  ForEachLease(pushed, [this](const v1::LeasedJob& job) {
+void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
+  // Answers and notices among them need nothing undone: only the pushed jobs.
+  ForEachLease(unsent, [this](const v1::LeasedJob& job) {
     if (!router_.cluster_mode()) return GiveBackHere(broker_, job);
     const Route route = router_.RouteOf(router_.PartitionOfJob(job.job_id()), forwarded_);
     switch (route.kind) {
@@ -884,7 +881,7 @@ void WorkStream::Pump() {
   const v1::WorkResponse* to_write = nullptr;
   bool resume_read = false;
   std::optional<grpc::Status> finish;
-  std::deque<v1::WorkResponse> unsent;
+  std::vector<v1::WorkResponse> unsent;
   {
     absl::MutexLock lock(&mu_);
     if (!finished_) {
@@ -910,7 +907,7 @@ void WorkStream::Pump() {
     }
     unsent = outbox_.TakeUnsent();
   }
-  if (!unsent.empty()) GiveBack(std::move(unsent));
+  if (!unsent.empty()) GiveBack(unsent);
   if (to_write != nullptr) StartWrite(to_write);
   if (resume_read) StartRead(&request_);
   if (finish.has_value()) Finish(*finish);

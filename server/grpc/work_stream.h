@@ -3,7 +3,6 @@
 #include <grpcpp/support/server_callback.h>
 
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -115,7 +114,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // Gives back the leases in `unsent`: jobs pushed that the client never got (it went away
   // first). Those of this node's brokers at once; those relayed from another leader by a
   // Release sent there. Call without mu_.
-  void GiveBack(std::deque<v1::WorkResponse> unsent);
+  void GiveBack(const std::vector<v1::WorkResponse>& unsent);
   void GiveBackAt(const std::string& address, const v1::LeasedJob& job);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
