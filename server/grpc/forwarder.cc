@@ -68,8 +68,11 @@ v1::Broker::Stub& Forwarder::BrokerAt(const std::string& address) {
 v1::Admin::Stub& Forwarder::AdminAt(const std::string& address) { return *PeerAt(address).admin; }
 
 std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
-    const grpc::CallbackServerContext& server) const {
-  std::unique_ptr<grpc::ClientContext> ctx = grpc::ClientContext::FromCallbackServerContext(server);
+    const grpc::CallbackServerContext& server, bool propagate_cancellation) const {
+  grpc::PropagationOptions propagation;
+  if (!propagate_cancellation) propagation.disable_cancellation_propagation();
+  std::unique_ptr<grpc::ClientContext> ctx =
+      grpc::ClientContext::FromCallbackServerContext(server, propagation);
   for (const auto& [key, value] : server.client_metadata()) {
     if (key == "authorization")
       ctx->AddMetadata(std::string(key.data(), key.size()),

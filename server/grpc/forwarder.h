@@ -37,8 +37,11 @@ class Forwarder {
   v1::Broker::Stub& BrokerAt(const std::string& address);
   v1::Admin::Stub& AdminAt(const std::string& address);
 
-  // A client context for a call forwarded on behalf of `server`'s caller.
-  std::unique_ptr<grpc::ClientContext> ContextFor(const grpc::CallbackServerContext& server) const;
+  // A client context for a call forwarded on behalf of `server`'s caller. With
+  // `propagate_cancellation` false the call outlives the caller's cancellation, and the caller
+  // ends it itself (a relayed Work stream drains its upstream first).
+  std::unique_ptr<grpc::ClientContext> ContextFor(const grpc::CallbackServerContext& server,
+                                                  bool propagate_cancellation = true) const;
 
   // The `authorization` metadata of `server`'s caller (empty: none), for DetachedContext.
   static std::string AuthorizationOf(const grpc::ServerContextBase& server);

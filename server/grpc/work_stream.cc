@@ -456,10 +456,21 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     }
     first.set_request_id(relay_id);
     std::weak_ptr<WorkStream> weak = self_;
+    // Not cancelled with the client's call: when the client goes, the upstream is drained
+    // (CloseWrites), so that the jobs already on their way are given back, not left leased.
     auto upstream = WorkUpstream::Start(
-        forwarder_->BrokerAt(address), forwarder_->ContextFor(*ctx_), std::move(first),
-        [weak, address = address](v1::WorkResponse message) {
-          if (auto stream = weak.lock()) stream->OnUpstreamMessage(address, std::move(message));
+        forwarder_->BrokerAt(address),
+        forwarder_->ContextFor(*ctx_, /*propagate_cancellation=*/false), std::move(first),
+        [weak, address = address, forwarder = forwarder_,
+         authorization = authorization_](v1::WorkResponse message) {
+          if (auto stream = weak.lock()) {
+            stream->OnUpstreamMessage(address, std::move(message));
+          } else {
+            // The client's stream is over: a job that still comes is nobody's.
+            ForEachLease({&message, 1}, [&](const v1::LeasedJob& job) {
+              GiveBackAt(*forwarder, address, authorization, job);
+            });
+          }
         },
         [weak, address = address](const grpc::Status& status) {
           if (auto stream = weak.lock()) stream->OnUpstreamEnd(address, status);
@@ -476,7 +487,7 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     gone = cancelled_ || finished_;
   }
   if (gone) {
-    for (const auto& upstream : Upstreams()) upstream->Cancel();
+    for (const auto& upstream : Upstreams()) upstream->CloseWrites();
   }
   return true;
 }
@@ -831,7 +842,8 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
         return GiveBackHere(broker_, job);
       case Route::Kind::kForward:
         // Relayed from the job's leader, which thinks it delivered (to this node's upstream).
-        if (forwarder_ != nullptr && !forwarded_) GiveBackAt(route.address, job);
+        if (forwarder_ != nullptr && !forwarded_)
+          GiveBackAt(*forwarder_, route.address, authorization_, job);
         return;
       case Route::Kind::kUnavailable:
         return;  // no leader now: the lease runs out under the next one
@@ -839,21 +851,22 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
   });
 }
 
-void WorkStream::GiveBackAt(const std::string& address, const v1::LeasedJob& job) {
-  // Not on this stream's context: the stream's client is gone, and with it its cancellation.
+void WorkStream::GiveBackAt(Forwarder& forwarder, const std::string& address,
+                            const std::string& authorization, const v1::LeasedJob& job) {
+  // Not on the stream's context: its client is gone, and with it its cancellation.
   struct Call {
     std::unique_ptr<grpc::ClientContext> ctx;
     v1::ReleaseRequest request;
     v1::ReleaseResponse response;
   };
   auto call = std::make_shared<Call>();
-  call->ctx = forwarder_->DetachedContext(authorization_, kGiveBackTimeout);
+  call->ctx = forwarder.DetachedContext(authorization, kGiveBackTimeout);
   call->request.set_job_id(job.job_id());
   call->request.set_lease_id(job.lease_id());
   // As on this node, a refusal means the lease already ended; an unreachable leader lets it run
   // out.
-  forwarder_->BrokerAt(address).async()->Release(call->ctx.get(), &call->request, &call->response,
-                                                 [call](grpc::Status) {});
+  forwarder.BrokerAt(address).async()->Release(call->ctx.get(), &call->request, &call->response,
+                                               [call](grpc::Status) {});
 }
 
 void WorkStream::End(absl::Status status) {
@@ -954,7 +967,9 @@ void WorkStream::OnCancel() {
     stream = stream_id_;
   }
   if (stream != 0) broker_.Unsubscribe(stream);
-  for (const auto& upstream : Upstreams()) upstream->Cancel();
+  // Drained, not cancelled: the leader unsubscribes at once and sends what it had pushed, which
+  // is given back (GiveBack, or the upstream's own callback once this stream is gone).
+  for (const auto& upstream : Upstreams()) upstream->CloseWrites();
   Pump();
 }
 
@@ -970,7 +985,7 @@ void WorkStream::OnDone() {
   }
   if (relaying) limit_->RemoveRelaying();
   if (stream != 0) broker_.Unsubscribe(stream);
-  for (const auto& upstream : Upstreams()) upstream->Cancel();
+  for (const auto& upstream : Upstreams()) upstream->CloseWrites();  // as in OnCancel
   if (listener != 0) router_.Unlisten(listener);
   limit_->Release();
   self_.reset();  // may delete this

@@ -43,11 +43,14 @@ namespace jobbroker::server {
 // none to it); an ack batch is split by leader and its answers joined. When a subscribed
 // partition changes leader, or an upstream ends, the stream ends with UNAVAILABLE: the worker
 // reconnects and is routed afresh, and the leases it holds stay valid (they are replicated).
+// When the stream ends its upstreams are drained, not cancelled (they do not share the client's
+// cancellation): each leader unsubscribes and sends what it had pushed, and those jobs, which
+// the client never got, are given back to it with a Release.
 //
 // Owns itself (self_) until OnDone; the broker's sink holds only a weak reference, so a push
-// racing the stream's end is dropped safely. Thread-safe: gRPC reactions, broker callbacks and
-// pushes may come from different threads; gRPC calls (StartWrite, StartRead, Finish) are never
-// made under a lock.
+// racing the stream's end is given back rather than dropped. Thread-safe: gRPC reactions, broker
+// callbacks and pushes may come from different threads; gRPC calls (StartWrite, StartRead, Finish)
+// are never made under a lock.
 class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::WorkResponse> {
  public:
   static constexpr size_t kMaxOutbox = 4096;
@@ -115,7 +118,10 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // first). Those of this node's brokers at once; those relayed from another leader by a
   // Release sent there. Call without mu_.
   void GiveBack(const std::vector<v1::WorkResponse>& unsent);
-  void GiveBackAt(const std::string& address, const v1::LeasedJob& job);
+  // Sends a Release of `job` to its leader at `address`, as the caller whose `authorization`
+  // it carries; needs no stream (the upstream's callback calls it once the stream is gone).
+  static void GiveBackAt(Forwarder& forwarder, const std::string& address,
+                         const std::string& authorization, const v1::LeasedJob& job);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);

@@ -41,8 +41,6 @@ void WorkUpstream::CloseWrites() {
   Pump();
 }
 
-void WorkUpstream::Cancel() { ctx_->TryCancel(); }
-
 void WorkUpstream::Pump() {
   const v1::WorkRequest* next = nullptr;
   bool writes_done = false;

@@ -35,8 +35,6 @@ class WorkUpstream final : public grpc::ClientBidiReactor<v1::WorkRequest, v1::W
   // Sends no more after what is queued (the other node unsubscribes it, answers what it owes,
   // then finishes).
   void CloseWrites();
-  // Ends the stream now (the other node unsubscribes it); on_end follows with CANCELLED.
-  void Cancel();
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
