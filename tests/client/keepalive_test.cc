@@ -118,6 +118,9 @@ TEST_F(KeepaliveTest, AWorkerGivesUpABrokerThatStoppedAnsweringAndComesBack) {
   options.address = process().address();
   options.worker_id = "keepalive-worker";
   options.keepalive = {.time = absl::Seconds(1), .timeout = absl::Seconds(1)};
+  // 2 s leases: should the job after the thaw go to a connection the worker tried while the
+  // broker was frozen, and closed just as the broker answered it, it comes back in seconds.
+  options.lease_duration = absl::Seconds(2);
   client::Worker worker(options);
   worker.Handle("q", [&](client::JobContext&) {
     ++ran;
