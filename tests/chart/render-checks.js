@@ -78,6 +78,8 @@ const expectations = {
     assert.strictEqual(c.startupProbe.httpGet.path, "/readyz");
     assert.ok(!c.args.some((a) => a.startsWith("--tls")), "no TLS flags by default");
     assert.ok(!c.args.some((a) => a.startsWith("--auth-tokens")), "no tokens by default");
+    // The broker's own keepalive defaults, written out so that the pod's command line says them.
+    assert.ok(c.args.includes("--keepalive-time=10") && c.args.includes("--keepalive-timeout=5"));
     assert.ok(c.args.includes("--config=/etc/jobbroker/config/config.json"));
     const pod = sts.spec.template.spec;
     assert.strictEqual(pod.securityContext.runAsNonRoot, true);
@@ -366,6 +368,8 @@ const expectations = {
     const c = container(docs);
     assert.strictEqual(c.image, "registry.example.com/jobbroker@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
     assert.ok(c.args.includes("--metrics=off"));
+    assert.ok(c.args.includes("--keepalive-time=30"));
+    assert.ok(c.args.includes("--keepalive-timeout=10"));
     assert.strictEqual(c.livenessProbe, undefined);
     assert.strictEqual(sts.spec.volumeClaimTemplates[0].spec.storageClassName, "fast-ssd");
     assert.strictEqual(sts.spec.template.spec.serviceAccountName, "jobs");
