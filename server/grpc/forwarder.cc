@@ -92,12 +92,17 @@ std::string Forwarder::AuthorizationOf(const grpc::ServerContextBase& server) {
   return std::string(it->second.data(), it->second.size());
 }
 
-std::unique_ptr<grpc::ClientContext> Forwarder::DetachedContext(const std::string& authorization,
-                                                                absl::Duration timeout) const {
+Forwarder::Detached Forwarder::DetachedAt(const std::string& address, std::string authorization) {
+  return Detached{.channel = PeerAt(address).channel,
+                  .node_id = node_id_,
+                  .authorization = std::move(authorization)};
+}
+
+std::unique_ptr<grpc::ClientContext> Forwarder::Detached::NewContext(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
-  ctx->AddMetadata(Router::kForwardedHeader, node_id_);
+  ctx->AddMetadata(Router::kForwardedHeader, node_id);
   return ctx;
 }
 

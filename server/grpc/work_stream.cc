@@ -461,15 +461,14 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     auto upstream = WorkUpstream::Start(
         forwarder_->BrokerAt(address),
         forwarder_->ContextFor(*ctx_, /*propagate_cancellation=*/false), std::move(first),
-        [weak, address = address, forwarder = forwarder_,
-         authorization = authorization_](v1::WorkResponse message) {
+        [weak, address = address,
+         leader = forwarder_->DetachedAt(address, authorization_)](v1::WorkResponse message) {
           if (auto stream = weak.lock()) {
             stream->OnUpstreamMessage(address, std::move(message));
           } else {
             // The client's stream is over: a job that still comes is nobody's.
-            ForEachLease({&message, 1}, [&](const v1::LeasedJob& job) {
-              GiveBackAt(*forwarder, address, authorization, job);
-            });
+            ForEachLease({&message, 1},
+                         [&leader](const v1::LeasedJob& job) { GiveBackAt(leader, job); });
           }
         },
         [weak, address = address](const grpc::Status& status) {
@@ -843,7 +842,7 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
       case Route::Kind::kForward:
         // Relayed from the job's leader, which thinks it delivered (to this node's upstream).
         if (forwarder_ != nullptr && !forwarded_)
-          GiveBackAt(*forwarder_, route.address, authorization_, job);
+          GiveBackAt(forwarder_->DetachedAt(route.address, authorization_), job);
         return;
       case Route::Kind::kUnavailable:
         return;  // no leader now: the lease runs out under the next one
@@ -851,22 +850,23 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
   });
 }
 
-void WorkStream::GiveBackAt(Forwarder& forwarder, const std::string& address,
-                            const std::string& authorization, const v1::LeasedJob& job) {
+void WorkStream::GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job) {
   // Not on the stream's context: its client is gone, and with it its cancellation.
   struct Call {
+    std::unique_ptr<v1::Broker::Stub> stub;
     std::unique_ptr<grpc::ClientContext> ctx;
     v1::ReleaseRequest request;
     v1::ReleaseResponse response;
   };
   auto call = std::make_shared<Call>();
-  call->ctx = forwarder.DetachedContext(authorization, kGiveBackTimeout);
+  call->stub = v1::Broker::NewStub(leader.channel);
+  call->ctx = leader.NewContext(kGiveBackTimeout);
   call->request.set_job_id(job.job_id());
   call->request.set_lease_id(job.lease_id());
   // As on this node, a refusal means the lease already ended; an unreachable leader lets it run
   // out.
-  forwarder.BrokerAt(address).async()->Release(call->ctx.get(), &call->request, &call->response,
-                                               [call](grpc::Status) {});
+  call->stub->async()->Release(call->ctx.get(), &call->request, &call->response,
+                               [call](grpc::Status) {});
 }
 
 void WorkStream::End(absl::Status status) {

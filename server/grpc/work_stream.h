@@ -118,11 +118,10 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // first). Those of this node's brokers at once; those relayed from another leader by a
   // Release sent there. Call without mu_.
   void GiveBack(const std::vector<v1::WorkResponse>& unsent);
-  // Sends a Release of `job` to its leader at `address`, as the caller whose `authorization`
-  // it carries; needs no stream (the upstream's callback calls it once the stream is gone).
-  static void GiveBackAt(Forwarder& forwarder, const std::string& address,
-                         const std::string& authorization, const v1::LeasedJob& job);
-  // The broker ended the stream (shutdown).
+  // Sends a Release of `job` to its leader, as the caller whose token `leader` carries; needs
+  // no stream (the upstream's callback calls it once the stream is gone).
+  static void GiveBackAt(const Forwarder::Detached& leader,
+                         const v1::LeasedJob& job);  // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);
   // PERMISSION_DENIED if the caller may not touch a queue or job `request` names.
