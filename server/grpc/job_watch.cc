@@ -192,7 +192,10 @@ void JobWatchCall::Pump() {
 void JobWatchCall::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
-    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the caller is gone
+    if (!outbox_.WriteDone(ok)) {
+      cancelled_ = true;     // the caller is gone
+      outbox_.TakeUnsent();  // answers nobody will read: nothing to give back
+    }
   }
   Pump();
 }

@@ -154,7 +154,10 @@ void ProducerStream::Pump() {
 void ProducerStream::OnWriteDone(bool ok) {
   {
     absl::MutexLock lock(&mu_);
-    if (!outbox_.WriteDone(ok)) cancelled_ = true;  // the client is gone
+    if (!outbox_.WriteDone(ok)) {
+      cancelled_ = true;     // the client is gone
+      outbox_.TakeUnsent();  // answers nobody will read: nothing to give back
+    }
   }
   Pump();
 }
