@@ -253,6 +253,11 @@ int Run(int argc, char** argv) {
        "Work streams this node relays to other leaders: their workers are not connected to "
        "their queues' leaders, and every message takes one more hop.",
        [&work_streams] { return static_cast<double>(work_streams.relaying()); }},
+      {"jobbroker_work_given_back_total",
+       "Jobs pushed on a Work stream that its worker never received (it went away first), given "
+       "back at once: READY again, the attempt not counted.",
+       [&work_streams] { return static_cast<double>(work_streams.given_back()); },
+       prometheus::MetricType::Counter},
       {"jobbroker_enqueue_streams_open",
        "EnqueueStreams open on this node: producers that send their batches on a stream.",
        [&broker_service] { return static_cast<double>(broker_service.enqueue_streams_open()); }},

@@ -2,8 +2,10 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/clock.h"
+#include "server/grpc/rpc_auth.h"
 #include "server/grpc/worker_origin.h"
 
 namespace jobbroker::server {
@@ -73,11 +75,8 @@ std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
   if (!propagate_cancellation) propagation.disable_cancellation_propagation();
   std::unique_ptr<grpc::ClientContext> ctx =
       grpc::ClientContext::FromCallbackServerContext(server, propagation);
-  for (const auto& [key, value] : server.client_metadata()) {
-    if (key == "authorization")
-      ctx->AddMetadata(std::string(key.data(), key.size()),
-                       std::string(value.data(), value.size()));
-  }
+  for (absl::string_view value : AuthorizationOf(server))
+    ctx->AddMetadata("authorization", std::string(value));
   ctx->AddMetadata(Router::kForwardedHeader, node_id_);
   // Who the caller is, for the leader's ListWorkers (it sees this node as the peer).
   ctx->AddMetadata(kPeerHeader, server.peer());
@@ -86,13 +85,8 @@ std::unique_ptr<grpc::ClientContext> Forwarder::ContextFor(
   return ctx;
 }
 
-std::string Forwarder::AuthorizationOf(const grpc::ServerContextBase& server) {
-  auto it = server.client_metadata().find("authorization");
-  if (it == server.client_metadata().end()) return "";
-  return std::string(it->second.data(), it->second.size());
-}
-
-Forwarder::Detached Forwarder::DetachedAt(const std::string& address, std::string authorization) {
+Forwarder::Detached Forwarder::DetachedAt(const std::string& address,
+                                          std::vector<std::string> authorization) {
   return Detached{.channel = PeerAt(address).channel,
                   .node_id = node_id_,
                   .authorization = std::move(authorization)};
@@ -101,7 +95,7 @@ Forwarder::Detached Forwarder::DetachedAt(const std::string& address, std::strin
 std::unique_ptr<grpc::ClientContext> Forwarder::Detached::NewContext(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!authorization.empty()) ctx->AddMetadata("authorization", authorization);
+  for (const std::string& value : authorization) ctx->AddMetadata("authorization", value);
   ctx->AddMetadata(Router::kForwardedHeader, node_id);
   return ctx;
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -43,20 +44,18 @@ class Forwarder {
   std::unique_ptr<grpc::ClientContext> ContextFor(const grpc::CallbackServerContext& server,
                                                   bool propagate_cancellation = true) const;
 
-  // The `authorization` metadata of `server`'s caller (empty: none), for DetachedAt.
-  static std::string AuthorizationOf(const grpc::ServerContextBase& server);
   // Where a call this node makes for a caller whose own call may have ended goes (a lease given
   // back after the client of a relayed Work stream went away), kept by value: such a call may
   // come as the node exits, after the Forwarder is gone; the channel is shared and outlives it.
   struct Detached {
     std::shared_ptr<grpc::Channel> channel;
-    std::string node_id;        // for kForwardedHeader
-    std::string authorization;  // the caller's; empty: none
+    std::string node_id;                     // for kForwardedHeader
+    std::vector<std::string> authorization;  // the caller's values (AuthorizationOf)
     // A context with the caller's `authorization`, kForwardedHeader and a deadline `timeout`
     // from now. Unlike ContextFor's, not cancelled with the caller's call.
     std::unique_ptr<grpc::ClientContext> NewContext(absl::Duration timeout) const;
   };
-  Detached DetachedAt(const std::string& address, std::string authorization);
+  Detached DetachedAt(const std::string& address, std::vector<std::string> authorization);
 
   // Answers a unary call that does not go to this node's broker: UNAVAILABLE for a route
   // nowhere, else `start(stub, client_context, done)` sends it (e.g. stub.async()->Enqueue(ctx,

@@ -6,12 +6,16 @@
 
 namespace jobbroker::server {
 
-absl::StatusOr<const TokenEntry*> RpcAuth::Caller(const grpc::ServerContextBase& ctx) const {
-  if (authorizer_ == nullptr) return nullptr;
+std::vector<absl::string_view> AuthorizationOf(const grpc::ServerContextBase& ctx) {
   std::vector<absl::string_view> values;
   auto [begin, end] = ctx.client_metadata().equal_range("authorization");
   for (auto it = begin; it != end; ++it) values.emplace_back(it->second.data(), it->second.size());
-  return authorizer_->Authenticate(values);
+  return values;
+}
+
+absl::StatusOr<const TokenEntry*> RpcAuth::Caller(const grpc::ServerContextBase& ctx) const {
+  if (authorizer_ == nullptr) return nullptr;
+  return authorizer_->Authenticate(AuthorizationOf(ctx));
 }
 
 absl::Status RpcAuth::Check(const grpc::ServerContextBase& ctx, Role role) const {

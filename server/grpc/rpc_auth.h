@@ -1,6 +1,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -13,6 +14,11 @@ class ServerContextBase;
 }
 
 namespace jobbroker::server {
+
+// The values of the caller's `authorization` metadata, as sent (none, one, or several), viewing
+// `ctx`'s metadata. The one reader of the token: the check below and the calls a node forwards
+// for its caller (Forwarder) both take it from here.
+std::vector<absl::string_view> AuthorizationOf(const grpc::ServerContextBase& ctx);
 
 // The one check the gRPC services call: who is calling (the `authorization` metadata) and may
 // they do this to that queue. With no Authorizer (no --auth-tokens) every check passes and the

@@ -51,13 +51,17 @@ void ForEachLease(absl::Span<const v1::WorkResponse> messages, Fn fn) {
 // Gives back, at once, a lease of this node's broker that its worker never got: a plain
 // Release, which leaves no trace in the job's history and does not count the attempt. Without
 // it the job would stay ACTIVE until its lease ran out, then wait out a retry backoff.
-void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job) {
+// Counted in `given_back` once done.
+void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job,
+                  std::shared_ptr<std::atomic<uint64_t>> given_back) {
   core::ReleaseSpec spec;
   spec.job_id = job.job_id();
   spec.lease_id = job.lease_id();
   // Refused only if the lease ended meanwhile (acked elsewhere, expired, cancelled): then there
   // is nothing to give back.
-  broker.Release(std::move(spec), [](absl::Status) {});
+  broker.Release(std::move(spec), [given_back = std::move(given_back)](absl::Status status) {
+    if (status.ok()) given_back->fetch_add(1, std::memory_order_relaxed);
+  });
 }
 
 }  // namespace
@@ -67,8 +71,9 @@ void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job) {
 // own answer is queued wait here, so a worker sees that answer first.
 class WorkStream::Sink final : public core::StreamSink {
  public:
-  Sink(std::weak_ptr<WorkStream> stream, node::Partitions& broker)
-      : stream_(std::move(stream)), broker_(broker) {}
+  Sink(std::weak_ptr<WorkStream> stream, node::Partitions& broker,
+       std::shared_ptr<std::atomic<uint64_t>> given_back)
+      : stream_(std::move(stream)), broker_(broker), given_back_(std::move(given_back)) {}
 
   void PushJob(core::LeasedJob job) override {
     v1::WorkResponse m;
@@ -118,7 +123,7 @@ class WorkStream::Sink final : public core::StreamSink {
     if (std::shared_ptr<WorkStream> s = stream_.lock()) {
       s->Send(std::move(m));
     } else {
-      GiveBackHere(broker_, m.job());  // a push that raced the stream's end
+      GiveBackAll({&m, 1});  // a push that raced the stream's end
     }
   }
   void ForwardAll(std::vector<v1::WorkResponse> messages) {
@@ -135,13 +140,18 @@ class WorkStream::Sink final : public core::StreamSink {
     if (std::shared_ptr<WorkStream> s = stream_.lock()) {
       s->SendAll(std::move(messages));
     } else {
-      // Pushes from this node's brokers: their leases are all held here.
-      ForEachLease(messages, [this](const v1::LeasedJob& job) { GiveBackHere(broker_, job); });
+      GiveBackAll(messages);
     }
+  }
+  // Pushes from this node's brokers: their leases are all held here.
+  void GiveBackAll(absl::Span<const v1::WorkResponse> messages) {
+    ForEachLease(messages,
+                 [this](const v1::LeasedJob& job) { GiveBackHere(broker_, job, given_back_); });
   }
 
   const std::weak_ptr<WorkStream> stream_;
   node::Partitions& broker_;
+  const std::shared_ptr<std::atomic<uint64_t>> given_back_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
@@ -345,7 +355,7 @@ void WorkStream::Subscribe(uint64_t request_id, const v1::SubscribeRequest& subs
   std::shared_ptr<const ClusterView> seen = router_.view();
   if (router_.cluster_mode() && SubscribeAcross(request_id, subscribe, seen)) return;
   spec->origin = OriginOf(*ctx_, router_.node_id());
-  auto sink = std::make_shared<Sink>(self_, broker_);
+  auto sink = std::make_shared<Sink>(self_, broker_, limit_->given_back_count());
   absl::StatusOr<uint64_t> stream = broker_.Subscribe(*std::move(spec), sink);
   if (!stream.ok()) return Answer(request_id, stream.status());
   bool gone;
@@ -413,7 +423,7 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     absl::StatusOr<core::SubscribeSpec> spec = FromProto(here);
     if (spec.ok()) spec->origin = OriginOf(*ctx_, router_.node_id());
     // The whole subscribe was checked already (Subscribe), so its part checks too.
-    sink = std::make_shared<Sink>(self_, broker_);
+    sink = std::make_shared<Sink>(self_, broker_, limit_->given_back_count());
     absl::StatusOr<uint64_t> stream =
         spec.ok() ? broker_.Subscribe(*std::move(spec), sink) : spec.status();
     if (!stream.ok()) {
@@ -461,14 +471,14 @@ bool WorkStream::SubscribeAcross(uint64_t request_id, const v1::SubscribeRequest
     auto upstream = WorkUpstream::Start(
         forwarder_->BrokerAt(address),
         forwarder_->ContextFor(*ctx_, /*propagate_cancellation=*/false), std::move(first),
-        [weak, address = address,
-         leader = forwarder_->DetachedAt(address, authorization_)](v1::WorkResponse message) {
+        [weak, address = address, leader = forwarder_->DetachedAt(address, authorization_),
+         given_back = limit_->given_back_count()](v1::WorkResponse message) {
           if (auto stream = weak.lock()) {
             stream->OnUpstreamMessage(address, std::move(message));
           } else {
             // The client's stream is over: a job that still comes is nobody's.
             ForEachLease({&message, 1},
-                         [&leader](const v1::LeasedJob& job) { GiveBackAt(leader, job); });
+                         [&](const v1::LeasedJob& job) { GiveBackAt(leader, job, given_back); });
           }
         },
         [weak, address = address](const grpc::Status& status) {
@@ -834,15 +844,16 @@ void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
 void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
   // Answers and notices among them need nothing undone: only the pushed jobs.
   ForEachLease(unsent, [this](const v1::LeasedJob& job) {
-    if (!router_.cluster_mode()) return GiveBackHere(broker_, job);
+    const std::shared_ptr<std::atomic<uint64_t>>& given_back = limit_->given_back_count();
+    if (!router_.cluster_mode()) return GiveBackHere(broker_, job, given_back);
     const Route route = router_.RouteOf(router_.PartitionOfJob(job.job_id()), forwarded_);
     switch (route.kind) {
       case Route::Kind::kLocal:
-        return GiveBackHere(broker_, job);
+        return GiveBackHere(broker_, job, given_back);
       case Route::Kind::kForward:
         // Relayed from the job's leader, which thinks it delivered (to this node's upstream).
         if (forwarder_ != nullptr && !forwarded_)
-          GiveBackAt(forwarder_->DetachedAt(route.address, authorization_), job);
+          GiveBackAt(forwarder_->DetachedAt(route.address, authorization_), job, given_back);
         return;
       case Route::Kind::kUnavailable:
         return;  // no leader now: the lease runs out under the next one
@@ -850,7 +861,8 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
   });
 }
 
-void WorkStream::GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job) {
+void WorkStream::GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job,
+                            std::shared_ptr<std::atomic<uint64_t>> given_back) {
   // Not on the stream's context: its client is gone, and with it its cancellation.
   struct Call {
     std::unique_ptr<v1::Broker::Stub> stub;
@@ -866,7 +878,10 @@ void WorkStream::GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJ
   // As on this node, a refusal means the lease already ended; an unreachable leader lets it run
   // out.
   call->stub->async()->Release(call->ctx.get(), &call->request, &call->response,
-                               [call](grpc::Status) {});
+                               [call, given_back = std::move(given_back)](grpc::Status status) {
+                                 if (status.ok())
+                                   given_back->fetch_add(1, std::memory_order_relaxed);
+                               });
 }
 
 void WorkStream::End(absl::Status status) {

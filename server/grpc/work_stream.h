@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/server_callback.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "jobbroker/v1/broker.pb.h"
 #include "node/partitions.h"
@@ -108,7 +110,10 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
         forwarder_(forwarder),
         ctx_(ctx),
         forwarded_(router.cluster_mode() && Router::IsForwarded(*ctx)),
-        authorization_(Forwarder::AuthorizationOf(*ctx)) {}
+        authorization_([ctx] {
+          std::vector<absl::string_view> values = AuthorizationOf(*ctx);
+          return std::vector<std::string>(values.begin(), values.end());
+        }()) {}
 
   // Queues `message` for the client; safe from any thread.
   void Send(v1::WorkResponse message);
@@ -118,10 +123,12 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // first). Those of this node's brokers at once; those relayed from another leader by a
   // Release sent there. Call without mu_.
   void GiveBack(const std::vector<v1::WorkResponse>& unsent);
-  // Sends a Release of `job` to its leader, as the caller whose token `leader` carries; needs
-  // no stream (the upstream's callback calls it once the stream is gone).
-  static void GiveBackAt(const Forwarder::Detached& leader,
-                         const v1::LeasedJob& job);  // The broker ended the stream (shutdown).
+  // Sends a Release of `job` to its leader, as the caller whose token `leader` carries, and
+  // counts it in `given_back` once taken; needs no stream (the upstream's callback calls it once
+  // the stream is gone).
+  static void GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job,
+                         std::shared_ptr<std::atomic<uint64_t>> given_back);
+  // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);
   // PERMISSION_DENIED if the caller may not touch a queue or job `request` names.
@@ -177,9 +184,9 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   Forwarder* const forwarder_;
   grpc::CallbackServerContext* const ctx_;
   const bool forwarded_;  // another node relays this stream: nothing is sent on from here
-  // The caller's `authorization` metadata (empty: none), kept for the calls made for it after
-  // its context may be gone (GiveBackAt).
-  const std::string authorization_;
+  // The caller's `authorization` metadata, kept for the calls made for it after its context may
+  // be gone (GiveBackAt).
+  const std::vector<std::string> authorization_;
   std::shared_ptr<WorkStream> self_;  // released in OnDone
   // What an answer that may come after OnDone holds (the broker's callbacks, forwarded calls):
   // the stream's memory stays until it has run; a finished stream sends nothing. Called only

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdint>
+#include <memory>
 
 namespace jobbroker::server {
 
@@ -9,7 +11,9 @@ namespace jobbroker::server {
 // everything else a caller can make the broker hold. In cluster mode it also counts the streams
 // this node relays to other leaders: a worker that is not connected to its queues' leaders pays
 // a hop per message, and the gauge of them tells an operator which deployments to fix.
-// Thread-safe.
+// And it counts the jobs pushed on a stream that its worker never received (it went away
+// first), which the stream gave back: workers that drop their connections mid-push, told apart
+// from the graceful releases of jobbroker_released_total. Thread-safe.
 class WorkStreamLimit {
  public:
   explicit WorkStreamLimit(int max_streams) : max_(max_streams) {}
@@ -30,10 +34,17 @@ class WorkStreamLimit {
   int open() const { return open_.load(); }
   int relaying() const { return relaying_.load(); }
 
+  // The count of pushes given back, shared: a give-back can come after its stream is gone, and
+  // while the node exits, after this limit.
+  const std::shared_ptr<std::atomic<uint64_t>>& given_back_count() const { return given_back_; }
+  uint64_t given_back() const { return given_back_->load(std::memory_order_relaxed); }
+
  private:
   const int max_;
   std::atomic<int> open_{0};
   std::atomic<int> relaying_{0};
+  const std::shared_ptr<std::atomic<uint64_t>> given_back_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace jobbroker::server

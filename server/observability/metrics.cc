@@ -25,9 +25,13 @@ void AddGauge(prometheus::MetricFamily& family, std::vector<prometheus::ClientMe
 std::vector<prometheus::MetricFamily> FunctionGauges::Collect() const {
   std::vector<prometheus::MetricFamily> out;
   for (const Gauge& g : gauges_) {
-    prometheus::MetricFamily f{g.name, g.help, prometheus::MetricType::Gauge, {}};
+    prometheus::MetricFamily f{g.name, g.help, g.type, {}};
     prometheus::ClientMetric m;
-    m.gauge.value = g.value();
+    if (g.type == prometheus::MetricType::Counter) {
+      m.counter.value = g.value();
+    } else {
+      m.gauge.value = g.value();
+    }
     f.metric.push_back(std::move(m));
     out.push_back(std::move(f));
   }

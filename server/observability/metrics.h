@@ -16,13 +16,15 @@ prometheus::MetricFamily GaugeFamily(const char* name, const char* help);
 void AddGauge(prometheus::MetricFamily& family, std::vector<prometheus::ClientMetric::Label> labels,
               double value);
 
-// Gauges computed at scrape time by the given functions (e.g. storage estimates).
+// Gauges computed at scrape time by the given functions (e.g. storage estimates); also counters
+// kept outside the registry (a count that must outlive it), typed as counters.
 class FunctionGauges final : public prometheus::Collectable {
  public:
   struct Gauge {
     std::string name;
     std::string help;
     std::function<double()> value;
+    prometheus::MetricType type = prometheus::MetricType::Gauge;  // or Counter
   };
   explicit FunctionGauges(std::vector<Gauge> gauges) : gauges_(std::move(gauges)) {}
   std::vector<prometheus::MetricFamily> Collect() const override;

@@ -76,6 +76,7 @@ class InProcessServer {
   std::unique_ptr<v1::Admin::Stub> NewAdminStub() const { return v1::Admin::NewStub(channel_); }
   node::Partitions& broker() { return *broker_; }
   FakeClock& clock() { return clock_; }
+  const WorkStreamLimit& work_streams() const { return streams_; }
 
   // A client context whose deadline turns a hang into a failure rather than a stalled test.
   static void SetDeadline(grpc::ClientContext& ctx) {

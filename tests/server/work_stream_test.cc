@@ -328,6 +328,12 @@ TEST_F(WorkStreamTest, JobsPushedThatAWorkerNeverGotAreGivenBackAtOnceWhenItGoes
   EXPECT_EQ(info.active(), 1) << "only the job the worker read is still leased";
   EXPECT_EQ(info.counts().at("JOB_STATE_READY"), 3);
   EXPECT_EQ(GetJob(got.job_id()).state(), v1::JOB_STATE_ACTIVE) << "the lease it got stays";
+  // Counted apart from workers' own releases (jobbroker_work_given_back_total), once each
+  // Release is done.
+  while (server_.work_streams().given_back() < 3 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_.work_streams().given_back(), 3u);
 
   // Given back unstarted: no attempt counted, none in the history; the next worker gets
   // attempt 1 of each.

@@ -1164,6 +1164,16 @@ TEST_F(ThreeNodesTest, JobsRelayedToAWorkerThatWentAwayUnreadAreGivenBackAtTheir
   }
   // All but the job it read and at most two whose writes had started (the window's worth).
   EXPECT_GE(ready, kJobs - 3) << "the jobs the worker never got are still leased to it";
+
+  // Counted where the worker was connected, once the leader took each Release.
+  double given_back = 0;
+  for (const absl::Time until = absl::Now() + kGiveUp; absl::Now() < until;) {
+    given_back = Sample(HttpGet(nodes_[relay]->http_address(), "/metrics"),
+                        "jobbroker_work_given_back_total");
+    if (given_back >= kJobs - 3) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_GE(given_back, kJobs - 3);
 }
 
 TEST(ThreeNodesCutLinkTest, AWorkStreamRelayedOverALinkThatWentSilentEnds) {
