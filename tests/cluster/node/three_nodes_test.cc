@@ -96,6 +96,29 @@ class ThreeNodesTest : public ::testing::Test {
     return -1;
   }
 
+  // Every partition led by its preferred replica with all its replicas in sync, as node `asked`
+  // sees it.
+  bool Balanced(int asked) {
+    absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(asked);
+    if (!info.ok() || info->partitions_size() != static_cast<int>(kPartitions)) return false;
+    for (const v1::PartitionInfo& partition : info->partitions()) {
+      if (partition.replicas().empty() || partition.leader_node_id() != partition.replicas(0) ||
+          partition.in_sync_size() != partition.replicas_size()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Waits until Balanced(asked), up to kGiveUp. A test that freezes or kills the leader it found
+  // waits for this first: while the cluster starts, a partition that another node took first is
+  // handed back to its preferred replica, and a leader found before that would move under the
+  // test (the frozen node would then lead nothing, and the calls meant for it would be taken).
+  bool AwaitBalanced(int asked = 0) {
+    const absl::Time give_up = absl::Now() + kGiveUp;
+    while (absl::Now() < give_up && !Balanced(asked)) absl::SleepFor(absl::Milliseconds(100));
+    return Balanced(asked);
+  }
+
   // Enqueues at the node that leads the queue's partition (as the running nodes see it), trying
   // until it takes the job. The node that did, or -1 after kGiveUp.
   int EnqueueAtLeader(const std::string& queue, const std::string& payload, std::string* id) {
@@ -702,24 +725,7 @@ TEST_F(ThreeNodesTest, SigtermHandsLeadershipOverBeforeTheNodeExits) {
 // and go back there after a failover: the first node up leads everything at first, and a
 // restarted node gets its partitions back once it has caught up.
 TEST_F(ThreeNodesTest, LeadershipGoesBackToEachPartitionsPreferredReplica) {
-  // Every partition led by its preferred replica, as node `asked` sees it.
-  auto balanced = [&](int asked) {
-    absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(asked);
-    if (!info.ok() || info->partitions_size() != static_cast<int>(kPartitions)) return false;
-    for (const v1::PartitionInfo& partition : info->partitions()) {
-      if (partition.replicas().empty() || partition.leader_node_id() != partition.replicas(0) ||
-          partition.in_sync_size() != partition.replicas_size()) {
-        return false;
-      }
-    }
-    return true;
-  };
-  auto await_balanced = [&](int asked) {
-    const absl::Time give_up = absl::Now() + kGiveUp;
-    while (absl::Now() < give_up && !balanced(asked)) absl::SleepFor(absl::Milliseconds(100));
-    return balanced(asked);
-  };
-  ASSERT_TRUE(await_balanced(0)) << GetClusterAt(0)->DebugString();
+  ASSERT_TRUE(AwaitBalanced(0)) << GetClusterAt(0)->DebugString();
   absl::StatusOr<v1::ClusterInfo> info = GetClusterAt(0);
   ASSERT_TRUE(info.ok()) << info.status();
   std::set<std::string> leaders;
@@ -740,7 +746,7 @@ TEST_F(ThreeNodesTest, LeadershipGoesBackToEachPartitionsPreferredReplica) {
   EXPECT_NE(stand_in, preferred);
   acked.push_back(id);
   ASSERT_TRUE(nodes_[preferred]->Restart().ok());
-  ASSERT_TRUE(await_balanced(stand_in)) << GetClusterAt(stand_in)->DebugString();
+  ASSERT_TRUE(AwaitBalanced(stand_in)) << GetClusterAt(stand_in)->DebugString();
   EXPECT_EQ(EnqueueAtLeader(queue, "after", &id), preferred);
   acked.push_back(id);
   for (const std::string& job : acked) EXPECT_TRUE(GetJobAt(preferred, job).ok()) << job;
@@ -871,6 +877,7 @@ TEST_F(ThreeNodesTest, AJobWaitsForAJobOfAnotherPartitionAcrossAKill9OfItsLeader
 // The relay moves the watch to the partition's new leader: the dependent is released while the
 // former leader is still frozen.
 TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFrozen) {
+  ASSERT_TRUE(AwaitBalanced()) << GetClusterAt(0)->DebugString();
   const std::string first = QueueIn(0, "first");
   const std::string then = QueueIn(1, "then");
   // Each partition at its preferred replica, two different nodes (the partitions' leaders may
@@ -955,6 +962,7 @@ TEST_F(ThreeNodesTest, ADependentIsReleasedWhileItsDependencysFormerLeaderIsFroz
 // ends UNAVAILABLE once the partition has a new leader (the clients' wait-for-result helpers
 // watch again on UNAVAILABLE), instead of waiting as long as the frozen node sleeps.
 TEST_F(ThreeNodesTest, AWatchRelayedFromAFrozenLeaderEndsSoTheCallerWatchesAgain) {
+  ASSERT_TRUE(AwaitBalanced()) << GetClusterAt(0)->DebugString();
   const std::string queue = QueueIn(0, "watched");
   std::string id;
   const int leader = EnqueueAtLeader(queue, "w", &id);
@@ -1005,6 +1013,7 @@ TEST_F(ThreeNodesTest, AWatchRelayedFromAFrozenLeaderEndsSoTheCallerWatchesAgain
 // held, with its place on the stream, while the leader sleeps; the next batch reaches the new
 // leader.
 TEST_F(ThreeNodesTest, ABatchSentOnToAFrozenLeaderIsAnsweredAndTheStreamGoesOn) {
+  ASSERT_TRUE(AwaitBalanced()) << GetClusterAt(0)->DebugString();
   const std::string queue = QueueIn(0, "streamed");
   std::string id;
   const int leader = EnqueueAtLeader(queue, "first", &id);
@@ -1059,6 +1068,7 @@ TEST_F(ThreeNodesTest, ABatchSentOnToAFrozenLeaderIsAnsweredAndTheStreamGoesOn) 
 // none. The call's outcome is unknown to the caller, as any UNAVAILABLE's (a dedup key makes its
 // retry safe); here the leader froze before it could take it.
 TEST_F(ThreeNodesTest, AUnaryCallSentOnToAFrozenLeaderEndsUnavailableBeforeItsDeadline) {
+  ASSERT_TRUE(AwaitBalanced()) << GetClusterAt(0)->DebugString();
   const std::string queue = QueueIn(0, "forwarded");
   std::string id;
   const int leader = EnqueueAtLeader(queue, "first", &id);
@@ -1091,6 +1101,7 @@ TEST_F(ThreeNodesTest, AUnaryCallSentOnToAFrozenLeaderEndsUnavailableBeforeItsDe
 // the node the worker dialled relays them from the leader, which thinks them delivered (to that
 // node); the relaying node gives them back there when its worker goes away.
 TEST_F(ThreeNodesTest, JobsRelayedToAWorkerThatWentAwayUnreadAreGivenBackAtTheirLeader) {
+  ASSERT_TRUE(AwaitBalanced()) << GetClusterAt(0)->DebugString();
   const std::string queue = QueueIn(0, "given-back");
   // Jobs larger than the worker's HTTP/2 window, so that all but the few in flight wait at the
   // relaying node behind a worker that does not read.
