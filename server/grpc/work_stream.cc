@@ -52,8 +52,7 @@ void ForEachLease(absl::Span<const v1::WorkResponse> messages, Fn fn) {
 // Release, which leaves no trace in the job's history and does not count the attempt. Without
 // it the job would stay ACTIVE until its lease ran out, then wait out a retry backoff.
 // Counted in `given_back` once done.
-void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job,
-                  std::shared_ptr<std::atomic<uint64_t>> given_back) {
+void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job, SharedCount given_back) {
   core::ReleaseSpec spec;
   spec.job_id = job.job_id();
   spec.lease_id = job.lease_id();
@@ -71,8 +70,7 @@ void GiveBackHere(node::Partitions& broker, const v1::LeasedJob& job,
 // own answer is queued wait here, so a worker sees that answer first.
 class WorkStream::Sink final : public core::StreamSink {
  public:
-  Sink(std::weak_ptr<WorkStream> stream, node::Partitions& broker,
-       std::shared_ptr<std::atomic<uint64_t>> given_back)
+  Sink(std::weak_ptr<WorkStream> stream, node::Partitions& broker, SharedCount given_back)
       : stream_(std::move(stream)), broker_(broker), given_back_(std::move(given_back)) {}
 
   void PushJob(core::LeasedJob job) override {
@@ -151,7 +149,7 @@ class WorkStream::Sink final : public core::StreamSink {
 
   const std::weak_ptr<WorkStream> stream_;
   node::Partitions& broker_;
-  const std::shared_ptr<std::atomic<uint64_t>> given_back_;
+  const SharedCount given_back_;
   absl::Mutex mu_;
   bool open_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<v1::WorkResponse> held_ ABSL_GUARDED_BY(mu_);
@@ -844,7 +842,7 @@ void WorkStream::SendAll(std::vector<v1::WorkResponse> messages) {
 void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
   // Answers and notices among them need nothing undone: only the pushed jobs.
   ForEachLease(unsent, [this](const v1::LeasedJob& job) {
-    const std::shared_ptr<std::atomic<uint64_t>>& given_back = limit_->given_back_count();
+    const SharedCount& given_back = limit_->given_back_count();
     if (!router_.cluster_mode()) return GiveBackHere(broker_, job, given_back);
     const Route route = router_.RouteOf(router_.PartitionOfJob(job.job_id()), forwarded_);
     switch (route.kind) {
@@ -862,7 +860,7 @@ void WorkStream::GiveBack(const std::vector<v1::WorkResponse>& unsent) {
 }
 
 void WorkStream::GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job,
-                            std::shared_ptr<std::atomic<uint64_t>> given_back) {
+                            SharedCount given_back) {
   // Not on the stream's context: its client is gone, and with it its cancellation.
   struct Call {
     std::unique_ptr<v1::Broker::Stub> stub;

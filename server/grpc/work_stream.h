@@ -2,7 +2,6 @@
 
 #include <grpcpp/support/server_callback.h>
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -127,7 +126,7 @@ class WorkStream final : public grpc::ServerBidiReactor<v1::WorkRequest, v1::Wor
   // counts it in `given_back` once taken; needs no stream (the upstream's callback calls it once
   // the stream is gone).
   static void GiveBackAt(const Forwarder::Detached& leader, const v1::LeasedJob& job,
-                         std::shared_ptr<std::atomic<uint64_t>> given_back);
+                         SharedCount given_back);
   // The broker ended the stream (shutdown).
   void End(absl::Status status);
   void Handle(const v1::WorkRequest& request);

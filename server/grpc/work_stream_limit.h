@@ -6,6 +6,9 @@
 
 namespace jobbroker::server {
 
+// A count held by pointer, for what may add to it after its owner is gone.
+using SharedCount = std::shared_ptr<std::atomic<uint64_t>>;
+
 // Counts the open Work streams against --max-work-streams. Each stream holds memory (its
 // outbox, its subscription) and a gRPC thread's attention, so their number is bounded like
 // everything else a caller can make the broker hold. In cluster mode it also counts the streams
@@ -36,15 +39,14 @@ class WorkStreamLimit {
 
   // The count of pushes given back, shared: a give-back can come after its stream is gone, and
   // while the node exits, after this limit.
-  const std::shared_ptr<std::atomic<uint64_t>>& given_back_count() const { return given_back_; }
+  const SharedCount& given_back_count() const { return given_back_; }
   uint64_t given_back() const { return given_back_->load(std::memory_order_relaxed); }
 
  private:
   const int max_;
   std::atomic<int> open_{0};
   std::atomic<int> relaying_{0};
-  const std::shared_ptr<std::atomic<uint64_t>> given_back_ =
-      std::make_shared<std::atomic<uint64_t>>(0);
+  const SharedCount given_back_ = std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace jobbroker::server
